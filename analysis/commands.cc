@@ -1,0 +1,413 @@
+#include "commands.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <unistd.h>
+
+#include "qattn/error.h"
+#include "qattn/metrics.h"
+#include "qattn/reference/registry.h"
+#include "qattn/tensor_io.h"
+#include "table.h"
+
+namespace qattn::cli {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+const Registry& registry() { return ref::reference_registry(); }
+
+void check_format(const std::string& f, std::initializer_list<const char*> valid) {
+  for (const char* v : valid)
+    if (f == v) return;
+  std::string list;
+  for (const char* v : valid) list += std::string(list.empty() ? "" : "|") + v;
+  throw CLI::ValidationError("--format", "'" + f + "' is not one of " + list);
+}
+
+// Writes text to `path` atomically, or to stdout when path is empty.
+void emit(const std::string& text, const std::string& path) {
+  if (path.empty()) {
+    std::cout << text << std::flush;
+    return;
+  }
+  write_file_atomic(path, std::as_bytes(std::span(text.data(), text.size())));
+}
+
+// ---- info ------------------------------------------------------------------------------------------------
+void run_info(const std::vector<std::string>& files, const std::string& format) {
+  Table t{{"file", "tensor", "dtype", "shape", "min", "max", "mean", "std", "nan", "inf"}, {}};
+  json j = json::array();
+  // Read everything first: a bad file must fail the command before anything is printed.
+  std::vector<std::pair<std::string, std::vector<NamedTensor>>> all;
+  for (const auto& f : files) all.emplace_back(f, read_tensor_file(f));
+  for (const auto& [file, tensors] : all) {
+    for (const auto& nt : tensors) {
+      const Eigen::ArrayXd v = nt.tensor.to_double();
+      std::int64_t nan = 0, inf = 0, finite = 0;
+      double mn = INFINITY, mx = -INFINITY, sum = 0;
+      for (double x : v) {
+        if (std::isnan(x)) ++nan;
+        else if (std::isinf(x)) ++inf;
+        else {
+          ++finite;
+          mn = std::min(mn, x);
+          mx = std::max(mx, x);
+          sum += x;
+        }
+      }
+      const double mean = finite ? sum / finite : NAN;
+      double var = 0;
+      for (double x : v)
+        if (std::isfinite(x)) var += (x - mean) * (x - mean);
+      const double sd = finite ? std::sqrt(var / finite) : NAN;
+      t.rows.push_back({file, nt.name, std::string(dtype_name(nt.tensor.dtype)), nt.tensor.shape_string(),
+                        fmt_err(finite ? mn : NAN), fmt_err(finite ? mx : NAN), fmt_err(mean), fmt_err(sd),
+                        std::to_string(nan), std::to_string(inf)});
+      j.push_back({{"file", file}, {"tensor", nt.name}, {"dtype", dtype_name(nt.tensor.dtype)},
+                   {"shape", nt.tensor.shape}, {"min", mn}, {"max", mx}, {"mean", mean}, {"std", sd},
+                   {"nan", nan}, {"inf", inf}});
+    }
+  }
+  std::cout << (format == "json" ? j.dump(2) + "\n" : format == "csv" ? t.csv() : t.markdown());
+}
+
+// ---- methods ---------------------------------------------------------------------------------------------
+std::string type_name(const ParamInfo& p) {
+  switch (p.type) {
+    case ParamType::integer: return "integer";
+    case ParamType::real: return "real";
+    case ParamType::boolean: return "bool";
+    case ParamType::choice: {
+      std::string s;
+      for (const auto& c : p.choices) s += (s.empty() ? "" : "|") + c;
+      return s;
+    }
+  }
+  return "";
+}
+
+void run_methods(const std::string& format) {
+  if (format == "json") {
+    json j = json::array();
+    for (const auto& e : registry().entries()) {
+      json params = json::array();
+      for (const auto& p : e.params)
+        params.push_back({{"key", p.key}, {"type", type_name(p)}, {"default", p.default_value}, {"doc", p.doc}});
+      json presets = json::object();
+      for (const auto& pr : e.presets) presets[pr.name] = {{"values", pr.values}, {"doc", pr.doc}};
+      j.push_back({{"name", e.name}, {"summary", e.summary}, {"params", params}, {"presets", presets}});
+    }
+    std::cout << j.dump(2) << "\n";
+    return;
+  }
+  for (const auto& e : registry().entries()) {
+    std::cout << e.name << "\n    " << e.summary << "\n";
+    if (e.params.empty()) std::cout << "    parameters: none\n";
+    for (const auto& p : e.params)
+      std::cout << "    " << p.key << "=" << p.default_value << "  [" << type_name(p) << "]  " << p.doc << "\n";
+    for (const auto& pr : e.presets) {
+      std::cout << "    @" << pr.name << ":";
+      for (const auto& [k, v] : pr.values) std::cout << " " << k << "=" << v;
+      std::cout << "  " << pr.doc << "\n";
+    }
+  }
+}
+
+// ---- softmax ---------------------------------------------------------------------------------------------
+// Picks one tensor from a file: the only one, or the one called `name`.
+Tensor pick_tensor(const std::string& path, const std::string& name) {
+  std::vector<NamedTensor> ts = read_tensor_file(path);
+  if (name.empty()) {
+    if (ts.size() != 1)
+      throw InputError(path, "tensor", "holds " + std::to_string(ts.size()) + " tensors; choose one with --name");
+    return std::move(ts.front().tensor);
+  }
+  std::string names;
+  for (auto& t : ts) {
+    if (t.name == name) return std::move(t.tensor);
+    names += (names.empty() ? "" : ", ") + t.name;
+  }
+  throw InputError(path, "tensor", "no tensor named '" + name + "' (present: " + names + ")");
+}
+
+void run_softmax(const std::string& in, const std::string& name, const std::string& spec, const std::string& out) {
+  const auto method = registry().create(spec);  // a bad spec fails before any file is touched
+  const Tensor logits = pick_tensor(in, name);
+  if (logits.shape.empty() || logits.shape.back() == 0)
+    throw InputError(in, "shape", "softmax needs at least one axis of non-zero length, got " + logits.shape_string());
+  const RowMatrixXd p = method->softmax_rows(logits.as_rows());
+  write_npy(out, Tensor::from_double(DType::f64, logits.shape, std::span(p.data(), static_cast<std::size_t>(p.size()))));
+}
+
+// ---- compare ---------------------------------------------------------------------------------------------
+json stats_json(const ErrorStats& s) {
+  json hist = json::object();
+  for (const auto& [k, n] : s.log2_histogram) hist[std::to_string(k)] = n;
+  return {{"count", s.count}, {"nonfinite", s.nonfinite}, {"cossim", s.cossim}, {"rel_l1", s.rel_l1},
+          {"rmse", s.rmse}, {"max_abs", s.max_abs}, {"bias", s.bias}, {"median_abs", s.median_abs},
+          {"zero_errors", s.zero_errors}, {"log2_histogram", hist}};
+}
+
+void run_compare(const std::string& a, const std::string& b, const std::string& name, const std::string& format) {
+  const Tensor ta = pick_tensor(a, name), tb = pick_tensor(b, name);
+  if (ta.shape != tb.shape)
+    throw InputError(b, "shape", tb.shape_string() + " differs from " + ta.shape_string() + " of " + a);
+  const Eigen::ArrayXd va = ta.to_double(), vb = tb.to_double();
+  const ErrorStats s = compare(std::span(va.data(), va.size()), std::span(vb.data(), vb.size()));
+  json j = stats_json(s);
+  std::optional<KlStats> kl;
+  if (!ta.shape.empty()) {
+    const RowMatrixXd ra = ta.as_rows(), rb = tb.as_rows();
+    if (looks_like_probability_rows(ra) && looks_like_probability_rows(rb)) kl = kl_rows(rb, ra);
+  }
+  if (kl) j["kl_b_a"] = {{"mean", kl->mean}, {"max", kl->max}};
+  if (format == "json") {
+    std::cout << j.dump(2) << "\n";
+    return;
+  }
+  Table t{{"metric", "value"}, {}};
+  t.rows = {{"elements", std::to_string(s.count)},  {"non-finite", std::to_string(s.nonfinite)},
+            {"CosSim", fmt_sim(s.cossim)},          {"relative L1", fmt_err(s.rel_l1)},
+            {"RMSE", fmt_err(s.rmse)},              {"max |A-B|", fmt_err(s.max_abs)},
+            {"bias mean(A-B)", fmt_err(s.bias)},    {"median |A-B|", fmt_err(s.median_abs)},
+            {"exact matches", std::to_string(s.zero_errors)}};
+  if (kl) {
+    t.rows.push_back({"KL(B||A) mean over rows", fmt_err(kl->mean)});
+    t.rows.push_back({"KL(B||A) max over rows", fmt_err(kl->max)});
+  }
+  std::cout << "A = " << a << ", B = " << b << " (B is the reference)\n\n" << t.markdown() << "\n";
+  Table h{{"|A-B| in", "count"}, {}};
+  for (auto it = s.log2_histogram.rbegin(); it != s.log2_histogram.rend(); ++it)
+    h.rows.push_back({"[2^" + std::to_string(it->first) + ", 2^" + std::to_string(it->first + 1) + ")",
+                      std::to_string(it->second)});
+  if (!h.rows.empty()) std::cout << h.markdown();
+}
+
+// ---- analyze ---------------------------------------------------------------------------------------------
+struct HeadFiles {
+  int layer, head;
+  fs::path q, k, v;
+};
+
+std::vector<HeadFiles> discover_heads(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw InputError(dir.string(), "--tensors", "is not a directory");
+  static const std::regex re(R"(layer(\d+)_head(\d+)_(q|k|v)\.npy)");
+  std::map<std::pair<int, int>, std::map<std::string, fs::path>> found;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    std::smatch m;
+    const std::string name = entry.path().filename().string();
+    if (std::regex_match(name, m, re)) found[{std::stoi(m[1]), std::stoi(m[2])}][m[3]] = entry.path();
+  }
+  if (found.empty())
+    throw InputError(dir.string(), "files", "no layer{L}_head{H}_{q,k,v}.npy files found");
+  std::vector<HeadFiles> heads;
+  for (const auto& [lh, files] : found) {
+    for (const char* kind : {"q", "k", "v"})
+      if (!files.count(kind))
+        throw InputError(dir.string(), "files", "layer" + std::to_string(lh.first) + "_head" + std::to_string(lh.second) +
+                                                    "_" + kind + ".npy is missing (q, k and v are all needed)");
+    heads.push_back({lh.first, lh.second, files.at("q"), files.at("k"), files.at("v")});
+  }
+  return heads;
+}
+
+// [..., L, d] -> batch of [L, d] matrices (leading axes flattened).
+std::vector<RowMatrixXd> split_batch(const Tensor& t, const fs::path& path) {
+  if (t.shape.size() < 2) throw InputError(path.string(), "shape", "expected [..., L, d], got " + t.shape_string());
+  if (!dtype_is_float(t.dtype))
+    throw InputError(path.string(), "dtype", std::string(dtype_name(t.dtype)) + " given, analyze expects float Q/K/V");
+  const std::int64_t L = t.shape[t.shape.size() - 2], d = t.shape.back();
+  if (L == 0 || d == 0) throw InputError(path.string(), "shape", "empty L or d in " + t.shape_string());
+  const RowMatrixXd rows = t.as_rows();
+  std::vector<RowMatrixXd> out;
+  for (std::int64_t b = 0; b * L < rows.rows(); ++b) out.push_back(rows.middleRows(b * L, L));
+  return out;
+}
+
+struct HeadResult {
+  int layer, head;
+  std::string method;
+  ErrorStats o, p;
+  KlStats kl;
+};
+
+void run_analyze(const std::string& tensors, std::vector<std::string> specs, const std::string& format,
+                 const std::string& out_path) {
+  if (specs.empty())
+    for (const auto& e : registry().entries())
+      if (e.name != "fp64") specs.push_back(e.name);
+  std::vector<std::unique_ptr<Method>> methods;
+  for (const auto& s : specs) methods.push_back(registry().create(s));
+  const auto reference = registry().create("fp64");
+  const std::vector<HeadFiles> heads = discover_heads(tensors);
+
+  const auto start = std::chrono::steady_clock::now();
+  const bool progress = isatty(STDERR_FILENO);
+  std::vector<HeadResult> results;
+  for (std::size_t h = 0; h < heads.size(); ++h) {
+    const HeadFiles& hf = heads[h];
+    const Tensor tq = read_npy(hf.q), tk = read_npy(hf.k), tv = read_npy(hf.v);
+    const auto qs = split_batch(tq, hf.q), ks = split_batch(tk, hf.k), vs = split_batch(tv, hf.v);
+    if (qs.size() != ks.size() || ks.size() != vs.size())
+      throw InputError(hf.k.string(), "shape", "batch size differs between q, k and v");
+    const double scale = 1.0 / std::sqrt(static_cast<double>(qs.front().cols()));
+    std::vector<double> o_ref, p_ref;
+    RowMatrixXd p_ref_rows;
+    std::vector<AttentionResult> refs;
+    for (std::size_t b = 0; b < qs.size(); ++b) refs.push_back(reference->attention(qs[b], ks[b], vs[b], scale));
+    for (std::size_t m = 0; m < methods.size(); ++m) {
+      std::vector<double> o_all, o_ref_all, p_all, p_ref_all;
+      RowMatrixXd p_rows, p_ref_rows_all;
+      for (std::size_t b = 0; b < qs.size(); ++b) {
+        const AttentionResult r = methods[m]->attention(qs[b], ks[b], vs[b], scale);
+        o_all.insert(o_all.end(), r.o.data(), r.o.data() + r.o.size());
+        o_ref_all.insert(o_ref_all.end(), refs[b].o.data(), refs[b].o.data() + refs[b].o.size());
+        p_all.insert(p_all.end(), r.p.data(), r.p.data() + r.p.size());
+        p_ref_all.insert(p_ref_all.end(), refs[b].p.data(), refs[b].p.data() + refs[b].p.size());
+      }
+      HeadResult hr{hf.layer, hf.head, specs[m], compare(o_all, o_ref_all), {}, {}};
+      if (!p_all.empty()) {
+        hr.p = compare(p_all, p_ref_all);
+        const auto cols = refs.front().p.cols();
+        const auto nrows = static_cast<Eigen::Index>(p_all.size()) / cols;
+        hr.kl = kl_rows(Eigen::Map<const RowMatrixXd>(p_ref_all.data(), nrows, cols),
+                        Eigen::Map<const RowMatrixXd>(p_all.data(), nrows, cols));
+      } else {
+        hr.p.cossim = hr.p.rel_l1 = hr.p.rmse = hr.kl.mean = NAN;
+      }
+      results.push_back(hr);
+    }
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (progress || elapsed > 2.0)
+      std::cerr << "qattn analyze: [" << h + 1 << "/" << heads.size() << "] layer" << hf.layer << " head" << hf.head
+                << " done (" << static_cast<int>(elapsed) << " s)\n";
+  }
+
+  // Aggregates per method: mean of each metric over heads, and the worst head for each metric.
+  Table t{{"layer", "head", "method", "O CosSim", "O rel L1", "O RMSE", "P CosSim", "P rel L1", "P RMSE", "P KL"}, {}};
+  json j = {{"tensors", tensors}, {"reference", "fp64"}, {"heads", json::array()}, {"summary", json::array()}};
+  auto row = [&](const std::string& l, const std::string& h, const std::string& m, double oc, double ol, double orm,
+                 double pc, double pl, double prm, double kl) {
+    t.rows.push_back({l, h, m, fmt_sim(oc), fmt_err(ol), fmt_err(orm), fmt_sim(pc), fmt_err(pl), fmt_err(prm), fmt_err(kl)});
+  };
+  for (const auto& r : results) {
+    row(std::to_string(r.layer), std::to_string(r.head), r.method, r.o.cossim, r.o.rel_l1, r.o.rmse, r.p.cossim,
+        r.p.rel_l1, r.p.rmse, r.kl.mean);
+    j["heads"].push_back({{"layer", r.layer}, {"head", r.head}, {"method", r.method}, {"O", stats_json(r.o)},
+                          {"P", stats_json(r.p)}, {"P_kl_mean", r.kl.mean}, {"P_kl_max", r.kl.max}});
+  }
+  for (const auto& spec : specs) {
+    double s[7] = {0, 0, 0, 0, 0, 0, 0};
+    double w[7] = {INFINITY, -INFINITY, -INFINITY, INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int n = 0;
+    for (const auto& r : results) {
+      if (r.method != spec) continue;
+      const double v[7] = {r.o.cossim, r.o.rel_l1, r.o.rmse, r.p.cossim, r.p.rel_l1, r.p.rmse, r.kl.mean};
+      for (int i = 0; i < 7; ++i) {
+        s[i] += v[i];
+        const bool lower_is_worse = i == 0 || i == 3;
+        w[i] = lower_is_worse ? std::fmin(w[i], v[i]) : std::fmax(w[i], v[i]);
+      }
+      ++n;
+    }
+    for (double& x : s) x /= n;
+    row("all", "mean", spec, s[0], s[1], s[2], s[3], s[4], s[5], s[6]);
+    row("all", "worst", spec, w[0], w[1], w[2], w[3], w[4], w[5], w[6]);
+    j["summary"].push_back({{"method", spec}, {"canonical", registry().canonical(parse_method_spec(spec))},
+                            {"mean", {{"O_cossim", s[0]}, {"O_rel_l1", s[1]}, {"O_rmse", s[2]}, {"P_cossim", s[3]},
+                                      {"P_rel_l1", s[4]}, {"P_rmse", s[5]}, {"P_kl", s[6]}}},
+                            {"worst", {{"O_cossim", w[0]}, {"O_rel_l1", w[1]}, {"O_rmse", w[2]}, {"P_cossim", w[3]},
+                                       {"P_rel_l1", w[4]}, {"P_rmse", w[5]}, {"P_kl", w[6]}}}});
+  }
+  std::string text;
+  if (format == "json") text = j.dump(2) + "\n";
+  else if (format == "csv") text = t.csv();
+  else
+    text = "Attention error vs the fp64 reference on " + tensors + " (" + std::to_string(heads.size()) +
+           " heads; O = softmax(QK^T/sqrt(d))V and P flattened over all batch entries of a head; worst = min CosSim, "
+           "max error over heads)\n\n" + t.markdown();
+  emit(text, out_path);
+}
+
+}  // namespace
+
+void add_info(CLI::App& app) {
+  auto* sub = app.add_subcommand("info", "Print dtype, shape, min/max/mean/std and NaN/Inf counts of tensor files");
+  auto files = std::make_shared<std::vector<std::string>>();
+  auto format = std::make_shared<std::string>("md");
+  sub->add_option("files", *files, "Tensor files (.npy, .npz, .safetensors)")->required();
+  sub->add_option("--format", *format, "md|csv|json")->capture_default_str();
+  sub->callback([=] {
+    check_format(*format, {"md", "csv", "json"});
+    run_info(*files, *format);
+  });
+}
+
+void add_methods(CLI::App& app) {
+  auto* sub = app.add_subcommand("methods", "List the registered methods with their parameters, defaults and presets");
+  auto format = std::make_shared<std::string>("text");
+  sub->add_option("--format", *format, "text|json")->capture_default_str();
+  sub->callback([=] {
+    check_format(*format, {"text", "json"});
+    run_methods(*format);
+  });
+}
+
+void add_softmax(CLI::App& app) {
+  auto* sub = app.add_subcommand("softmax", "Row-wise softmax over the last axis with one method; writes float64 .npy");
+  auto in = std::make_shared<std::string>();
+  auto name = std::make_shared<std::string>();
+  auto spec = std::make_shared<std::string>();
+  auto out = std::make_shared<std::string>();
+  sub->add_option("--in", *in, "Logits file")->required();
+  sub->add_option("--name", *name, "Tensor name inside a multi-tensor file");
+  sub->add_option("--method", *spec, "Method spec name[@preset][:key=value,...] (see `qattn methods`)")->required();
+  sub->add_option("--out", *out, "Output .npy (float64 probabilities)")->required();
+  sub->callback([=] { run_softmax(*in, *name, *spec, *out); });
+}
+
+void add_compare(CLI::App& app) {
+  auto* sub = app.add_subcommand("compare", "All error metrics of tensor A against reference tensor B");
+  auto a = std::make_shared<std::string>(), b = std::make_shared<std::string>();
+  auto name = std::make_shared<std::string>();
+  auto format = std::make_shared<std::string>("md");
+  sub->add_option("A", *a, "Tensor under test")->required();
+  sub->add_option("B", *b, "Reference tensor")->required();
+  sub->add_option("--name", *name, "Tensor name inside multi-tensor files");
+  sub->add_option("--format", *format, "md|json")->capture_default_str();
+  sub->callback([=] {
+    check_format(*format, {"md", "json"});
+    run_compare(*a, *b, *name, *format);
+  });
+}
+
+void add_analyze(CLI::App& app) {
+  auto* sub = app.add_subcommand(
+      "analyze", "Attention error of each method vs the fp64 reference, per layer/head and aggregated, on O and P");
+  auto tensors = std::make_shared<std::string>(QATTN_DEFAULT_TENSORS);
+  auto specs = std::make_shared<std::vector<std::string>>();
+  auto format = std::make_shared<std::string>("md");
+  auto out = std::make_shared<std::string>();
+  sub->add_option("--tensors", *tensors, "Dump directory with layer{L}_head{H}_{q,k,v}.npy")->capture_default_str();
+  sub->add_option("--method", *specs, "Method spec, repeatable (default: every registered method but fp64)");
+  sub->add_option("--format", *format, "md|csv|json")->capture_default_str();
+  sub->add_option("--out", *out, "Write the table here instead of stdout");
+  sub->callback([=] {
+    check_format(*format, {"md", "csv", "json"});
+    run_analyze(*tensors, *specs, *format, *out);
+  });
+}
+
+}  // namespace qattn::cli

@@ -1,0 +1,19 @@
+// The qattn subcommands. Each returns a process exit code: 0 success, 2 usage error, 3 bad input.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace qattn::cli {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitUsage = 2;
+inline constexpr int kExitBadInput = 3;
+
+// Adds every subcommand to `app`; the returned callback runs the one that was selected.
+void add_info(CLI::App& app);
+void add_methods(CLI::App& app);
+void add_softmax(CLI::App& app);
+void add_compare(CLI::App& app);
+void add_analyze(CLI::App& app);
+
+}  // namespace qattn::cli

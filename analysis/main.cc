@@ -1,0 +1,39 @@
+// qattn: one program, one subcommand per task. Run `qattn --help` or `qattn SUBCOMMAND --help`.
+#include <cstdio>
+#include <exception>
+#include <iostream>
+
+#include "commands.h"
+#include "qattn/error.h"
+
+int main(int argc, char** argv) {
+  using namespace qattn::cli;
+  CLI::App app{"qattn: quantized softmax and attention, measured against exact references"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "Help for every subcommand");
+  add_info(app);
+  add_methods(app);
+  add_softmax(app);
+  add_compare(app);
+  add_analyze(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return kExitUsage;
+  } catch (const qattn::SpecError& e) {
+    std::cerr << "qattn: " << e.what() << "\n";
+    return kExitUsage;
+  } catch (const qattn::InputError& e) {
+    std::cerr << "qattn: error: " << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const std::exception& e) {
+    std::cerr << "qattn: error: " << e.what() << "\n";
+    return kExitBadInput;
+  }
+  return kExitOk;
+}

@@ -1,0 +1,110 @@
+// Method specs and the method registry: one parser and one registry shared by the CLI, the tests and the
+// benchmarks. A spec reads
+//
+//     name[@preset][:key=value,key=value,...]
+//
+// e.g. "fp16", "index@paper", "index:b=5,c=6.6,p=u8". The preset's values apply first, then the explicit keys.
+// Unknown names, presets or keys, and values that do not parse or lie outside their range, raise
+// qattn::SpecError whose message lists what is valid.
+//
+// The registry only knows the interface; implementations register themselves from reference/ (and, later,
+// from lib/src kernels). Adding a method is one MethodEntry.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "qattn/tensor.h"
+
+namespace qattn {
+
+enum class ParamType { integer, real, choice, boolean };
+
+struct ParamInfo {
+  std::string key;
+  ParamType type;
+  std::string default_value;
+  std::string doc;
+  std::vector<std::string> choices;  // for ParamType::choice
+  double min = -1e300, max = 1e300;  // inclusive range for integer and real
+};
+
+struct PresetInfo {
+  std::string name;
+  std::map<std::string, std::string> values;
+  std::string doc;
+};
+
+struct MethodSpec {
+  std::string name;
+  std::string preset;  // empty when none
+  std::vector<std::pair<std::string, std::string>> overrides;
+};
+
+// Parses the syntax only; validation against a method's parameters happens in Registry::create.
+MethodSpec parse_method_spec(std::string_view text);
+
+// Resolved, validated parameter values of one method instance.
+class ParamMap {
+ public:
+  ParamMap() = default;
+  explicit ParamMap(std::map<std::string, std::string> values) : values_(std::move(values)) {}
+  long long integer(const std::string& key) const;
+  double real(const std::string& key) const;
+  const std::string& choice(const std::string& key) const;
+  bool boolean(const std::string& key) const;
+  const std::map<std::string, std::string>& values() const { return values_; }
+
+ private:
+  const std::string& raw(const std::string& key) const;
+  std::map<std::string, std::string> values_;
+};
+
+// Result of one attention call: O [L_q, d_v] and, where the method materialises it, P [L_q, L_k] as
+// probabilities (integer P divided by its scale).
+struct AttentionResult {
+  RowMatrixXd o;
+  RowMatrixXd p;
+};
+
+class Method {
+ public:
+  virtual ~Method() = default;
+  // Row-wise softmax of logits [rows, L] as this method computes it, returned as probabilities.
+  virtual RowMatrixXd softmax_rows(const RowMatrixXd& logits) const = 0;
+  // softmax(scale * q k^T) v as this method computes it. q [L_q, d], k [L_k, d], v [L_k, d_v].
+  virtual AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v,
+                                    double scale) const = 0;
+};
+
+struct MethodEntry {
+  std::string name;
+  std::string summary;
+  std::vector<ParamInfo> params;
+  std::vector<PresetInfo> presets;
+  std::function<std::unique_ptr<Method>(const ParamMap&)> make;
+};
+
+class Registry {
+ public:
+  // Throws std::logic_error on a duplicate name or a preset that names an unknown key.
+  void add(MethodEntry entry);
+  const MethodEntry* find(std::string_view name) const;
+  const std::vector<MethodEntry>& entries() const { return entries_; }
+
+  // Resolves defaults, preset and overrides, validates them, and builds the method.
+  ParamMap resolve(const MethodSpec& spec) const;
+  std::unique_ptr<Method> create(const MethodSpec& spec) const;
+  std::unique_ptr<Method> create(std::string_view spec_text) const { return create(parse_method_spec(spec_text)); }
+  // The canonical spec text of a resolved method: "name:k=v,..." with every parameter listed.
+  std::string canonical(const MethodSpec& spec) const;
+
+ private:
+  std::vector<MethodEntry> entries_;
+};
+
+}  // namespace qattn

@@ -1,0 +1,52 @@
+// Error metrics between an output o and a reference r, on flattened arrays (docs/metrics.md).
+//
+//   CosSim      = sum(o r) / (||o|| ||r||)                 (SageAttention2 / IntAttention definition)
+//   relative L1 = sum|o - r| / sum|r|
+//   RMSE        = sqrt(mean((o - r)^2))
+//   max_abs     = max|o - r|;  bias = mean(o - r);  median_abs = median|o - r| (mean of the two middle values)
+//   histogram   = counts of |o - r| per binary order of magnitude, exact zeros apart (gemmlowp ResultStats style)
+//   KL          = per row sum p_ref ln(p_ref / p), for probability rows (kl_rows)
+//
+// Accumulation: every sum is a Neumaier-compensated double sum, and norms are taken on inputs scaled by a power
+// of two (exact), so no intermediate overflows for finite inputs and the results are within a few ulps of the
+// exact values (tests/exact/metrics_exact_test.cc checks this against 50-digit arithmetic).
+//
+// Degenerate inputs (defined, never a crash):
+//   - sizes differ: std::invalid_argument;
+//   - empty: count = 0, every metric NaN;
+//   - any NaN or +-inf in o or r: nonfinite = number of such positions, every metric NaN;
+//   - r = 0 and o = 0: cossim 1, rel_l1 0;  exactly one of them all zero: cossim 0;
+//   - r = 0, o != 0: rel_l1 = +inf.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <span>
+
+#include "qattn/tensor.h"
+
+namespace qattn {
+
+struct ErrorStats {
+  std::int64_t count = 0;
+  std::int64_t nonfinite = 0;
+  double cossim = 0, rel_l1 = 0, rmse = 0, max_abs = 0, bias = 0, median_abs = 0;
+  // Power-of-two histogram of |o - r|: key k counts errors with 2^k <= |e| < 2^(k+1); zero_errors counts e == 0.
+  std::int64_t zero_errors = 0;
+  std::map<int, std::int64_t> log2_histogram;
+};
+
+ErrorStats compare(std::span<const double> out, std::span<const double> ref);
+
+// KL(p_ref || p) per row, natural log. Terms with p_ref = 0 contribute 0; p = 0 where p_ref > 0 gives +inf.
+// A negative or non-finite entry in either row makes that row's value NaN. Sizes must match.
+struct KlStats {
+  double mean = 0;  // over rows
+  double max = 0;
+};
+KlStats kl_rows(const RowMatrixXd& p_ref, const RowMatrixXd& p);
+
+// True when every entry is finite and >= 0 and every row sums to 1 within `tolerance`.
+bool looks_like_probability_rows(const RowMatrixXd& m, double tolerance = 1e-2);
+
+}  // namespace qattn

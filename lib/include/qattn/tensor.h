@@ -1,0 +1,45 @@
+// A dense n-dimensional tensor as read from or written to a file: element type, shape, and the elements in
+// C (row-major) order, stored in native byte order. Values are widened to double for analysis; double holds
+// every value of every supported dtype exactly except int64 magnitudes above 2^53 (see to_double()).
+#pragma once
+
+#include <Eigen/Core>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "qattn/dtype.h"
+
+namespace qattn {
+
+// Row-major dynamic matrix of doubles: the layout used for rows of logits and probabilities.
+using RowMatrixXd = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+struct Tensor {
+  DType dtype = DType::f32;
+  std::vector<std::int64_t> shape;   // empty shape = scalar (one element)
+  std::vector<std::byte> bytes;      // element_count() * dtype_size(dtype) bytes, native endian, C order
+
+  std::int64_t element_count() const;
+  // Every element converted to double (exact for all dtypes but int64 beyond +-2^53, which rounds to nearest).
+  Eigen::ArrayXd to_double() const;
+  // The tensor as a matrix whose rows run over the last axis: [prod(shape[:-1]), shape[-1]].
+  // A 0-d or 1-d tensor is one row. Throws std::invalid_argument for a last axis of size 0 with rows > 0.
+  RowMatrixXd as_rows() const;
+
+  std::string shape_string() const;  // "(8, 128, 64)"
+
+  // Builds a tensor of `dtype` from doubles. Floats round to nearest-even (through the dtype's own conversion);
+  // integers must be exactly representable: a non-integral or out-of-range value throws std::domain_error.
+  static Tensor from_double(DType dtype, std::vector<std::int64_t> shape, std::span<const double> values);
+};
+
+// Bit-level conversions for the two 16-bit float formats, round-to-nearest-even, NaN kept quiet.
+std::uint16_t f32_to_f16_bits(float x);
+float f16_bits_to_f32(std::uint16_t h);
+std::uint16_t f32_to_bf16_bits(float x);
+float bf16_bits_to_f32(std::uint16_t h);
+
+}  // namespace qattn

@@ -1,0 +1,66 @@
+// Reading and writing tensors: .npy (versions 1.0, 2.0, 3.0), .npz (stored or deflated members) and
+// .safetensors. The formats, the dtype conventions and every error are catalogued in docs/tensor-io.md.
+//
+// Contract for every reader: malformed input raises qattn::InputError naming the file, the field and the
+// reason; it never reads out of bounds, never allocates more than the data actually present justifies, and
+// never aborts. Writers are atomic: they write a sibling temporary file and rename it over the destination,
+// so a failed write leaves nothing behind and never a half-written file.
+//
+// Byte order: qattn runs on little-endian hosts only (x86-64, aarch64); big-endian .npy data is swapped on read.
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "qattn/tensor.h"
+
+namespace qattn {
+
+struct NamedTensor {
+  std::string name;
+  Tensor tensor;
+};
+
+// Limits that protect readers against hostile headers. Exceeding one is an InputError.
+inline constexpr std::size_t kMaxNpyHeaderBytes = std::size_t{1} << 20;            // numpy itself warns at 10000
+inline constexpr std::size_t kMaxSafetensorsHeaderBytes = std::size_t{100} << 20;  // the format's own limit
+inline constexpr int kMaxRank = 32;                                                // numpy's NPY_MAXDIMS
+
+// --- .npy ---------------------------------------------------------------------------------------------------
+// `source` is the name used in error messages (a path, or "member.npy in archive.npz").
+Tensor parse_npy(std::span<const std::byte> data, const std::string& source);
+// Little-endian, C order; format version 1.0 unless the header needs more than 65535 bytes (then 2.0).
+// bfloat16 is written with descr '<V2' (see docs/tensor-io.md).
+std::vector<std::byte> encode_npy(const Tensor& t);
+Tensor read_npy(const std::filesystem::path& path);
+void write_npy(const std::filesystem::path& path, const Tensor& t);
+
+// --- .npz ---------------------------------------------------------------------------------------------------
+// Member "x.npy" is returned with name "x". Available when qattn was built with libzip (have_npz()).
+bool have_npz();
+std::vector<NamedTensor> parse_npz(std::span<const std::byte> data, const std::string& source);
+std::vector<NamedTensor> read_npz(const std::filesystem::path& path);
+void write_npz(const std::filesystem::path& path, const std::vector<NamedTensor>& tensors, bool compress = true);
+
+// --- .safetensors -------------------------------------------------------------------------------------------
+// Tensors come back in data-offset order. "__metadata__" is validated (string -> string) and skipped.
+std::vector<NamedTensor> parse_safetensors(std::span<const std::byte> data, const std::string& source);
+std::vector<NamedTensor> read_safetensors(const std::filesystem::path& path);
+void write_safetensors(const std::filesystem::path& path, const std::vector<NamedTensor>& tensors);
+
+// --- by extension -------------------------------------------------------------------------------------------
+// .npy gives one tensor named after the file stem; .npz and .safetensors give their members.
+std::vector<NamedTensor> read_tensor_file(const std::filesystem::path& path);
+// Chooses the format from the extension; .npy takes exactly one tensor.
+void write_tensor_file(const std::filesystem::path& path, const std::vector<NamedTensor>& tensors);
+
+// --- shared helpers -----------------------------------------------------------------------------------------
+std::vector<std::byte> read_file_bytes(const std::filesystem::path& path);
+// Writes `bytes` to a temporary sibling and renames it over `path`. Throws InputError on failure, after removing
+// the temporary.
+void write_file_atomic(const std::filesystem::path& path, std::span<const std::byte> bytes);
+
+}  // namespace qattn

@@ -1,0 +1,199 @@
+#include "qattn/method.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <stdexcept>
+
+#include "qattn/error.h"
+
+namespace qattn {
+namespace {
+
+bool valid_identifier(std::string_view s) {
+  if (s.empty()) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.';
+  });
+}
+
+std::string join(const std::vector<std::string>& v, const char* sep = ", ") {
+  std::string s;
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + v[i];
+  return s;
+}
+
+bool parse_integer(const std::string& s, long long* out) {
+  if (s.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  *out = std::strtoll(s.c_str(), &end, 10);
+  return errno == 0 && end == s.c_str() + s.size();
+}
+
+bool parse_real(const std::string& s, double* out) {
+  if (s.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  *out = std::strtod(s.c_str(), &end);
+  return errno == 0 && end == s.c_str() + s.size() && std::isfinite(*out);
+}
+
+std::string describe_param(const ParamInfo& p) {
+  switch (p.type) {
+    case ParamType::choice: return p.key + " (one of " + join(p.choices, "|") + ")";
+    case ParamType::boolean: return p.key + " (true|false)";
+    case ParamType::integer: return p.key + " (integer)";
+    case ParamType::real: return p.key + " (real)";
+  }
+  return p.key;
+}
+
+void validate(const MethodEntry& e, const ParamInfo& p, const std::string& value) {
+  const std::string where = "method '" + e.name + "', key '" + p.key + "': ";
+  switch (p.type) {
+    case ParamType::integer: {
+      long long v;
+      if (!parse_integer(value, &v)) throw SpecError(where + "'" + value + "' is not an integer");
+      if (v < p.min || v > p.max)
+        throw SpecError(where + value + " is outside [" + std::to_string(static_cast<long long>(p.min)) + ", " +
+                        std::to_string(static_cast<long long>(p.max)) + "]");
+      break;
+    }
+    case ParamType::real: {
+      double v;
+      if (!parse_real(value, &v)) throw SpecError(where + "'" + value + "' is not a finite real number");
+      if (v < p.min || v > p.max) throw SpecError(where + value + " is outside its valid range");
+      break;
+    }
+    case ParamType::choice:
+      if (std::find(p.choices.begin(), p.choices.end(), value) == p.choices.end())
+        throw SpecError(where + "'" + value + "' is not one of " + join(p.choices, "|"));
+      break;
+    case ParamType::boolean:
+      if (value != "true" && value != "false") throw SpecError(where + "'" + value + "' is not true|false");
+      break;
+  }
+}
+
+}  // namespace
+
+MethodSpec parse_method_spec(std::string_view text) {
+  MethodSpec spec;
+  const std::string full(text);
+  const std::size_t colon = text.find(':');
+  std::string_view head = text.substr(0, colon);
+  const std::size_t at = head.find('@');
+  spec.name = std::string(head.substr(0, at));
+  if (at != std::string_view::npos) {
+    spec.preset = std::string(head.substr(at + 1));
+    if (!valid_identifier(spec.preset)) throw SpecError("method spec '" + full + "': empty or malformed preset after '@'");
+  }
+  if (!valid_identifier(spec.name))
+    throw SpecError("method spec '" + full + "': expected name[@preset][:key=value,...]");
+  if (colon == std::string_view::npos) return spec;
+  std::string_view rest = text.substr(colon + 1);
+  if (rest.empty()) throw SpecError("method spec '" + full + "': nothing after ':'");
+  while (!rest.empty()) {
+    const std::size_t comma = rest.find(',');
+    const std::string_view item = rest.substr(0, comma);
+    const std::size_t eq = item.find('=');
+    if (eq == std::string_view::npos || eq == 0 || eq + 1 == item.size())
+      throw SpecError("method spec '" + full + "': '" + std::string(item) + "' is not key=value");
+    spec.overrides.emplace_back(std::string(item.substr(0, eq)), std::string(item.substr(eq + 1)));
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+    if (rest.empty()) throw SpecError("method spec '" + full + "': trailing ','");
+  }
+  return spec;
+}
+
+const std::string& ParamMap::raw(const std::string& key) const {
+  const auto it = values_.find(key);
+  if (it == values_.end()) throw std::logic_error("ParamMap: no parameter '" + key + "'");
+  return it->second;
+}
+long long ParamMap::integer(const std::string& key) const {
+  long long v;
+  if (!parse_integer(raw(key), &v)) throw std::logic_error("ParamMap: '" + key + "' is not an integer");
+  return v;
+}
+double ParamMap::real(const std::string& key) const {
+  double v;
+  if (!parse_real(raw(key), &v)) throw std::logic_error("ParamMap: '" + key + "' is not real");
+  return v;
+}
+const std::string& ParamMap::choice(const std::string& key) const { return raw(key); }
+bool ParamMap::boolean(const std::string& key) const { return raw(key) == "true"; }
+
+void Registry::add(MethodEntry entry) {
+  if (find(entry.name)) throw std::logic_error("Registry: duplicate method '" + entry.name + "'");
+  for (const PresetInfo& pr : entry.presets)
+    for (const auto& [k, v] : pr.values) {
+      const auto it = std::find_if(entry.params.begin(), entry.params.end(), [&](const ParamInfo& p) { return p.key == k; });
+      if (it == entry.params.end())
+        throw std::logic_error("Registry: preset '" + entry.name + "@" + pr.name + "' sets unknown key '" + k + "'");
+      validate(entry, *it, v);
+    }
+  for (const ParamInfo& p : entry.params) validate(entry, p, p.default_value);
+  entries_.push_back(std::move(entry));
+}
+
+const MethodEntry* Registry::find(std::string_view name) const {
+  for (const MethodEntry& e : entries_)
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
+ParamMap Registry::resolve(const MethodSpec& spec) const {
+  const MethodEntry* e = find(spec.name);
+  if (!e) {
+    std::vector<std::string> names;
+    for (const MethodEntry& m : entries_) names.push_back(m.name);
+    throw SpecError("unknown method '" + spec.name + "' (valid: " + join(names) + ")");
+  }
+  std::map<std::string, std::string> values;
+  for (const ParamInfo& p : e->params) values[p.key] = p.default_value;
+  if (!spec.preset.empty()) {
+    const auto pr = std::find_if(e->presets.begin(), e->presets.end(), [&](const PresetInfo& p) { return p.name == spec.preset; });
+    if (pr == e->presets.end()) {
+      std::vector<std::string> names;
+      for (const PresetInfo& p : e->presets) names.push_back("@" + p.name);
+      throw SpecError("method '" + e->name + "' has no preset '@" + spec.preset + "' (valid: " +
+                      (names.empty() ? std::string("none") : join(names)) + ")");
+    }
+    for (const auto& [k, v] : pr->values) values[k] = v;
+  }
+  for (const auto& [k, v] : spec.overrides) {
+    const auto it = std::find_if(e->params.begin(), e->params.end(), [&](const ParamInfo& p) { return p.key == k; });
+    if (it == e->params.end()) {
+      std::vector<std::string> keys;
+      for (const ParamInfo& p : e->params) keys.push_back(describe_param(p));
+      throw SpecError("method '" + e->name + "' has no key '" + k + "' (valid: " +
+                      (keys.empty() ? std::string("none, it takes no parameters") : join(keys)) + ")");
+    }
+    validate(*e, *it, v);
+    values[k] = v;
+  }
+  return ParamMap(std::move(values));
+}
+
+std::unique_ptr<Method> Registry::create(const MethodSpec& spec) const {
+  const ParamMap params = resolve(spec);
+  return find(spec.name)->make(params);
+}
+
+std::string Registry::canonical(const MethodSpec& spec) const {
+  const ParamMap params = resolve(spec);
+  const MethodEntry* e = find(spec.name);
+  std::string s = e->name;
+  char sep = ':';
+  for (const ParamInfo& p : e->params) {
+    s += sep + p.key + "=" + params.values().at(p.key);
+    sep = ',';
+  }
+  return s;
+}
+
+}  // namespace qattn

@@ -1,0 +1,133 @@
+#include "qattn/metrics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace qattn {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// Neumaier's variant of Kahan summation: error <= 2u |sum| + O(n u^2) sum|x_i|.
+class CompensatedSum {
+ public:
+  void add(double x) {
+    const double t = sum_ + x;
+    if (!std::isfinite(t)) {  // inf/NaN: the compensation term would turn inf into NaN
+      sum_ = t;
+      return;
+    }
+    comp_ += std::fabs(sum_) >= std::fabs(x) ? (sum_ - t) + x : (x - t) + sum_;
+    sum_ = t;
+  }
+  double value() const { return sum_ + comp_; }
+
+ private:
+  double sum_ = 0, comp_ = 0;
+};
+
+// 2^k with 2^k <= max|x| (or 1 for all zeros): dividing by it is exact and keeps squares in range.
+double power_of_two_scale(double max_abs) { return max_abs > 0 && std::isfinite(max_abs) ? std::ldexp(1.0, std::ilogb(max_abs)) : 1.0; }
+
+}  // namespace
+
+ErrorStats compare(std::span<const double> out, std::span<const double> ref) {
+  if (out.size() != ref.size())
+    throw std::invalid_argument("compare: sizes differ (" + std::to_string(out.size()) + " vs " +
+                                std::to_string(ref.size()) + ")");
+  ErrorStats s;
+  s.count = static_cast<std::int64_t>(out.size());
+  for (std::size_t i = 0; i < out.size(); ++i)
+    if (!std::isfinite(out[i]) || !std::isfinite(ref[i])) ++s.nonfinite;
+  if (s.count == 0 || s.nonfinite > 0) {
+    s.cossim = s.rel_l1 = s.rmse = s.max_abs = s.bias = s.median_abs = kNaN;
+    return s;
+  }
+  double max_o = 0, max_r = 0, max_e = 0;
+  std::vector<double> abs_err(out.size());
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    max_o = std::max(max_o, std::fabs(out[i]));
+    max_r = std::max(max_r, std::fabs(ref[i]));
+    abs_err[i] = std::fabs(out[i] - ref[i]);  // +inf only if |o - r| > DBL_MAX: then rmse and max_abs are +inf
+    max_e = std::max(max_e, abs_err[i]);
+  }
+  const double so = power_of_two_scale(max_o), sr = power_of_two_scale(max_r), se = power_of_two_scale(max_e);
+  CompensatedSum dot, oo, rr, l1, r1, sq, signed_err;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const double o = out[i] / so, r = ref[i] / sr, e = abs_err[i] / se;
+    dot.add(o * r);
+    oo.add(o * o);
+    rr.add(r * r);
+    l1.add(abs_err[i]);
+    r1.add(std::fabs(ref[i]));
+    sq.add(e * e);
+    signed_err.add(out[i] - ref[i]);
+  }
+  const double n = static_cast<double>(s.count);
+  if (max_o == 0 && max_r == 0) s.cossim = 1.0;
+  else if (max_o == 0 || max_r == 0) s.cossim = 0.0;
+  else s.cossim = dot.value() / (std::sqrt(oo.value()) * std::sqrt(rr.value()));
+  const double l1v = l1.value(), r1v = r1.value();
+  s.rel_l1 = r1v > 0 ? l1v / r1v : (l1v == 0 ? 0.0 : std::numeric_limits<double>::infinity());
+  s.rmse = se * std::sqrt(sq.value() / n);
+  s.max_abs = max_e;
+  s.bias = signed_err.value() / n;
+  for (double e : abs_err) {
+    if (e == 0) ++s.zero_errors;
+    else ++s.log2_histogram[std::ilogb(e)];
+  }
+  const std::size_t mid = abs_err.size() / 2;
+  std::nth_element(abs_err.begin(), abs_err.begin() + static_cast<std::ptrdiff_t>(mid), abs_err.end());
+  const double upper = abs_err[mid];
+  if (abs_err.size() % 2 == 1) {
+    s.median_abs = upper;
+  } else {
+    const double lower = *std::max_element(abs_err.begin(), abs_err.begin() + static_cast<std::ptrdiff_t>(mid));
+    s.median_abs = lower + (upper - lower) / 2;
+  }
+  return s;
+}
+
+KlStats kl_rows(const RowMatrixXd& p_ref, const RowMatrixXd& p) {
+  if (p_ref.rows() != p.rows() || p_ref.cols() != p.cols())
+    throw std::invalid_argument("kl_rows: shapes differ");
+  KlStats k;
+  if (p.rows() == 0) return {kNaN, kNaN};
+  CompensatedSum total;
+  for (Eigen::Index i = 0; i < p.rows(); ++i) {
+    CompensatedSum row;
+    bool bad = false, infinite = false;
+    for (Eigen::Index j = 0; j < p.cols(); ++j) {
+      const double a = p_ref(i, j), b = p(i, j);
+      if (!(a >= 0) || !(b >= 0) || !std::isfinite(a) || !std::isfinite(b)) bad = true;
+      else if (a == 0) continue;
+      else if (b == 0) infinite = true;
+      else row.add(a * std::log(a / b));
+    }
+    const double v = bad ? kNaN : infinite ? std::numeric_limits<double>::infinity() : row.value();
+    total.add(v);
+    if (std::isnan(v) || std::isnan(k.max)) k.max = kNaN;
+    else if (i == 0 || v > k.max) k.max = v;
+  }
+  k.mean = total.value() / static_cast<double>(p.rows());
+  return k;
+}
+
+bool looks_like_probability_rows(const RowMatrixXd& m, double tolerance) {
+  for (Eigen::Index i = 0; i < m.rows(); ++i) {
+    CompensatedSum s;
+    for (Eigen::Index j = 0; j < m.cols(); ++j) {
+      const double v = m(i, j);
+      if (!std::isfinite(v) || v < 0) return false;
+      s.add(v);
+    }
+    if (std::fabs(s.value() - 1.0) > tolerance) return false;
+  }
+  return m.size() > 0;
+}
+
+}  // namespace qattn

@@ -1,0 +1,272 @@
+// .npy reader and writer. Hand-written: Debian ships no C++ library for the format. The header is a Python
+// dict literal; this file parses exactly the subset numpy writes (see docs/tensor-io.md) and rejects the rest.
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <string_view>
+
+#include "qattn/error.h"
+#include "qattn/tensor_io.h"
+
+namespace qattn {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "qattn supports little-endian hosts only");
+
+constexpr std::string_view kMagic = "\x93NUMPY";
+
+// Minimal scanner for the header dict: {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
+class HeaderScanner {
+ public:
+  HeaderScanner(std::string_view text, const std::string& source) : s_(text), source_(source) {}
+
+  void skip_space() {
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r')) ++i_;
+  }
+  bool peek(char c) {
+    skip_space();
+    return i_ < s_.size() && s_[i_] == c;
+  }
+  void expect(char c, const char* what) {
+    if (!peek(c)) fail("header", std::string("expected '") + c + "' " + what + " at offset " + std::to_string(i_));
+    ++i_;
+  }
+  std::string string_literal(const char* field) {
+    skip_space();
+    if (i_ >= s_.size() || (s_[i_] != '\'' && s_[i_] != '"')) fail(field, "expected a quoted string");
+    const char q = s_[i_++];
+    const std::size_t start = i_;
+    while (i_ < s_.size() && s_[i_] != q) {
+      if (s_[i_] == '\\') fail(field, "escape sequences are not supported");
+      ++i_;
+    }
+    if (i_ >= s_.size()) fail(field, "unterminated string");
+    return std::string(s_.substr(start, i_++ - start));
+  }
+  bool boolean(const char* field) {
+    skip_space();
+    if (s_.substr(i_, 4) == "True") { i_ += 4; return true; }
+    if (s_.substr(i_, 5) == "False") { i_ += 5; return false; }
+    fail(field, "expected True or False");
+  }
+  std::vector<std::int64_t> int_tuple(const char* field) {
+    std::vector<std::int64_t> dims;
+    expect('(', "to open the shape tuple");
+    while (!peek(')')) {
+      skip_space();
+      if (i_ >= s_.size() || s_[i_] < '0' || s_[i_] > '9') fail(field, "expected a non-negative integer");
+      std::int64_t v = 0;
+      while (i_ < s_.size() && s_[i_] >= '0' && s_[i_] <= '9') {
+        if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, s_[i_] - '0', &v))
+          fail(field, "dimension overflows int64");
+        ++i_;
+      }
+      if (i_ < s_.size() && s_[i_] == 'L') ++i_;  // Python 2 long suffix, as old numpy wrote it
+      dims.push_back(v);
+      if (dims.size() > static_cast<std::size_t>(kMaxRank))
+        fail(field, "more than " + std::to_string(kMaxRank) + " dimensions");
+      if (!peek(',')) break;
+      ++i_;
+    }
+    expect(')', "to close the shape tuple");
+    return dims;
+  }
+  bool at_end() {
+    skip_space();
+    return i_ == s_.size();
+  }
+  [[noreturn]] void fail(const std::string& field, const std::string& reason) const {
+    throw InputError(source_, field, reason);
+  }
+
+ private:
+  std::string_view s_;
+  const std::string& source_;
+  std::size_t i_ = 0;
+};
+
+struct Descr {
+  DType dtype;
+  bool big_endian;
+};
+
+Descr parse_descr(const std::string& d, const std::string& source) {
+  auto bad = [&](const std::string& why) -> Descr { throw InputError(source, "descr", "'" + d + "': " + why); };
+  if (d.size() < 2) return bad("too short");
+  std::size_t k = 0;
+  bool big = false;
+  if (d[0] == '<' || d[0] == '>' || d[0] == '|' || d[0] == '=') {
+    big = d[0] == '>';
+    k = 1;
+  }
+  const std::string code = d.substr(k);
+  static const std::pair<std::string_view, DType> table[] = {
+      {"f8", DType::f64}, {"f4", DType::f32}, {"f2", DType::f16}, {"V2", DType::bf16}, {"i1", DType::i8},
+      {"u1", DType::u8},  {"i2", DType::i16}, {"i4", DType::i32}, {"i8", DType::i64}};
+  for (const auto& [c, t] : table)
+    if (code == c) return {t, big && dtype_size(t) > 1};
+  if (code == "b1") return bad("bool arrays are not supported; convert to uint8 first");
+  if (code[0] == 'V') return bad("only V2 (read as bfloat16) is supported among void types");
+  return bad("unsupported dtype (supported: f8 f4 f2 V2(bfloat16) i1 u1 i2 i4 i8, any byte order)");
+}
+
+std::string descr_of(DType t) {
+  switch (t) {
+    case DType::f64: return "<f8";
+    case DType::f32: return "<f4";
+    case DType::f16: return "<f2";
+    case DType::bf16: return "<V2";
+    case DType::i8: return "|i1";
+    case DType::u8: return "|u1";
+    case DType::i16: return "<i2";
+    case DType::i32: return "<i4";
+    case DType::i64: return "<i8";
+  }
+  return "";
+}
+
+std::uint32_t read_le(const std::byte* p, int n) {
+  std::uint32_t v = 0;
+  for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<std::uint32_t>(p[i]);
+  return v;
+}
+
+// Reorders column-major (Fortran) elements into row-major order.
+std::vector<std::byte> fortran_to_c(std::span<const std::byte> src, const std::vector<std::int64_t>& shape,
+                                    std::size_t width) {
+  std::vector<std::byte> dst(src.size());
+  const std::size_t rank = shape.size();
+  const std::int64_t n = static_cast<std::int64_t>(src.size() / width);
+  std::vector<std::int64_t> idx(rank, 0);  // C-order multi-index of element c
+  for (std::int64_t c = 0; c < n; ++c) {
+    std::int64_t f = 0;
+    for (std::size_t a = rank; a-- > 0;) f = f * shape[a] + idx[a];
+    std::memcpy(dst.data() + c * width, src.data() + f * width, width);
+    for (std::size_t a = rank; a-- > 0;) {
+      if (++idx[a] < shape[a]) break;
+      idx[a] = 0;
+    }
+  }
+  return dst;
+}
+
+}  // namespace
+
+Tensor parse_npy(std::span<const std::byte> data, const std::string& source) {
+  if (data.size() < 10) throw InputError(source, "magic", "file is " + std::to_string(data.size()) +
+                                                              " bytes, shorter than the 10-byte .npy preamble");
+  if (std::memcmp(data.data(), kMagic.data(), kMagic.size()) != 0)
+    throw InputError(source, "magic", "not a .npy file (expected \\x93NUMPY)");
+  const int major = static_cast<int>(data[6]);
+  const int minor = static_cast<int>(data[7]);
+  if (major < 1 || major > 3 || minor != 0)
+    throw InputError(source, "version", "unsupported format version " + std::to_string(major) + "." +
+                                            std::to_string(minor) + " (supported: 1.0, 2.0, 3.0)");
+  const std::size_t len_bytes = major == 1 ? 2 : 4;
+  if (data.size() < 8 + len_bytes) throw InputError(source, "header_len", "truncated before the header length");
+  const std::size_t header_len = read_le(data.data() + 8, static_cast<int>(len_bytes));
+  const std::size_t header_start = 8 + len_bytes;
+  if (header_len > kMaxNpyHeaderBytes)
+    throw InputError(source, "header_len", std::to_string(header_len) + " bytes exceeds the limit of " +
+                                               std::to_string(kMaxNpyHeaderBytes));
+  if (data.size() - header_start < header_len)
+    throw InputError(source, "header", "truncated: header needs " + std::to_string(header_len) + " bytes, " +
+                                           std::to_string(data.size() - header_start) + " present");
+  const std::string_view header(reinterpret_cast<const char*>(data.data() + header_start), header_len);
+
+  HeaderScanner sc(header, source);
+  std::string descr;
+  bool have_descr = false, have_order = false, have_shape = false, fortran = false;
+  std::vector<std::int64_t> shape;
+  sc.expect('{', "to open the header dict");
+  while (!sc.peek('}')) {
+    const std::string key = sc.string_literal("header");
+    sc.expect(':', "after a key");
+    if (key == "descr") {
+      if (sc.peek('[')) sc.fail("descr", "structured dtypes are not supported");
+      descr = sc.string_literal("descr");
+      have_descr = true;
+    } else if (key == "fortran_order") {
+      fortran = sc.boolean("fortran_order");
+      have_order = true;
+    } else if (key == "shape") {
+      shape = sc.int_tuple("shape");
+      have_shape = true;
+    } else {
+      sc.fail("header", "unexpected key '" + key + "'");
+    }
+    if (!sc.peek(',')) break;
+    sc.expect(',', "between entries");
+  }
+  sc.expect('}', "to close the header dict");
+  if (!sc.at_end()) sc.fail("header", "trailing characters after the dict");
+  if (!have_descr) sc.fail("descr", "missing");
+  if (!have_order) sc.fail("fortran_order", "missing");
+  if (!have_shape) sc.fail("shape", "missing");
+
+  const Descr d = parse_descr(descr, source);
+  const std::size_t width = dtype_size(d.dtype);
+  std::int64_t count = 1;
+  for (std::int64_t dim : shape)
+    if (__builtin_mul_overflow(count, dim, &count)) sc.fail("shape", "element count overflows int64");
+  std::int64_t nbytes = 0;
+  if (__builtin_mul_overflow(count, static_cast<std::int64_t>(width), &nbytes))
+    sc.fail("shape", "byte size overflows int64");
+  const std::size_t data_start = header_start + header_len;
+  const std::size_t present = data.size() - data_start;
+  if (static_cast<std::uint64_t>(nbytes) != present)
+    throw InputError(source, "data", "shape " + Tensor{d.dtype, shape, {}}.shape_string() + " of " +
+                                         std::string(dtype_name(d.dtype)) + " needs " + std::to_string(nbytes) +
+                                         " bytes, file has " + std::to_string(present));
+
+  Tensor t;
+  t.dtype = d.dtype;
+  t.shape = std::move(shape);
+  const auto payload = data.subspan(data_start);
+  t.bytes.assign(payload.begin(), payload.end());
+  if (d.big_endian)
+    for (std::size_t i = 0; i < t.bytes.size(); i += width) std::reverse(t.bytes.begin() + i, t.bytes.begin() + i + width);
+  if (fortran && t.shape.size() > 1) t.bytes = fortran_to_c(t.bytes, t.shape, width);
+  return t;
+}
+
+std::vector<std::byte> encode_npy(const Tensor& t) {
+  const std::string header =
+      "{'descr': '" + descr_of(t.dtype) + "', 'fortran_order': False, 'shape': " + t.shape_string() + ", }";
+  // Pad with spaces so that the data starts at a multiple of 64 bytes, then a newline (as numpy does).
+  auto padded = [&](std::size_t preamble) {
+    std::string h = header;
+    const std::size_t total = preamble + h.size() + 1;
+    h.append((64 - total % 64) % 64, ' ');
+    h += '\n';
+    return h;
+  };
+  std::string h = padded(10);
+  int major = 1;
+  if (h.size() > 0xffff) {
+    h = padded(12);
+    major = 2;
+  }
+  std::vector<std::byte> out;
+  out.reserve(12 + h.size() + t.bytes.size());
+  auto put = [&](const void* p, std::size_t n) {
+    const auto* b = static_cast<const std::byte*>(p);
+    out.insert(out.end(), b, b + n);
+  };
+  put(kMagic.data(), kMagic.size());
+  const unsigned char ver[2] = {static_cast<unsigned char>(major), 0};
+  put(ver, 2);
+  const std::uint32_t len = static_cast<std::uint32_t>(h.size());
+  put(&len, major == 1 ? 2 : 4);  // little-endian host
+  put(h.data(), h.size());
+  put(t.bytes.data(), t.bytes.size());
+  return out;
+}
+
+Tensor read_npy(const std::filesystem::path& path) { return parse_npy(read_file_bytes(path), path.string()); }
+
+void write_npy(const std::filesystem::path& path, const Tensor& t) { write_file_atomic(path, encode_npy(t)); }
+
+}  // namespace qattn

@@ -1,0 +1,26 @@
+#include "qattn/error.h"
+#include "qattn/tensor_io.h"
+
+namespace qattn {
+
+std::vector<NamedTensor> read_tensor_file(const std::filesystem::path& path) {
+  const std::string ext = path.extension().string();
+  if (ext == ".npy") return {{path.stem().string(), read_npy(path)}};
+  if (ext == ".npz") return read_npz(path);
+  if (ext == ".safetensors") return read_safetensors(path);
+  throw InputError(path.string(), "extension", "unknown tensor format '" + ext + "' (expected .npy, .npz or .safetensors)");
+}
+
+void write_tensor_file(const std::filesystem::path& path, const std::vector<NamedTensor>& tensors) {
+  const std::string ext = path.extension().string();
+  if (ext == ".npy") {
+    if (tensors.size() != 1)
+      throw InputError(path.string(), "extension", ".npy holds exactly one tensor, " + std::to_string(tensors.size()) + " given");
+    return write_npy(path, tensors.front().tensor);
+  }
+  if (ext == ".npz") return write_npz(path, tensors);
+  if (ext == ".safetensors") return write_safetensors(path, tensors);
+  throw InputError(path.string(), "extension", "unknown tensor format '" + ext + "' (expected .npy, .npz or .safetensors)");
+}
+
+}  // namespace qattn

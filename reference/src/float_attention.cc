@@ -1,0 +1,90 @@
+#include "qattn/reference/float_attention.h"
+
+#include <stdexcept>
+
+#include "qattn/float_format.h"
+#include "qattn/reference/softmax.h"
+
+namespace qattn::ref {
+namespace {
+
+using RowMatrixXf = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+const FloatFormat* storage_format(FloatPrecision p) {
+  switch (p) {
+    case FloatPrecision::fp16: return &kBinary16;
+    case FloatPrecision::bf16: return &kBfloat16;
+    default: return nullptr;
+  }
+}
+
+// Rounds float entries to the 16-bit storage format in place (no-op for fp32).
+void round_in_place(RowMatrixXf& m, FloatPrecision p) {
+  const FloatFormat* f = storage_format(p);
+  if (!f) return;
+  for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = static_cast<float>(round_to_format(m.data()[i], *f));
+}
+
+RowMatrixXf to_storage_float(const RowMatrixXd& m, FloatPrecision p) {
+  // double -> float rounds once; for fp16/bf16 round from double directly so that no value is rounded twice.
+  const FloatFormat* f = storage_format(p);
+  RowMatrixXf out(m.rows(), m.cols());
+  for (Eigen::Index i = 0; i < m.size(); ++i)
+    out.data()[i] = f ? static_cast<float>(round_to_format(m.data()[i], *f)) : static_cast<float>(m.data()[i]);
+  return out;
+}
+
+void check_shapes(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v) {
+  if (q.cols() != k.cols())
+    throw std::invalid_argument("attention: q has d=" + std::to_string(q.cols()) + " but k has d=" + std::to_string(k.cols()));
+  if (k.rows() != v.rows())
+    throw std::invalid_argument("attention: k has " + std::to_string(k.rows()) + " keys but v has " + std::to_string(v.rows()));
+}
+
+}  // namespace
+
+std::string_view precision_name(FloatPrecision p) {
+  switch (p) {
+    case FloatPrecision::fp64: return "fp64";
+    case FloatPrecision::fp32: return "fp32";
+    case FloatPrecision::fp16: return "fp16";
+    case FloatPrecision::bf16: return "bf16";
+  }
+  return "?";
+}
+
+RowMatrixXd round_to_storage(const RowMatrixXd& m, FloatPrecision p) {
+  if (p == FloatPrecision::fp64) return m;
+  return to_storage_float(m, p).cast<double>();
+}
+
+RowMatrixXd float_softmax_rows(const RowMatrixXd& logits, FloatPrecision p) {
+  if (p == FloatPrecision::fp64) return softmax_ref_rows(logits);
+  const RowMatrixXf x = to_storage_float(logits, p);   // R1
+  RowMatrixXf prob = softmax_ref_rows(x);              // float arithmetic
+  round_in_place(prob, p);                             // R3
+  return prob.cast<double>();
+}
+
+AttentionResult float_attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+                                FloatPrecision p) {
+  check_shapes(q, k, v);
+  if (p == FloatPrecision::fp64) {
+    const RowMatrixXd s = (q * k.transpose()) * scale;
+    AttentionResult r;
+    r.p = softmax_ref_rows(s);
+    r.o = r.p * v;
+    return r;
+  }
+  const RowMatrixXf qf = to_storage_float(q, p), kf = to_storage_float(k, p), vf = to_storage_float(v, p);  // R1
+  RowMatrixXf s = qf * kf.transpose();
+  s *= static_cast<float>(scale);
+  round_in_place(s, p);  // R2
+  RowMatrixXf prob = softmax_ref_rows(s);
+  round_in_place(prob, p);  // R3
+  RowMatrixXf o = prob * vf;
+  round_in_place(o, p);  // R4
+  return {o.cast<double>(), prob.cast<double>()};
+}
+
+}  // namespace qattn::ref

@@ -1,0 +1,46 @@
+#include "qattn/reference/registry.h"
+
+#include "qattn/reference/float_attention.h"
+
+namespace qattn::ref {
+namespace {
+
+class FloatMethod final : public Method {
+ public:
+  explicit FloatMethod(FloatPrecision p) : p_(p) {}
+  RowMatrixXd softmax_rows(const RowMatrixXd& logits) const override { return float_softmax_rows(logits, p_); }
+  AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v,
+                            double scale) const override {
+    return float_attention(q, k, v, scale, p_);
+  }
+
+ private:
+  FloatPrecision p_;
+};
+
+MethodEntry float_entry(FloatPrecision p, std::string summary) {
+  return {std::string(precision_name(p)), std::move(summary), {}, {},
+          [p](const ParamMap&) { return std::make_unique<FloatMethod>(p); }};
+}
+
+}  // namespace
+
+void register_reference_methods(Registry& registry) {
+  registry.add(float_entry(FloatPrecision::fp64, "double-precision reference: max-subtracted softmax, pairwise sum"));
+  registry.add(float_entry(FloatPrecision::fp32, "binary32 arithmetic throughout"));
+  registry.add(float_entry(FloatPrecision::fp16,
+                           "binary16 storage (RNE) of inputs, GEMM outputs and softmax output; fp32 arithmetic"));
+  registry.add(float_entry(FloatPrecision::bf16,
+                           "bfloat16 storage (RNE) of inputs, GEMM outputs and softmax output; fp32 arithmetic"));
+}
+
+const Registry& reference_registry() {
+  static const Registry r = [] {
+    Registry reg;
+    register_reference_methods(reg);
+    return reg;
+  }();
+  return r;
+}
+
+}  // namespace qattn::ref
