@@ -130,7 +130,8 @@ bool ParamMap::boolean(const std::string& key) const { return raw(key) == "true"
 void Registry::add(MethodEntry entry) {
   if (find(entry.name)) throw std::logic_error("Registry: duplicate method '" + entry.name + "'");
   for (const PresetInfo& pr : entry.presets)
-    for (const auto& [k, v] : pr.values) {
+    for (const auto& [key, v] : pr.values) {
+      const std::string& k = key;  // a structured binding cannot be captured by a lambda in C++20
       const auto it = std::find_if(entry.params.begin(), entry.params.end(), [&](const ParamInfo& p) { return p.key == k; });
       if (it == entry.params.end())
         throw std::logic_error("Registry: preset '" + entry.name + "@" + pr.name + "' sets unknown key '" + k + "'");
@@ -165,7 +166,8 @@ ParamMap Registry::resolve(const MethodSpec& spec) const {
     }
     for (const auto& [k, v] : pr->values) values[k] = v;
   }
-  for (const auto& [k, v] : spec.overrides) {
+  for (const auto& [key, v] : spec.overrides) {
+    const std::string& k = key;
     const auto it = std::find_if(e->params.begin(), e->params.end(), [&](const ParamInfo& p) { return p.key == k; });
     if (it == e->params.end()) {
       std::vector<std::string> keys;

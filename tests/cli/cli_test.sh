@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# End-to-end checks of the qattn program: exit codes (0 ok, 2 usage, 3 bad input), error messages naming file,
+# field and reason, no output left behind on failure, and the main job on the embedded sample.
+#
+#   cli_test.sh QATTN_BINARY REPO_ROOT [EMULATOR...]
+set -uo pipefail
+bin=$1
+root=$2
+shift 2
+q() { "${emu[@]}" "$bin" "$@"; }
+emu=("$@")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+pass=0
+
+expect() {  # expect CODE PATTERN DESCRIPTION -- ARGS...
+  local code=$1 pattern=$2 what=$3
+  shift 4
+  local out rc
+  out=$(q "$@" 2>&1)
+  rc=$?
+  if [ "$rc" -ne "$code" ]; then
+    echo "FAIL: $what: exit $rc, expected $code"; echo "$out" | head -5; fail=$((fail + 1)); return
+  fi
+  if [ -n "$pattern" ] && ! grep -qE -- "$pattern" <<<"$out"; then
+    echo "FAIL: $what: output lacks /$pattern/"; echo "$out" | head -5; fail=$((fail + 1)); return
+  fi
+  pass=$((pass + 1))
+}
+
+fx=$root/tests/fixtures
+sample=$root/experiments/data/use-lite
+
+expect 0 "Subcommands" "top-level help" -- --help
+for sub in info methods softmax compare analyze; do
+  expect 0 "Usage" "$sub --help" -- "$sub" --help
+done
+expect 2 "" "no subcommand" --
+expect 2 "required" "softmax without --method" -- softmax --in "$fx/f32_c.npy" --out "$tmp/p.npy"
+expect 2 "unknown method 'fp8'.*valid: fp64, fp32, fp16, bf16" "unknown method lists valid ones" -- \
+  softmax --in "$fx/f32_c.npy" --method fp8 --out "$tmp/p.npy"
+expect 2 "no key 'b'" "unknown key" -- softmax --in "$fx/f32_c.npy" --method fp16:b=3 --out "$tmp/p.npy"
+expect 2 "not one of md\|csv\|json" "bad format" -- analyze --format xml
+expect 0 "fp16" "methods" -- methods
+expect 0 '"name": "bf16"' "methods json" -- methods --format json
+
+# Bad input: exit 3, message names file, field and reason; nothing written.
+printf 'garbage' >"$tmp/bad.npy"
+expect 3 "bad.npy: magic: " "bad magic" -- softmax --in "$tmp/bad.npy" --method fp32 --out "$tmp/out.npy"
+head -c 150 "$fx/f32_c.npy" >"$tmp/trunc.npy"
+expect 3 "trunc.npy: data: .*needs 96 bytes, file has 22" "truncated data" -- info "$tmp/trunc.npy"
+expect 3 "nope.npy: file: cannot open" "missing file" -- compare "$tmp/nope.npy" "$fx/f32_c.npy"
+expect 3 "shape" "compare shape mismatch" -- compare "$fx/f32_c.npy" "$fx/f64_scalar.npy"
+expect 3 "holds 5 tensors; choose one with --name" "multi-tensor file" -- \
+  softmax --in "$fx/mixed.safetensors" --method fp32 --out "$tmp/out.npy"
+expect 3 "no layer\{L\}_head\{H\}_\{q,k,v\}.npy" "empty tensors dir" -- analyze --tensors "$tmp"
+mkdir -p "$tmp/partial" && cp "$sample/layer0_head0_q.npy" "$sample/layer0_head0_k.npy" "$tmp/partial/"
+expect 3 "layer0_head0_v.npy is missing" "partial dump" -- analyze --tensors "$tmp/partial"
+expect 3 "is not a directory" "tensors not a dir" -- analyze --tensors "$fx/f32_c.npy"
+if [ -n "$(ls -A "$tmp" | grep -v -e partial -e bad.npy -e trunc.npy)" ]; then
+  echo "FAIL: files left behind: $(ls -A "$tmp")"; fail=$((fail + 1))
+else
+  pass=$((pass + 1))
+fi
+
+# softmax writes float64 probabilities of the input's shape; rows sum to 1.
+expect 0 "" "softmax fp64" -- softmax --in "$fx/f32_c.npy" --method fp64 --out "$tmp/p.npy"
+expect 0 "float64 +\| \(2, 3, 4\)" "softmax output dtype and shape" -- info "$tmp/p.npy"
+expect 0 "" "safetensors member" -- softmax --in "$fx/mixed.safetensors" --name logits --method fp16 --out "$tmp/p16.npy"
+expect 0 "CosSim +\| 1.00000000" "compare identical" -- compare "$tmp/p.npy" "$tmp/p.npy"
+expect 0 "KL\(B\|\|A\) mean" "compare probability rows reports KL" -- compare "$tmp/p16.npy" "$tmp/p.npy"
+expect 0 '"rmse"' "compare json" -- compare "$tmp/p16.npy" "$tmp/p.npy" --format json
+
+# The main job on the embedded sample: every registered method but the reference, 8 heads, mean and worst rows.
+out=$(q analyze 2>/dev/null)
+for m in fp32 fp16 bf16; do
+  n=$(grep -cE "^\| [01] +\| [0-3] +\| $m " <<<"$out")
+  if [ "$n" -ne 8 ]; then echo "FAIL: analyze: $n head rows for $m, expected 8"; fail=$((fail + 1)); else pass=$((pass + 1)); fi
+  grep -qE "^\| all +\| worst +\| $m " <<<"$out" && pass=$((pass + 1)) || { echo "FAIL: no worst row for $m"; fail=$((fail + 1)); }
+done
+# fp32 is far more accurate than bf16 on every head (CosSim of O printed with 8 decimals).
+if awk -F'|' '/\| all +\| mean +\| fp32/{a=$5} /\| all +\| mean +\| bf16/{b=$5} END{exit !(a+0 > b+0)}' <<<"$out"; then
+  pass=$((pass + 1)); else echo "FAIL: fp32 not better than bf16"; fail=$((fail + 1)); fi
+expect 0 "^layer,head,method" "analyze csv" -- analyze --method fp16 --format csv
+expect 0 "" "analyze json to file" -- analyze --method bf16 --format json --out "$tmp/a.json"
+[ -s "$tmp/a.json" ] && pass=$((pass + 1)) || { echo "FAIL: --out not written"; fail=$((fail + 1)); }
+
+# Files qattn writes load in numpy, and its fp64 softmax matches numpy's to 1e-15 (only where numpy exists).
+if [ -z "${emu[*]}" ] && /usr/bin/python3 -c "import numpy" 2>/dev/null; then
+  if /usr/bin/python3 - "$fx/f32_c.npy" "$tmp/p.npy" <<'PY'
+import sys, numpy as np
+x = np.load(sys.argv[1]).astype(np.float64)
+p = np.load(sys.argv[2])
+e = np.exp(x - x.max(axis=-1, keepdims=True))
+ref = e / e.sum(axis=-1, keepdims=True)
+assert p.dtype == np.float64 and p.shape == x.shape, (p.dtype, p.shape)
+assert np.max(np.abs(p - ref)) < 1e-15, np.max(np.abs(p - ref))
+PY
+  then pass=$((pass + 1)); else echo "FAIL: numpy cross-check"; fail=$((fail + 1)); fi
+else
+  echo "note: numpy cross-check skipped (emulated run or no /usr/bin/python3 numpy)"
+fi
+
+echo "cli_test: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

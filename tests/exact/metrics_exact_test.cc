@@ -1,0 +1,119 @@
+// Every metric against a 50-digit recomputation written here, plus the documented degenerate cases.
+#include <boost/multiprecision/cpp_bin_float.hpp>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <random>
+
+#include "qattn/metrics.h"
+
+using namespace qattn;
+using Exact = boost::multiprecision::cpp_bin_float_50;
+
+namespace {
+
+struct ExactMetrics {
+  double cossim, rel_l1, rmse, bias;
+};
+
+ExactMetrics exact_metrics(const std::vector<double>& o, const std::vector<double>& r) {
+  Exact dot = 0, oo = 0, rr = 0, l1 = 0, r1 = 0, sq = 0, sum = 0;
+  for (std::size_t i = 0; i < o.size(); ++i) {
+    const Exact a = o[i], b = r[i], e = a - b;
+    dot += a * b;
+    oo += a * a;
+    rr += b * b;
+    l1 += abs(e);
+    r1 += abs(b);
+    sq += e * e;
+    sum += e;
+  }
+  const Exact n = static_cast<double>(o.size());
+  return {static_cast<double>(dot / sqrt(oo * rr)), static_cast<double>(l1 / r1), static_cast<double>(sqrt(sq / n)),
+          static_cast<double>(sum / n)};
+}
+
+bool close(double got, double want, double rel) { return std::fabs(got - want) <= rel * std::fabs(want) + 1e-300; }
+
+}  // namespace
+
+TEST_CASE("metrics agree with 50-digit arithmetic", "[metrics][exact]") {
+  std::mt19937_64 gen(5);
+  std::normal_distribution<double> n(0.0, 1.0);
+  for (int trial = 0; trial < 60; ++trial) {
+    const std::size_t size = 1 + gen() % 5000;
+    const double scale = std::ldexp(1.0, static_cast<int>(gen() % 400) - 200);  // 2^-200 .. 2^199
+    const double noise = std::ldexp(1.0, -static_cast<int>(gen() % 50));         // close and far outputs
+    std::vector<double> r(size), o(size);
+    for (std::size_t i = 0; i < size; ++i) {
+      r[i] = scale * n(gen);
+      o[i] = r[i] + scale * noise * n(gen);
+    }
+    const ErrorStats s = compare(o, r);
+    const ExactMetrics e = exact_metrics(o, r);
+    INFO("trial " << trial << " size " << size << " scale " << scale << " noise " << noise);
+    CHECK(std::fabs(s.cossim - e.cossim) <= 4e-16);
+    CHECK(close(s.rel_l1, e.rel_l1, 1e-14));
+    CHECK(close(s.rmse, e.rmse, 1e-14));
+    CHECK(close(s.bias, e.bias, 1e-12));  // cancellation: mean of signed errors
+    double mx = 0;
+    std::vector<double> ae(size);
+    for (std::size_t i = 0; i < size; ++i) mx = std::max(mx, ae[i] = std::fabs(o[i] - r[i]));
+    CHECK(s.max_abs == mx);
+    std::sort(ae.begin(), ae.end());
+    const double med = size % 2 ? ae[size / 2] : (ae[size / 2 - 1] + ae[size / 2]) / 2;
+    CHECK(close(s.median_abs, med, 1e-15));
+    std::int64_t total = s.zero_errors;
+    for (const auto& [k, c] : s.log2_histogram) total += c;
+    CHECK(total == static_cast<std::int64_t>(size));
+  }
+}
+
+TEST_CASE("histogram buckets are powers of two", "[metrics]") {
+  const ErrorStats s = compare(std::vector<double>{1.0, 1.5, 2.0, 0.0, 1.0}, std::vector<double>{0.0, 0.0, 0.0, 0.0, 1.0 + 0.25});
+  CHECK(s.zero_errors == 1);
+  CHECK(s.log2_histogram.at(0) == 2);   // 1.0, 1.5 in [1, 2)
+  CHECK(s.log2_histogram.at(1) == 1);   // 2.0
+  CHECK(s.log2_histogram.at(-2) == 1);  // 0.25
+}
+
+TEST_CASE("degenerate inputs give the documented results", "[metrics]") {
+  CHECK_THROWS_AS(compare(std::vector<double>{1.0}, std::vector<double>{1.0, 2.0}), std::invalid_argument);
+  const ErrorStats empty = compare(std::vector<double>{}, std::vector<double>{});
+  CHECK(empty.count == 0);
+  CHECK(std::isnan(empty.cossim));
+  CHECK(std::isnan(empty.rmse));
+  const ErrorStats nan = compare(std::vector<double>{1.0, NAN, 2.0}, std::vector<double>{1.0, 1.0, INFINITY});
+  CHECK(nan.nonfinite == 2);
+  CHECK(std::isnan(nan.cossim));
+  CHECK(std::isnan(nan.rel_l1));
+  const ErrorStats zeros = compare(std::vector<double>{0.0, 0.0}, std::vector<double>{0.0, 0.0});
+  CHECK(zeros.cossim == 1.0);
+  CHECK(zeros.rel_l1 == 0.0);
+  CHECK(zeros.rmse == 0.0);
+  const ErrorStats one_zero = compare(std::vector<double>{0.0, 0.0}, std::vector<double>{1.0, 0.0});
+  CHECK(one_zero.cossim == 0.0);
+  const ErrorStats ref_zero = compare(std::vector<double>{1.0, 0.0}, std::vector<double>{0.0, 0.0});
+  CHECK(ref_zero.rel_l1 == INFINITY);
+  CHECK(ref_zero.cossim == 0.0);
+  // Huge values: no overflow in the norms.
+  const ErrorStats huge = compare(std::vector<double>{1e300, -1e300}, std::vector<double>{1e300, -1e300});
+  CHECK(huge.cossim == 1.0);
+  CHECK(huge.rmse == 0.0);
+}
+
+TEST_CASE("KL over probability rows", "[metrics]") {
+  RowMatrixXd ref(2, 3), p(2, 3);
+  ref << 0.5, 0.5, 0.0, 0.25, 0.25, 0.5;
+  p << 0.5, 0.5, 0.0, 0.5, 0.25, 0.25;
+  const KlStats k = kl_rows(ref, p);
+  const double row1 = 0.25 * std::log(0.5) + 0.5 * std::log(2.0);
+  CHECK(k.max == Approx(row1).epsilon(1e-15));
+  CHECK(k.mean == Approx(row1 / 2).epsilon(1e-15));
+  p(1, 2) = 0.0;
+  CHECK(kl_rows(ref, p).mean == INFINITY);
+  p(1, 2) = -0.1;
+  CHECK(std::isnan(kl_rows(ref, p).mean));
+  CHECK(looks_like_probability_rows(ref));
+  CHECK_FALSE(looks_like_probability_rows(p));
+  CHECK_THROWS_AS(kl_rows(ref, RowMatrixXd::Zero(1, 3)), std::invalid_argument);
+}

@@ -1,0 +1,305 @@
+// Tensor I/O: files numpy itself wrote (tests/fixtures, see make_fixtures.py), round trips through our writers,
+// and the catalogue of malformed inputs of docs/tensor-io.md, each of which must be a typed InputError.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+
+#include "qattn/error.h"
+#include "qattn/tensor_io.h"
+
+using namespace qattn;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+const fs::path kFixtures = QATTN_FIXTURES;
+
+json expected_json() {
+  std::ifstream in(kFixtures / "expected.json");
+  return json::parse(in);
+}
+
+void check_tensor(const Tensor& t, const json& e, const std::string& what) {
+  INFO(what);
+  CHECK(std::string(dtype_name(t.dtype)) == e["dtype"].get<std::string>());
+  CHECK(t.shape == e["shape"].get<std::vector<std::int64_t>>());
+  const auto& values = e["values"];
+  REQUIRE(t.element_count() == static_cast<std::int64_t>(values.size()));
+  if (t.dtype == DType::i64) {
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      std::int64_t v;
+      std::memcpy(&v, t.bytes.data() + 8 * i, 8);
+      CHECK(std::to_string(v) == values[i].get<std::string>());
+    }
+    return;
+  }
+  const Eigen::ArrayXd got = t.to_double();
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    INFO("element " << i);
+    if (values[i].is_string()) {
+      const std::string s = values[i];
+      if (s == "nan") CHECK(std::isnan(got[i]));
+      else CHECK(got[i] == (s == "inf" ? INFINITY : -INFINITY));
+    } else {
+      CHECK(got[i] == values[i].get<double>());
+    }
+  }
+}
+
+std::vector<std::byte> bytes_of(const std::string& s) {
+  const auto* p = reinterpret_cast<const std::byte*>(s.data());
+  return {p, p + s.size()};
+}
+
+// A .npy file with the given header dict text and payload (version 1.0, no padding).
+std::vector<std::byte> npy_with_header(const std::string& dict, const std::string& payload, int major = 1) {
+  std::string h = dict + "\n";
+  std::string out = std::string("\x93NUMPY", 6) + static_cast<char>(major) + '\0';
+  if (major == 1) out += std::string{static_cast<char>(h.size() & 0xff), static_cast<char>(h.size() >> 8)};
+  else out += std::string{static_cast<char>(h.size() & 0xff), static_cast<char>(h.size() >> 8), '\0', '\0'};
+  return bytes_of(out + h + payload);
+}
+
+// Expects parse to throw InputError whose field contains `field`.
+template <class F>
+void expect_input_error(F&& parse, const std::string& field, const std::string& case_name) {
+  INFO(case_name);
+  try {
+    parse();
+    FAIL("no error for " << case_name);
+  } catch (const InputError& e) {
+    INFO(e.what());
+    CHECK(e.field().find(field) != std::string::npos);
+    CHECK(e.source() == "case");
+  }
+}
+
+Tensor random_tensor(DType t, std::vector<std::int64_t> shape, std::mt19937_64& gen) {
+  Tensor x{t, std::move(shape), {}};
+  x.bytes.resize(x.element_count() * dtype_size(t));
+  for (auto& b : x.bytes) b = static_cast<std::byte>(gen());
+  return x;
+}
+
+fs::path scratch_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("qattn-test-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("npy files written by numpy load with dtype, shape and values intact", "[io]") {
+  const json e = expected_json();
+  int files = 0;
+  for (const auto& [name, spec] : e.items()) {
+    if (name.size() < 4 || name.substr(name.size() - 4) != ".npy") continue;
+    check_tensor(read_npy(kFixtures / name), spec, name);
+    ++files;
+  }
+  CHECK(files >= 17);  // every dtype, both byte orders, Fortran order, versions 1-3, scalar, empty, bfloat16
+}
+
+TEST_CASE("npz stored and deflated archives written by numpy", "[io]") {
+  if (!have_npz()) {
+    WARN("skipped: built without libzip");
+    return;
+  }
+  const json e = expected_json();
+  for (const char* name : {"stored.npz", "deflated.npz"}) {
+    const auto ts = read_npz(kFixtures / name);
+    REQUIRE(ts.size() == 2);
+    for (const auto& nt : ts) check_tensor(nt.tensor, e[name]["members"][nt.name], std::string(name) + ":" + nt.name);
+  }
+}
+
+TEST_CASE("safetensors written from the specification", "[io]") {
+  const json e = expected_json();
+  const auto ts = read_safetensors(kFixtures / "mixed.safetensors");
+  REQUIRE(ts.size() == 5);
+  CHECK(ts[0].name == "logits");  // data-offset order
+  for (const auto& nt : ts) check_tensor(nt.tensor, e["mixed.safetensors"]["members"][nt.name], nt.name);
+}
+
+TEST_CASE("every dtype round-trips bit-exactly through npy, npz and safetensors", "[io]") {
+  std::mt19937_64 gen(3);
+  const fs::path dir = scratch_dir("roundtrip");
+  std::vector<NamedTensor> all;
+  for (DType t : kAllDTypes) {
+    for (const auto& shape : std::vector<std::vector<std::int64_t>>{{}, {0}, {7}, {3, 5}, {2, 3, 4}}) {
+      const Tensor x = random_tensor(t, shape, gen);
+      const Tensor y = parse_npy(encode_npy(x), "mem");
+      CHECK(y.dtype == x.dtype);
+      CHECK(y.shape == x.shape);
+      CHECK(y.bytes == x.bytes);
+      CHECK(encode_npy(x).size() % 64 == x.bytes.size() % 64);  // data starts on a 64-byte boundary
+    }
+    all.push_back({std::string(dtype_name(t)), random_tensor(t, {4, 3}, gen)});
+  }
+  write_safetensors(dir / "all.safetensors", all);
+  auto back = read_safetensors(dir / "all.safetensors");
+  REQUIRE(back.size() == all.size());
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    CHECK(back[i].name == all[i].name);
+    CHECK(back[i].tensor.bytes == all[i].tensor.bytes);
+  }
+  if (have_npz()) {
+    for (bool compress : {false, true}) {
+      write_npz(dir / "all.npz", all, compress);
+      back = read_npz(dir / "all.npz");
+      REQUIRE(back.size() == all.size());
+      for (std::size_t i = 0; i < all.size(); ++i) {
+        CHECK(back[i].name == all[i].name);
+        CHECK(back[i].tensor.bytes == all[i].tensor.bytes);
+      }
+    }
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("rank 32 (numpy's maximum) round-trips; rank 33 is refused", "[io]") {
+  Tensor x{DType::u8, std::vector<std::int64_t>(32, 1), {std::byte{9}}};
+  const auto bytes = encode_npy(x);
+  CHECK(static_cast<int>(bytes[6]) == 1);  // every header qattn writes fits format 1.0
+  CHECK(parse_npy(bytes, "mem").shape.size() == 32);
+  std::string dims;
+  for (int i = 0; i < 33; ++i) dims += "1,";
+  const std::string h = "{'descr': '|u1', 'fortran_order': False, 'shape': (" + dims + "), }\n";
+  std::string raw = std::string("\x93NUMPY\x01\x00", 8) + static_cast<char>(h.size()) + '\0' + h + "x";
+  try {
+    parse_npy(bytes_of(raw), "case");
+    FAIL("rank 33 accepted");
+  } catch (const InputError& e) {
+    CHECK(e.field() == "shape");
+  }
+}
+
+TEST_CASE("malformed npy input is a typed error naming the field", "[io][malformed]") {
+  const std::string ok = "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }";
+  const std::string payload(8, '\0');
+  auto parse = [](std::vector<std::byte> b) { return [b] { parse_npy(b, "case"); }; };
+  expect_input_error(parse({}), "magic", "empty file");
+  expect_input_error(parse(bytes_of("\x93NUMPX\x01\x00\x00\x00")), "magic", "bad magic");
+  expect_input_error(parse(bytes_of(std::string("\x93NUMPY\x04\x00\x00\x00", 10))), "version", "version 4");
+  expect_input_error(parse(bytes_of(std::string("\x93NUMPY\x02\x00\x00\x00\x00", 11))), "header_len", "v2 cut in length");
+  expect_input_error(parse(bytes_of(std::string("\x93NUMPY\x02\x00\xff\xff\xff\xff", 12))), "header_len", "huge header");
+  expect_input_error(parse(bytes_of(std::string("\x93NUMPY\x01\x00\x40\x00{'descr'", 17))), "header", "truncated header");
+  expect_input_error(parse(npy_with_header(ok, payload.substr(0, 7))), "data", "truncated data");
+  expect_input_error(parse(npy_with_header(ok, payload + "x")), "data", "extra data");
+  expect_input_error(parse(npy_with_header("{'descr': '<c8', 'fortran_order': False, 'shape': (1,), }", payload)),
+                     "descr", "complex dtype");
+  expect_input_error(parse(npy_with_header("{'descr': '|b1', 'fortran_order': False, 'shape': (1,), }", "x")),
+                     "descr", "bool dtype");
+  expect_input_error(parse(npy_with_header("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (1,), }", payload)),
+                     "descr", "structured dtype");
+  expect_input_error(parse(npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (4611686018427387904, 4), }", "")),
+                     "shape", "element count overflow");
+  expect_input_error(parse(npy_with_header("{'descr': '<f8', 'fortran_order': False, 'shape': (2305843009213693952,), }", "")),
+                     "shape", "byte size overflow");
+  expect_input_error(parse(npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }", "")),
+                     "shape", "dimension overflow");
+  expect_input_error(parse(npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (-2,), }", payload)),
+                     "shape", "negative dimension");
+  expect_input_error(parse(npy_with_header("{'descr': '<f4', 'fortran_order': Maybe, 'shape': (2,), }", payload)),
+                     "fortran_order", "bad bool");
+  expect_input_error(parse(npy_with_header("{'descr': '<f4', 'shape': (2,), }", payload)), "fortran_order", "missing key");
+  expect_input_error(parse(npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'x': 1}", payload)),
+                     "header", "unknown key");
+  expect_input_error(parse(npy_with_header("['descr']", payload)), "header", "not a dict");
+  expect_input_error(parse(npy_with_header(ok + " junk", payload)), "header", "trailing junk");
+  expect_input_error(parse(npy_with_header("{'descr': '<f4, 'fortran_order': False, 'shape': (2,), }", payload)),
+                     "header", "broken quoting");
+}
+
+TEST_CASE("malformed safetensors input is a typed error naming the field", "[io][malformed]") {
+  auto st = [](const std::string& header, std::size_t data_bytes) {
+    std::string out(8, '\0');
+    const std::uint64_t n = header.size();
+    std::memcpy(out.data(), &n, 8);
+    return bytes_of(out + header + std::string(data_bytes, '\x01'));
+  };
+  auto parse = [](std::vector<std::byte> b) { return [b] { parse_safetensors(b, "case"); }; };
+  const std::string one = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  CHECK_NOTHROW(parse_safetensors(st(one, 8), "case"));
+  expect_input_error(parse(bytes_of("abc")), "header_len", "shorter than 8");
+  {
+    auto b = st(one, 8);
+    const std::uint64_t huge = std::uint64_t{1} << 40;
+    std::memcpy(b.data(), &huge, 8);
+    expect_input_error(parse(b), "header_len", "huge header length");
+    const std::uint64_t past = b.size();
+    std::memcpy(b.data(), &past, 8);
+    expect_input_error(parse(b), "header", "header past end of file");
+  }
+  expect_input_error(parse(st("{not json", 0)), "header", "bad json");
+  expect_input_error(parse(st("[1,2]", 0)), "header", "json array");
+  expect_input_error(parse(st(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4)), "data_offsets", "out of range");
+  expect_input_error(parse(st(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12)),
+                     "data_offsets", "overlap");
+  expect_input_error(parse(st(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8)), "data_offsets", "gap");
+  expect_input_error(parse(st(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8)), "data_offsets", "size mismatch");
+  expect_input_error(parse(st(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", 8)), "data_offsets", "begin > end");
+  expect_input_error(parse(st(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[-1,7]}})", 8)), "data_offsets", "negative");
+  expect_input_error(parse(st(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 9)), "data", "trailing bytes");
+  expect_input_error(parse(st(R"({"a":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})", 8)), "dtype", "unsupported dtype");
+  expect_input_error(parse(st(R"({"a":{"dtype":"F32","shape":[4611686018427387904,8],"data_offsets":[0,8]}})", 8)),
+                     "shape", "shape overflow");
+  expect_input_error(parse(st(R"({"a":{"dtype":"F32","shape":"2","data_offsets":[0,8]}})", 8)), "shape", "shape not array");
+  expect_input_error(parse(st(R"({"a":{"shape":[2],"data_offsets":[0,8]}})", 8)), "dtype", "missing dtype");
+  expect_input_error(parse(st(R"({"__metadata__":{"k":1}})", 0)), "__metadata__", "non-string metadata");
+}
+
+TEST_CASE("malformed npz input is a typed error", "[io][malformed]") {
+  if (!have_npz()) {
+    WARN("skipped: built without libzip");
+    return;
+  }
+  auto parse = [](std::vector<std::byte> b) { return [b] { parse_npz(b, "case"); }; };
+  expect_input_error(parse(bytes_of("PK\x03\x04 not really a zip")), "archive", "bad archive");
+  std::vector<std::byte> good = read_file_bytes(kFixtures / "deflated.npz");
+  expect_input_error(parse(std::vector<std::byte>(good.begin(), good.begin() + good.size() / 2)), "archive", "truncated");
+  // Corrupt the compressed data of the first member (the local header is 30 bytes + name "a.npy").
+  std::vector<std::byte> corrupt = good;
+  for (std::size_t i = 40; i < 60; ++i) corrupt[i] = std::byte{0xff};
+  try {
+    parse_npz(corrupt, "case");
+    FAIL("corrupt deflate stream accepted");
+  } catch (const InputError& e) {
+    CHECK(e.source().find("case") != std::string::npos);
+  }
+}
+
+TEST_CASE("writers are atomic and leave nothing behind on failure", "[io]") {
+  const fs::path dir = scratch_dir("atomic");
+  const Tensor x = Tensor::from_double(DType::f32, {2}, std::vector<double>{1.0, 2.0});
+  CHECK_THROWS_AS(write_npy(dir / "missing-dir" / "x.npy", x), InputError);
+  CHECK_THROWS_AS(write_safetensors(dir / "missing-dir" / "x.safetensors", {{"x", x}}), InputError);
+  CHECK_THROWS_AS(write_safetensors(dir / "dup.safetensors", {{"x", x}, {"x", x}}), InputError);
+  if (have_npz()) CHECK_THROWS_AS(write_npz(dir / "missing-dir" / "x.npz", {{"x", x}}), InputError);
+  CHECK(fs::is_empty(dir));
+  write_npy(dir / "x.npy", x);
+  CHECK(std::distance(fs::directory_iterator(dir), fs::directory_iterator()) == 1);
+  CHECK_THROWS_AS(read_npy(dir / "nope.npy"), InputError);
+  CHECK_THROWS_AS(read_npy(dir), InputError);
+  CHECK_THROWS_AS(read_tensor_file(dir / "x.txt"), InputError);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("from_double rounds floats once and refuses unrepresentable integers", "[io]") {
+  const std::vector<double> v = {1.0 + std::ldexp(1.0, -11), 127.0, -128.0};
+  const Tensor h = Tensor::from_double(DType::f16, {3}, v);
+  CHECK(h.to_double()[0] == 1.0);  // tie rounds to even
+  CHECK_NOTHROW(Tensor::from_double(DType::i8, {3}, std::vector<double>{0, 127, -128}));
+  CHECK_THROWS_AS(Tensor::from_double(DType::i8, {1}, std::vector<double>{128.0}), std::domain_error);
+  CHECK_THROWS_AS(Tensor::from_double(DType::u8, {1}, std::vector<double>{0.5}), std::domain_error);
+  CHECK_THROWS_AS(Tensor::from_double(DType::i64, {1}, std::vector<double>{std::ldexp(1.0, 63)}), std::domain_error);
+  CHECK_NOTHROW(Tensor::from_double(DType::i64, {1}, std::vector<double>{-std::ldexp(1.0, 63)}));
+  CHECK_THROWS_AS(Tensor::from_double(DType::f32, {2}, std::vector<double>{1.0}), std::invalid_argument);
+}
