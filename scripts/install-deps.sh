@@ -44,7 +44,6 @@ if [ "$want_cross" -eq 1 ]; then
 fi
 if [ "$want_cross" -eq 1 ] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
   "${sudo_cmd[@]}" dpkg --add-architecture arm64
-  need_update=1
 fi
 if [ "$want_cross" -eq 1 ]; then
   todo+=($(missing librapidcheck-dev:arm64))

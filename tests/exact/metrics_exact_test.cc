@@ -5,6 +5,7 @@
 #include <random>
 
 #include "qattn/metrics.h"
+#include "support/test_scale.h"
 
 using namespace qattn;
 using Exact = boost::multiprecision::cpp_bin_float_50;
@@ -39,7 +40,9 @@ bool close(double got, double want, double rel) { return std::fabs(got - want) <
 TEST_CASE("metrics agree with 50-digit arithmetic", "[metrics][exact]") {
   std::mt19937_64 gen(5);
   std::normal_distribution<double> n(0.0, 1.0);
-  for (int trial = 0; trial < 60; ++trial) {
+  const int trials = qattn::test::scaled(60, 10);
+  qattn::test::announce_scale("metrics vs 50-digit arithmetic", trials);
+  for (int trial = 0; trial < trials; ++trial) {
     const std::size_t size = 1 + gen() % 5000;
     const double scale = std::ldexp(1.0, static_cast<int>(gen() % 400) - 200);  // 2^-200 .. 2^199
     const double noise = std::ldexp(1.0, -static_cast<int>(gen() % 50));         // close and far outputs

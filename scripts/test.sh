@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# README command 2: installs what is needed and runs the whole test suite on three targets.
+#   1. aarch64 cross build, every test under qemu-aarch64 twice: -cpu max (dotprod+i8mm), -cpu neoverse-n1 (dotprod)
+#   2. ASan+UBSan build and every test
+#   3. native Release build and every test, including the installed-package consumer test
+# Builds go to build-aarch64/, build-asan/, build-release/. The output ends with CTest's closing line.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh --cross
+export CTEST_OUTPUT_ON_FAILURE=1
+export CTEST_PARALLEL_LEVEL=$(nproc)
+started=$(date +%s)
+stage() { echo; echo "=== $* ($(( $(date +%s) - started )) s)"; }
+
+stage "aarch64 cross build"
+cmake -S . -B build-aarch64 -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release -DQATTN_BUILD_TESTS=ON \
+  -DQATTN_WITH_LIBZIP=OFF -DQATTN_WITH_MPFR=OFF >/dev/null
+ninja -C build-aarch64
+# qemu runs 20-70x slower than native: property tests run fewer cases there (the tests print how many).
+for cpu in max neoverse-n1; do
+  stage "aarch64 tests under qemu -cpu $cpu"
+  QATTN_QEMU_CPU=$cpu QATTN_TEST_SCALE=0.1 RC_PARAMS="max_success=15" ctest --test-dir build-aarch64
+done
+
+stage "ASan+UBSan build"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQATTN_SANITIZE=address,undefined -DQATTN_BUILD_TESTS=ON >/dev/null
+ninja -C build-asan
+stage "ASan+UBSan tests"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build-asan
+
+stage "native Release build"
+cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DQATTN_BUILD_TESTS=ON >/dev/null
+ninja -C build-release
+stage "native Release tests"
+ctest --test-dir build-release
