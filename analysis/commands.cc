@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <regex>
 #include <set>
 #include <unistd.h>
@@ -141,13 +142,50 @@ Tensor pick_tensor(const std::string& path, const std::string& name) {
   throw InputError(path, "tensor", "no tensor named '" + name + "' (present: " + names + ")");
 }
 
-void run_softmax(const std::string& in, const std::string& name, const std::string& spec, const std::string& out) {
-  const auto method = registry().create(spec);  // a bad spec fails before any file is touched
-  const Tensor logits = pick_tensor(in, name);
+struct SoftmaxOptions {
+  std::string in, name, spec, out;
+  std::optional<std::int64_t> cint;
+  std::optional<double> alpha;
+  bool raw = false;
+};
+
+void run_softmax(const SoftmaxOptions& o) {
+  const auto method = registry().create(o.spec);  // a bad spec fails before any file is touched
+  if (o.cint && o.alpha) throw CLI::ValidationError("--cint/--alpha", "give one of them, not both");
+  if (o.alpha && !(*o.alpha > 0 && std::isfinite(*o.alpha))) throw CLI::ValidationError("--alpha", "must be finite and > 0");
+  if (o.cint && *o.cint < 1) throw CLI::ValidationError("--cint", "must be >= 1");
+  const Tensor logits = pick_tensor(o.in, o.name);
   if (logits.shape.empty() || logits.shape.back() == 0)
-    throw InputError(in, "shape", "softmax needs at least one axis of non-zero length, got " + logits.shape_string());
-  const RowMatrixXd p = method->softmax_rows(logits.as_rows());
-  write_npy(out, Tensor::from_double(DType::f64, logits.shape, std::span(p.data(), static_cast<std::size_t>(p.size()))));
+    throw InputError(o.in, "shape", "softmax needs at least one axis of non-zero length, got " + logits.shape_string());
+  const RowMatrixXd rows = logits.as_rows();
+  RowMatrixXd p;
+  std::optional<Tensor> raw;
+  if (dtype_is_float(logits.dtype)) {
+    if (o.cint || o.alpha)
+      throw CLI::ValidationError("--cint/--alpha", "apply to integer logits only; " + o.in + " holds " +
+                                                      std::string(dtype_name(logits.dtype)));
+    p = method->softmax_rows(rows);
+  } else {
+    if (!o.cint && !o.alpha)
+      throw CLI::ValidationError("--cint/--alpha", o.in + " holds integer logits (" + std::string(dtype_name(logits.dtype)) +
+                                                      "): give their clip --cint N or their scale --alpha A");
+    IntegerLogits il{RowMatrixXi32(rows.rows(), rows.cols()), o.cint, o.alpha};
+    for (Eigen::Index i = 0; i < rows.size(); ++i) {
+      const double v = rows.data()[i];
+      if (v < INT32_MIN || v > INT32_MAX)
+        throw InputError(o.in, "values", "integer logit " + std::to_string(v) + " does not fit int32");
+      il.values.data()[i] = static_cast<std::int32_t>(v);
+    }
+    IntegerSoftmaxResult r = method->softmax_integer(il);
+    p = std::move(r.probabilities);
+    raw = std::move(r.raw);
+  }
+  if (o.raw) {
+    if (!raw) throw CLI::ValidationError("--raw", "method '" + o.spec + "' produces no integer P here; drop --raw");
+    raw->shape = logits.shape;
+    return write_npy(o.out, *raw);
+  }
+  write_npy(o.out, Tensor::from_double(DType::f64, logits.shape, std::span(p.data(), static_cast<std::size_t>(p.size()))));
 }
 
 // ---- compare ---------------------------------------------------------------------------------------------
@@ -366,16 +404,19 @@ void add_methods(CLI::App& app) {
 }
 
 void add_softmax(CLI::App& app) {
-  auto* sub = app.add_subcommand("softmax", "Row-wise softmax over the last axis with one method; writes float64 .npy");
-  auto in = std::make_shared<std::string>();
-  auto name = std::make_shared<std::string>();
-  auto spec = std::make_shared<std::string>();
-  auto out = std::make_shared<std::string>();
-  sub->add_option("--in", *in, "Logits file")->required();
-  sub->add_option("--name", *name, "Tensor name inside a multi-tensor file");
-  sub->add_option("--method", *spec, "Method spec name[@preset][:key=value,...] (see `qattn methods`)")->required();
-  sub->add_option("--out", *out, "Output .npy (float64 probabilities)")->required();
-  sub->callback([=] { run_softmax(*in, *name, *spec, *out); });
+  auto* sub = app.add_subcommand(
+      "softmax", "Row-wise softmax over the last axis with one method; writes float64 probabilities or, with --raw, "
+                 "the method's integer P");
+  auto o = std::make_shared<SoftmaxOptions>();
+  sub->add_option("--in", o->in, "Logits file: float logits, or integer logits (INT32 Q K^T) with --cint or --alpha")
+      ->required();
+  sub->add_option("--name", o->name, "Tensor name inside a multi-tensor file");
+  sub->add_option("--method", o->spec, "Method spec name[@preset][:key=value,...] (see `qattn methods`)")->required();
+  sub->add_option("--cint", o->cint, "Integer clip threshold of integer logits, used as given");
+  sub->add_option("--alpha", o->alpha, "Scale of integer logits (real = alpha * integer); the method derives c_int");
+  sub->add_flag("--raw", o->raw, "Write the integer P (uint8/int8) instead of float64 probabilities");
+  sub->add_option("--out", o->out, "Output .npy")->required();
+  sub->callback([=] { run_softmax(*o); });
 }
 
 void add_compare(CLI::App& app) {

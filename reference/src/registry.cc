@@ -1,6 +1,7 @@
 #include "qattn/reference/registry.h"
 
 #include "qattn/reference/float_attention.h"
+#include "qattn/reference/method_entries.h"
 
 namespace qattn::ref {
 namespace {
@@ -32,6 +33,7 @@ void register_reference_methods(Registry& registry) {
                            "binary16 storage (RNE) of inputs, GEMM outputs and softmax output; fp32 arithmetic"));
   registry.add(float_entry(FloatPrecision::bf16,
                            "bfloat16 storage (RNE) of inputs, GEMM outputs and softmax output; fp32 arithmetic"));
+  registry.add(index_method_entry());
 }
 
 const Registry& reference_registry() {

@@ -58,7 +58,7 @@ expect 3 "no layer\{L\}_head\{H\}_\{q,k,v\}.npy" "empty tensors dir" -- analyze 
 mkdir -p "$tmp/partial" && cp "$sample/layer0_head0_q.npy" "$sample/layer0_head0_k.npy" "$tmp/partial/"
 expect 3 "layer0_head0_v.npy is missing" "partial dump" -- analyze --tensors "$tmp/partial"
 expect 3 "is not a directory" "tensors not a dir" -- analyze --tensors "$fx/f32_c.npy"
-if [ -n "$(ls -A "$tmp" | grep -v -e partial -e bad.npy -e trunc.npy)" ]; then
+if [ -n "$(ls -A "$tmp" | grep -v -e partial -e bad.npy -e trunc.npy)" ]; then  # nothing half-written
   echo "FAIL: files left behind: $(ls -A "$tmp")"; fail=$((fail + 1))
 else
   pass=$((pass + 1))
@@ -72,9 +72,30 @@ expect 0 "CosSim +\| 1.00000000" "compare identical" -- compare "$tmp/p.npy" "$t
 expect 0 "KL\(B\|\|A\) mean" "compare probability rows reports KL" -- compare "$tmp/p16.npy" "$tmp/p.npy"
 expect 0 '"rmse"' "compare json" -- compare "$tmp/p16.npy" "$tmp/p.npy" --format json
 
+# IndexSoftmax golden vectors from a 1-row int32 file, through the CLI, bit-exact.
+for preset in upstream-sim upstream-neon; do
+  expect 0 "" "index@$preset golden" -- softmax --in "$fx/golden_index_row.npy" --method "index@$preset" --cint 100 --raw \
+    --out "$tmp/golden_$preset.npy"
+  expect 0 "exact matches +\| 6 " "index@$preset golden values" -- compare "$tmp/golden_$preset.npy" \
+    "$fx/golden_index_${preset//-/_}_p.npy"
+done
+expect 0 "uint8 +\| \(1, 6\)" "raw P dtype" -- info "$tmp/golden_upstream-sim.npy"
+# --alpha: c_int = round(6.6 / 0.066) = 100 (in double the quotient is 99.99999999999999; trunc would give 99).
+expect 0 "" "alpha instead of cint" -- softmax --in "$fx/golden_index_row.npy" --method index@upstream-neon \
+  --alpha 0.066 --raw --out "$tmp/golden_alpha.npy"
+expect 0 "exact matches +\| 6 " "alpha gives the same P" -- compare "$tmp/golden_alpha.npy" "$fx/golden_index_upstream_neon_p.npy"
+expect 2 "give their clip --cint N or their scale --alpha A" "integer logits need cint" -- \
+  softmax --in "$fx/golden_index_row.npy" --method index --out "$tmp/no.npy"
+expect 2 "apply to integer logits only" "cint with float logits" -- \
+  softmax --in "$fx/f32_c.npy" --method index --cint 5 --out "$tmp/no.npy"
+expect 2 "produces no integer P" "raw with an FP method" -- softmax --in "$fx/f32_c.npy" --method fp32 --raw --out "$tmp/no.npy"
+expect 2 "p=u8 only" "q8 with s8" -- softmax --in "$fx/golden_index_row.npy" --method index:norm=q8-reciprocal,p=s8 \
+  --cint 100 --out "$tmp/no.npy"
+[ ! -e "$tmp/no.npy" ] && pass=$((pass + 1)) || { echo "FAIL: output written on a usage error"; fail=$((fail + 1)); }
+
 # The main job on the embedded sample: every registered method but the reference, 8 heads, mean and worst rows.
 out=$(q analyze 2>/dev/null)
-for m in fp32 fp16 bf16; do
+for m in fp32 fp16 bf16 index; do
   n=$(grep -cE "^\| [01] +\| [0-3] +\| $m " <<<"$out")
   if [ "$n" -ne 8 ]; then echo "FAIL: analyze: $n head rows for $m, expected 8"; fail=$((fail + 1)); else pass=$((pass + 1)); fi
   grep -qE "^\| all +\| worst +\| $m " <<<"$out" && pass=$((pass + 1)) || { echo "FAIL: no worst row for $m"; fail=$((fail + 1)); }

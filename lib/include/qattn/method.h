@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -64,6 +65,21 @@ class ParamMap {
   std::map<std::string, std::string> values_;
 };
 
+// Integer logits a with real logits alpha * a (INT32 Q K^T). Exactly one of cint / alpha is set: cint is the
+// method's integer clip given directly, alpha lets the method derive its own.
+struct IntegerLogits {
+  RowMatrixXi32 values;
+  std::optional<std::int64_t> cint;
+  std::optional<double> alpha;
+};
+
+// Softmax of integer logits: probabilities, plus the integer P and its scale when the method produces one.
+struct IntegerSoftmaxResult {
+  RowMatrixXd probabilities;
+  std::optional<Tensor> raw;  // e.g. uint8 P with scale 255; shape [rows, L]
+  double raw_scale = 1;       // probabilities = raw / raw_scale
+};
+
 // Result of one attention call: O [L_q, d_v] and, where the method materialises it, P [L_q, L_k] as
 // probabilities (integer P divided by its scale).
 struct AttentionResult {
@@ -76,6 +92,8 @@ class Method {
   virtual ~Method() = default;
   // Row-wise softmax of logits [rows, L] as this method computes it, returned as probabilities.
   virtual RowMatrixXd softmax_rows(const RowMatrixXd& logits) const = 0;
+  // Softmax of integer logits. Methods without an integer form keep this default, which throws SpecError.
+  virtual IntegerSoftmaxResult softmax_integer(const IntegerLogits& logits) const;
   // softmax(scale * q k^T) v as this method computes it. q [L_q, d], k [L_k, d], v [L_k, d_v].
   virtual AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v,
                                     double scale) const = 0;

@@ -127,6 +127,10 @@ double ParamMap::real(const std::string& key) const {
 const std::string& ParamMap::choice(const std::string& key) const { return raw(key); }
 bool ParamMap::boolean(const std::string& key) const { return raw(key) == "true"; }
 
+IntegerSoftmaxResult Method::softmax_integer(const IntegerLogits&) const {
+  throw SpecError("this method has no integer-logit softmax; give it floating-point logits");
+}
+
 void Registry::add(MethodEntry entry) {
   if (find(entry.name)) throw std::logic_error("Registry: duplicate method '" + entry.name + "'");
   for (const PresetInfo& pr : entry.presets)

@@ -1,0 +1,106 @@
+// The "index" method: IndexSoftmax in the registry, with the paper and upstream presets.
+#include <cmath>
+
+#include "qattn/error.h"
+#include "qattn/reference/index_softmax.h"
+#include "qattn/reference/method_entries.h"
+#include "qattn/reference/softmax.h"
+
+namespace qattn::ref {
+namespace {
+
+template <class Enum, std::size_t N>
+Enum parse_enum(const std::string& text, const Enum (&all)[N]) {
+  for (Enum e : all)
+    if (to_string(e) == text) return e;
+  throw std::logic_error("unvalidated enum value " + text);  // the registry validated the choice already
+}
+
+constexpr CintRounding kCint[] = {CintRounding::round, CintRounding::trunc, CintRounding::floor};
+constexpr LutRounding kLut[] = {LutRounding::floor, LutRounding::round};
+constexpr IndexRule kIndex[] = {IndexRule::floor, IndexRule::round, IndexRule::floor_f32, IndexRule::q26_round,
+                                IndexRule::q26_floor};
+constexpr Normalization kNorm[] = {Normalization::floor, Normalization::f32_rne, Normalization::q8_reciprocal};
+
+template <class Enum, std::size_t N>
+std::vector<std::string> names(const Enum (&all)[N]) {
+  std::vector<std::string> v;
+  for (Enum e : all) v.emplace_back(to_string(e));
+  return v;
+}
+
+class IndexMethod final : public Method {
+ public:
+  explicit IndexMethod(IndexSoftmaxParams p) : p_(p) {}
+
+  // Floating-point logits: the IndexSoftmaxOnly variant (clamp and index in double, FP normalisation).
+  RowMatrixXd softmax_rows(const RowMatrixXd& logits) const override { return index_softmax_fp(logits, p_); }
+
+  IntegerSoftmaxResult softmax_integer(const IntegerLogits& in) const override {
+    const std::int64_t c_int = in.cint ? *in.cint : cint_from_alpha(p_.c, *in.alpha, p_.cint_rounding);
+    if (c_int < 1 || c_int > kCintMax) throw SpecError("cint must be in [1, 2^30], got " + std::to_string(c_int));
+    const RowMatrixXi32 p = index_softmax(in.values, c_int, p_);
+    IntegerSoftmaxResult r;
+    r.raw_scale = p_.p_scale();
+    r.probabilities = p.cast<double>() / r.raw_scale;
+    std::vector<double> ints(p.data(), p.data() + p.size());
+    r.raw = Tensor::from_double(p_.p_format == PFormat::u8 ? DType::u8 : DType::i8, {p.rows(), p.cols()}, ints);
+    return r;
+  }
+
+  // Attention with exact fp64 logits and PV; only the softmax is the model (IndexSoftmaxOnly on the logits).
+  AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale) const override {
+    AttentionResult r;
+    r.p = softmax_rows((q * k.transpose()) * scale);
+    r.o = r.p * v;
+    return r;
+  }
+
+ private:
+  IndexSoftmaxParams p_;
+};
+
+}  // namespace
+
+MethodEntry index_method_entry() {
+  MethodEntry e;
+  e.name = "index";
+  e.summary =
+      "IndexSoftmax (IntAttention): 2^b-entry UINT8 exp table, integer clip c_int, integer normalisation to "
+      "UINT8 (x255) or INT8 (x127) P. Integer logits need --cint or --alpha; FP logits run IndexSoftmaxOnly";
+  e.params = {
+      {"b", ParamType::integer, "5", "table bits: 2^b entries", {}, 1, 8},
+      {"c", ParamType::real, "6.6", "clip threshold in logit units", {}, 1e-6, 1e6},
+      {"cint", ParamType::choice, "round", "c_int = rounding(c / alpha) (Eq. 8 round; upstream sim trunc)", names(kCint)},
+      {"lut", ParamType::choice, "floor", "table entries floor|round(255 exp(-c i / (2^b-1))) (Eq. 13 floor)", names(kLut)},
+      {"index", ParamType::choice, "floor", "index of the clipped distance (Eq. 11 floor)", names(kIndex)},
+      {"norm", ParamType::choice, "floor", "normalisation of E to P (Eq. 15 floor)", names(kNorm)},
+      {"p", ParamType::choice, "u8", "P format: u8 (x255) or s8 (x127)", {"u8", "s8"}},
+  };
+  e.presets = {
+      {"paper", {{"cint", "round"}, {"lut", "floor"}, {"index", "floor"}, {"norm", "floor"}, {"p", "u8"}},
+       "IntAttention as printed: Eq. 8, 11, 13, 15"},
+      {"upstream-sim", {{"cint", "trunc"}, {"lut", "round"}, {"index", "floor-f32"}, {"norm", "f32-rne"}, {"p", "u8"}},
+       "the official PyTorch simulation (produced the paper's accuracy tables)"},
+      {"upstream-neon",
+       {{"b", "5"}, {"c", "6.6"}, {"cint", "round"}, {"lut", "round"}, {"index", "q26-round"}, {"norm", "q8-reciprocal"},
+        {"p", "u8"}},
+       "the official NEON kernel's vector path (without its uint16 row-sum wrap)"},
+  };
+  e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
+    IndexSoftmaxParams p;
+    p.bits = static_cast<int>(m.integer("b"));
+    p.c = m.real("c");
+    p.cint_rounding = parse_enum(m.choice("cint"), kCint);
+    p.lut_rounding = parse_enum(m.choice("lut"), kLut);
+    p.index_rule = parse_enum(m.choice("index"), kIndex);
+    p.normalization = parse_enum(m.choice("norm"), kNorm);
+    p.p_format = m.choice("p") == "u8" ? PFormat::u8 : PFormat::s8;
+    if (p.normalization == Normalization::q8_reciprocal && p.p_format != PFormat::u8)
+      throw SpecError("method 'index': norm=q8-reciprocal is defined for p=u8 only (the upstream NEON kernel)");
+    return std::make_unique<IndexMethod>(p);
+  };
+  return e;
+}
+
+}  // namespace qattn::ref
