@@ -1,0 +1,11 @@
+# Runs PROGRAM (through EMULATOR when cross compiling) and fails unless its stdout equals the file EXPECTED.
+execute_process(COMMAND ${EMULATOR} ${PROGRAM} ${ARGS} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "${PROGRAM} exited with ${rc}\n${err}")
+endif()
+file(READ ${EXPECTED} expected)
+if(NOT out STREQUAL expected)
+  file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/actual-output.txt "${out}")
+  message(FATAL_ERROR "output differs from ${EXPECTED}; got:\n${out}")
+endif()
+message(STATUS "output matches ${EXPECTED}")

@@ -1,0 +1,48 @@
+// The "sas" method: TurboAttention's sparse-activated softmax in the registry.
+#include "qattn/reference/method_entries.h"
+#include "qattn/reference/sas.h"
+
+namespace qattn::ref {
+namespace {
+
+class SasMethod final : public Method {
+ public:
+  explicit SasMethod(SasParams p) : p_(p) {}
+  RowMatrixXd softmax_rows(const RowMatrixXd& logits) const override { return sas_softmax_rows(logits, p_); }
+  // Exact fp64 logits and PV; only the softmax is the model.
+  AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale) const override {
+    AttentionResult r;
+    r.p = softmax_rows((q * k.transpose()) * scale);
+    r.o = r.p * v;
+    return r;
+  }
+
+ private:
+  SasParams p_;
+};
+
+}  // namespace
+
+MethodEntry sas_method_entry() {
+  MethodEntry e;
+  e.name = "sas";
+  e.summary = "TurboAttention SAS: entries with x - max < nr dropped, e^-y = LUT[int y] * cubic POLY(frac y), FP normalisation";
+  e.params = {
+      {"nr", ParamType::real, "-6", "sparsity threshold n_r < 0 (paper setup -6; its text also mentions -5)", {}, -64, -1e-3},
+      {"poly", ParamType::choice, "paper", "cubic: paper (Eq. 15 coefficients) or lsq (continuous least-squares refit)",
+       {"paper", "lsq"}},
+      {"half", ParamType::boolean, "false", "emulate binary16 LUT, POLY (Horner) and product, as the paper runs them"},
+  };
+  e.presets = {{"paper", {{"nr", "-6"}, {"poly", "paper"}, {"half", "true"}},
+                "as the paper runs it: n_r = -6, Eq. 15 cubic, FP16 LUT and POLY (no official code exists)"}};
+  e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
+    SasParams p;
+    p.n_r = m.real("nr");
+    p.poly = m.choice("poly") == "paper" ? kSasPaperPoly : sas_lsq_poly();
+    p.half = m.boolean("half");
+    return std::make_unique<SasMethod>(p);
+  };
+  return e;
+}
+
+}  // namespace qattn::ref
