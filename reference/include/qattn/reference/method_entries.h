@@ -7,5 +7,6 @@ namespace qattn::ref {
 
 MethodEntry index_method_entry();
 MethodEntry sas_method_entry();
+MethodEntry exaq_method_entry();
 
 }  // namespace qattn::ref

@@ -1,0 +1,26 @@
+// The EXAQ clipping problem (paper Eq. 14) for Gaussian inputs, solved numerically (docs/methods/exaq.md §4 and
+// experiments/exaq-clipping). Values X ~ N(mu, sigma^2) are clipped at C < 0 and the range [C, 0] is quantised
+// uniformly to 2^M levels:
+//     MSE(C) = MSE_quant(C) + E[(X - C)^2 ; X < C]
+//     E[(X - C)^2 ; X < C] = sigma^2 ((1 + z^2) Phi(z) + z phi(z)),  z = (C - mu) / sigma
+// The quantisation-noise term has three readings; the experiment reports each:
+//     step_midpoint:  D = -C / 2^M,       MSE_quant = D^2 / 12              (the paper's grid)
+//     step_endpoints: D = -C / (2^M - 1), MSE_quant = D^2 / 12              (the upstream grid)
+//     symmetric:      MSE_quant = C^2 / (3 4^M)                             (the symmetric-range formula of ACIQ)
+// Where the max-subtracted values sit (mu) is an assumption: mu = 0, or mu = -sigma E[max of n N(0, 1)] for rows
+// of n entries (the row maximum is subtracted).
+#pragma once
+
+namespace qattn::ref {
+
+enum class QuantNoise { step_midpoint, step_endpoints, symmetric };
+
+// E[max of n independent N(0, 1)], by quadrature (exact to ~1e-10 for n <= 1e6).
+double expected_max_std_normal(int n);
+
+double exaq_clip_mse(double clip, double sigma, double mu, int bits, QuantNoise noise);
+
+// argmin_C MSE(C) over C in [mu - 12 sigma, 0), by golden-section search after a coarse scan.
+double exaq_solve_clip(double sigma, double mu, int bits, QuantNoise noise);
+
+}  // namespace qattn::ref

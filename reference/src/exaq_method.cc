@@ -1,0 +1,80 @@
+// The "exaq" method: EXAQ in the registry, with the paper and upstream presets.
+#include <mutex>
+
+#include "qattn/error.h"
+#include "qattn/reference/exaq.h"
+#include "qattn/reference/method_entries.h"
+
+namespace qattn::ref {
+namespace {
+
+class ExaqMethod final : public Method {
+ public:
+  ExaqMethod(ExaqParams p, int calib_calls) : p_(p), calibrator_(calib_calls), calibrate_(calib_calls > 0) {}
+  RowMatrixXd softmax_rows(const RowMatrixXd& logits) const override {
+    if (!calibrate_) return exaq_softmax(logits, p_);
+    std::lock_guard<std::mutex> lock(mu_);  // calibration state is shared by the calls of this instance
+    return exaq_softmax(logits, p_, nullptr, &calibrator_);
+  }
+  // One attention call is one scope for sigma_scope = tensor; logits and PV are exact fp64.
+  AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale) const override {
+    AttentionResult r;
+    r.p = softmax_rows((q * k.transpose()) * scale);
+    r.o = r.p * v;
+    return r;
+  }
+
+ private:
+  ExaqParams p_;
+  mutable ExaqCalibrator calibrator_;
+  mutable std::mutex mu_;
+  bool calibrate_;
+};
+
+}  // namespace
+
+MethodEntry exaq_method_entry() {
+  MethodEntry e;
+  e.name = "exaq";
+  e.summary = "EXAQ: max-subtracted logits clipped (sigma rule) and quantised to 2-4 bits, exp by a 2^b LUT, FP normalisation";
+  e.params = {
+      {"bits", ParamType::integer, "2", "quantisation bits of x = s - rowmax", {}, 2, 4},
+      {"clip", ParamType::choice, "gauss", "clip rule: gauss/laplace (Table 1), optimal (Eq. 14 solver), fixed (c=), none (NAIVE)",
+       {"gauss", "laplace", "optimal", "fixed", "none"}},
+      {"c", ParamType::real, "-4", "the clip for clip=fixed", {}, -1e6, -1e-9},
+      {"sigma", ParamType::choice, "tensor", "scope of sigma and min: the whole call (upstream) or each row", {"tensor", "row"}},
+      {"grid", ParamType::choice, "upstream", "upstream: [max(min,C), 0] with both ends, RNE; paper: step -C/2^b, midpoints",
+       {"upstream", "paper"}},
+      {"xhat", ParamType::choice, "fp", "x^ before exp: fp, or rounded to bf16 (upstream casts to the model dtype)", {"fp", "bf16"}},
+      {"sum", ParamType::choice, "fp", "denominator: fp; q24 (fixed-point LUT values); lutsum (q24 via packed LUT_sum)",
+       {"fp", "q24", "lutsum"}},
+      {"calib", ParamType::integer, "0", "calibrate: mean C and min over the first N calls, then frozen (0 = off)", {}, 0, 100000},
+  };
+  e.presets = {
+      {"upstream", {{"grid", "upstream"}, {"sigma", "tensor"}, {"clip", "gauss"}, {"xhat", "bf16"}, {"sum", "fp"}},
+       "the official code: tensor sigma, Table 1 clip, both-ends grid, bf16 x^, FP exp and sum"},
+      {"paper", {{"grid", "paper"}, {"sigma", "tensor"}, {"clip", "gauss"}, {"xhat", "fp"}, {"sum", "lutsum"}},
+       "as printed: step -C/2^b with midpoints, LUT_exp and LUT_sum"},
+  };
+  e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
+    ExaqParams p;
+    p.bits = static_cast<int>(m.integer("bits"));
+    const std::string clip = m.choice("clip");
+    p.clip = clip == "gauss" ? ExaqClip::gauss : clip == "laplace" ? ExaqClip::laplace : clip == "optimal" ? ExaqClip::optimal
+           : clip == "fixed" ? ExaqClip::fixed : ExaqClip::none;
+    if (p.clip == ExaqClip::laplace && p.bits == 3)
+      throw SpecError("method 'exaq': the paper gives Laplace clips for 2 and 4 bits only (bits=3 has none)");
+    p.fixed_c = m.real("c");
+    p.scope = m.choice("sigma") == "tensor" ? ExaqScope::tensor : ExaqScope::row;
+    p.grid = m.choice("grid") == "upstream" ? ExaqGrid::upstream : ExaqGrid::paper;
+    p.xhat_bf16 = m.choice("xhat") == "bf16";
+    const std::string sum = m.choice("sum");
+    p.sum = sum == "fp" ? ExaqSum::fp : sum == "q24" ? ExaqSum::q24_direct : ExaqSum::q24_lutsum;
+    const int calib = static_cast<int>(m.integer("calib"));
+    if (calib > 0 && p.scope != ExaqScope::tensor) throw SpecError("method 'exaq': calib needs sigma=tensor");
+    return std::make_unique<ExaqMethod>(p, calib);
+  };
+  return e;
+}
+
+}  // namespace qattn::ref

@@ -1,0 +1,128 @@
+// EXAQ reference model: grids, clips, statistics, LUT_sum, calibration, masks, and the Eq. 14 solver.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <random>
+
+#include "qattn/error.h"
+#include "qattn/reference/exaq.h"
+#include "qattn/reference/exaq_clipping.h"
+#include "qattn/reference/registry.h"
+
+using namespace qattn;
+using namespace qattn::ref;
+
+TEST_CASE("EXAQ Table 1 clips", "[exaq]") {
+  CHECK(*exaq_table_clip(ExaqClip::gauss, 2, 1.0) == Approx(-3.51));
+  CHECK(*exaq_table_clip(ExaqClip::gauss, 3, 2.0) == Approx(-5.56));
+  CHECK(*exaq_table_clip(ExaqClip::gauss, 4, 0.0) == Approx(-2.27));
+  CHECK(*exaq_table_clip(ExaqClip::laplace, 4, 1.0) == Approx(-6.97));
+  CHECK_FALSE(exaq_table_clip(ExaqClip::laplace, 3, 1.0));
+  CHECK_THROWS_AS(reference_registry().create("exaq:bits=3,clip=laplace"), SpecError);
+}
+
+TEST_CASE("EXAQ upstream grid: both ends, RNE, values below lo give exp(lo)", "[exaq]") {
+  ExaqParams p;
+  p.bits = 2;
+  const auto levels = exaq_levels(p, -3.0, -6.0);  // lo = max(-6, -3) = -3, a = 3/3 = 1
+  CHECK(levels == std::vector<double>{-3, -2, -1, 0});
+  CHECK(exaq_code(p, -3.0, -6.0, -5.0) == 0);   // clipped to lo
+  CHECK(exaq_code(p, -3.0, -6.0, -1.5) == 2);   // tie 1.5 -> 2 (even)
+  CHECK(exaq_code(p, -3.0, -6.0, -2.5) == 0);   // tie 0.5 -> 0 (even)
+  CHECK(exaq_code(p, -3.0, -6.0, 0.0) == 3);
+  const auto from_min = exaq_levels(p, -3.0, -1.0);  // lo = min x when min > C: levels q / 3 - 1
+  for (int q = 0; q < 4; ++q) CHECK(from_min[q] == Approx(q / 3.0 - 1).margin(1e-15));
+  CHECK(exaq_levels(p, -3.0, 0.0) == std::vector<double>{0, 0, 0, 0});  // all values 0: no division by 0
+}
+
+TEST_CASE("EXAQ paper grid: step -C/2^b, midpoints, the max is not reconstructed exactly", "[exaq]") {
+  ExaqParams p;
+  p.bits = 2;
+  p.grid = ExaqGrid::paper;
+  CHECK(exaq_levels(p, -4.0, -9.0) == std::vector<double>{-3.5, -2.5, -1.5, -0.5});
+  CHECK(exaq_code(p, -4.0, -9.0, -9.0) == 0);
+  CHECK(exaq_code(p, -4.0, -9.0, 0.0) == 3);
+  CHECK(exaq_code(p, -4.0, -9.0, -2.0) == 2);
+}
+
+TEST_CASE("EXAQ statistics: unbiased std over the scope, masks excluded", "[exaq]") {
+  RowMatrixXd x(2, 3);
+  x << 0, -1, -2, 0, -std::numeric_limits<double>::infinity(), -4;
+  const ExaqStats all = exaq_stats(x, 0, 2);
+  CHECK(all.count == 5);
+  CHECK(all.min == -4);
+  const double mean = -7.0 / 5;
+  const double var = (std::pow(mean, 2) * 2 + std::pow(-1 - mean, 2) + std::pow(-2 - mean, 2) + std::pow(-4 - mean, 2)) / 4;
+  CHECK(all.sigma == Approx(std::sqrt(var)));
+  CHECK(exaq_stats(x, 1, 2).count == 2);
+}
+
+TEST_CASE("LUT_sum over packed codes equals the direct sum, every byte and random rows", "[exaq][certify]") {
+  std::mt19937_64 g(9);
+  for (int bits : {2, 3, 4}) {
+    ExaqParams p;
+    p.bits = bits;
+    const auto lut = exaq_lut_q24(exaq_levels(p, -3.7, -8.0));
+    const int per_byte = bits == 2 ? 4 : 2, n = 1 << bits;
+    // Every combination of codes that fits one byte.
+    const int combos = static_cast<int>(std::pow(n, per_byte));
+    for (int c = 0; c < combos; ++c) {
+      std::vector<int> codes;
+      for (int k = 0, v = c; k < per_byte; ++k, v /= n) codes.push_back(v % n);
+      REQUIRE(exaq_sum_packed(codes, lut, bits) == exaq_sum_direct(codes, lut));
+    }
+    for (int trial = 0; trial < 200; ++trial) {
+      std::vector<int> codes(g() % 5000);
+      for (int& c : codes) c = static_cast<int>(g() % n);
+      REQUIRE(exaq_sum_packed(codes, lut, bits) == exaq_sum_direct(codes, lut));
+    }
+  }
+}
+
+TEST_CASE("EXAQ softmax: masks, single entries, q24 == lutsum bit for bit, calibration", "[exaq]") {
+  const double inf = std::numeric_limits<double>::infinity();
+  RowMatrixXd s(3, 4);
+  s << 1, 0.5, -inf, -3, -inf, -inf, -inf, -inf, 2, -inf, -inf, -inf;
+  for (const char* spec : {"exaq", "exaq@upstream", "exaq@paper", "exaq:sigma=row", "exaq:clip=none", "exaq:clip=optimal"}) {
+    INFO(spec);
+    const RowMatrixXd p = reference_registry().create(spec)->softmax_rows(s);
+    CHECK(p(0, 2) == 0);
+    CHECK(p.row(0).sum() == Approx(1.0).epsilon(1e-6));
+    CHECK(p.row(1).isZero());
+    CHECK(p(2, 0) == Approx(1.0).epsilon(1e-6));
+  }
+  std::mt19937_64 g(4);
+  std::normal_distribution<double> n(0, 3);
+  RowMatrixXd big(16, 300);
+  for (Eigen::Index i = 0; i < big.size(); ++i) big.data()[i] = n(g);
+  for (int bits : {2, 3, 4}) {
+    const std::string b = std::to_string(bits);
+    CHECK(reference_registry().create("exaq:sum=q24,bits=" + b)->softmax_rows(big) ==
+          reference_registry().create("exaq:sum=lutsum,bits=" + b)->softmax_rows(big));
+  }
+  ExaqCalibrator cal(2);
+  CHECK(cal.use(-3, -10) == std::pair<double, double>{-3, -10});
+  CHECK(cal.use(-5, -12) == std::pair<double, double>{-5, -12});
+  CHECK(cal.frozen());
+  CHECK(cal.use(-9, -1) == std::pair<double, double>{-4, -11});
+}
+
+TEST_CASE("Eq. 14 solver: closed-form clipping MSE and its minimum", "[exaq]") {
+  CHECK(expected_max_std_normal(1) == 0.0);
+  CHECK(expected_max_std_normal(2) == Approx(1 / std::sqrt(M_PI)).epsilon(1e-9));
+  CHECK(expected_max_std_normal(3) == Approx(1.5 / std::sqrt(M_PI)).epsilon(1e-9));
+  // The clipping term against a direct quadrature of E[(X - C)^2; X < C].
+  const double sigma = 1.7, mu = -2.0, c = -4.5;
+  double q = 0;
+  const int panels = 200000;
+  const double a = mu - 15 * sigma, h = (c - a) / panels;
+  for (int i = 0; i <= panels; ++i) {
+    const double x = a + i * h, w = (i == 0 || i == panels) ? 1 : (i % 2 ? 4 : 2);
+    q += w * (x - c) * (x - c) * std::exp(-0.5 * std::pow((x - mu) / sigma, 2)) / (sigma * std::sqrt(2 * M_PI));
+  }
+  q *= h / 3;
+  CHECK(exaq_clip_mse(c, sigma, mu, 2, QuantNoise::step_midpoint) == Approx(q + std::pow(4.5 / 4, 2) / 12).epsilon(1e-8));
+  const double best = exaq_solve_clip(sigma, mu, 2, QuantNoise::step_endpoints);
+  for (double dc : {-0.05, 0.05})
+    CHECK(exaq_clip_mse(best + dc, sigma, mu, 2, QuantNoise::step_endpoints) >
+          exaq_clip_mse(best, sigma, mu, 2, QuantNoise::step_endpoints));
+}
