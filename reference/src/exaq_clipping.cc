@@ -1,7 +1,9 @@
 #include "qattn/reference/exaq_clipping.h"
 
 #include <cmath>
+#include <algorithm>
 #include <stdexcept>
+#include <vector>
 
 namespace qattn::ref {
 namespace {
@@ -36,6 +38,52 @@ double exaq_clip_mse(double clip, double sigma, double mu, int bits, QuantNoise 
   }
   const double z = (clip - mu) / sigma;
   return quant + sigma * sigma * ((1 + z * z) * cdf(z) + z * phi(z));
+}
+
+double exaq_clip_mse_exp(double clip, double sigma, double mu, int bits) {
+  const int levels = 1 << bits;
+  const double step = -clip / levels;
+  auto q = [&](double x) {
+    const double k = std::clamp(std::floor((x - clip) / step), 0.0, levels - 1.0);
+    return clip + (k + 0.5) * step;
+  };
+  // Integrate piecewise between quantiser breakpoints so that Simpson sees smooth integrands.
+  std::vector<double> cuts = {mu - 12 * sigma};
+  for (int k = 0; k <= levels; ++k) {
+    const double b = clip + k * step;
+    if (b > cuts.back() && b < std::max(0.0, mu + 12 * sigma)) cuts.push_back(b);
+  }
+  cuts.push_back(std::max(0.0, mu + 12 * sigma));
+  double total = 0;
+  for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
+    const double a = cuts[i], b = cuts[i + 1];
+    if (!(b > a)) continue;
+    const double xm = 0.5 * (a + b), level = q(xm);
+    const int panels = 200;
+    const double h = (b - a) / panels;
+    double s = 0;
+    for (int j = 0; j <= panels; ++j) {
+      const double x = a + j * h, w = (j == 0 || j == panels) ? 1 : (j % 2 ? 4 : 2);
+      s += w * std::pow(std::exp(level) - std::exp(x), 2) * phi((x - mu) / sigma) / sigma;
+    }
+    total += s * h / 3;
+  }
+  return total;
+}
+
+double exaq_solve_clip_exp(double sigma, double mu, int bits) {
+  double best = -0.05, best_v = INFINITY;
+  for (double c = -0.05; c >= mu - 12 * sigma; c -= 0.05) {
+    const double v = exaq_clip_mse_exp(c, sigma, mu, bits);
+    if (v < best_v) best_v = v, best = c;
+  }
+  double a = best - 0.05, b = std::min(-1e-9, best + 0.05);
+  for (int it = 0; it < 60; ++it) {
+    const double m1 = b - (b - a) * 0.6180339887498949, m2 = a + (b - a) * 0.6180339887498949;
+    if (exaq_clip_mse_exp(m1, sigma, mu, bits) < exaq_clip_mse_exp(m2, sigma, mu, bits)) b = m2;
+    else a = m1;
+  }
+  return 0.5 * (a + b);
 }
 
 double exaq_solve_clip(double sigma, double mu, int bits, QuantNoise noise) {

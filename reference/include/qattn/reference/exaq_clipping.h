@@ -20,6 +20,12 @@ double expected_max_std_normal(int n);
 
 double exaq_clip_mse(double clip, double sigma, double mu, int bits, QuantNoise noise);
 
+// Eq. 14 measured after exp: E[(e^{Q(X)} - e^X)^2] with the actual quantiser Q of the paper's grid (midpoints,
+// step -C/2^M, values below C reconstructed at C + D/2, values above 0 at -D/2), by Simpson quadrature over
+// [mu - 12 sigma, max(0, mu + 12 sigma)]. Not homogeneous in sigma: exp weights values near the maximum.
+double exaq_clip_mse_exp(double clip, double sigma, double mu, int bits);
+double exaq_solve_clip_exp(double sigma, double mu, int bits);
+
 // argmin_C MSE(C) over C in [mu - 12 sigma, 0), by golden-section search after a coarse scan.
 double exaq_solve_clip(double sigma, double mu, int bits, QuantNoise noise);
 
