@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <algorithm>
 #include <map>
 
 #include "qattn/reference/exaq.h"
@@ -60,4 +61,42 @@ TEST_CASE("EXAQ meets its declared contract", "[exaq][contract][property]") {
   }));
   std::printf("\nEXAQ contract tightness (worst |p^ - p| / bound):\n");
   for (const auto& [k, w] : worst) std::printf("  %-22s %.3f\n", k.c_str(), w);
+}
+
+TEST_CASE("the EXAQ contract table matches ExaqBound", "[exaq][contract]") {
+  // docs/methods/exaq.md §5, "Declared bound": upstream grid, 2 bits, C = -4, min x = -10, L = 128, FP sum.
+  ExaqParams p;
+  p.bits = 2;
+  const ExaqBound b = ExaqBound::make(p, -4.0, -10.0, 128);
+  CHECK(b.lo == -4.0);
+  CHECK(b.d == Approx(2.0 / 3).epsilon(1e-12));
+  CHECK(b.tau == Approx(130 * 4 * std::ldexp(1.0, -53)).epsilon(1e-12));
+  CHECK(b.element(0.1, -1.0, 3) == Approx(0.1 * std::expm1(4.0 / 3) + b.tau).epsilon(1e-12));  // 0.2794
+  CHECK(b.element(0.01, -7.0, 3) == Approx(std::exp(-4.0 + 4.0 / 3) + b.tau).epsilon(1e-12));  // 0.0695
+  // Paper grid, 4 bits, C = -6: lo = C, D = 6/16, d = 3/16; bf16 x^ adds |lo| 2^-8.
+  p.bits = 4;
+  p.grid = ExaqGrid::paper;
+  p.xhat_bf16 = true;
+  CHECK(ExaqBound::make(p, -6.0, -20.0, 128).d == Approx(3.0 / 16 + 6.0 / 256).epsilon(1e-9));
+}
+
+TEST_CASE("EXAQ is monotone, and permutation equivariant exactly with fixed-point sums", "[exaq][property]") {
+  REQUIRE(rc::check("monotone and permutation", [] {
+    ExaqParams p;
+    p.bits = *rc::gen::inRange(2, 5);
+    p.grid = *rc::gen::element(ExaqGrid::upstream, ExaqGrid::paper);
+    p.scope = *rc::gen::element(ExaqScope::tensor, ExaqScope::row);
+    p.sum = *rc::gen::element(ExaqSum::q24_direct, ExaqSum::q24_lutsum);
+    const RowFamily f = *rc::gen::elementOf(std::vector<RowFamily>(std::begin(kRowFamilies), std::end(kRowFamilies)));
+    const std::vector<double> row = make_row(f, *rc::gen::inRange(1, 600), *rc::gen::arbitrary<std::uint64_t>(), 40.0);
+    const Eigen::Map<const RowMatrixXd> s(row.data(), 1, static_cast<Eigen::Index>(row.size()));
+    const RowMatrixXd got = exaq_softmax(s, p);
+    std::vector<Eigen::Index> order;
+    for (Eigen::Index j = 0; j < s.cols(); ++j)
+      if (std::isfinite(row[j])) order.push_back(j);
+    std::sort(order.begin(), order.end(), [&](auto a, auto b) { return row[a] < row[b]; });
+    for (std::size_t i = 1; i < order.size(); ++i) RC_ASSERT(got(0, order[i]) >= got(0, order[i - 1]));
+    const RowMatrixXd rev = s.rowwise().reverse();
+    RC_ASSERT(exaq_softmax(rev, p).rowwise().reverse() == got);
+  }));
 }
