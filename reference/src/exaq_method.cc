@@ -8,20 +8,14 @@
 namespace qattn::ref {
 namespace {
 
-class ExaqMethod final : public Method {
+// In attention, one call (one [L_q, L_k] logit matrix) is one scope for sigma=tensor.
+class ExaqMethod final : public SoftmaxModelMethod {
  public:
   ExaqMethod(ExaqParams p, int calib_calls) : p_(p), calibrator_(calib_calls), calibrate_(calib_calls > 0) {}
   RowMatrixXd softmax_rows(const RowMatrixXd& logits) const override {
     if (!calibrate_) return exaq_softmax(logits, p_);
     std::lock_guard<std::mutex> lock(mu_);  // calibration state is shared by the calls of this instance
     return exaq_softmax(logits, p_, nullptr, &calibrator_);
-  }
-  // One attention call is one scope for sigma_scope = tensor; logits and PV are exact fp64.
-  AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale) const override {
-    AttentionResult r;
-    r.p = softmax_rows((q * k.transpose()) * scale);
-    r.o = r.p * v;
-    return r;
   }
 
  private:

@@ -29,7 +29,7 @@ std::vector<std::string> names(const Enum (&all)[N]) {
   return v;
 }
 
-class IndexMethod final : public Method {
+class IndexMethod final : public SoftmaxModelMethod {
  public:
   explicit IndexMethod(IndexSoftmaxParams p) : p_(p) {}
 
@@ -48,13 +48,6 @@ class IndexMethod final : public Method {
     return r;
   }
 
-  // Attention with exact fp64 logits and PV; only the softmax is the model (IndexSoftmaxOnly on the logits).
-  AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale) const override {
-    AttentionResult r;
-    r.p = softmax_rows((q * k.transpose()) * scale);
-    r.o = r.p * v;
-    return r;
-  }
 
  private:
   IndexSoftmaxParams p_;

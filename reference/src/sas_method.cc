@@ -5,17 +5,10 @@
 namespace qattn::ref {
 namespace {
 
-class SasMethod final : public Method {
+class SasMethod final : public SoftmaxModelMethod {
  public:
   explicit SasMethod(SasParams p) : p_(p) {}
   RowMatrixXd softmax_rows(const RowMatrixXd& logits) const override { return sas_softmax_rows(logits, p_); }
-  // Exact fp64 logits and PV; only the softmax is the model.
-  AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale) const override {
-    AttentionResult r;
-    r.p = softmax_rows((q * k.transpose()) * scale);
-    r.o = r.p * v;
-    return r;
-  }
 
  private:
   SasParams p_;

@@ -5,6 +5,18 @@
 
 namespace qattn::ref {
 
+// A softmax model inside attention: exact fp64 logits scale * q k^T, the model's softmax_rows, exact fp64 P V. The
+// attention table of such a method isolates its softmax approximation.
+class SoftmaxModelMethod : public Method {
+ public:
+  AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale) const override {
+    AttentionResult r;
+    r.p = softmax_rows((q * k.transpose()) * scale);
+    r.o = r.p * v;
+    return r;
+  }
+};
+
 MethodEntry index_method_entry();
 MethodEntry sas_method_entry();
 MethodEntry exaq_method_entry();
