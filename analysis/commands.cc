@@ -10,7 +10,6 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <regex>
 #include <set>
 #include <unistd.h>
 
@@ -238,15 +237,38 @@ struct HeadFiles {
   fs::path q, k, v;
 };
 
+// Parses "layer{L}_head{H}_{q|k|v}.npy" (L, H decimal); false for any other name.
+bool parse_head_file_name(const std::string& name, int* layer, int* head, std::string* kind) {
+  auto number = [&](std::size_t& i, int* out) {
+    const std::size_t start = i;
+    long v = 0;
+    while (i < name.size() && name[i] >= '0' && name[i] <= '9' && i - start < 9) v = v * 10 + (name[i++] - '0');
+    *out = static_cast<int>(v);
+    return i > start;
+  };
+  auto literal = [&](std::size_t& i, const char* text) {
+    const std::size_t n = std::char_traits<char>::length(text);
+    if (name.compare(i, n, text) != 0) return false;
+    i += n;
+    return true;
+  };
+  std::size_t i = 0;
+  if (!literal(i, "layer") || !number(i, layer) || !literal(i, "_head") || !number(i, head) || !literal(i, "_")) return false;
+  if (i + 5 != name.size() || name.compare(i + 1, 4, ".npy") != 0) return false;
+  if (name[i] != 'q' && name[i] != 'k' && name[i] != 'v') return false;
+  *kind = std::string(1, name[i]);
+  return true;
+}
+
 std::vector<HeadFiles> discover_heads(const fs::path& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw InputError(dir.string(), "--tensors", "is not a directory");
-  static const std::regex re(R"(layer(\d+)_head(\d+)_(q|k|v)\.npy)");
   std::map<std::pair<int, int>, std::map<std::string, fs::path>> found;
   for (const auto& entry : fs::directory_iterator(dir)) {
-    std::smatch m;
-    const std::string name = entry.path().filename().string();
-    if (std::regex_match(name, m, re)) found[{std::stoi(m[1]), std::stoi(m[2])}][m[3]] = entry.path();
+    int layer = 0, head = 0;
+    std::string kind;
+    if (parse_head_file_name(entry.path().filename().string(), &layer, &head, &kind))
+      found[{layer, head}][kind] = entry.path();
   }
   if (found.empty())
     throw InputError(dir.string(), "files", "no layer{L}_head{H}_{q,k,v}.npy files found");
