@@ -1,0 +1,64 @@
+// Low-precision binary floating-point formats, cpfloat-style: any exponent width, significand width, bias,
+// subnormal and special-value policy, with four rounding modes and two overflow modes. Values are carried as
+// doubles holding exactly a value of the format. docs/lowp-float.md tabulates the formats and the rules.
+//
+// Rounding of x (finite, not representable):
+//   rne   nearest, ties to even                 (IEEE roundTiesToEven; cvt instructions)
+//   rz    toward zero (truncation)              (IEEE roundTowardZero; the FP22 accumulator)
+//   rna   nearest, ties away from zero          (IEEE roundTiesToAway)
+//   stochastic: up with probability equal to the distance from the lower neighbour, in units of the quantum
+//         (seeded std::mt19937_64, so runs replay)
+// Overflow (the rounded magnitude exceeds max_finite):
+//   saturate:     +-max_finite
+//   non-saturating: +-inf if the format has infinities, NaN if it has none (OCP E4M3FN). In rz mode IEEE rounds an
+//                   overflow to max_finite, and so does this module.
+// NaN stays NaN; +-inf saturates to +-max_finite, or stays inf (NaN for formats without inf).
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+
+namespace qattn::ref {
+
+enum class LowpRounding { rne, rz, rna, stochastic };
+enum class LowpOverflow { saturate, non_saturating };
+
+// Which codes are special.
+enum class LowpSpecials {
+  ieee,      // all-ones exponent: inf (mantissa 0) or NaN
+  fn,        // "finite, NaN only": all-ones exponent is a normal binade except all-ones mantissa = NaN (OCP E4M3FN)
+};
+
+struct LowpFormat {
+  std::string name;
+  int exponent_bits;
+  int mantissa_bits;  // stored fraction bits (precision = mantissa_bits + 1)
+  int bias;
+  bool subnormals = true;
+  LowpSpecials specials = LowpSpecials::ieee;
+
+  int emin() const { return 1 - bias; }  // exponent of the smallest normal
+  int emax() const;                      // exponent of the largest finite binade
+  double max_finite() const;
+  double min_normal() const;
+  double min_subnormal() const;
+  bool has_inf() const { return specials == LowpSpecials::ieee; }
+  int bits() const { return 1 + exponent_bits + mantissa_bits; }
+};
+
+const LowpFormat& fp8_e4m3fn();  // OCP E4M3FN: bias 7, max 448, S.1111.111 = NaN, no inf
+const LowpFormat& fp8_e5m2();    // OCP E5M2: IEEE-like, bias 15, max 57344, inf
+const LowpFormat& fp16_binary16();
+const LowpFormat& bf16_bfloat16();
+const LowpFormat& fp22_accumulator();  // 1 sign, 8 exponent, 13 mantissa bits (bias 127), used with rz
+
+// The value of `x` rounded onto the format. `rng` is needed only for stochastic rounding.
+double lowp_round(double x, const LowpFormat& f, LowpRounding mode, LowpOverflow overflow, std::mt19937_64* rng = nullptr);
+
+// Bit patterns. decode is defined for every code; encode takes a value of the format (a lowp_round result) and
+// throws std::invalid_argument otherwise.
+double lowp_decode(std::uint32_t code, const LowpFormat& f);
+std::uint32_t lowp_encode(double value, const LowpFormat& f);
+
+}  // namespace qattn::ref

@@ -1,0 +1,132 @@
+#include "qattn/reference/lowp_float.h"
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+namespace qattn::ref {
+
+int LowpFormat::emax() const {
+  const int top = (1 << exponent_bits) - 1;  // all-ones exponent field
+  return (specials == LowpSpecials::ieee ? top - 1 : top) - bias;
+}
+
+double LowpFormat::max_finite() const {
+  // IEEE: largest significand 2 - 2^-M. FN: the all-ones mantissa of the top binade is NaN, so 2 - 2^(1-M).
+  const double significand = specials == LowpSpecials::ieee ? 2 - std::ldexp(1.0, -mantissa_bits)
+                                                            : 2 - std::ldexp(1.0, 1 - mantissa_bits);
+  return std::ldexp(significand, emax());
+}
+
+double LowpFormat::min_normal() const { return std::ldexp(1.0, emin()); }
+double LowpFormat::min_subnormal() const { return std::ldexp(1.0, emin() - mantissa_bits); }
+
+const LowpFormat& fp8_e4m3fn() {
+  static const LowpFormat f{"e4m3fn", 4, 3, 7, true, LowpSpecials::fn};
+  return f;
+}
+const LowpFormat& fp8_e5m2() {
+  static const LowpFormat f{"e5m2", 5, 2, 15, true, LowpSpecials::ieee};
+  return f;
+}
+const LowpFormat& fp16_binary16() {
+  static const LowpFormat f{"binary16", 5, 10, 15, true, LowpSpecials::ieee};
+  return f;
+}
+const LowpFormat& bf16_bfloat16() {
+  static const LowpFormat f{"bfloat16", 8, 7, 127, true, LowpSpecials::ieee};
+  return f;
+}
+const LowpFormat& fp22_accumulator() {
+  static const LowpFormat f{"fp22", 8, 13, 127, true, LowpSpecials::ieee};
+  return f;
+}
+
+double lowp_round(double x, const LowpFormat& f, LowpRounding mode, LowpOverflow overflow, std::mt19937_64* rng) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double max = f.max_finite();
+  auto overflowed = [&](double sign_source) {
+    if (overflow == LowpOverflow::saturate || mode == LowpRounding::rz) return std::copysign(max, sign_source);
+    return f.has_inf() ? std::copysign(std::numeric_limits<double>::infinity(), sign_source) : nan;
+  };
+  if (std::isnan(x)) return nan;
+  if (std::isinf(x)) {
+    if (overflow == LowpOverflow::saturate) return std::copysign(max, x);
+    return f.has_inf() ? x : nan;
+  }
+  if (x == 0) return x;
+  const int e = std::max(std::ilogb(x), f.emin());
+  if (!f.subnormals && std::fabs(x) < f.min_normal()) {
+    // Flush-to-zero formats: below the smallest normal, round between 0 and min_normal in the same mode.
+    const double y = std::fabs(x) / f.min_normal();
+    double r = 0;
+    switch (mode) {
+      case LowpRounding::rne: r = y > 0.5 ? 1 : 0; break;
+      case LowpRounding::rz: r = 0; break;
+      case LowpRounding::rna: r = y >= 0.5 ? 1 : 0; break;
+      case LowpRounding::stochastic: r = std::uniform_real_distribution<double>(0, 1)(*rng) < y ? 1 : 0; break;
+    }
+    return std::copysign(r * f.min_normal(), x);
+  }
+  const int quantum_exp = e - f.mantissa_bits;
+  const double y = std::ldexp(x, -quantum_exp);  // exact: a power-of-two scaling
+  double r = 0;
+  switch (mode) {
+    case LowpRounding::rne: r = std::nearbyint(y); break;  // default FE_TONEAREST
+    case LowpRounding::rz: r = std::trunc(y); break;
+    case LowpRounding::rna: r = std::round(y); break;
+    case LowpRounding::stochastic: {
+      if (!rng) throw std::invalid_argument("lowp_round: stochastic rounding needs a generator");
+      const double lo = std::floor(y);
+      r = lo + (std::uniform_real_distribution<double>(0, 1)(*rng) < y - lo ? 1 : 0);
+      break;
+    }
+  }
+  const double v = std::ldexp(r, quantum_exp);
+  if (std::fabs(v) > max) return overflowed(x);
+  return v == 0 ? std::copysign(0.0, x) : v;
+}
+
+double lowp_decode(std::uint32_t code, const LowpFormat& f) {
+  const int m_bits = f.mantissa_bits, e_bits = f.exponent_bits;
+  const bool negative = (code >> (m_bits + e_bits)) & 1u;
+  const std::uint32_t e_field = (code >> m_bits) & ((1u << e_bits) - 1);
+  const std::uint32_t m_field = code & ((1u << m_bits) - 1);
+  const std::uint32_t top = (1u << e_bits) - 1;
+  double v;
+  if (f.specials == LowpSpecials::ieee && e_field == top) {
+    v = m_field ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+  } else if (f.specials == LowpSpecials::fn && e_field == top && m_field == (1u << m_bits) - 1) {
+    v = std::numeric_limits<double>::quiet_NaN();
+  } else if (e_field == 0) {
+    v = f.subnormals ? std::ldexp(static_cast<double>(m_field), f.emin() - m_bits) : 0.0;
+  } else {
+    v = std::ldexp(static_cast<double>((1u << m_bits) | m_field), static_cast<int>(e_field) - f.bias - m_bits);
+  }
+  return negative ? -v : v;
+}
+
+std::uint32_t lowp_encode(double value, const LowpFormat& f) {
+  const int m_bits = f.mantissa_bits, e_bits = f.exponent_bits;
+  const std::uint32_t sign = std::signbit(value) ? 1u << (m_bits + e_bits) : 0u;
+  const std::uint32_t top = (1u << e_bits) - 1;
+  if (std::isnan(value)) return sign | (top << m_bits) | ((1u << m_bits) - 1);  // the all-ones NaN (both policies)
+  if (std::isinf(value)) {
+    if (!f.has_inf()) throw std::invalid_argument("lowp_encode: " + f.name + " has no infinity");
+    return sign | (top << m_bits);
+  }
+  const double a = std::fabs(value);
+  if (a == 0) return sign;
+  if (a > f.max_finite()) throw std::invalid_argument("lowp_encode: value beyond max_finite of " + f.name);
+  const int e = std::max(std::ilogb(a), f.emin());
+  const double scaled = std::ldexp(a, m_bits - e);
+  if (scaled != std::floor(scaled)) throw std::invalid_argument("lowp_encode: value not representable in " + f.name);
+  const auto significand = static_cast<std::uint32_t>(scaled);
+  if (a < f.min_normal()) {
+    if (!f.subnormals) throw std::invalid_argument("lowp_encode: subnormal in a flush-to-zero format");
+    return sign | significand;  // exponent field 0
+  }
+  return sign | (static_cast<std::uint32_t>(e + f.bias) << m_bits) | (significand & ((1u << m_bits) - 1));
+}
+
+}  // namespace qattn::ref
