@@ -326,12 +326,12 @@ void run_analyze(const std::string& tensors, std::vector<std::string> specs, con
     std::vector<double> o_ref, p_ref;
     RowMatrixXd p_ref_rows;
     std::vector<AttentionResult> refs;
-    for (std::size_t b = 0; b < qs.size(); ++b) refs.push_back(reference->attention(qs[b], ks[b], vs[b], scale));
+    for (std::size_t b = 0; b < qs.size(); ++b) refs.push_back(reference->attention(qs[b], ks[b], vs[b], scale, {}));
     for (std::size_t m = 0; m < methods.size(); ++m) {
       std::vector<double> o_all, o_ref_all, p_all, p_ref_all;
       RowMatrixXd p_rows, p_ref_rows_all;
       for (std::size_t b = 0; b < qs.size(); ++b) {
-        const AttentionResult r = methods[m]->attention(qs[b], ks[b], vs[b], scale);
+        const AttentionResult r = methods[m]->attention(qs[b], ks[b], vs[b], scale, {});
         o_all.insert(o_all.end(), r.o.data(), r.o.data() + r.o.size());
         o_ref_all.insert(o_ref_all.end(), refs[b].o.data(), refs[b].o.data() + refs[b].o.size());
         p_all.insert(p_all.end(), r.p.data(), r.p.data() + r.p.size());

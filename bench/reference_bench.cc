@@ -33,7 +33,7 @@ void attention(benchmark::State& state, std::string spec) {
   const auto L = state.range(0), d = state.range(1);
   const auto method = qattn::ref::reference_registry().create(spec);
   const qattn::RowMatrixXd q = random_matrix(L, d, 2, 1.0), k = random_matrix(L, d, 3, 1.0), v = random_matrix(L, d, 4, 1.0);
-  for (auto _ : state) benchmark::DoNotOptimize(method->attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(d))));
+  for (auto _ : state) benchmark::DoNotOptimize(method->attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(d)), {}));
   state.counters["L"] = static_cast<double>(L);
   state.counters["d"] = static_cast<double>(d);
   state.counters["threads"] = 1;

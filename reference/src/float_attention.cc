@@ -1,5 +1,6 @@
 #include "qattn/reference/float_attention.h"
 
+#include <limits>
 #include <stdexcept>
 
 #include "qattn/float_format.h"
@@ -67,10 +68,11 @@ RowMatrixXd float_softmax_rows(const RowMatrixXd& logits, FloatPrecision p) {
 }
 
 AttentionResult float_attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
-                                FloatPrecision p) {
+                                FloatPrecision p, const AttentionMask& mask) {
   check_shapes(q, k, v);
   if (p == FloatPrecision::fp64) {
-    const RowMatrixXd s = (q * k.transpose()) * scale;
+    RowMatrixXd s = (q * k.transpose()) * scale;
+    mask.apply_to_logits(s);
     AttentionResult r;
     r.p = softmax_ref_rows(s);
     r.o = r.p * v;
@@ -80,6 +82,11 @@ AttentionResult float_attention(const RowMatrixXd& q, const RowMatrixXd& k, cons
   RowMatrixXf s = qf * kf.transpose();
   s *= static_cast<float>(scale);
   round_in_place(s, p);  // R2
+  if (!mask.empty()) {
+    const RowMatrixXb visible = mask.visible(s.rows(), s.cols());
+    for (Eigen::Index i = 0; i < s.size(); ++i)
+      if (!visible.data()[i]) s.data()[i] = -std::numeric_limits<float>::infinity();
+  }
   RowMatrixXf prob = softmax_ref_rows(s);
   round_in_place(prob, p);  // R3
   RowMatrixXf o = prob * vf;

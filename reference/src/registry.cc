@@ -10,9 +10,9 @@ class FloatMethod final : public Method {
  public:
   explicit FloatMethod(FloatPrecision p) : p_(p) {}
   RowMatrixXd softmax_rows(const RowMatrixXd& logits) const override { return float_softmax_rows(logits, p_); }
-  AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v,
-                            double scale) const override {
-    return float_attention(q, k, v, scale, p_);
+  AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+                            const AttentionMask& mask) const override {
+    return float_attention(q, k, v, scale, p_, mask);
   }
 
  private:

@@ -16,7 +16,8 @@ class EchoMethod final : public Method {
   RowMatrixXd softmax_rows(const RowMatrixXd& x) const override {
     return RowMatrixXd::Constant(x.rows(), x.cols(), p_.real("c") * static_cast<double>(p_.integer("b")));
   }
-  AttentionResult attention(const RowMatrixXd&, const RowMatrixXd&, const RowMatrixXd&, double) const override {
+  AttentionResult attention(const RowMatrixXd&, const RowMatrixXd&, const RowMatrixXd&, double,
+                            const AttentionMask&) const override {
     return {};
   }
   ParamMap p_;

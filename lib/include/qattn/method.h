@@ -80,6 +80,21 @@ struct IntegerSoftmaxResult {
   double raw_scale = 1;       // probabilities = raw / raw_scale
 };
 
+// Which (query i, key j) pairs of one attention call take part. `valid` is empty (every pair) or [L_q, L_k]
+// (a boolean padding mask: false = masked). Causal: query i sees key j iff j <= i + (L_k - L_q), i.e. aligned at
+// the bottom right as in decoding, so that with L_q = L_k it is the lower triangle and the last query always sees
+// every key. A query row with no visible key is fully masked: its P and O rows are all zeros.
+struct AttentionMask {
+  RowMatrixXb valid;
+  bool causal = false;
+
+  bool empty() const { return valid.size() == 0 && !causal; }
+  // The pairs as a matrix; throws std::invalid_argument if `valid` has another shape.
+  RowMatrixXb visible(Eigen::Index lq, Eigen::Index lk) const;
+  // Sets the logits of masked pairs to -inf.
+  void apply_to_logits(RowMatrixXd& logits) const;
+};
+
 // Result of one attention call: O [L_q, d_v] and, where the method materialises it, P [L_q, L_k] as
 // probabilities (integer P divided by its scale).
 struct AttentionResult {
@@ -95,8 +110,8 @@ class Method {
   // Softmax of integer logits. Methods without an integer form keep this default, which throws SpecError.
   virtual IntegerSoftmaxResult softmax_integer(const IntegerLogits& logits) const;
   // softmax(scale * q k^T) v as this method computes it. q [L_q, d], k [L_k, d], v [L_k, d_v].
-  virtual AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v,
-                                    double scale) const = 0;
+  virtual AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+                                    const AttentionMask& mask) const = 0;
 };
 
 struct MethodEntry {

@@ -17,6 +17,7 @@ namespace qattn {
 // Row-major dynamic matrix of doubles: the layout used for rows of logits and probabilities.
 using RowMatrixXd = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using RowMatrixXi32 = Eigen::Matrix<std::int32_t, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using RowMatrixXb = Eigen::Matrix<bool, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 struct Tensor {
   DType dtype = DType::f32;

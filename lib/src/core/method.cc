@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <stdexcept>
 
 #include "qattn/error.h"
@@ -126,6 +127,24 @@ double ParamMap::real(const std::string& key) const {
 }
 const std::string& ParamMap::choice(const std::string& key) const { return raw(key); }
 bool ParamMap::boolean(const std::string& key) const { return raw(key) == "true"; }
+
+RowMatrixXb AttentionMask::visible(Eigen::Index lq, Eigen::Index lk) const {
+  if (valid.size() != 0 && (valid.rows() != lq || valid.cols() != lk))
+    throw std::invalid_argument("attention mask is " + std::to_string(valid.rows()) + "x" + std::to_string(valid.cols()) +
+                                ", logits are " + std::to_string(lq) + "x" + std::to_string(lk));
+  RowMatrixXb v = valid.size() ? valid : RowMatrixXb::Constant(lq, lk, true);
+  if (causal)
+    for (Eigen::Index i = 0; i < lq; ++i)
+      for (Eigen::Index j = std::max<Eigen::Index>(0, i + (lk - lq) + 1); j < lk; ++j) v(i, j) = false;
+  return v;
+}
+
+void AttentionMask::apply_to_logits(RowMatrixXd& logits) const {
+  if (empty()) return;
+  const RowMatrixXb v = visible(logits.rows(), logits.cols());
+  for (Eigen::Index i = 0; i < logits.size(); ++i)
+    if (!v.data()[i]) logits.data()[i] = -std::numeric_limits<double>::infinity();
+}
 
 IntegerSoftmaxResult Method::softmax_integer(const IntegerLogits&) const {
   throw SpecError("this method has no integer-logit softmax; give it floating-point logits");

@@ -26,7 +26,8 @@ std::string_view precision_name(FloatPrecision p);
 RowMatrixXd round_to_storage(const RowMatrixXd& m, FloatPrecision p);
 
 RowMatrixXd float_softmax_rows(const RowMatrixXd& logits, FloatPrecision p);
+// Masked pairs get logit -inf before the softmax (after R2), so they contribute exactly 0.
 AttentionResult float_attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
-                                FloatPrecision p);
+                                FloatPrecision p, const AttentionMask& mask = {});
 
 }  // namespace qattn::ref

@@ -103,7 +103,6 @@ struct IndexSoftmaxTrace {
   std::int64_t q8_ns = -1;  // the reciprocal, when Normalization::q8_reciprocal divided
 };
 
-using RowMatrixXb = Eigen::Matrix<bool, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 // One row. `valid` may be null (no mask). Writes P into `p_out` (length L).
 void index_softmax_row(const std::int32_t* logits, const bool* valid, Eigen::Index length, std::int64_t c_int,

@@ -9,9 +9,12 @@ namespace qattn::ref {
 // attention table of such a method isolates its softmax approximation.
 class SoftmaxModelMethod : public Method {
  public:
-  AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale) const override {
+  AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+                            const AttentionMask& mask) const override {
     AttentionResult r;
-    r.p = softmax_rows((q * k.transpose()) * scale);
+    RowMatrixXd s = (q * k.transpose()) * scale;
+    mask.apply_to_logits(s);
+    r.p = softmax_rows(s);
     r.o = r.p * v;
     return r;
   }
