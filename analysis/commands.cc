@@ -296,6 +296,65 @@ std::vector<RowMatrixXd> split_batch(const Tensor& t, const fs::path& path) {
   return out;
 }
 
+// ---- attention -------------------------------------------------------------------------------------------
+struct AttentionOptions {
+  std::string q, k, v, spec, out, probs;
+  bool raw = false, causal = false;
+  std::optional<double> scale;
+};
+
+std::vector<std::int64_t> leading(const Tensor& t) { return {t.shape.begin(), t.shape.end() - 2}; }
+
+void run_attention(const AttentionOptions& o) {
+  const auto method = registry().create(o.spec);
+  const Tensor tq = pick_tensor(o.q, ""), tk = pick_tensor(o.k, ""), tv = pick_tensor(o.v, "");
+  const auto qs = split_batch(tq, o.q), ks = split_batch(tk, o.k), vs = split_batch(tv, o.v);
+  if (leading(tq) != leading(tk) || leading(tk) != leading(tv))
+    throw InputError(o.k, "shape", "leading (batch) dimensions of q " + tq.shape_string() + ", k " + tk.shape_string() +
+                                       " and v " + tv.shape_string() + " differ");
+  if (tq.shape.back() != tk.shape.back())
+    throw InputError(o.k, "shape", "head dimension d of k (" + std::to_string(tk.shape.back()) + ") differs from q (" +
+                                       std::to_string(tq.shape.back()) + ")");
+  if (tk.shape[tk.shape.size() - 2] != tv.shape[tv.shape.size() - 2])
+    throw InputError(o.v, "shape", "v has " + std::to_string(tv.shape[tv.shape.size() - 2]) + " keys, k has " +
+                                       std::to_string(tk.shape[tk.shape.size() - 2]));
+  if (o.scale && !(std::isfinite(*o.scale) && *o.scale > 0)) throw CLI::ValidationError("--scale", "must be finite and > 0");
+  const double scale = o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(tq.shape.back()));
+  AttentionMask mask;
+  mask.causal = o.causal;
+  std::vector<double> o_all, p_all;
+  DType p_dtype = DType::f64;
+  for (std::size_t b = 0; b < qs.size(); ++b) {
+    const AttentionResult r = method->attention(qs[b], ks[b], vs[b], scale, mask);
+    o_all.insert(o_all.end(), r.o.data(), r.o.data() + r.o.size());
+    if (o.probs.empty()) continue;
+    if (o.raw) {
+      if (r.p_int.size() == 0) throw CLI::ValidationError("--raw", "method '" + o.spec + "' has no integer P; drop --raw");
+      p_dtype = r.p_dtype;
+      p_all.insert(p_all.end(), r.p_int.data(), r.p_int.data() + r.p_int.size());
+    } else {
+      p_all.insert(p_all.end(), r.p.data(), r.p.data() + r.p.size());
+    }
+  }
+  std::vector<std::int64_t> o_shape = leading(tq), p_shape = leading(tq);
+  o_shape.push_back(tq.shape[tq.shape.size() - 2]);
+  o_shape.push_back(tv.shape.back());
+  p_shape.push_back(tq.shape[tq.shape.size() - 2]);
+  p_shape.push_back(tk.shape[tk.shape.size() - 2]);
+  const Tensor out = Tensor::from_double(DType::f32, o_shape, o_all);  // O is float32 by definition of every method
+  std::optional<Tensor> probs;
+  if (!o.probs.empty()) probs = Tensor::from_double(p_dtype, p_shape, p_all);
+  write_npy(o.out, out);
+  if (probs) {
+    try {
+      write_npy(o.probs, *probs);
+    } catch (...) {
+      std::filesystem::remove(o.out);  // all or nothing
+      throw;
+    }
+  }
+}
+
 struct HeadResult {
   int layer, head;
   std::string method;
@@ -439,6 +498,23 @@ void add_softmax(CLI::App& app) {
   sub->add_flag("--raw", o->raw, "Write the integer P (uint8/int8) instead of float64 probabilities");
   sub->add_option("--out", o->out, "Output .npy")->required();
   sub->callback([=] { run_softmax(*o); });
+}
+
+void add_attention(CLI::App& app) {
+  auto* sub = app.add_subcommand("attention",
+                                 "softmax(scale Q K^T) V with one method for every batch entry; writes O (float32) and "
+                                 "optionally P (float64, or the integer P with --raw)");
+  auto o = std::make_shared<AttentionOptions>();
+  sub->add_option("--q", o->q, "Queries [..., L_q, d]")->required();
+  sub->add_option("--k", o->k, "Keys [..., L_k, d]")->required();
+  sub->add_option("--v", o->v, "Values [..., L_k, d_v]")->required();
+  sub->add_option("--method", o->spec, "Method spec (see `qattn methods`)")->required();
+  sub->add_option("--out", o->out, "Output O .npy [..., L_q, d_v], float32")->required();
+  sub->add_option("--probs", o->probs, "Also write P [..., L_q, L_k]");
+  sub->add_flag("--raw", o->raw, "Write P in the method's integer dtype (uint8/int8) instead of float64");
+  sub->add_flag("--causal", o->causal, "Causal mask, bottom-right aligned (query i sees keys j <= i + L_k - L_q)");
+  sub->add_option("--scale", o->scale, "Logit scale (default 1/sqrt(d))");
+  sub->callback([=] { run_attention(*o); });
 }
 
 void add_compare(CLI::App& app) {

@@ -13,6 +13,7 @@ inline constexpr int kExitBadInput = 3;
 void add_info(CLI::App& app);
 void add_methods(CLI::App& app);
 void add_softmax(CLI::App& app);
+void add_attention(CLI::App& app);
 void add_compare(CLI::App& app);
 void add_analyze(CLI::App& app);
 

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   add_info(app);
   add_methods(app);
   add_softmax(app);
+  add_attention(app);
   add_compare(app);
   add_analyze(app);
   try {

@@ -55,13 +55,8 @@ class IndexMethod final : public SoftmaxModelMethod {
 
 }  // namespace
 
-MethodEntry index_method_entry() {
-  MethodEntry e;
-  e.name = "index";
-  e.summary =
-      "IndexSoftmax (IntAttention): 2^b-entry UINT8 exp table, integer clip c_int, integer normalisation to "
-      "UINT8 (x255) or INT8 (x127) P. Integer logits need --cint or --alpha; FP logits run IndexSoftmaxOnly";
-  e.params = {
+std::vector<ParamInfo> index_softmax_param_infos() {
+  return {
       {"b", ParamType::integer, "5", "table bits: 2^b entries", {}, 1, 8},
       {"c", ParamType::real, "6.6", "clip threshold in logit units", {}, 1e-6, 1e6},
       {"cint", ParamType::choice, "round", "c_int = rounding(c / alpha) (Eq. 8 round; upstream sim trunc)", names(kCint)},
@@ -70,7 +65,10 @@ MethodEntry index_method_entry() {
       {"norm", ParamType::choice, "floor", "normalisation of E to P (Eq. 15 floor)", names(kNorm)},
       {"p", ParamType::choice, "u8", "P format: u8 (x255) or s8 (x127)", {"u8", "s8"}},
   };
-  e.presets = {
+}
+
+std::vector<PresetInfo> index_softmax_presets() {
+  return {
       {"paper", {{"cint", "round"}, {"lut", "floor"}, {"index", "floor"}, {"norm", "floor"}, {"p", "u8"}},
        "IntAttention as printed: Eq. 8, 11, 13, 15"},
       {"upstream-sim", {{"cint", "trunc"}, {"lut", "round"}, {"index", "floor-f32"}, {"norm", "f32-rne"}, {"p", "u8"}},
@@ -80,7 +78,9 @@ MethodEntry index_method_entry() {
         {"p", "u8"}},
        "the official NEON kernel's vector path (without its uint16 row-sum wrap)"},
   };
-  e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
+}
+
+IndexSoftmaxParams index_softmax_params(const ParamMap& m) {
     IndexSoftmaxParams p;
     p.bits = static_cast<int>(m.integer("b"));
     p.c = m.real("c");
@@ -90,8 +90,20 @@ MethodEntry index_method_entry() {
     p.normalization = parse_enum(m.choice("norm"), kNorm);
     p.p_format = m.choice("p") == "u8" ? PFormat::u8 : PFormat::s8;
     if (p.normalization == Normalization::q8_reciprocal && p.p_format != PFormat::u8)
-      throw SpecError("method 'index': norm=q8-reciprocal is defined for p=u8 only (the upstream NEON kernel)");
-    return std::make_unique<IndexMethod>(p);
+      throw SpecError("norm=q8-reciprocal is defined for p=u8 only (the upstream NEON kernel)");
+    return p;
+}
+
+MethodEntry index_method_entry() {
+  MethodEntry e;
+  e.name = "index";
+  e.summary =
+      "IndexSoftmax (IntAttention): 2^b-entry UINT8 exp table, integer clip c_int, integer normalisation to "
+      "UINT8 (x255) or INT8 (x127) P. Integer logits need --cint or --alpha; FP logits run IndexSoftmaxOnly";
+  e.params = index_softmax_param_infos();
+  e.presets = index_softmax_presets();
+  e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
+    return std::make_unique<IndexMethod>(index_softmax_params(m));
   };
   return e;
 }

@@ -34,6 +34,8 @@ void register_reference_methods(Registry& registry) {
   registry.add(float_entry(FloatPrecision::bf16,
                            "bfloat16 storage (RNE) of inputs, GEMM outputs and softmax output; fp32 arithmetic"));
   registry.add(index_method_entry());
+  registry.add(quant_only_method_entry());
+  registry.add(intattention_method_entry());
   registry.add(exaq_method_entry());
   registry.add(sas_method_entry());
 }

@@ -33,7 +33,7 @@ fx=$root/tests/fixtures
 sample=$root/experiments/data/use-lite
 
 expect 0 "Subcommands" "top-level help" -- --help
-for sub in info methods softmax compare analyze; do
+for sub in info methods softmax attention compare analyze; do
   expect 0 "Usage" "$sub --help" -- "$sub" --help
 done
 expect 2 "" "no subcommand" --
@@ -92,6 +92,21 @@ expect 2 "produces no integer P" "raw with an FP method" -- softmax --in "$fx/f3
 expect 2 "p=u8 only" "q8 with s8" -- softmax --in "$fx/golden_index_row.npy" --method index:norm=q8-reciprocal,p=s8 \
   --cint 100 --out "$tmp/no.npy"
 [ ! -e "$tmp/no.npy" ] && pass=$((pass + 1)) || { echo "FAIL: output written on a usage error"; fail=$((fail + 1)); }
+
+# attention: O and P for every batch entry; raw integer P; causal; shape errors name the file.
+s=$sample/layer0_head0
+expect 0 "" "attention intattention" -- attention --q "${s}_q.npy" --k "${s}_k.npy" --v "${s}_v.npy" \
+  --method intattention@upstream-sim --out "$tmp/o.npy" --probs "$tmp/p8.npy" --raw --causal
+expect 0 "float32 +\| \(2, 128, 64\)" "attention O dtype and shape" -- info "$tmp/o.npy"
+expect 0 "uint8 +\| \(2, 128, 128\)" "attention raw P dtype and shape" -- info "$tmp/p8.npy"
+expect 0 "" "attention fp64 probs" -- attention --q "${s}_q.npy" --k "${s}_k.npy" --v "${s}_v.npy" \
+  --method fp64 --out "$tmp/o64.npy" --probs "$tmp/p64.npy" --causal
+expect 0 "CosSim +\| 0\.99" "intattention vs fp64 O" -- compare "$tmp/o.npy" "$tmp/o64.npy"
+expect 3 "layer1_head0_k.npy: shape: head dimension d of k \(128\) differs from q \(64\)" "attention d mismatch" -- \
+  attention --q "${s}_q.npy" --k "$sample/layer1_head0_k.npy" --v "${s}_v.npy" --method fp32 --out "$tmp/no.npy"
+expect 2 "no integer P" "attention raw with fp32" -- attention --q "${s}_q.npy" --k "${s}_k.npy" --v "${s}_v.npy" \
+  --method fp32 --out "$tmp/no.npy" --probs "$tmp/no2.npy" --raw
+[ ! -e "$tmp/no.npy" ] && [ ! -e "$tmp/no2.npy" ] && pass=$((pass + 1)) || { echo "FAIL: partial attention output"; fail=$((fail + 1)); }
 
 # The main job on the embedded sample: every registered method but the reference, 8 heads, mean and worst rows.
 out=$(q analyze 2>/dev/null)

@@ -100,6 +100,9 @@ struct AttentionMask {
 struct AttentionResult {
   RowMatrixXd o;
   RowMatrixXd p;
+  RowMatrixXi32 p_int;  // the integer P of integer pipelines (empty otherwise); p = p_int / p_scale
+  int p_scale = 0;
+  DType p_dtype = DType::u8;
 };
 
 class Method {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "qattn/method.h"
+#include "qattn/reference/index_softmax.h"
 
 namespace qattn::ref {
 
@@ -20,7 +21,14 @@ class SoftmaxModelMethod : public Method {
   }
 };
 
+// IndexSoftmax's parameters, presets and their parsing, shared by "index" and "intattention".
+std::vector<ParamInfo> index_softmax_param_infos();
+std::vector<PresetInfo> index_softmax_presets();
+IndexSoftmaxParams index_softmax_params(const ParamMap& m);
+
 MethodEntry index_method_entry();
+MethodEntry quant_only_method_entry();
+MethodEntry intattention_method_entry();
 MethodEntry sas_method_entry();
 MethodEntry exaq_method_entry();
 

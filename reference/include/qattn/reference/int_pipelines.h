@@ -1,0 +1,39 @@
+// Integer attention pipelines as the papers' code computes them (docs/pipelines/quant-only.md,
+// docs/pipelines/intattention.md). One call is one [L, d] matrix per tensor ("per-tensor" = one scale per call).
+#pragma once
+
+#include "qattn/method.h"
+#include "qattn/reference/index_softmax.h"
+
+namespace qattn::ref {
+
+// x ~= scale * values, values in [-127, 127].
+struct Int8Matrix {
+  RowMatrixXi32 values;
+  double scale = 1;
+};
+
+// Symmetric per-tensor INT8: s = max|x| / 127 (s = 1 for an all-zero tensor, so every code is 0),
+// q = clamp(round_half_even(x / s), -127, 127), all in double.
+Int8Matrix quantize_symmetric_int8(const RowMatrixXd& x);
+
+// a b^T with exact int64 accumulation; throws std::overflow_error if a result leaves int32.
+RowMatrixXi32 int_matmul_abt(const RowMatrixXi32& a, const RowMatrixXi32& b);
+// a b with exact int64 accumulation, returned as doubles (exact below 2^53).
+RowMatrixXd int_matmul_ab(const RowMatrixXi32& a, const RowMatrixXi32& b);
+
+// Quant-Only INT8 (IntAttention's baseline): INT8 Q, K, V; INT32 Q K^T; S = fl32(A) * fl32(sQ sK scale);
+// P = softmax_ref<float>(S); P8 = round_half_even(fl32(127 P)) as INT8; INT32 P8 V; O = fl32(P8 V * sV / 127).
+AttentionResult quant_only_attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+                                     const AttentionMask& mask);
+
+// How c_int is evaluated from the scales: in double as c / (sQ sK scale), or as the official simulation does,
+// ((c / sQ) / sK) / scale in float32, before the CintRounding rule.
+enum class CintEvaluation { f64, f32_upstream };
+
+// IntAttention: INT8 Q, K, V; INT32 A = Q K^T; c_int from alpha = sQ sK scale; IndexSoftmax of A with the mask;
+// INT32 P V; O = fl32(P V * sV / s_P).
+AttentionResult int_attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+                              const AttentionMask& mask, const IndexSoftmaxParams& params, CintEvaluation cint_eval);
+
+}  // namespace qattn::ref

@@ -1,0 +1,66 @@
+// The "quant-only" and "intattention" methods: the integer attention pipelines in the registry.
+#include "qattn/error.h"
+#include "qattn/reference/int_pipelines.h"
+#include "qattn/reference/method_entries.h"
+
+namespace qattn::ref {
+namespace {
+
+// Attention pipelines have no softmax-only form: the softmax is the "index" method.
+class PipelineMethod : public Method {
+ public:
+  RowMatrixXd softmax_rows(const RowMatrixXd&) const override {
+    throw SpecError("an attention pipeline has no softmax-only form; use the softmax model (e.g. 'index', 'fp32')");
+  }
+};
+
+class QuantOnlyMethod final : public PipelineMethod {
+ public:
+  AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+                            const AttentionMask& mask) const override {
+    return quant_only_attention(q, k, v, scale, mask);
+  }
+};
+
+class IntAttentionMethod final : public PipelineMethod {
+ public:
+  IntAttentionMethod(IndexSoftmaxParams p, CintEvaluation e) : p_(p), eval_(e) {}
+  AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+                            const AttentionMask& mask) const override {
+    return int_attention(q, k, v, scale, mask, p_, eval_);
+  }
+
+ private:
+  IndexSoftmaxParams p_;
+  CintEvaluation eval_;
+};
+
+}  // namespace
+
+MethodEntry quant_only_method_entry() {
+  return {"quant-only",
+          "Quant-Only INT8 baseline: INT8 Q/K/V, INT32 QK^T, dequantise, fp32 softmax, INT8 P = round(127 p), INT32 PV",
+          {},
+          {},
+          [](const ParamMap&) -> std::unique_ptr<Method> { return std::make_unique<QuantOnlyMethod>(); }};
+}
+
+MethodEntry intattention_method_entry() {
+  MethodEntry e;
+  e.name = "intattention";
+  e.summary = "IntAttention: INT8 Q/K/V (per tensor), INT32 QK^T, IndexSoftmax to UINT8/INT8 P, INT32 PV, dequantise";
+  e.params = index_softmax_param_infos();
+  e.params.push_back({"cint-eval", ParamType::choice, "f64",
+                      "c_int evaluated as c/(sQ sK scale) in double, or ((c/sQ)/sK)/scale in float32 (upstream sim)",
+                      {"f64", "f32"}});
+  e.presets = index_softmax_presets();
+  for (PresetInfo& p : e.presets)
+    if (p.name == "upstream-sim") p.values["cint-eval"] = "f32";
+  e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
+    return std::make_unique<IntAttentionMethod>(
+        index_softmax_params(m), m.choice("cint-eval") == "f32" ? CintEvaluation::f32_upstream : CintEvaluation::f64);
+  };
+  return e;
+}
+
+}  // namespace qattn::ref

@@ -1,0 +1,115 @@
+#include "qattn/reference/int_pipelines.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "qattn/reference/softmax.h"
+
+namespace qattn::ref {
+namespace {
+
+using RowMatrixXf = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+void check_shapes(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v) {
+  if (q.cols() != k.cols() || k.rows() != v.rows())
+    throw std::invalid_argument("attention: shapes q [" + std::to_string(q.rows()) + ", " + std::to_string(q.cols()) +
+                                "], k [" + std::to_string(k.rows()) + ", " + std::to_string(k.cols()) + "], v [" +
+                                std::to_string(v.rows()) + ", " + std::to_string(v.cols()) + "] do not fit");
+}
+
+// O = fl32(PV * s_v / p_scale), the product in double.
+RowMatrixXd dequantize_output(const RowMatrixXd& pv, double s_v, int p_scale) {
+  RowMatrixXd o(pv.rows(), pv.cols());
+  for (Eigen::Index i = 0; i < pv.size(); ++i)
+    o.data()[i] = static_cast<float>(pv.data()[i] * s_v / p_scale);
+  return o;
+}
+
+}  // namespace
+
+Int8Matrix quantize_symmetric_int8(const RowMatrixXd& x) {
+  Int8Matrix r;
+  const double amax = x.size() ? x.cwiseAbs().maxCoeff() : 0.0;
+  if (!std::isfinite(amax)) throw std::invalid_argument("quantize_symmetric_int8: non-finite input");
+  r.scale = amax > 0 ? amax / 127 : 1.0;
+  r.values.resize(x.rows(), x.cols());
+  for (Eigen::Index i = 0; i < x.size(); ++i)
+    r.values.data()[i] = static_cast<std::int32_t>(std::clamp(std::nearbyint(x.data()[i] / r.scale), -127.0, 127.0));
+  return r;
+}
+
+RowMatrixXi32 int_matmul_abt(const RowMatrixXi32& a, const RowMatrixXi32& b) {
+  RowMatrixXi32 c(a.rows(), b.rows());
+  for (Eigen::Index i = 0; i < a.rows(); ++i)
+    for (Eigen::Index j = 0; j < b.rows(); ++j) {
+      std::int64_t s = 0;
+      for (Eigen::Index t = 0; t < a.cols(); ++t) s += std::int64_t{a(i, t)} * b(j, t);
+      if (s > std::numeric_limits<std::int32_t>::max() || s < std::numeric_limits<std::int32_t>::min())
+        throw std::overflow_error("int_matmul_abt: result leaves int32");
+      c(i, j) = static_cast<std::int32_t>(s);
+    }
+  return c;
+}
+
+RowMatrixXd int_matmul_ab(const RowMatrixXi32& a, const RowMatrixXi32& b) {
+  RowMatrixXd c(a.rows(), b.cols());
+  for (Eigen::Index i = 0; i < a.rows(); ++i)
+    for (Eigen::Index j = 0; j < b.cols(); ++j) {
+      std::int64_t s = 0;
+      for (Eigen::Index t = 0; t < a.cols(); ++t) s += std::int64_t{a(i, t)} * b(t, j);
+      c(i, j) = static_cast<double>(s);
+    }
+  return c;
+}
+
+AttentionResult quant_only_attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+                                     const AttentionMask& mask) {
+  check_shapes(q, k, v);
+  const Int8Matrix qi = quantize_symmetric_int8(q), ki = quantize_symmetric_int8(k), vi = quantize_symmetric_int8(v);
+  const RowMatrixXi32 a = int_matmul_abt(qi.values, ki.values);
+  const float logit_scale = static_cast<float>(qi.scale * ki.scale * scale);
+  RowMatrixXf s(a.rows(), a.cols());
+  for (Eigen::Index i = 0; i < a.size(); ++i) s.data()[i] = static_cast<float>(a.data()[i]) * logit_scale;
+  if (!mask.empty()) {
+    const RowMatrixXb visible = mask.visible(s.rows(), s.cols());
+    for (Eigen::Index i = 0; i < s.size(); ++i)
+      if (!visible.data()[i]) s.data()[i] = -std::numeric_limits<float>::infinity();
+  }
+  const RowMatrixXf p = softmax_ref_rows(s);
+  AttentionResult r;
+  r.p_int.resize(p.rows(), p.cols());
+  for (Eigen::Index i = 0; i < p.size(); ++i)
+    r.p_int.data()[i] = static_cast<std::int32_t>(std::nearbyint(127.0f * p.data()[i]));  // fl32 product, RNE
+  r.p_scale = 127;
+  r.p_dtype = DType::i8;
+  r.p = r.p_int.cast<double>() / 127.0;
+  r.o = dequantize_output(int_matmul_ab(r.p_int, vi.values), vi.scale, 127);
+  return r;
+}
+
+AttentionResult int_attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+                              const AttentionMask& mask, const IndexSoftmaxParams& params, CintEvaluation cint_eval) {
+  check_shapes(q, k, v);
+  const Int8Matrix qi = quantize_symmetric_int8(q), ki = quantize_symmetric_int8(k), vi = quantize_symmetric_int8(v);
+  const RowMatrixXi32 a = int_matmul_abt(qi.values, ki.values);
+  std::int64_t c_int;
+  if (cint_eval == CintEvaluation::f64) {
+    c_int = cint_from_alpha(params.c, qi.scale * ki.scale * scale, params.cint_rounding);
+  } else {
+    const float x = ((static_cast<float>(params.c) / static_cast<float>(qi.scale)) / static_cast<float>(ki.scale)) /
+                    static_cast<float>(scale);
+    c_int = cint_from_alpha(static_cast<double>(x), 1.0, params.cint_rounding);
+  }
+  AttentionResult r;
+  r.p_int = index_softmax(a, c_int, params, mask.empty() ? RowMatrixXb() : mask.visible(a.rows(), a.cols()));
+  r.p_scale = params.p_scale();
+  r.p_dtype = params.p_format == PFormat::u8 ? DType::u8 : DType::i8;
+  r.p = r.p_int.cast<double>() / r.p_scale;
+  r.o = dequantize_output(int_matmul_ab(r.p_int, vi.values), vi.scale, r.p_scale);
+  return r;
+}
+
+}  // namespace qattn::ref

@@ -1,0 +1,178 @@
+// Integer attention pipelines against an independent straightforward formulation written here, plus the
+// structural properties: joint key/value permutation, determinism, masks (padding, causal with L_q != L_k, fully
+// masked rows), and the symmetric INT8 quantiser.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "qattn/reference/float_attention.h"
+#include "qattn/reference/int_pipelines.h"
+#include "qattn/reference/registry.h"
+#include "qattn/reference/softmax.h"
+
+using namespace qattn;
+using namespace qattn::ref;
+
+namespace {
+
+RowMatrixXd random_matrix(Eigen::Index r, Eigen::Index c, double sigma, std::mt19937_64& g) {
+  std::normal_distribution<double> n(0.0, sigma);
+  RowMatrixXd m(r, c);
+  for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = n(g);
+  return m;
+}
+
+// Straightforward Quant-Only: per element loops, exactly the documented steps.
+RowMatrixXd quant_only_loops(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+                             RowMatrixXi32* p8) {
+  auto quant = [](const RowMatrixXd& x, double* s) {
+    *s = x.cwiseAbs().maxCoeff() / 127;
+    RowMatrixXi32 r(x.rows(), x.cols());
+    for (Eigen::Index i = 0; i < x.rows(); ++i)
+      for (Eigen::Index j = 0; j < x.cols(); ++j) r(i, j) = static_cast<int>(std::nearbyint(x(i, j) / *s));
+    return r;
+  };
+  double sq, sk, sv;
+  const RowMatrixXi32 qi = quant(q, &sq), ki = quant(k, &sk), vi = quant(v, &sv);
+  RowMatrixXd o(q.rows(), v.cols());
+  p8->resize(q.rows(), k.rows());
+  for (Eigen::Index i = 0; i < q.rows(); ++i) {
+    std::vector<float> s(k.rows());
+    for (Eigen::Index j = 0; j < k.rows(); ++j) {
+      long a = 0;
+      for (Eigen::Index t = 0; t < q.cols(); ++t) a += long{qi(i, t)} * ki(j, t);
+      s[j] = static_cast<float>(a) * static_cast<float>(sq * sk * scale);
+    }
+    Eigen::Map<Eigen::RowVectorXf> row(s.data(), k.rows());
+    const Eigen::RowVectorXf p = softmax_ref(row);  // the same float softmax: the pipeline's stated step 3
+    for (Eigen::Index j = 0; j < k.rows(); ++j) (*p8)(i, j) = static_cast<int>(std::nearbyint(127.0f * p(j)));
+    for (Eigen::Index c = 0; c < v.cols(); ++c) {
+      long acc = 0;
+      for (Eigen::Index j = 0; j < k.rows(); ++j) acc += long{(*p8)(i, j)} * vi(j, c);
+      o(i, c) = static_cast<float>(acc * sv / 127);
+    }
+  }
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("symmetric INT8: the primer's golden values, zero tensor, clamp", "[pipelines]") {
+  RowMatrixXd x(1, 4);
+  x << -1, 0, 1, 3;
+  const Int8Matrix q = quantize_symmetric_int8(x);
+  CHECK(q.scale == 3.0 / 127);
+  CHECK(q.values == (RowMatrixXi32(1, 4) << -42, 0, 42, 127).finished());
+  const Int8Matrix z = quantize_symmetric_int8(RowMatrixXd::Zero(2, 2));
+  CHECK(z.scale == 1.0);
+  CHECK(z.values.isZero());
+}
+
+TEST_CASE("quant-only equals its loop formulation bit for bit", "[pipelines]") {
+  std::mt19937_64 g(1);
+  const RowMatrixXd q = random_matrix(7, 16, 1.0, g), k = random_matrix(9, 16, 1.5, g), v = random_matrix(9, 5, 2.0, g);
+  RowMatrixXi32 p8;
+  const RowMatrixXd o = quant_only_loops(q, k, v, 0.25, &p8);
+  const AttentionResult r = quant_only_attention(q, k, v, 0.25, {});
+  CHECK(r.p_int == p8);
+  CHECK(r.o == o);
+  CHECK(r.p_scale == 127);
+}
+
+TEST_CASE("intattention equals quantise + int matmul + IndexSoftmax + int matmul", "[pipelines]") {
+  std::mt19937_64 g(2);
+  const RowMatrixXd q = random_matrix(6, 32, 1.0, g), k = random_matrix(11, 32, 1.0, g), v = random_matrix(11, 4, 1.0, g);
+  IndexSoftmaxParams p;
+  p.lut_rounding = LutRounding::round;
+  const double scale = 1 / std::sqrt(32.0);
+  const AttentionResult r = int_attention(q, k, v, scale, {}, p, CintEvaluation::f64);
+  const Int8Matrix qi = quantize_symmetric_int8(q), ki = quantize_symmetric_int8(k), vi = quantize_symmetric_int8(v);
+  RowMatrixXi32 a(6, 11);
+  for (int i = 0; i < 6; ++i)
+    for (int j = 0; j < 11; ++j) a(i, j) = (qi.values.row(i).cast<long>().array() * ki.values.row(j).cast<long>().array()).sum();
+  const std::int64_t c_int = std::llround(6.6 / (qi.scale * ki.scale * scale));
+  const RowMatrixXi32 pe = index_softmax(a, c_int, p);
+  CHECK(r.p_int == pe);
+  for (int i = 0; i < 6; ++i)
+    for (int c = 0; c < 4; ++c) {
+      long acc = 0;
+      for (int j = 0; j < 11; ++j) acc += long{pe(i, j)} * vi.values(j, c);
+      CHECK(r.o(i, c) == static_cast<float>(acc * vi.scale / 255));
+    }
+}
+
+TEST_CASE("joint permutation of keys and values: integer pipelines exactly, FP to tolerance", "[pipelines]") {
+  std::mt19937_64 g(3);
+  const RowMatrixXd q = random_matrix(8, 16, 1.0, g), k = random_matrix(40, 16, 1.0, g), v = random_matrix(40, 6, 1.0, g);
+  std::vector<int> perm(40);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), g);
+  RowMatrixXd kp(40, 16), vp(40, 6);
+  for (int j = 0; j < 40; ++j) kp.row(j) = k.row(perm[j]), vp.row(j) = v.row(perm[j]);
+  for (const char* spec : {"intattention", "intattention@upstream-sim", "intattention@upstream-neon", "intattention:p=s8"}) {
+    INFO(spec);
+    const auto m = reference_registry().create(spec);
+    CHECK(m->attention(q, k, v, 0.25, {}).o == m->attention(q, kp, vp, 0.25, {}).o);
+  }
+  for (const char* spec : {"quant-only", "fp32", "fp16", "fp64"}) {
+    INFO(spec);
+    const auto m = reference_registry().create(spec);
+    const RowMatrixXd a = m->attention(q, k, v, 0.25, {}).o, b = m->attention(q, kp, vp, 0.25, {}).o;
+    // quant-only: an FP softmax sum reordered can move one P8 code by 1 (1/127 of a value); fp16: one storage ulp.
+    const double tol = std::string(spec) == "quant-only" ? 2.0 / 127 * v.cwiseAbs().maxCoeff()
+                       : std::string(spec) == "fp16"     ? 4e-3 : 1e-5;
+    CHECK((a - b).cwiseAbs().maxCoeff() <= tol);
+  }
+}
+
+TEST_CASE("every integer pipeline is deterministic bit for bit", "[pipelines]") {
+  std::mt19937_64 g(4);
+  const RowMatrixXd q = random_matrix(16, 64, 1.0, g), k = random_matrix(16, 64, 1.0, g), v = random_matrix(16, 64, 1.0, g);
+  for (const char* spec : {"quant-only", "intattention", "intattention@upstream-neon"}) {
+    const auto m = reference_registry().create(spec);
+    const AttentionResult a = m->attention(q, k, v, 0.125, {}), b = m->attention(q, k, v, 0.125, {});
+    CHECK(a.o == b.o);
+    CHECK(a.p_int == b.p_int);
+  }
+}
+
+TEST_CASE("masks: causal with L_q != L_k, padding, fully masked rows", "[pipelines]") {
+  std::mt19937_64 g(5);
+  const RowMatrixXd q = random_matrix(3, 8, 1.0, g), k = random_matrix(5, 8, 1.0, g), v = random_matrix(5, 2, 1.0, g);
+  AttentionMask causal;
+  causal.causal = true;
+  const RowMatrixXb vis = causal.visible(3, 5);  // bottom-right aligned: query i sees keys 0 .. i + 2
+  CHECK(vis == (RowMatrixXb(3, 5) << 1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1).finished());
+  AttentionMask pad;
+  pad.valid = RowMatrixXb::Constant(3, 5, true);
+  pad.valid.row(1).setConstant(false);  // query 1 sees nothing
+  pad.valid(2, 4) = false;
+  for (const auto& e : reference_registry().entries()) {
+    INFO(e.name);
+    const auto m = reference_registry().create(e.name);
+    const AttentionResult c = m->attention(q, k, v, 0.3, causal);
+    CHECK(c.p(0, 3) == 0);
+    CHECK(c.p(0, 4) == 0);
+    CHECK(c.p(1, 4) == 0);
+    const AttentionResult pr = m->attention(q, k, v, 0.3, pad);
+    CHECK(pr.p.row(1).isZero());
+    CHECK(pr.o.row(1).isZero());
+    CHECK(pr.p(2, 4) == 0);
+    // Masking key 4 for query 2 equals dropping key 4 for every query (row 2 only compared).
+    const AttentionResult dropped = m->attention(q.row(2), k.topRows(4), v.topRows(4), 0.3, {});
+    if (e.name == "fp64" || e.name == "fp32" || e.name == "sas" || e.name == "fp16" || e.name == "bf16")
+      CHECK((pr.o.row(2) - dropped.o.row(0)).cwiseAbs().maxCoeff() <= 1e-6 * (1 + v.cwiseAbs().maxCoeff()));
+  }
+  CHECK_THROWS_AS(reference_registry().create("fp32")->attention(q, k, v, 0.3, AttentionMask{RowMatrixXb(2, 2), false}),
+                  std::invalid_argument);
+}
+
+TEST_CASE("scaling V by a power of two scales the fp32 output exactly", "[pipelines]") {
+  std::mt19937_64 g(6);
+  const RowMatrixXd q = random_matrix(10, 16, 1.0, g), k = random_matrix(12, 16, 1.0, g), v = random_matrix(12, 8, 1.0, g);
+  const RowMatrixXd o = float_attention(q, k, v, 0.25, FloatPrecision::fp32).o;
+  CHECK(float_attention(q, k, (v * 8.0).eval(), 0.25, FloatPrecision::fp32).o == o * 8.0);
+  CHECK(float_attention(q, k, (v * 0.5).eval(), 0.25, FloatPrecision::fp64).o == o.cast<double>() * 0.0 +
+        float_attention(q, k, v, 0.25, FloatPrecision::fp64).o * 0.5);
+}
