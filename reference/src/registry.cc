@@ -36,6 +36,7 @@ void register_reference_methods(Registry& registry) {
   registry.add(index_method_entry());
   registry.add(quant_only_method_entry());
   registry.add(intattention_method_entry());
+  registry.add(sage2_method_entry());
   registry.add(exaq_method_entry());
   registry.add(sas_method_entry());
 }

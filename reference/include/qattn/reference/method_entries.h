@@ -29,6 +29,7 @@ IndexSoftmaxParams index_softmax_params(const ParamMap& m);
 MethodEntry index_method_entry();
 MethodEntry quant_only_method_entry();
 MethodEntry intattention_method_entry();
+MethodEntry sage2_method_entry();
 MethodEntry sas_method_entry();
 MethodEntry exaq_method_entry();
 

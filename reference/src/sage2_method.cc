@@ -1,0 +1,67 @@
+// The "sage2" method: SageAttention2 in the registry.
+#include "qattn/error.h"
+#include "qattn/reference/method_entries.h"
+#include "qattn/reference/sage2.h"
+
+namespace qattn::ref {
+namespace {
+
+class Sage2Method final : public Method {
+ public:
+  explicit Sage2Method(Sage2Params p) : p_(p) {}
+  RowMatrixXd softmax_rows(const RowMatrixXd&) const override {
+    throw SpecError("sage2 is an attention pipeline; it has no softmax-only form");
+  }
+  AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+                            const AttentionMask& mask) const override {
+    return sage2_attention(q, k, v, scale, mask, p_);
+  }
+
+ private:
+  Sage2Params p_;
+};
+
+}  // namespace
+
+MethodEntry sage2_method_entry() {
+  MethodEntry e;
+  e.name = "sage2";
+  e.summary = "SageAttention2: smoothing, per-group INT4/INT8 Q/K, FP8 P~ and V, FP22 two-level PV accumulation";
+  e.params = {
+      {"smooth-k", ParamType::boolean, "true", "subtract the token mean of K (softmax-invariant)"},
+      {"smooth-q", ParamType::boolean, "false", "subtract each Q block's mean, add Delta S = mean(Q) K^T back"},
+      {"smooth-v", ParamType::boolean, "false", "subtract the token mean of V, add it to O"},
+      {"gran", ParamType::choice, "thread", "Q/K scale groups", {"tensor", "block", "warp", "thread", "token"}},
+      {"qk", ParamType::integer, "8", "Q/K bits: 4 or 8", {}, 4, 8},
+      {"round", ParamType::choice, "away", "Q/K rounding: away (upstream Triton) or even (upstream CUDA)", {"away", "even"}},
+      {"p", ParamType::choice, "e4m3", "P~ and V format", {"e4m3", "e5m2", "int8", "fp16"}},
+      {"acc", ParamType::choice, "two-level", "PV accumulation: two-level FP22, single FP22, or fp32",
+       {"two-level", "fp22", "fp32"}},
+  };
+  e.presets = {
+      {"8b", {{"smooth-k", "true"}, {"smooth-q", "false"}, {"gran", "thread"}, {"qk", "8"}, {"p", "e4m3"}, {"acc", "two-level"}},
+       "SageAttention2-8b: smooth K, per-thread INT8, E4M3 P~/V, two-level FP22"},
+      {"4b", {{"smooth-k", "true"}, {"smooth-q", "true"}, {"gran", "thread"}, {"qk", "4"}, {"p", "e4m3"}, {"acc", "two-level"}},
+       "SageAttention2-4b: smooth Q and K, per-thread INT4, E4M3 P~/V, two-level FP22"},
+  };
+  e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
+    Sage2Params p;
+    p.smooth_k = m.boolean("smooth-k");
+    p.smooth_q = m.boolean("smooth-q");
+    p.smooth_v = m.boolean("smooth-v");
+    const std::string g = m.choice("gran");
+    p.granularity = g == "tensor" ? SageGranularity::tensor : g == "block" ? SageGranularity::block
+                  : g == "warp" ? SageGranularity::warp : g == "thread" ? SageGranularity::thread : SageGranularity::token;
+    p.qk_bits = static_cast<int>(m.integer("qk"));
+    if (p.qk_bits != 4 && p.qk_bits != 8) throw SpecError("method 'sage2': qk must be 4 or 8");
+    p.rounding = m.choice("round") == "away" ? SageRounding::half_away : SageRounding::half_even;
+    const std::string f = m.choice("p");
+    p.p_format = f == "e4m3" ? SagePFormat::e4m3 : f == "e5m2" ? SagePFormat::e5m2 : f == "int8" ? SagePFormat::int8 : SagePFormat::fp16;
+    const std::string a = m.choice("acc");
+    p.accumulation = a == "two-level" ? SageAccumulation::two_level_fp22 : a == "fp22" ? SageAccumulation::fp22 : SageAccumulation::fp32;
+    return std::make_unique<Sage2Method>(p);
+  };
+  return e;
+}
+
+}  // namespace qattn::ref

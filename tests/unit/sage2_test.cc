@@ -1,0 +1,124 @@
+// SageAttention2 reference pipeline: an independent loop formulation (bit for bit), the paper's structural claims
+// (K smoothing removes a channel bias; two-level FP22 accumulation beats a single FP22 accumulator on long rows;
+// INT4 costs more than INT8), and determinism. Masks are covered for every registered method in
+// int_pipelines_test.cc.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <random>
+
+#include "qattn/metrics.h"
+#include "qattn/reference/float_attention.h"
+#include "qattn/reference/lowp_float.h"
+#include "qattn/reference/registry.h"
+#include "qattn/reference/sage2.h"
+
+using namespace qattn;
+using namespace qattn::ref;
+
+namespace {
+
+RowMatrixXd random_matrix(Eigen::Index r, Eigen::Index c, double mean, double sigma, std::mt19937_64& g) {
+  std::normal_distribution<double> n(mean, sigma);
+  RowMatrixXd m(r, c);
+  for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = n(g);
+  return m;
+}
+
+double rel_l1(const RowMatrixXd& o, const RowMatrixXd& ref) {
+  return compare(std::span(o.data(), o.size()), std::span(ref.data(), ref.size())).rel_l1;
+}
+
+}  // namespace
+
+TEST_CASE("sage2 equals a loop formulation of its documented steps", "[sage2]") {
+  std::mt19937_64 g(1);
+  const RowMatrixXd q = random_matrix(3, 16, 0, 1, g), k = random_matrix(150, 16, 0.5, 1, g), v = random_matrix(150, 4, 0, 1, g);
+  Sage2Params p;  // 8b: smooth K, per-thread INT8, E4M3, two-level FP22
+  const double scale = 0.25;
+  const AttentionResult r = sage2_attention(q, k, v, scale, {}, p);
+  // The same steps, written out: smooth K, quantise, one pass per row over blocks of 64.
+  RowMatrixXd ks = k;
+  ks.rowwise() -= k.colwise().mean();
+  const SageQuantized qq = sage_quantize(q, true, p.granularity, 8, p.rounding), kq = sage_quantize(ks, false, p.granularity, 8, p.rounding);
+  for (int i = 0; i < 3; ++i) {
+    std::vector<float> s(150);
+    for (int j = 0; j < 150; ++j) {
+      long a = 0;
+      for (int t = 0; t < 16; ++t) a += long{qq.values(i, t)} * kq.values(j, t);
+      s[j] = static_cast<float>(a) * static_cast<float>(qq.scales[qq.group[i]] * kq.scales[kq.group[j]] * scale);
+    }
+    for (int c = 0; c < 4; ++c) {
+      const double amax = v.col(c).cwiseAbs().maxCoeff();
+      float m = -INFINITY, l = 0, out = 0;
+      for (int b0 = 0; b0 < 150; b0 += 64) {
+        const int b1 = std::min(150, b0 + 64);
+        float mn = m;
+        for (int j = b0; j < b1; ++j) mn = std::max(mn, s[j]);
+        const float resc = m == -INFINITY ? 0.0f : std::exp(m - mn);
+        l *= resc;
+        float block = 0;
+        for (int j = b0; j < b1; ++j) {
+          const float pt = 448.0f * std::exp(s[j] - mn);
+          l += pt;
+          const double p8 = lowp_round(pt, fp8_e4m3fn(), LowpRounding::rne, LowpOverflow::saturate);
+          const double v8 = lowp_round(v(j, c) / (amax / 448), fp8_e4m3fn(), LowpRounding::rne, LowpOverflow::saturate);
+          block = static_cast<float>(lowp_round(block + p8 * v8, fp22_accumulator(), LowpRounding::rz, LowpOverflow::non_saturating));
+        }
+        out = out * resc + block;
+        m = mn;
+      }
+      CHECK(r.o(i, c) == static_cast<float>(out * (amax / 448) / l));
+    }
+  }
+}
+
+TEST_CASE("K smoothing removes a per-channel K bias (SageAttention2's motivation)", "[sage2]") {
+  std::mt19937_64 g(2);
+  const RowMatrixXd q = random_matrix(64, 64, 0, 1, g), v = random_matrix(256, 64, 0, 1, g);
+  const RowMatrixXd k0 = random_matrix(256, 64, 0, 1, g);
+  Sage2Params on, off;
+  off.smooth_k = false;
+  double e_on[2], e_off[2];
+  int i = 0;
+  for (double bias : {0.0, 50.0}) {
+    RowMatrixXd k = k0;
+    for (int c = 0; c < 64; ++c) k.col(c).array() += bias * std::sin(c);  // channel-wise offsets, as in real K
+    const RowMatrixXd ref = float_attention(q, k, v, 0.125, FloatPrecision::fp64).o;
+    e_on[i] = rel_l1(sage2_attention(q, k, v, 0.125, {}, on).o, ref);
+    e_off[i++] = rel_l1(sage2_attention(q, k, v, 0.125, {}, off).o, ref);
+  }
+  INFO("rel L1 with smoothing " << e_on[0] << " / " << e_on[1] << ", without " << e_off[0] << " / " << e_off[1]);
+  CHECK(e_on[1] == Approx(e_on[0]).epsilon(0.02));  // smoothing removes the bias: the error does not depend on it
+  CHECK(e_on[1] * 3 < e_off[1]);                    // without smoothing the bias eats the INT8 range
+}
+
+TEST_CASE("two-level FP22 accumulation beats one FP22 accumulator on long rows", "[sage2]") {
+  std::mt19937_64 g(3);
+  const RowMatrixXd q = random_matrix(8, 64, 0, 0.3, g), k = random_matrix(8192, 64, 0, 0.3, g);
+  const RowMatrixXd v = random_matrix(8192, 16, 1.0, 0.2, g);  // positive values: truncation errors add up
+  const RowMatrixXd ref = float_attention(q, k, v, 0.125, FloatPrecision::fp64).o;
+  Sage2Params p;
+  double err[3];
+  int i = 0;
+  for (SageAccumulation a : {SageAccumulation::fp32, SageAccumulation::two_level_fp22, SageAccumulation::fp22}) {
+    p.accumulation = a;
+    err[i++] = rel_l1(sage2_attention(q, k, v, 0.125, {}, p).o, ref);
+  }
+  INFO("rel L1: fp32 " << err[0] << ", two-level FP22 " << err[1] << ", single FP22 " << err[2]);
+  CHECK(err[0] <= err[1]);
+  CHECK(err[1] * 2 < err[2]);
+}
+
+TEST_CASE("INT4 Q/K costs more than INT8, E5M2 P~ more than E4M3; every variant is deterministic", "[sage2]") {
+  std::mt19937_64 g(4);
+  const RowMatrixXd q = random_matrix(64, 64, 0, 1, g), k = random_matrix(128, 64, 0, 1, g), v = random_matrix(128, 32, 0, 1, g);
+  const RowMatrixXd ref = float_attention(q, k, v, 0.125, FloatPrecision::fp64).o;
+  const auto m8 = reference_registry().create("sage2@8b"), m4 = reference_registry().create("sage2@4b");
+  CHECK(rel_l1(m8->attention(q, k, v, 0.125, {}).o, ref) * 3 < rel_l1(m4->attention(q, k, v, 0.125, {}).o, ref));
+  CHECK(rel_l1(m8->attention(q, k, v, 0.125, {}).o, ref) <
+        rel_l1(reference_registry().create("sage2:p=e5m2")->attention(q, k, v, 0.125, {}).o, ref));
+  for (const char* spec : {"sage2@8b", "sage2@4b", "sage2:p=e5m2", "sage2:p=int8,acc=fp32", "sage2:p=fp16,smooth-v=true"}) {
+    const auto m = reference_registry().create(spec);
+    CHECK(m->attention(q, k, v, 0.125, {}).o == m->attention(q, k, v, 0.125, {}).o);
+  }
+}
