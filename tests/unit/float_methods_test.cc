@@ -5,20 +5,16 @@
 #include <random>
 
 #include "qattn/float_format.h"
+#include "support/random_matrix.h"
 #include "qattn/reference/float_attention.h"
 #include "qattn/reference/registry.h"
 
 using namespace qattn;
 using namespace qattn::ref;
+using qattn::test::random_matrix;
 
 namespace {
 
-RowMatrixXd random_matrix(Eigen::Index r, Eigen::Index c, double scale, std::mt19937_64& gen) {
-  std::normal_distribution<double> n(0.0, scale);
-  RowMatrixXd m(r, c);
-  for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = n(gen);
-  return m;
-}
 
 bool all_in_format(const RowMatrixXd& m, const FloatFormat& f) {
   for (Eigen::Index i = 0; i < m.size(); ++i)

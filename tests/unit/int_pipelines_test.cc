@@ -6,6 +6,7 @@
 #include <numeric>
 #include <random>
 
+#include "support/random_matrix.h"
 #include "qattn/reference/float_attention.h"
 #include "qattn/reference/int_pipelines.h"
 #include "qattn/reference/registry.h"
@@ -13,15 +14,10 @@
 
 using namespace qattn;
 using namespace qattn::ref;
+using qattn::test::random_matrix;
 
 namespace {
 
-RowMatrixXd random_matrix(Eigen::Index r, Eigen::Index c, double sigma, std::mt19937_64& g) {
-  std::normal_distribution<double> n(0.0, sigma);
-  RowMatrixXd m(r, c);
-  for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = n(g);
-  return m;
-}
 
 // Straightforward Quant-Only: per element loops, exactly the documented steps.
 RowMatrixXd quant_only_loops(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "qattn/metrics.h"
+#include "support/random_matrix.h"
 #include "qattn/reference/float_attention.h"
 #include "qattn/reference/lowp_float.h"
 #include "qattn/reference/registry.h"
@@ -14,15 +15,10 @@
 
 using namespace qattn;
 using namespace qattn::ref;
+using qattn::test::random_matrix;
 
 namespace {
 
-RowMatrixXd random_matrix(Eigen::Index r, Eigen::Index c, double mean, double sigma, std::mt19937_64& g) {
-  std::normal_distribution<double> n(mean, sigma);
-  RowMatrixXd m(r, c);
-  for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = n(g);
-  return m;
-}
 
 double rel_l1(const RowMatrixXd& o, const RowMatrixXd& ref) {
   return compare(std::span(o.data(), o.size()), std::span(ref.data(), ref.size())).rel_l1;
