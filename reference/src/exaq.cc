@@ -106,8 +106,12 @@ int exaq_code(const ExaqParams& p, double clip, double lo_data, double x) {
 }
 
 std::vector<std::int64_t> exaq_lut_q24(const std::vector<double>& levels) {
+  // Relative to the top level: softmax is shift-invariant, and the top entry is then exactly 2^24, so the row sum of
+  // a row with any valid entry is >= 2^24 (the row maximum always takes the top code). Without the shift, a paper
+  // grid with a large clip puts its top level at -D/2 far below 0 and every entry would round to 0 (0/0).
+  const double top = *std::max_element(levels.begin(), levels.end());
   std::vector<std::int64_t> lut;
-  for (double v : levels) lut.push_back(static_cast<std::int64_t>(std::nearbyint(std::ldexp(std::exp(v), 24))));
+  for (double v : levels) lut.push_back(static_cast<std::int64_t>(std::nearbyint(std::ldexp(std::exp(v - top), 24))));
   return lut;
 }
 
@@ -150,7 +154,10 @@ ExaqBound ExaqBound::make(const ExaqParams& p, double clip, double lo_data, Eige
   }
   b.d = step / 2 + (p.xhat_bf16 ? std::fabs(b.lo) * 0x1p-8 : 0.0) + 1e-15 * (1 + std::fabs(b.lo));
   const double l = static_cast<double>(valid);
-  b.tau = p.sum == ExaqSum::fp ? (l + 2) * 0x1p-53 * 4 : 0x1p-25 * 4;
+  // The FP sum has relative error (L + 2) u, so absolute error at most that (p^ <= 1). The Q24 LUT (relative to the
+  // top level, whose entry is exactly 1) rounds each value by up to 2^-25: the numerator moves by at most 2^-25 and
+  // the denominator, which is >= 1, by at most L 2^-25.
+  b.tau = p.sum == ExaqSum::fp ? (l + 2) * 0x1p-53 * 4 : 0x1p-25 * (1 + l) * 1.01;
   return b;
 }
 

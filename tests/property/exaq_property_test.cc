@@ -51,8 +51,11 @@ TEST_CASE("EXAQ meets its declared contract", "[exaq][contract][property]") {
       const double bound = b.element(pe, x(0, j), below);
       const double err = std::fabs(got(0, j) - pe);
       if (!(err <= bound))
-        RC_FAIL("bits " + std::to_string(p.bits) + " x " + std::to_string(x(0, j)) + " lo " + std::to_string(b.lo) +
-                " err " + std::to_string(err) + " bound " + std::to_string(bound));
+        RC_FAIL("bits " + std::to_string(p.bits) + (p.grid == ExaqGrid::upstream ? " upstream" : " paper") + " grid, sum " +
+                std::to_string(static_cast<int>(p.sum)) + ", bf16 " + std::to_string(p.xhat_bf16) + ", C " +
+                std::to_string(clips.at(0)) + ", min " + std::to_string(st.min) + ", L " + std::to_string(st.count) +
+                ": x " + std::to_string(x(0, j)) + " lo " + std::to_string(b.lo) + " p^ " + std::to_string(got(0, j)) +
+                " p " + std::to_string(pe) + " err " + std::to_string(err) + " bound " + std::to_string(bound));
       w = std::max(w, err / bound);
     }
     const std::string key = std::string(p.grid == ExaqGrid::upstream ? "upstream" : "paper") + " grid, " +

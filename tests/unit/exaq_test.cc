@@ -126,3 +126,20 @@ TEST_CASE("Eq. 14 solver: closed-form clipping MSE and its minimum", "[exaq]") {
     CHECK(exaq_clip_mse(best + dc, sigma, mu, 2, QuantNoise::step_endpoints) >
           exaq_clip_mse(best, sigma, mu, 2, QuantNoise::step_endpoints));
 }
+
+TEST_CASE("Q24 sums never divide 0 by 0: the LUT is relative to the top level", "[exaq]") {
+  // Paper grid with a large clip: the top level is -D/2 = -17.4, where round(e^-17.4 2^24) would be 0.
+  RowMatrixXd s(1, 5);
+  s << 0.0, -30.0, -80.0, -100.0, -5.0;
+  for (const char* sum : {"q24", "lutsum"}) {
+    const RowMatrixXd p =
+        reference_registry().create(std::string("exaq:grid=paper,clip=fixed,c=-138.9,sum=") + sum)->softmax_rows(s);
+    CHECK_FALSE(p.array().isNaN().any());
+    CHECK(p.sum() == Approx(1.0).epsilon(1e-6));
+    CHECK(p(0, 0) == p(0, 4));  // 0 and -5 fall in the same top bin of width 34.7
+  }
+  ExaqParams p;
+  p.grid = ExaqGrid::paper;
+  const auto lut = exaq_lut_q24(exaq_levels(p, -138.9, -138.9));
+  CHECK(lut.back() == (std::int64_t{1} << 24));
+}

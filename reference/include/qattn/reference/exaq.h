@@ -56,7 +56,7 @@ std::vector<double> exaq_levels(const ExaqParams& p, double clip, double lo_data
 // Index of one value x <= 0 on those levels.
 int exaq_code(const ExaqParams& p, double clip, double lo_data, double x);
 
-// Q24 fixed-point LUT values round(exp(x^[q]) 2^24) and the denominator of a row of codes, directly and via the
+// Q24 fixed-point LUT values round(exp(x^[q] - max x^) 2^24), relative to the top level and the denominator of a row of codes, directly and via the
 // packed LUT_sum. Codes are in [0, 2^bits).
 std::vector<std::int64_t> exaq_lut_q24(const std::vector<double>& levels);
 std::int64_t exaq_sum_direct(const std::vector<int>& codes, const std::vector<std::int64_t>& lut);
@@ -75,7 +75,7 @@ RowMatrixXd exaq_softmax(const RowMatrixXd& logits, const ExaqParams& p, std::ve
 // n_low = entries below lo in the row, for a row of L valid entries:
 //   entry in [lo, 0]: |p^ - p| <= p max(e^{2d} - 1, 1 - e^{-d} / (e^{d} + n_low e^{lo + d})) + tau
 //   entry below lo:   |p^ - p| <= e^{lo + 2d} + tau
-// tau covers the denominator: (L + 2) u for the FP sum, 2^-25 per entry for the Q24 LUT values.
+// tau covers the arithmetic: (L + 2) 4u for the FP sum; 1.01 * 2^-25 (1 + L) for the Q24 LUT values.
 struct ExaqBound {
   double lo = 0, d = 0, tau = 0;
   static ExaqBound make(const ExaqParams& p, double clip, double lo_data, Eigen::Index valid);
