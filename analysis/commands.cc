@@ -1,5 +1,6 @@
 #include "commands.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <utility>
 #include <unistd.h>
 
 #include "qattn/error.h"
@@ -324,8 +326,16 @@ void run_attention(const AttentionOptions& o) {
   mask.causal = o.causal;
   std::vector<double> o_all, p_all;
   DType p_dtype = DType::f64;
-  for (std::size_t b = 0; b < qs.size(); ++b) {
-    const AttentionResult r = method->attention(qs[b], ks[b], vs[b], scale, mask);
+  // [..., H, L, d] with 4 or more axes: the axis before L is the heads of one layer, handed over together (turbo's
+  // head-wise KV precision ranks them); with 3 axes every matrix is its own call.
+  const std::size_t heads = tq.shape.size() >= 4 ? static_cast<std::size_t>(tq.shape[tq.shape.size() - 3]) : 1;
+  std::vector<AttentionResult> results;
+  for (std::size_t b0 = 0; b0 < qs.size(); b0 += heads) {
+    const std::vector<RowMatrixXd> q(qs.begin() + b0, qs.begin() + b0 + heads), k(ks.begin() + b0, ks.begin() + b0 + heads),
+        v(vs.begin() + b0, vs.begin() + b0 + heads);
+    for (AttentionResult& r : method->attention_heads(q, k, v, scale, mask)) results.push_back(std::move(r));
+  }
+  for (const AttentionResult& r : results) {
     o_all.insert(o_all.end(), r.o.data(), r.o.data() + r.o.size());
     if (o.probs.empty()) continue;
     if (o.raw) {
@@ -375,44 +385,77 @@ void run_analyze(const std::string& tensors, std::vector<std::string> specs, con
   const auto start = std::chrono::steady_clock::now();
   const bool progress = isatty(STDERR_FILENO);
   std::vector<HeadResult> results;
-  for (std::size_t h = 0; h < heads.size(); ++h) {
-    const HeadFiles& hf = heads[h];
-    const Tensor tq = read_npy(hf.q), tk = read_npy(hf.k), tv = read_npy(hf.v);
-    const auto qs = split_batch(tq, hf.q), ks = split_batch(tk, hf.k), vs = split_batch(tv, hf.v);
-    if (qs.size() != ks.size() || ks.size() != vs.size())
-      throw InputError(hf.k.string(), "shape", "batch size differs between q, k and v");
-    const double scale = 1.0 / std::sqrt(static_cast<double>(qs.front().cols()));
-    std::vector<double> o_ref, p_ref;
-    RowMatrixXd p_ref_rows;
-    std::vector<AttentionResult> refs;
-    for (std::size_t b = 0; b < qs.size(); ++b) refs.push_back(reference->attention(qs[b], ks[b], vs[b], scale, {}));
-    for (std::size_t m = 0; m < methods.size(); ++m) {
-      std::vector<double> o_all, o_ref_all, p_all, p_ref_all;
-      RowMatrixXd p_rows, p_ref_rows_all;
-      for (std::size_t b = 0; b < qs.size(); ++b) {
-        const AttentionResult r = methods[m]->attention(qs[b], ks[b], vs[b], scale, {});
-        o_all.insert(o_all.end(), r.o.data(), r.o.data() + r.o.size());
-        o_ref_all.insert(o_ref_all.end(), refs[b].o.data(), refs[b].o.data() + refs[b].o.size());
-        p_all.insert(p_all.end(), r.p.data(), r.p.data() + r.p.size());
-        p_ref_all.insert(p_ref_all.end(), refs[b].p.data(), refs[b].p.data() + refs[b].p.size());
-      }
-      HeadResult hr{hf.layer, hf.head, specs[m], compare(o_all, o_ref_all), {}, {}};
-      if (!p_all.empty()) {
-        hr.p = compare(p_all, p_ref_all);
-        const auto cols = refs.front().p.cols();
-        const auto nrows = static_cast<Eigen::Index>(p_all.size()) / cols;
-        hr.kl = kl_rows(Eigen::Map<const RowMatrixXd>(p_ref_all.data(), nrows, cols),
-                        Eigen::Map<const RowMatrixXd>(p_all.data(), nrows, cols));
-      } else {
-        hr.p.cossim = hr.p.rel_l1 = hr.p.rmse = hr.kl.mean = NAN;
-      }
-      results.push_back(hr);
+  // One layer at a time: methods that look across the heads of a layer (turbo's head-wise KV precision) see them
+  // all through attention_heads; the others run head by head.
+  std::size_t done = 0;
+  for (std::size_t h0 = 0; h0 < heads.size();) {
+    std::size_t h1 = h0;
+    while (h1 < heads.size() && heads[h1].layer == heads[h0].layer) ++h1;
+    const std::size_t nh = h1 - h0;
+    std::vector<std::vector<RowMatrixXd>> qs(nh), ks(nh), vs(nh);  // [head][batch]
+    for (std::size_t h = 0; h < nh; ++h) {
+      const HeadFiles& hf = heads[h0 + h];
+      qs[h] = split_batch(read_npy(hf.q), hf.q);
+      ks[h] = split_batch(read_npy(hf.k), hf.k);
+      vs[h] = split_batch(read_npy(hf.v), hf.v);
+      if (qs[h].size() != ks[h].size() || ks[h].size() != vs[h].size())
+        throw InputError(hf.k.string(), "shape", "batch size differs between q, k and v");
+      if (qs[h].size() != qs[0].size())
+        throw InputError(hf.q.string(), "shape", "batch size differs from the other heads of layer " +
+                                                     std::to_string(hf.layer));
     }
+    const std::size_t batch = qs[0].size();
+    std::vector<std::vector<AttentionResult>> refs(nh);  // [head][batch]
+    for (std::size_t h = 0; h < nh; ++h) {
+      const double scale = 1.0 / std::sqrt(static_cast<double>(qs[h].front().cols()));
+      for (std::size_t b = 0; b < batch; ++b) refs[h].push_back(reference->attention(qs[h][b], ks[h][b], vs[h][b], scale, {}));
+    }
+    for (std::size_t m = 0; m < methods.size(); ++m) {
+      std::vector<std::vector<AttentionResult>> res(nh);  // [head][batch]
+      for (std::size_t b = 0; b < batch; ++b) {
+        std::vector<RowMatrixXd> q, k, v;
+        for (std::size_t h = 0; h < nh; ++h) q.push_back(qs[h][b]), k.push_back(ks[h][b]), v.push_back(vs[h][b]);
+        if (q.front().cols() != q.back().cols())
+          throw InputError(heads[h0].q.string(), "shape", "head dimension differs between heads of one layer");
+        const double scale = 1.0 / std::sqrt(static_cast<double>(q.front().cols()));
+        std::vector<AttentionResult> r = methods[m]->attention_heads(q, k, v, scale, {});
+        for (std::size_t h = 0; h < nh; ++h) res[h].push_back(std::move(r[h]));
+      }
+      for (std::size_t h = 0; h < nh; ++h) {
+        std::vector<double> o_all, o_ref_all, p_all, p_ref_all;
+        for (std::size_t b = 0; b < batch; ++b) {
+          const AttentionResult& r = res[h][b];
+          const AttentionResult& ref = refs[h][b];
+          o_all.insert(o_all.end(), r.o.data(), r.o.data() + r.o.size());
+          o_ref_all.insert(o_ref_all.end(), ref.o.data(), ref.o.data() + ref.o.size());
+          p_all.insert(p_all.end(), r.p.data(), r.p.data() + r.p.size());
+          p_ref_all.insert(p_ref_all.end(), ref.p.data(), ref.p.data() + ref.p.size());
+        }
+        const HeadFiles& hf = heads[h0 + h];
+        HeadResult hr{hf.layer, hf.head, specs[m], compare(o_all, o_ref_all), {}, {}};
+        if (!p_all.empty()) {
+          hr.p = compare(p_all, p_ref_all);
+          const auto cols = refs[h].front().p.cols();
+          const auto nrows = static_cast<Eigen::Index>(p_all.size()) / cols;
+          hr.kl = kl_rows(Eigen::Map<const RowMatrixXd>(p_ref_all.data(), nrows, cols),
+                          Eigen::Map<const RowMatrixXd>(p_all.data(), nrows, cols));
+        } else {
+          hr.p.cossim = hr.p.rel_l1 = hr.p.rmse = hr.kl.mean = NAN;
+        }
+        results.push_back(hr);
+      }
+    }
+    done += nh;
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (progress || elapsed > 2.0)
-      std::cerr << "qattn analyze: [" << h + 1 << "/" << heads.size() << "] layer" << hf.layer << " head" << hf.head
-                << " done (" << static_cast<int>(elapsed) << " s)\n";
+      std::cerr << "qattn analyze: [" << done << "/" << heads.size() << " heads] layer" << heads[h0].layer << " done ("
+                << static_cast<int>(elapsed) << " s)\n";
+    h0 = h1;
   }
+  // Per head, in (layer, head) order, each method in the order given.
+  std::stable_sort(results.begin(), results.end(), [](const HeadResult& a, const HeadResult& b) {
+    return std::make_pair(a.layer, a.head) < std::make_pair(b.layer, b.head);
+  });
 
   // Aggregates per method: mean of each metric over heads, and the worst head for each metric.
   Table t{{"layer", "head", "method", "O CosSim", "O rel L1", "O RMSE", "P CosSim", "P rel L1", "P RMSE", "P KL"}, {}};

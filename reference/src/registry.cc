@@ -39,6 +39,7 @@ void register_reference_methods(Registry& registry) {
   registry.add(sage2_method_entry());
   registry.add(exaq_method_entry());
   registry.add(sas_method_entry());
+  registry.add(turbo_method_entry());
 }
 
 const Registry& reference_registry() {

@@ -115,6 +115,12 @@ class Method {
   // softmax(scale * q k^T) v as this method computes it. q [L_q, d], k [L_k, d], v [L_k, d_v].
   virtual AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
                                     const AttentionMask& mask) const = 0;
+  // The heads of one layer, one attention call each (q[h], k[h], v[h]). Methods whose choices look across heads
+  // (TurboAttention's head-wise KV precision) override it; the default calls attention() per head.
+  virtual std::vector<AttentionResult> attention_heads(const std::vector<RowMatrixXd>& q,
+                                                       const std::vector<RowMatrixXd>& k,
+                                                       const std::vector<RowMatrixXd>& v, double scale,
+                                                       const AttentionMask& mask) const;
 };
 
 struct MethodEntry {

@@ -146,6 +146,16 @@ void AttentionMask::apply_to_logits(RowMatrixXd& logits) const {
     if (!v.data()[i]) logits.data()[i] = -std::numeric_limits<double>::infinity();
 }
 
+std::vector<AttentionResult> Method::attention_heads(const std::vector<RowMatrixXd>& q, const std::vector<RowMatrixXd>& k,
+                                                     const std::vector<RowMatrixXd>& v, double scale,
+                                                     const AttentionMask& mask) const {
+  if (q.size() != k.size() || k.size() != v.size()) throw std::invalid_argument("attention_heads: head counts of q, k, v differ");
+  std::vector<AttentionResult> out;
+  out.reserve(q.size());
+  for (std::size_t h = 0; h < q.size(); ++h) out.push_back(attention(q[h], k[h], v[h], scale, mask));
+  return out;
+}
+
 IntegerSoftmaxResult Method::softmax_integer(const IntegerLogits&) const {
   throw SpecError("this method has no integer-logit softmax; give it floating-point logits");
 }

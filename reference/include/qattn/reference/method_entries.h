@@ -32,5 +32,6 @@ MethodEntry intattention_method_entry();
 MethodEntry sage2_method_entry();
 MethodEntry sas_method_entry();
 MethodEntry exaq_method_entry();
+MethodEntry turbo_method_entry();
 
 }  // namespace qattn::ref

@@ -1,0 +1,59 @@
+// FlashQ, TurboAttention's quantisation of Q, K, V and of the KV cache (docs/pipelines/turbo.md). The paper has no
+// official code; every choice below is our reading of its Eq. 7-12 and is named in the doc's choice table.
+//
+//   (1) symmetric INT8 per block:  s = max|x| / 119,  q = clamp(round_half_even(x / s), -119, 119)
+//       (s = 1 for an all-zero block, so every code is 0); 119 leaves head room for the progressive step
+//   (2) progressive compression of an INT8 block to n = 4 or 2 bits, per channel c over the block's tokens:
+//       s_c = max(1, R((max_c - min_c) / (2^n - 1))),  z_c = round_half_even(-min_c / s_c)   (both integers, INT8)
+//       code = clamp(round_half_even(q / s_c) + z_c, 0, 2^n - 1)
+//       R is round-half-even (the paper's rounding bracket) or ceil (no code ever clamps)
+//   (3) back to INT8 for the integer GEMM: q^ = clamp((code - z_c) s_c, -128, 127) (saturation is counted)
+//   (4) head-wise mixed precision: priority_h = gap_h x std_h (Eq. 11), the n_h lowest-priority heads take 2 bits
+#pragma once
+
+#include <vector>
+
+#include "qattn/tensor.h"
+
+namespace qattn::ref {
+
+inline constexpr int kFlashQRange = 119;
+
+// x ~= scale * values, values in [-119, 119].
+struct FlashQBlock {
+  RowMatrixXi32 values;
+  double scale = 1;
+};
+
+// (1) on a whole block. Throws std::invalid_argument on a non-finite entry.
+FlashQBlock flashq_quantize_block(const RowMatrixXd& x);
+
+// (1) with a given scale (the decode buffer's universal scale): entries beyond +-119 s clamp; *clamped (if given)
+// receives how many did.
+RowMatrixXi32 flashq_quantize_with_scale(const RowMatrixXd& x, double scale, Eigen::Index* clamped = nullptr);
+
+enum class IntScaleRounding { round, ceil };
+
+// (2): codes [tokens, channels] in [0, 2^bits - 1], one integer scale and zero point per channel.
+struct ProgressiveBlock {
+  RowMatrixXi32 codes;
+  std::vector<int> scale, zero;
+  int bits = 4;
+};
+
+// bits must be 1..7 (the cache uses 4 and 2); q8 entries must lie in [-128, 127].
+ProgressiveBlock flashq_compress(const RowMatrixXi32& q8, int bits, IntScaleRounding rounding);
+
+// (3). *saturated (if given) receives how many entries left [-128, 127] before clamping.
+RowMatrixXi32 flashq_decompress(const ProgressiveBlock& b, Eigen::Index* saturated = nullptr);
+
+// (4), our reading of Eq. 11 (the text does not pin the statistics' axes): for each of K and V of one head,
+// gap = max - min over all entries and std = population standard deviation over all entries; the head's priority
+// is gap(K) std(K) + gap(V) std(V).
+double flashq_head_priority(const RowMatrixXd& k, const RowMatrixXd& v);
+
+// Bits per head: the n_h heads of lowest priority get low_bits, the rest high_bits; ties go to the lower head
+// index first (a stable order). n_h is clamped to [0, heads].
+std::vector<int> flashq_head_bits(const std::vector<double>& priority, int n_h, int low_bits, int high_bits);
+
+}  // namespace qattn::ref

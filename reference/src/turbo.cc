@@ -1,0 +1,227 @@
+#include "qattn/reference/turbo.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+namespace qattn::ref {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// The key side of one call as INT8 blocks: block b is rows [begin[b], begin[b + 1]) with scales k_scale[b], v_scale[b].
+// Row i of the queries reads keys j < split[i] from the "settled" matrices and j >= split[i] from the "buffer" ones
+// (decode: chunks compressed by the time the query arrives vs. the raw INT8 buffer; prefill: the same matrices).
+struct KeyBlocks {
+  std::vector<Eigen::Index> begin;
+  std::vector<double> k_scale, v_scale;
+  RowMatrixXi32 k_settled, v_settled, k_buffer, v_buffer;
+};
+
+double sas_or_exp(double y, const TurboParams& p) { return p.exact_exp ? std::exp(-y) : sas_exp(y, p.sas); }
+
+// Steps (2)-(5) for query rows [r0, r1), quantised together (q8 rows 0.., scale s_q).
+void attend_rows(const RowMatrixXi32& q8, double s_q, Eigen::Index r0, const KeyBlocks& kb,
+                 const std::vector<Eigen::Index>& split, const RowMatrixXb& visible, double scale, const TurboParams& p,
+                 AttentionResult& r) {
+  const Eigen::Index rows = q8.rows(), d = q8.cols(), dv = kb.v_settled.cols();
+  const std::size_t blocks = kb.begin.size() - 1;
+  std::vector<float> m(rows, kNegInf), l(rows, 0.0f);
+  std::vector<float> out(static_cast<std::size_t>(rows * dv), 0.0f);
+  std::vector<std::vector<float>> rescales(rows, std::vector<float>(blocks, 1.0f));
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const Eigen::Index b0 = kb.begin[b], b1 = kb.begin[b + 1], n = b1 - b0;
+    const float alpha = static_cast<float>(s_q * kb.k_scale[b] * scale);
+    // (2) logits and (3) the running max
+    std::vector<float> s(static_cast<std::size_t>(rows * n), kNegInf), pt(s.size(), 0.0f);
+    std::vector<float> m_new(m);
+    for (Eigen::Index i = 0; i < rows; ++i)
+      for (Eigen::Index j = b0; j < b1; ++j) {
+        if (!visible(r0 + i, j)) continue;
+        const RowMatrixXi32& kk = j < split[r0 + i] ? kb.k_settled : kb.k_buffer;
+        std::int64_t a = 0;
+        for (Eigen::Index t = 0; t < d; ++t) a += std::int64_t{q8(i, t)} * kk(j, t);
+        const float x = static_cast<float>(a) * alpha;
+        s[i * n + (j - b0)] = x;
+        m_new[i] = std::max(m_new[i], x);
+      }
+    // (3) P~, the rescale and the row sum; the tile maximum for (4)
+    float tile_max = 0;
+    std::vector<float> rescale(rows, 0.0f);
+    for (Eigen::Index i = 0; i < rows; ++i) {
+      if (m_new[i] == kNegInf) continue;  // nothing visible in this row yet
+      rescale[i] = m[i] == kNegInf ? 0.0f : static_cast<float>(sas_or_exp(static_cast<double>(m_new[i] - m[i]), p));
+      float sum = 0;
+      for (Eigen::Index j = 0; j < n; ++j) {
+        const float x = s[i * n + j];
+        if (x == kNegInf) continue;
+        const float e = static_cast<float>(sas_or_exp(static_cast<double>(m_new[i] - x), p));
+        pt[i * n + j] = e;
+        sum += e;
+        tile_max = std::max(tile_max, e);
+      }
+      l[i] = l[i] * rescale[i] + sum;
+      rescales[i][b] = rescale[i];
+    }
+    // (4) the tile's P~ to [0, 119]
+    const double s_p = static_cast<double>(tile_max) / kFlashQRange;  // in double
+    // (5) integer P V per row and channel, rescaled fp32 accumulation
+    for (Eigen::Index i = 0; i < rows; ++i) {
+      if (m_new[i] == kNegInf) continue;
+      std::vector<std::int32_t> p8(n, 0);
+      for (Eigen::Index j = 0; j < n; ++j) {
+        if (tile_max > 0) p8[j] = static_cast<std::int32_t>(std::clamp(std::nearbyint(pt[i * n + j] / s_p), 0.0, 119.0));
+        r.p(r0 + i, b0 + j) = p8[j] * s_p;  // the block's weight before later rescales and the division by l
+      }
+      const double pv_scale = s_p * kb.v_scale[b];
+      for (Eigen::Index c = 0; c < dv; ++c) {
+        std::int64_t acc = 0;
+        for (Eigen::Index j = 0; j < n; ++j) {
+          if (p8[j] == 0) continue;
+          const RowMatrixXi32& vv = b0 + j < split[r0 + i] ? kb.v_settled : kb.v_buffer;
+          acc += std::int64_t{p8[j]} * vv(b0 + j, c);
+        }
+        float& o = out[i * dv + c];
+        o = o * rescale[i] + static_cast<float>(static_cast<double>(acc) * pv_scale);
+      }
+      m[i] = m_new[i];
+    }
+  }
+  for (Eigen::Index i = 0; i < rows; ++i) {
+    if (l[i] == 0) {  // fully masked row: O = 0, P = 0
+      r.p.row(r0 + i).setZero();
+      continue;
+    }
+    for (Eigen::Index c = 0; c < dv; ++c) r.o(r0 + i, c) = out[i * dv + c] / l[i];
+    // effective probabilities: each block's weight times the rescales applied after it, over l
+    double later = 1.0;
+    for (std::size_t b = blocks; b-- > 0;) {
+      for (Eigen::Index j = kb.begin[b]; j < kb.begin[b + 1]; ++j) r.p(r0 + i, j) *= later / l[i];
+      later *= rescales[i][b];
+    }
+  }
+}
+
+// INT8 blocks of B_c rows of x over [0, n) (prefill), each with its own scale.
+void prefill_blocks(const RowMatrixXd& x, Eigen::Index n, Eigen::Index bc, RowMatrixXi32& q8, std::vector<double>& scales) {
+  for (Eigen::Index b0 = 0; b0 < n; b0 += bc) {
+    const Eigen::Index m = std::min(bc, n - b0);
+    const FlashQBlock blk = flashq_quantize_block(x.middleRows(b0, m));
+    q8.middleRows(b0, m) = blk.values;
+    scales.push_back(blk.scale);
+  }
+}
+
+// Compresses and dequantises rows [b0, b0 + m) of q8 in place (bits < 8), counting saturations.
+void compress_rows(RowMatrixXi32& q8, Eigen::Index b0, Eigen::Index m, const TurboParams& p, int bits, TurboStats& st) {
+  if (bits >= 8) return;
+  Eigen::Index sat = 0;
+  q8.middleRows(b0, m) = flashq_decompress(flashq_compress(q8.middleRows(b0, m), bits, p.int_scale), &sat);
+  st.dequant_saturated += sat;
+}
+
+void check_params(const TurboParams& p, int kv_bits) {
+  if (p.block_r < 1 || p.block_c < 1 || p.buffer < 1) throw std::invalid_argument("turbo: block sizes must be >= 1");
+  if (kv_bits != 8 && kv_bits != 4 && kv_bits != 2)
+    throw std::invalid_argument("turbo: kv bits must be 8, 4 or 2, got " + std::to_string(kv_bits));
+}
+
+}  // namespace
+
+Eigen::Index turbo_prefill_len(const TurboParams& p, Eigen::Index lk) {
+  if (p.prefill_len >= 0) return std::min(p.prefill_len, lk);
+  return std::min(lk, p.block_c * std::max<Eigen::Index>(1, lk / (2 * p.block_c)));
+}
+
+AttentionResult turbo_attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+                                const AttentionMask& mask, const TurboParams& p, int kv_bits, TurboStats* stats) {
+  check_params(p, kv_bits);
+  if (q.cols() != k.cols() || k.rows() != v.rows()) throw std::invalid_argument("turbo: shapes of q, k, v do not fit");
+  const Eigen::Index lq = q.rows(), lk = k.rows(), d = q.cols(), dv = v.cols();
+  AttentionResult r;
+  r.o = RowMatrixXd::Zero(lq, dv);
+  r.p = RowMatrixXd::Zero(lq, lk);
+  if (lq == 0 || lk == 0) return r;
+  const RowMatrixXb visible = mask.empty() ? RowMatrixXb::Constant(lq, lk, true) : mask.visible(lq, lk);
+  TurboStats st;
+  KeyBlocks kb;
+  kb.k_settled.resize(lk, d);
+  kb.v_settled.resize(lk, dv);
+  std::vector<Eigen::Index> split(lq, lk);
+  if (p.mode == TurboMode::prefill) {
+    // (1): key blocks of B_c, INT8 each; the cache compression does not enter the prefill attention
+    prefill_blocks(k, lk, p.block_c, kb.k_settled, kb.k_scale);
+    prefill_blocks(v, lk, p.block_c, kb.v_settled, kb.v_scale);
+    for (Eigen::Index b0 = 0; b0 < lk; b0 += p.block_c) kb.begin.push_back(b0);
+    kb.begin.push_back(lk);
+    kb.k_buffer = kb.k_settled;
+    kb.v_buffer = kb.v_settled;
+    for (Eigen::Index r0 = 0; r0 < lq; r0 += p.block_r) {
+      const Eigen::Index n = std::min(p.block_r, lq - r0);
+      const FlashQBlock qb = flashq_quantize_block(q.middleRows(r0, n));
+      attend_rows(qb.values, qb.scale, r0, kb, split, visible, scale, p, r);
+    }
+  } else {
+    const Eigen::Index pl = turbo_prefill_len(p, lk);
+    if (pl < 1) throw std::invalid_argument("turbo decode: prefill-len must be >= 1 (the buffer's universal scale comes from it)");
+    // (6) prefill blocks, INT8 then compressed
+    prefill_blocks(k, pl, p.block_c, kb.k_settled, kb.k_scale);
+    prefill_blocks(v, pl, p.block_c, kb.v_settled, kb.v_scale);
+    for (Eigen::Index b0 = 0; b0 < pl; b0 += p.block_c) {
+      kb.begin.push_back(b0);
+      compress_rows(kb.k_settled, b0, std::min(p.block_c, pl - b0), p, kv_bits, st);
+      compress_rows(kb.v_settled, b0, std::min(p.block_c, pl - b0), p, kv_bits, st);
+    }
+    // (7) the buffer under the universal scales; completed chunks compressed in the settled copy
+    const double su_k = *std::max_element(kb.k_scale.begin(), kb.k_scale.end());
+    const double su_v = *std::max_element(kb.v_scale.begin(), kb.v_scale.end());
+    const Eigen::Index nb = lk - pl;
+    Eigen::Index clamped_k = 0, clamped_v = 0;
+    kb.k_buffer = kb.k_settled;
+    kb.v_buffer = kb.v_settled;
+    kb.k_buffer.bottomRows(nb) = flashq_quantize_with_scale(k.bottomRows(nb), su_k, &clamped_k);
+    kb.v_buffer.bottomRows(nb) = flashq_quantize_with_scale(v.bottomRows(nb), su_v, &clamped_v);
+    st.buffer_clamped += clamped_k + clamped_v;
+    kb.k_settled.bottomRows(nb) = kb.k_buffer.bottomRows(nb);
+    kb.v_settled.bottomRows(nb) = kb.v_buffer.bottomRows(nb);
+    for (Eigen::Index c0 = pl; c0 < lk; c0 += p.buffer) {
+      kb.begin.push_back(c0);
+      kb.k_scale.push_back(su_k);
+      kb.v_scale.push_back(su_v);
+      if (c0 + p.buffer > lk) continue;  // the trailing partial chunk is never compressed
+      compress_rows(kb.k_settled, c0, p.buffer, p, kv_bits, st);
+      compress_rows(kb.v_settled, c0, p.buffer, p, kv_bits, st);
+    }
+    kb.begin.push_back(lk);
+    // (8) one decode step per query row
+    for (Eigen::Index i = 0; i < lq; ++i) {
+      Eigen::Index seen = 0;
+      for (Eigen::Index j = lk; j-- > 0;)
+        if (visible(i, j)) {
+          seen = j + 1;
+          break;
+        }
+      split[i] = seen <= pl ? pl : pl + p.buffer * ((seen - pl) / p.buffer);
+      const FlashQBlock qb = flashq_quantize_block(q.row(i));
+      attend_rows(qb.values, qb.scale, i, kb, split, visible, scale, p, r);
+    }
+  }
+  if (stats) *stats = st;
+  return r;
+}
+
+std::vector<AttentionResult> turbo_attention_heads(const std::vector<RowMatrixXd>& q, const std::vector<RowMatrixXd>& k,
+                                                   const std::vector<RowMatrixXd>& v, double scale,
+                                                   const AttentionMask& mask, const TurboParams& p) {
+  if (q.size() != k.size() || k.size() != v.size()) throw std::invalid_argument("turbo: head counts of q, k, v differ");
+  std::vector<double> priority;
+  for (std::size_t h = 0; h < k.size(); ++h) priority.push_back(flashq_head_priority(k[h], v[h]));
+  const std::vector<int> bits = flashq_head_bits(priority, p.heads_2bit, 2, p.kv_bits);
+  std::vector<AttentionResult> out;
+  for (std::size_t h = 0; h < q.size(); ++h) out.push_back(turbo_attention(q[h], k[h], v[h], scale, mask, p, bits[h]));
+  return out;
+}
+
+}  // namespace qattn::ref

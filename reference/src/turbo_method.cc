@@ -1,0 +1,80 @@
+// The "turbo" method: TurboAttention (FlashQ + SAS) in the registry.
+#include "qattn/error.h"
+#include "qattn/reference/method_entries.h"
+#include "qattn/reference/turbo.h"
+
+namespace qattn::ref {
+namespace {
+
+class TurboMethod final : public Method {
+ public:
+  explicit TurboMethod(TurboParams p) : p_(p) {}
+  RowMatrixXd softmax_rows(const RowMatrixXd&) const override {
+    throw SpecError("turbo is an attention pipeline; its softmax alone is the method 'sas'");
+  }
+  AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+                            const AttentionMask& mask) const override {
+    return turbo_attention(q, k, v, scale, mask, p_, p_.kv_bits);
+  }
+  std::vector<AttentionResult> attention_heads(const std::vector<RowMatrixXd>& q, const std::vector<RowMatrixXd>& k,
+                                               const std::vector<RowMatrixXd>& v, double scale,
+                                               const AttentionMask& mask) const override {
+    return turbo_attention_heads(q, k, v, scale, mask, p_);
+  }
+
+ private:
+  TurboParams p_;
+};
+
+}  // namespace
+
+MethodEntry turbo_method_entry() {
+  MethodEntry e;
+  e.name = "turbo";
+  e.summary = "TurboAttention: FlashQ per-block INT8 (/119) Q, K, V and P~, SAS online softmax, INT4/INT2 KV cache";
+  e.params = {
+      {"br", ParamType::integer, "64", "query block rows B_r (prefill)", {}, 1, 1 << 20},
+      {"bc", ParamType::integer, "64", "key/value block rows B_c", {}, 1, 1 << 20},
+      {"nr", ParamType::real, "-6", "SAS sparsity threshold n_r < 0", {}, -64, -1e-3},
+      {"poly", ParamType::choice, "paper", "SAS cubic: paper (Eq. 15) or lsq (least-squares refit)", {"paper", "lsq"}},
+      {"half", ParamType::boolean, "false", "SAS in emulated binary16 (LUT, POLY, product)"},
+      {"exp", ParamType::choice, "sas", "exponential of P~ and of the rescale: sas, or exact e^x (FlashQ error alone)",
+       {"sas", "exact"}},
+      {"mode", ParamType::choice, "prefill", "prefill (Algorithm 1) or decode (Algorithm 2: each query a decode step)",
+       {"prefill", "decode"}},
+      {"kv", ParamType::integer, "4", "decode KV cache bits: 8 (INT8 kept), 4 or 2", {}, 2, 8},
+      {"nh", ParamType::integer, "0", "heads of a layer whose KV cache takes 2 bits (lowest priority gap x std)", {}, 0, 1 << 20},
+      {"nb", ParamType::integer, "64", "decode buffer n_b: tokens kept in INT8 before compression", {}, 1, 1 << 20},
+      {"prefill-len", ParamType::integer, "-1", "decode: keys that came through prefill; -1 = min(L, B_c max(1, L / 2B_c))",
+       {}, -1, 1e15},
+      {"zscale", ParamType::choice, "round", "integer scale of the INT4/INT2 step: round (Eq. 9 as printed) or ceil",
+       {"round", "ceil"}},
+  };
+  e.presets = {
+      {"paper", {{"half", "true"}, {"poly", "paper"}, {"nr", "-6"}, {"exp", "sas"}},
+       "SAS in binary16 as the paper runs it; B_r = B_c = 64 (no official code exists)"},
+      {"decode", {{"half", "true"}, {"mode", "decode"}, {"kv", "4"}},
+       "Algorithm 2: INT4 cache, n_b = 64 INT8 buffer, SAS in binary16"},
+  };
+  e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
+    TurboParams p;
+    p.block_r = m.integer("br");
+    p.block_c = m.integer("bc");
+    p.sas.n_r = m.real("nr");
+    p.sas.poly = m.choice("poly") == "paper" ? kSasPaperPoly : sas_lsq_poly();
+    p.sas.half = m.boolean("half");
+    p.exact_exp = m.choice("exp") == "exact";
+    p.mode = m.choice("mode") == "decode" ? TurboMode::decode : TurboMode::prefill;
+    p.kv_bits = static_cast<int>(m.integer("kv"));
+    if (p.kv_bits != 8 && p.kv_bits != 4 && p.kv_bits != 2) throw SpecError("method 'turbo': kv must be 8, 4 or 2");
+    p.heads_2bit = static_cast<int>(m.integer("nh"));
+    p.buffer = m.integer("nb");
+    p.prefill_len = m.integer("prefill-len");
+    if (p.prefill_len == 0) throw SpecError("method 'turbo': prefill-len must be >= 1 or -1 (auto)");
+    p.int_scale = m.choice("zscale") == "ceil" ? IntScaleRounding::ceil : IntScaleRounding::round;
+    return std::make_unique<TurboMethod>(p);
+  };
+  return e;
+}
+
+}  // namespace qattn::ref
