@@ -134,6 +134,28 @@ assert p.dtype == np.float64 and p.shape == x.shape, (p.dtype, p.shape)
 assert np.max(np.abs(p - ref)) < 1e-15, np.max(np.abs(p - ref))
 PY
   then pass=$((pass + 1)); else echo "FAIL: numpy cross-check"; fail=$((fail + 1)); fi
+  # [B, H, L, d] hands a layer's heads over together: turbo's nh=2 gives exactly 2 of the 4 heads of every batch
+  # entry the INT2 cache (their O equals kv=2's), the other 2 the INT4 one.
+  /usr/bin/python3 - "$sample" "$tmp" <<'PY'
+import sys, numpy as np
+src, out = sys.argv[1], sys.argv[2]
+for t in "qkv":
+    np.save(f"{out}/l0_{t}.npy", np.stack([np.load(f"{src}/layer0_head{h}_{t}.npy") for h in range(4)], axis=1))
+PY
+  for spec in "turbo@decode:nh=2" "turbo@decode:kv=2" "turbo@decode"; do
+    q attention --q "$tmp/l0_q.npy" --k "$tmp/l0_k.npy" --v "$tmp/l0_v.npy" --method "$spec" --out "$tmp/o_${spec//[^a-z0-9]/_}.npy"
+  done
+  if /usr/bin/python3 - "$tmp" <<'PY'
+import sys, numpy as np
+t = sys.argv[1]
+mixed, two, four = (np.load(f"{t}/o_{n}.npy") for n in ("turbo_decode_nh_2", "turbo_decode_kv_2", "turbo_decode"))
+assert mixed.shape == (2, 4, 128, 64), mixed.shape
+for b in range(2):
+    low = [h for h in range(4) if np.array_equal(mixed[b, h], two[b, h])]
+    high = [h for h in range(4) if np.array_equal(mixed[b, h], four[b, h])]
+    assert len(low) == 2 and len(high) == 2 and not set(low) & set(high), (b, low, high)
+PY
+  then pass=$((pass + 1)); else echo "FAIL: turbo head-wise precision through attention [B, H, L, d]"; fail=$((fail + 1)); fi
 else
   echo "note: numpy cross-check skipped (emulated run or no /usr/bin/python3 numpy)"
 fi
