@@ -24,15 +24,16 @@ class QuantOnlyMethod final : public PipelineMethod {
 
 class IntAttentionMethod final : public PipelineMethod {
  public:
-  IntAttentionMethod(IndexSoftmaxParams p, CintEvaluation e) : p_(p), eval_(e) {}
+  IntAttentionMethod(IndexSoftmaxParams p, CintEvaluation e, IntAttentionGroups g) : p_(p), eval_(e), groups_(g) {}
   AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
                             const AttentionMask& mask) const override {
-    return int_attention(q, k, v, scale, mask, p_, eval_);
+    return int_attention(q, k, v, scale, mask, p_, eval_, groups_);
   }
 
  private:
   IndexSoftmaxParams p_;
   CintEvaluation eval_;
+  IntAttentionGroups groups_;
 };
 
 }  // namespace
@@ -53,12 +54,19 @@ MethodEntry intattention_method_entry() {
   e.params.push_back({"cint-eval", ParamType::choice, "f64",
                       "c_int evaluated as c/(sQ sK scale) in double, or ((c/sQ)/sK)/scale in float32 (upstream sim)",
                       {"f64", "f32"}});
+  e.params.push_back({"q-group", ParamType::integer, "0",
+                      "Q scale per group of this many query rows, each with its own c_int (1 = per token, 0 = per tensor)",
+                      {}, 0, 1e15});
+  e.params.push_back({"v-group", ParamType::choice, "tensor", "V scale per tensor or per channel", {"tensor", "channel"}});
   e.presets = index_softmax_presets();
   for (PresetInfo& p : e.presets)
     if (p.name == "upstream-sim") p.values["cint-eval"] = "f32";
   e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
+    IntAttentionGroups g;
+    g.q_rows = m.integer("q-group");
+    g.v_per_channel = m.choice("v-group") == "channel";
     return std::make_unique<IntAttentionMethod>(
-        index_softmax_params(m), m.choice("cint-eval") == "f32" ? CintEvaluation::f32_upstream : CintEvaluation::f64);
+        index_softmax_params(m), m.choice("cint-eval") == "f32" ? CintEvaluation::f32_upstream : CintEvaluation::f64, g);
   };
   return e;
 }

@@ -91,24 +91,43 @@ AttentionResult quant_only_attention(const RowMatrixXd& q, const RowMatrixXd& k,
 }
 
 AttentionResult int_attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
-                              const AttentionMask& mask, const IndexSoftmaxParams& params, CintEvaluation cint_eval) {
+                              const AttentionMask& mask, const IndexSoftmaxParams& params, CintEvaluation cint_eval,
+                              const IntAttentionGroups& groups) {
   check_shapes(q, k, v);
-  const Int8Matrix qi = quantize_symmetric_int8(q), ki = quantize_symmetric_int8(k), vi = quantize_symmetric_int8(v);
-  const RowMatrixXi32 a = int_matmul_abt(qi.values, ki.values);
-  std::int64_t c_int;
-  if (cint_eval == CintEvaluation::f64) {
-    c_int = cint_from_alpha(params.c, qi.scale * ki.scale * scale, params.cint_rounding);
-  } else {
-    const float x = ((static_cast<float>(params.c) / static_cast<float>(qi.scale)) / static_cast<float>(ki.scale)) /
-                    static_cast<float>(scale);
-    c_int = cint_from_alpha(static_cast<double>(x), 1.0, params.cint_rounding);
-  }
+  if (groups.q_rows < 0) throw std::invalid_argument("int_attention: q_rows must be >= 0");
+  const Int8Matrix ki = quantize_symmetric_int8(k);
+  const RowMatrixXb visible = mask.empty() ? RowMatrixXb() : mask.visible(q.rows(), k.rows());
   AttentionResult r;
-  r.p_int = index_softmax(a, c_int, params, mask.empty() ? RowMatrixXb() : mask.visible(a.rows(), a.cols()));
+  r.p_int.resize(q.rows(), k.rows());
   r.p_scale = params.p_scale();
   r.p_dtype = params.p_format == PFormat::u8 ? DType::u8 : DType::i8;
+  const Eigen::Index rows = groups.q_rows == 0 ? std::max<Eigen::Index>(q.rows(), 1) : groups.q_rows;
+  for (Eigen::Index r0 = 0; r0 < q.rows(); r0 += rows) {  // one Q scale, one c_int per group of query rows
+    const Eigen::Index n = std::min(rows, q.rows() - r0);
+    const Int8Matrix qi = quantize_symmetric_int8(q.middleRows(r0, n));
+    const RowMatrixXi32 a = int_matmul_abt(qi.values, ki.values);
+    std::int64_t c_int;
+    if (cint_eval == CintEvaluation::f64) {
+      c_int = cint_from_alpha(params.c, qi.scale * ki.scale * scale, params.cint_rounding);
+    } else {
+      const float x = ((static_cast<float>(params.c) / static_cast<float>(qi.scale)) / static_cast<float>(ki.scale)) /
+                      static_cast<float>(scale);
+      c_int = cint_from_alpha(static_cast<double>(x), 1.0, params.cint_rounding);
+    }
+    r.p_int.middleRows(r0, n) =
+        index_softmax(a, c_int, params, visible.size() ? RowMatrixXb(visible.middleRows(r0, n)) : RowMatrixXb());
+  }
   r.p = r.p_int.cast<double>() / r.p_scale;
-  r.o = dequantize_output(int_matmul_ab(r.p_int, vi.values), vi.scale, r.p_scale);
+  if (!groups.v_per_channel) {
+    const Int8Matrix vi = quantize_symmetric_int8(v);
+    r.o = dequantize_output(int_matmul_ab(r.p_int, vi.values), vi.scale, r.p_scale);
+    return r;
+  }
+  r.o.resize(q.rows(), v.cols());
+  for (Eigen::Index c = 0; c < v.cols(); ++c) {
+    const Int8Matrix vc = quantize_symmetric_int8(v.col(c));
+    r.o.col(c) = dequantize_output(int_matmul_ab(r.p_int, vc.values), vc.scale, r.p_scale);
+  }
   return r;
 }
 

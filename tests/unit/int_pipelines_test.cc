@@ -9,6 +9,7 @@
 #include "support/random_matrix.h"
 #include "qattn/reference/float_attention.h"
 #include "qattn/reference/int_pipelines.h"
+#include "qattn/reference/method_entries.h"
 #include "qattn/reference/registry.h"
 #include "qattn/reference/softmax.h"
 
@@ -174,4 +175,30 @@ TEST_CASE("scaling V by a power of two scales the fp32 output exactly", "[pipeli
   CHECK(float_attention(q, k, (v * 8.0).eval(), 0.25, FloatPrecision::fp32).o == o * 8.0);
   CHECK(float_attention(q, k, (v * 0.5).eval(), 0.25, FloatPrecision::fp64).o == o.cast<double>() * 0.0 +
         float_attention(q, k, v, 0.25, FloatPrecision::fp64).o * 0.5);
+}
+
+TEST_CASE("group-wise intattention: per-token Q is one call per query row, per-channel V one call per column", "[pipelines]") {
+  std::mt19937_64 g(7);
+  RowMatrixXd q = random_matrix(9, 16, 1.0, g), k = random_matrix(21, 16, 1.0, g), v = random_matrix(21, 5, 1.0, g);
+  q.row(2) *= 20;  // one loud query: per tensor it would flatten every other row's logits
+  v.col(1) *= 30;  // one loud channel
+  const IndexSoftmaxParams p = index_softmax_params(reference_registry().resolve(parse_method_spec("index@upstream-neon")));
+  AttentionMask causal;
+  causal.causal = true;
+  const AttentionResult r = int_attention(q, k, v, 0.25, causal, p, CintEvaluation::f64, {1, true});
+  for (Eigen::Index i = 0; i < 9; ++i) {
+    AttentionMask row_mask;
+    row_mask.valid = causal.visible(9, 21).row(i);
+    CHECK(r.p_int.row(i) == int_attention(q.row(i), k, v, 0.25, row_mask, p, CintEvaluation::f64).p_int.row(0));
+  }
+  for (Eigen::Index c = 0; c < 5; ++c)
+    CHECK(r.o.col(c) == int_attention(q, k, v.col(c), 0.25, causal, p, CintEvaluation::f64, {1, false}).o.col(0));
+  // blocks of 4 rows: rows 0-3 share one scale (the loud row 2 included), rows 4-7 another
+  const AttentionResult b4 = int_attention(q, k, v, 0.25, {}, p, CintEvaluation::f64, {4, false});
+  CHECK(b4.p_int.middleRows(4, 4) == int_attention(q.middleRows(4, 4), k, v, 0.25, {}, p, CintEvaluation::f64).p_int);
+  CHECK(b4.p_int.topRows(4) != r.p_int.topRows(4));
+  // the per-tensor default is unchanged by the new parameters
+  CHECK(reference_registry().create("intattention:q-group=0,v-group=tensor")->attention(q, k, v, 0.25, {}).o ==
+        int_attention(q, k, v, 0.25, {}, index_softmax_params(reference_registry().resolve(parse_method_spec("index"))),
+                      CintEvaluation::f64).o);
 }

@@ -31,9 +31,17 @@ AttentionResult quant_only_attention(const RowMatrixXd& q, const RowMatrixXd& k,
 // ((c / sQ) / sK) / scale in float32, before the CintRounding rule.
 enum class CintEvaluation { f64, f32_upstream };
 
-// IntAttention: INT8 Q, K, V; INT32 A = Q K^T; c_int from alpha = sQ sK scale; IndexSoftmax of A with the mask;
-// INT32 P V; O = fl32(P V * sV / s_P).
+// Scale groups of the group-wise IntAttention variant. K keeps one scale per call: the integer logits of one row
+// must share one alpha for IndexSoftmax's integer max and clip (a per-key-group c_int is Eq. 16-18, not modelled).
+struct IntAttentionGroups {
+  Eigen::Index q_rows = 0;      // Q scale per block of this many query rows (1 = per token); 0 = per tensor
+  bool v_per_channel = false;   // V scale per channel (column) instead of per tensor
+};
+
+// IntAttention: INT8 Q, K, V; INT32 A = Q K^T; c_int from alpha = sQ sK scale (per Q group); IndexSoftmax of A with
+// the mask; INT32 P V; O = fl32(P V * sV / s_P) (sV of the channel's group).
 AttentionResult int_attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
-                              const AttentionMask& mask, const IndexSoftmaxParams& params, CintEvaluation cint_eval);
+                              const AttentionMask& mask, const IndexSoftmaxParams& params, CintEvaluation cint_eval,
+                              const IntAttentionGroups& groups = {});
 
 }  // namespace qattn::ref
