@@ -8,34 +8,6 @@
 
 namespace qattn::ref {
 
-std::string_view to_string(CintRounding r) {
-  switch (r) {
-    case CintRounding::round: return "round";
-    case CintRounding::trunc: return "trunc";
-    case CintRounding::floor: return "floor";
-  }
-  return "?";
-}
-std::string_view to_string(LutRounding r) { return r == LutRounding::floor ? "floor" : "round"; }
-std::string_view to_string(IndexRule r) {
-  switch (r) {
-    case IndexRule::floor: return "floor";
-    case IndexRule::round: return "round";
-    case IndexRule::floor_f32: return "floor-f32";
-    case IndexRule::q26_round: return "q26-round";
-    case IndexRule::q26_floor: return "q26-floor";
-  }
-  return "?";
-}
-std::string_view to_string(Normalization r) {
-  switch (r) {
-    case Normalization::floor: return "floor";
-    case Normalization::f32_rne: return "f32-rne";
-    case Normalization::q8_reciprocal: return "q8-reciprocal";
-  }
-  return "?";
-}
-
 std::vector<std::uint8_t> index_lut(int bits, double c, LutRounding rounding) {
   if (bits < 1 || bits > 8) throw std::invalid_argument("index_lut: bits must be in 1..8, got " + std::to_string(bits));
   if (!(c > 0) || !std::isfinite(c)) throw std::invalid_argument("index_lut: c must be finite and > 0");
@@ -48,20 +20,6 @@ std::vector<std::uint8_t> index_lut(int bits, double c, LutRounding rounding) {
   lut[0] = 255;
   lut[last] = 0;
   return lut;
-}
-
-std::int64_t cint_from_alpha(double c, double alpha, CintRounding rounding) {
-  if (!(c > 0) || !std::isfinite(c)) throw std::invalid_argument("c_int: c must be finite and > 0");
-  if (!(alpha > 0) || !std::isfinite(alpha)) throw std::invalid_argument("c_int: alpha must be finite and > 0");
-  const double x = c / alpha;  // may be +inf for tiny alpha: saturates below
-  double r = 0;
-  switch (rounding) {
-    case CintRounding::round: r = std::round(x); break;
-    case CintRounding::trunc: r = std::trunc(x); break;
-    case CintRounding::floor: r = std::floor(x); break;
-  }
-  if (!(r < static_cast<double>(kCintMax))) return kCintMax;
-  return std::max<std::int64_t>(1, static_cast<std::int64_t>(r));
 }
 
 std::int64_t cint_from_scales(double c, double s_q, double s_k, std::int64_t d, CintRounding rounding) {

@@ -10,10 +10,11 @@
 #include <cstdio>
 
 #include "qattn/reference/index_softmax.h"
-#include "qattn/reference/reciprocal_division.h"
+#include "qattn/reciprocal_division.h"
 #include "support/test_scale.h"
 
 using namespace qattn::ref;
+using qattn::FloorDivider16;
 using Exact = boost::multiprecision::cpp_bin_float_50;
 
 TEST_CASE("certify: every IndexSoftmax LUT entry against 50-digit exp", "[index][certify]") {

@@ -20,71 +20,26 @@
 #include <string_view>
 #include <vector>
 
+#include "qattn/index_softmax_params.h"
 #include "qattn/tensor.h"
 
 namespace qattn::ref {
 
-// Rounding of c / α to the integer clip threshold.
-enum class CintRounding {
-  round,  // Eq. 8: nearest, ties away from zero (C lround); c / α > 0, so ties go up
-  trunc,  // upstream simulation: int(c * sqrt(d) / (sQ * sK)), truncation toward zero
-  floor,  // floor; equal to trunc for the positive values that occur
-};
-
-// Rounding of the table entries 255 exp(-c i / (T-1)).
-enum class LutRounding {
-  floor,  // Eq. 13
-  round,  // upstream: nearest. A tie would need 255 exp(-x) = k + 1/2 exactly, impossible for x > 0 since exp(-x)
-          // is transcendental for rational x != 0; so the tie rule never matters.
-};
-
-// Mapping of the clipped distance Δ' in [0, c_int] to a table index.
-enum class IndexRule {
-  floor,           // Eq. 11: floor(Δ' (T-1) / c_int), exact integer division
-  round,           // floor((2 Δ' (T-1) + c_int) / (2 c_int)): nearest, ties up, exact
-  floor_f32,       // upstream simulation: trunc(fl32(fl32(Δ' (T-1)) / fl32(c_int))), float32 division
-  q26_round,       // upstream NEON vector path: m = floor((T-1) 2^26 / c_int + 1/2); (Δ' m + 2^25) >> 26
-  q26_floor,       // upstream NEON scalar tail: (Δ' m) >> 26
-};
-
-// Integer normalisation of E to P with P scale s_P.
-enum class Normalization {
-  floor,          // Eq. 15: floor(s_P E / S), exact integer
-  f32_rne,        // upstream simulation: round-half-even(fl32(fl32(s_P E) / fl32(S)))
-  q8_reciprocal,  // upstream NEON vector path, UINT8 P only: if S == s_P, P = E; else ns = floor(256 s_P / S + 1/2) (exact),
-                  // P = (E ns + 128) >> 8. ns is kept in 32 bits, S in 64: the upstream uint8/uint16 wraps are
-                  // not reproduced. ns = 0 once S > 512 s_P, and then every P is 0 (as upstream).
-};
-
-enum class PFormat { u8, s8 };
-
-struct IndexSoftmaxParams {
-  int bits = 5;      // b in 1..8: table of T = 2^b entries
-  double c = 6.6;    // clip in logit units (c > 0)
-  CintRounding cint_rounding = CintRounding::round;
-  LutRounding lut_rounding = LutRounding::floor;
-  IndexRule index_rule = IndexRule::floor;
-  Normalization normalization = Normalization::floor;
-  PFormat p_format = PFormat::u8;
-  int p_scale() const { return p_format == PFormat::u8 ? 255 : 127; }
-};
-
-// The largest c_int ever used: Δ' (T-1) <= 2^30 * 255 < 2^38 and Δ' m stay far inside int64.
-inline constexpr std::int64_t kCintMax = std::int64_t{1} << 30;
-
-std::string_view to_string(CintRounding r);
-std::string_view to_string(LutRounding r);
-std::string_view to_string(IndexRule r);
-std::string_view to_string(Normalization r);
+using qattn::CintRounding;
+using qattn::IndexRule;
+using qattn::IndexSoftmaxParams;
+using qattn::kCintMax;
+using qattn::LutRounding;
+using qattn::Normalization;
+using qattn::PFormat;
+using qattn::cint_from_alpha;
+using qattn::to_string;
 
 // LUT[i] for i in [0, 2^bits): lut_rounding(255 exp(-c i / (2^bits - 1))) in double arithmetic (certified against
 // 50-digit exp by tests/exact/index_lut_certification_test.cc), then LUT[0] = 255 and LUT[last] = 0.
 // For bits = 1 the table is {255, 0}.
 std::vector<std::uint8_t> index_lut(int bits, double c, LutRounding rounding);
 
-// c_int = rounding(c / alpha), saturated to [1, kCintMax]. Throws std::invalid_argument unless c > 0 and alpha > 0
-// are finite.
-std::int64_t cint_from_alpha(double c, double alpha, CintRounding rounding);
 // alpha = sQ sK / sqrt(d), evaluated as c * sqrt(d) / (sQ * sK) in double (the upstream expression).
 std::int64_t cint_from_scales(double c, double s_q, double s_k, std::int64_t d, CintRounding rounding);
 

@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <stdexcept>
 
-namespace qattn::ref {
+namespace qattn {
 
 struct FloorDivider16 {
   std::uint64_t multiplier = 0;
@@ -35,4 +35,4 @@ struct FloorDivider16 {
   }
 };
 
-}  // namespace qattn::ref
+}  // namespace qattn

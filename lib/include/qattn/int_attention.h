@@ -1,0 +1,68 @@
+// The fast IntAttention pipeline (docs/kernels.md): a fused row-block dataflow, INT8 in, float32 out, with no
+// dequantise -> softmax -> requantise detour. Per block of B_r query rows:
+//   (1) S = Q_blk K^T                  s8 x s8 -> s32, exact (|S| <= 127^2 d)
+//   (2) P = IndexSoftmax(S) per row    u8 (x255) or s8-format (x127) P, every IndexSoftmaxParams choice
+//   (3) O_blk = P V                    u8 x s8 -> s32, exact (|O| <= 127 sum_j P_j, far inside int32)
+//   (4) O = fl32(O_int * s_V / s_P)    the product and quotient in double, one rounding to float32
+// Memory is O(B_r L_k) per thread. Rows are independent, so every thread count gives the same bits. Every ISA
+// variant is bit-exact to the scalar spec, and the scalar spec to the reference model (reference/int_pipelines.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "qattn/index_softmax_params.h"
+#include "qattn/tensor.h"
+
+namespace qattn {
+
+// Instruction-set variants of the kernels. Only those the build and the CPU have can run.
+enum class Isa { scalar, avx2, avx512vnni, neon_dotprod, neon_i8mm };
+
+std::string_view isa_name(Isa isa);
+// Parses "scalar", "avx2", "avx512", "avx512vnni", "neon-dotprod", "neon-i8mm"; throws std::invalid_argument.
+Isa parse_isa(std::string_view name);
+// Compiled into this build and supported by this CPU (cpuid on x86, getauxval(AT_HWCAP) on Arm).
+bool isa_available(Isa isa);
+// Every available variant, scalar first.
+std::vector<Isa> available_isas();
+// The variant calls use by default: QATTN_ISA if set (std::runtime_error naming the variable if the CPU or build
+// lacks it, or the name is unknown), else the best available.
+Isa default_isa();
+
+// An INT8 matrix [rows, cols] row-major with its scale: x ~= scale * values.
+struct Int8View {
+  const std::int8_t* values = nullptr;
+  Eigen::Index rows = 0, cols = 0;
+  double scale = 1;
+};
+
+struct IntAttentionConfig {
+  IndexSoftmaxParams softmax;
+  std::int64_t c_int = 0;     // 0: c_int = cint_from_alpha(c, sQ sK scale, cint_rounding), in double
+  Eigen::Index block_rows = 64;
+  int threads = 1;
+  Isa isa = Isa::scalar;      // use default_isa() to pick the best
+  bool causal = false;        // bottom-right aligned: query i sees keys j <= i + L_k - L_q
+  const bool* valid = nullptr;  // optional padding mask [L_q, L_k] row-major (true = visible), combined with causal
+};
+
+// Names of the kernels a call with this ISA runs, for reports ("qk_s8s8_s32__avx512vnni_4x32", ...).
+struct IntAttentionKernels {
+  std::string qk, softmax, pv;
+};
+IntAttentionKernels int_attention_kernels(Isa isa);
+
+// O [L_q, d_v] row-major float32. Throws std::invalid_argument on shapes that do not fit, an ISA that is not
+// available, or parameters outside their documented ranges.
+void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v, double scale,
+                         const IntAttentionConfig& config, float* o);
+
+// The float entry point: per-tensor symmetric INT8 of Q, K and V (s = max|x| / 127, 1 for an all-zero tensor,
+// round half to even, clamp +-127), then int_attention_fused. Returns O [L_q, d_v].
+RowMatrixXd int_attention_fused(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+                                const IntAttentionConfig& config);
+
+}  // namespace qattn

@@ -1,0 +1,69 @@
+// Kernel families of the fused IntAttention pipeline (qattn::kernels: the building blocks under int_attention.h). docs/kernels.md describes the packed layouts and
+// the overflow bounds; every variant of a family computes the same integers as its scalar spec.
+//
+// Both GEMMs have one shape, C[i][n] = sum_k A[i][k] B[k][n], with B packed in groups of 4 along k:
+//   B_packed[(k / 4) * N * 4 + n * 4 + k % 4],   N a multiple of 16, K a multiple of 4, zero padding
+// and A row-major [rows, K]. B_sum[n] = sum_k B[k][n] serves the +-128 offset tricks:
+//   qk_s8s8_s32: A = Q (s8), B = K^T (s8). VNNI's vpdpbusd is u8 x s8: it computes sum (a + 128) b and subtracts
+//                128 B_sum[n]. NEON sdot is s8 x s8: native.
+//   pv_u8s8_s32: A = P (u8), B = V (s8). vpdpbusd and usdot/sudot are native. NEON sdot computes sum (a - 128) b and
+//                adds 128 B_sum[n].
+// AVX2 widens both operands to s16 and uses vpmaddwd (exact pairs), never vpmaddubsw (its s16 pair sum saturates:
+// 255 * 127 * 2 > 32767).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "qattn/index_softmax_params.h"
+
+// No Eigen here: the ISA files include this header under -mavx2 / -mavx512* / -march=armv8.2-a+..., and inline
+// Eigen code compiled with those flags could be picked by the linker for the baseline build (an ODR hazard).
+namespace qattn::kernels {
+
+using Index = std::ptrdiff_t;  // same type as Index
+
+struct GemmArgs {
+  const void* a = nullptr;  // [rows, k] row-major, std::int8_t (qk) or std::uint8_t (pv)
+  Index rows = 0, k = 0;
+  const std::int8_t* b_packed = nullptr;
+  const std::int32_t* b_sum = nullptr;
+  Index n = 0;       // multiple of 16
+  std::int32_t* c = nullptr;  // [rows, n] row-major
+};
+using GemmKernel = void (*)(const GemmArgs&);
+
+void qk_s8s8_s32__scalar(const GemmArgs& args);
+void pv_u8s8_s32__scalar(const GemmArgs& args);
+#if defined(QATTN_HAVE_X86_KERNELS)
+void qk_s8s8_s32__avx2_2x16(const GemmArgs& args);
+void pv_u8s8_s32__avx2_2x16(const GemmArgs& args);
+void qk_s8s8_s32__avx512vnni_4x32(const GemmArgs& args);
+void pv_u8s8_s32__avx512vnni_4x32(const GemmArgs& args);
+#endif
+#if defined(QATTN_HAVE_ARM_KERNELS)
+void qk_s8s8_s32__neon_dotprod_4x16(const GemmArgs& args);
+void pv_u8s8_s32__neon_dotprod_4x16(const GemmArgs& args);
+void pv_u8s8_s32__neon_i8mm_4x16(const GemmArgs& args);
+#endif
+
+// Packs B [k, n] given as rows of the source: for qk the source is K [n_src, k_src] (B = K^T), for pv it is
+// V [k_src, n_src] (B = V). Pads k to a multiple of 4 and n to a multiple of 16 with zeros; fills b_sum.
+void pack_k_transposed(const std::int8_t* k, Index keys, Index d, Index d4, Index keys16,
+                       std::int8_t* packed, std::int32_t* sum);
+void pack_v(const std::int8_t* v, Index keys, Index dv, Index keys4, Index dv16,
+            std::int8_t* packed, std::int32_t* sum);
+
+// IndexSoftmax of one row of S (length `keys`, only entries j < limit with valid[j] (or all if valid is null) take
+// part). Writes P into p[0, keys); the caller zero-pads beyond.
+struct IndexSoftmaxTables {
+  IndexSoftmaxParams params;
+  std::int64_t c_int = 1;
+  std::int64_t q26 = 0;          // floor((2^b - 1) 2^26 / c_int + 1/2) for the Q26 index rules
+  std::uint8_t lut[256] = {};
+  static IndexSoftmaxTables make(const IndexSoftmaxParams& params, std::int64_t c_int);
+};
+void index_softmax_s32_u8__scalar(const std::int32_t* s, const bool* valid, Index limit, Index keys,
+                                  const IndexSoftmaxTables& t, std::uint8_t* p);
+
+}  // namespace qattn::kernels

@@ -1,0 +1,51 @@
+#include "qattn/index_softmax_params.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+namespace qattn {
+
+std::string_view to_string(CintRounding r) {
+  switch (r) {
+    case CintRounding::round: return "round";
+    case CintRounding::trunc: return "trunc";
+    case CintRounding::floor: return "floor";
+  }
+  return "?";
+}
+std::string_view to_string(LutRounding r) { return r == LutRounding::floor ? "floor" : "round"; }
+std::string_view to_string(IndexRule r) {
+  switch (r) {
+    case IndexRule::floor: return "floor";
+    case IndexRule::round: return "round";
+    case IndexRule::floor_f32: return "floor-f32";
+    case IndexRule::q26_round: return "q26-round";
+    case IndexRule::q26_floor: return "q26-floor";
+  }
+  return "?";
+}
+std::string_view to_string(Normalization r) {
+  switch (r) {
+    case Normalization::floor: return "floor";
+    case Normalization::f32_rne: return "f32-rne";
+    case Normalization::q8_reciprocal: return "q8-reciprocal";
+  }
+  return "?";
+}
+
+std::int64_t cint_from_alpha(double c, double alpha, CintRounding rounding) {
+  if (!(c > 0) || !std::isfinite(c)) throw std::invalid_argument("c_int: c must be finite and > 0");
+  if (!(alpha > 0) || !std::isfinite(alpha)) throw std::invalid_argument("c_int: alpha must be finite and > 0");
+  const double x = c / alpha;  // may be +inf for tiny alpha: saturates below
+  double r = 0;
+  switch (rounding) {
+    case CintRounding::round: r = std::round(x); break;
+    case CintRounding::trunc: r = std::trunc(x); break;
+    case CintRounding::floor: r = std::floor(x); break;
+  }
+  if (!(r < static_cast<double>(kCintMax))) return kCintMax;
+  return std::max<std::int64_t>(1, static_cast<std::int64_t>(r));
+}
+
+}  // namespace qattn

@@ -1,0 +1,56 @@
+// AVX-512 VNNI variants of the GEMM families: vpdpbusd (u8 x s8, four products summed into each s32 lane), tiles of
+// 4 rows x 32 columns (8 zmm accumulators), the A group of 4 bytes broadcast to every lane.
+// qk: A = Q is s8; a ^ 0x80 = a + 128 as u8, so the lanes hold sum (a + 128) b and 128 B_sum[n] is subtracted at the
+// end (|sum| <= 255 * 127 * k: exact in int32 for k < 66000). pv: A = P is u8, native.
+#include <immintrin.h>
+
+#include "qattn/kernels.h"
+
+namespace qattn::kernels {
+namespace {
+
+template <bool kSignedA, int R, int V>
+inline void tile(const GemmArgs& g, Index i0, Index n0) {
+  const std::uint8_t* a = static_cast<const std::uint8_t*>(g.a);
+  __m512i acc[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_si512();
+  const std::int8_t* b = g.b_packed + n0 * 4;
+  for (Index k4 = 0; k4 < g.k / 4; ++k4, b += g.n * 4) {
+    __m512i bv[V];
+    for (int v = 0; v < V; ++v) bv[v] = _mm512_loadu_si512(b + v * 64);
+    for (int r = 0; r < R; ++r) {
+      std::int32_t group;
+      __builtin_memcpy(&group, a + (i0 + r) * g.k + k4 * 4, 4);
+      if (kSignedA) group ^= static_cast<std::int32_t>(0x80808080u);
+      const __m512i av = _mm512_set1_epi32(group);
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], av, bv[v]);
+    }
+  }
+  for (int v = 0; v < V; ++v) {
+    const __m512i bias = kSignedA ? _mm512_mullo_epi32(_mm512_loadu_si512(g.b_sum + n0 + v * 16), _mm512_set1_epi32(128)) : _mm512_setzero_si512();
+    for (int r = 0; r < R; ++r)
+      _mm512_storeu_si512(g.c + (i0 + r) * g.n + n0 + v * 16, _mm512_sub_epi32(acc[r][v], bias));
+  }
+}
+
+template <bool kSignedA, int R>
+inline void row_tiles(const GemmArgs& g, Index i0) {
+  Index n0 = 0;
+  for (; n0 + 32 <= g.n; n0 += 32) tile<kSignedA, R, 2>(g, i0, n0);
+  if (n0 < g.n) tile<kSignedA, R, 1>(g, i0, n0);  // n is a multiple of 16
+}
+
+template <bool kSignedA>
+void gemm(const GemmArgs& g) {
+  Index i0 = 0;
+  for (; i0 + 4 <= g.rows; i0 += 4) row_tiles<kSignedA, 4>(g, i0);
+  for (; i0 < g.rows; ++i0) row_tiles<kSignedA, 1>(g, i0);
+}
+
+}  // namespace
+
+void qk_s8s8_s32__avx512vnni_4x32(const GemmArgs& args) { gemm<true>(args); }
+void pv_u8s8_s32__avx512vnni_4x32(const GemmArgs& args) { gemm<false>(args); }
+
+}  // namespace qattn::kernels

@@ -1,0 +1,50 @@
+// NEON dotprod variants of the GEMM families: sdot (s8 x s8, four products summed into each s32 lane), tiles of
+// 4 rows x 16 columns (16 q accumulators), the A group of 4 bytes duplicated into every lane.
+// qk: A = Q is s8, native. pv: A = P is u8 and sdot has no u8 x s8 form: a ^ 0x80 = a - 128 as s8, the lanes hold
+// sum (a - 128) b, and 128 B_sum[n] is added at the end (|sum| <= 128 * 127 * k, exact in int32).
+#include <arm_neon.h>
+
+#include "qattn/kernels.h"
+
+namespace qattn::kernels {
+namespace {
+
+template <bool kUnsignedA, int R>
+inline void tile(const GemmArgs& g, Index i0, Index n0) {
+  const std::uint8_t* a = static_cast<const std::uint8_t*>(g.a);
+  int32x4_t acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v) acc[r][v] = vdupq_n_s32(0);
+  const std::int8_t* b = g.b_packed + n0 * 4;
+  for (Index k4 = 0; k4 < g.k / 4; ++k4, b += g.n * 4) {
+    int8x16_t bv[4];
+    for (int v = 0; v < 4; ++v) bv[v] = vld1q_s8(b + v * 16);
+    for (int r = 0; r < R; ++r) {
+      std::int32_t group;
+      __builtin_memcpy(&group, a + (i0 + r) * g.k + k4 * 4, 4);
+      if (kUnsignedA) group ^= static_cast<std::int32_t>(0x80808080u);
+      const int8x16_t av = vreinterpretq_s8_s32(vdupq_n_s32(group));
+      for (int v = 0; v < 4; ++v) acc[r][v] = vdotq_s32(acc[r][v], bv[v], av);
+    }
+  }
+  for (int v = 0; v < 4; ++v) {
+    const int32x4_t bias = kUnsignedA ? vshlq_n_s32(vld1q_s32(g.b_sum + n0 + v * 4), 7) : vdupq_n_s32(0);
+    for (int r = 0; r < R; ++r) vst1q_s32(g.c + (i0 + r) * g.n + n0 + v * 4, vaddq_s32(acc[r][v], bias));
+  }
+}
+
+template <bool kUnsignedA>
+void gemm(const GemmArgs& g) {
+  for (Index n0 = 0; n0 < g.n; n0 += 16) {  // n is a multiple of 16
+    Index i0 = 0;
+    for (; i0 + 4 <= g.rows; i0 += 4) tile<kUnsignedA, 4>(g, i0, n0);
+    for (; i0 < g.rows; ++i0) tile<kUnsignedA, 1>(g, i0, n0);
+  }
+}
+
+}  // namespace
+
+void qk_s8s8_s32__neon_dotprod_4x16(const GemmArgs& args) { gemm<false>(args); }
+void pv_u8s8_s32__neon_dotprod_4x16(const GemmArgs& args) { gemm<true>(args); }
+
+}  // namespace qattn::kernels

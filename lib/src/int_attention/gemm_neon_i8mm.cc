@@ -1,0 +1,41 @@
+// NEON i8mm variant of pv: usdot (u8 group x s8 vector, four products summed into each s32 lane) makes u8 P x s8 V
+// native, with no offset. Tiles of 4 rows x 16 columns. qk keeps the dotprod kernel (sdot is native for s8 x s8).
+#include <arm_neon.h>
+
+#include "qattn/kernels.h"
+
+namespace qattn::kernels {
+namespace {
+
+template <int R>
+inline void tile(const GemmArgs& g, Index i0, Index n0) {
+  const std::uint8_t* a = static_cast<const std::uint8_t*>(g.a);
+  int32x4_t acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v) acc[r][v] = vdupq_n_s32(0);
+  const std::int8_t* b = g.b_packed + n0 * 4;
+  for (Index k4 = 0; k4 < g.k / 4; ++k4, b += g.n * 4) {
+    int8x16_t bv[4];
+    for (int v = 0; v < 4; ++v) bv[v] = vld1q_s8(b + v * 16);
+    for (int r = 0; r < R; ++r) {
+      std::uint32_t group;
+      __builtin_memcpy(&group, a + (i0 + r) * g.k + k4 * 4, 4);
+      const uint8x16_t av = vreinterpretq_u8_u32(vdupq_n_u32(group));
+      for (int v = 0; v < 4; ++v) acc[r][v] = vusdotq_s32(acc[r][v], av, bv[v]);
+    }
+  }
+  for (int v = 0; v < 4; ++v)
+    for (int r = 0; r < R; ++r) vst1q_s32(g.c + (i0 + r) * g.n + n0 + v * 4, acc[r][v]);
+}
+
+}  // namespace
+
+void pv_u8s8_s32__neon_i8mm_4x16(const GemmArgs& g) {
+  for (Index n0 = 0; n0 < g.n; n0 += 16) {
+    Index i0 = 0;
+    for (; i0 + 4 <= g.rows; i0 += 4) tile<4>(g, i0, n0);
+    for (; i0 < g.rows; ++i0) tile<1>(g, i0, n0);
+  }
+}
+
+}  // namespace qattn::kernels

@@ -1,0 +1,24 @@
+// The scalar specs of the two GEMM families: plain loops over the packed layout, exact in int32.
+#include "qattn/kernels.h"
+
+namespace qattn::kernels {
+namespace {
+
+template <typename A>
+void gemm_scalar(const GemmArgs& g) {
+  const A* a = static_cast<const A*>(g.a);
+  for (Index i = 0; i < g.rows; ++i)
+    for (Index n = 0; n < g.n; ++n) {
+      std::int32_t acc = 0;
+      for (Index k = 0; k < g.k; ++k)
+        acc += std::int32_t{a[i * g.k + k]} * g.b_packed[(k / 4) * g.n * 4 + n * 4 + k % 4];
+      g.c[i * g.n + n] = acc;
+    }
+}
+
+}  // namespace
+
+void qk_s8s8_s32__scalar(const GemmArgs& args) { gemm_scalar<std::int8_t>(args); }
+void pv_u8s8_s32__scalar(const GemmArgs& args) { gemm_scalar<std::uint8_t>(args); }
+
+}  // namespace qattn::kernels

@@ -1,0 +1,85 @@
+// ISA names, availability (build and CPU) and the QATTN_ISA override.
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include "qattn/int_attention.h"
+
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+#ifndef HWCAP2_I8MM
+#define HWCAP2_I8MM (1 << 13)
+#endif
+#endif
+
+namespace qattn {
+
+std::string_view isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::scalar: return "scalar";
+    case Isa::avx2: return "avx2";
+    case Isa::avx512vnni: return "avx512vnni";
+    case Isa::neon_dotprod: return "neon-dotprod";
+    case Isa::neon_i8mm: return "neon-i8mm";
+  }
+  return "?";
+}
+
+Isa parse_isa(std::string_view name) {
+  if (name == "scalar") return Isa::scalar;
+  if (name == "avx2") return Isa::avx2;
+  if (name == "avx512" || name == "avx512vnni") return Isa::avx512vnni;
+  if (name == "neon-dotprod") return Isa::neon_dotprod;
+  if (name == "neon-i8mm") return Isa::neon_i8mm;
+  throw std::invalid_argument("unknown ISA '" + std::string(name) +
+                              "' (scalar, avx2, avx512, neon-dotprod, neon-i8mm)");
+}
+
+bool isa_available(Isa isa) {
+  switch (isa) {
+    case Isa::scalar: return true;
+#if defined(QATTN_HAVE_X86_KERNELS)
+    case Isa::avx2: return __builtin_cpu_supports("avx2");
+    case Isa::avx512vnni:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vnni");
+#endif
+#if defined(QATTN_HAVE_ARM_KERNELS)
+    case Isa::neon_dotprod: return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+    case Isa::neon_i8mm: return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0 && (getauxval(AT_HWCAP2) & HWCAP2_I8MM) != 0;
+#endif
+    default: return false;
+  }
+}
+
+std::vector<Isa> available_isas() {
+  std::vector<Isa> out;
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512vnni, Isa::neon_dotprod, Isa::neon_i8mm})
+    if (isa_available(isa)) out.push_back(isa);
+  return out;
+}
+
+Isa default_isa() {
+  if (const char* forced = std::getenv("QATTN_ISA"); forced && *forced) {
+    Isa isa;
+    try {
+      isa = parse_isa(forced);
+    } catch (const std::invalid_argument& e) {
+      throw std::runtime_error(std::string("QATTN_ISA: ") + e.what());
+    }
+    if (!isa_available(isa))
+      throw std::runtime_error("QATTN_ISA=" + std::string(forced) + ": this build or CPU cannot run it (available: " +
+                               [] {
+                                 std::string s;
+                                 for (Isa a : available_isas()) s += (s.empty() ? "" : ", ") + std::string(isa_name(a));
+                                 return s;
+                               }() + ")");
+    return isa;
+  }
+  return available_isas().back();
+}
+
+}  // namespace qattn

@@ -1,0 +1,135 @@
+// The fused IntAttention driver: packs K^T and V once, then runs row blocks (each thread its own buffers, reused
+// across blocks) through qk GEMM -> IndexSoftmax per row -> pv GEMM -> dequantisation.
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "qattn/kernels.h"
+#include "qattn/int_attention.h"
+
+namespace qattn {
+namespace {
+
+Eigen::Index round_up(Eigen::Index x, Eigen::Index m) { return (x + m - 1) / m * m; }
+
+struct Family {
+  kernels::GemmKernel qk, pv;
+  IntAttentionKernels names;
+};
+
+Family family(Isa isa) {
+  using namespace kernels;
+  switch (isa) {
+    case Isa::scalar:
+      return {qk_s8s8_s32__scalar, pv_u8s8_s32__scalar,
+              {"qk_s8s8_s32__scalar", "index_softmax_s32_u8__scalar", "pv_u8s8_s32__scalar"}};
+#if defined(QATTN_HAVE_X86_KERNELS)
+    case Isa::avx2:
+      return {qk_s8s8_s32__avx2_2x16, pv_u8s8_s32__avx2_2x16,
+              {"qk_s8s8_s32__avx2_2x16", "index_softmax_s32_u8__scalar", "pv_u8s8_s32__avx2_2x16"}};
+    case Isa::avx512vnni:
+      return {qk_s8s8_s32__avx512vnni_4x32, pv_u8s8_s32__avx512vnni_4x32,
+              {"qk_s8s8_s32__avx512vnni_4x32", "index_softmax_s32_u8__scalar", "pv_u8s8_s32__avx512vnni_4x32"}};
+#endif
+#if defined(QATTN_HAVE_ARM_KERNELS)
+    case Isa::neon_dotprod:
+      return {qk_s8s8_s32__neon_dotprod_4x16, pv_u8s8_s32__neon_dotprod_4x16,
+              {"qk_s8s8_s32__neon_dotprod_4x16", "index_softmax_s32_u8__scalar", "pv_u8s8_s32__neon_dotprod_4x16"}};
+    case Isa::neon_i8mm:
+      return {qk_s8s8_s32__neon_dotprod_4x16, pv_u8s8_s32__neon_i8mm_4x16,
+              {"qk_s8s8_s32__neon_dotprod_4x16", "index_softmax_s32_u8__scalar", "pv_u8s8_s32__neon_i8mm_4x16"}};
+#endif
+    default: break;
+  }
+  throw std::invalid_argument("int_attention: ISA " + std::string(isa_name(isa)) + " is not in this build");
+}
+
+std::vector<std::int8_t> quantize_per_tensor(const RowMatrixXd& x, double* scale) {
+  const double amax = x.size() ? x.cwiseAbs().maxCoeff() : 0.0;
+  if (!std::isfinite(amax)) throw std::invalid_argument("int_attention: non-finite input");
+  *scale = amax > 0 ? amax / 127 : 1.0;
+  std::vector<std::int8_t> q(static_cast<std::size_t>(x.size()));
+  for (Eigen::Index i = 0; i < x.size(); ++i)
+    q[i] = static_cast<std::int8_t>(std::clamp(std::nearbyint(x.data()[i] / *scale), -127.0, 127.0));
+  return q;
+}
+
+}  // namespace
+
+IntAttentionKernels int_attention_kernels(Isa isa) { return family(isa).names; }
+
+void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v, double scale,
+                         const IntAttentionConfig& cfg, float* o) {
+  if (q.cols != k.cols || k.rows != v.rows)
+    throw std::invalid_argument("int_attention: shapes q [" + std::to_string(q.rows) + ", " + std::to_string(q.cols) +
+                                "], k [" + std::to_string(k.rows) + ", " + std::to_string(k.cols) + "], v [" +
+                                std::to_string(v.rows) + ", " + std::to_string(v.cols) + "] do not fit");
+  if (cfg.block_rows < 1 || cfg.threads < 1) throw std::invalid_argument("int_attention: block_rows and threads must be >= 1");
+  if (!isa_available(cfg.isa))
+    throw std::invalid_argument("int_attention: ISA " + std::string(isa_name(cfg.isa)) + " is not available here");
+  const Family f = family(cfg.isa);
+  const Eigen::Index lq = q.rows, lk = k.rows, d = q.cols, dv = v.cols;
+  if (lq == 0 || dv == 0) return;
+  if (lk == 0) {
+    std::fill(o, o + lq * dv, 0.0f);
+    return;
+  }
+  const std::int64_t c_int =
+      cfg.c_int > 0 ? cfg.c_int : cint_from_alpha(cfg.softmax.c, q.scale * k.scale * scale, cfg.softmax.cint_rounding);
+  const kernels::IndexSoftmaxTables tables = kernels::IndexSoftmaxTables::make(cfg.softmax, c_int);
+  const double out_scale = v.scale;
+  const int p_scale = cfg.softmax.p_format == PFormat::u8 ? 255 : 127;
+
+  const Eigen::Index d4 = round_up(d, 4), lk16 = round_up(lk, 16), dv16 = round_up(dv, 16);
+  std::vector<std::int8_t> k_packed(static_cast<std::size_t>(d4 * lk16)), v_packed(static_cast<std::size_t>(lk16 * dv16));
+  std::vector<std::int32_t> k_sum(lk16), v_sum(dv16);
+  kernels::pack_k_transposed(k.values, lk, d, d4, lk16, k_packed.data(), k_sum.data());
+  kernels::pack_v(v.values, lk, dv, lk16, dv16, v_packed.data(), v_sum.data());
+
+  const Eigen::Index br = cfg.block_rows, blocks = (lq + br - 1) / br;
+  const int threads = static_cast<int>(std::min<Eigen::Index>(cfg.threads, blocks));
+  auto worker = [&](int id) {
+    std::vector<std::int8_t> qb(static_cast<std::size_t>(br * d4), 0);
+    std::vector<std::int32_t> s(static_cast<std::size_t>(br * lk16)), acc(static_cast<std::size_t>(br * dv16));
+    std::vector<std::uint8_t> p(static_cast<std::size_t>(br * lk16), 0);
+    for (Eigen::Index b = id; b < blocks; b += threads) {  // block b to thread b mod threads
+      const Eigen::Index r0 = b * br, rows = std::min(br, lq - r0);
+      for (Eigen::Index i = 0; i < rows; ++i) std::copy_n(q.values + (r0 + i) * d, d, qb.data() + i * d4);
+      f.qk({qb.data(), rows, d4, k_packed.data(), k_sum.data(), lk16, s.data()});
+      for (Eigen::Index i = 0; i < rows; ++i) {
+        const Eigen::Index row = r0 + i;
+        const Eigen::Index limit = cfg.causal ? row + lk - lq + 1 : lk;
+        kernels::index_softmax_s32_u8__scalar(s.data() + i * lk16, cfg.valid ? cfg.valid + row * lk : nullptr, limit,
+                                              lk, tables, p.data() + i * lk16);
+      }
+      f.pv({p.data(), rows, lk16, v_packed.data(), v_sum.data(), dv16, acc.data()});
+      for (Eigen::Index i = 0; i < rows; ++i)
+        for (Eigen::Index c = 0; c < dv; ++c)
+          o[(r0 + i) * dv + c] = static_cast<float>(static_cast<double>(acc[i * dv16 + c]) * out_scale / p_scale);
+    }
+  };
+  if (threads == 1) {
+    worker(0);
+    return;
+  }
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(worker, t);
+  worker(0);
+  for (auto& t : pool) t.join();
+}
+
+RowMatrixXd int_attention_fused(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+                                const IntAttentionConfig& config) {
+  double sq, sk, sv;
+  const std::vector<std::int8_t> qi = quantize_per_tensor(q, &sq), ki = quantize_per_tensor(k, &sk),
+                                 vi = quantize_per_tensor(v, &sv);
+  std::vector<float> o(static_cast<std::size_t>(q.rows() * v.cols()));
+  int_attention_fused({qi.data(), q.rows(), q.cols(), sq}, {ki.data(), k.rows(), k.cols(), sk},
+                      {vi.data(), v.rows(), v.cols(), sv}, scale, config, o.data());
+  return Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(o.data(), q.rows(), v.cols())
+      .cast<double>();
+}
+
+}  // namespace qattn

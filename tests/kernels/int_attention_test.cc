@@ -1,0 +1,212 @@
+// The bit-exact ladder of the fused IntAttention pipeline: every ISA variant this CPU can run == the scalar spec
+// (per kernel family, with the builder-style testers below) == the reference model (reference/int_pipelines.h).
+// Sizes sit around the tiles (equal, smaller, larger, not a multiple); variants the CPU lacks are reported and
+// skipped.
+#include <catch2/catch.hpp>
+#include <iostream>
+#include <random>
+#include <sstream>
+
+#include "support/random_matrix.h"
+#include "support/test_scale.h"
+#include "qattn/int_attention.h"
+#include "qattn/kernels.h"
+#include "qattn/reference/int_pipelines.h"
+#include "qattn/reference/method_entries.h"
+#include "qattn/reference/registry.h"
+
+using namespace qattn;
+using qattn::test::random_matrix;
+
+namespace {
+
+struct Variant {
+  Isa isa;
+  const char* qk_name;
+  kernels::GemmKernel qk;
+  const char* pv_name;
+  kernels::GemmKernel pv;
+};
+
+std::vector<Variant> gemm_variants() {
+  using namespace kernels;
+  std::vector<Variant> v = {{Isa::scalar, "qk_s8s8_s32__scalar", qk_s8s8_s32__scalar, "pv_u8s8_s32__scalar", pv_u8s8_s32__scalar}};
+#if defined(QATTN_HAVE_X86_KERNELS)
+  v.push_back({Isa::avx2, "qk_s8s8_s32__avx2_2x16", qk_s8s8_s32__avx2_2x16, "pv_u8s8_s32__avx2_2x16", pv_u8s8_s32__avx2_2x16});
+  v.push_back({Isa::avx512vnni, "qk_s8s8_s32__avx512vnni_4x32", qk_s8s8_s32__avx512vnni_4x32,
+               "pv_u8s8_s32__avx512vnni_4x32", pv_u8s8_s32__avx512vnni_4x32});
+#endif
+#if defined(QATTN_HAVE_ARM_KERNELS)
+  v.push_back({Isa::neon_dotprod, "qk_s8s8_s32__neon_dotprod_4x16", qk_s8s8_s32__neon_dotprod_4x16,
+               "pv_u8s8_s32__neon_dotprod_4x16", pv_u8s8_s32__neon_dotprod_4x16});
+  v.push_back({Isa::neon_i8mm, "qk_s8s8_s32__neon_dotprod_4x16", qk_s8s8_s32__neon_dotprod_4x16,
+               "pv_u8s8_s32__neon_i8mm_4x16", pv_u8s8_s32__neon_i8mm_4x16});
+#endif
+  return v;
+}
+
+// Builder-style tester of the GEMM families: random A (s8 for qk, u8 for pv, extremes included), random B packed,
+// every variant against the plain triple loop over the unpacked operands.
+class GemmTester {
+ public:
+  GemmTester& rows(Eigen::Index r) { rows_ = r; return *this; }
+  GemmTester& k(Eigen::Index k) { k_ = k; return *this; }
+  GemmTester& n(Eigen::Index n) { n_ = n; return *this; }
+  GemmTester& seed(unsigned s) { seed_ = s; return *this; }
+
+  void Test(bool pv) const {
+    std::mt19937 g(seed_);
+    std::uniform_int_distribution<int> s8(-128, 127), u8(0, 255);
+    const Eigen::Index k4 = (k_ + 3) / 4 * 4, n16 = (n_ + 15) / 16 * 16;
+    std::vector<std::uint8_t> a(rows_ * k4, 0);
+    std::vector<std::int8_t> src(pv ? k_ * n_ : n_ * k_);  // pv: V [k, n]; qk: K [n, k]
+    for (Eigen::Index i = 0; i < rows_; ++i)
+      for (Eigen::Index t = 0; t < k_; ++t) a[i * k4 + t] = static_cast<std::uint8_t>(pv ? u8(g) : s8(g));
+    for (auto& x : src) x = static_cast<std::int8_t>(s8(g));
+    if (rows_ > 0 && k_ > 0) a[0] = pv ? 255 : 0x80, src[0] = -128;  // the extremes
+    std::vector<std::int8_t> packed(k4 * n16);
+    std::vector<std::int32_t> sum(n16);
+    if (pv) kernels::pack_v(src.data(), k_, n_, k4, n16, packed.data(), sum.data());
+    else kernels::pack_k_transposed(src.data(), n_, k_, k4, n16, packed.data(), sum.data());
+    std::vector<std::int32_t> expect(rows_ * n16, 0);
+    for (Eigen::Index i = 0; i < rows_; ++i)
+      for (Eigen::Index c = 0; c < n_; ++c) {
+        std::int64_t acc = 0;
+        for (Eigen::Index t = 0; t < k_; ++t) {
+          const int av = pv ? int{a[i * k4 + t]} : int{static_cast<std::int8_t>(a[i * k4 + t])};
+          acc += av * (pv ? src[t * n_ + c] : src[c * k_ + t]);
+        }
+        expect[i * n16 + c] = static_cast<std::int32_t>(acc);
+      }
+    for (const Variant& v : gemm_variants()) {
+      if (!isa_available(v.isa)) {
+        WARN("skipped: " << (pv ? v.pv_name : v.qk_name) << " (this CPU lacks " << isa_name(v.isa) << ")");
+        continue;
+      }
+      std::vector<std::int32_t> c(rows_ * n16, -1);
+      (pv ? v.pv : v.qk)({a.data(), rows_, k4, packed.data(), sum.data(), n16, c.data()});
+      INFO((pv ? v.pv_name : v.qk_name) << " rows " << rows_ << " k " << k_ << " n " << n_);
+      CHECK(c == expect);
+    }
+  }
+
+ private:
+  Eigen::Index rows_ = 1, k_ = 4, n_ = 16;
+  unsigned seed_ = 1;
+};
+
+// Builder-style tester of the whole fused pipeline: every available ISA, 1 and 2 threads, against the reference
+// model int_attention (and so against each other).
+class IntAttentionTester {
+ public:
+  IntAttentionTester& lq(Eigen::Index n) { lq_ = n; return *this; }
+  IntAttentionTester& lk(Eigen::Index n) { lk_ = n; return *this; }
+  IntAttentionTester& d(Eigen::Index n) { d_ = n; return *this; }
+  IntAttentionTester& dv(Eigen::Index n) { dv_ = n; return *this; }
+  IntAttentionTester& preset(const std::string& spec) { spec_ = spec; return *this; }
+  IntAttentionTester& causal(bool c) { causal_ = c; return *this; }
+  IntAttentionTester& padding(bool p) { padding_ = p; return *this; }
+  IntAttentionTester& block_rows(Eigen::Index b) { block_rows_ = b; return *this; }
+  IntAttentionTester& sigma(double s) { sigma_ = s; return *this; }
+
+  void Test() const {
+    std::mt19937_64 g(lq_ * 131 + lk_ * 7 + d_);
+    const RowMatrixXd q = random_matrix(lq_, d_, sigma_, g), k = random_matrix(lk_, d_, sigma_, g),
+                      v = random_matrix(lk_, dv_, 1.0, g);
+    const IndexSoftmaxParams params =
+        ref::index_softmax_params(ref::reference_registry().resolve(parse_method_spec("index" + spec_)));
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d_));
+    AttentionMask mask;
+    mask.causal = causal_;
+    RowMatrixXb valid;
+    if (padding_) {
+      std::bernoulli_distribution keep(0.8);
+      valid.resize(lq_, lk_);
+      for (Eigen::Index i = 0; i < valid.size(); ++i) valid.data()[i] = keep(g);
+      if (lq_ > 1) valid.row(1).setConstant(false);  // a fully masked row
+      mask.valid = valid;
+    }
+    const RowMatrixXd expect = ref::int_attention(q, k, v, scale, mask, params, ref::CintEvaluation::f64).o;
+    std::ostringstream what;
+    what << "index" << spec_ << " lq " << lq_ << " lk " << lk_ << " d " << d_ << " dv " << dv_ << " causal " << causal_
+         << " padding " << padding_ << " B_r " << block_rows_;
+    for (const Isa isa : available_isas())
+      for (const int threads : {1, 2}) {
+        IntAttentionConfig cfg;
+        cfg.softmax = params;
+        cfg.isa = isa;
+        cfg.threads = threads;
+        cfg.block_rows = block_rows_;
+        cfg.causal = causal_;
+        cfg.valid = padding_ ? valid.data() : nullptr;
+        INFO(what.str() << " isa " << isa_name(isa) << " threads " << threads);
+        CHECK(int_attention_fused(q, k, v, scale, cfg) == expect);
+      }
+  }
+
+ private:
+  Eigen::Index lq_ = 8, lk_ = 8, d_ = 64, dv_ = 64, block_rows_ = 64;
+  std::string spec_ = "@upstream-neon";
+  bool causal_ = false, padding_ = false;
+  double sigma_ = 1.0;
+};
+
+}  // namespace
+
+TEST_CASE("qk and pv GEMM variants equal the triple loop around their tiles", "[kernels]") {
+  for (const bool pv : {false, true})
+    for (const Eigen::Index rows : {1, 2, 3, 4, 5, 9})
+      for (const Eigen::Index k : {1, 3, 4, 5, 64, 67, 128})
+        for (const Eigen::Index n : {1, 15, 16, 17, 32, 33, 48, 70})
+          GemmTester().rows(rows).k(k).n(n).seed(static_cast<unsigned>(rows * 1000 + k * 10 + n)).Test(pv);
+}
+
+TEST_CASE("fused IntAttention equals the reference model on every ISA, thread count and preset", "[kernels]") {
+  std::cout << "ISAs available here:";
+  for (Isa isa : available_isas()) std::cout << " " << isa_name(isa);
+  std::cout << "\n";
+  for (const char* preset : {"@paper", "@upstream-sim", "@upstream-neon", ":p=s8", ":b=2", ":b=8,index=round,norm=f32-rne", "@upstream-neon:b=3,index=q26-floor"})
+    for (const Eigen::Index d : {64, 80, 96, 128, 256})
+      IntAttentionTester().preset(preset).d(d).dv(d).lq(19).lk(37).Test();
+  for (const Eigen::Index lk : {1, 15, 16, 17, 64, 65, 200})
+    for (const bool causal : {false, true})
+      IntAttentionTester().lq(23).lk(lk).d(80).dv(33).causal(causal).block_rows(8).Test();
+  IntAttentionTester().lq(40).lk(31).d(64).dv(16).causal(true).padding(true).block_rows(16).Test();
+  IntAttentionTester().lq(1).lk(1).d(1).dv(1).Test();
+  IntAttentionTester().lq(5).lk(9).d(1).dv(3).sigma(30).Test();  // c_int from large scales: small
+  IntAttentionTester().lq(5).lk(9).d(8).dv(3).sigma(1e-9).Test();  // tiny scales: c_int saturates at 2^30
+}
+
+TEST_CASE("fused IntAttention at L_k = 70000: row sums beyond 16 bits, no overflow", "[kernels]") {
+  const Eigen::Index lk = std::max(2000, qattn::test::scaled(70000, 2000));
+  qattn::test::announce_scale("L_k = 70000 case, keys", static_cast<int>(lk));
+  std::mt19937_64 g(9);
+  const RowMatrixXd q = RowMatrixXd::Zero(3, 16), k = random_matrix(lk, 16, 1.0, g), v = random_matrix(lk, 8, 1.0, g);
+  // Q = 0: every logit ties, E = 255 everywhere, S = 255 L_k (> 2^16 from L_k = 258 on).
+  const IndexSoftmaxParams params =
+      ref::index_softmax_params(ref::reference_registry().resolve(parse_method_spec("index@paper")));
+  const RowMatrixXd expect = ref::int_attention(q, k, v, 0.25, {}, params, ref::CintEvaluation::f64).o;
+  for (const Isa isa : available_isas()) {
+    IntAttentionConfig cfg;
+    cfg.softmax = params;
+    cfg.isa = isa;
+    INFO(isa_name(isa));
+    CHECK(int_attention_fused(q, k, v, 0.25, cfg) == expect);
+  }
+}
+
+TEST_CASE("ISA names, QATTN_ISA parsing and unavailable variants", "[kernels]") {
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512vnni, Isa::neon_dotprod, Isa::neon_i8mm})
+    CHECK(parse_isa(isa_name(isa)) == isa);
+  CHECK(parse_isa("avx512") == Isa::avx512vnni);
+  CHECK_THROWS_AS(parse_isa("sse2"), std::invalid_argument);
+  CHECK(isa_available(Isa::scalar));
+  CHECK(available_isas().front() == Isa::scalar);
+  for (Isa isa : {Isa::avx2, Isa::avx512vnni, Isa::neon_dotprod, Isa::neon_i8mm})
+    if (!isa_available(isa)) {
+      IntAttentionConfig cfg;
+      cfg.isa = isa;
+      CHECK_THROWS_AS(int_attention_fused(RowMatrixXd::Ones(2, 4), RowMatrixXd::Ones(3, 4), RowMatrixXd::Ones(3, 2), 0.5, cfg),
+                      std::invalid_argument);
+    }
+}
