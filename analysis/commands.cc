@@ -38,6 +38,8 @@ void check_format(const std::string& f, std::initializer_list<const char*> valid
 }
 
 // Writes text to `path` atomically, or to stdout when path is empty.
+}  // namespace
+
 void emit(const std::string& text, const std::string& path) {
   if (path.empty()) {
     std::cout << text << std::flush;
@@ -45,6 +47,8 @@ void emit(const std::string& text, const std::string& path) {
   }
   write_file_atomic(path, std::as_bytes(std::span(text.data(), text.size())));
 }
+
+namespace {
 
 // ---- info ------------------------------------------------------------------------------------------------
 void run_info(const std::vector<std::string>& files, const std::string& format) {

@@ -16,5 +16,9 @@ void add_softmax(CLI::App& app);
 void add_attention(CLI::App& app);
 void add_compare(CLI::App& app);
 void add_analyze(CLI::App& app);
+void add_bench(CLI::App& app);
+
+// Writes text to stdout, or atomically to path when it is not empty.
+void emit(const std::string& text, const std::string& path);
 
 }  // namespace qattn::cli

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   add_attention(app);
   add_compare(app);
   add_analyze(app);
+  add_bench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

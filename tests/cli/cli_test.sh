@@ -122,6 +122,14 @@ expect 0 "^layer,head,method" "analyze csv" -- analyze --method fp16 --format cs
 expect 0 "" "analyze json to file" -- analyze --method bf16 --format json --out "$tmp/a.json"
 [ -s "$tmp/a.json" ] && pass=$((pass + 1)) || { echo "FAIL: --out not written"; fail=$((fail + 1)); }
 
+# bench: a small run prints the table with the kernels used; a forced ISA the CPU lacks is refused by name.
+expect 0 "intattention fused .*\| gemm-only|gemm-only" "bench small" -- bench --L 48 --d 16 --threads 1,2 --reps 1
+expect 0 "pv_u8s8_s32__scalar" "bench scalar" -- bench --L 40 --d 8 --threads 1 --reps 1 --isa scalar
+expect 2 "--L: lengths must be >= 1" "bench bad L" -- bench --L 0 --reps 1
+out=$(QATTN_ISA=sse9 "${emu[@]}" "$bin" bench --L 16 --reps 1 2>&1); rc=$?
+if [ "$rc" -eq 3 ] && grep -q "QATTN_ISA: unknown ISA 'sse9'" <<<"$out"; then pass=$((pass + 1)); else
+  echo "FAIL: QATTN_ISA=sse9: exit $rc: $out"; fail=$((fail + 1)); fi
+
 # Files qattn writes load in numpy, and its fp64 softmax matches numpy's to 1e-15 (only where numpy exists).
 if [ -z "${emu[*]}" ] && /usr/bin/python3 -c "import numpy" 2>/dev/null; then
   if /usr/bin/python3 - "$fx/f32_c.npy" "$tmp/p.npy" <<'PY'

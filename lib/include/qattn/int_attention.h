@@ -47,6 +47,7 @@ struct IntAttentionConfig {
   Isa isa = Isa::scalar;      // use default_isa() to pick the best
   bool causal = false;        // bottom-right aligned: query i sees keys j <= i + L_k - L_q
   const bool* valid = nullptr;  // optional padding mask [L_q, L_k] row-major (true = visible), combined with causal
+  bool gemm_only = false;     // true: skip IndexSoftmax (P stays 0), so a benchmark times the two GEMMs alone
 };
 
 // Names of the kernels a call with this ISA runs, for reports ("qk_s8s8_s32__avx512vnni_4x32", ...).
@@ -54,6 +55,11 @@ struct IntAttentionKernels {
   std::string qk, softmax, pv;
 };
 IntAttentionKernels int_attention_kernels(Isa isa);
+
+// The int8 multiply-accumulate peak of one core with the instruction the ISA's GEMMs use (vpdpbusd, vpmaddwd, sdot,
+// usdot): `iterations` rounds over 12 independent accumulators. Returns the MACs done (the caller times it) and
+// writes a checksum so the loop cannot be removed. Throws std::invalid_argument for an ISA without a loop here.
+std::int64_t int8_mac_peak_loop(Isa isa, std::int64_t iterations, std::int32_t* checksum);
 
 // O [L_q, d_v] row-major float32. Throws std::invalid_argument on shapes that do not fit, an ISA that is not
 // available, or parameters outside their documented ranges.

@@ -47,6 +47,17 @@ void pv_u8s8_s32__neon_dotprod_4x16(const GemmArgs& args);
 void pv_u8s8_s32__neon_i8mm_4x16(const GemmArgs& args);
 #endif
 
+// The MAC-rate loops behind int8_mac_peak_loop: 12 independent accumulators, `iterations` rounds; return the MACs.
+std::int64_t mac_loop__scalar(std::int64_t iterations, std::int32_t* checksum);
+#if defined(QATTN_HAVE_X86_KERNELS)
+std::int64_t mac_loop__avx2(std::int64_t iterations, std::int32_t* checksum);
+std::int64_t mac_loop__avx512vnni(std::int64_t iterations, std::int32_t* checksum);
+#endif
+#if defined(QATTN_HAVE_ARM_KERNELS)
+std::int64_t mac_loop__neon_dotprod(std::int64_t iterations, std::int32_t* checksum);
+std::int64_t mac_loop__neon_i8mm(std::int64_t iterations, std::int32_t* checksum);
+#endif
+
 // Packs B [k, n] given as rows of the source: for qk the source is K [n_src, k_src] (B = K^T), for pv it is
 // V [k_src, n_src] (B = V). Pads k to a multiple of 4 and n to a multiple of 16 with zeros; fills b_sum.
 void pack_k_transposed(const std::int8_t* k, Index keys, Index d, Index d4, Index keys16,

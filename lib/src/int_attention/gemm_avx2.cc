@@ -69,3 +69,24 @@ void qk_s8s8_s32__avx2_2x16(const GemmArgs& args) { gemm<true>(args); }
 void pv_u8s8_s32__avx2_2x16(const GemmArgs& args) { gemm<false>(args); }
 
 }  // namespace qattn::kernels
+
+namespace qattn::kernels {
+
+std::int64_t mac_loop__avx2(std::int64_t iterations, std::int32_t* checksum) {
+  __m256i acc[12];
+  for (auto& x : acc) x = _mm256_setzero_si256();
+  volatile int seed = 1;
+  const __m256i a = _mm256_set1_epi16(static_cast<short>(seed)), b = _mm256_set1_epi16(static_cast<short>(seed + 1));
+  for (std::int64_t i = 0; i < iterations; ++i)
+    for (auto& x : acc) x = _mm256_add_epi32(x, _mm256_madd_epi16(a, b));  // 16 MACs each
+  __m256i s = acc[0];
+  for (int r = 1; r < 12; ++r) s = _mm256_add_epi32(s, acc[r]);
+  alignas(32) std::int32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), s);
+  std::int32_t t = 0;
+  for (int r = 0; r < 8; ++r) t += lanes[r];
+  *checksum = t;
+  return iterations * 12 * 16;
+}
+
+}  // namespace qattn::kernels

@@ -54,3 +54,24 @@ void qk_s8s8_s32__avx512vnni_4x32(const GemmArgs& args) { gemm<true>(args); }
 void pv_u8s8_s32__avx512vnni_4x32(const GemmArgs& args) { gemm<false>(args); }
 
 }  // namespace qattn::kernels
+
+namespace qattn::kernels {
+
+std::int64_t mac_loop__avx512vnni(std::int64_t iterations, std::int32_t* checksum) {
+  __m512i acc[12];
+  for (auto& x : acc) x = _mm512_setzero_si512();
+  volatile int seed = 1;
+  const __m512i a = _mm512_set1_epi8(static_cast<char>(seed)), b = _mm512_set1_epi8(static_cast<char>(seed + 1));
+  for (std::int64_t i = 0; i < iterations; ++i)
+    for (auto& x : acc) x = _mm512_dpbusd_epi32(x, a, b);  // 64 MACs each
+  __m512i s = acc[0];
+  for (int r = 1; r < 12; ++r) s = _mm512_add_epi32(s, acc[r]);
+  alignas(64) std::int32_t lanes[16];
+  _mm512_store_si512(lanes, s);
+  std::int32_t t = 0;
+  for (int r = 0; r < 16; ++r) t += lanes[r];
+  *checksum = t;
+  return iterations * 12 * 64;
+}
+
+}  // namespace qattn::kernels

@@ -48,3 +48,20 @@ void qk_s8s8_s32__neon_dotprod_4x16(const GemmArgs& args) { gemm<false>(args); }
 void pv_u8s8_s32__neon_dotprod_4x16(const GemmArgs& args) { gemm<true>(args); }
 
 }  // namespace qattn::kernels
+
+namespace qattn::kernels {
+
+std::int64_t mac_loop__neon_dotprod(std::int64_t iterations, std::int32_t* checksum) {
+  int32x4_t acc[12];
+  for (auto& x : acc) x = vdupq_n_s32(0);
+  volatile int seed = 1;
+  const int8x16_t a = vdupq_n_s8(static_cast<std::int8_t>(seed)), b = vdupq_n_s8(static_cast<std::int8_t>(seed + 1));
+  for (std::int64_t i = 0; i < iterations; ++i)
+    for (auto& x : acc) x = vdotq_s32(x, a, b);  // 16 MACs each
+  int32x4_t s = acc[0];
+  for (int r = 1; r < 12; ++r) s = vaddq_s32(s, acc[r]);
+  *checksum = vaddvq_s32(s);
+  return iterations * 12 * 16;
+}
+
+}  // namespace qattn::kernels

@@ -22,3 +22,19 @@ void qk_s8s8_s32__scalar(const GemmArgs& args) { gemm_scalar<std::int8_t>(args);
 void pv_u8s8_s32__scalar(const GemmArgs& args) { gemm_scalar<std::uint8_t>(args); }
 
 }  // namespace qattn::kernels
+
+namespace qattn::kernels {
+
+std::int64_t mac_loop__scalar(std::int64_t iterations, std::int32_t* checksum) {
+  std::int32_t acc[12] = {};
+  volatile std::int8_t seed = 3;
+  const std::int8_t a = seed, b = static_cast<std::int8_t>(seed + 1);
+  for (std::int64_t i = 0; i < iterations; ++i)
+    for (int r = 0; r < 12; ++r) acc[r] += a * b;
+  std::int32_t s = 0;
+  for (int r = 0; r < 12; ++r) s += acc[r];
+  *checksum = s;
+  return iterations * 12;
+}
+
+}  // namespace qattn::kernels

@@ -83,3 +83,26 @@ Isa default_isa() {
 }
 
 }  // namespace qattn
+
+#include "qattn/kernels.h"
+
+namespace qattn {
+
+std::int64_t int8_mac_peak_loop(Isa isa, std::int64_t iterations, std::int32_t* checksum) {
+  if (!isa_available(isa)) throw std::invalid_argument("int8_mac_peak_loop: ISA " + std::string(isa_name(isa)) + " not available");
+  switch (isa) {
+    case Isa::scalar: return kernels::mac_loop__scalar(iterations, checksum);
+#if defined(QATTN_HAVE_X86_KERNELS)
+    case Isa::avx2: return kernels::mac_loop__avx2(iterations, checksum);
+    case Isa::avx512vnni: return kernels::mac_loop__avx512vnni(iterations, checksum);
+#endif
+#if defined(QATTN_HAVE_ARM_KERNELS)
+    case Isa::neon_dotprod: return kernels::mac_loop__neon_dotprod(iterations, checksum);
+    case Isa::neon_i8mm: return kernels::mac_loop__neon_i8mm(iterations, checksum);
+#endif
+    default: break;
+  }
+  throw std::invalid_argument("int8_mac_peak_loop: no loop for " + std::string(isa_name(isa)));
+}
+
+}  // namespace qattn

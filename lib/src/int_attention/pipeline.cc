@@ -98,7 +98,7 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
       const Eigen::Index r0 = b * br, rows = std::min(br, lq - r0);
       for (Eigen::Index i = 0; i < rows; ++i) std::copy_n(q.values + (r0 + i) * d, d, qb.data() + i * d4);
       f.qk({qb.data(), rows, d4, k_packed.data(), k_sum.data(), lk16, s.data()});
-      for (Eigen::Index i = 0; i < rows; ++i) {
+      for (Eigen::Index i = 0; !cfg.gemm_only && i < rows; ++i) {
         const Eigen::Index row = r0 + i;
         const Eigen::Index limit = cfg.causal ? row + lk - lq + 1 : lk;
         kernels::index_softmax_s32_u8__scalar(s.data() + i * lk16, cfg.valid ? cfg.valid + row * lk : nullptr, limit,
