@@ -76,5 +76,12 @@ struct IndexSoftmaxTables {
 };
 void index_softmax_s32_u8__scalar(const std::int32_t* s, const bool* valid, Index limit, Index keys,
                                   const IndexSoftmaxTables& t, std::uint8_t* p);
+// The same with a scratch row of `keys` int32 for E (it may alias s: each chunk is read before it is written).
+using SoftmaxKernel = void (*)(const std::int32_t* s, const bool* valid, Index limit, Index keys,
+                               const IndexSoftmaxTables& t, std::int32_t* e_scratch, std::uint8_t* p);
+#if defined(QATTN_HAVE_X86_KERNELS)
+void index_softmax_s32_u8__avx512(const std::int32_t* s, const bool* valid, Index limit, Index keys,
+                                  const IndexSoftmaxTables& t, std::int32_t* e_scratch, std::uint8_t* p);
+#endif
 
 }  // namespace qattn::kernels

@@ -51,16 +51,14 @@ inline void tile(const GemmArgs& g, Index i0, Index n0) {
     }
 }
 
-template <bool kSignedA, int R>
-inline void row_tiles(const GemmArgs& g, Index i0) {
-  for (Index n0 = 0; n0 < g.n; n0 += 16) tile<kSignedA, R, 2>(g, i0, n0);  // n is a multiple of 16
-}
-
+// Columns outer, rows inner: one panel of B (16 columns x k) stays in L1 while every row of A passes over it.
 template <bool kSignedA>
 void gemm(const GemmArgs& g) {
-  Index i0 = 0;
-  for (; i0 + 2 <= g.rows; i0 += 2) row_tiles<kSignedA, 2>(g, i0);
-  for (; i0 < g.rows; ++i0) row_tiles<kSignedA, 1>(g, i0);
+  for (Index n0 = 0; n0 < g.n; n0 += 16) {  // n is a multiple of 16
+    Index i0 = 0;
+    for (; i0 + 2 <= g.rows; i0 += 2) tile<kSignedA, 2, 2>(g, i0, n0);
+    for (; i0 < g.rows; ++i0) tile<kSignedA, 1, 2>(g, i0, n0);
+  }
 }
 
 }  // namespace

@@ -34,18 +34,19 @@ inline void tile(const GemmArgs& g, Index i0, Index n0) {
   }
 }
 
-template <bool kSignedA, int R>
-inline void row_tiles(const GemmArgs& g, Index i0) {
-  Index n0 = 0;
-  for (; n0 + 32 <= g.n; n0 += 32) tile<kSignedA, R, 2>(g, i0, n0);
-  if (n0 < g.n) tile<kSignedA, R, 1>(g, i0, n0);  // n is a multiple of 16
+template <bool kSignedA, int V>
+inline void column_panel(const GemmArgs& g, Index n0) {
+  Index i0 = 0;
+  for (; i0 + 4 <= g.rows; i0 += 4) tile<kSignedA, 4, V>(g, i0, n0);
+  for (; i0 < g.rows; ++i0) tile<kSignedA, 1, V>(g, i0, n0);
 }
 
+// Columns outer, rows inner: one panel of B (32 columns x k) stays in L1 while every row of A passes over it.
 template <bool kSignedA>
 void gemm(const GemmArgs& g) {
-  Index i0 = 0;
-  for (; i0 + 4 <= g.rows; i0 += 4) row_tiles<kSignedA, 4>(g, i0);
-  for (; i0 < g.rows; ++i0) row_tiles<kSignedA, 1>(g, i0);
+  Index n0 = 0;
+  for (; n0 + 32 <= g.n; n0 += 32) column_panel<kSignedA, 2>(g, n0);
+  if (n0 < g.n) column_panel<kSignedA, 1>(g, n0);  // n is a multiple of 16
 }
 
 }  // namespace

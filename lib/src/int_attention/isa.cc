@@ -45,6 +45,7 @@ bool isa_available(Isa isa) {
     case Isa::avx2: return __builtin_cpu_supports("avx2");
     case Isa::avx512vnni:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
              __builtin_cpu_supports("avx512vnni");
 #endif
 #if defined(QATTN_HAVE_ARM_KERNELS)

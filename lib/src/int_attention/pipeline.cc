@@ -14,9 +14,15 @@ namespace {
 
 Eigen::Index round_up(Eigen::Index x, Eigen::Index m) { return (x + m - 1) / m * m; }
 
+void softmax_scalar(const std::int32_t* s, const bool* valid, Eigen::Index limit, Eigen::Index keys,
+                    const kernels::IndexSoftmaxTables& t, std::int32_t*, std::uint8_t* p) {
+  kernels::index_softmax_s32_u8__scalar(s, valid, limit, keys, t, p);
+}
+
 struct Family {
   kernels::GemmKernel qk, pv;
   IntAttentionKernels names;
+  kernels::SoftmaxKernel softmax = softmax_scalar;
 };
 
 Family family(Isa isa) {
@@ -31,7 +37,8 @@ Family family(Isa isa) {
               {"qk_s8s8_s32__avx2_2x16", "index_softmax_s32_u8__scalar", "pv_u8s8_s32__avx2_2x16"}};
     case Isa::avx512vnni:
       return {qk_s8s8_s32__avx512vnni_4x32, pv_u8s8_s32__avx512vnni_4x32,
-              {"qk_s8s8_s32__avx512vnni_4x32", "index_softmax_s32_u8__scalar", "pv_u8s8_s32__avx512vnni_4x32"}};
+              {"qk_s8s8_s32__avx512vnni_4x32", "index_softmax_s32_u8__avx512", "pv_u8s8_s32__avx512vnni_4x32"},
+              index_softmax_s32_u8__avx512};
 #endif
 #if defined(QATTN_HAVE_ARM_KERNELS)
     case Isa::neon_dotprod:
@@ -101,8 +108,8 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
       for (Eigen::Index i = 0; !cfg.gemm_only && i < rows; ++i) {
         const Eigen::Index row = r0 + i;
         const Eigen::Index limit = cfg.causal ? row + lk - lq + 1 : lk;
-        kernels::index_softmax_s32_u8__scalar(s.data() + i * lk16, cfg.valid ? cfg.valid + row * lk : nullptr, limit,
-                                              lk, tables, p.data() + i * lk16);
+        f.softmax(s.data() + i * lk16, cfg.valid ? cfg.valid + row * lk : nullptr, limit, lk, tables,
+                  s.data() + i * lk16, p.data() + i * lk16);
       }
       f.pv({p.data(), rows, lk16, v_packed.data(), v_sum.data(), dv16, acc.data()});
       for (Eigen::Index i = 0; i < rows; ++i)

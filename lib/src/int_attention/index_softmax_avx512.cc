@@ -1,0 +1,127 @@
+// AVX-512 IndexSoftmax row, 16 logits per step, the same integers as index_softmax_s32_u8__scalar:
+//   Δ' = min(m - a, c_int)               int32 (|m - a| <= 2 127^2 d < 2^31 for d < 66000)
+//   idx by the index rule in double       every numerator is an integer < 2^41 and every divisor < 2^31, so the
+//                                         quotient is exact or at least 2^-39 (relative) from the next integer:
+//                                         floor of the correctly rounded double quotient is the exact floor
+//                                         (q26 rules: (Δ' m [+ 2^25]) 2^-26, a power-of-two scaling, exact)
+//   E = LUT[idx]                          vpermt2d for b <= 5 (32 entries), vpgatherdd above
+//   S = sum E                             int32 lanes (255 L / 16 each), reduced to int64
+//   P: floor by FloorDivider16 with vpmuludq (n = s_P E < 2^16, multiplier < 2^18: exact 64-bit products);
+//      f32-rne by vdivps + round-to-nearest-even; q8 reciprocal (E ns + 128) >> 8 in int32.
+// Rows with a padding mask and the float32 index rule (floor-f32) run the scalar spec.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "qattn/kernels.h"
+#include "qattn/reciprocal_division.h"
+
+namespace qattn::kernels {
+namespace {
+
+inline __mmask16 tail_mask(Index j, Index limit) {
+  const Index n = std::clamp<Index>(limit - j, 0, 16);
+  return static_cast<__mmask16>((1u << n) - 1u);
+}
+
+// floor(x) of 8 non-negative doubles below 2^31, as int32.
+inline __m256i floor_to_i32(__m512d x) { return _mm512_cvttpd_epi32(x); }
+
+inline __m512i index_of(__m512i delta, const IndexSoftmaxTables& t) {
+  const double last = (1 << t.params.bits) - 1, c = static_cast<double>(t.c_int), m = static_cast<double>(t.q26);
+  __m256i halves[2];
+  for (int h = 0; h < 2; ++h) {
+    const __m512d dd = _mm512_cvtepi32_pd(h == 0 ? _mm512_castsi512_si256(delta) : _mm512_extracti64x4_epi64(delta, 1));
+    __m512d q;
+    switch (t.params.index_rule) {
+      case IndexRule::floor: q = _mm512_div_pd(_mm512_mul_pd(dd, _mm512_set1_pd(last)), _mm512_set1_pd(c)); break;
+      case IndexRule::round:
+        q = _mm512_div_pd(_mm512_add_pd(_mm512_mul_pd(dd, _mm512_set1_pd(2 * last)), _mm512_set1_pd(c)),
+                          _mm512_set1_pd(2 * c));
+        break;
+      case IndexRule::q26_round:
+        q = _mm512_mul_pd(_mm512_add_pd(_mm512_mul_pd(dd, _mm512_set1_pd(m)), _mm512_set1_pd(0x1p25)),
+                          _mm512_set1_pd(0x1p-26));
+        break;
+      default:  // q26_floor (floor_f32 never reaches here)
+        q = _mm512_mul_pd(_mm512_mul_pd(dd, _mm512_set1_pd(m)), _mm512_set1_pd(0x1p-26));
+        break;
+    }
+    halves[h] = floor_to_i32(_mm512_min_pd(q, _mm512_set1_pd(last)));
+  }
+  return _mm512_inserti64x4(_mm512_castsi256_si512(halves[0]), halves[1], 1);
+}
+
+}  // namespace
+
+void index_softmax_s32_u8__avx512(const std::int32_t* s, const bool* valid, Index limit, Index keys,
+                                  const IndexSoftmaxTables& t, std::int32_t* e_scratch, std::uint8_t* p) {
+  if (valid || t.params.index_rule == IndexRule::floor_f32) {
+    index_softmax_s32_u8__scalar(s, valid, limit, keys, t, p);
+    return;
+  }
+  std::fill(p, p + keys, std::uint8_t{0});
+  limit = std::clamp<Index>(limit, 0, keys);
+  if (limit == 0) return;
+  // (1) the maximum
+  __m512i vmax = _mm512_set1_epi32(std::numeric_limits<std::int32_t>::min());
+  for (Index j = 0; j < limit; j += 16)
+    vmax = _mm512_mask_max_epi32(vmax, tail_mask(j, limit), vmax, _mm512_maskz_loadu_epi32(tail_mask(j, limit), s + j));
+  alignas(64) std::int32_t lanes[16];
+  _mm512_store_si512(lanes, vmax);
+  const std::int32_t m = *std::max_element(lanes, lanes + 16);
+  // (2)-(5) Δ', index, E, the sum
+  const __m512i vm = _mm512_set1_epi32(m), vc = _mm512_set1_epi32(static_cast<std::int32_t>(t.c_int));
+  const bool small_lut = t.params.bits <= 5;
+  alignas(64) std::int32_t lut32[256];
+  for (int i = 0; i < 256; ++i) lut32[i] = t.lut[i];
+  const __m512i lut_lo = _mm512_load_si512(lut32), lut_hi = _mm512_load_si512(lut32 + 16);
+  __m512i vsum = _mm512_setzero_si512();
+  for (Index j = 0; j < limit; j += 16) {
+    const __mmask16 k = tail_mask(j, limit);
+    const __m512i a = _mm512_maskz_loadu_epi32(k, s + j);
+    const __m512i delta = _mm512_min_epi32(_mm512_sub_epi32(vm, a), vc);
+    const __m512i idx = _mm512_max_epi32(index_of(delta, t), _mm512_setzero_si512());
+    const __m512i e = small_lut ? _mm512_maskz_permutex2var_epi32(k, lut_lo, idx, lut_hi)
+                                : _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, idx, lut32, 4);
+    vsum = _mm512_add_epi32(vsum, e);
+    _mm512_storeu_si512(e_scratch + j, e);
+  }
+  _mm512_store_si512(lanes, vsum);
+  std::int64_t sum = 0;
+  for (const std::int32_t x : lanes) sum += x;
+  // (6) normalisation
+  const int ps = t.params.p_format == PFormat::u8 ? 255 : 127;
+  const __m512i vps = _mm512_set1_epi32(ps);
+  if (t.params.normalization == Normalization::floor) {
+    const FloorDivider16 div = FloorDivider16::make(static_cast<std::uint64_t>(sum));
+    const __m512i mul = _mm512_set1_epi64(static_cast<long long>(div.multiplier));
+    const __m128i shift = _mm_cvtsi32_si128(div.shift);
+    for (Index j = 0; j < limit; j += 16) {
+      const __m512i n = _mm512_mullo_epi32(_mm512_loadu_si512(e_scratch + j), vps);
+      const __m512i lo = _mm512_srl_epi64(_mm512_mul_epu32(_mm512_cvtepu32_epi64(_mm512_castsi512_si256(n)), mul), shift);
+      const __m512i hi =
+          _mm512_srl_epi64(_mm512_mul_epu32(_mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(n, 1)), mul), shift);
+      const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(lo)), _mm512_cvtepi64_epi32(hi), 1);
+      _mm_mask_storeu_epi8(p + j, tail_mask(j, limit), _mm512_cvtepi32_epi8(q));
+    }
+  } else if (t.params.normalization == Normalization::f32_rne) {
+    const __m512 fs = _mm512_set1_ps(static_cast<float>(sum));
+    for (Index j = 0; j < limit; j += 16) {
+      const __m512 x = _mm512_cvtepi32_ps(_mm512_mullo_epi32(_mm512_loadu_si512(e_scratch + j), vps));  // < 2^16: exact
+      const __m512i q = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_div_ps(x, fs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      _mm_mask_storeu_epi8(p + j, tail_mask(j, limit), _mm512_cvtepi32_epi8(q));
+    }
+  } else {  // q8 reciprocal
+    const bool identity = sum == ps;
+    const __m512i ns = _mm512_set1_epi32(identity ? 256 : static_cast<std::int32_t>((512 * std::int64_t{ps} + sum) / (2 * sum)));
+    const __m512i half = _mm512_set1_epi32(identity ? 0 : 128);
+    for (Index j = 0; j < limit; j += 16) {
+      const __m512i q = _mm512_srli_epi32(_mm512_add_epi32(_mm512_mullo_epi32(_mm512_loadu_si512(e_scratch + j), ns), half), 8);
+      _mm_mask_storeu_epi8(p + j, tail_mask(j, limit), _mm512_cvtepi32_epi8(q));
+    }
+  }
+}
+
+}  // namespace qattn::kernels
