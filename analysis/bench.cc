@@ -14,7 +14,10 @@
 #include <thread>
 
 #include "commands.h"
+#include "qattn/error.h"
 #include "qattn/int_attention.h"
+#include "qattn/reference/method_entries.h"
+#include "qattn/reference/registry.h"
 #include "qattn/tensor_io.h"
 #include "table.h"
 
@@ -74,7 +77,7 @@ void fp32_attention_blocks(const RowMatrixXf& q, const RowMatrixXf& k, const Row
 struct BenchOptions {
   std::vector<int> lengths{1024, 2048, 4096}, threads{1, 2};
   int d = 128, reps = 5;
-  std::string isa, format = "md", out;
+  std::string isa, format = "md", out, index = "index@upstream-neon";
 };
 
 void run_bench(const BenchOptions& o) {
@@ -85,7 +88,11 @@ void run_bench(const BenchOptions& o) {
     if (l < 1) throw CLI::ValidationError("--L", "lengths must be >= 1");
   for (int t : o.threads)
     if (t < 1) throw CLI::ValidationError("--threads", "must be >= 1");
+  const MethodSpec index_spec = parse_method_spec(o.index);
+  if (index_spec.name != "index") throw SpecError("--index: expected an 'index' spec such as index@paper, got '" + o.index + "'");
+  const IndexSoftmaxParams index_params = ref::index_softmax_params(ref::reference_registry().resolve(index_spec));
   const IntAttentionKernels names = int_attention_kernels(isa);
+  const std::string qo_softmax = int_attention_kernels(isa, IntPipeline::quant_only).softmax;
 
   // Peak: 1 thread, the GEMMs' MAC instruction, about 0.3 s.
   std::int32_t checksum = 0;
@@ -100,10 +107,10 @@ void run_bench(const BenchOptions& o) {
   }
 
   Table t{{"L", "d", "threads", "pipeline", "median ms", "GOP/s", "vs gemm-only", "fp32 / this", "softmax share",
-           "GEMM % of peak"},
+           "GEMM % of peak", "quant-only / this"},
           {}};
   json j = {{"cpu", cpu_model()}, {"hardware_threads", std::thread::hardware_concurrency()}, {"isa", isa_name(isa)},
-            {"kernels", {{"qk", names.qk}, {"softmax", names.softmax}, {"pv", names.pv}}},
+            {"kernels", {{"qk", names.qk}, {"softmax", names.softmax}, {"softmax_quant_only", qo_softmax}, {"pv", names.pv}}},
             {"peak_int8_gmacs_per_core", peak_gmacs}, {"reps", o.reps}, {"runs", json::array()}};
   std::mt19937_64 g(1);
   std::normal_distribution<float> n(0, 1);
@@ -127,14 +134,16 @@ void run_bench(const BenchOptions& o) {
       IntAttentionConfig cfg;
       cfg.isa = isa;
       cfg.threads = threads;
-      auto run_int = [&](bool gemm_only) {
+      cfg.softmax = index_params;
+      auto run_int = [&](bool gemm_only, IntPipeline pipeline = IntPipeline::intattention) {
         cfg.gemm_only = gemm_only;
+        cfg.pipeline = pipeline;
         return median_ms(o.reps, [&] {
           int_attention_fused({q8.data(), l, o.d, sq}, {k8.data(), l, o.d, sk}, {v8.data(), l, o.d, sv}, scale, cfg,
                               out.data());
         });
       };
-      const double t_int = run_int(false), t_gemm = run_int(true);
+      const double t_int = run_int(false), t_gemm = run_int(true), t_qo = run_int(false, IntPipeline::quant_only);
       const double t_fp32 = median_ms(o.reps, [&] { fp32_attention_blocks(qf, kf, vf, static_cast<float>(scale), threads, of); });
       const double gemm_eff = ops / 2 / (t_gemm * 1e-3) * 1e-9 / (peak_gmacs * threads) * 100;
       auto fmt = [](double x, int p) {
@@ -147,12 +156,13 @@ void run_bench(const BenchOptions& o) {
       auto add = [&](const std::string& name, double ms, bool is_int) {
         t.rows.push_back({std::to_string(l), std::to_string(o.d), std::to_string(threads), name, fmt(ms, 2),
                           fmt(ops / (ms * 1e-3) * 1e-9, 1), fmt(ms / t_gemm, 2), fmt(t_fp32 / ms, 2),
-                          is_int && name == "intattention fused" ? fmt((t_int - t_gemm) / t_int * 100, 1) + " %" : "-",
-                          name == "gemm-only" ? fmt(gemm_eff, 1) + " %" : "-"});
+                          is_int && name != "gemm-only" ? fmt((ms - t_gemm) / ms * 100, 1) + " %" : "-",
+                          name == "gemm-only" ? fmt(gemm_eff, 1) + " %" : "-", fmt(t_qo / ms, 2)});
         j["runs"].push_back({{"L", l}, {"d", o.d}, {"threads", threads}, {"pipeline", name}, {"median_ms", ms},
                              {"gops", ops / (ms * 1e-3) * 1e-9}});
       };
       add("intattention fused", t_int, true);
+      add("quant-only fused", t_qo, true);
       add("gemm-only", t_gemm, true);
       add("fp32 blocks (Eigen)", t_fp32, false);
       std::cerr << "qattn bench: L " << l << ", " << threads << " thread(s) done\n";
@@ -161,9 +171,12 @@ void run_bench(const BenchOptions& o) {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   j["peak_rss_mib"] = ru.ru_maxrss / 1024.0;
+  j["index"] = ref::reference_registry().canonical(index_spec);
   std::ostringstream head;
   head << "qattn bench: " << cpu_model() << ", " << std::thread::hardware_concurrency() << " hardware threads\n"
-       << "ISA " << isa_name(isa) << ": " << names.qk << ", " << names.softmax << ", " << names.pv << "\n"
+       << "ISA " << isa_name(isa) << ": " << names.qk << ", " << names.softmax << " (quant-only: " << qo_softmax << "), "
+       << names.pv << "\n"
+       << "IndexSoftmax: " << ref::reference_registry().canonical(index_spec) << "\n"
        << "int8 MAC peak, 1 core (" << isa_name(isa) << " loop, 12 accumulators): " << peak_gmacs << " GMAC/s\n"
        << "medians of " << o.reps << " runs after one warm-up; GOP/s counts the two GEMMs (4 L^2 d ops); "
        << "fp32 blocks runs Eigen at this build's baseline ISA; peak RSS of the whole run " << ru.ru_maxrss / 1024
@@ -181,6 +194,7 @@ void add_bench(CLI::App& app) {
   sub->add_option("--threads", o->threads, "thread counts")->delimiter(',')->capture_default_str();
   sub->add_option("--reps", o->reps, "timed repetitions per cell (median)")->capture_default_str();
   sub->add_option("--isa", o->isa, "scalar|avx2|avx512|neon-dotprod|neon-i8mm (default: QATTN_ISA or the best)");
+  sub->add_option("--index", o->index, "IndexSoftmax spec of the intattention rows")->capture_default_str();
   sub->add_option("--format", o->format, "md|json")->check(CLI::IsMember({"md", "json"}))->capture_default_str();
   sub->add_option("--out", o->out, "write here instead of stdout");
   sub->callback([o] { run_bench(*o); });

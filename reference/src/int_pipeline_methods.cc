@@ -16,10 +16,14 @@ class PipelineMethod : public Method {
 
 class QuantOnlyMethod final : public PipelineMethod {
  public:
+  explicit QuantOnlyMethod(QuantOnlySoftmax s) : softmax_(s) {}
   AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
                             const AttentionMask& mask) const override {
-    return quant_only_attention(q, k, v, scale, mask);
+    return quant_only_attention(q, k, v, scale, mask, softmax_);
   }
+
+ private:
+  QuantOnlySoftmax softmax_;
 };
 
 class IntAttentionMethod final : public PipelineMethod {
@@ -41,9 +45,14 @@ class IntAttentionMethod final : public PipelineMethod {
 MethodEntry quant_only_method_entry() {
   return {"quant-only",
           "Quant-Only INT8 baseline: INT8 Q/K/V, INT32 QK^T, dequantise, fp32 softmax, INT8 P = round(127 p), INT32 PV",
+          {{"softmax", ParamType::choice, "ref",
+            "fp32 softmax: ref (std::exp, pairwise sum) or lanes16 (the fast path's exp_f32_poly and 16-lane sum)",
+            {"ref", "lanes16"}}},
           {},
-          {},
-          [](const ParamMap&) -> std::unique_ptr<Method> { return std::make_unique<QuantOnlyMethod>(); }};
+          [](const ParamMap& m) -> std::unique_ptr<Method> {
+            return std::make_unique<QuantOnlyMethod>(m.choice("softmax") == "lanes16" ? QuantOnlySoftmax::lanes16
+                                                                                      : QuantOnlySoftmax::reference);
+          }};
 }
 
 MethodEntry intattention_method_entry() {

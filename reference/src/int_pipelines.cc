@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "qattn/exp_f32.h"
 #include "qattn/reference/softmax.h"
 
 namespace qattn::ref {
@@ -66,7 +67,7 @@ RowMatrixXd int_matmul_ab(const RowMatrixXi32& a, const RowMatrixXi32& b) {
 }
 
 AttentionResult quant_only_attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
-                                     const AttentionMask& mask) {
+                                     const AttentionMask& mask, QuantOnlySoftmax softmax) {
   check_shapes(q, k, v);
   const Int8Matrix qi = quantize_symmetric_int8(q), ki = quantize_symmetric_int8(k), vi = quantize_symmetric_int8(v);
   const RowMatrixXi32 a = int_matmul_abt(qi.values, ki.values);
@@ -78,7 +79,12 @@ AttentionResult quant_only_attention(const RowMatrixXd& q, const RowMatrixXd& k,
     for (Eigen::Index i = 0; i < s.size(); ++i)
       if (!visible.data()[i]) s.data()[i] = -std::numeric_limits<float>::infinity();
   }
-  const RowMatrixXf p = softmax_ref_rows(s);
+  RowMatrixXf p(s.rows(), s.cols());
+  if (softmax == QuantOnlySoftmax::reference) {
+    p = softmax_ref_rows(s);
+  } else {
+    for (Eigen::Index i = 0; i < s.rows(); ++i) softmax_row_lanes16(s.row(i).data(), nullptr, s.cols(), p.row(i).data());
+  }
   AttentionResult r;
   r.p_int.resize(p.rows(), p.cols());
   for (Eigen::Index i = 0; i < p.size(); ++i)

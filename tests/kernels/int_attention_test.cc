@@ -108,6 +108,7 @@ class IntAttentionTester {
   IntAttentionTester& padding(bool p) { padding_ = p; return *this; }
   IntAttentionTester& block_rows(Eigen::Index b) { block_rows_ = b; return *this; }
   IntAttentionTester& sigma(double s) { sigma_ = s; return *this; }
+  IntAttentionTester& quant_only(bool b) { quant_only_ = b; return *this; }
 
   void Test() const {
     std::mt19937_64 g(lq_ * 131 + lk_ * 7 + d_);
@@ -126,13 +127,16 @@ class IntAttentionTester {
       if (lq_ > 1) valid.row(1).setConstant(false);  // a fully masked row
       mask.valid = valid;
     }
-    const RowMatrixXd expect = ref::int_attention(q, k, v, scale, mask, params, ref::CintEvaluation::f64).o;
+    const RowMatrixXd expect =
+        quant_only_ ? ref::quant_only_attention(q, k, v, scale, mask, ref::QuantOnlySoftmax::lanes16).o
+                    : ref::int_attention(q, k, v, scale, mask, params, ref::CintEvaluation::f64).o;
     std::ostringstream what;
-    what << "index" << spec_ << " lq " << lq_ << " lk " << lk_ << " d " << d_ << " dv " << dv_ << " causal " << causal_
+    what << (quant_only_ ? "quant-only" : "index" + spec_) << " lq " << lq_ << " lk " << lk_ << " d " << d_ << " dv " << dv_ << " causal " << causal_
          << " padding " << padding_ << " B_r " << block_rows_;
     for (const Isa isa : available_isas())
       for (const int threads : {1, 2}) {
         IntAttentionConfig cfg;
+        cfg.pipeline = quant_only_ ? IntPipeline::quant_only : IntPipeline::intattention;
         cfg.softmax = params;
         cfg.isa = isa;
         cfg.threads = threads;
@@ -147,7 +151,7 @@ class IntAttentionTester {
  private:
   Eigen::Index lq_ = 8, lk_ = 8, d_ = 64, dv_ = 64, block_rows_ = 64;
   std::string spec_ = "@upstream-neon";
-  bool causal_ = false, padding_ = false;
+  bool causal_ = false, padding_ = false, quant_only_ = false;
   double sigma_ = 1.0;
 };
 
@@ -175,6 +179,16 @@ TEST_CASE("fused IntAttention equals the reference model on every ISA, thread co
   IntAttentionTester().lq(1).lk(1).d(1).dv(1).Test();
   IntAttentionTester().lq(5).lk(9).d(1).dv(3).sigma(30).Test();  // c_int from large scales: small
   IntAttentionTester().lq(5).lk(9).d(8).dv(3).sigma(1e-9).Test();  // tiny scales: c_int saturates at 2^30
+}
+
+TEST_CASE("fused Quant-Only equals the reference model (lanes16 softmax) on every ISA and thread count", "[kernels]") {
+  for (const Eigen::Index d : {64, 80, 128})
+    IntAttentionTester().quant_only(true).d(d).dv(d).lq(19).lk(37).Test();
+  for (const Eigen::Index lk : {1, 15, 16, 17, 65, 300})
+    for (const bool causal : {false, true})
+      IntAttentionTester().quant_only(true).lq(23).lk(lk).d(80).dv(33).causal(causal).block_rows(8).Test();
+  IntAttentionTester().quant_only(true).lq(40).lk(31).d(64).dv(16).causal(true).padding(true).block_rows(16).Test();
+  IntAttentionTester().quant_only(true).lq(7).lk(50).d(16).dv(4).sigma(8).Test();  // peaked rows: e underflow region
 }
 
 TEST_CASE("fused IntAttention at L_k = 70000: row sums beyond 16 bits, no overflow", "[kernels]") {

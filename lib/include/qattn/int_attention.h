@@ -39,8 +39,13 @@ struct Int8View {
   double scale = 1;
 };
 
+// Which softmax sits between the two integer GEMMs: IndexSoftmax (IntAttention, P x255 or x127), or Quant-Only's
+// dequantise -> float softmax (qattn/exp_f32.h) -> requantise to P8 = rne(127 p), O = fl32(O_int s_V / 127).
+enum class IntPipeline { intattention, quant_only };
+
 struct IntAttentionConfig {
-  IndexSoftmaxParams softmax;
+  IntPipeline pipeline = IntPipeline::intattention;
+  IndexSoftmaxParams softmax;  // intattention only
   std::int64_t c_int = 0;     // 0: c_int = cint_from_alpha(c, sQ sK scale, cint_rounding), in double
   Eigen::Index block_rows = 64;
   int threads = 1;
@@ -54,7 +59,7 @@ struct IntAttentionConfig {
 struct IntAttentionKernels {
   std::string qk, softmax, pv;
 };
-IntAttentionKernels int_attention_kernels(Isa isa);
+IntAttentionKernels int_attention_kernels(Isa isa, IntPipeline pipeline = IntPipeline::intattention);
 
 // The int8 multiply-accumulate peak of one core with the instruction the ISA's GEMMs use (vpdpbusd, vpmaddwd, sdot,
 // usdot): `iterations` rounds over 12 independent accumulators. Returns the MACs done (the caller times it) and

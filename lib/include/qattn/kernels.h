@@ -47,6 +47,16 @@ void pv_u8s8_s32__neon_dotprod_4x16(const GemmArgs& args);
 void pv_u8s8_s32__neon_i8mm_4x16(const GemmArgs& args);
 #endif
 
+// Quant-Only's float softmax of one row of S, requantised: x_j = fl32(S_j) * alpha for visible j < limit (the rest
+// -inf), p = softmax_row_lanes16(x) (qattn/exp_f32.h), P8_j = rne(fl32(127 p_j)) in [0, 127]. `scratch` holds
+// `keys` floats.
+void softmax_s32_f32_u8__scalar(const std::int32_t* s, const bool* valid, Index limit, Index keys, float alpha,
+                                float* scratch, std::uint8_t* p);
+#if defined(QATTN_HAVE_X86_KERNELS)
+void softmax_s32_f32_u8__avx512(const std::int32_t* s, const bool* valid, Index limit, Index keys, float alpha,
+                                float* scratch, std::uint8_t* p);
+#endif
+
 // The MAC-rate loops behind int8_mac_peak_loop: 12 independent accumulators, `iterations` rounds; return the MACs.
 std::int64_t mac_loop__scalar(std::int64_t iterations, std::int32_t* checksum);
 #if defined(QATTN_HAVE_X86_KERNELS)

@@ -23,6 +23,8 @@ struct Family {
   kernels::GemmKernel qk, pv;
   IntAttentionKernels names;
   kernels::SoftmaxKernel softmax = softmax_scalar;
+  decltype(&kernels::softmax_s32_f32_u8__scalar) softmax_f32 = kernels::softmax_s32_f32_u8__scalar;
+  std::string softmax_f32_name = "softmax_s32_f32_u8__scalar";
 };
 
 Family family(Isa isa) {
@@ -38,7 +40,7 @@ Family family(Isa isa) {
     case Isa::avx512vnni:
       return {qk_s8s8_s32__avx512vnni_4x32, pv_u8s8_s32__avx512vnni_4x32,
               {"qk_s8s8_s32__avx512vnni_4x32", "index_softmax_s32_u8__avx512", "pv_u8s8_s32__avx512vnni_4x32"},
-              index_softmax_s32_u8__avx512};
+              index_softmax_s32_u8__avx512, softmax_s32_f32_u8__avx512, "softmax_s32_f32_u8__avx512"};
 #endif
 #if defined(QATTN_HAVE_ARM_KERNELS)
     case Isa::neon_dotprod:
@@ -65,7 +67,11 @@ std::vector<std::int8_t> quantize_per_tensor(const RowMatrixXd& x, double* scale
 
 }  // namespace
 
-IntAttentionKernels int_attention_kernels(Isa isa) { return family(isa).names; }
+IntAttentionKernels int_attention_kernels(Isa isa, IntPipeline pipeline) {
+  Family f = family(isa);
+  if (pipeline == IntPipeline::quant_only) f.names.softmax = f.softmax_f32_name;
+  return f.names;
+}
 
 void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v, double scale,
                          const IntAttentionConfig& cfg, float* o) {
@@ -83,11 +89,16 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
     std::fill(o, o + lq * dv, 0.0f);
     return;
   }
-  const std::int64_t c_int =
-      cfg.c_int > 0 ? cfg.c_int : cint_from_alpha(cfg.softmax.c, q.scale * k.scale * scale, cfg.softmax.cint_rounding);
-  const kernels::IndexSoftmaxTables tables = kernels::IndexSoftmaxTables::make(cfg.softmax, c_int);
+  const bool quant_only = cfg.pipeline == IntPipeline::quant_only;
+  kernels::IndexSoftmaxTables tables;
+  if (!quant_only) {
+    const std::int64_t c_int =
+        cfg.c_int > 0 ? cfg.c_int : cint_from_alpha(cfg.softmax.c, q.scale * k.scale * scale, cfg.softmax.cint_rounding);
+    tables = kernels::IndexSoftmaxTables::make(cfg.softmax, c_int);
+  }
+  const float alpha = static_cast<float>(q.scale * k.scale * scale);  // quant-only: S = fl32(A) * alpha
   const double out_scale = v.scale;
-  const int p_scale = cfg.softmax.p_format == PFormat::u8 ? 255 : 127;
+  const int p_scale = quant_only || cfg.softmax.p_format == PFormat::s8 ? 127 : 255;
 
   const Eigen::Index d4 = round_up(d, 4), lk16 = round_up(lk, 16), dv16 = round_up(dv, 16);
   std::vector<std::int8_t> k_packed(static_cast<std::size_t>(d4 * lk16)), v_packed(static_cast<std::size_t>(lk16 * dv16));
@@ -101,6 +112,7 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
     std::vector<std::int8_t> qb(static_cast<std::size_t>(br * d4), 0);
     std::vector<std::int32_t> s(static_cast<std::size_t>(br * lk16)), acc(static_cast<std::size_t>(br * dv16));
     std::vector<std::uint8_t> p(static_cast<std::size_t>(br * lk16), 0);
+    std::vector<float> scratch(quant_only ? static_cast<std::size_t>(lk16) : 0);
     for (Eigen::Index b = id; b < blocks; b += threads) {  // block b to thread b mod threads
       const Eigen::Index r0 = b * br, rows = std::min(br, lq - r0);
       for (Eigen::Index i = 0; i < rows; ++i) std::copy_n(q.values + (r0 + i) * d, d, qb.data() + i * d4);
@@ -108,8 +120,11 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
       for (Eigen::Index i = 0; !cfg.gemm_only && i < rows; ++i) {
         const Eigen::Index row = r0 + i;
         const Eigen::Index limit = cfg.causal ? row + lk - lq + 1 : lk;
-        f.softmax(s.data() + i * lk16, cfg.valid ? cfg.valid + row * lk : nullptr, limit, lk, tables,
-                  s.data() + i * lk16, p.data() + i * lk16);
+        const bool* valid = cfg.valid ? cfg.valid + row * lk : nullptr;
+        if (quant_only)
+          f.softmax_f32(s.data() + i * lk16, valid, limit, lk, alpha, scratch.data(), p.data() + i * lk16);
+        else
+          f.softmax(s.data() + i * lk16, valid, limit, lk, tables, s.data() + i * lk16, p.data() + i * lk16);
       }
       f.pv({p.data(), rows, lk16, v_packed.data(), v_sum.data(), dv16, acc.data()});
       for (Eigen::Index i = 0; i < rows; ++i)

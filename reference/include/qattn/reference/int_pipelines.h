@@ -22,10 +22,15 @@ RowMatrixXi32 int_matmul_abt(const RowMatrixXi32& a, const RowMatrixXi32& b);
 // a b with exact int64 accumulation, returned as doubles (exact below 2^53).
 RowMatrixXd int_matmul_ab(const RowMatrixXi32& a, const RowMatrixXi32& b);
 
+// The float softmax inside Quant-Only: softmax_ref<float> (std::exp, pairwise sum), or the fast path's
+// softmax_row_lanes16 (qattn/exp_f32.h: one documented exp and the 16-lane sum order), for a bit-exact ladder.
+enum class QuantOnlySoftmax { reference, lanes16 };
+
 // Quant-Only INT8 (IntAttention's baseline): INT8 Q, K, V; INT32 Q K^T; S = fl32(A) * fl32(sQ sK scale);
-// P = softmax_ref<float>(S); P8 = round_half_even(fl32(127 P)) as INT8; INT32 P8 V; O = fl32(P8 V * sV / 127).
+// P = softmax(S) in float; P8 = round_half_even(fl32(127 P)) as INT8; INT32 P8 V; O = fl32(P8 V * sV / 127).
 AttentionResult quant_only_attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
-                                     const AttentionMask& mask);
+                                     const AttentionMask& mask,
+                                     QuantOnlySoftmax softmax = QuantOnlySoftmax::reference);
 
 // How c_int is evaluated from the scales: in double as c / (sQ sK scale), or as the official simulation does,
 // ((c / sQ) / sK) / scale in float32, before the CintRounding rule.
