@@ -135,15 +135,18 @@ void run_bench(const BenchOptions& o) {
       cfg.isa = isa;
       cfg.threads = threads;
       cfg.softmax = index_params;
-      auto run_int = [&](bool gemm_only, IntPipeline pipeline = IntPipeline::intattention) {
+      auto run_int = [&](bool gemm_only, IntPipeline pipeline = IntPipeline::intattention, bool materialise = false) {
         cfg.gemm_only = gemm_only;
         cfg.pipeline = pipeline;
+        cfg.materialise = materialise;
         return median_ms(o.reps, [&] {
           int_attention_fused({q8.data(), l, o.d, sq}, {k8.data(), l, o.d, sk}, {v8.data(), l, o.d, sv}, scale, cfg,
                               out.data());
         });
       };
       const double t_int = run_int(false), t_gemm = run_int(true), t_qo = run_int(false, IntPipeline::quant_only);
+      const double t_int_m = run_int(false, IntPipeline::intattention, true),
+                   t_qo_m = run_int(false, IntPipeline::quant_only, true);
       const double t_fp32 = median_ms(o.reps, [&] { fp32_attention_blocks(qf, kf, vf, static_cast<float>(scale), threads, of); });
       const double gemm_eff = ops / 2 / (t_gemm * 1e-3) * 1e-9 / (peak_gmacs * threads) * 100;
       auto fmt = [](double x, int p) {
@@ -164,6 +167,8 @@ void run_bench(const BenchOptions& o) {
       add("intattention fused", t_int, true);
       add("quant-only fused", t_qo, true);
       add("gemm-only", t_gemm, true);
+      add("intattention materialised", t_int_m, true);
+      add("quant-only materialised", t_qo_m, true);
       add("fp32 blocks (Eigen)", t_fp32, false);
       std::cerr << "qattn bench: L " << l << ", " << threads << " thread(s) done\n";
     }

@@ -33,8 +33,8 @@ std::vector<Variant> gemm_variants() {
   std::vector<Variant> v = {{Isa::scalar, "qk_s8s8_s32__scalar", qk_s8s8_s32__scalar, "pv_u8s8_s32__scalar", pv_u8s8_s32__scalar}};
 #if defined(QATTN_HAVE_X86_KERNELS)
   v.push_back({Isa::avx2, "qk_s8s8_s32__avx2_2x16", qk_s8s8_s32__avx2_2x16, "pv_u8s8_s32__avx2_2x16", pv_u8s8_s32__avx2_2x16});
-  v.push_back({Isa::avx512vnni, "qk_s8s8_s32__avx512vnni_4x32", qk_s8s8_s32__avx512vnni_4x32,
-               "pv_u8s8_s32__avx512vnni_4x32", pv_u8s8_s32__avx512vnni_4x32});
+  v.push_back({Isa::avx512vnni, "qk_s8s8_s32__avx512vnni_4x48", qk_s8s8_s32__avx512vnni_4x48,
+               "pv_u8s8_s32__avx512vnni_4x48", pv_u8s8_s32__avx512vnni_4x48});
 #endif
 #if defined(QATTN_HAVE_ARM_KERNELS)
   v.push_back({Isa::neon_dotprod, "qk_s8s8_s32__neon_dotprod_4x16", qk_s8s8_s32__neon_dotprod_4x16,
@@ -131,21 +131,23 @@ class IntAttentionTester {
         quant_only_ ? ref::quant_only_attention(q, k, v, scale, mask, ref::QuantOnlySoftmax::lanes16).o
                     : ref::int_attention(q, k, v, scale, mask, params, ref::CintEvaluation::f64).o;
     std::ostringstream what;
-    what << (quant_only_ ? "quant-only" : "index" + spec_) << " lq " << lq_ << " lk " << lk_ << " d " << d_ << " dv " << dv_ << " causal " << causal_
-         << " padding " << padding_ << " B_r " << block_rows_;
+    what << (quant_only_ ? "quant-only" : "index" + spec_) << " lq " << lq_ << " lk " << lk_ << " d " << d_ << " dv "
+         << dv_ << " causal " << causal_ << " padding " << padding_ << " B_r " << block_rows_;
     for (const Isa isa : available_isas())
-      for (const int threads : {1, 2}) {
-        IntAttentionConfig cfg;
-        cfg.pipeline = quant_only_ ? IntPipeline::quant_only : IntPipeline::intattention;
-        cfg.softmax = params;
-        cfg.isa = isa;
-        cfg.threads = threads;
-        cfg.block_rows = block_rows_;
-        cfg.causal = causal_;
-        cfg.valid = padding_ ? valid.data() : nullptr;
-        INFO(what.str() << " isa " << isa_name(isa) << " threads " << threads);
-        CHECK(int_attention_fused(q, k, v, scale, cfg) == expect);
-      }
+      for (const int threads : {1, 2})
+        for (const bool materialise : {false, true}) {
+          IntAttentionConfig cfg;
+          cfg.materialise = materialise;
+          cfg.pipeline = quant_only_ ? IntPipeline::quant_only : IntPipeline::intattention;
+          cfg.softmax = params;
+          cfg.isa = isa;
+          cfg.threads = threads;
+          cfg.block_rows = block_rows_;
+          cfg.causal = causal_;
+          cfg.valid = padding_ ? valid.data() : nullptr;
+          INFO(what.str() << " isa " << isa_name(isa) << " threads " << threads << " materialise " << materialise);
+          CHECK(int_attention_fused(q, k, v, scale, cfg) == expect);
+        }
   }
 
  private:
@@ -161,7 +163,7 @@ TEST_CASE("qk and pv GEMM variants equal the triple loop around their tiles", "[
   for (const bool pv : {false, true})
     for (const Eigen::Index rows : {1, 2, 3, 4, 5, 9})
       for (const Eigen::Index k : {1, 3, 4, 5, 64, 67, 128})
-        for (const Eigen::Index n : {1, 15, 16, 17, 32, 33, 48, 70})
+        for (const Eigen::Index n : {1, 15, 16, 17, 32, 33, 48, 70, 100})
           GemmTester().rows(rows).k(k).n(n).seed(static_cast<unsigned>(rows * 1000 + k * 10 + n)).Test(pv);
 }
 

@@ -53,9 +53,12 @@ struct IntAttentionConfig {
   bool causal = false;        // bottom-right aligned: query i sees keys j <= i + L_k - L_q
   const bool* valid = nullptr;  // optional padding mask [L_q, L_k] row-major (true = visible), combined with causal
   bool gemm_only = false;     // true: skip IndexSoftmax (P stays 0), so a benchmark times the two GEMMs alone
+  // true: the materialised (ACL-style) dataflow: the full S [L_q, L_k], then every softmax row, then P V, as three
+  // separate passes (each spread over threads). Same integers as the fused one; memory O(L_q L_k).
+  bool materialise = false;
 };
 
-// Names of the kernels a call with this ISA runs, for reports ("qk_s8s8_s32__avx512vnni_4x32", ...).
+// Names of the kernels a call with this ISA runs, for reports ("qk_s8s8_s32__avx512vnni_4x48", ...).
 struct IntAttentionKernels {
   std::string qk, softmax, pv;
 };

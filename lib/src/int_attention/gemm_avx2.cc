@@ -81,9 +81,9 @@ std::int64_t mac_loop__avx2(std::int64_t iterations, std::int32_t* checksum) {
   for (int r = 1; r < 12; ++r) s = _mm256_add_epi32(s, acc[r]);
   alignas(32) std::int32_t lanes[8];
   _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), s);
-  std::int32_t t = 0;
-  for (int r = 0; r < 8; ++r) t += lanes[r];
-  *checksum = t;
+  std::uint32_t t = 0;  // the lanes wrapped over the run (vector adds wrap); sum them the same way, defined
+  for (int r = 0; r < 8; ++r) t += static_cast<std::uint32_t>(lanes[r]);
+  *checksum = static_cast<std::int32_t>(t & 0x7fffffff);
   return iterations * 12 * 16;
 }
 

@@ -1,5 +1,5 @@
 // AVX-512 VNNI variants of the GEMM families: vpdpbusd (u8 x s8, four products summed into each s32 lane), tiles of
-// 4 rows x 32 columns (8 zmm accumulators), the A group of 4 bytes broadcast to every lane.
+// 4 rows x 48 columns (12 zmm accumulators), the A group of 4 bytes broadcast to every lane.
 // qk: A = Q is s8; a ^ 0x80 = a + 128 as u8, so the lanes hold sum (a + 128) b and 128 B_sum[n] is subtracted at the
 // end (|sum| <= 255 * 127 * k: exact in int32 for k < 66000). pv: A = P is u8, native.
 #include <immintrin.h>
@@ -41,18 +41,20 @@ inline void column_panel(const GemmArgs& g, Index n0) {
   for (; i0 < g.rows; ++i0) tile<kSignedA, 1, V>(g, i0, n0);
 }
 
-// Columns outer, rows inner: one panel of B (32 columns x k) stays in L1 while every row of A passes over it.
+// Columns outer, rows inner: one panel of B (48 columns x k) stays in L1 while every row of A passes over it.
+// 4 rows x 3 vectors = 12 accumulators, enough independent vpdpbusd chains to cover its latency.
 template <bool kSignedA>
 void gemm(const GemmArgs& g) {
   Index n0 = 0;
-  for (; n0 + 32 <= g.n; n0 += 32) column_panel<kSignedA, 2>(g, n0);
+  for (; n0 + 48 <= g.n; n0 += 48) column_panel<kSignedA, 3>(g, n0);
+  if (n0 + 32 <= g.n) column_panel<kSignedA, 2>(g, n0), n0 += 32;
   if (n0 < g.n) column_panel<kSignedA, 1>(g, n0);  // n is a multiple of 16
 }
 
 }  // namespace
 
-void qk_s8s8_s32__avx512vnni_4x32(const GemmArgs& args) { gemm<true>(args); }
-void pv_u8s8_s32__avx512vnni_4x32(const GemmArgs& args) { gemm<false>(args); }
+void qk_s8s8_s32__avx512vnni_4x48(const GemmArgs& args) { gemm<true>(args); }
+void pv_u8s8_s32__avx512vnni_4x48(const GemmArgs& args) { gemm<false>(args); }
 
 }  // namespace qattn::kernels
 
@@ -69,9 +71,9 @@ std::int64_t mac_loop__avx512vnni(std::int64_t iterations, std::int32_t* checksu
   for (int r = 1; r < 12; ++r) s = _mm512_add_epi32(s, acc[r]);
   alignas(64) std::int32_t lanes[16];
   _mm512_store_si512(lanes, s);
-  std::int32_t t = 0;
-  for (int r = 0; r < 16; ++r) t += lanes[r];
-  *checksum = t;
+  std::uint32_t t = 0;  // the lanes wrapped over the run (vector adds wrap); sum them the same way, defined
+  for (int r = 0; r < 16; ++r) t += static_cast<std::uint32_t>(lanes[r]);
+  *checksum = static_cast<std::int32_t>(t & 0x7fffffff);
   return iterations * 12 * 64;
 }
 

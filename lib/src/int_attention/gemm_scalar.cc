@@ -26,14 +26,15 @@ void pv_u8s8_s32__scalar(const GemmArgs& args) { gemm_scalar<std::uint8_t>(args)
 namespace qattn::kernels {
 
 std::int64_t mac_loop__scalar(std::int64_t iterations, std::int32_t* checksum) {
-  std::int32_t acc[12] = {};
+  // Unsigned accumulators: the sums wrap (defined) over long runs; the checksum only keeps the loop alive.
+  std::uint32_t acc[12] = {};
   volatile std::int8_t seed = 3;
   const std::int8_t a = seed, b = static_cast<std::int8_t>(seed + 1);
   for (std::int64_t i = 0; i < iterations; ++i)
-    for (int r = 0; r < 12; ++r) acc[r] += a * b;
-  std::int32_t s = 0;
+    for (int r = 0; r < 12; ++r) acc[r] += static_cast<std::uint32_t>(a * b);
+  std::uint32_t s = 0;
   for (int r = 0; r < 12; ++r) s += acc[r];
-  *checksum = s;
+  *checksum = static_cast<std::int32_t>(s & 0x7fffffff);
   return iterations * 12;
 }
 

@@ -38,8 +38,8 @@ Family family(Isa isa) {
       return {qk_s8s8_s32__avx2_2x16, pv_u8s8_s32__avx2_2x16,
               {"qk_s8s8_s32__avx2_2x16", "index_softmax_s32_u8__scalar", "pv_u8s8_s32__avx2_2x16"}};
     case Isa::avx512vnni:
-      return {qk_s8s8_s32__avx512vnni_4x32, pv_u8s8_s32__avx512vnni_4x32,
-              {"qk_s8s8_s32__avx512vnni_4x32", "index_softmax_s32_u8__avx512", "pv_u8s8_s32__avx512vnni_4x32"},
+      return {qk_s8s8_s32__avx512vnni_4x48, pv_u8s8_s32__avx512vnni_4x48,
+              {"qk_s8s8_s32__avx512vnni_4x48", "index_softmax_s32_u8__avx512", "pv_u8s8_s32__avx512vnni_4x48"},
               index_softmax_s32_u8__avx512, softmax_s32_f32_u8__avx512, "softmax_s32_f32_u8__avx512"};
 #endif
 #if defined(QATTN_HAVE_ARM_KERNELS)
@@ -108,6 +108,50 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
 
   const Eigen::Index br = cfg.block_rows, blocks = (lq + br - 1) / br;
   const int threads = static_cast<int>(std::min<Eigen::Index>(cfg.threads, blocks));
+  // Runs body(block) for every block, block b on thread b mod threads; returns when all are done.
+  auto parallel_blocks = [&](auto&& body) {
+    auto run = [&](int id) {
+      for (Eigen::Index b = id; b < blocks; b += threads) body(b);
+    };
+    std::vector<std::thread> pool;
+    for (int t = 1; t < threads; ++t) pool.emplace_back(run, t);
+    run(0);
+    for (auto& t : pool) t.join();
+  };
+  auto softmax_row = [&](const std::int32_t* s_row, std::int32_t* e_scratch, float* f_scratch, Eigen::Index row,
+                         std::uint8_t* p_row) {
+    const Eigen::Index limit = cfg.causal ? row + lk - lq + 1 : lk;
+    const bool* valid = cfg.valid ? cfg.valid + row * lk : nullptr;
+    if (quant_only) f.softmax_f32(s_row, valid, limit, lk, alpha, f_scratch, p_row);
+    else f.softmax(s_row, valid, limit, lk, tables, e_scratch, p_row);
+  };
+  auto dequantise = [&](const std::int32_t* acc, Eigen::Index r0, Eigen::Index rows) {
+    for (Eigen::Index i = 0; i < rows; ++i)
+      for (Eigen::Index c = 0; c < dv; ++c)
+        o[(r0 + i) * dv + c] = static_cast<float>(static_cast<double>(acc[i * dv16 + c]) * out_scale / p_scale);
+  };
+  if (cfg.materialise) {
+    std::vector<std::int32_t> s_all(static_cast<std::size_t>(lq * lk16));
+    std::vector<std::uint8_t> p_all(static_cast<std::size_t>(lq * lk16), 0);
+    parallel_blocks([&](Eigen::Index b) {  // pass 1: S = Q K^T
+      const Eigen::Index r0 = b * br, rows = std::min(br, lq - r0);
+      std::vector<std::int8_t> qb(static_cast<std::size_t>(rows * d4), 0);
+      for (Eigen::Index i = 0; i < rows; ++i) std::copy_n(q.values + (r0 + i) * d, d, qb.data() + i * d4);
+      f.qk({qb.data(), rows, d4, k_packed.data(), k_sum.data(), lk16, s_all.data() + r0 * lk16});
+    });
+    parallel_blocks([&](Eigen::Index b) {  // pass 2: P = softmax(S), row by row
+      std::vector<float> scratch(quant_only ? static_cast<std::size_t>(lk16) : 0);
+      for (Eigen::Index row = b * br; !cfg.gemm_only && row < std::min(lq, (b + 1) * br); ++row)
+        softmax_row(s_all.data() + row * lk16, s_all.data() + row * lk16, scratch.data(), row, p_all.data() + row * lk16);
+    });
+    parallel_blocks([&](Eigen::Index b) {  // pass 3: O = P V
+      const Eigen::Index r0 = b * br, rows = std::min(br, lq - r0);
+      std::vector<std::int32_t> acc(static_cast<std::size_t>(rows * dv16));
+      f.pv({p_all.data() + r0 * lk16, rows, lk16, v_packed.data(), v_sum.data(), dv16, acc.data()});
+      dequantise(acc.data(), r0, rows);
+    });
+    return;
+  }
   auto worker = [&](int id) {
     std::vector<std::int8_t> qb(static_cast<std::size_t>(br * d4), 0);
     std::vector<std::int32_t> s(static_cast<std::size_t>(br * lk16)), acc(static_cast<std::size_t>(br * dv16));
@@ -117,19 +161,10 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
       const Eigen::Index r0 = b * br, rows = std::min(br, lq - r0);
       for (Eigen::Index i = 0; i < rows; ++i) std::copy_n(q.values + (r0 + i) * d, d, qb.data() + i * d4);
       f.qk({qb.data(), rows, d4, k_packed.data(), k_sum.data(), lk16, s.data()});
-      for (Eigen::Index i = 0; !cfg.gemm_only && i < rows; ++i) {
-        const Eigen::Index row = r0 + i;
-        const Eigen::Index limit = cfg.causal ? row + lk - lq + 1 : lk;
-        const bool* valid = cfg.valid ? cfg.valid + row * lk : nullptr;
-        if (quant_only)
-          f.softmax_f32(s.data() + i * lk16, valid, limit, lk, alpha, scratch.data(), p.data() + i * lk16);
-        else
-          f.softmax(s.data() + i * lk16, valid, limit, lk, tables, s.data() + i * lk16, p.data() + i * lk16);
-      }
+      for (Eigen::Index i = 0; !cfg.gemm_only && i < rows; ++i)
+        softmax_row(s.data() + i * lk16, s.data() + i * lk16, scratch.data(), r0 + i, p.data() + i * lk16);
       f.pv({p.data(), rows, lk16, v_packed.data(), v_sum.data(), dv16, acc.data()});
-      for (Eigen::Index i = 0; i < rows; ++i)
-        for (Eigen::Index c = 0; c < dv; ++c)
-          o[(r0 + i) * dv + c] = static_cast<float>(static_cast<double>(acc[i * dv16 + c]) * out_scale / p_scale);
+      dequantise(acc.data(), r0, rows);
     }
   };
   if (threads == 1) {
