@@ -135,8 +135,9 @@ void run_bench(const BenchOptions& o) {
       cfg.isa = isa;
       cfg.threads = threads;
       cfg.softmax = index_params;
-      auto run_int = [&](bool gemm_only, IntPipeline pipeline = IntPipeline::intattention, bool materialise = false) {
-        cfg.gemm_only = gemm_only;
+      using Stages = IntAttentionConfig::Stages;
+      auto run_int = [&](Stages stages, IntPipeline pipeline = IntPipeline::intattention, bool materialise = false) {
+        cfg.stages = stages;
         cfg.pipeline = pipeline;
         cfg.materialise = materialise;
         return median_ms(o.reps, [&] {
@@ -144,11 +145,15 @@ void run_bench(const BenchOptions& o) {
                               out.data());
         });
       };
-      const double t_int = run_int(false), t_gemm = run_int(true), t_qo = run_int(false, IntPipeline::quant_only);
-      const double t_int_m = run_int(false, IntPipeline::intattention, true),
-                   t_qo_m = run_int(false, IntPipeline::quant_only, true);
+      const double t_int = run_int(Stages::all), t_gemm = run_int(Stages::gemms),
+                   t_qo = run_int(Stages::all, IntPipeline::quant_only);
+      const double t_qk = run_int(Stages::qk), t_pv = run_int(Stages::pv);
+      const double t_int_m = run_int(Stages::all, IntPipeline::intattention, true),
+                   t_qo_m = run_int(Stages::all, IntPipeline::quant_only, true);
       const double t_fp32 = median_ms(o.reps, [&] { fp32_attention_blocks(qf, kf, vf, static_cast<float>(scale), threads, of); });
-      const double gemm_eff = ops / 2 / (t_gemm * 1e-3) * 1e-9 / (peak_gmacs * threads) * 100;
+      auto share_of_peak = [&](double macs, double ms) { return macs / (ms * 1e-3) * 1e-9 / (peak_gmacs * threads) * 100; };
+      const double gemm_eff = share_of_peak(ops / 2, t_gemm), qk_eff = share_of_peak(ops / 4, t_qk),
+                   pv_eff = share_of_peak(ops / 4, t_pv);
       auto fmt = [](double x, int p) {
         std::ostringstream s;
         s.setf(std::ios::fixed);
@@ -160,9 +165,13 @@ void run_bench(const BenchOptions& o) {
         t.rows.push_back({std::to_string(l), std::to_string(o.d), std::to_string(threads), name, fmt(ms, 2),
                           fmt(ops / (ms * 1e-3) * 1e-9, 1), fmt(ms / t_gemm, 2), fmt(t_fp32 / ms, 2),
                           is_int && name != "gemm-only" ? fmt((ms - t_gemm) / ms * 100, 1) + " %" : "-",
-                          name == "gemm-only" ? fmt(gemm_eff, 1) + " %" : "-", fmt(t_qo / ms, 2)});
+                          name == "gemm-only" ? fmt(gemm_eff, 1) + " % (QK " + fmt(qk_eff, 0) + " %, PV " + fmt(pv_eff, 0) + " %)" : "-",
+                          fmt(t_qo / ms, 2)});
         j["runs"].push_back({{"L", l}, {"d", o.d}, {"threads", threads}, {"pipeline", name}, {"median_ms", ms},
                              {"gops", ops / (ms * 1e-3) * 1e-9}});
+        if (name == "gemm-only")
+          j["runs"].back().update({{"qk_ms", t_qk}, {"pv_ms", t_pv}, {"qk_percent_of_peak", qk_eff},
+                                   {"pv_percent_of_peak", pv_eff}, {"gemms_percent_of_peak", gemm_eff}});
       };
       add("intattention fused", t_int, true);
       add("quant-only fused", t_qo, true);

@@ -52,7 +52,10 @@ struct IntAttentionConfig {
   Isa isa = Isa::scalar;      // use default_isa() to pick the best
   bool causal = false;        // bottom-right aligned: query i sees keys j <= i + L_k - L_q
   const bool* valid = nullptr;  // optional padding mask [L_q, L_k] row-major (true = visible), combined with causal
-  bool gemm_only = false;     // true: skip IndexSoftmax (P stays 0), so a benchmark times the two GEMMs alone
+  // For benchmarks, the stages that run: all; gemms (both GEMMs, no softmax: P stays 0); qk or pv (that GEMM alone;
+  // O is not written when P V does not run).
+  enum class Stages { all, gemms, qk, pv };
+  Stages stages = Stages::all;
   // true: the materialised (ACL-style) dataflow: the full S [L_q, L_k], then every softmax row, then P V, as three
   // separate passes (each spread over threads). Same integers as the fused one; memory O(L_q L_k).
   bool materialise = false;

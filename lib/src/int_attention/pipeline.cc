@@ -106,6 +106,8 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
   kernels::pack_k_transposed(k.values, lk, d, d4, lk16, k_packed.data(), k_sum.data());
   kernels::pack_v(v.values, lk, dv, lk16, dv16, v_packed.data(), v_sum.data());
 
+  using Stages = IntAttentionConfig::Stages;
+  const bool run_qk = cfg.stages != Stages::pv, run_pv = cfg.stages != Stages::qk, run_softmax = cfg.stages == Stages::all;
   const Eigen::Index br = cfg.block_rows, blocks = (lq + br - 1) / br;
   const int threads = static_cast<int>(std::min<Eigen::Index>(cfg.threads, blocks));
   // Runs body(block) for every block, block b on thread b mod threads; returns when all are done.
@@ -137,15 +139,16 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
       const Eigen::Index r0 = b * br, rows = std::min(br, lq - r0);
       std::vector<std::int8_t> qb(static_cast<std::size_t>(rows * d4), 0);
       for (Eigen::Index i = 0; i < rows; ++i) std::copy_n(q.values + (r0 + i) * d, d, qb.data() + i * d4);
-      f.qk({qb.data(), rows, d4, k_packed.data(), k_sum.data(), lk16, s_all.data() + r0 * lk16});
+      if (run_qk) f.qk({qb.data(), rows, d4, k_packed.data(), k_sum.data(), lk16, s_all.data() + r0 * lk16});
     });
     parallel_blocks([&](Eigen::Index b) {  // pass 2: P = softmax(S), row by row
       std::vector<float> scratch(quant_only ? static_cast<std::size_t>(lk16) : 0);
-      for (Eigen::Index row = b * br; !cfg.gemm_only && row < std::min(lq, (b + 1) * br); ++row)
+      for (Eigen::Index row = b * br; run_softmax && row < std::min(lq, (b + 1) * br); ++row)
         softmax_row(s_all.data() + row * lk16, s_all.data() + row * lk16, scratch.data(), row, p_all.data() + row * lk16);
     });
     parallel_blocks([&](Eigen::Index b) {  // pass 3: O = P V
       const Eigen::Index r0 = b * br, rows = std::min(br, lq - r0);
+      if (!run_pv) return;
       std::vector<std::int32_t> acc(static_cast<std::size_t>(rows * dv16));
       f.pv({p_all.data() + r0 * lk16, rows, lk16, v_packed.data(), v_sum.data(), dv16, acc.data()});
       dequantise(acc.data(), r0, rows);
@@ -160,9 +163,10 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
     for (Eigen::Index b = id; b < blocks; b += threads) {  // block b to thread b mod threads
       const Eigen::Index r0 = b * br, rows = std::min(br, lq - r0);
       for (Eigen::Index i = 0; i < rows; ++i) std::copy_n(q.values + (r0 + i) * d, d, qb.data() + i * d4);
-      f.qk({qb.data(), rows, d4, k_packed.data(), k_sum.data(), lk16, s.data()});
-      for (Eigen::Index i = 0; !cfg.gemm_only && i < rows; ++i)
+      if (run_qk) f.qk({qb.data(), rows, d4, k_packed.data(), k_sum.data(), lk16, s.data()});
+      for (Eigen::Index i = 0; run_softmax && i < rows; ++i)
         softmax_row(s.data() + i * lk16, s.data() + i * lk16, scratch.data(), r0 + i, p.data() + i * lk16);
+      if (!run_pv) continue;
       f.pv({p.data(), rows, lk16, v_packed.data(), v_sum.data(), dv16, acc.data()});
       dequantise(acc.data(), r0, rows);
     }
