@@ -4,6 +4,7 @@
 // skipped.
 #include <catch2/catch.hpp>
 #include <iostream>
+#include <memory>
 #include <random>
 #include <sstream>
 
@@ -95,6 +96,82 @@ class GemmTester {
   unsigned seed_ = 1;
 };
 
+struct SoftmaxVariant {
+  Isa isa;
+  const char* name;
+  kernels::SoftmaxKernel fn;
+};
+
+std::vector<SoftmaxVariant> softmax_variants() {
+  std::vector<SoftmaxVariant> v;
+#if defined(QATTN_HAVE_X86_KERNELS)
+  v.push_back({Isa::avx2, "index_softmax_s32_u8__avx2", kernels::index_softmax_s32_u8__avx2});
+  v.push_back({Isa::avx512vnni, "index_softmax_s32_u8__avx512", kernels::index_softmax_s32_u8__avx512});
+#endif
+#if defined(QATTN_HAVE_ARM_KERNELS)
+  v.push_back({Isa::neon_dotprod, "index_softmax_s32_u8__neon", kernels::index_softmax_s32_u8__neon});
+#endif
+  return v;
+}
+
+// Builder-style tester of the IndexSoftmax row family: one row of int32 logits (a spread around the clip, ties at
+// the maximum, the int32 extremes of the documented range), every rule combination, each variant against the scalar
+// spec, the bytes past `limit` included. `alias` passes the logits row itself as the scratch (allowed by kernels.h).
+class SoftmaxRowTester {
+ public:
+  SoftmaxRowTester& keys(Eigen::Index n) { keys_ = n; return *this; }
+  SoftmaxRowTester& limit(Eigen::Index n) { limit_ = n; return *this; }
+  SoftmaxRowTester& c_int(std::int64_t c) { c_int_ = c; return *this; }
+  SoftmaxRowTester& spread(std::int64_t s) { spread_ = s; return *this; }
+  SoftmaxRowTester& padding(bool p) { padding_ = p; return *this; }
+
+  void Test() const {
+    std::mt19937_64 g(static_cast<std::uint64_t>(keys_ * 7919 + limit_ * 31 + c_int_));
+    std::uniform_int_distribution<std::int64_t> logit(-spread_, spread_);
+    std::vector<std::int32_t> row(keys_);
+    for (auto& x : row) x = static_cast<std::int32_t>(logit(g));
+    if (keys_ > 2) row[keys_ - 1] = row[0];  // a tie, wherever the maximum is
+    std::bernoulli_distribution keep(0.7);
+    std::unique_ptr<bool[]> valid(new bool[std::max<Eigen::Index>(keys_, 1)]);
+    for (Eigen::Index j = 0; j < keys_; ++j) valid[j] = keep(g);
+    const bool* mask = padding_ ? valid.get() : nullptr;
+    for (const int bits : {1, 2, 3, 5, 6, 7, 8})
+      for (const IndexRule rule : {IndexRule::floor, IndexRule::round, IndexRule::floor_f32, IndexRule::q26_round, IndexRule::q26_floor})
+        for (const Normalization norm : {Normalization::floor, Normalization::f32_rne, Normalization::q8_reciprocal})
+          for (const PFormat format : {PFormat::u8, PFormat::s8}) {
+            IndexSoftmaxParams params;
+            params.bits = bits;
+            params.index_rule = rule;
+            params.normalization = norm;
+            params.p_format = format;
+            params.lut_rounding = bits % 2 ? LutRounding::floor : LutRounding::round;
+            const kernels::IndexSoftmaxTables t = kernels::IndexSoftmaxTables::make(params, c_int_);
+            std::vector<std::uint8_t> expect(keys_, 0xAB);
+            kernels::index_softmax_s32_u8__scalar(row.data(), mask, limit_, keys_, t, expect.data());
+            for (const SoftmaxVariant& v : softmax_variants()) {
+              if (!isa_available(v.isa)) {
+                WARN("skipped: " << v.name << " (this CPU lacks " << isa_name(v.isa) << ")");
+                continue;
+              }
+              for (const bool alias : {false, true}) {
+                std::vector<std::int32_t> s = row, scratch(keys_, -7);
+                std::vector<std::uint8_t> p(keys_, 0xCD);
+                v.fn(s.data(), mask, limit_, keys_, t, alias ? s.data() : scratch.data(), p.data());
+                INFO(v.name << " keys " << keys_ << " limit " << limit_ << " c_int " << c_int_ << " spread " << spread_
+                            << " padding " << padding_ << " b " << bits << " rule " << static_cast<int>(rule) << " norm "
+                            << static_cast<int>(norm) << " p " << static_cast<int>(format) << " alias " << alias);
+                CHECK(p == expect);
+              }
+            }
+          }
+  }
+
+ private:
+  Eigen::Index keys_ = 16, limit_ = 16;
+  std::int64_t c_int_ = 1000, spread_ = 2000;
+  bool padding_ = false;
+};
+
 // Builder-style tester of the whole fused pipeline: every available ISA, 1 and 2 threads, against the reference
 // model int_attention (and so against each other).
 class IntAttentionTester {
@@ -165,6 +242,18 @@ TEST_CASE("qk and pv GEMM variants equal the triple loop around their tiles", "[
       for (const Eigen::Index k : {1, 3, 4, 5, 64, 67, 128})
         for (const Eigen::Index n : {1, 15, 16, 17, 32, 33, 48, 70, 100})
           GemmTester().rows(rows).k(k).n(n).seed(static_cast<unsigned>(rows * 1000 + k * 10 + n)).Test(pv);
+}
+
+TEST_CASE("IndexSoftmax row variants equal the scalar spec for every rule, length and clip", "[kernels]") {
+  for (const Eigen::Index keys : {1, 7, 8, 9, 15, 16, 17, 31, 33, 64, 100})
+    SoftmaxRowTester().keys(keys).limit(keys).Test();
+  SoftmaxRowTester().keys(48).limit(37).Test();             // a causal limit inside the row
+  SoftmaxRowTester().keys(48).limit(0).Test();              // nothing visible
+  SoftmaxRowTester().keys(40).limit(40).padding(true).Test();
+  SoftmaxRowTester().keys(40).limit(40).c_int(1).Test();    // every non-maximum clips to the last entry
+  SoftmaxRowTester().keys(40).limit(40).c_int(std::int64_t{1} << 30).spread((std::int64_t{1} << 30) - 1).Test();  // c_int 2^30, |m - a| < 2^31
+  SoftmaxRowTester().keys(40).limit(40).c_int(2048383).spread(2048383).Test();  // 127^2 d at d = 127
+  SoftmaxRowTester().keys(33).limit(33).c_int(5).spread(0).Test();  // all ties: E = 255 everywhere
 }
 
 TEST_CASE("fused IntAttention equals the reference model on every ISA, thread count and preset", "[kernels]") {

@@ -84,14 +84,23 @@ struct IndexSoftmaxTables {
   std::uint8_t lut[256] = {};
   static IndexSoftmaxTables make(const IndexSoftmaxParams& params, std::int64_t c_int);
 };
+// The index rule of t.params on one clipped distance 0 <= delta <= c_int (steps 3 of the spec), before the clamp
+// to [0, 2^b - 1]. Out of line on purpose: the ISA files call it for row tails.
+std::int64_t index_softmax_index(std::int64_t delta, const IndexSoftmaxTables& t);
 void index_softmax_s32_u8__scalar(const std::int32_t* s, const bool* valid, Index limit, Index keys,
                                   const IndexSoftmaxTables& t, std::uint8_t* p);
 // The same with a scratch row of `keys` int32 for E (it may alias s: each chunk is read before it is written).
 using SoftmaxKernel = void (*)(const std::int32_t* s, const bool* valid, Index limit, Index keys,
                                const IndexSoftmaxTables& t, std::int32_t* e_scratch, std::uint8_t* p);
 #if defined(QATTN_HAVE_X86_KERNELS)
+void index_softmax_s32_u8__avx2(const std::int32_t* s, const bool* valid, Index limit, Index keys,
+                                const IndexSoftmaxTables& t, std::int32_t* e_scratch, std::uint8_t* p);
 void index_softmax_s32_u8__avx512(const std::int32_t* s, const bool* valid, Index limit, Index keys,
                                   const IndexSoftmaxTables& t, std::int32_t* e_scratch, std::uint8_t* p);
+#endif
+#if defined(QATTN_HAVE_ARM_KERNELS)
+void index_softmax_s32_u8__neon(const std::int32_t* s, const bool* valid, Index limit, Index keys,
+                                const IndexSoftmaxTables& t, std::int32_t* e_scratch, std::uint8_t* p);
 #endif
 
 }  // namespace qattn::kernels

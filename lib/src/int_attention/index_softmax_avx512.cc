@@ -12,6 +12,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 
 #include "qattn/kernels.h"
@@ -61,7 +62,7 @@ void index_softmax_s32_u8__avx512(const std::int32_t* s, const bool* valid, Inde
     index_softmax_s32_u8__scalar(s, valid, limit, keys, t, p);
     return;
   }
-  std::fill(p, p + keys, std::uint8_t{0});
+  std::memset(p, 0, static_cast<std::size_t>(keys));
   limit = std::clamp<Index>(limit, 0, keys);
   if (limit == 0) return;
   // (1) the maximum
@@ -70,7 +71,8 @@ void index_softmax_s32_u8__avx512(const std::int32_t* s, const bool* valid, Inde
     vmax = _mm512_mask_max_epi32(vmax, tail_mask(j, limit), vmax, _mm512_maskz_loadu_epi32(tail_mask(j, limit), s + j));
   alignas(64) std::int32_t lanes[16];
   _mm512_store_si512(lanes, vmax);
-  const std::int32_t m = *std::max_element(lanes, lanes + 16);
+  std::int32_t m = lanes[0];
+  for (const std::int32_t x : lanes) m = x > m ? x : m;
   // (2)-(5) Δ', index, E, the sum
   const __m512i vm = _mm512_set1_epi32(m), vc = _mm512_set1_epi32(static_cast<std::int32_t>(t.c_int));
   const bool small_lut = t.params.bits <= 5;
@@ -86,7 +88,7 @@ void index_softmax_s32_u8__avx512(const std::int32_t* s, const bool* valid, Inde
     const __m512i e = small_lut ? _mm512_maskz_permutex2var_epi32(k, lut_lo, idx, lut_hi)
                                 : _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, idx, lut32, 4);
     vsum = _mm512_add_epi32(vsum, e);
-    _mm512_storeu_si512(e_scratch + j, e);
+    _mm512_mask_storeu_epi32(e_scratch + j, k, e);
   }
   _mm512_store_si512(lanes, vsum);
   std::int64_t sum = 0;
@@ -99,7 +101,7 @@ void index_softmax_s32_u8__avx512(const std::int32_t* s, const bool* valid, Inde
     const __m512i mul = _mm512_set1_epi64(static_cast<long long>(div.multiplier));
     const __m128i shift = _mm_cvtsi32_si128(div.shift);
     for (Index j = 0; j < limit; j += 16) {
-      const __m512i n = _mm512_mullo_epi32(_mm512_loadu_si512(e_scratch + j), vps);
+      const __m512i n = _mm512_mullo_epi32(_mm512_maskz_loadu_epi32(tail_mask(j, limit), e_scratch + j), vps);
       const __m512i lo = _mm512_srl_epi64(_mm512_mul_epu32(_mm512_cvtepu32_epi64(_mm512_castsi512_si256(n)), mul), shift);
       const __m512i hi =
           _mm512_srl_epi64(_mm512_mul_epu32(_mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(n, 1)), mul), shift);
@@ -109,7 +111,7 @@ void index_softmax_s32_u8__avx512(const std::int32_t* s, const bool* valid, Inde
   } else if (t.params.normalization == Normalization::f32_rne) {
     const __m512 fs = _mm512_set1_ps(static_cast<float>(sum));
     for (Index j = 0; j < limit; j += 16) {
-      const __m512 x = _mm512_cvtepi32_ps(_mm512_mullo_epi32(_mm512_loadu_si512(e_scratch + j), vps));  // < 2^16: exact
+      const __m512 x = _mm512_cvtepi32_ps(_mm512_mullo_epi32(_mm512_maskz_loadu_epi32(tail_mask(j, limit), e_scratch + j), vps));  // < 2^16: exact
       const __m512i q = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_div_ps(x, fs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
       _mm_mask_storeu_epi8(p + j, tail_mask(j, limit), _mm512_cvtepi32_epi8(q));
     }
@@ -118,7 +120,7 @@ void index_softmax_s32_u8__avx512(const std::int32_t* s, const bool* valid, Inde
     const __m512i ns = _mm512_set1_epi32(identity ? 256 : static_cast<std::int32_t>((512 * std::int64_t{ps} + sum) / (2 * sum)));
     const __m512i half = _mm512_set1_epi32(identity ? 0 : 128);
     for (Index j = 0; j < limit; j += 16) {
-      const __m512i q = _mm512_srli_epi32(_mm512_add_epi32(_mm512_mullo_epi32(_mm512_loadu_si512(e_scratch + j), ns), half), 8);
+      const __m512i q = _mm512_srli_epi32(_mm512_add_epi32(_mm512_mullo_epi32(_mm512_maskz_loadu_epi32(tail_mask(j, limit), e_scratch + j), ns), half), 8);
       _mm_mask_storeu_epi8(p + j, tail_mask(j, limit), _mm512_cvtepi32_epi8(q));
     }
   }

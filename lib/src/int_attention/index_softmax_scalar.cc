@@ -30,6 +30,18 @@ IndexSoftmaxTables IndexSoftmaxTables::make(const IndexSoftmaxParams& params, st
   return t;
 }
 
+std::int64_t index_softmax_index(std::int64_t delta, const IndexSoftmaxTables& t) {
+  const std::int64_t last = (1 << t.params.bits) - 1, c = t.c_int;
+  switch (t.params.index_rule) {
+    case IndexRule::floor: return delta * last / c;
+    case IndexRule::round: return (2 * delta * last + c) / (2 * c);
+    case IndexRule::floor_f32: return static_cast<std::int64_t>(static_cast<float>(delta * last) / static_cast<float>(c));
+    case IndexRule::q26_round: return (delta * t.q26 + (std::int64_t{1} << 25)) >> 26;
+    case IndexRule::q26_floor: return (delta * t.q26) >> 26;
+  }
+  return 0;
+}
+
 void index_softmax_s32_u8__scalar(const std::int32_t* s, const bool* valid, Index limit, Index keys,
                                   const IndexSoftmaxTables& t, std::uint8_t* p) {
   std::fill(p, p + keys, std::uint8_t{0});
@@ -42,17 +54,7 @@ void index_softmax_s32_u8__scalar(const std::int32_t* s, const bool* valid, Inde
   std::int64_t sum = 0;
   for (Index j = 0; j < limit; ++j) {  // E into p for now (E <= 255)
     if (valid && !valid[j]) continue;
-    const std::int64_t delta = std::min<std::int64_t>(m - s[j], c);
-    std::int64_t idx = 0;
-    switch (t.params.index_rule) {
-      case IndexRule::floor: idx = delta * last / c; break;
-      case IndexRule::round: idx = (2 * delta * last + c) / (2 * c); break;
-      case IndexRule::floor_f32:
-        idx = static_cast<std::int64_t>(static_cast<float>(delta * last) / static_cast<float>(c));
-        break;
-      case IndexRule::q26_round: idx = (delta * t.q26 + (std::int64_t{1} << 25)) >> 26; break;
-      case IndexRule::q26_floor: idx = (delta * t.q26) >> 26; break;
-    }
+    const std::int64_t idx = index_softmax_index(std::min<std::int64_t>(m - s[j], c), t);
     p[j] = t.lut[std::clamp<std::int64_t>(idx, 0, last)];
     sum += p[j];
   }

@@ -36,7 +36,8 @@ Family family(Isa isa) {
 #if defined(QATTN_HAVE_X86_KERNELS)
     case Isa::avx2:
       return {qk_s8s8_s32__avx2_2x16, pv_u8s8_s32__avx2_2x16,
-              {"qk_s8s8_s32__avx2_2x16", "index_softmax_s32_u8__scalar", "pv_u8s8_s32__avx2_2x16"}};
+              {"qk_s8s8_s32__avx2_2x16", "index_softmax_s32_u8__avx2", "pv_u8s8_s32__avx2_2x16"},
+              index_softmax_s32_u8__avx2};
     case Isa::avx512vnni:
       return {qk_s8s8_s32__avx512vnni_4x48, pv_u8s8_s32__avx512vnni_4x48,
               {"qk_s8s8_s32__avx512vnni_4x48", "index_softmax_s32_u8__avx512", "pv_u8s8_s32__avx512vnni_4x48"},
@@ -45,10 +46,12 @@ Family family(Isa isa) {
 #if defined(QATTN_HAVE_ARM_KERNELS)
     case Isa::neon_dotprod:
       return {qk_s8s8_s32__neon_dotprod_4x16, pv_u8s8_s32__neon_dotprod_4x16,
-              {"qk_s8s8_s32__neon_dotprod_4x16", "index_softmax_s32_u8__scalar", "pv_u8s8_s32__neon_dotprod_4x16"}};
+              {"qk_s8s8_s32__neon_dotprod_4x16", "index_softmax_s32_u8__neon", "pv_u8s8_s32__neon_dotprod_4x16"},
+              index_softmax_s32_u8__neon};
     case Isa::neon_i8mm:
       return {qk_s8s8_s32__neon_dotprod_4x16, pv_u8s8_s32__neon_i8mm_4x16,
-              {"qk_s8s8_s32__neon_dotprod_4x16", "index_softmax_s32_u8__scalar", "pv_u8s8_s32__neon_i8mm_4x16"}};
+              {"qk_s8s8_s32__neon_dotprod_4x16", "index_softmax_s32_u8__neon", "pv_u8s8_s32__neon_i8mm_4x16"},
+              index_softmax_s32_u8__neon};
 #endif
     default: break;
   }

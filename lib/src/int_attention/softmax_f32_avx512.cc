@@ -9,6 +9,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 
 #include "qattn/exp_f32.h"
@@ -42,7 +43,7 @@ void softmax_s32_f32_u8__avx512(const std::int32_t* s, const bool* valid, Index 
     return;
   }
   limit = std::clamp<Index>(limit, 0, keys);
-  std::fill(p, p + keys, std::uint8_t{0});
+  std::memset(p, 0, static_cast<std::size_t>(keys));
   if (limit == 0) return;
   const __m512 va = _mm512_set1_ps(alpha), ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   __m512 vmax = ninf;
@@ -53,7 +54,8 @@ void softmax_s32_f32_u8__avx512(const std::int32_t* s, const bool* valid, Index 
   }
   alignas(64) float lanes[16];
   _mm512_store_ps(lanes, vmax);
-  const float m = *std::max_element(lanes, lanes + 16);
+  float m = lanes[0];
+  for (const float x : lanes) m = x > m ? x : m;
   const __m512 vm = _mm512_set1_ps(m);
   __m512 part = _mm512_setzero_ps();
   for (Index j = 0; j < limit; j += 16) {
@@ -61,7 +63,7 @@ void softmax_s32_f32_u8__avx512(const std::int32_t* s, const bool* valid, Index 
     const __m512 x = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(k, s + j)), va);
     const __m512 e = _mm512_maskz_mov_ps(k, exp_poly(_mm512_sub_ps(x, vm)));
     part = _mm512_add_ps(part, e);
-    _mm512_storeu_ps(scratch + j, e);
+    _mm512_mask_storeu_ps(scratch + j, k, e);
   }
   // keys beyond limit add +0 in the scalar spec: no change. Fold 16 -> 8 -> 4 -> 2 -> 1.
   __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(part), _mm512_extractf32x8_ps(part, 1));
@@ -70,7 +72,7 @@ void softmax_s32_f32_u8__avx512(const std::int32_t* s, const bool* valid, Index 
   const float total = _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
   const __m512 vt = _mm512_set1_ps(total), v127 = _mm512_set1_ps(127.0f);
   for (Index j = 0; j < limit; j += 16) {
-    const __m512 q = _mm512_div_ps(_mm512_loadu_ps(scratch + j), vt);
+    const __m512 q = _mm512_div_ps(_mm512_maskz_loadu_ps(tail_mask(j, limit), scratch + j), vt);
     const __m512i p8 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(v127, q), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     _mm_mask_storeu_epi8(p + j, tail_mask(j, limit), _mm512_cvtepi32_epi8(p8));
   }

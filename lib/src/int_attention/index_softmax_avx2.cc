@@ -1,0 +1,149 @@
+// AVX2 IndexSoftmax row, 8 logits per step, the same integers as index_softmax_s32_u8__scalar:
+//   Δ' = min(m - a, c_int)               int32 (|m - a| <= 2 127^2 d < 2^31 for d < 66000)
+//   idx by the index rule in double       two __m256d of 4 lanes; the exactness argument of index_softmax_avx512.cc
+//                                         holds unchanged (integer numerators < 2^41, divisors < 2^31, Q26 products
+//                                         < 2^53)
+//   E = LUT[idx]                          vpgatherdd from the table widened to int32
+//   S = sum E                             int32 lanes (255 L / 8 each), reduced to int64
+//   P: floor by FloorDivider16 with vpmuludq on the even and the odd lanes (n = s_P E < 2^16, multiplier <= 2^17 + 1:
+//      exact 64-bit products); f32-rne by vdivps and vcvtps2dq (round to nearest even, the default MXCSR mode);
+//      q8 reciprocal (E ns + 128) >> 8 in int32.
+// The row's tail (fewer than 8 entries), rows with a padding mask and the float32 index rule (floor-f32) run the
+// scalar spec's arithmetic. No std:: algorithm that loops is instantiated here (this file is built with -mavx2, and
+// a vectorised inline instantiation could be the one the linker keeps for baseline callers).
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "qattn/kernels.h"
+#include "qattn/reciprocal_division.h"
+
+namespace qattn::kernels {
+namespace {
+
+// floor(q) of 4 doubles in [0, 2^31), min(., last), as int32.
+inline __m128i index_quad(__m128i delta, const IndexSoftmaxTables& t) {
+  const double last = (1 << t.params.bits) - 1, c = static_cast<double>(t.c_int), m = static_cast<double>(t.q26);
+  const __m256d dd = _mm256_cvtepi32_pd(delta);
+  __m256d q;
+  switch (t.params.index_rule) {
+    case IndexRule::floor: q = _mm256_div_pd(_mm256_mul_pd(dd, _mm256_set1_pd(last)), _mm256_set1_pd(c)); break;
+    case IndexRule::round:
+      q = _mm256_div_pd(_mm256_add_pd(_mm256_mul_pd(dd, _mm256_set1_pd(2 * last)), _mm256_set1_pd(c)),
+                        _mm256_set1_pd(2 * c));
+      break;
+    case IndexRule::q26_round:
+      q = _mm256_mul_pd(_mm256_add_pd(_mm256_mul_pd(dd, _mm256_set1_pd(m)), _mm256_set1_pd(0x1p25)),
+                        _mm256_set1_pd(0x1p-26));
+      break;
+    default:  // q26_floor (floor_f32 never reaches here)
+      q = _mm256_mul_pd(_mm256_mul_pd(dd, _mm256_set1_pd(m)), _mm256_set1_pd(0x1p-26));
+      break;
+  }
+  return _mm256_cvttpd_epi32(_mm256_min_pd(q, _mm256_set1_pd(last)));  // truncation == floor for q >= 0
+}
+
+// The low byte of each of 8 int32 lanes (each in [0, 255]) to p[0, 8).
+inline void store_bytes8(std::uint8_t* p, __m256i q) {
+  const __m256i bytes = _mm256_shuffle_epi8(q, _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                                 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1));
+  const std::uint32_t lo = static_cast<std::uint32_t>(_mm256_extract_epi32(bytes, 0));
+  const std::uint32_t hi = static_cast<std::uint32_t>(_mm256_extract_epi32(bytes, 4));
+  std::memcpy(p, &lo, 4);
+  std::memcpy(p + 4, &hi, 4);
+}
+
+}  // namespace
+
+void index_softmax_s32_u8__avx2(const std::int32_t* s, const bool* valid, Index limit, Index keys,
+                                const IndexSoftmaxTables& t, std::int32_t* e_scratch, std::uint8_t* p) {
+  if (valid || t.params.index_rule == IndexRule::floor_f32) {
+    index_softmax_s32_u8__scalar(s, valid, limit, keys, t, p);
+    return;
+  }
+  std::memset(p, 0, static_cast<std::size_t>(keys));
+  limit = limit < 0 ? 0 : (limit > keys ? keys : limit);
+  if (limit == 0) return;
+  const Index body = limit / 8 * 8;
+  // (1) the maximum
+  __m256i vmax = _mm256_set1_epi32(std::numeric_limits<std::int32_t>::min());
+  for (Index j = 0; j < body; j += 8)
+    vmax = _mm256_max_epi32(vmax, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + j)));
+  alignas(32) std::int32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), vmax);
+  std::int32_t m = lanes[0];
+  for (const std::int32_t x : lanes) m = x > m ? x : m;
+  for (Index j = body; j < limit; ++j) m = s[j] > m ? s[j] : m;
+  // (2)-(5) Δ', index, E, the sum
+  const __m256i vm = _mm256_set1_epi32(m), vc = _mm256_set1_epi32(static_cast<std::int32_t>(t.c_int));
+  alignas(32) std::int32_t lut32[256];
+  for (int i = 0; i < 256; ++i) lut32[i] = t.lut[i];
+  __m256i vsum = _mm256_setzero_si256();
+  for (Index j = 0; j < body; j += 8) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + j));
+    const __m256i delta = _mm256_min_epi32(_mm256_sub_epi32(vm, a), vc);
+    const __m256i idx = _mm256_set_m128i(index_quad(_mm256_extracti128_si256(delta, 1), t),
+                                         index_quad(_mm256_castsi256_si128(delta), t));
+    const __m256i e = _mm256_i32gather_epi32(lut32, idx, 4);
+    vsum = _mm256_add_epi32(vsum, e);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(e_scratch + j), e);
+  }
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), vsum);
+  std::int64_t sum = 0;
+  for (const std::int32_t x : lanes) sum += x;
+  const std::int64_t last = (1 << t.params.bits) - 1;
+  for (Index j = body; j < limit; ++j) {
+    const std::int64_t delta = std::int64_t{m} - s[j];
+    std::int64_t idx = index_softmax_index(delta < t.c_int ? delta : t.c_int, t);
+    idx = idx < 0 ? 0 : (idx > last ? last : idx);
+    e_scratch[j] = t.lut[idx];
+    sum += e_scratch[j];
+  }
+  // (6) normalisation
+  const std::uint32_t ps = t.params.p_format == PFormat::u8 ? 255 : 127;
+  const __m256i vps = _mm256_set1_epi32(static_cast<std::int32_t>(ps));
+  switch (t.params.normalization) {
+    case Normalization::floor: {
+      const FloorDivider16 div = FloorDivider16::make(static_cast<std::uint64_t>(sum));
+      const __m256i mul = _mm256_set1_epi64x(static_cast<long long>(div.multiplier));
+      const __m128i shift = _mm_cvtsi32_si128(div.shift);
+      for (Index j = 0; j < body; j += 8) {
+        const __m256i n = _mm256_mullo_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(e_scratch + j)), vps);
+        const __m256i even = _mm256_srl_epi64(_mm256_mul_epu32(n, mul), shift);                         // lanes 0 2 4 6
+        const __m256i odd = _mm256_srl_epi64(_mm256_mul_epu32(_mm256_srli_epi64(n, 32), mul), shift);  // lanes 1 3 5 7
+        store_bytes8(p + j, _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA));
+      }
+      for (Index j = body; j < limit; ++j)
+        p[j] = static_cast<std::uint8_t>((std::uint64_t{ps} * static_cast<std::uint32_t>(e_scratch[j]) * div.multiplier) >> div.shift);
+      break;
+    }
+    case Normalization::f32_rne: {
+      const float fs = static_cast<float>(sum);
+      const __m256 vfs = _mm256_set1_ps(fs);
+      for (Index j = 0; j < body; j += 8) {
+        const __m256 x = _mm256_cvtepi32_ps(
+            _mm256_mullo_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(e_scratch + j)), vps));  // < 2^16: exact
+        store_bytes8(p + j, _mm256_cvtps_epi32(_mm256_div_ps(x, vfs)));
+      }
+      for (Index j = body; j < limit; ++j)
+        p[j] = static_cast<std::uint8_t>(std::nearbyint(static_cast<float>(ps * static_cast<std::uint32_t>(e_scratch[j])) / fs));
+      break;
+    }
+    case Normalization::q8_reciprocal: {
+      const bool identity = sum == ps;
+      const std::int32_t ns = identity ? 256 : static_cast<std::int32_t>((512 * std::int64_t{ps} + sum) / (2 * sum));
+      const std::int32_t half = identity ? 0 : 128;
+      const __m256i vns = _mm256_set1_epi32(ns), vhalf = _mm256_set1_epi32(half);
+      for (Index j = 0; j < body; j += 8) {
+        const __m256i e = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(e_scratch + j));
+        store_bytes8(p + j, _mm256_srli_epi32(_mm256_add_epi32(_mm256_mullo_epi32(e, vns), vhalf), 8));
+      }
+      for (Index j = body; j < limit; ++j) p[j] = static_cast<std::uint8_t>((e_scratch[j] * ns + half) >> 8);
+      break;
+    }
+  }
+}
+
+}  // namespace qattn::kernels

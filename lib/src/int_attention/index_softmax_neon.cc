@@ -1,0 +1,156 @@
+// NEON IndexSoftmax row (baseline Armv8-A Advanced SIMD), 16 logits per step, the same integers as
+// index_softmax_s32_u8__scalar:
+//   Δ' = min(m - a, c_int)               int32 (|m - a| <= 2 127^2 d < 2^31 for d < 66000)
+//   idx by the index rule in double       float64x2 lanes; the exactness argument of index_softmax_avx512.cc holds
+//                                         unchanged (integer numerators < 2^41, divisors < 2^31, Q26 products < 2^53)
+//   E = LUT[idx]                          idx narrowed to u8, then the 256-entry table as four 64-byte tbl lookups
+//                                         (tbl returns 0 for an index out of its 64 entries, so the four are OR-ed)
+//   S = sum E                             u8 -> u16 -> u32 pairwise adds, reduced to int64
+//   P: floor by FloorDivider16 with umull (n = s_P E < 2^16, multiplier <= 2^17 + 1: exact 64-bit products) and a
+//      variable right shift; f32-rne by fdiv and fcvtns (round to nearest, ties to even); q8 (E ns + 128) >> 8.
+// E is kept in p between the passes (E <= 255), so the scratch row is unused. The row's tail (fewer than 16
+// entries), rows with a padding mask and the float32 index rule (floor-f32) run the scalar spec's arithmetic.
+#include <arm_neon.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "qattn/kernels.h"
+#include "qattn/reciprocal_division.h"
+
+namespace qattn::kernels {
+namespace {
+
+// floor(q) of two doubles in [0, 2^31), min(., last), as int64 lanes.
+inline int64x2_t index_pair(int32x2_t delta, const IndexSoftmaxTables& t) {
+  const float64x2_t dd = vcvtq_f64_s64(vmovl_s32(delta));
+  const double last = (1 << t.params.bits) - 1, c = static_cast<double>(t.c_int), m = static_cast<double>(t.q26);
+  float64x2_t q;
+  switch (t.params.index_rule) {
+    case IndexRule::floor: q = vdivq_f64(vmulq_n_f64(dd, last), vdupq_n_f64(c)); break;
+    case IndexRule::round: q = vdivq_f64(vaddq_f64(vmulq_n_f64(dd, 2 * last), vdupq_n_f64(c)), vdupq_n_f64(2 * c)); break;
+    case IndexRule::q26_round: q = vmulq_n_f64(vaddq_f64(vmulq_n_f64(dd, m), vdupq_n_f64(0x1p25)), 0x1p-26); break;
+    default: q = vmulq_n_f64(vmulq_n_f64(dd, m), 0x1p-26); break;  // q26_floor
+  }
+  return vcvtq_s64_f64(vminq_f64(q, vdupq_n_f64(last)));  // truncation == floor for q >= 0
+}
+
+// 16 indices (each in [0, last]) as bytes.
+inline uint8x16_t indices16(const std::int32_t* s, int32x4_t vm, int32x4_t vc, const IndexSoftmaxTables& t) {
+  int32x4_t idx[4];
+  for (int v = 0; v < 4; ++v) {
+    const int32x4_t delta = vminq_s32(vsubq_s32(vm, vld1q_s32(s + 4 * v)), vc);
+    const int64x2_t lo = index_pair(vget_low_s32(delta), t), hi = index_pair(vget_high_s32(delta), t);
+    idx[v] = vcombine_s32(vmovn_s64(lo), vmovn_s64(hi));
+  }
+  const uint16x8_t a = vcombine_u16(vqmovun_s32(idx[0]), vqmovun_s32(idx[1]));
+  const uint16x8_t b = vcombine_u16(vqmovun_s32(idx[2]), vqmovun_s32(idx[3]));
+  return vcombine_u8(vqmovn_u16(a), vqmovn_u16(b));
+}
+
+inline uint8x16_t lookup256(const uint8x16x4_t lut[4], uint8x16_t idx) {
+  const uint8x16_t k64 = vdupq_n_u8(64);
+  uint8x16_t e = vqtbl4q_u8(lut[0], idx);
+  idx = vsubq_u8(idx, k64);
+  e = vorrq_u8(e, vqtbl4q_u8(lut[1], idx));
+  idx = vsubq_u8(idx, k64);
+  e = vorrq_u8(e, vqtbl4q_u8(lut[2], idx));
+  idx = vsubq_u8(idx, k64);
+  return vorrq_u8(e, vqtbl4q_u8(lut[3], idx));
+}
+
+// ps E for 4 lanes of E (bytes widened), as u32.
+inline uint32x4_t times_ps(uint16x4_t e, std::uint32_t ps) { return vmull_n_u16(e, static_cast<std::uint16_t>(ps)); }
+
+}  // namespace
+
+void index_softmax_s32_u8__neon(const std::int32_t* s, const bool* valid, Index limit, Index keys,
+                                const IndexSoftmaxTables& t, std::int32_t*, std::uint8_t* p) {
+  if (valid || t.params.index_rule == IndexRule::floor_f32) {
+    index_softmax_s32_u8__scalar(s, valid, limit, keys, t, p);
+    return;
+  }
+  std::memset(p, 0, static_cast<std::size_t>(keys));
+  limit = std::clamp<Index>(limit, 0, keys);
+  if (limit == 0) return;
+  const Index body = limit / 16 * 16;
+  // (1) the maximum
+  int32x4_t vmax = vdupq_n_s32(std::numeric_limits<std::int32_t>::min());
+  for (Index j = 0; j < body; j += 4) vmax = vmaxq_s32(vmax, vld1q_s32(s + j));
+  std::int32_t m = vmaxvq_s32(vmax);
+  for (Index j = body; j < limit; ++j) m = std::max(m, s[j]);
+  // (2)-(5) Δ', index, E (into p), the sum
+  const int32x4_t vm = vdupq_n_s32(m), vc = vdupq_n_s32(static_cast<std::int32_t>(t.c_int));
+  uint8x16x4_t lut[4];
+  for (int part = 0; part < 4; ++part) lut[part] = vld1q_u8_x4(t.lut + 64 * part);
+  uint32x4_t vsum = vdupq_n_u32(0);
+  for (Index j = 0; j < body; j += 16) {
+    const uint8x16_t e = lookup256(lut, indices16(s + j, vm, vc, t));
+    vsum = vpadalq_u16(vsum, vpaddlq_u8(e));
+    vst1q_u8(p + j, e);
+  }
+  std::int64_t sum = static_cast<std::int64_t>(vaddlvq_u32(vsum));
+  const std::int64_t last = (1 << t.params.bits) - 1;
+  for (Index j = body; j < limit; ++j) {
+    p[j] = t.lut[std::clamp<std::int64_t>(index_softmax_index(std::min<std::int64_t>(std::int64_t{m} - s[j], t.c_int), t), 0, last)];
+    sum += p[j];
+  }
+  // (6) normalisation, in place on E
+  const std::uint32_t ps = t.params.p_format == PFormat::u8 ? 255 : 127;
+  switch (t.params.normalization) {
+    case Normalization::floor: {
+      const FloorDivider16 div = FloorDivider16::make(static_cast<std::uint64_t>(sum));
+      const uint32x2_t mul = vdup_n_u32(static_cast<std::uint32_t>(div.multiplier));
+      const int64x2_t shift = vdupq_n_s64(-div.shift);
+      for (Index j = 0; j < body; j += 16) {
+        const uint8x16_t e = vld1q_u8(p + j);
+        uint16x4_t q[4];
+        const uint16x8_t halves[2] = {vmovl_u8(vget_low_u8(e)), vmovl_u8(vget_high_u8(e))};
+        for (int v = 0; v < 4; ++v) {
+          const uint32x4_t n = times_ps(v % 2 == 0 ? vget_low_u16(halves[v / 2]) : vget_high_u16(halves[v / 2]), ps);
+          const uint64x2_t lo = vshlq_u64(vmull_u32(vget_low_u32(n), mul), shift);
+          const uint64x2_t hi = vshlq_u64(vmull_u32(vget_high_u32(n), mul), shift);
+          q[v] = vmovn_u32(vcombine_u32(vmovn_u64(lo), vmovn_u64(hi)));
+        }
+        vst1q_u8(p + j, vcombine_u8(vmovn_u16(vcombine_u16(q[0], q[1])), vmovn_u16(vcombine_u16(q[2], q[3]))));
+      }
+      for (Index j = body; j < limit; ++j) p[j] = static_cast<std::uint8_t>(div.divide(ps * p[j]));
+      break;
+    }
+    case Normalization::f32_rne: {
+      const float fs = static_cast<float>(sum);
+      const float32x4_t vfs = vdupq_n_f32(fs);
+      for (Index j = 0; j < body; j += 16) {
+        const uint8x16_t e = vld1q_u8(p + j);
+        uint16x4_t q[4];
+        const uint16x8_t halves[2] = {vmovl_u8(vget_low_u8(e)), vmovl_u8(vget_high_u8(e))};
+        for (int v = 0; v < 4; ++v) {
+          const uint32x4_t n = times_ps(v % 2 == 0 ? vget_low_u16(halves[v / 2]) : vget_high_u16(halves[v / 2]), ps);
+          q[v] = vmovn_u32(vcvtnq_u32_f32(vdivq_f32(vcvtq_f32_u32(n), vfs)));  // n < 2^16: exact in float
+        }
+        vst1q_u8(p + j, vcombine_u8(vmovn_u16(vcombine_u16(q[0], q[1])), vmovn_u16(vcombine_u16(q[2], q[3]))));
+      }
+      for (Index j = body; j < limit; ++j)
+        p[j] = static_cast<std::uint8_t>(std::nearbyint(static_cast<float>(ps * p[j]) / fs));
+      break;
+    }
+    case Normalization::q8_reciprocal: {
+      if (sum == ps) break;  // P = E
+      const std::int64_t ns = (512 * std::int64_t{ps} + sum) / (2 * sum);  // <= 256
+      const uint16x8_t vns = vdupq_n_u16(static_cast<std::uint16_t>(ns));
+      for (Index j = 0; j < body; j += 16) {
+        const uint8x16_t e = vld1q_u8(p + j);
+        // E ns + 128 <= 255 * 256 + 128 < 2^16: u16 lanes, then >> 8
+        const uint16x8_t lo = vmlaq_u16(vdupq_n_u16(128), vmovl_u8(vget_low_u8(e)), vns);
+        const uint16x8_t hi = vmlaq_u16(vdupq_n_u16(128), vmovl_u8(vget_high_u8(e)), vns);
+        vst1q_u8(p + j, vcombine_u8(vshrn_n_u16(lo, 8), vshrn_n_u16(hi, 8)));
+      }
+      for (Index j = body; j < limit; ++j) p[j] = static_cast<std::uint8_t>((p[j] * ns + 128) >> 8);
+      break;
+    }
+  }
+}
+
+}  // namespace qattn::kernels
