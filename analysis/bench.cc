@@ -1,6 +1,7 @@
 // qattn bench: the fused integer attention against its own GEMM floor and an fp32 baseline, timed in one run.
 // Medians over repetitions (one warm-up first), with the CPU, ISA, kernels, threads, L and d printed. A program,
 // not a test: timings drift between moments on a shared machine, so compare ratios within one run.
+#include <malloc.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <cmath>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -36,8 +38,24 @@ std::string cpu_model() {
   return "unknown";
 }
 
+// Peak resident memory per row: writing 5 to /proc/self/clear_refs resets the kernel's high-water mark (VmHWM), so
+// each row's figure is what the process held at most while that row ran (inputs included). -1 where /proc lacks it.
+void reset_peak_rss() {
+  malloc_trim(0);  // hand freed heap pages back first, so that an earlier row's buffers do not count
+  std::ofstream f("/proc/self/clear_refs");
+  if (f) f << "5";
+}
+double peak_rss_mib() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;  // "VmHWM:   1234 kB"
+  return -1;
+}
+
 template <typename F>
-double median_ms(int reps, F&& f) {
+double median_ms(int reps, F&& f, double* rss_mib = nullptr) {
+  reset_peak_rss();
   f();  // warm-up: first-touch pages, caches
   std::vector<double> t;
   for (int r = 0; r < reps; ++r) {
@@ -45,6 +63,7 @@ double median_ms(int reps, F&& f) {
     f();
     t.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
   }
+  if (rss_mib) *rss_mib = peak_rss_mib();
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
 }
@@ -78,7 +97,12 @@ struct BenchOptions {
   std::vector<int> lengths{1024, 2048, 4096}, threads{1, 2};
   int d = 128, reps = 5;
   std::string isa, format = "md", out, index = "index@upstream-neon";
+  std::vector<std::string> rows{"fused", "materialised", "fp32"};
 };
+
+bool wants(const BenchOptions& o, const std::string& group) {
+  return std::find(o.rows.begin(), o.rows.end(), group) != o.rows.end();
+}
 
 void run_bench(const BenchOptions& o) {
   const Isa isa = o.isa.empty() ? default_isa() : parse_isa(o.isa);
@@ -107,11 +131,27 @@ void run_bench(const BenchOptions& o) {
   }
 
   Table t{{"L", "d", "threads", "pipeline", "median ms", "GOP/s", "vs gemm-only", "fp32 / this", "softmax share",
-           "GEMM % of peak", "quant-only / this"},
+           "GEMM % of peak", "quant-only / this", "peak RSS MiB"},
           {}};
   json j = {{"cpu", cpu_model()}, {"hardware_threads", std::thread::hardware_concurrency()}, {"isa", isa_name(isa)},
             {"kernels", {{"qk", names.qk}, {"softmax", names.softmax}, {"softmax_quant_only", qo_softmax}, {"pv", names.pv}}},
             {"peak_int8_gmacs_per_core", peak_gmacs}, {"reps", o.reps}, {"runs", json::array()}};
+  auto fmt = [](double x, int p) {
+    if (!std::isfinite(x)) return std::string("-");
+    std::ostringstream s;
+    s.setf(std::ios::fixed);
+    s.precision(p);
+    s << x;
+    return s.str();
+  };
+  // Per (L, threads): the medians the targets need.
+  constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
+  struct Cell {
+    int l, threads;
+    double t_int = kNan, t_gemm = kNan, t_qo = kNan, qk_eff = kNan, pv_eff = kNan, t_int_m = kNan, t_qo_m = kNan,
+           t_fp32 = kNan, rss_int = kNan;
+  };
+  std::vector<Cell> cells;
   std::mt19937_64 g(1);
   std::normal_distribution<float> n(0, 1);
   for (int l : o.lengths) {
@@ -127,61 +167,155 @@ void run_bench(const BenchOptions& o) {
     double sq, sk, sv;
     const auto q8 = quant(qf, &sq), k8 = quant(kf, &sk), v8 = quant(vf, &sv);
     std::vector<float> out(static_cast<std::size_t>(l) * o.d);
-    RowMatrixXf of(l, o.d);
+    RowMatrixXf of;
+    if (wants(o, "fp32")) of.resize(l, o.d);
+    else qf.resize(0, 0), kf.resize(0, 0), vf.resize(0, 0);  // the integer rows' memory is then theirs alone
     const double scale = 1.0 / std::sqrt(static_cast<double>(o.d));
     const double ops = 4.0 * l * l * o.d;  // two GEMMs, 2 ops per MAC
     for (int threads : o.threads) {
+      Cell c{l, threads};
       IntAttentionConfig cfg;
       cfg.isa = isa;
       cfg.threads = threads;
       cfg.softmax = index_params;
       using Stages = IntAttentionConfig::Stages;
-      auto run_int = [&](Stages stages, IntPipeline pipeline = IntPipeline::intattention, bool materialise = false) {
+      auto run_int = [&](Stages stages, IntPipeline pipeline = IntPipeline::intattention, bool materialise = false,
+                         double* rss = nullptr) {
         cfg.stages = stages;
         cfg.pipeline = pipeline;
         cfg.materialise = materialise;
         return median_ms(o.reps, [&] {
           int_attention_fused({q8.data(), l, o.d, sq}, {k8.data(), l, o.d, sk}, {v8.data(), l, o.d, sv}, scale, cfg,
                               out.data());
-        });
+        }, rss);
       };
-      const double t_int = run_int(Stages::all), t_gemm = run_int(Stages::gemms),
-                   t_qo = run_int(Stages::all, IntPipeline::quant_only);
-      const double t_qk = run_int(Stages::qk), t_pv = run_int(Stages::pv);
-      const double t_int_m = run_int(Stages::all, IntPipeline::intattention, true),
-                   t_qo_m = run_int(Stages::all, IntPipeline::quant_only, true);
-      const double t_fp32 = median_ms(o.reps, [&] { fp32_attention_blocks(qf, kf, vf, static_cast<float>(scale), threads, of); });
-      auto share_of_peak = [&](double macs, double ms) { return macs / (ms * 1e-3) * 1e-9 / (peak_gmacs * threads) * 100; };
-      const double gemm_eff = share_of_peak(ops / 2, t_gemm), qk_eff = share_of_peak(ops / 4, t_qk),
-                   pv_eff = share_of_peak(ops / 4, t_pv);
-      auto fmt = [](double x, int p) {
-        std::ostringstream s;
-        s.setf(std::ios::fixed);
-        s.precision(p);
-        s << x;
-        return s.str();
+      struct Row {
+        std::string name;
+        double ms, rss;
+        bool is_int;
       };
-      auto add = [&](const std::string& name, double ms, bool is_int) {
-        t.rows.push_back({std::to_string(l), std::to_string(o.d), std::to_string(threads), name, fmt(ms, 2),
-                          fmt(ops / (ms * 1e-3) * 1e-9, 1), fmt(ms / t_gemm, 2), fmt(t_fp32 / ms, 2),
-                          is_int && name != "gemm-only" ? fmt((ms - t_gemm) / ms * 100, 1) + " %" : "-",
-                          name == "gemm-only" ? fmt(gemm_eff, 1) + " % (QK " + fmt(qk_eff, 0) + " %, PV " + fmt(pv_eff, 0) + " %)" : "-",
-                          fmt(t_qo / ms, 2)});
-        j["runs"].push_back({{"L", l}, {"d", o.d}, {"threads", threads}, {"pipeline", name}, {"median_ms", ms},
-                             {"gops", ops / (ms * 1e-3) * 1e-9}});
-        if (name == "gemm-only")
-          j["runs"].back().update({{"qk_ms", t_qk}, {"pv_ms", t_pv}, {"qk_percent_of_peak", qk_eff},
-                                   {"pv_percent_of_peak", pv_eff}, {"gemms_percent_of_peak", gemm_eff}});
-      };
-      add("intattention fused", t_int, true);
-      add("quant-only fused", t_qo, true);
-      add("gemm-only", t_gemm, true);
-      add("intattention materialised", t_int_m, true);
-      add("quant-only materialised", t_qo_m, true);
-      add("fp32 blocks (Eigen)", t_fp32, false);
+      std::vector<Row> rows;
+      if (wants(o, "fused")) {
+        double r_int, r_qo, r_gemm;
+        c.t_int = run_int(Stages::all, IntPipeline::intattention, false, &r_int);
+        c.t_gemm = run_int(Stages::gemms, IntPipeline::intattention, false, &r_gemm);
+        c.t_qo = run_int(Stages::all, IntPipeline::quant_only, false, &r_qo);
+        const double t_qk = run_int(Stages::qk), t_pv = run_int(Stages::pv);
+        auto share_of_peak = [&](double macs, double ms) { return macs / (ms * 1e-3) * 1e-9 / (peak_gmacs * threads) * 100; };
+        c.qk_eff = share_of_peak(ops / 4, t_qk);
+        c.pv_eff = share_of_peak(ops / 4, t_pv);
+        c.rss_int = r_int;
+        rows.push_back({"intattention fused", c.t_int, r_int, true});
+        rows.push_back({"quant-only fused", c.t_qo, r_qo, true});
+        rows.push_back({"gemm-only", c.t_gemm, r_gemm, true});
+        j["gemm_stages"].push_back({{"L", l}, {"threads", threads}, {"qk_ms", t_qk}, {"pv_ms", t_pv},
+                                    {"qk_percent_of_peak", c.qk_eff}, {"pv_percent_of_peak", c.pv_eff},
+                                    {"gemms_percent_of_peak", share_of_peak(ops / 2, c.t_gemm)}});
+      }
+      if (wants(o, "materialised")) {
+        double r_int_m, r_qo_m;
+        c.t_int_m = run_int(Stages::all, IntPipeline::intattention, true, &r_int_m);
+        c.t_qo_m = run_int(Stages::all, IntPipeline::quant_only, true, &r_qo_m);
+        rows.push_back({"intattention materialised", c.t_int_m, r_int_m, true});
+        rows.push_back({"quant-only materialised", c.t_qo_m, r_qo_m, true});
+      }
+      if (wants(o, "fp32")) {
+        double r_fp32;
+        c.t_fp32 = median_ms(o.reps, [&] { fp32_attention_blocks(qf, kf, vf, static_cast<float>(scale), threads, of); }, &r_fp32);
+        rows.push_back({"fp32 blocks (Eigen)", c.t_fp32, r_fp32, false});
+      }
+      for (const Row& r : rows) {
+        const bool gemm_row = r.name == "gemm-only";
+        t.rows.push_back({std::to_string(l), std::to_string(o.d), std::to_string(threads), r.name, fmt(r.ms, 2),
+                          fmt(ops / (r.ms * 1e-3) * 1e-9, 1), fmt(r.ms / c.t_gemm, 2), fmt(c.t_fp32 / r.ms, 2),
+                          r.is_int && !gemm_row && std::isfinite(c.t_gemm) ? fmt((r.ms - c.t_gemm) / r.ms * 100, 1) + " %" : "-",
+                          gemm_row ? fmt((ops / 2) / (r.ms * 1e-3) * 1e-9 / (peak_gmacs * threads) * 100, 1) + " % (QK " +
+                                         fmt(c.qk_eff, 0) + " %, PV " + fmt(c.pv_eff, 0) + " %)"
+                                   : "-",
+                          fmt(c.t_qo / r.ms, 2), fmt(r.rss, 1)});
+        j["runs"].push_back({{"L", l}, {"d", o.d}, {"threads", threads}, {"pipeline", r.name}, {"median_ms", r.ms},
+                             {"gops", ops / (r.ms * 1e-3) * 1e-9}, {"peak_rss_mib", r.rss}});
+      }
+      cells.push_back(c);
       std::cerr << "qattn bench: L " << l << ", " << threads << " thread(s) done\n";
     }
   }
+  // The targets of docs/kernels.md, checked on this run's cells: one line each, with the figures behind it.
+  std::ostringstream targets;
+  json jt = json::array();
+  auto target = [&](const std::string& name, bool measured, bool met, const std::string& figures) {
+    const std::string verdict = !measured ? "not measured in this run" : met ? "met" : "missed";
+    targets << "- " << name << ": **" << verdict << "**" << (figures.empty() ? "" : " (" + figures + ")") << "\n";
+    jt.push_back({{"target", name}, {"verdict", verdict}, {"figures", figures}});
+  };
+  {
+    bool any = false, ok = true;
+    std::string fig;
+    for (const Cell& c : cells)
+      if (c.l >= 2048 && std::isfinite(c.t_int) && std::isfinite(c.t_gemm)) {
+        any = true;
+        ok = ok && c.t_int / c.t_gemm <= 1.10;
+        fig += (fig.empty() ? "" : ", ") + ("L " + std::to_string(c.l) + " t" + std::to_string(c.threads) + ": " + fmt(c.t_int / c.t_gemm, 2));
+      }
+    target("fused intattention <= 1.10 x gemm-only at L >= 2048", any, ok, fig);
+  }
+  {
+    bool any = false, ok = true;
+    std::string fig;
+    for (const Cell& c : cells)
+      if (std::isfinite(c.qk_eff)) {
+        any = true;
+        ok = ok && c.qk_eff >= 70 && c.pv_eff >= 85;
+        fig += (fig.empty() ? "" : ", ") + ("L " + std::to_string(c.l) + " t" + std::to_string(c.threads) + ": QK " + fmt(c.qk_eff, 0) + " %, PV " + fmt(c.pv_eff, 0) + " %");
+      }
+    target("int8 GEMMs: Q.K^T >= 70 % and P.V >= 85 % of the measured peak", any, ok, fig);
+  }
+  {
+    bool any = false, ok = true;
+    std::string fig;
+    for (const Cell& c : cells)
+      if (std::isfinite(c.t_int_m) && std::isfinite(c.t_qo_m) && std::isfinite(c.t_fp32)) {
+        any = true;
+        ok = ok && c.t_fp32 > c.t_qo_m && c.t_qo_m > c.t_int_m;
+        fig += (fig.empty() ? "" : ", ") + ("L " + std::to_string(c.l) + " t" + std::to_string(c.threads) + ": " + fmt(c.t_fp32, 1) + " > " + fmt(c.t_qo_m, 1) + " > " + fmt(c.t_int_m, 1) + " ms");
+      }
+    target("materialised time order fp32 > quant-only > intattention", any, ok, fig);
+  }
+  {
+    bool any = false, ok = true;
+    std::string fig;
+    for (const Cell& c : cells)
+      if (std::isfinite(c.t_int) && std::isfinite(c.t_qo)) {
+        any = true;
+        ok = ok && c.t_int < c.t_qo;
+        fig += (fig.empty() ? "" : ", ") + ("L " + std::to_string(c.l) + " t" + std::to_string(c.threads) + ": quant-only / intattention " + fmt(c.t_qo / c.t_int, 2));
+      }
+    target("fused intattention faster than fused quant-only at every L", any, ok, fig);
+  }
+  {
+    bool any = false, ok = true;
+    std::string fig;
+    for (const Cell& c : cells)
+      if (c.l == 16384 && std::isfinite(c.rss_int) && c.rss_int > 0) {
+        any = true;
+        ok = ok && c.rss_int * 1.048576 <= 64;  // MiB -> MB
+        fig += (fig.empty() ? "" : ", ") + ("t" + std::to_string(c.threads) + ": " + fmt(c.rss_int * 1.048576, 1) + " MB whole process");
+      }
+    target("peak memory of fused intattention at L = 16384 <= 64 MB", any, ok, fig);
+  }
+  {
+    bool any = false, ok = true;
+    std::string fig;
+    for (const Cell& c1 : cells)
+      for (const Cell& c2 : cells)
+        if (c1.l == c2.l && c1.threads == 1 && c2.threads == 2 && std::isfinite(c1.t_int) && std::isfinite(c2.t_int)) {
+          any = true;
+          ok = ok && c1.t_int / c2.t_int >= 1.8;
+          fig += (fig.empty() ? "" : ", ") + ("L " + std::to_string(c1.l) + ": " + fmt(c1.t_int / c2.t_int, 2));
+        }
+    target("2-thread speedup of fused intattention >= 1.8", any, ok, fig);
+  }
+  j["targets"] = jt;
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   j["peak_rss_mib"] = ru.ru_maxrss / 1024.0;
@@ -193,9 +327,10 @@ void run_bench(const BenchOptions& o) {
        << "IndexSoftmax: " << ref::reference_registry().canonical(index_spec) << "\n"
        << "int8 MAC peak, 1 core (" << isa_name(isa) << " loop, 12 accumulators): " << peak_gmacs << " GMAC/s\n"
        << "medians of " << o.reps << " runs after one warm-up; GOP/s counts the two GEMMs (4 L^2 d ops); "
-       << "fp32 blocks runs Eigen at this build's baseline ISA; peak RSS of the whole run " << ru.ru_maxrss / 1024
-       << " MiB\n\n";
-  emit(o.format == "json" ? j.dump(2) + "\n" : head.str() + t.markdown(), o.out);
+       << "fp32 blocks runs Eigen at this build's baseline ISA; peak RSS per row is the process's high-water mark "
+       << "while that row ran (inputs included; " << ru.ru_maxrss / 1024 << " MiB for the whole run)\n\n";
+  emit(o.format == "json" ? j.dump(2) + "\n" : head.str() + t.markdown() + "\nTargets (docs/kernels.md):\n" + targets.str(),
+       o.out);
 }
 
 }  // namespace
@@ -211,6 +346,10 @@ void add_bench(CLI::App& app) {
   sub->add_option("--index", o->index, "IndexSoftmax spec of the intattention rows")->capture_default_str();
   sub->add_option("--format", o->format, "md|json")->check(CLI::IsMember({"md", "json"}))->capture_default_str();
   sub->add_option("--out", o->out, "write here instead of stdout");
+  sub->add_option("--rows", o->rows, "row groups to time: fused (intattention, quant-only, gemm-only), materialised, fp32")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"fused", "materialised", "fp32"}))
+      ->capture_default_str();
   sub->callback([o] { run_bench(*o); });
 }
 
