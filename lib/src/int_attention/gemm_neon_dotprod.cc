@@ -1,5 +1,6 @@
 // NEON dotprod variants of the GEMM families: sdot (s8 x s8, four products summed into each s32 lane), tiles of
-// 4 rows x 16 columns (16 q accumulators), the A group of 4 bytes duplicated into every lane.
+// 4 rows x 16 columns (16 q accumulators). The main loop takes 16 bytes of each A row at once and uses sdot by
+// element; the last k / 4 mod 4 groups duplicate the A group of 4 bytes into every lane.
 // qk: A = Q is s8, native. pv: A = P is u8 and sdot has no u8 x s8 form: a ^ 0x80 = a - 128 as s8, the lanes hold
 // sum (a - 128) b, and 128 B_sum[n] is added at the end (|sum| <= 128 * 127 * k, exact in int32).
 #include <arm_neon.h>
@@ -9,6 +10,15 @@
 namespace qattn::kernels {
 namespace {
 
+// One group of k for every row of the tile: B's 4 vectors times lane kLane of each A row register.
+template <int kLane, int R>
+inline void lane_step(int32x4_t (&acc)[R][4], const int8x16_t (&av)[R], const std::int8_t* b) {
+  int8x16_t bv[4];
+  for (int v = 0; v < 4; ++v) bv[v] = vld1q_s8(b + v * 16);
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v) acc[r][v] = vdotq_laneq_s32(acc[r][v], bv[v], av[r], kLane);
+}
+
 template <bool kUnsignedA, int R>
 inline void tile(const GemmArgs& g, Index i0, Index n0) {
   const std::uint8_t* a = static_cast<const std::uint8_t*>(g.a);
@@ -16,7 +26,22 @@ inline void tile(const GemmArgs& g, Index i0, Index n0) {
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < 4; ++v) acc[r][v] = vdupq_n_s32(0);
   const std::int8_t* b = g.b_packed + n0 * 4;
-  for (Index k4 = 0; k4 < g.k / 4; ++k4, b += g.n * 4) {
+  Index k4 = 0;
+  // Main loop, 4 groups of k at a time: 16 bytes of each A row in one register, sdot by element (lane kk picks
+  // the group), so no broadcast is issued per group.
+  for (; k4 + 4 <= g.k / 4; k4 += 4) {
+    int8x16_t av[R];
+    for (int r = 0; r < R; ++r) {
+      const uint8x16_t raw = vld1q_u8(a + (i0 + r) * g.k + k4 * 4);
+      av[r] = vreinterpretq_s8_u8(kUnsignedA ? veorq_u8(raw, vdupq_n_u8(0x80)) : raw);
+    }
+    lane_step<0, R>(acc, av, b);
+    lane_step<1, R>(acc, av, b + g.n * 4);
+    lane_step<2, R>(acc, av, b + g.n * 8);
+    lane_step<3, R>(acc, av, b + g.n * 12);
+    b += g.n * 16;
+  }
+  for (; k4 < g.k / 4; ++k4, b += g.n * 4) {  // the last k / 4 mod 4 groups: one broadcast each
     int8x16_t bv[4];
     for (int v = 0; v < 4; ++v) bv[v] = vld1q_s8(b + v * 16);
     for (int r = 0; r < R; ++r) {

@@ -1,8 +1,10 @@
 // NEON IndexSoftmax row (baseline Armv8-A Advanced SIMD), 16 logits per step, the same integers as
 // index_softmax_s32_u8__scalar:
 //   Δ' = min(m - a, c_int)               int32 (|m - a| <= 2 127^2 d < 2^31 for d < 66000)
-//   idx by the index rule in double       float64x2 lanes; the exactness argument of index_softmax_avx512.cc holds
-//                                         unchanged (integer numerators < 2^41, divisors < 2^31, Q26 products < 2^53)
+//   idx by the index rule                 Q26 rules with q26 < 2^32 (every c_int >= 4 at b = 8): integers, umull;
+//                                         otherwise float64x2 lanes, where the exactness argument of
+//                                         index_softmax_avx512.cc holds unchanged (integer numerators < 2^41,
+//                                         divisors < 2^31, Q26 products < 2^53)
 //   E = LUT[idx]                          idx narrowed to u8, then the 256-entry table as four 64-byte tbl lookups
 //                                         (tbl returns 0 for an index out of its 64 entries, so the four are OR-ed)
 //   S = sum E                             u8 -> u16 -> u32 pairwise adds, reduced to int64
@@ -23,27 +25,51 @@
 namespace qattn::kernels {
 namespace {
 
-// floor(q) of two doubles in [0, 2^31), min(., last), as int64 lanes.
-inline int64x2_t index_pair(int32x2_t delta, const IndexSoftmaxTables& t) {
+// The loop-invariant constants of the index rules, as doubles.
+struct IndexConstants {
+  double last, c, q26;
+};
+
+// floor(q) of two doubles in [0, 2^31), min(., last), as int64 lanes. The rule is a template parameter so that the
+// row loop of each rule is branch-free.
+template <IndexRule kRule>
+inline int64x2_t index_pair(int32x2_t delta, const IndexConstants& k) {
   const float64x2_t dd = vcvtq_f64_s64(vmovl_s32(delta));
-  const double last = (1 << t.params.bits) - 1, c = static_cast<double>(t.c_int), m = static_cast<double>(t.q26);
   float64x2_t q;
-  switch (t.params.index_rule) {
-    case IndexRule::floor: q = vdivq_f64(vmulq_n_f64(dd, last), vdupq_n_f64(c)); break;
-    case IndexRule::round: q = vdivq_f64(vaddq_f64(vmulq_n_f64(dd, 2 * last), vdupq_n_f64(c)), vdupq_n_f64(2 * c)); break;
-    case IndexRule::q26_round: q = vmulq_n_f64(vaddq_f64(vmulq_n_f64(dd, m), vdupq_n_f64(0x1p25)), 0x1p-26); break;
-    default: q = vmulq_n_f64(vmulq_n_f64(dd, m), 0x1p-26); break;  // q26_floor
-  }
-  return vcvtq_s64_f64(vminq_f64(q, vdupq_n_f64(last)));  // truncation == floor for q >= 0
+  if constexpr (kRule == IndexRule::floor) q = vdivq_f64(vmulq_n_f64(dd, k.last), vdupq_n_f64(k.c));
+  else if constexpr (kRule == IndexRule::round)
+    q = vdivq_f64(vaddq_f64(vmulq_n_f64(dd, 2 * k.last), vdupq_n_f64(k.c)), vdupq_n_f64(2 * k.c));
+  else if constexpr (kRule == IndexRule::q26_round) q = vmulq_n_f64(vaddq_f64(vmulq_n_f64(dd, k.q26), vdupq_n_f64(0x1p25)), 0x1p-26);
+  else q = vmulq_n_f64(vmulq_n_f64(dd, k.q26), 0x1p-26);  // q26_floor
+  return vcvtq_s64_f64(vminq_f64(q, vdupq_n_f64(k.last)));  // truncation == floor for q >= 0
 }
 
-// 16 indices (each in [0, last]) as bytes.
-inline uint8x16_t indices16(const std::int32_t* s, int32x4_t vm, int32x4_t vc, const IndexSoftmaxTables& t) {
+// The Q26 rules in integers when q26 < 2^32: umull (Δ' < 2^31 times q26 < 2^32, exact in 64 bits), the rounding
+// half 2^25 (q26_round), >> 26, min(., last). Equal to the scalar spec's (Δ' q26 [+ 2^25]) >> 26 by construction.
+template <bool kRound>
+inline uint32x4_t index_q26_int(uint32x4_t delta, uint32x2_t q26, uint32x4_t last) {
+  uint64x2_t lo = vmull_u32(vget_low_u32(delta), q26), hi = vmull_u32(vget_high_u32(delta), q26);
+  if constexpr (kRound) {
+    lo = vaddq_u64(lo, vdupq_n_u64(std::uint64_t{1} << 25));
+    hi = vaddq_u64(hi, vdupq_n_u64(std::uint64_t{1} << 25));
+  }
+  return vminq_u32(vcombine_u32(vshrn_n_u64(lo, 26), vshrn_n_u64(hi, 26)), last);  // quotient <= last + c_int 2^-27 <= last + 8: shrn keeps it
+}
+
+// 16 indices (each in [0, last]) as bytes. kIntQ26: the Q26 rules through index_q26_int (q26 < 2^32).
+template <IndexRule kRule, bool kIntQ26 = false>
+inline uint8x16_t indices16(const std::int32_t* s, int32x4_t vm, int32x4_t vc, const IndexConstants& k) {
   int32x4_t idx[4];
   for (int v = 0; v < 4; ++v) {
     const int32x4_t delta = vminq_s32(vsubq_s32(vm, vld1q_s32(s + 4 * v)), vc);
-    const int64x2_t lo = index_pair(vget_low_s32(delta), t), hi = index_pair(vget_high_s32(delta), t);
-    idx[v] = vcombine_s32(vmovn_s64(lo), vmovn_s64(hi));
+    if constexpr (kIntQ26) {
+      idx[v] = vreinterpretq_s32_u32(index_q26_int<kRule == IndexRule::q26_round>(
+          vreinterpretq_u32_s32(delta), vdup_n_u32(static_cast<std::uint32_t>(k.q26)),
+          vdupq_n_u32(static_cast<std::uint32_t>(k.last))));
+    } else {
+      const int64x2_t lo = index_pair<kRule>(vget_low_s32(delta), k), hi = index_pair<kRule>(vget_high_s32(delta), k);
+      idx[v] = vcombine_s32(vmovn_s64(lo), vmovn_s64(hi));
+    }
   }
   const uint16x8_t a = vcombine_u16(vqmovun_s32(idx[0]), vqmovun_s32(idx[1]));
   const uint16x8_t b = vcombine_u16(vqmovun_s32(idx[2]), vqmovun_s32(idx[3]));
@@ -59,6 +85,23 @@ inline uint8x16_t lookup256(const uint8x16x4_t lut[4], uint8x16_t idx) {
   e = vorrq_u8(e, vqtbl4q_u8(lut[2], idx));
   idx = vsubq_u8(idx, k64);
   return vorrq_u8(e, vqtbl4q_u8(lut[3], idx));
+}
+
+// Steps (2)-(5) over the 16-wide body of the row: E into p, the sum of E.
+template <IndexRule kRule, bool kIntQ26 = false>
+std::int64_t e_pass(const std::int32_t* s, Index body, std::int32_t m, const IndexSoftmaxTables& t, std::uint8_t* p) {
+  const IndexConstants k{static_cast<double>((1 << t.params.bits) - 1), static_cast<double>(t.c_int),
+                         static_cast<double>(t.q26)};
+  const int32x4_t vm = vdupq_n_s32(m), vc = vdupq_n_s32(static_cast<std::int32_t>(t.c_int));
+  uint8x16x4_t lut[4];
+  for (int part = 0; part < 4; ++part) lut[part] = vld1q_u8_x4(t.lut + 64 * part);
+  uint32x4_t vsum = vdupq_n_u32(0);
+  for (Index j = 0; j < body; j += 16) {
+    const uint8x16_t e = lookup256(lut, indices16<kRule, kIntQ26>(s + j, vm, vc, k));
+    vsum = vpadalq_u16(vsum, vpaddlq_u8(e));
+    vst1q_u8(p + j, e);
+  }
+  return static_cast<std::int64_t>(vaddlvq_u32(vsum));
 }
 
 // ps E for 4 lanes of E (bytes widened), as u32.
@@ -82,16 +125,19 @@ void index_softmax_s32_u8__neon(const std::int32_t* s, const bool* valid, Index 
   std::int32_t m = vmaxvq_s32(vmax);
   for (Index j = body; j < limit; ++j) m = std::max(m, s[j]);
   // (2)-(5) Δ', index, E (into p), the sum
-  const int32x4_t vm = vdupq_n_s32(m), vc = vdupq_n_s32(static_cast<std::int32_t>(t.c_int));
-  uint8x16x4_t lut[4];
-  for (int part = 0; part < 4; ++part) lut[part] = vld1q_u8_x4(t.lut + 64 * part);
-  uint32x4_t vsum = vdupq_n_u32(0);
-  for (Index j = 0; j < body; j += 16) {
-    const uint8x16_t e = lookup256(lut, indices16(s + j, vm, vc, t));
-    vsum = vpadalq_u16(vsum, vpaddlq_u8(e));
-    vst1q_u8(p + j, e);
+  std::int64_t sum = 0;
+  switch (t.params.index_rule) {
+    case IndexRule::floor: sum = e_pass<IndexRule::floor>(s, body, m, t, p); break;
+    case IndexRule::round: sum = e_pass<IndexRule::round>(s, body, m, t, p); break;
+    case IndexRule::q26_round:
+      sum = t.q26 < (std::int64_t{1} << 32) ? e_pass<IndexRule::q26_round, true>(s, body, m, t, p)
+                                            : e_pass<IndexRule::q26_round>(s, body, m, t, p);
+      break;
+    default:  // q26_floor (floor_f32 never reaches here)
+      sum = t.q26 < (std::int64_t{1} << 32) ? e_pass<IndexRule::q26_floor, true>(s, body, m, t, p)
+                                            : e_pass<IndexRule::q26_floor>(s, body, m, t, p);
+      break;
   }
-  std::int64_t sum = static_cast<std::int64_t>(vaddlvq_u32(vsum));
   const std::int64_t last = (1 << t.params.bits) - 1;
   for (Index j = body; j < limit; ++j) {
     p[j] = t.lut[std::clamp<std::int64_t>(index_softmax_index(std::min<std::int64_t>(std::int64_t{m} - s[j], t.c_int), t), 0, last)];
