@@ -126,6 +126,12 @@ expect 0 "" "analyze json to file" -- analyze --method bf16 --format json --out 
 expect 0 "intattention fused .*\| gemm-only|gemm-only" "bench small" -- bench --L 48 --d 16 --threads 1,2 --reps 1
 expect 0 "pv_u8s8_s32__scalar" "bench scalar" -- bench --L 40 --d 8 --threads 1 --reps 1 --isa scalar
 expect 2 "--L: lengths must be >= 1" "bench bad L" -- bench --L 0 --reps 1
+# --rows fused: no fp32 or materialised rows, and the targets that need them say so instead of a verdict.
+out=$(q bench --L 32 --d 8 --threads 1 --reps 1 --rows fused 2>&1); rc=$?
+if [ "$rc" -eq 0 ] && grep -q "quant-only fused" <<<"$out" && ! grep -qE "\| (fp32 blocks|intattention materialised|quant-only materialised) " <<<"$out" &&
+   grep -q "fp32 > quant-only > intattention: \*\*not measured in this run" <<<"$out"; then pass=$((pass + 1)); else
+  echo "FAIL: bench --rows fused: exit $rc"; echo "$out" | tail -12; fail=$((fail + 1)); fi
+expect 2 "rows" "bench bad rows" -- bench --L 16 --reps 1 --rows gpu
 out=$(QATTN_ISA=sse9 "${emu[@]}" "$bin" bench --L 16 --reps 1 2>&1); rc=$?
 if [ "$rc" -eq 3 ] && grep -q "QATTN_ISA: unknown ISA 'sse9'" <<<"$out"; then pass=$((pass + 1)); else
   echo "FAIL: QATTN_ISA=sse9: exit $rc: $out"; fail=$((fail + 1)); fi
