@@ -19,6 +19,7 @@
 #include "qattn/metrics.h"
 #include "qattn/reference/registry.h"
 #include "qattn/tensor_io.h"
+#include "evaluate.h"
 #include "table.h"
 
 namespace qattn::cli {
@@ -237,71 +238,6 @@ void run_compare(const std::string& a, const std::string& b, const std::string& 
   if (!h.rows.empty()) std::cout << h.markdown();
 }
 
-// ---- analyze ---------------------------------------------------------------------------------------------
-struct HeadFiles {
-  int layer, head;
-  fs::path q, k, v;
-};
-
-// Parses "layer{L}_head{H}_{q|k|v}.npy" (L, H decimal); false for any other name.
-bool parse_head_file_name(const std::string& name, int* layer, int* head, std::string* kind) {
-  auto number = [&](std::size_t& i, int* out) {
-    const std::size_t start = i;
-    long v = 0;
-    while (i < name.size() && name[i] >= '0' && name[i] <= '9' && i - start < 9) v = v * 10 + (name[i++] - '0');
-    *out = static_cast<int>(v);
-    return i > start;
-  };
-  auto literal = [&](std::size_t& i, const char* text) {
-    const std::size_t n = std::char_traits<char>::length(text);
-    if (name.compare(i, n, text) != 0) return false;
-    i += n;
-    return true;
-  };
-  std::size_t i = 0;
-  if (!literal(i, "layer") || !number(i, layer) || !literal(i, "_head") || !number(i, head) || !literal(i, "_")) return false;
-  if (i + 5 != name.size() || name.compare(i + 1, 4, ".npy") != 0) return false;
-  if (name[i] != 'q' && name[i] != 'k' && name[i] != 'v') return false;
-  *kind = std::string(1, name[i]);
-  return true;
-}
-
-std::vector<HeadFiles> discover_heads(const fs::path& dir) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) throw InputError(dir.string(), "--tensors", "is not a directory");
-  std::map<std::pair<int, int>, std::map<std::string, fs::path>> found;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    int layer = 0, head = 0;
-    std::string kind;
-    if (parse_head_file_name(entry.path().filename().string(), &layer, &head, &kind))
-      found[{layer, head}][kind] = entry.path();
-  }
-  if (found.empty())
-    throw InputError(dir.string(), "files", "no layer{L}_head{H}_{q,k,v}.npy files found");
-  std::vector<HeadFiles> heads;
-  for (const auto& [lh, files] : found) {
-    for (const char* kind : {"q", "k", "v"})
-      if (!files.count(kind))
-        throw InputError(dir.string(), "files", "layer" + std::to_string(lh.first) + "_head" + std::to_string(lh.second) +
-                                                    "_" + kind + ".npy is missing (q, k and v are all needed)");
-    heads.push_back({lh.first, lh.second, files.at("q"), files.at("k"), files.at("v")});
-  }
-  return heads;
-}
-
-// [..., L, d] -> batch of [L, d] matrices (leading axes flattened).
-std::vector<RowMatrixXd> split_batch(const Tensor& t, const fs::path& path) {
-  if (t.shape.size() < 2) throw InputError(path.string(), "shape", "expected [..., L, d], got " + t.shape_string());
-  if (!dtype_is_float(t.dtype))
-    throw InputError(path.string(), "dtype", std::string(dtype_name(t.dtype)) + " given, analyze expects float Q/K/V");
-  const std::int64_t L = t.shape[t.shape.size() - 2], d = t.shape.back();
-  if (L == 0 || d == 0) throw InputError(path.string(), "shape", "empty L or d in " + t.shape_string());
-  const RowMatrixXd rows = t.as_rows();
-  std::vector<RowMatrixXd> out;
-  for (std::int64_t b = 0; b * L < rows.rows(); ++b) out.push_back(rows.middleRows(b * L, L));
-  return out;
-}
-
 // ---- attention -------------------------------------------------------------------------------------------
 struct AttentionOptions {
   std::string q, k, v, spec, out, probs;
@@ -369,12 +305,6 @@ void run_attention(const AttentionOptions& o) {
   }
 }
 
-struct HeadResult {
-  int layer, head;
-  std::string method;
-  ErrorStats o, p;
-  KlStats kl;
-};
 
 void run_analyze(const std::string& tensors, std::vector<std::string> specs, const std::string& format,
                  const std::string& out_path) {
@@ -383,78 +313,17 @@ void run_analyze(const std::string& tensors, std::vector<std::string> specs, con
       if (e.name != "fp64") specs.push_back(e.name);
   std::vector<std::unique_ptr<Method>> methods;
   for (const auto& s : specs) methods.push_back(registry().create(s));
-  const auto reference = registry().create("fp64");
-  const std::vector<HeadFiles> heads = discover_heads(tensors);
-
   const auto start = std::chrono::steady_clock::now();
+  const std::vector<DumpLayer> dump = load_dump(tensors);
   const bool progress = isatty(STDERR_FILENO);
   std::vector<HeadResult> results;
-  // One layer at a time: methods that look across the heads of a layer (turbo's head-wise KV precision) see them
-  // all through attention_heads; the others run head by head.
-  std::size_t done = 0;
-  for (std::size_t h0 = 0; h0 < heads.size();) {
-    std::size_t h1 = h0;
-    while (h1 < heads.size() && heads[h1].layer == heads[h0].layer) ++h1;
-    const std::size_t nh = h1 - h0;
-    std::vector<std::vector<RowMatrixXd>> qs(nh), ks(nh), vs(nh);  // [head][batch]
-    for (std::size_t h = 0; h < nh; ++h) {
-      const HeadFiles& hf = heads[h0 + h];
-      qs[h] = split_batch(read_npy(hf.q), hf.q);
-      ks[h] = split_batch(read_npy(hf.k), hf.k);
-      vs[h] = split_batch(read_npy(hf.v), hf.v);
-      if (qs[h].size() != ks[h].size() || ks[h].size() != vs[h].size())
-        throw InputError(hf.k.string(), "shape", "batch size differs between q, k and v");
-      if (qs[h].size() != qs[0].size())
-        throw InputError(hf.q.string(), "shape", "batch size differs from the other heads of layer " +
-                                                     std::to_string(hf.layer));
-    }
-    const std::size_t batch = qs[0].size();
-    std::vector<std::vector<AttentionResult>> refs(nh);  // [head][batch]
-    for (std::size_t h = 0; h < nh; ++h) {
-      const double scale = 1.0 / std::sqrt(static_cast<double>(qs[h].front().cols()));
-      for (std::size_t b = 0; b < batch; ++b) refs[h].push_back(reference->attention(qs[h][b], ks[h][b], vs[h][b], scale, {}));
-    }
-    for (std::size_t m = 0; m < methods.size(); ++m) {
-      std::vector<std::vector<AttentionResult>> res(nh);  // [head][batch]
-      for (std::size_t b = 0; b < batch; ++b) {
-        std::vector<RowMatrixXd> q, k, v;
-        for (std::size_t h = 0; h < nh; ++h) q.push_back(qs[h][b]), k.push_back(ks[h][b]), v.push_back(vs[h][b]);
-        if (q.front().cols() != q.back().cols())
-          throw InputError(heads[h0].q.string(), "shape", "head dimension differs between heads of one layer");
-        const double scale = 1.0 / std::sqrt(static_cast<double>(q.front().cols()));
-        std::vector<AttentionResult> r = methods[m]->attention_heads(q, k, v, scale, {});
-        for (std::size_t h = 0; h < nh; ++h) res[h].push_back(std::move(r[h]));
-      }
-      for (std::size_t h = 0; h < nh; ++h) {
-        std::vector<double> o_all, o_ref_all, p_all, p_ref_all;
-        for (std::size_t b = 0; b < batch; ++b) {
-          const AttentionResult& r = res[h][b];
-          const AttentionResult& ref = refs[h][b];
-          o_all.insert(o_all.end(), r.o.data(), r.o.data() + r.o.size());
-          o_ref_all.insert(o_ref_all.end(), ref.o.data(), ref.o.data() + ref.o.size());
-          p_all.insert(p_all.end(), r.p.data(), r.p.data() + r.p.size());
-          p_ref_all.insert(p_ref_all.end(), ref.p.data(), ref.p.data() + ref.p.size());
-        }
-        const HeadFiles& hf = heads[h0 + h];
-        HeadResult hr{hf.layer, hf.head, specs[m], compare(o_all, o_ref_all), {}, {}};
-        if (!p_all.empty()) {
-          hr.p = compare(p_all, p_ref_all);
-          const auto cols = refs[h].front().p.cols();
-          const auto nrows = static_cast<Eigen::Index>(p_all.size()) / cols;
-          hr.kl = kl_rows(Eigen::Map<const RowMatrixXd>(p_ref_all.data(), nrows, cols),
-                          Eigen::Map<const RowMatrixXd>(p_all.data(), nrows, cols));
-        } else {
-          hr.p.cossim = hr.p.rel_l1 = hr.p.rmse = hr.kl.mean = NAN;
-        }
-        results.push_back(hr);
-      }
-    }
-    done += nh;
+  for (std::size_t m = 0; m < methods.size(); ++m) {
+    std::vector<HeadResult> r = evaluate(dump, *methods[m], specs[m]);
+    results.insert(results.end(), r.begin(), r.end());
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (progress || elapsed > 2.0)
-      std::cerr << "qattn analyze: [" << done << "/" << heads.size() << " heads] layer" << heads[h0].layer << " done ("
+      std::cerr << "qattn analyze: [" << m + 1 << "/" << methods.size() << " methods] " << specs[m] << " done ("
                 << static_cast<int>(elapsed) << " s)\n";
-    h0 = h1;
   }
   // Per head, in (layer, head) order, each method in the order given.
   std::stable_sort(results.begin(), results.end(), [](const HeadResult& a, const HeadResult& b) {
@@ -474,36 +343,31 @@ void run_analyze(const std::string& tensors, std::vector<std::string> specs, con
     j["heads"].push_back({{"layer", r.layer}, {"head", r.head}, {"method", r.method}, {"O", stats_json(r.o)},
                           {"P", stats_json(r.p)}, {"P_kl_mean", r.kl.mean}, {"P_kl_max", r.kl.max}});
   }
+  const std::size_t summary_start = t.rows.size();
   for (const auto& spec : specs) {
-    double s[7] = {0, 0, 0, 0, 0, 0, 0};
-    double w[7] = {INFINITY, -INFINITY, -INFINITY, INFINITY, -INFINITY, -INFINITY, -INFINITY};
-    int n = 0;
-    for (const auto& r : results) {
-      if (r.method != spec) continue;
-      const double v[7] = {r.o.cossim, r.o.rel_l1, r.o.rmse, r.p.cossim, r.p.rel_l1, r.p.rmse, r.kl.mean};
-      for (int i = 0; i < 7; ++i) {
-        s[i] += v[i];
-        const bool lower_is_worse = i == 0 || i == 3;
-        w[i] = lower_is_worse ? std::fmin(w[i], v[i]) : std::fmax(w[i], v[i]);
-      }
-      ++n;
-    }
-    for (double& x : s) x /= n;
+    std::vector<HeadResult> mine;
+    for (const auto& r : results)
+      if (r.method == spec) mine.push_back(r);
+    const Summary sm = summarise(mine);
+    const auto& s = sm.mean;
+    const auto& w = sm.worst;
     row("all", "mean", spec, s[0], s[1], s[2], s[3], s[4], s[5], s[6]);
     row("all", "worst", spec, w[0], w[1], w[2], w[3], w[4], w[5], w[6]);
+    json mean, worst;
+    for (int i = 0; i < 7; ++i) mean[kMetricNames[i]] = s[i], worst[kMetricNames[i]] = w[i];
     j["summary"].push_back({{"method", spec}, {"canonical", registry().canonical(parse_method_spec(spec))},
-                            {"mean", {{"O_cossim", s[0]}, {"O_rel_l1", s[1]}, {"O_rmse", s[2]}, {"P_cossim", s[3]},
-                                      {"P_rel_l1", s[4]}, {"P_rmse", s[5]}, {"P_kl", s[6]}}},
-                            {"worst", {{"O_cossim", w[0]}, {"O_rel_l1", w[1]}, {"O_rmse", w[2]}, {"P_cossim", w[3]},
-                                       {"P_rel_l1", w[4]}, {"P_rmse", w[5]}, {"P_kl", w[6]}}}});
+                            {"mean", mean}, {"worst", worst}});
   }
+  std::size_t n_heads = 0;
+  for (const DumpLayer& l : dump) n_heads += l.heads.size();
+  const std::string what = "Attention error vs the fp64 reference on " + tensors + " (" + std::to_string(n_heads) +
+                           " heads; O = softmax(QK^T/sqrt(d))V and P flattened over all batch entries of a head; "
+                           "worst = min CosSim, max error over heads)";
   std::string text;
   if (format == "json") text = j.dump(2) + "\n";
   else if (format == "csv") text = t.csv();
-  else
-    text = "Attention error vs the fp64 reference on " + tensors + " (" + std::to_string(heads.size()) +
-           " heads; O = softmax(QK^T/sqrt(d))V and P flattened over all batch entries of a head; worst = min CosSim, "
-           "max error over heads)\n\n" + t.markdown();
+  else if (format == "latex") text = t.latex(what, {summary_start});
+  else text = what + "\n\n" + t.markdown();
   emit(text, out_path);
 }
 
@@ -588,10 +452,10 @@ void add_analyze(CLI::App& app) {
   auto out = std::make_shared<std::string>();
   sub->add_option("--tensors", *tensors, "Dump directory with layer{L}_head{H}_{q,k,v}.npy")->capture_default_str();
   sub->add_option("--method", *specs, "Method spec, repeatable (default: every registered method but fp64)");
-  sub->add_option("--format", *format, "md|csv|json")->capture_default_str();
+  sub->add_option("--format", *format, "md|csv|latex|json (latex: a booktabs table)")->capture_default_str();
   sub->add_option("--out", *out, "Write the table here instead of stdout");
   sub->callback([=] {
-    check_format(*format, {"md", "csv", "json"});
+    check_format(*format, {"md", "csv", "latex", "json"});
     run_analyze(*tensors, *specs, *format, *out);
   });
 }

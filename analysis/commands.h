@@ -17,6 +17,14 @@ void add_attention(CLI::App& app);
 void add_compare(CLI::App& app);
 void add_analyze(CLI::App& app);
 void add_bench(CLI::App& app);
+void add_sweep(CLI::App& app);
+void add_reproduce(CLI::App& app);
+void add_plot(CLI::App& app);
+
+// Thrown by a subcommand that has already reported its failure (e.g. a child process did): main exits with `code`.
+struct ExitCode {
+  int code;
+};
 
 // Writes text to stdout, or atomically to path when it is not empty.
 void emit(const std::string& text, const std::string& path);

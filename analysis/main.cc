@@ -18,8 +18,13 @@ int main(int argc, char** argv) {
   add_compare(app);
   add_analyze(app);
   add_bench(app);
+  add_sweep(app);
+  add_reproduce(app);
+  add_plot(app);
   try {
     app.parse(argc, argv);
+  } catch (const ExitCode& e) {
+    return e.code;
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {

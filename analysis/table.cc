@@ -44,6 +44,41 @@ std::string Table::csv() const {
   return out;
 }
 
+std::string Table::latex(const std::string& caption, const std::vector<std::size_t>& rule_before) const {
+  auto escape = [](const std::string& s) {
+    std::string out;
+    for (char ch : s) {
+      switch (ch) {
+        case '&': case '%': case '$': case '#': case '_': case '{': case '}': out += '\\'; out += ch; break;
+        case '~': out += "\\textasciitilde{}"; break;
+        case '^': out += "\\textasciicircum{}"; break;
+        case '\\': out += "\\textbackslash{}"; break;
+        default: out += ch;
+      }
+    }
+    return out;
+  };
+  auto line = [&](const std::vector<std::string>& cells) {
+    std::string s;
+    for (std::size_t c = 0; c < header.size(); ++c) s += (c ? " & " : "") + escape(c < cells.size() ? cells[c] : "");
+    return s + " \\\\\n";
+  };
+  std::string spec;
+  for (std::size_t c = 0; c < header.size(); ++c) {
+    bool numeric = !rows.empty();
+    for (const auto& r : rows)
+      if (c < r.size() && !r[c].empty() && r[c].find_first_not_of("0123456789.eE+-naif") != std::string::npos) numeric = false;
+    spec += numeric ? 'r' : 'l';
+  }
+  std::string out = "% requires \\usepackage{booktabs}\n\\begin{table}[t]\n\\centering\n\\caption{" + escape(caption) +
+                    "}\n\\begin{tabular}{" + spec + "}\n\\toprule\n" + line(header) + "\\midrule\n";
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    if (std::find(rule_before.begin(), rule_before.end(), i) != rule_before.end()) out += "\\midrule\n";
+    out += line(rows[i]);
+  }
+  return out + "\\bottomrule\n\\end{tabular}\n\\end{table}\n";
+}
+
 static std::string printf_double(const char* f, double v) {
   if (std::isnan(v)) return "nan";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";

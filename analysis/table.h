@@ -1,4 +1,4 @@
-// A small text table rendered as Markdown or CSV, used by every qattn subcommand that prints results.
+// A small text table rendered as Markdown, CSV or LaTeX (booktabs), used by every qattn subcommand that prints results.
 #pragma once
 
 #include <string>
@@ -12,6 +12,9 @@ struct Table {
 
   std::string markdown() const;
   std::string csv() const;
+  // A booktabs table (\\toprule, \\midrule, \\bottomrule) ready to paste; LaTeX specials in cells are escaped.
+  // `rule_before` lists row indices that get a \\midrule above them (e.g. where the summary rows start).
+  std::string latex(const std::string& caption, const std::vector<std::size_t>& rule_before = {}) const;
 };
 
 // Fixed formats so that tables from different runs line up: %.8f for similarities, %.3e for errors.

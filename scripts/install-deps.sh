@@ -4,14 +4,17 @@
 #
 #   scripts/install-deps.sh            native build, tests, analysis (Python plots)
 #   scripts/install-deps.sh --cross    also the aarch64 cross toolchain, qemu-user and arm64 RapidCheck
+#   scripts/install-deps.sh --torch    also PyTorch and OpenBLAS (the dump-writer test, experiments/bench-vs-torch)
 set -euo pipefail
 
 want_cross=0
+want_torch=0
 for arg in "$@"; do
   case "$arg" in
     --cross) want_cross=1 ;;
-    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
-    *) echo "install-deps.sh: unknown option '$arg' (valid: --cross)" >&2; exit 2 ;;
+    --torch) want_torch=1 ;;
+    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    *) echo "install-deps.sh: unknown option '$arg' (valid: --cross, --torch)" >&2; exit 2 ;;
   esac
 done
 
@@ -30,6 +33,7 @@ native_pkgs=(
   python3-numpy python3-matplotlib
 )
 cross_pkgs=(qemu-user g++-aarch64-linux-gnu)
+torch_pkgs=(python3-torch libopenblas0-openmp)
 
 missing() {  # prints the packages of "$@" that dpkg does not report as installed
   local p
@@ -41,6 +45,9 @@ missing() {  # prints the packages of "$@" that dpkg does not report as installe
 todo=($(missing "${native_pkgs[@]}"))
 if [ "$want_cross" -eq 1 ]; then
   todo+=($(missing "${cross_pkgs[@]}"))
+fi
+if [ "$want_torch" -eq 1 ]; then
+  todo+=($(missing "${torch_pkgs[@]}"))
 fi
 if [ "$want_cross" -eq 1 ] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
   "${sudo_cmd[@]}" dpkg --add-architecture arm64

@@ -6,7 +6,7 @@
 # Builds go to build-aarch64/, build-asan/, build-release/. The output ends with CTest's closing line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install-deps.sh --cross
+bash scripts/install-deps.sh --cross --torch
 export CTEST_OUTPUT_ON_FAILURE=1
 export CTEST_PARALLEL_LEVEL=$(nproc)
 started=$(date +%s)

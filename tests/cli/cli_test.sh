@@ -41,7 +41,8 @@ expect 2 "required" "softmax without --method" -- softmax --in "$fx/f32_c.npy" -
 expect 2 "unknown method 'fp8'.*valid: fp64, fp32, fp16, bf16" "unknown method lists valid ones" -- \
   softmax --in "$fx/f32_c.npy" --method fp8 --out "$tmp/p.npy"
 expect 2 "no key 'b'" "unknown key" -- softmax --in "$fx/f32_c.npy" --method fp16:b=3 --out "$tmp/p.npy"
-expect 2 "not one of md\|csv\|json" "bad format" -- analyze --format xml
+expect 2 "not one of md\|csv\|latex\|json" "bad format" -- analyze --format xml
+expect 0 "^\\\\bottomrule" "analyze latex" -- analyze --method index --format latex
 expect 0 "fp16" "methods" -- methods
 expect 0 '"name": "bf16"' "methods json" -- methods --format json
 
@@ -135,6 +136,41 @@ expect 2 "rows" "bench bad rows" -- bench --L 16 --reps 1 --rows gpu
 out=$(QATTN_ISA=sse9 "${emu[@]}" "$bin" bench --L 16 --reps 1 2>&1); rc=$?
 if [ "$rc" -eq 3 ] && grep -q "QATTN_ISA: unknown ISA 'sse9'" <<<"$out"; then pass=$((pass + 1)); else
   echo "FAIL: QATTN_ISA=sse9: exit $rc: $out"; fail=$((fail + 1)); fi
+
+# sweep: a 2 x 2 grid on the embedded sample -> CSV with one row per point in grid order; bad grids and bad values
+# are refused before anything runs, and nothing is written.
+expect 0 "" "sweep small" -- sweep --method index@paper --grid b=4,5 --grid c=6:0.5:6.5 --threads 2 --out "$tmp/sw.csv"
+if [ -f "$tmp/sw.csv" ] && [ "$(head -1 "$tmp/sw.csv")" = "b,c,target,metric,mean,worst,heads,method" ] &&
+   [ "$(cut -d, -f1,2 "$tmp/sw.csv" | tail -n +2 | tr '\n' ' ')" = "4,6.0 4,6.5 5,6.0 5,6.5 " ] &&
+   [ "$(awk -F, 'NR > 1 {print $7}' "$tmp/sw.csv" | sort -u)" = "8" ]; then pass=$((pass + 1)); else
+  echo "FAIL: sweep CSV layout"; cat "$tmp/sw.csv"; fail=$((fail + 1)); fi
+# the same point through sweep and analyze gives the same mean (c = 6.6 is the default, so the spec has no comma)
+sw_mean=$(q sweep --method index@paper:b=4 --grid c=6.6 | awk -F, 'NR == 2 {print $4}')
+an_mean=$(q analyze --method "index@paper:b=4" --format csv | awk -F, '$2 == "mean" {print $4}')
+if [ -n "$sw_mean" ] && [ "$sw_mean" = "$an_mean" ]; then pass=$((pass + 1)); else
+  echo "FAIL: sweep mean $sw_mean != analyze mean $an_mean"; fail=$((fail + 1)); fi
+expect 2 "--grid.*A <= B" "sweep bad range" -- sweep --method index --grid c=5:1 --out "$tmp/bad.csv"
+expect 2 "--grid.*not a finite number" "sweep bad number" -- sweep --method index --grid c=x:2 --out "$tmp/bad.csv"
+expect 2 "b" "sweep bad value" -- sweep --method index --grid b=0,4 --out "$tmp/bad.csv"
+expect 2 "given twice" "sweep repeated key" -- sweep --method index --grid b=4 --grid b=5 --out "$tmp/bad.csv"
+expect 2 "kl" "sweep bad metric" -- sweep --method index --grid b=4 --metric kl --target O --out "$tmp/bad.csv"
+if [ -e "$tmp/bad.csv" ]; then echo "FAIL: a refused sweep left $tmp/bad.csv"; fail=$((fail + 1)); else pass=$((pass + 1)); fi
+
+# reproduce: the list names every experiment; an unknown one is refused with the list.
+expect 0 "intattn-fig9.*IntAttention Fig. 9" "reproduce list" -- reproduce --list
+expect 2 "'nope' is not an experiment" "reproduce unknown" -- reproduce nope
+
+# plot: a heatmap of the sweep (where matplotlib exists); a missing column is a bad-input exit with no file left.
+if [ -z "${emu[*]}" ] && /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
+  expect 0 "" "plot heatmap" -- plot heatmap "$tmp/sw.csv" -o "$tmp/h.png" --threshold 0.999
+  if [ -s "$tmp/h.png" ] && [ "$(head -c 4 "$tmp/h.png" | tail -c 3)" = "PNG" ]; then pass=$((pass + 1)); else
+    echo "FAIL: plot heatmap wrote no PNG"; fail=$((fail + 1)); fi
+  expect 3 "no column 'nosuch'" "plot bad column" -- plot lines "$tmp/sw.csv" --x nosuch -o "$tmp/l.png"
+  if [ -e "$tmp/l.png" ]; then echo "FAIL: a failed plot left $tmp/l.png"; fail=$((fail + 1)); else pass=$((pass + 1)); fi
+  expect 3 "must end in .png, .pdf or .svg" "plot bad extension" -- plot heatmap "$tmp/sw.csv" -o "$tmp/h.jpg"
+else
+  echo "note: plot checks skipped (emulated run or no matplotlib)"
+fi
 
 # Files qattn writes load in numpy, and its fp64 softmax matches numpy's to 1e-15 (only where numpy exists).
 if [ -z "${emu[*]}" ] && /usr/bin/python3 -c "import numpy" 2>/dev/null; then

@@ -1,0 +1,134 @@
+#!/usr/bin/python3
+"""Dump Q, K, V per layer and head from a PyTorch model into the files `qattn analyze` reads (docs/dumping.md).
+
+    from dump_torch import AttentionDumper
+    dumper = AttentionDumper("dump/")
+    for i, layer in enumerate(model.model.layers):          # e.g. a Hugging Face Llama
+        attn = layer.self_attn
+        dumper.hook_projections(i, attn.q_proj, attn.k_proj, attn.v_proj,
+                                num_heads=attn.num_heads, num_kv_heads=attn.num_key_value_heads)
+    with torch.no_grad():
+        model(**inputs)
+    dumper.write()                                             # layer{L}_head{H}_{q,k,v}.npy + manifest.json
+
+Layouts:
+  hook_projections(layer, q_proj, k_proj, v_proj, num_heads, num_kv_heads=None)
+      three modules whose outputs are [B, L, H*d] (Llama/Mistral/BERT-style q_proj/k_proj/v_proj). Grouped-query
+      attention (num_kv_heads < num_heads) repeats each K/V head for its query heads, as the attention does.
+  hook_fused_qkv(layer, qkv_proj, num_heads)
+      one module whose output is [B, L, 3*H*d] in q|k|v order (GPT-2's c_attn, ViT's qkv).
+  record(layer, q, k, v, layout="bhld")
+      tensors you already have: "bhld" is [B, H, L, d], "blhd" is [B, L, H, d].
+
+Every head's file is [B, L, d] float32 (the batch axis is kept; qattn flattens leading axes into a batch). The
+projections are captured after the bias, before RoPE: apply your model's rotary embedding yourself and use record()
+if you want post-RoPE Q and K. Writing is all or nothing: files go to a temporary directory that is renamed into
+place. Needs only numpy and torch.
+"""
+import json
+import os
+import shutil
+import tempfile
+
+import numpy as np
+
+
+class AttentionDumper:
+    def __init__(self, out_dir):
+        self.out_dir = os.fspath(out_dir)
+        self._heads = {}  # (layer, head) -> {"q": [arrays per forward call], ...}
+        self._handles = []
+        self._meta = {}
+
+    # ---- capture -------------------------------------------------------------------------------------------------
+    def _add(self, layer, kind, x, layout):
+        """x: a tensor of one of q/k/v with heads, in `layout`."""
+        a = x.detach().to("cpu").float().numpy()
+        if layout == "blhd":
+            a = a.transpose(0, 2, 1, 3)
+        elif layout != "bhld":
+            raise ValueError(f"layout must be 'bhld' or 'blhd', got {layout!r}")
+        if a.ndim != 4:
+            raise ValueError(f"layer {layer} {kind}: expected 4 axes [B, H, L, d], got shape {a.shape}")
+        for h in range(a.shape[1]):
+            self._heads.setdefault((layer, h), {"q": [], "k": [], "v": []})[kind].append(np.ascontiguousarray(a[:, h]))
+
+    def record(self, layer, q, k, v, layout="bhld"):
+        for kind, x in (("q", q), ("k", k), ("v", v)):
+            self._add(layer, kind, x, layout)
+        self._meta[layer] = {"source": "record", "layout": layout}
+
+    @staticmethod
+    def _split_heads(y, heads):
+        b, l, hd = y.shape
+        if hd % heads:
+            raise ValueError(f"projection width {hd} is not a multiple of {heads} heads")
+        return y.reshape(b, l, heads, hd // heads)  # blhd
+
+    def hook_projections(self, layer, q_proj, k_proj, v_proj, num_heads, num_kv_heads=None):
+        kv_heads = num_kv_heads or num_heads
+        if num_heads % kv_heads:
+            raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {kv_heads}")
+
+        def hook(kind, heads):
+            def f(_module, _inputs, output):
+                y = self._split_heads(output, heads)
+                if heads != num_heads:  # grouped-query attention: each K/V head serves num_heads / heads queries
+                    y = y.repeat_interleave(num_heads // heads, dim=2)
+                self._add(layer, kind, y, "blhd")
+            return f
+
+        for kind, mod, heads in (("q", q_proj, num_heads), ("k", k_proj, kv_heads), ("v", v_proj, kv_heads)):
+            self._handles.append(mod.register_forward_hook(hook(kind, heads)))
+        self._meta[layer] = {"source": "projections", "num_heads": num_heads, "num_kv_heads": kv_heads}
+
+    def hook_fused_qkv(self, layer, qkv_proj, num_heads):
+        def f(_module, _inputs, output):
+            if output.shape[-1] % 3:
+                raise ValueError(f"fused qkv width {output.shape[-1]} is not a multiple of 3")
+            for kind, part in zip("qkv", output.chunk(3, dim=-1)):
+                self._add(layer, kind, self._split_heads(part, num_heads), "blhd")
+
+        self._handles.append(qkv_proj.register_forward_hook(f))
+        self._meta[layer] = {"source": "fused_qkv", "num_heads": num_heads}
+
+    def remove_hooks(self):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    # ---- write ---------------------------------------------------------------------------------------------------
+    def write(self):
+        """Writes every captured head (forward calls concatenated on the batch axis) and manifest.json."""
+        self.remove_hooks()
+        if not self._heads:
+            raise RuntimeError("nothing captured: run the model after hooking it")
+        parent = os.path.dirname(os.path.abspath(self.out_dir)) or "."
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=".dump-", dir=parent)
+        try:
+            manifest = {"format": "qattn dump v1", "files": [], "layers": {str(k): v for k, v in self._meta.items()}}
+            for (layer, head), parts in sorted(self._heads.items()):
+                for kind in "qkv":
+                    if not parts[kind]:
+                        raise RuntimeError(f"layer {layer} head {head}: no {kind} captured")
+                    a = np.concatenate(parts[kind], axis=0)
+                    name = f"layer{layer}_head{head}_{kind}.npy"
+                    np.save(os.path.join(tmp, name), a)
+                    manifest["files"].append({"name": name, "shape": list(a.shape), "dtype": "float32"})
+            with open(os.path.join(tmp, "manifest.json"), "w") as f:
+                json.dump(manifest, f, indent=1)
+            if os.path.exists(self.out_dir):  # replace only an earlier dump, never another directory
+                old = os.path.join(self.out_dir, "manifest.json")
+                try:
+                    with open(old) as f:
+                        ours = json.load(f).get("format") == "qattn dump v1"
+                except (OSError, ValueError):
+                    ours = False
+                if not ours:
+                    raise FileExistsError(f"{self.out_dir}: exists and is not a qattn dump (no manifest.json of ours)")
+                shutil.rmtree(self.out_dir)
+            os.replace(tmp, self.out_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise

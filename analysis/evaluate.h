@@ -1,0 +1,57 @@
+// The evaluation core shared by `qattn analyze`, `qattn sweep` and `qattn reproduce`: a dump directory loaded once
+// (Q, K, V per layer and head, with the fp64 reference attention of every head), then any method run over it and
+// compared with the reference, head by head.
+#pragma once
+
+#include <array>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "qattn/method.h"
+#include "qattn/metrics.h"
+#include "qattn/tensor.h"
+
+namespace qattn::cli {
+
+// [..., L, d] -> batch of [L, d] matrices (leading axes flattened); InputError naming `path` otherwise.
+std::vector<RowMatrixXd> split_batch(const Tensor& t, const std::filesystem::path& path);
+
+// One layer of a dump: its heads in order, each a batch of [L, d] matrices (leading axes flattened).
+struct DumpLayer {
+  int layer = 0;
+  std::vector<int> heads;
+  std::vector<std::filesystem::path> q_paths;              // [head], for error messages
+  std::vector<std::vector<RowMatrixXd>> q, k, v;           // [head][batch]
+  std::vector<std::vector<AttentionResult>> reference;     // [head][batch], fp64 attention
+};
+
+// Reads every layer{L}_head{H}_{q,k,v}.npy under dir and computes the fp64 reference. Throws InputError naming the
+// file, field and reason for a missing file, a non-float dtype, a bad shape or batch sizes that differ.
+std::vector<DumpLayer> load_dump(const std::filesystem::path& dir);
+
+// The metrics of one method on one head, against the fp64 reference; P metrics are NaN for methods without P.
+struct HeadResult {
+  int layer = 0, head = 0;
+  std::string method;
+  ErrorStats o, p;
+  KlStats kl;
+};
+
+// Runs `method` over every layer (all heads of a layer in one attention_heads call) and compares with the
+// reference. Deterministic; safe to call from several threads on the same dump with different Method objects.
+std::vector<HeadResult> evaluate(const std::vector<DumpLayer>& dump, const Method& method, const std::string& label);
+
+// The seven summary metrics in a fixed order, with which direction is worse.
+inline constexpr std::array<const char*, 7> kMetricNames = {"O_cossim", "O_rel_l1", "O_rmse", "P_cossim",
+                                                           "P_rel_l1", "P_rmse", "P_kl"};
+std::array<double, 7> metric_values(const HeadResult& r);
+inline bool lower_is_worse(int metric) { return metric == 0 || metric == 3; }  // the two CosSims
+
+// Mean over heads and the worst head of each metric.
+struct Summary {
+  std::array<double, 7> mean{}, worst{};
+};
+Summary summarise(const std::vector<HeadResult>& results);
+
+}  // namespace qattn::cli

@@ -1,0 +1,209 @@
+#!/usr/bin/python3
+"""Figures from qattn's CSV output (matplotlib). It reads only CSV, so a user can restyle any figure here.
+
+  heatmap CSV -o FIG   a sweep over two parameters (qattn sweep): colour = the value column, the degradation
+                       threshold drawn as a dashed contour, the plateau (within --plateau-tol of the best point)
+                       outlined, the best c per row (the ridge) marked
+  lines   CSV -o FIG   one line per --series value: --y against --x (e.g. error vs L, or vs bits)
+  pareto  CSV -o FIG   --y (error) against --x (bits per element), one point per row, the Pareto front joined
+
+FIG's extension picks the format: .png (200 dpi), .pdf or .svg. The file is written whole or not at all.
+Exit status 2 with a message naming the file and column on bad input.
+"""
+import argparse
+import csv
+import math
+import os
+import sys
+
+
+def die(msg):
+    print(f"qattn plot: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def read_csv(path):
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError as e:
+        die(f"{path}: cannot read ({e.strerror})")
+    if not rows:
+        die(f"{path}: no data rows")
+    return rows
+
+
+def column(rows, path, name, numeric=True):
+    if name not in rows[0]:
+        die(f"{path}: no column '{name}' (columns: {', '.join(rows[0].keys())})")
+    out = []
+    for i, r in enumerate(rows):
+        v = r[name]
+        if numeric:
+            try:
+                v = float(v)
+            except ValueError:
+                die(f"{path}: row {i + 2}, column '{name}': '{v}' is not a number")
+        out.append(v)
+    return out
+
+
+def save(fig, out):
+    ext = os.path.splitext(out)[1].lower()
+    if ext not in (".png", ".pdf", ".svg"):
+        die(f"{out}: the output must end in .png, .pdf or .svg")
+    tmp = out + ".tmp" + ext
+    try:
+        fig.savefig(tmp, dpi=200, bbox_inches="tight")
+        os.replace(tmp, out)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        die(f"{out}: cannot write ({e.strerror})")
+
+
+def heatmap(a, plt):
+    rows = read_csv(a.csv)
+    keys = [k for k in rows[0].keys() if k not in ("target", "metric", "mean", "worst", "heads", "method")]
+    y_key = a.y or (keys[0] if keys else None)
+    x_key = a.x or (keys[1] if len(keys) > 1 else None)
+    if x_key is None or y_key is None:
+        die(f"{a.csv}: a heatmap needs two grid columns, found {keys}")
+    xs, ys, vs = column(rows, a.csv, x_key), column(rows, a.csv, y_key), column(rows, a.csv, a.value)
+    xu, yu = sorted(set(xs)), sorted(set(ys))
+    grid = [[math.nan] * len(xu) for _ in yu]
+    for x, y, v in zip(xs, ys, vs):
+        grid[yu.index(y)][xu.index(x)] = v
+    metric = rows[0].get("metric", a.value)
+    higher_better = metric == "cossim"
+    finite = [v for v in vs if math.isfinite(v)]
+    best = max(finite) if higher_better else min(finite)
+    label_value = a.value
+    shown_tol, shown_best, shown_threshold = a.plateau_tol, best, a.threshold
+    if a.log_error:  # colour by log10 of the error (1 - CosSim for similarities); contours follow
+        def tr(v):
+            e = 1 - v if higher_better else v
+            return math.log10(e) if e > 0 and math.isfinite(e) else math.nan
+        grid = [[tr(v) for v in row] for row in grid]
+        best = tr(best)
+        if a.threshold is not None:
+            a.threshold = tr(a.threshold)
+        higher_better = False
+        label_value = f"log10(1 - {a.value})" if metric == "cossim" else f"log10({a.value})"
+        a.plateau_tol = math.log10(1 + a.plateau_tol / (10 ** best)) if a.plateau_tol > 0 else 0
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    dx = (xu[1] - xu[0]) if len(xu) > 1 else 1
+    dy = (yu[1] - yu[0]) if len(yu) > 1 else 1
+    extent = [xu[0] - dx / 2, xu[-1] + dx / 2, yu[0] - dy / 2, yu[-1] + dy / 2]
+    im = ax.imshow(grid, origin="lower", aspect="auto", extent=extent, cmap="viridis" if higher_better else "viridis_r")
+    cb = fig.colorbar(im, ax=ax)
+    cb.set_label(f"{rows[0].get('target', '')} {metric}: {label_value} over {rows[0].get('heads', '?')} heads")
+    values = [v for row in grid for v in row if math.isfinite(v)]
+    if a.threshold is not None and min(values) < a.threshold < max(values):
+        ax.contour(xu, yu, grid, levels=[a.threshold], colors="white", linestyles="dashed", linewidths=1.2)
+        cb.ax.axhline(a.threshold, color="white", linestyle="dashed")
+    tol = a.plateau_tol
+    plateau_level = best - tol if higher_better else best + tol
+    ax.contour(xu, yu, grid, levels=[plateau_level], colors="red", linestyles="solid", linewidths=1.6)
+    ridge_x, ridge_y = [], []
+    for j, y in enumerate(yu):
+        row = grid[j]
+        cand = [(v, i) for i, v in enumerate(row) if math.isfinite(v)]
+        if cand:
+            v, i = max(cand) if higher_better else min(cand)
+            ridge_x.append(xu[i])
+            ridge_y.append(y)
+    ax.plot(ridge_x, ridge_y, "w+", markersize=9, label="best per row (ridge)")
+    ax.set_xlabel(x_key)
+    ax.set_ylabel(y_key)
+    title = a.title or f"{rows[0].get('method', '').split(':')[0]}: {metric} over ({y_key}, {x_key})"
+    ax.set_title(title + f"\nred: plateau within {shown_tol:g} of the best ({shown_best:.6g})" +
+                 (f"; dashed: threshold {shown_threshold:g}" if shown_threshold is not None else ""), fontsize=9)
+    ax.legend(loc="lower right", fontsize=8)
+    save(fig, a.out)
+
+
+def lines(a, plt):
+    rows = read_csv(a.csv)
+    xs, ys = column(rows, a.csv, a.x), column(rows, a.csv, a.y)
+    series = column(rows, a.csv, a.series, numeric=False)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for s in dict.fromkeys(series):
+        pts = sorted((x, y) for x, y, t in zip(xs, ys, series) if t == s)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=s)
+    if a.logx:
+        ax.set_xscale("log", base=2)
+    if a.logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(a.x)
+    ax.set_ylabel(a.y)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    if a.title:
+        ax.set_title(a.title)
+    save(fig, a.out)
+
+
+def pareto(a, plt):
+    rows = read_csv(a.csv)
+    xs, ys = column(rows, a.csv, a.x), column(rows, a.csv, a.y)
+    labels = column(rows, a.csv, a.label, numeric=False)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.scatter(xs, ys, color="tab:blue")
+    for x, y, t in zip(xs, ys, labels):
+        ax.annotate(t, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    front, best = [], math.inf
+    for x, y in sorted(zip(xs, ys)):
+        if y < best:
+            front.append((x, y))
+            best = y
+    ax.plot([p[0] for p in front], [p[1] for p in front], color="tab:red", label="Pareto front")
+    if a.logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(a.x)
+    ax.set_ylabel(a.y)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    if a.title:
+        ax.set_title(a.title)
+    save(fig, a.out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="kind", required=True)
+    h = sub.add_parser("heatmap")
+    h.add_argument("--x", help="column on the x axis (default: the second grid column)")
+    h.add_argument("--y", help="column on the y axis (default: the first grid column)")
+    h.add_argument("--value", default="mean", help="colour column (mean or worst)")
+    h.add_argument("--threshold", type=float, help="degradation threshold, drawn as a dashed contour")
+    h.add_argument("--plateau-tol", type=float, default=1e-3, help="plateau: within this of the best value")
+    h.add_argument("--log-error", action="store_true", help="colour by log10 of the error (1 - CosSim)")
+    l = sub.add_parser("lines")
+    l.add_argument("--x", required=True)
+    l.add_argument("--y", default="mean")
+    l.add_argument("--series", default="method")
+    l.add_argument("--logx", action="store_true")
+    l.add_argument("--logy", action="store_true")
+    p = sub.add_parser("pareto")
+    p.add_argument("--x", default="bits")
+    p.add_argument("--y", default="error")
+    p.add_argument("--label", default="method")
+    p.add_argument("--logy", action="store_true")
+    for s in (h, l, p):
+        s.add_argument("csv")
+        s.add_argument("-o", "--out", required=True)
+        s.add_argument("--title")
+    a = ap.parse_args()
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        die("matplotlib is missing: apt-get install python3-matplotlib")
+    {"heatmap": heatmap, "lines": lines, "pareto": pareto}[a.kind](a, plt)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+// qattn sweep: one method over a grid of its parameters, every grid point evaluated on every head of a dump and
+// aggregated (mean and worst over heads) into a CSV that `qattn plot` reads. Grid points run on a pool of threads;
+// each point has its own Method object, the dump is shared read-only, and the rows come out in grid order, so the
+// output does not depend on the thread count.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "commands.h"
+#include "evaluate.h"
+#include "qattn/error.h"
+#include "qattn/reference/registry.h"
+#include "sweep.h"
+#include "table.h"
+
+namespace qattn::cli {
+namespace {
+
+// Decimal places of a number as written ("0.10" -> 2, "3" -> 0).
+int decimals(const std::string& s) {
+  const auto dot = s.find('.');
+  return dot == std::string::npos ? 0 : static_cast<int>(s.size() - dot - 1);
+}
+
+double number(const std::string& text, const std::string& grid) {
+  try {
+    std::size_t used = 0;
+    const double v = std::stod(text, &used);
+    if (used != text.size() || !std::isfinite(v)) throw std::invalid_argument("");
+    return v;
+  } catch (const std::exception&) {
+    throw CLI::ValidationError("--grid", "'" + grid + "': '" + text + "' is not a finite number");
+  }
+}
+
+}  // namespace
+
+GridAxis parse_grid_axis(const std::string& text) {
+  const auto eq = text.find('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == text.size())
+    throw CLI::ValidationError("--grid", "'" + text + "': expected KEY=A:B, KEY=A:STEP:B or KEY=V1,V2,...");
+  GridAxis axis{text.substr(0, eq), {}};
+  const std::string range = text.substr(eq + 1);
+  if (range.find(':') == std::string::npos) {  // a list
+    std::stringstream ss(range);
+    std::string item;
+    while (std::getline(ss, item, ','))
+      if (!item.empty()) axis.values.push_back(item);
+  } else {
+    std::vector<std::string> parts;
+    std::stringstream ss(range);
+    std::string item;
+    while (std::getline(ss, item, ':')) parts.push_back(item);
+    if (parts.size() != 2 && parts.size() != 3)
+      throw CLI::ValidationError("--grid", "'" + text + "': a range is A:B or A:STEP:B");
+    const double a = number(parts.front(), text), b = number(parts.back(), text);
+    const double step = parts.size() == 3 ? number(parts[1], text) : 1.0;
+    if (!(step > 0) || b < a) throw CLI::ValidationError("--grid", "'" + text + "': needs A <= B and STEP > 0");
+    const int places = std::max({decimals(parts.front()), decimals(parts.back()), parts.size() == 3 ? decimals(parts[1]) : 0});
+    const double n = std::floor((b - a) / step + 1e-9);
+    if (n > 100000) throw CLI::ValidationError("--grid", "'" + text + "': more than 100000 values");
+    for (long i = 0; i <= static_cast<long>(n); ++i) {  // a + i step, printed with the inputs' decimal places
+      std::ostringstream v;
+      v.setf(std::ios::fixed);
+      v.precision(places);
+      v << a + static_cast<double>(i) * step;
+      axis.values.push_back(v.str());
+    }
+  }
+  if (axis.values.empty()) throw CLI::ValidationError("--grid", "'" + text + "': no values");
+  return axis;
+}
+
+namespace {
+
+struct SweepOptions {
+  std::string spec, tensors = QATTN_DEFAULT_TENSORS, metric = "cossim", target = "O", out, format = "csv";
+  std::vector<std::string> grids;
+  int threads = 0;
+};
+
+void run_sweep(const SweepOptions& o) {
+  const Registry& reg = ref::reference_registry();
+  std::vector<GridAxis> axes;
+  for (const auto& g : o.grids) axes.push_back(parse_grid_axis(g));
+  for (std::size_t a = 0; a < axes.size(); ++a)
+    for (std::size_t b = 0; b < a; ++b)
+      if (axes[a].key == axes[b].key) throw CLI::ValidationError("--grid", "key '" + axes[a].key + "' given twice");
+  int metric = -1;
+  const std::string name = std::string(o.target == "P" ? "P_" : "O_") + o.metric;
+  for (int i = 0; i < 7; ++i)
+    if (name == kMetricNames[i]) metric = i;
+  if (metric < 0) throw CLI::ValidationError("--metric", "'" + o.metric + "' on " + o.target + " is not one of cossim, rel_l1, rmse (O and P), kl (P)");
+
+  // Every grid point's spec, validated before anything runs: a bad value fails the command with nothing written.
+  const MethodSpec base = parse_method_spec(o.spec);
+  std::vector<std::vector<std::string>> points{{}};
+  for (const GridAxis& axis : axes) {
+    std::vector<std::vector<std::string>> next;
+    for (const auto& p : points)
+      for (const auto& v : axis.values) {
+        next.push_back(p);
+        next.back().push_back(v);
+      }
+    points = std::move(next);
+  }
+  std::vector<MethodSpec> specs;
+  for (const auto& p : points) {
+    MethodSpec s = base;
+    for (std::size_t a = 0; a < axes.size(); ++a) {
+      std::erase_if(s.overrides, [&](const auto& kv) { return kv.first == axes[a].key; });
+      s.overrides.emplace_back(axes[a].key, p[a]);
+    }
+    reg.create(s);  // throws SpecError naming the key and value
+    specs.push_back(s);
+  }
+
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<DumpLayer> dump = load_dump(o.tensors);
+  std::vector<Summary> summaries(specs.size());
+  std::vector<std::string> errors(specs.size());
+  std::atomic<std::size_t> next{0}, done{0};
+  std::mutex progress_mutex;
+  double last_report = 0;
+  auto worker = [&] {
+    for (std::size_t i = next++; i < specs.size(); i = next++) {
+      try {
+        const auto method = reg.create(specs[i]);
+        summaries[i] = summarise(evaluate(dump, *method, o.spec));
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+      const std::size_t d = ++done;
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::lock_guard<std::mutex> lock(progress_mutex);
+      if (elapsed - last_report > 2.0 || (d == specs.size() && elapsed > 2.0)) {
+        last_report = elapsed;
+        std::cerr << "qattn sweep: [" << d << "/" << specs.size() << " points] " << static_cast<int>(elapsed) << " s\n";
+      }
+    }
+  };
+  const int threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+  for (std::size_t i = 0; i < specs.size(); ++i)
+    if (!errors[i].empty()) throw std::runtime_error("sweep point " + reg.canonical(specs[i]) + ": " + errors[i]);
+
+  Table t{{}, {}};
+  for (const auto& a : axes) t.header.push_back(a.key);
+  for (const char* h : {"target", "metric", "mean", "worst", "heads", "method"}) t.header.push_back(h);
+  std::size_t heads = 0;
+  for (const DumpLayer& l : dump) heads += l.heads.size();
+  const bool sim = metric == 0 || metric == 3;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    std::vector<std::string> row = points[i];
+    row.insert(row.end(), {o.target, o.metric, sim ? fmt_sim(summaries[i].mean[metric]) : fmt_err(summaries[i].mean[metric]),
+                           sim ? fmt_sim(summaries[i].worst[metric]) : fmt_err(summaries[i].worst[metric]),
+                           std::to_string(heads), reg.canonical(specs[i])});
+    t.rows.push_back(std::move(row));
+  }
+  emit(o.format == "md" ? t.markdown() : t.csv(), o.out);
+}
+
+}  // namespace
+
+void add_sweep(CLI::App& app) {
+  auto* sub = app.add_subcommand("sweep", "One method over a grid of its parameters, mean and worst over all heads, as CSV");
+  auto o = std::make_shared<SweepOptions>();
+  sub->add_option("--method", o->spec, "Method spec the grid is applied to (e.g. index@paper)")->required();
+  sub->add_option("--grid", o->grids, "KEY=A:B (integers), KEY=A:STEP:B or KEY=V1,V2,...; repeatable, one axis each")
+      ->required();
+  sub->add_option("--tensors", o->tensors, "Dump directory with layer{L}_head{H}_{q,k,v}.npy")
+      ->capture_default_str();
+  sub->add_option("--metric", o->metric, "cossim|rel_l1|rmse (O and P), kl (P only)")->capture_default_str();
+  sub->add_option("--target", o->target, "O (attention output) or P (probabilities)")
+      ->check(CLI::IsMember({"O", "P"}))
+      ->capture_default_str();
+  sub->add_option("--threads", o->threads, "worker threads over grid points (default: all cores)");
+  sub->add_option("--format", o->format, "csv|md")->check(CLI::IsMember({"csv", "md"}))->capture_default_str();
+  sub->add_option("--out", o->out, "Write here (atomically) instead of stdout");
+  sub->callback([o] { run_sweep(*o); });
+}
+
+}  // namespace qattn::cli
