@@ -13,12 +13,16 @@
 #include <map>
 #include <memory>
 #include <sstream>
+#include <random>
+#include <span>
 #include <thread>
+#include <tuple>
 
 #include "commands.h"
 #include "evaluate.h"
 #include "qattn/error.h"
 #include "qattn/reference/registry.h"
+#include "qattn/tensor_io.h"
 #include "sweep.h"
 #include "table.h"
 
@@ -42,16 +46,8 @@ fs::path plots_script() {
   return fs::path(QATTN_PLOTS_DIR) / "qattn_plot.py";
 }
 
-// Runs the plot script with args; returns its exit status (127 when it cannot start).
-int run_plot_script(const std::vector<std::string>& args) {
-  const fs::path script = plots_script();
-  std::error_code ec;
-  if (!fs::is_regular_file(script, ec))
-    throw InputError(script.string(), "QATTN_PLOTS_DIR", "plot script not found (set QATTN_PLOTS_DIR to analysis/plots)");
-  const char* python = std::getenv("QATTN_PYTHON");
-  const std::string py = python && *python ? python : "/usr/bin/python3";
-  std::vector<std::string> argv_s = {py, script.string()};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
+// Runs argv_s[0] with its arguments and waits; returns its exit status (127 when it cannot start).
+int run_program(std::vector<std::string> argv_s) {
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -68,6 +64,18 @@ int run_plot_script(const std::vector<std::string>& args) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
 
+// Runs the plot script with args; returns its exit status.
+int run_plot_script(const std::vector<std::string>& args) {
+  const fs::path script = plots_script();
+  std::error_code ec;
+  if (!fs::is_regular_file(script, ec))
+    throw InputError(script.string(), "QATTN_PLOTS_DIR", "plot script not found (set QATTN_PLOTS_DIR to analysis/plots)");
+  const char* python = std::getenv("QATTN_PYTHON");
+  std::vector<std::string> argv = {python && *python ? python : "/usr/bin/python3", script.string()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_program(argv);
+}
+
 // ---- the experiments -------------------------------------------------------------------------------------------
 struct Context {
   std::string tensors;
@@ -78,8 +86,8 @@ struct Context {
 
 struct Experiment {
   std::string name, claim, source;
-  std::function<std::string(const Context&)> run;  // empty: a separate program (command says which)
-  std::string command;
+  std::function<std::string(const Context&)> run;  // empty: the separate program `program` (next to qattn)
+  std::string command, program;
 };
 
 // Evaluates each spec on the dump; the summaries in the given order.
@@ -264,6 +272,213 @@ std::string run_leaderboard(const Context& ctx) {
   return r.str();
 }
 
+// long-context: softmax models on synthetic rows from L = 128 to 16K whose spread matches the real logits.
+std::string run_long_context(const Context& ctx) {
+  // The real rows' spread: the standard deviation of every logits row of the dump (layer*_head*_logits.npy).
+  std::vector<double> sigmas;
+  std::error_code ec;
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(ctx.tensors, ec))
+    if (e.path().filename().string().ends_with("_logits.npy")) files.push_back(e.path());
+  if (ec) throw InputError(ctx.tensors, "--tensors", ec.message());
+  std::sort(files.begin(), files.end());
+  if (files.empty()) throw InputError(ctx.tensors, "files", "no layer{L}_head{H}_logits.npy to take the row spread from");
+  for (const auto& f : files) {
+    for (const RowMatrixXd& m : split_batch(read_npy(f), f))
+      for (Eigen::Index i = 0; i < m.rows(); ++i) {
+        const double mean = m.row(i).mean();
+        sigmas.push_back(std::sqrt((m.row(i).array() - mean).square().mean()));
+      }
+  }
+  std::vector<double> sorted = sigmas;
+  std::sort(sorted.begin(), sorted.end());
+  const auto pct = [&](double q) { return sorted[static_cast<std::size_t>(q * (sorted.size() - 1))]; };
+  const std::vector<std::string> specs = {"index@paper", "index@upstream-sim", "index@upstream-neon", "exaq", "exaq@paper", "sas"};
+  const int rows = ctx.fast ? 8 : 32;
+  const std::vector<int> lengths = ctx.fast ? std::vector<int>{128, 1024, 8192} : std::vector<int>{128, 256, 512, 1024, 2048, 4096, 8192, 16384};
+  const auto reference = registry().create("fp64");
+  std::vector<std::unique_ptr<Method>> methods;
+  for (const auto& spec : specs) methods.push_back(registry().create(spec));
+  // Rows: logits_j = sigma z_j, z_j standard normal (Box-Muller on a fixed mt19937_64 stream, so every platform
+  // draws the same numbers), sigma resampled from the real rows' spreads. The mean is irrelevant to softmax.
+  std::mt19937_64 g(20261122);
+  const auto uniform = [&] { return (static_cast<double>(g() >> 11) + 0.5) * 0x1p-53; };
+  Table t{{"L"}, {}};
+  for (const auto& spec : specs) t.header.push_back(spec + " rel L1");
+  Table csv{{"L", "method", "p_cossim", "p_rel_l1", "p_rmse", "p_max_abs"}, {}};
+  std::vector<std::vector<double>> rel(specs.size());
+  for (const int L : lengths) {
+    RowMatrixXd logits(rows, L);
+    for (int i = 0; i < rows; ++i) {
+      const double sigma = sigmas[static_cast<std::size_t>(uniform() * sigmas.size()) % sigmas.size()];
+      for (int j = 0; j < L; j += 2) {
+        const double r = std::sqrt(-2 * std::log(uniform())), a = 2 * M_PI * uniform();
+        logits(i, j) = sigma * r * std::cos(a);
+        if (j + 1 < L) logits(i, j + 1) = sigma * r * std::sin(a);
+      }
+    }
+    const RowMatrixXd p_ref = reference->softmax_rows(logits);
+    std::vector<std::string> row = {std::to_string(L)};
+    for (std::size_t m = 0; m < specs.size(); ++m) {
+      const RowMatrixXd p = methods[m]->softmax_rows(logits);
+      const ErrorStats e = compare(std::span<const double>(p.data(), p.size()), std::span<const double>(p_ref.data(), p_ref.size()));
+      rel[m].push_back(e.rel_l1);
+      row.push_back(fmt_err(e.rel_l1));
+      csv.rows.push_back({std::to_string(L), specs[m], fmt_sim(e.cossim), fmt_err(e.rel_l1), fmt_err(e.rmse), fmt_err(e.max_abs)});
+    }
+    t.rows.push_back(row);
+  }
+  const fs::path csv_path = ctx.out_dir / "long-context.csv";
+  emit(csv.csv(), csv_path.string());
+  if (ctx.plots) {
+    const fs::path png = ctx.out_dir / "long-context.png";
+    if (run_plot_script({"lines", csv_path.string(), "-o", png.string(), "--x", "L", "--y", "p_rel_l1", "--series", "method",
+                         "--logx", "--logy", "--title", "P relative L1 vs L, synthetic rows with USE-Lite's spread"}) != 0)
+      std::cerr << "qattn reproduce: the long-context figure was not drawn (matplotlib missing?)\n";
+  }
+  std::ostringstream r;
+  r << "long-context: P error of each softmax model vs the fp64 softmax, " << rows << " synthetic rows per L\n"
+    << "rows: logits = sigma z, z ~ N(0, 1) i.i.d., sigma drawn from the " << sigmas.size() << " real rows' standard "
+    << "deviations (" << files.size() << " logits files; sigma percentiles 10/50/90: " << fixed(pct(0.1), 3) << " / "
+    << fixed(pct(0.5), 3) << " / " << fixed(pct(0.9), 3) << ")\n\n"
+    << t.markdown() << "\n";
+  for (std::size_t m = 0; m < specs.size(); ++m) {
+    bool monotone = true;
+    for (std::size_t k = 1; k < rel[m].size(); ++k) monotone = monotone && rel[m][k] >= rel[m][k - 1];
+    r << specs[m] << ": rel L1 x" << fixed(rel[m].back() / rel[m].front(), 2) << " from L = " << lengths.front()
+      << " to " << lengths.back() << (monotone ? ", growing at every step" : ", not monotone in L") << "\n";
+  }
+  return r.str();
+}
+
+// Standard normals from a fixed mt19937_64 stream by Box-Muller: the same numbers on every platform.
+class Normals {
+ public:
+  explicit Normals(std::uint64_t seed) : g_(seed) {}
+  double operator()() {
+    if (have_) return have_ = false, spare_;
+    const double r = std::sqrt(-2 * std::log(uniform())), a = 2 * M_PI * uniform();
+    spare_ = r * std::sin(a);
+    have_ = true;
+    return r * std::cos(a);
+  }
+
+ private:
+  double uniform() { return (static_cast<double>(g_() >> 11) + 0.5) * 0x1p-53; }
+  std::mt19937_64 g_;
+  double spare_ = 0;
+  bool have_ = false;
+};
+
+// Synthetic heads with the structure SageAttention2's Fig. 2 describes: every channel of K carries a bias shared by
+// all tokens (channel-wise outliers), Q a smaller one, V a per-channel offset. x[t][c] = bias[c] + N(0, 1), bias[c] ~
+// N(0, sigma_x^2) with sigma_K = 4, sigma_Q = 1, sigma_V = 2, and every 16th channel of K an outlier with 4x the
+// bias. One layer of `heads` heads, L tokens, d channels, fixed seed; the fp64 reference is computed as for a dump.
+std::vector<DumpLayer> synthetic_outlier_dump(int heads, int L, int d, std::uint64_t seed) {
+  Normals n(seed);
+  const auto reference = registry().create("fp64");
+  DumpLayer l;
+  for (int h = 0; h < heads; ++h) {
+    RowMatrixXd q(L, d), k(L, d), v(L, d);
+    for (auto [m, sigma, outliers] : {std::tuple{&q, 1.0, false}, std::tuple{&k, 4.0, true}, std::tuple{&v, 2.0, false}}) {
+      std::vector<double> bias(d);
+      for (int c = 0; c < d; ++c) bias[c] = sigma * n() * (outliers && c % 16 == 0 ? 4.0 : 1.0);
+      for (int t = 0; t < L; ++t)
+        for (int c = 0; c < d; ++c) (*m)(t, c) = bias[c] + n();
+    }
+    l.heads.push_back(h);
+    l.q_paths.push_back("synthetic");
+    l.q.push_back({q});
+    l.k.push_back({k});
+    l.v.push_back({v});
+    l.reference.push_back({reference->attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(d)), {})});
+  }
+  return {l};
+}
+
+// sage2-tables: the orderings of SageAttention2's ablation tables.
+std::string run_sage2_tables(const Context& ctx) {
+  struct Claim {
+    std::string table, what;
+    std::vector<std::string> specs;  // claimed best first: the claim is "each row beats the next"
+    std::vector<std::string> labels;
+  };
+  const std::string q4 = "sage2:qk=4,smooth-q=true,smooth-k=true";
+  const std::vector<Claim> claims = {
+      {"Table 4", "smoothing (INT4 Q/K): smooth Q+K > smooth K > none",
+       {q4, "sage2:qk=4,smooth-q=false,smooth-k=true", "sage2:qk=4,smooth-q=false,smooth-k=false"},
+       {"smooth Q+K", "smooth K", "none"}},
+      {"Table 6", "granularity (INT4 Q/K, smoothed): per-thread > per-warp > per-block > per-tensor",
+       {q4 + ",gran=thread", q4 + ",gran=warp", q4 + ",gran=block", q4 + ",gran=tensor"},
+       {"per-thread", "per-warp", "per-block", "per-tensor"}},
+      {"Table 7", "P~ and V format (INT8 Q/K): E4M3 > E5M2, E4M3 > INT8",
+       {"sage2@8b:p=e4m3", "sage2@8b:p=e5m2"}, {"E4M3", "E5M2"}},
+      {"Table 7", "",
+       {"sage2@8b:p=e4m3", "sage2@8b:p=int8"}, {"E4M3", "INT8"}},
+      {"Table 10", "smoothing V (INT8 Q/K, E4M3 V): smooth V > none",
+       {"sage2@8b:smooth-v=true", "sage2@8b:smooth-v=false"}, {"smooth V", "none"}},
+  };
+  const int L = ctx.fast ? 128 : 512;
+  struct Source {
+    std::string name;
+    std::vector<DumpLayer> dump;
+  };
+  std::vector<Source> sources;
+  sources.push_back({"synthetic (4 heads, L = " + std::to_string(L) + ", d = 128, channel-wise outliers)",
+                     synthetic_outlier_dump(4, L, 128, 7)});
+  sources.push_back({"USE-Lite", load_dump(ctx.tensors)});
+  std::ostringstream r;
+  r << "sage2-tables: orderings of SageAttention2's ablations, mean O CosSim (and relative L1) vs the fp64 reference\n"
+    << "synthetic heads: x = bias[c] + N(0, 1), bias ~ N(0, s^2), s = 1 (Q), 4 (K; every 16th channel 4x), 2 (V); seed 7\n\n";
+  Table t{{"table", "variant", "spec"}, {}};
+  for (const auto& src : sources) t.header.push_back(src.name.substr(0, src.name.find(' ')) + " O CosSim"),
+                                  t.header.push_back(src.name.substr(0, src.name.find(' ')) + " O rel L1");
+  // Every distinct (spec, source) pair once, spread over threads; the table is assembled afterwards in order.
+  std::vector<std::string> distinct;
+  for (const Claim& c : claims)
+    for (const auto& spec : c.specs)
+      if (std::find(distinct.begin(), distinct.end(), spec) == distinct.end()) distinct.push_back(spec);
+  std::vector<Summary> results(distinct.size() * sources.size());
+  std::atomic<std::size_t> next{0};
+  auto worker = [&] {
+    for (std::size_t i = next++; i < results.size(); i = next++) {
+      const std::string& spec = distinct[i / sources.size()];
+      results[i] = summarise(evaluate(sources[i % sources.size()].dump, *registry().create(spec), spec));
+    }
+  };
+  const int threads = ctx.threads > 0 ? ctx.threads : std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> pool;
+  for (int i = 1; i < threads; ++i) pool.emplace_back(worker);
+  worker();
+  for (auto& th : pool) th.join();
+  auto result = [&](const std::string& spec, std::size_t si) -> const Summary& {
+    return results[(std::find(distinct.begin(), distinct.end(), spec) - distinct.begin()) * sources.size() + si];
+  };
+  std::vector<std::string> verdicts;
+  for (const Claim& c : claims) {
+    for (std::size_t i = 0; i < c.specs.size(); ++i) {
+      std::vector<std::string> row = {c.table, c.labels[i], c.specs[i]};
+      for (std::size_t si = 0; si < sources.size(); ++si) {
+        row.push_back(fmt_sim(result(c.specs[i], si).mean[0]));
+        row.push_back(fmt_err(result(c.specs[i], si).mean[1]));
+      }
+      t.rows.push_back(row);
+    }
+    for (std::size_t si = 0; si < sources.size(); ++si) {
+      bool holds = true;
+      for (std::size_t i = 0; i + 1 < c.specs.size(); ++i)
+        holds = holds && result(c.specs[i], si).mean[0] > result(c.specs[i + 1], si).mean[0];
+      std::string labels;
+      for (const auto& lab : c.labels) labels += (labels.empty() ? "" : " > ") + lab;
+      verdicts.push_back(c.table + ", " + sources[si].name.substr(0, sources[si].name.find(' ')) + ": " + labels + ": " +
+                         (holds ? "HOLDS" : "DOES NOT HOLD"));
+    }
+  }
+  r << t.markdown() << "\n";
+  for (const auto& v : verdicts) r << v << "\n";
+  return r.str();
+}
+
 const std::vector<Experiment>& experiments() {
   static const std::vector<Experiment> list = {
       {"intattn-fig9", "IndexSoftmax is stable for b >= 4 and c in [5.5, 7.7], ridge near c = 6.6", "IntAttention Fig. 9",
@@ -272,10 +487,14 @@ const std::vector<Experiment>& experiments() {
        run_table8, "qattn reproduce intattn-table8"},
       {"leaderboard", "every registered method on the same tensors in one table", "(none of the papers)", run_leaderboard,
        "qattn reproduce leaderboard"},
+      {"sage2-tables", "orderings of the smoothing, granularity, P/V format and smooth-V ablations", "SageAttention2 Tables 4, 6, 7, 10",
+       run_sage2_tables, "qattn reproduce sage2-tables [--fast]"},
+      {"long-context", "clipping and 8-bit normalisation errors grow with L (128 to 16K)", "IntAttention, EXAQ, TurboAttention",
+       run_long_context, "qattn reproduce long-context [--fast]"},
       {"sas-poly", "SAS's cubic is a least-squares fit of e^-x on [0, 1]", "TurboAttention Eq. 15", {},
-       "build-release/experiments/qattn_exp_sas_poly"},
+       "qattn reproduce sas-poly", "qattn_exp_sas_poly"},
       {"exaq-clipping", "the clipping table C*(sigma) follows from Eq. 14", "EXAQ Table 1", {},
-       "build-release/experiments/qattn_exp_exaq_clipping [--fast]"},
+       "qattn reproduce exaq-clipping [--fast]", "qattn_exp_exaq_clipping"},
   };
   return list;
 }
@@ -299,7 +518,19 @@ void run_reproduce(const ReproduceOptions& o) {
     for (const auto& e : experiments()) names += (names.empty() ? "" : ", ") + e.name;
     throw CLI::ValidationError("NAME", "'" + o.name + "' is not an experiment (" + names + ")");
   }
-  if (!it->run) throw CLI::ValidationError("NAME", "'" + o.name + "' is its own program: run " + it->command);
+  if (!it->run) {  // its own program, built next to qattn under experiments/
+    std::error_code ec;
+    const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+    const fs::path program = self.parent_path() / "experiments" / it->program;
+    if (ec || !fs::is_regular_file(program, ec))
+      throw InputError(program.string(), "NAME", "'" + o.name + "' is the program " + it->program +
+                                                   ": build it (cmake --build build-release --target " + it->program + ")");
+    std::vector<std::string> argv = {program.string()};
+    if (o.fast && it->command.find("--fast") != std::string::npos) argv.push_back("--fast");
+    const int rc = run_program(argv);
+    if (rc != 0) throw ExitCode{rc};
+    return;
+  }
   std::error_code ec;
   fs::create_directories(o.out_dir, ec);
   if (!fs::is_directory(o.out_dir, ec)) throw InputError(o.out_dir, "--out-dir", "is not a directory and cannot be created");

@@ -159,6 +159,8 @@ if [ -e "$tmp/bad.csv" ]; then echo "FAIL: a refused sweep left $tmp/bad.csv"; f
 # reproduce: the list names every experiment; an unknown one is refused with the list.
 expect 0 "intattn-fig9.*IntAttention Fig. 9" "reproduce list" -- reproduce --list
 expect 2 "'nope' is not an experiment" "reproduce unknown" -- reproduce nope
+# an experiment that is its own program runs through reproduce (the program sits next to qattn)
+expect 0 "^sas-poly: cubic approximations" "reproduce sas-poly" -- reproduce sas-poly
 
 # plot: a heatmap of the sweep (where matplotlib exists); a missing column is a bad-input exit with no file left.
 if [ -z "${emu[*]}" ] && /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
