@@ -306,15 +306,15 @@ void run_attention(const AttentionOptions& o) {
 }
 
 
-void run_analyze(const std::string& tensors, std::vector<std::string> specs, const std::string& format,
-                 const std::string& out_path) {
+void run_analyze(const std::string& tensors, const std::vector<std::string>& qkv, std::vector<std::string> specs,
+                 const std::string& format, const std::string& out_path) {
   if (specs.empty())
     for (const auto& e : registry().entries())
       if (e.name != "fp64") specs.push_back(e.name);
   std::vector<std::unique_ptr<Method>> methods;
   for (const auto& s : specs) methods.push_back(registry().create(s));
   const auto start = std::chrono::steady_clock::now();
-  const std::vector<DumpLayer> dump = load_dump(tensors);
+  const std::vector<DumpLayer> dump = qkv.empty() ? load_dump(tensors) : load_explicit(qkv[0], qkv[1], qkv[2]);
   const bool progress = isatty(STDERR_FILENO);
   std::vector<HeadResult> results;
   for (std::size_t m = 0; m < methods.size(); ++m) {
@@ -450,13 +450,26 @@ void add_analyze(CLI::App& app) {
   auto specs = std::make_shared<std::vector<std::string>>();
   auto format = std::make_shared<std::string>("md");
   auto out = std::make_shared<std::string>();
-  sub->add_option("--tensors", *tensors, "Dump directory with layer{L}_head{H}_{q,k,v}.npy")->capture_default_str();
+  auto q = std::make_shared<std::string>(), k = std::make_shared<std::string>(), v = std::make_shared<std::string>();
+  auto* opt_tensors = sub->add_option("--tensors", *tensors,
+                                      "Dump: a directory of layer{L}_head{H}_{q,k,v}.npy, or one .npz/.safetensors "
+                                      "file holding tensors of those names")
+                          ->capture_default_str();
+  auto* opt_q = sub->add_option("--q", *q, "Queries [..., L_q, d] of one head (with --k and --v, instead of --tensors)");
+  auto* opt_k = sub->add_option("--k", *k, "Keys [..., L_k, d]");
+  auto* opt_v = sub->add_option("--v", *v, "Values [..., L_k, d_v]");
+  opt_q->excludes(opt_tensors);
+  opt_k->excludes(opt_tensors);
+  opt_v->excludes(opt_tensors);
   sub->add_option("--method", *specs, "Method spec, repeatable (default: every registered method but fp64)");
   sub->add_option("--format", *format, "md|csv|latex|json (latex: a booktabs table)")->capture_default_str();
   sub->add_option("--out", *out, "Write the table here instead of stdout");
   sub->callback([=] {
     check_format(*format, {"md", "csv", "latex", "json"});
-    run_analyze(*tensors, *specs, *format, *out);
+    const int given = !q->empty() + !k->empty() + !v->empty();
+    if (given != 0 && given != 3) throw CLI::ValidationError("--q/--k/--v", "give all three or none");
+    const std::vector<std::string> qkv = given ? std::vector<std::string>{*q, *k, *v} : std::vector<std::string>{};
+    run_analyze(given ? *q : *tensors, qkv, *specs, *format, *out);
   });
 }
 

@@ -1,5 +1,6 @@
 #include "evaluate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -13,13 +14,15 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct HeadFiles {
+// One head's q, k and v, read, with the names errors should show ("dir/layer0_head1_q.npy" or "dump.npz:layer0_head1_q").
+struct HeadTensors {
   int layer, head;
-  fs::path q, k, v;
+  std::string where[3];
+  Tensor t[3];
 };
 
-// Parses "layer{L}_head{H}_{q|k|v}.npy" (L, H decimal); false for any other name.
-bool parse_head_file_name(const std::string& name, int* layer, int* head, std::string* kind) {
+// Parses "layer{L}_head{H}_{q|k|v}" followed by `suffix` (L, H decimal); false for any other name.
+bool parse_head_name(const std::string& name, const std::string& suffix, int* layer, int* head, int* kind) {
   auto number = [&](std::size_t& i, int* out) {
     const std::size_t start = i;
     long v = 0;
@@ -35,31 +38,56 @@ bool parse_head_file_name(const std::string& name, int* layer, int* head, std::s
   };
   std::size_t i = 0;
   if (!literal(i, "layer") || !number(i, layer) || !literal(i, "_head") || !number(i, head) || !literal(i, "_")) return false;
-  if (i + 5 != name.size() || name.compare(i + 1, 4, ".npy") != 0) return false;
-  if (name[i] != 'q' && name[i] != 'k' && name[i] != 'v') return false;
-  *kind = std::string(1, name[i]);
+  if (i + 1 + suffix.size() != name.size() || name.compare(i + 1, suffix.size(), suffix) != 0) return false;
+  const std::string kinds = "qkv";
+  if (kinds.find(name[i]) == std::string::npos) return false;
+  *kind = static_cast<int>(kinds.find(name[i]));
   return true;
 }
 
-std::vector<HeadFiles> discover_heads(const fs::path& dir) {
+// A directory of layer{L}_head{H}_{q,k,v}.npy, or one .npz / .safetensors file holding tensors of those names
+// (".npy" suffixes inside an .npz are accepted).
+std::vector<HeadTensors> read_heads(const fs::path& source) {
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) throw InputError(dir.string(), "--tensors", "is not a directory");
-  std::map<std::pair<int, int>, std::map<std::string, fs::path>> found;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    int layer = 0, head = 0;
-    std::string kind;
-    if (parse_head_file_name(entry.path().filename().string(), &layer, &head, &kind))
-      found[{layer, head}][kind] = entry.path();
+  std::map<std::pair<int, int>, HeadTensors> found;
+  int layer = 0, head = 0, kind = 0;
+  auto slot = [&](int l, int h) -> HeadTensors& {
+    auto [it, fresh] = found.try_emplace({l, h});
+    if (fresh) it->second.layer = l, it->second.head = h;
+    return it->second;
+  };
+  const bool directory = fs::is_directory(source, ec);
+  const std::string what = directory ? "no layer{L}_head{H}_{q,k,v}.npy files found"
+                                     : "is not a dump directory and holds no tensors named layer{L}_head{H}_{q,k,v}";
+  if (directory) {
+    std::vector<fs::path> files;
+    for (const auto& entry : fs::directory_iterator(source)) files.push_back(entry.path());
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files)
+      if (parse_head_name(f.filename().string(), ".npy", &layer, &head, &kind)) {
+        HeadTensors& h = slot(layer, head);
+        h.where[kind] = f.string();
+        h.t[kind] = read_npy(f);
+      }
+  } else if (fs::is_regular_file(source, ec)) {
+    for (NamedTensor& nt : read_tensor_file(source))
+      if (parse_head_name(nt.name, "", &layer, &head, &kind) || parse_head_name(nt.name, ".npy", &layer, &head, &kind)) {
+        HeadTensors& h = slot(layer, head);
+        h.where[kind] = source.string() + ":" + nt.name;
+        h.t[kind] = std::move(nt.tensor);
+      }
+  } else {
+    throw InputError(source.string(), "--tensors", "is neither a directory nor a file");
   }
-  if (found.empty())
-    throw InputError(dir.string(), "files", "no layer{L}_head{H}_{q,k,v}.npy files found");
-  std::vector<HeadFiles> heads;
-  for (const auto& [lh, files] : found) {
-    for (const char* kind : {"q", "k", "v"})
-      if (!files.count(kind))
-        throw InputError(dir.string(), "files", "layer" + std::to_string(lh.first) + "_head" + std::to_string(lh.second) +
-                                                    "_" + kind + ".npy is missing (q, k and v are all needed)");
-    heads.push_back({lh.first, lh.second, files.at("q"), files.at("k"), files.at("v")});
+  if (found.empty()) throw InputError(source.string(), "--tensors", what);
+  std::vector<HeadTensors> heads;
+  for (auto& [lh, h] : found) {
+    for (int k = 0; k < 3; ++k)
+      if (h.where[k].empty())
+        throw InputError(source.string(), "--tensors", "layer" + std::to_string(lh.first) + "_head" +
+                                                           std::to_string(lh.second) + "_" + "qkv"[k] +
+                                                           (directory ? ".npy" : "") + " is missing (q, k and v are all needed)");
+    heads.push_back(std::move(h));
   }
   return heads;
 }
@@ -80,8 +108,10 @@ std::vector<RowMatrixXd> split_batch(const Tensor& t, const fs::path& path) {
 }
 
 
-std::vector<DumpLayer> load_dump(const fs::path& dir) {
-  const std::vector<HeadFiles> heads = discover_heads(dir);
+namespace {
+
+// Groups heads (in (layer, head) order) into layers, checks shapes, computes the fp64 reference.
+std::vector<DumpLayer> build_layers(std::vector<HeadTensors> heads) {
   const auto reference = ref::reference_registry().create("fp64");
   std::vector<DumpLayer> layers;
   for (std::size_t h0 = 0; h0 < heads.size();) {
@@ -90,33 +120,51 @@ std::vector<DumpLayer> load_dump(const fs::path& dir) {
     DumpLayer l;
     l.layer = heads[h0].layer;
     for (std::size_t h = h0; h < h1; ++h) {
-      const HeadFiles& hf = heads[h];
-      l.heads.push_back(hf.head);
-      l.q_paths.push_back(hf.q);
-      l.q.push_back(split_batch(read_npy(hf.q), hf.q));
-      l.k.push_back(split_batch(read_npy(hf.k), hf.k));
-      l.v.push_back(split_batch(read_npy(hf.v), hf.v));
+      HeadTensors& ht = heads[h];
+      l.heads.push_back(ht.head);
+      l.q_paths.push_back(ht.where[0]);
+      l.q.push_back(split_batch(ht.t[0], ht.where[0]));
+      l.k.push_back(split_batch(ht.t[1], ht.where[1]));
+      l.v.push_back(split_batch(ht.t[2], ht.where[2]));
       if (l.q.back().size() != l.k.back().size() || l.k.back().size() != l.v.back().size())
-        throw InputError(hf.k.string(), "shape", "batch size differs between q, k and v");
+        throw InputError(ht.where[1], "shape", "batch size differs between q, k and v");
       if (l.q.back().size() != l.q.front().size())
-        throw InputError(hf.q.string(), "shape", "batch size differs from the other heads of layer " + std::to_string(hf.layer));
+        throw InputError(ht.where[0], "shape", "batch size differs from the other heads of layer " + std::to_string(ht.layer));
       if (l.q.back().front().cols() != l.q.front().front().cols())
-        throw InputError(hf.q.string(), "shape", "head dimension differs between heads of one layer");
+        throw InputError(ht.where[0], "shape", "head dimension differs between heads of one layer");
       for (std::size_t b = 0; b < l.q.back().size(); ++b) {
         const RowMatrixXd &q = l.q.back()[b], &k = l.k.back()[b], &v = l.v.back()[b];
-        if (q.cols() != k.cols()) throw InputError(hf.k.string(), "shape", "head dimension d differs from q");
-        if (k.rows() != v.rows()) throw InputError(hf.v.string(), "shape", "v has a different number of keys than k");
+        if (q.cols() != k.cols()) throw InputError(ht.where[1], "shape", "head dimension d differs from q");
+        if (k.rows() != v.rows()) throw InputError(ht.where[2], "shape", "v has a different number of keys than k");
       }
       std::vector<AttentionResult> refs;
       const double scale = 1.0 / std::sqrt(static_cast<double>(l.q.back().front().cols()));
       for (std::size_t b = 0; b < l.q.back().size(); ++b)
         refs.push_back(reference->attention(l.q.back()[b], l.k.back()[b], l.v.back()[b], scale, {}));
       l.reference.push_back(std::move(refs));
+      ht = HeadTensors{};  // the matrices are kept; the tensors are not needed any more
     }
     layers.push_back(std::move(l));
     h0 = h1;
   }
   return layers;
+}
+
+Tensor single_tensor(const std::string& path) {
+  std::vector<NamedTensor> ts = read_tensor_file(path);
+  if (ts.size() != 1) throw InputError(path, "tensor", "holds " + std::to_string(ts.size()) + " tensors; expected one");
+  return std::move(ts.front().tensor);
+}
+
+}  // namespace
+
+std::vector<DumpLayer> load_dump(const fs::path& source) { return build_layers(read_heads(source)); }
+
+std::vector<DumpLayer> load_explicit(const std::string& q, const std::string& k, const std::string& v) {
+  HeadTensors h{0, 0, {q, k, v}, {single_tensor(q), single_tensor(k), single_tensor(v)}};
+  std::vector<HeadTensors> heads;
+  heads.push_back(std::move(h));
+  return build_layers(std::move(heads));
 }
 
 std::vector<HeadResult> evaluate(const std::vector<DumpLayer>& dump, const Method& method, const std::string& label) {

@@ -26,9 +26,12 @@ struct DumpLayer {
   std::vector<std::vector<AttentionResult>> reference;     // [head][batch], fp64 attention
 };
 
-// Reads every layer{L}_head{H}_{q,k,v}.npy under dir and computes the fp64 reference. Throws InputError naming the
-// file, field and reason for a missing file, a non-float dtype, a bad shape or batch sizes that differ.
-std::vector<DumpLayer> load_dump(const std::filesystem::path& dir);
+// Reads a dump and computes the fp64 reference: a directory of layer{L}_head{H}_{q,k,v}.npy, or one .npz or
+// .safetensors file holding tensors of those names. Throws InputError naming the file (or file:tensor), field and
+// reason for a missing tensor, a non-float dtype, a bad shape or batch sizes that differ.
+std::vector<DumpLayer> load_dump(const std::filesystem::path& source);
+// One head from three tensor files (.npy, or .npz/.safetensors holding exactly one tensor), [..., L, d] each.
+std::vector<DumpLayer> load_explicit(const std::string& q, const std::string& k, const std::string& v);
 
 // The metrics of one method on one head, against the fp64 reference; P metrics are NaN for methods without P.
 struct HeadResult {

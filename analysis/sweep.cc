@@ -177,7 +177,7 @@ void add_sweep(CLI::App& app) {
   sub->add_option("--method", o->spec, "Method spec the grid is applied to (e.g. index@paper)")->required();
   sub->add_option("--grid", o->grids, "KEY=A:B (integers), KEY=A:STEP:B or KEY=V1,V2,...; repeatable, one axis each")
       ->required();
-  sub->add_option("--tensors", o->tensors, "Dump directory with layer{L}_head{H}_{q,k,v}.npy")
+  sub->add_option("--tensors", o->tensors, "Dump: a directory of layer{L}_head{H}_{q,k,v}.npy, or one .npz/.safetensors file")
       ->capture_default_str();
   sub->add_option("--metric", o->metric, "cossim|rel_l1|rmse (O and P), kl (P only)")->capture_default_str();
   sub->add_option("--target", o->target, "O (attention output) or P (probabilities)")
