@@ -306,15 +306,51 @@ void run_attention(const AttentionOptions& o) {
 }
 
 
-void run_analyze(const std::string& tensors, const std::vector<std::string>& qkv, std::vector<std::string> specs,
-                 const std::string& format, const std::string& out_path) {
-  if (specs.empty())
+struct AnalyzeOptions {
+  std::string tensors = QATTN_DEFAULT_TENSORS;
+  std::string q, k, v, logits;
+  std::vector<std::string> specs;
+  std::string format = "md", out, reference = "fp64";
+  bool softmax_only = false;
+};
+
+// True if the method has a softmax-only form (attention pipelines do not).
+bool has_softmax_form(const Method& m) {
+  try {
+    m.softmax_rows(RowMatrixXd::Zero(1, 2));
+    return true;
+  } catch (const SpecError&) {
+    return false;
+  }
+}
+
+void run_analyze(const AnalyzeOptions& o) {
+  const bool softmax = o.softmax_only || !o.logits.empty();
+  const SoftmaxReference ref_kind = o.reference == "exact" ? SoftmaxReference::exact : SoftmaxReference::fp64;
+  std::vector<std::string> specs = o.specs;
+  const bool defaults = specs.empty();
+  if (defaults)
     for (const auto& e : registry().entries())
-      if (e.name != "fp64") specs.push_back(e.name);
+      if (e.name != "fp64" || ref_kind == SoftmaxReference::exact) specs.push_back(e.name);
   std::vector<std::unique_ptr<Method>> methods;
-  for (const auto& s : specs) methods.push_back(registry().create(s));
+  std::vector<std::string> kept;
+  for (const auto& s : specs) {
+    auto m = registry().create(s);
+    if (softmax && !has_softmax_form(*m)) {
+      if (defaults) continue;  // the default list holds the softmax models only
+      throw SpecError("--method " + s + ": an attention pipeline has no softmax-only form; use a softmax model "
+                      "(fp64, fp32, fp16, bf16, index, exaq, sas)");
+    }
+    methods.push_back(std::move(m));
+    kept.push_back(s);
+  }
+  specs = kept;
+  const std::string& tensors = !o.q.empty() ? o.q : !o.logits.empty() ? o.logits : o.tensors;
   const auto start = std::chrono::steady_clock::now();
-  const std::vector<DumpLayer> dump = qkv.empty() ? load_dump(tensors) : load_explicit(qkv[0], qkv[1], qkv[2]);
+  const std::vector<DumpLayer> dump =
+      !o.q.empty()        ? load_explicit(o.q, o.k, o.v)
+      : !o.logits.empty() ? load_explicit_logits(o.logits, ref_kind)
+                          : load_dump(o.tensors, softmax ? DumpTarget::softmax : DumpTarget::attention, ref_kind);
   const bool progress = isatty(STDERR_FILENO);
   std::vector<HeadResult> results;
   for (std::size_t m = 0; m < methods.size(); ++m) {
@@ -331,15 +367,27 @@ void run_analyze(const std::string& tensors, const std::vector<std::string>& qkv
   });
 
   // Aggregates per method: mean of each metric over heads, and the worst head for each metric.
-  Table t{{"layer", "head", "method", "O CosSim", "O rel L1", "O RMSE", "P CosSim", "P rel L1", "P RMSE", "P KL"}, {}};
-  json j = {{"tensors", tensors}, {"reference", "fp64"}, {"heads", json::array()}, {"summary", json::array()}};
+  // P max abs and bias: mean over heads; worst = the largest |value|.
+  Table t{{"layer", "head", "method", "O CosSim", "O rel L1", "O RMSE", "P CosSim", "P rel L1", "P RMSE", "P max abs",
+           "P bias", "P KL"},
+          {}};
+  if (softmax) t.header.erase(t.header.begin() + 3, t.header.begin() + 6);
+  const std::string ref_name = softmax ? o.reference : "fp64";
+  json j = {{"tensors", tensors},
+            {"target", softmax ? "softmax" : "attention"},
+            {"reference", ref_name},
+            {"heads", json::array()},
+            {"summary", json::array()}};
   auto row = [&](const std::string& l, const std::string& h, const std::string& m, double oc, double ol, double orm,
-                 double pc, double pl, double prm, double kl) {
-    t.rows.push_back({l, h, m, fmt_sim(oc), fmt_err(ol), fmt_err(orm), fmt_sim(pc), fmt_err(pl), fmt_err(prm), fmt_err(kl)});
+                 double pc, double pl, double prm, double pmax, double pbias, double kl) {
+    std::vector<std::string> cells = {l, h, m, fmt_sim(oc), fmt_err(ol), fmt_err(orm), fmt_sim(pc), fmt_err(pl),
+                                      fmt_err(prm), fmt_err(pmax), fmt_err(pbias), fmt_err(kl)};
+    if (softmax) cells.erase(cells.begin() + 3, cells.begin() + 6);
+    t.rows.push_back(std::move(cells));
   };
   for (const auto& r : results) {
     row(std::to_string(r.layer), std::to_string(r.head), r.method, r.o.cossim, r.o.rel_l1, r.o.rmse, r.p.cossim,
-        r.p.rel_l1, r.p.rmse, r.kl.mean);
+        r.p.rel_l1, r.p.rmse, r.p.max_abs, r.p.bias, r.kl.mean);
     j["heads"].push_back({{"layer", r.layer}, {"head", r.head}, {"method", r.method}, {"O", stats_json(r.o)},
                           {"P", stats_json(r.p)}, {"P_kl_mean", r.kl.mean}, {"P_kl_max", r.kl.max}});
   }
@@ -351,8 +399,15 @@ void run_analyze(const std::string& tensors, const std::vector<std::string>& qkv
     const Summary sm = summarise(mine);
     const auto& s = sm.mean;
     const auto& w = sm.worst;
-    row("all", "mean", spec, s[0], s[1], s[2], s[3], s[4], s[5], s[6]);
-    row("all", "worst", spec, w[0], w[1], w[2], w[3], w[4], w[5], w[6]);
+    double max_mean = 0, max_worst = 0, bias_mean = 0, bias_worst = 0;
+    for (const auto& r : mine) {
+      max_mean += r.p.max_abs / static_cast<double>(mine.size());
+      bias_mean += r.p.bias / static_cast<double>(mine.size());
+      max_worst = std::fmax(max_worst, r.p.max_abs);
+      if (!(std::fabs(r.p.bias) <= std::fabs(bias_worst))) bias_worst = r.p.bias;
+    }
+    row("all", "mean", spec, s[0], s[1], s[2], s[3], s[4], s[5], max_mean, bias_mean, s[6]);
+    row("all", "worst", spec, w[0], w[1], w[2], w[3], w[4], w[5], max_worst, bias_worst, w[6]);
     json mean, worst;
     for (int i = 0; i < 7; ++i) mean[kMetricNames[i]] = s[i], worst[kMetricNames[i]] = w[i];
     j["summary"].push_back({{"method", spec}, {"canonical", registry().canonical(parse_method_spec(spec))},
@@ -360,15 +415,21 @@ void run_analyze(const std::string& tensors, const std::vector<std::string>& qkv
   }
   std::size_t n_heads = 0;
   for (const DumpLayer& l : dump) n_heads += l.heads.size();
-  const std::string what = "Attention error vs the fp64 reference on " + tensors + " (" + std::to_string(n_heads) +
-                           " heads; O = softmax(QK^T/sqrt(d))V and P flattened over all batch entries of a head; "
-                           "worst = min CosSim, max error over heads)";
+  const std::string what =
+      softmax ? "Softmax error vs the " + std::string(ref_kind == SoftmaxReference::exact ? "exact (50-digit)" : "fp64") +
+                    " softmax of the dumped logits on " + tensors + " (" + std::to_string(n_heads) +
+                    " heads; P flattened over all batch entries of a head; bias = mean signed error; worst = min "
+                    "CosSim, max error, largest |bias| over heads)"
+              : "Attention error vs the fp64 reference on " + tensors + " (" + std::to_string(n_heads) +
+                    " heads; O = softmax(scale QK^T)V, scale 1/sqrt(d) unless manifest.json sets it; O and P "
+                    "flattened over all batch entries of a head; bias = mean signed error; worst = min CosSim, max "
+                    "error, largest |bias| over heads)";
   std::string text;
-  if (format == "json") text = j.dump(2) + "\n";
-  else if (format == "csv") text = t.csv();
-  else if (format == "latex") text = t.latex(what, {summary_start});
+  if (o.format == "json") text = j.dump(2) + "\n";
+  else if (o.format == "csv") text = t.csv();
+  else if (o.format == "latex") text = t.latex(what, {summary_start});
   else text = what + "\n\n" + t.markdown();
-  emit(text, out_path);
+  emit(text, o.out);
 }
 
 }  // namespace
@@ -445,31 +506,41 @@ void add_compare(CLI::App& app) {
 
 void add_analyze(CLI::App& app) {
   auto* sub = app.add_subcommand(
-      "analyze", "Attention error of each method vs the fp64 reference, per layer/head and aggregated, on O and P");
-  auto tensors = std::make_shared<std::string>(QATTN_DEFAULT_TENSORS);
-  auto specs = std::make_shared<std::vector<std::string>>();
-  auto format = std::make_shared<std::string>("md");
-  auto out = std::make_shared<std::string>();
-  auto q = std::make_shared<std::string>(), k = std::make_shared<std::string>(), v = std::make_shared<std::string>();
-  auto* opt_tensors = sub->add_option("--tensors", *tensors,
-                                      "Dump: a directory of layer{L}_head{H}_{q,k,v}.npy, or one .npz/.safetensors "
-                                      "file holding tensors of those names")
+      "analyze", "Error of each method vs a reference, per layer/head and aggregated: attention (O and P) from Q/K/V, "
+                 "or the softmax alone from dumped logits (--softmax-only)");
+  auto o = std::make_shared<AnalyzeOptions>();
+  auto* opt_tensors = sub->add_option("--tensors", o->tensors,
+                                      "Dump: a directory of layer{L}_head{H}_{q,k,v}.npy (and/or _logits.npy), or one "
+                                      ".npz/.safetensors file holding tensors of those names")
                           ->capture_default_str();
-  auto* opt_q = sub->add_option("--q", *q, "Queries [..., L_q, d] of one head (with --k and --v, instead of --tensors)");
-  auto* opt_k = sub->add_option("--k", *k, "Keys [..., L_k, d]");
-  auto* opt_v = sub->add_option("--v", *v, "Values [..., L_k, d_v]");
-  opt_q->excludes(opt_tensors);
-  opt_k->excludes(opt_tensors);
-  opt_v->excludes(opt_tensors);
-  sub->add_option("--method", *specs, "Method spec, repeatable (default: every registered method but fp64)");
-  sub->add_option("--format", *format, "md|csv|latex|json (latex: a booktabs table)")->capture_default_str();
-  sub->add_option("--out", *out, "Write the table here instead of stdout");
+  auto* opt_q = sub->add_option("--q", o->q, "Queries [..., L_q, d] of one head (with --k and --v, instead of --tensors)");
+  auto* opt_k = sub->add_option("--k", o->k, "Keys [..., L_k, d]");
+  auto* opt_v = sub->add_option("--v", o->v, "Values [..., L_k, d_v]");
+  auto* opt_logits = sub->add_option("--logits", o->logits, "Logits [..., L_q, L_k] of one head: softmax-only analysis");
+  for (auto* opt : {opt_q, opt_k, opt_v, opt_logits}) opt->excludes(opt_tensors);
+  for (auto* opt : {opt_q, opt_k, opt_v}) opt->excludes(opt_logits);
+  sub->add_flag("--softmax-only", o->softmax_only,
+                "Evaluate the softmax models on the dump's layer{L}_head{H}_logits files instead of attention");
+  sub->add_option("--reference", o->reference,
+                  "fp64 (default) or exact: the 50-digit softmax rounded once to double (softmax-only analysis)")
+      ->capture_default_str();
+  sub->add_option("--method", o->specs,
+                  "Method spec, repeatable (default: every registered method but fp64; the softmax models only with "
+                  "--softmax-only, fp64 included with --reference exact)");
+  sub->add_option("--format", o->format, "md|csv|latex|json (latex: a booktabs table)")->capture_default_str();
+  sub->add_option("--out", o->out, "Write the table here instead of stdout");
   sub->callback([=] {
-    check_format(*format, {"md", "csv", "latex", "json"});
-    const int given = !q->empty() + !k->empty() + !v->empty();
+    check_format(o->format, {"md", "csv", "latex", "json"});
+    if (o->reference != "fp64" && o->reference != "exact")
+      throw CLI::ValidationError("--reference", "'" + o->reference + "' is not one of fp64|exact");
+    const int given = !o->q.empty() + !o->k.empty() + !o->v.empty();
     if (given != 0 && given != 3) throw CLI::ValidationError("--q/--k/--v", "give all three or none");
-    const std::vector<std::string> qkv = given ? std::vector<std::string>{*q, *k, *v} : std::vector<std::string>{};
-    run_analyze(given ? *q : *tensors, qkv, *specs, *format, *out);
+    if (given && o->softmax_only)
+      throw CLI::ValidationError("--softmax-only", "analyses logits; give --logits or --tensors, not --q/--k/--v");
+    if (o->reference == "exact" && !o->softmax_only && o->logits.empty())
+      throw CLI::ValidationError("--reference", "exact applies to softmax-only analysis (--softmax-only or --logits); "
+                                                "attention is compared with fp64");
+    run_analyze(*o);
   });
 }
 

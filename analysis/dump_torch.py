@@ -53,10 +53,21 @@ class AttentionDumper:
         for h in range(a.shape[1]):
             self._heads.setdefault((layer, h), {"q": [], "k": [], "v": []})[kind].append(np.ascontiguousarray(a[:, h]))
 
-    def record(self, layer, q, k, v, layout="bhld"):
+    def _set_meta(self, layer, meta, scale, causal):
+        """manifest.json entry of a layer; qattn reads "scale" (logit scale, default 1/sqrt(d)), "causal" and
+        "num_heads" and checks them against the files."""
+        if scale is not None:
+            if not (float(scale) > 0 and np.isfinite(float(scale))):
+                raise ValueError(f"layer {layer}: scale must be a finite number > 0, got {scale!r}")
+            meta["scale"] = float(scale)
+        if causal is not None:
+            meta["causal"] = bool(causal)
+        self._meta[layer] = meta
+
+    def record(self, layer, q, k, v, layout="bhld", scale=None, causal=None):
         for kind, x in (("q", q), ("k", k), ("v", v)):
             self._add(layer, kind, x, layout)
-        self._meta[layer] = {"source": "record", "layout": layout}
+        self._set_meta(layer, {"source": "record", "layout": layout}, scale, causal)
 
     @staticmethod
     def _split_heads(y, heads):
@@ -65,7 +76,7 @@ class AttentionDumper:
             raise ValueError(f"projection width {hd} is not a multiple of {heads} heads")
         return y.reshape(b, l, heads, hd // heads)  # blhd
 
-    def hook_projections(self, layer, q_proj, k_proj, v_proj, num_heads, num_kv_heads=None):
+    def hook_projections(self, layer, q_proj, k_proj, v_proj, num_heads, num_kv_heads=None, scale=None, causal=None):
         kv_heads = num_kv_heads or num_heads
         if num_heads % kv_heads:
             raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {kv_heads}")
@@ -80,9 +91,9 @@ class AttentionDumper:
 
         for kind, mod, heads in (("q", q_proj, num_heads), ("k", k_proj, kv_heads), ("v", v_proj, kv_heads)):
             self._handles.append(mod.register_forward_hook(hook(kind, heads)))
-        self._meta[layer] = {"source": "projections", "num_heads": num_heads, "num_kv_heads": kv_heads}
+        self._set_meta(layer, {"source": "projections", "num_heads": num_heads, "num_kv_heads": kv_heads}, scale, causal)
 
-    def hook_fused_qkv(self, layer, qkv_proj, num_heads):
+    def hook_fused_qkv(self, layer, qkv_proj, num_heads, scale=None, causal=None):
         def f(_module, _inputs, output):
             if output.shape[-1] % 3:
                 raise ValueError(f"fused qkv width {output.shape[-1]} is not a multiple of 3")
@@ -90,7 +101,7 @@ class AttentionDumper:
                 self._add(layer, kind, self._split_heads(part, num_heads), "blhd")
 
         self._handles.append(qkv_proj.register_forward_hook(f))
-        self._meta[layer] = {"source": "fused_qkv", "num_heads": num_heads}
+        self._set_meta(layer, {"source": "fused_qkv", "num_heads": num_heads}, scale, causal)
 
     def remove_hooks(self):
         for h in self._handles:

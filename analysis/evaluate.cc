@@ -2,11 +2,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "qattn/error.h"
 #include "qattn/reference/registry.h"
+#include "qattn/reference/softmax.h"
 #include "qattn/tensor_io.h"
 
 namespace qattn::cli {
@@ -14,14 +19,18 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// One head's q, k and v, read, with the names errors should show ("dir/layer0_head1_q.npy" or "dump.npz:layer0_head1_q").
+// One head's tensors, read, with the names errors should show ("dir/layer0_head1_q.npy" or
+// "dump.npz:layer0_head1_q"): q, k, v and logits, in that order.
+constexpr int kKinds = 4;
+constexpr const char* kKindNames[kKinds] = {"q", "k", "v", "logits"};
+
 struct HeadTensors {
   int layer, head;
-  std::string where[3];
-  Tensor t[3];
+  std::string where[kKinds];
+  Tensor t[kKinds];
 };
 
-// Parses "layer{L}_head{H}_{q|k|v}" followed by `suffix` (L, H decimal); false for any other name.
+// Parses "layer{L}_head{H}_{q|k|v|logits}" followed by `suffix` (L, H decimal); false for any other name.
 bool parse_head_name(const std::string& name, const std::string& suffix, int* layer, int* head, int* kind) {
   auto number = [&](std::size_t& i, int* out) {
     const std::size_t start = i;
@@ -38,33 +47,40 @@ bool parse_head_name(const std::string& name, const std::string& suffix, int* la
   };
   std::size_t i = 0;
   if (!literal(i, "layer") || !number(i, layer) || !literal(i, "_head") || !number(i, head) || !literal(i, "_")) return false;
-  if (i + 1 + suffix.size() != name.size() || name.compare(i + 1, suffix.size(), suffix) != 0) return false;
-  const std::string kinds = "qkv";
-  if (kinds.find(name[i]) == std::string::npos) return false;
-  *kind = static_cast<int>(kinds.find(name[i]));
-  return true;
+  for (int k = 0; k < kKinds; ++k)
+    if (name == name.substr(0, i) + kKindNames[k] + suffix) {
+      *kind = k;
+      return true;
+    }
+  return false;
 }
 
-// A directory of layer{L}_head{H}_{q,k,v}.npy, or one .npz / .safetensors file holding tensors of those names
-// (".npy" suffixes inside an .npz are accepted).
-std::vector<HeadTensors> read_heads(const fs::path& source) {
+// A directory of layer{L}_head{H}_{q,k,v,logits}.npy, or one .npz / .safetensors file holding tensors of those
+// names (".npy" suffixes inside an .npz are accepted). Keeps the kinds `target` needs.
+std::vector<HeadTensors> read_heads(const fs::path& source, DumpTarget target) {
   std::error_code ec;
   std::map<std::pair<int, int>, HeadTensors> found;
+  bool other_kind = false;  // files of the other target were seen (for the hint in the error)
   int layer = 0, head = 0, kind = 0;
+  const bool softmax = target == DumpTarget::softmax;
+  auto wanted = [&](int k) { return softmax ? k == 3 : k < 3; };
   auto slot = [&](int l, int h) -> HeadTensors& {
     auto [it, fresh] = found.try_emplace({l, h});
     if (fresh) it->second.layer = l, it->second.head = h;
     return it->second;
   };
   const bool directory = fs::is_directory(source, ec);
-  const std::string what = directory ? "no layer{L}_head{H}_{q,k,v}.npy files found"
-                                     : "is not a dump directory and holds no tensors named layer{L}_head{H}_{q,k,v}";
+  const std::string names = softmax ? "layer{L}_head{H}_logits" : "layer{L}_head{H}_{q,k,v}";
   if (directory) {
     std::vector<fs::path> files;
     for (const auto& entry : fs::directory_iterator(source)) files.push_back(entry.path());
     std::sort(files.begin(), files.end());
     for (const auto& f : files)
       if (parse_head_name(f.filename().string(), ".npy", &layer, &head, &kind)) {
+        if (!wanted(kind)) {
+          other_kind = true;
+          continue;
+        }
         HeadTensors& h = slot(layer, head);
         h.where[kind] = f.string();
         h.t[kind] = read_npy(f);
@@ -72,6 +88,10 @@ std::vector<HeadTensors> read_heads(const fs::path& source) {
   } else if (fs::is_regular_file(source, ec)) {
     for (NamedTensor& nt : read_tensor_file(source))
       if (parse_head_name(nt.name, "", &layer, &head, &kind) || parse_head_name(nt.name, ".npy", &layer, &head, &kind)) {
+        if (!wanted(kind)) {
+          other_kind = true;
+          continue;
+        }
         HeadTensors& h = slot(layer, head);
         h.where[kind] = source.string() + ":" + nt.name;
         h.t[kind] = std::move(nt.tensor);
@@ -79,17 +99,101 @@ std::vector<HeadTensors> read_heads(const fs::path& source) {
   } else {
     throw InputError(source.string(), "--tensors", "is neither a directory nor a file");
   }
-  if (found.empty()) throw InputError(source.string(), "--tensors", what);
+  if (found.empty()) {
+    std::string what = directory ? "no " + names + ".npy files found"
+                                 : "is not a dump directory and holds no tensors named " + names;
+    if (other_kind)
+      what += softmax ? " (it holds q/k/v: drop --softmax-only)" : " (it holds only logits: add --softmax-only)";
+    throw InputError(source.string(), "--tensors", what);
+  }
   std::vector<HeadTensors> heads;
   for (auto& [lh, h] : found) {
-    for (int k = 0; k < 3; ++k)
-      if (h.where[k].empty())
-        throw InputError(source.string(), "--tensors", "layer" + std::to_string(lh.first) + "_head" +
-                                                           std::to_string(lh.second) + "_" + "qkv"[k] +
-                                                           (directory ? ".npy" : "") + " is missing (q, k and v are all needed)");
+    for (int k = 0; k < kKinds; ++k)
+      if (wanted(k) && h.where[k].empty())
+        throw InputError(source.string(), "--tensors",
+                         "layer" + std::to_string(lh.first) + "_head" + std::to_string(lh.second) + "_" + kKindNames[k] +
+                             (directory ? ".npy" : "") + " is missing (q, k and v are all needed)");
     heads.push_back(std::move(h));
   }
   return heads;
+}
+
+// What manifest.json says about one layer.
+struct LayerManifest {
+  std::optional<double> scale;
+  std::optional<bool> causal;
+  std::optional<int> num_heads, head_dim;
+};
+
+// Reads the optional manifest.json of a dump directory: "layers" is an array of objects with "layer", or an object
+// keyed by the layer number; each may carry "scale" (> 0), "causal" (bool), "num_heads" (or "n_heads") and
+// "head_dim". A top-level "causal" applies to every layer. Other keys are ignored.
+std::map<int, LayerManifest> read_manifest(const fs::path& dir) {
+  std::map<int, LayerManifest> out;
+  const fs::path path = dir / "manifest.json";
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec) || !fs::exists(path, ec)) return out;
+  const std::string where = path.string();
+  std::ifstream in(path);
+  if (!in) throw InputError(where, "file", "cannot be read");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(where, "json", std::string("does not parse: ") + e.what());
+  }
+  if (!j.is_object()) throw InputError(where, "json", "expected an object at the top level");
+  std::optional<bool> causal_all;
+  if (j.contains("causal")) {
+    if (!j["causal"].is_boolean()) throw InputError(where, "causal", "expected true or false");
+    causal_all = j["causal"].get<bool>();
+  }
+  auto read_layer = [&](int layer, const nlohmann::json& e) {
+    const std::string field = "layers[" + std::to_string(layer) + "]";
+    if (!e.is_object()) throw InputError(where, field, "expected an object");
+    LayerManifest m;
+    m.causal = causal_all;
+    if (e.contains("scale")) {
+      if (!e["scale"].is_number() || !(e["scale"].get<double>() > 0) || !std::isfinite(e["scale"].get<double>()))
+        throw InputError(where, field + ".scale", "expected a finite number > 0");
+      m.scale = e["scale"].get<double>();
+    }
+    if (e.contains("causal")) {
+      if (!e["causal"].is_boolean()) throw InputError(where, field + ".causal", "expected true or false");
+      m.causal = e["causal"].get<bool>();
+    }
+    for (const char* key : {"num_heads", "n_heads", "head_dim"}) {
+      if (!e.contains(key)) continue;
+      if (!e[key].is_number_integer() || e[key].get<long long>() <= 0)
+        throw InputError(where, field + "." + key, "expected a positive integer");
+      (std::string(key) == "head_dim" ? m.head_dim : m.num_heads) = static_cast<int>(e[key].get<long long>());
+    }
+    out[layer] = m;
+  };
+  if (!j.contains("layers")) {
+    if (causal_all) out[-1].causal = causal_all;  // applies to every layer
+    return out;
+  }
+  const nlohmann::json& layers = j["layers"];
+  if (layers.is_array()) {
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      const nlohmann::json& e = layers[i];
+      if (!e.is_object() || !e.contains("layer") || !e["layer"].is_number_integer())
+        throw InputError(where, "layers[" + std::to_string(i) + "]", "expected an object with an integer \"layer\"");
+      read_layer(static_cast<int>(e["layer"].get<long long>()), e);
+    }
+  } else if (layers.is_object()) {
+    for (const auto& [key, e] : layers.items()) {
+      char* end = nullptr;
+      const long n = std::strtol(key.c_str(), &end, 10);
+      if (key.empty() || *end != '\0' || n < 0) throw InputError(where, "layers", "key '" + key + "' is not a layer number");
+      read_layer(static_cast<int>(n), e);
+    }
+  } else {
+    throw InputError(where, "layers", "expected an array or an object");
+  }
+  if (causal_all) out[-1].causal = causal_all;
+  return out;
 }
 
 }  // namespace
@@ -110,18 +214,60 @@ std::vector<RowMatrixXd> split_batch(const Tensor& t, const fs::path& path) {
 
 namespace {
 
-// Groups heads (in (layer, head) order) into layers, checks shapes, computes the fp64 reference.
-std::vector<DumpLayer> build_layers(std::vector<HeadTensors> heads) {
+// The reference probabilities of logits [rows, L]: fp64 softmax, or the exact softmax rounded once to double.
+RowMatrixXd softmax_reference(const RowMatrixXd& logits, SoftmaxReference kind) {
+  if (kind == SoftmaxReference::fp64) return ref::softmax_ref_rows(logits);
+  RowMatrixXd p(logits.rows(), logits.cols());
+  for (Eigen::Index r = 0; r < logits.rows(); ++r) {
+    const std::vector<ref::Exact50> e =
+        ref::softmax_exact(std::span<const double>(logits.row(r).data(), static_cast<std::size_t>(logits.cols())));
+    for (Eigen::Index c = 0; c < logits.cols(); ++c) p(r, c) = static_cast<double>(e[static_cast<std::size_t>(c)]);
+  }
+  return p;
+}
+
+// Groups heads (in (layer, head) order) into layers, checks shapes against each other and the manifest, computes
+// the reference.
+std::vector<DumpLayer> build_layers(std::vector<HeadTensors> heads, DumpTarget target, SoftmaxReference ref_kind,
+                                    const std::map<int, LayerManifest>& manifest, const std::string& manifest_path) {
   const auto reference = ref::reference_registry().create("fp64");
+  const bool softmax = target == DumpTarget::softmax;
   std::vector<DumpLayer> layers;
   for (std::size_t h0 = 0; h0 < heads.size();) {
     std::size_t h1 = h0;
     while (h1 < heads.size() && heads[h1].layer == heads[h0].layer) ++h1;
     DumpLayer l;
     l.layer = heads[h0].layer;
+    const LayerManifest* m = nullptr;
+    if (auto it = manifest.find(l.layer); it != manifest.end()) m = &it->second;
+    else if (auto all = manifest.find(-1); all != manifest.end()) m = &all->second;
+    if (m && m->scale) l.scale = *m->scale;
+    if (m && m->causal) l.causal = *m->causal;
+    const std::string field = "layers[" + std::to_string(l.layer) + "]";
+    if (m && m->num_heads && *m->num_heads != static_cast<int>(h1 - h0))
+      throw InputError(manifest_path, field + ".num_heads",
+                       "says " + std::to_string(*m->num_heads) + " heads, the dump has " + std::to_string(h1 - h0));
+    const AttentionMask mask{RowMatrixXb(), l.causal};
     for (std::size_t h = h0; h < h1; ++h) {
       HeadTensors& ht = heads[h];
       l.heads.push_back(ht.head);
+      if (softmax) {
+        l.q_paths.push_back(ht.where[3]);
+        std::vector<RowMatrixXd> rows = split_batch(ht.t[3], ht.where[3]);
+        if (!l.logits.empty() && rows.size() != l.logits.front().size())
+          throw InputError(ht.where[3], "shape", "batch size differs from the other heads of layer " + std::to_string(ht.layer));
+        std::vector<RowMatrixXd> refs;
+        for (RowMatrixXd& x : rows) {
+          for (double v : x.reshaped())
+            if (std::isnan(v)) throw InputError(ht.where[3], "values", "holds NaN");
+          mask.apply_to_logits(x);
+          refs.push_back(softmax_reference(x, ref_kind));
+        }
+        l.logits.push_back(std::move(rows));
+        l.p_reference.push_back(std::move(refs));
+        ht = HeadTensors{};
+        continue;
+      }
       l.q_paths.push_back(ht.where[0]);
       l.q.push_back(split_batch(ht.t[0], ht.where[0]));
       l.k.push_back(split_batch(ht.t[1], ht.where[1]));
@@ -132,15 +278,19 @@ std::vector<DumpLayer> build_layers(std::vector<HeadTensors> heads) {
         throw InputError(ht.where[0], "shape", "batch size differs from the other heads of layer " + std::to_string(ht.layer));
       if (l.q.back().front().cols() != l.q.front().front().cols())
         throw InputError(ht.where[0], "shape", "head dimension differs between heads of one layer");
+      if (m && m->head_dim && *m->head_dim != l.q.back().front().cols())
+        throw InputError(manifest_path, field + ".head_dim",
+                         "says " + std::to_string(*m->head_dim) + ", " + ht.where[0] + " has d = " +
+                             std::to_string(l.q.back().front().cols()));
       for (std::size_t b = 0; b < l.q.back().size(); ++b) {
         const RowMatrixXd &q = l.q.back()[b], &k = l.k.back()[b], &v = l.v.back()[b];
         if (q.cols() != k.cols()) throw InputError(ht.where[1], "shape", "head dimension d differs from q");
         if (k.rows() != v.rows()) throw InputError(ht.where[2], "shape", "v has a different number of keys than k");
       }
       std::vector<AttentionResult> refs;
-      const double scale = 1.0 / std::sqrt(static_cast<double>(l.q.back().front().cols()));
+      const double scale = l.logit_scale();
       for (std::size_t b = 0; b < l.q.back().size(); ++b)
-        refs.push_back(reference->attention(l.q.back()[b], l.k.back()[b], l.v.back()[b], scale, {}));
+        refs.push_back(reference->attention(l.q.back()[b], l.k.back()[b], l.v.back()[b], scale, mask));
       l.reference.push_back(std::move(refs));
       ht = HeadTensors{};  // the matrices are kept; the tensors are not needed any more
     }
@@ -158,25 +308,60 @@ Tensor single_tensor(const std::string& path) {
 
 }  // namespace
 
-std::vector<DumpLayer> load_dump(const fs::path& source) { return build_layers(read_heads(source)); }
+double DumpLayer::logit_scale() const {
+  if (scale > 0) return scale;
+  const Eigen::Index d = q.empty() ? 1 : q.front().front().cols();
+  return 1.0 / std::sqrt(static_cast<double>(d));
+}
+
+std::vector<DumpLayer> load_dump(const fs::path& source, DumpTarget target, SoftmaxReference reference) {
+  const auto manifest = read_manifest(source);  // before the tensors: a bad manifest fails fast
+  return build_layers(read_heads(source, target), target, reference, manifest, (source / "manifest.json").string());
+}
 
 std::vector<DumpLayer> load_explicit(const std::string& q, const std::string& k, const std::string& v) {
-  HeadTensors h{0, 0, {q, k, v}, {single_tensor(q), single_tensor(k), single_tensor(v)}};
+  HeadTensors h{0, 0, {q, k, v, ""}, {single_tensor(q), single_tensor(k), single_tensor(v), Tensor{}}};
   std::vector<HeadTensors> heads;
   heads.push_back(std::move(h));
-  return build_layers(std::move(heads));
+  return build_layers(std::move(heads), DumpTarget::attention, SoftmaxReference::fp64, {}, "");
+}
+
+std::vector<DumpLayer> load_explicit_logits(const std::string& logits, SoftmaxReference reference) {
+  HeadTensors h{0, 0, {"", "", "", logits}, {Tensor{}, Tensor{}, Tensor{}, single_tensor(logits)}};
+  std::vector<HeadTensors> heads;
+  heads.push_back(std::move(h));
+  return build_layers(std::move(heads), DumpTarget::softmax, reference, {}, "");
 }
 
 std::vector<HeadResult> evaluate(const std::vector<DumpLayer>& dump, const Method& method, const std::string& label) {
   std::vector<HeadResult> results;
   for (const DumpLayer& l : dump) {
+    if (l.softmax_only()) {
+      for (std::size_t h = 0; h < l.heads.size(); ++h) {
+        std::vector<double> p_all, p_ref_all;
+        for (std::size_t b = 0; b < l.logits[h].size(); ++b) {
+          const RowMatrixXd p = method.softmax_rows(l.logits[h][b]);
+          const RowMatrixXd& ref = l.p_reference[h][b];
+          p_all.insert(p_all.end(), p.data(), p.data() + p.size());
+          p_ref_all.insert(p_ref_all.end(), ref.data(), ref.data() + ref.size());
+        }
+        HeadResult hr{l.layer, l.heads[h], label, {}, compare(p_all, p_ref_all), {}};
+        hr.o.cossim = hr.o.rel_l1 = hr.o.rmse = hr.o.max_abs = hr.o.bias = NAN;
+        const auto cols = l.p_reference[h].front().cols();
+        const auto nrows = static_cast<Eigen::Index>(p_all.size()) / cols;
+        hr.kl = kl_rows(Eigen::Map<const RowMatrixXd>(p_ref_all.data(), nrows, cols),
+                        Eigen::Map<const RowMatrixXd>(p_all.data(), nrows, cols));
+        results.push_back(hr);
+      }
+      continue;
+    }
     const std::size_t nh = l.heads.size(), batch = l.q.front().size();
+    const AttentionMask mask{RowMatrixXb(), l.causal};
     std::vector<std::vector<AttentionResult>> res(nh);  // [head][batch]
     for (std::size_t b = 0; b < batch; ++b) {
       std::vector<RowMatrixXd> q, k, v;
       for (std::size_t h = 0; h < nh; ++h) q.push_back(l.q[h][b]), k.push_back(l.k[h][b]), v.push_back(l.v[h][b]);
-      const double scale = 1.0 / std::sqrt(static_cast<double>(q.front().cols()));
-      std::vector<AttentionResult> r = method.attention_heads(q, k, v, scale, {});
+      std::vector<AttentionResult> r = method.attention_heads(q, k, v, l.logit_scale(), mask);
       for (std::size_t h = 0; h < nh; ++h) res[h].push_back(std::move(r[h]));
     }
     for (std::size_t h = 0; h < nh; ++h) {

@@ -17,21 +17,38 @@ namespace qattn::cli {
 // [..., L, d] -> batch of [L, d] matrices (leading axes flattened); InputError naming `path` otherwise.
 std::vector<RowMatrixXd> split_batch(const Tensor& t, const std::filesystem::path& path);
 
-// One layer of a dump: its heads in order, each a batch of [L, d] matrices (leading axes flattened).
+// What a dump is evaluated on: full attention from Q, K and V, or the softmax alone on the dumped logits.
+enum class DumpTarget { attention, softmax };
+// The softmax-only reference: the double-precision softmax (method fp64) or the 50-digit exact softmax rounded
+// once to double (docs/softmax-reference.md). Attention always uses fp64.
+enum class SoftmaxReference { fp64, exact };
+
+// One layer of a dump: its heads in order, each a batch of matrices (leading axes flattened).
 struct DumpLayer {
   int layer = 0;
+  double scale = 0;      // logit scale of softmax(scale Q K^T); 0 = 1/sqrt(d). manifest.json may set it per layer.
+  bool causal = false;   // causal mask, bottom-right aligned (manifest.json)
   std::vector<int> heads;
-  std::vector<std::filesystem::path> q_paths;              // [head], for error messages
-  std::vector<std::vector<RowMatrixXd>> q, k, v;           // [head][batch]
+  std::vector<std::filesystem::path> q_paths;              // [head], for error messages (the logits file if softmax)
+  std::vector<std::vector<RowMatrixXd>> q, k, v;           // [head][batch], attention dumps
   std::vector<std::vector<AttentionResult>> reference;     // [head][batch], fp64 attention
+  std::vector<std::vector<RowMatrixXd>> logits;            // [head][batch] [L_q, L_k], softmax dumps (mask applied)
+  std::vector<std::vector<RowMatrixXd>> p_reference;       // [head][batch], reference probabilities of `logits`
+  double logit_scale() const;
+  bool softmax_only() const { return !logits.empty(); }
 };
 
-// Reads a dump and computes the fp64 reference: a directory of layer{L}_head{H}_{q,k,v}.npy, or one .npz or
-// .safetensors file holding tensors of those names. Throws InputError naming the file (or file:tensor), field and
-// reason for a missing tensor, a non-float dtype, a bad shape or batch sizes that differ.
-std::vector<DumpLayer> load_dump(const std::filesystem::path& source);
+// Reads a dump and computes its reference: a directory of layer{L}_head{H}_{q,k,v}.npy (softmax target:
+// layer{L}_head{H}_logits.npy), or one .npz or .safetensors file holding tensors of those names. A directory's
+// optional manifest.json may set each layer's "scale" and "causal" (docs/dumping.md). Throws InputError naming the
+// file (or file:tensor), field and reason for a missing tensor, a non-float dtype, a bad shape, batch sizes that
+// differ or a manifest that contradicts the files.
+std::vector<DumpLayer> load_dump(const std::filesystem::path& source, DumpTarget target = DumpTarget::attention,
+                                 SoftmaxReference reference = SoftmaxReference::fp64);
 // One head from three tensor files (.npy, or .npz/.safetensors holding exactly one tensor), [..., L, d] each.
 std::vector<DumpLayer> load_explicit(const std::string& q, const std::string& k, const std::string& v);
+// One head's logits [..., L_q, L_k] from one tensor file, for softmax-only analysis.
+std::vector<DumpLayer> load_explicit_logits(const std::string& logits, SoftmaxReference reference);
 
 // The metrics of one method on one head, against the fp64 reference; P metrics are NaN for methods without P.
 struct HeadResult {
@@ -41,8 +58,8 @@ struct HeadResult {
   KlStats kl;
 };
 
-// Runs `method` over every layer (all heads of a layer in one attention_heads call) and compares with the
-// reference. Deterministic; safe to call from several threads on the same dump with different Method objects.
+// Runs `method` over every layer (all heads of a layer in one attention_heads call; softmax_rows on each logits
+// matrix for a softmax dump, whose O metrics are then NaN) and compares with the reference. Deterministic; safe to call from several threads on the same dump with different Method objects.
 std::vector<HeadResult> evaluate(const std::vector<DumpLayer>& dump, const Method& method, const std::string& label);
 
 // The seven summary metrics in a fixed order, with which direction is worse.

@@ -230,6 +230,24 @@ std::string run_table8(const Context& ctx) {
   return r.str();
 }
 
+// The nominal bits per element in which a method holds K and V during attention (scales and zero points excluded:
+// one per tensor, per 64-token block or per channel group). 0 for the softmax-only models, which leave Q, K, V
+// and P·V in fp64 and so have no KV precision of their own.
+double kv_bits(const std::string& canonical) {
+  const MethodSpec spec = parse_method_spec(canonical);
+  const ParamMap params = registry().resolve(spec);
+  if (spec.name == "fp32") return 32;
+  if (spec.name == "fp16" || spec.name == "bf16") return 16;
+  if (spec.name == "quant-only" || spec.name == "intattention") return 8;
+  if (spec.name == "sage2") {  // K in INT8 or INT4, V in the P~/V format (8 bits, or fp16)
+    const double v = params.choice("p") == "fp16" ? 16 : 8;
+    return (static_cast<double>(params.integer("qk")) + v) / 2;
+  }
+  if (spec.name == "turbo")  // prefill: FlashQ INT8 blocks; decode: the compressed cache
+    return params.choice("mode") == "decode" ? static_cast<double>(params.integer("kv")) : 8;
+  return 0;
+}
+
 // leaderboard: every registered method at its defaults and presets, one table.
 std::string run_leaderboard(const Context& ctx) {
   const std::vector<DumpLayer> dump = load_dump(ctx.tensors);
@@ -255,20 +273,51 @@ std::string run_leaderboard(const Context& ctx) {
   std::vector<std::size_t> order(canon.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return s[a].mean[0] > s[b].mean[0]; });
-  Table t{{"rank", "method", "O CosSim mean", "O CosSim worst", "O rel L1 mean", "O RMSE mean", "P CosSim mean", "P rel L1 mean"}, {}};
-  Table csv{{"method", "O_cossim_mean", "O_cossim_worst", "O_rel_l1_mean", "O_rmse_mean", "P_cossim_mean", "P_rel_l1_mean", "canonical"}, {}};
+  Table t{{"rank", "method", "O CosSim mean", "O CosSim worst", "O rel L1 mean", "O RMSE mean", "P CosSim mean", "P rel L1 mean",
+           "K/V bits"},
+          {}};
+  Table csv{{"method", "O_cossim_mean", "O_cossim_worst", "O_rel_l1_mean", "O_rmse_mean", "P_cossim_mean", "P_rel_l1_mean",
+             "kv_bits", "O_error", "canonical"},
+            {}};
+  Table front{{"method", "kv_bits", "O_error"}, {}};  // the pipelines only, for the Pareto plot
   for (std::size_t k = 0; k < order.size(); ++k) {
     const std::size_t i = order[k];
+    const double bits = kv_bits(canon[i]);
+    const std::string bits_text = bits > 0 ? fixed(bits, 0) : "";
     t.rows.push_back({std::to_string(k + 1), names[i], fmt_sim(s[i].mean[0]), fmt_sim(s[i].worst[0]), fmt_err(s[i].mean[1]),
-                      fmt_err(s[i].mean[2]), fmt_sim(s[i].mean[3]), fmt_err(s[i].mean[4])});
+                      fmt_err(s[i].mean[2]), fmt_sim(s[i].mean[3]), fmt_err(s[i].mean[4]), bits > 0 ? bits_text : "fp64"});
     csv.rows.push_back({names[i], fmt_sim(s[i].mean[0]), fmt_sim(s[i].worst[0]), fmt_err(s[i].mean[1]), fmt_err(s[i].mean[2]),
-                        fmt_sim(s[i].mean[3]), fmt_err(s[i].mean[4]), canon[i]});
+                        fmt_sim(s[i].mean[3]), fmt_err(s[i].mean[4]), bits_text, fmt_err(1 - s[i].mean[0]), canon[i]});
+    if (bits > 0) front.rows.push_back({names[i], bits_text, fmt_err(1 - s[i].mean[0])});
   }
   emit(csv.csv(), (ctx.out_dir / "leaderboard.csv").string());
+  const fs::path front_csv = ctx.out_dir / "leaderboard-pareto.csv";
+  emit(front.csv(), front_csv.string());
+  if (ctx.plots) {
+    const fs::path png = ctx.out_dir / "leaderboard-pareto.png";
+    if (run_plot_script({"pareto", front_csv.string(), "-o", png.string(), "--x", "kv_bits", "--y", "O_error", "--logy",
+                         "--title", "Attention pipelines: 1 - O CosSim vs K/V bits per element"}) != 0)
+      std::cerr << "qattn reproduce: the leaderboard Pareto plot was not drawn (matplotlib missing?)\n";
+  }
   std::ostringstream r;
   r << "leaderboard: every registered method (defaults and presets) vs the fp64 reference on " << head_count(dump)
     << " heads, by mean O CosSim\n\n"
-    << t.markdown();
+    << t.markdown() << "\n";
+  // The Pareto front over the pipelines: no other pipeline has fewer K/V bits and a lower error.
+  r << "Pareto front, attention pipelines (K/V bits per element, nominal; 1 - O CosSim):";
+  std::vector<std::size_t> idx(front.rows.size());
+  for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  auto num = [&](std::size_t i, int c) { return std::stod(front.rows[i][c]); };
+  std::stable_sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) {
+    return num(a, 1) != num(b, 1) ? num(a, 1) < num(b, 1) : num(a, 2) < num(b, 2);
+  });
+  double best = INFINITY;
+  for (std::size_t i : idx)
+    if (num(i, 2) < best) {
+      best = num(i, 2);
+      r << " " << front.rows[i][0] << " (" << front.rows[i][1] << " bits, " << front.rows[i][2] << ");";
+    }
+  r << "\n";
   return r.str();
 }
 

@@ -167,6 +167,57 @@ else
   echo "note: dump-source checks skipped (emulated run or no numpy)"
 fi
 
+# Softmax-only analysis of dumped logits: no O columns, one row per head plus mean/worst; the exact reference holds
+# fp64 to its declared contract (relative error ~ 1e-16, far below 1e-14) while fp32 sits near 1e-7; pipelines have
+# no softmax-only form; a logits-only directory asks for --softmax-only; --logits of one head equals that head's dir.
+sm_csv=$(q analyze --softmax-only --method index --format csv)
+if [ "$(head -1 <<<"$sm_csv")" = "layer,head,method,P CosSim,P rel L1,P RMSE,P max abs,P bias,P KL" ] &&
+   [ "$(wc -l <<<"$sm_csv")" -eq 11 ]; then pass=$((pass + 1)); else
+  echo "FAIL: analyze --softmax-only layout"; head -3 <<<"$sm_csv"; fail=$((fail + 1)); fi
+ex_csv=$(q analyze --softmax-only --reference exact --method fp64 --method fp32 --format csv)
+fp64_worst=$(awk -F, '$2 == "worst" && $3 == "fp64" {print $5}' <<<"$ex_csv")
+fp32_worst=$(awk -F, '$2 == "worst" && $3 == "fp32" {print $5}' <<<"$ex_csv")
+if awk -v a="$fp64_worst" -v b="$fp32_worst" 'BEGIN {exit !(a != "" && a + 0 > 0 && a + 0 < 1e-14 && b + 0 > 1e-9 && b + 0 < 1e-6)}'; then
+  pass=$((pass + 1)); else echo "FAIL: exact reference: fp64 worst rel L1 '$fp64_worst', fp32 '$fp32_worst'"; fail=$((fail + 1)); fi
+expect 2 "no softmax-only form" "analyze --softmax-only pipeline" -- analyze --softmax-only --method intattention
+expect 2 "exact applies to softmax-only" "analyze exact on attention" -- analyze --reference exact --method fp32
+expect 2 "not one of fp64\|exact" "analyze bad reference" -- analyze --softmax-only --reference mpfr
+mkdir -p "$tmp/lg"
+cp "$sample/layer0_head2_logits.npy" "$tmp/lg/"
+expect 3 "holds only logits: add --softmax-only" "logits-only dump" -- analyze --tensors "$tmp/lg" --method fp32
+dir_sm=$(q analyze --tensors "$tmp/lg" --softmax-only --method sas --format csv | tail -n +2 | cut -d, -f3-)
+one_sm=$(q analyze --logits "$tmp/lg/layer0_head2_logits.npy" --method sas --format csv | tail -n +2 | cut -d, -f3-)
+if [ -n "$dir_sm" ] && [ "$dir_sm" = "$one_sm" ]; then pass=$((pass + 1)); else
+  echo "FAIL: analyze --logits differs from the one-head directory"; fail=$((fail + 1)); fi
+
+# manifest.json: its scale is used (the default-equal scale changes nothing, another one changes O); every field it
+# states is checked against the files, and a bad manifest is refused before any tensor is read.
+mkdir -p "$tmp/mf"
+for h in 0 1; do for t in q k v; do cp "$sample/layer0_head${h}_$t.npy" "$tmp/mf/"; done; done
+plain=$(q analyze --tensors "$tmp/mf" --method fp32 --format csv)
+echo '{"layers": [{"layer": 0, "scale": 0.125, "num_heads": 2, "head_dim": 64}]}' >"$tmp/mf/manifest.json"
+same=$(q analyze --tensors "$tmp/mf" --method fp32 --format csv)
+echo '{"layers": {"0": {"scale": 0.25}}}' >"$tmp/mf/manifest.json"
+hot=$(q analyze --tensors "$tmp/mf" --method fp32 --format csv)
+if [ -n "$plain" ] && [ "$plain" = "$same" ] && [ -n "$hot" ] && [ "$plain" != "$hot" ]; then pass=$((pass + 1)); else
+  echo "FAIL: manifest.json scale not applied as given"; fail=$((fail + 1)); fi
+echo '{"layers": [{"layer": 0, "head_dim": 32}]}' >"$tmp/mf/manifest.json"
+expect 3 "manifest.json: layers\[0\].head_dim: says 32.*d = 64" "manifest head_dim" -- analyze --tensors "$tmp/mf" --method fp32
+echo '{"layers": [{"layer": 0, "num_heads": 4}]}' >"$tmp/mf/manifest.json"
+expect 3 "layers\[0\].num_heads: says 4 heads, the dump has 2" "manifest num_heads" -- analyze --tensors "$tmp/mf" --method fp32
+echo '{"layers": [{"layer": 0, "scale": -1}]}' >"$tmp/mf/manifest.json"
+expect 3 "layers\[0\].scale: expected a finite number > 0" "manifest scale" -- analyze --tensors "$tmp/mf" --method fp32
+echo '{"causal": "yes"}' >"$tmp/mf/manifest.json"
+expect 3 "manifest.json: causal: expected true or false" "manifest causal" -- analyze --tensors "$tmp/mf" --method fp32
+echo '{"layers": [' >"$tmp/mf/manifest.json"
+expect 3 "manifest.json: json: does not parse" "manifest syntax" -- analyze --tensors "$tmp/mf" --method fp32
+echo '{"causal": true}' >"$tmp/mf/manifest.json"
+causal=$(q analyze --tensors "$tmp/mf" --method fp32 --format csv)
+# causal reaches both the method and the reference: the masks differ from the plain run, fp32 still agrees to 1e-6
+causal_min=$(awk -F, '$2 == "worst" {print $4}' <<<"$causal")
+if [ -n "$causal" ] && [ "$causal" != "$plain" ] && awk -v c="$causal_min" 'BEGIN {exit !(c + 0 > 0.999999)}'; then
+  pass=$((pass + 1)); else echo "FAIL: manifest.json causal not applied to both sides ($causal_min)"; fail=$((fail + 1)); fi
+
 # sweep: a 2 x 2 grid on the embedded sample -> CSV with one row per point in grid order; bad grids and bad values
 # are refused before anything runs, and nothing is written.
 expect 0 "" "sweep small" -- sweep --method index@paper --grid b=4,5 --grid c=6:0.5:6.5 --threads 2 --out "$tmp/sw.csv"

@@ -63,7 +63,7 @@ with tempfile.TemporaryDirectory() as tmp:
     d = AttentionDumper(out)
     for i, b in enumerate(blocks):
         d.hook_projections(i, b.q_proj, b.k_proj, b.v_proj, num_heads=H, num_kv_heads=KV)
-    d.hook_fused_qkv(2, fused.c_attn, num_heads=H)
+    d.hook_fused_qkv(2, fused.c_attn, num_heads=H, scale=0.5, causal=True)
     x1, x2 = torch.randn(B, L, H * D), torch.randn(1, L, H * D)
     with torch.no_grad():
         for x in (x1, x2):  # two forward calls: concatenated on the batch axis
@@ -93,6 +93,13 @@ with tempfile.TemporaryDirectory() as tmp:
                     check(np.array_equal(a, t[:, :, h].numpy()), f"{f}: values differ from the projection's head {h}")
     m = json.load(open(os.path.join(out, "manifest.json")))
     check(m["format"] == "qattn dump v1" and len(m["files"]) == 3 * H * 3, "manifest lists every file")
+    check(m["layers"]["2"].get("scale") == 0.5 and m["layers"]["2"].get("causal") is True
+          and "scale" not in m["layers"]["0"], f"manifest scale/causal: {m['layers']}")
+    try:
+        AttentionDumper(os.path.join(tmp, "x")).record(0, *(torch.zeros(1, 1, 2, 2),) * 3, scale=-1.0)
+        check(False, "a negative scale was accepted")
+    except ValueError:
+        pass
     # qattn reads the dump: 12 heads, one row per head plus mean and worst
     r = subprocess.run([qattn, "analyze", "--tensors", out, "--method", "quant-only", "--format", "csv"],
                        capture_output=True, text=True)

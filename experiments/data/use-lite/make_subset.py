@@ -6,7 +6,11 @@ Usage: make_subset.py FULL_DUMP_DIR [OUT_DIR]
 Keeps windows (batch entries) 0 and 1 of every layer{0,1}_head{0..3}_{q,k,v,logits,probs}.npy, byte-for-byte
 the same float32 values, C order, .npy format 1.0. Everything else (weights, attention inputs) stays in the
 full set.
+Also writes manifest.json: per layer the logit scale, head count and head dimension read from the full dump's
+manifest (which `qattn analyze` checks against the files), and the source of the tensors.
 """
+import json
+import math
 import os
 import sys
 
@@ -14,6 +18,13 @@ import numpy as np
 
 WINDOWS = 2
 KINDS = ("q", "k", "v", "logits", "probs")
+
+
+def exact_scale(given, head_dim):
+    """The full manifest prints 1/sqrt(128) to 11 digits; write the double nearest 1/sqrt(d) when that is what it
+    means, so that the embedded manifest gives the model's own scale bit for bit."""
+    full = 1.0 / math.sqrt(head_dim)
+    return full if abs(given - full) < 1e-9 else given
 
 
 def main() -> int:
@@ -31,6 +42,18 @@ def main() -> int:
                     print(f"{name}: expected float32 [n_seq, L, *], got {full.dtype} {full.shape}", file=sys.stderr)
                     return 3
                 np.save(os.path.join(dst, name), np.ascontiguousarray(full[:WINDOWS]))
+    with open(os.path.join(src, "manifest.json")) as f:
+        full_manifest = json.load(f)
+    manifest = {
+        "format": "qattn dump v1",
+        "source": "Universal Sentence Encoder Lite (Apache-2.0), windows 0-%d of the full dump; see README.md" % (WINDOWS - 1),
+        "causal": False,
+        "layers": [{"layer": l["layer"], "scale": exact_scale(l["scale"], l["head_dim"]), "num_heads": l["n_heads"],
+                    "head_dim": l["head_dim"]} for l in full_manifest["layers"]],
+    }
+    with open(os.path.join(dst, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+        f.write("\n")
     return 0
 
 
