@@ -17,6 +17,7 @@
 
 #include "qattn/error.h"
 #include "qattn/metrics.h"
+#include "qattn/reference/kv_quant.h"
 #include "qattn/reference/registry.h"
 #include "qattn/tensor_io.h"
 #include "evaluate.h"
@@ -107,7 +108,9 @@ std::string type_name(const ParamInfo& p) {
 void run_methods(const std::string& format) {
   if (format == "json") {
     json j = json::array();
-    for (const auto& e : registry().entries()) {
+    auto entries = registry().entries();
+    for (const auto& e : ref::kv_registry().params().entries()) entries.push_back(e), entries.back().summary = "[--kv] " + e.summary;
+    for (const auto& e : entries) {
       json params = json::array();
       for (const auto& p : e.params)
         params.push_back({{"key", p.key}, {"type", type_name(p)}, {"default", p.default_value}, {"doc", p.doc}});
@@ -118,7 +121,12 @@ void run_methods(const std::string& format) {
     std::cout << j.dump(2) << "\n";
     return;
   }
-  for (const auto& e : registry().entries()) {
+  auto entries = registry().entries();
+  const std::size_t n_methods = entries.size();
+  for (const auto& e : ref::kv_registry().params().entries()) entries.push_back(e);
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const auto& e = entries[i];
+    if (i == n_methods) std::cout << "\nKV-cache quantizers (qattn analyze --kv SPEC, applied to K and V before the method):\n";
     std::cout << e.name << "\n    " << e.summary << "\n";
     if (e.params.empty()) std::cout << "    parameters: none\n";
     for (const auto& p : e.params)
@@ -310,7 +318,7 @@ struct AnalyzeOptions {
   std::string tensors = QATTN_DEFAULT_TENSORS;
   std::string q, k, v, logits;
   std::vector<std::string> specs;
-  std::string format = "md", out, reference = "fp64";
+  std::string format = "md", out, reference = "fp64", kv;
   bool softmax_only = false;
 };
 
@@ -345,6 +353,15 @@ void run_analyze(const AnalyzeOptions& o) {
     kept.push_back(s);
   }
   specs = kept;
+  std::unique_ptr<ref::KvQuantizer> kv;
+  if (!o.kv.empty()) {
+    if (softmax) throw SpecError("--kv quantizes K and V: it needs attention, not softmax-only analysis");
+    try {
+      kv = ref::kv_registry().create(o.kv);
+    } catch (const SpecError& e) {
+      throw SpecError(std::string("--kv: ") + e.what());
+    }
+  }
   const std::string& tensors = !o.q.empty() ? o.q : !o.logits.empty() ? o.logits : o.tensors;
   const auto start = std::chrono::steady_clock::now();
   const std::vector<DumpLayer> dump =
@@ -354,7 +371,7 @@ void run_analyze(const AnalyzeOptions& o) {
   const bool progress = isatty(STDERR_FILENO);
   std::vector<HeadResult> results;
   for (std::size_t m = 0; m < methods.size(); ++m) {
-    std::vector<HeadResult> r = evaluate(dump, *methods[m], specs[m]);
+    std::vector<HeadResult> r = evaluate(dump, *methods[m], specs[m], kv.get());
     results.insert(results.end(), r.begin(), r.end());
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (progress || elapsed > 2.0)
@@ -372,24 +389,28 @@ void run_analyze(const AnalyzeOptions& o) {
            "P bias", "P KL"},
           {}};
   if (softmax) t.header.erase(t.header.begin() + 3, t.header.begin() + 6);
+  if (kv) t.header.insert(t.header.begin() + 3, {"K bits", "V bits"});
   const std::string ref_name = softmax ? o.reference : "fp64";
   json j = {{"tensors", tensors},
             {"target", softmax ? "softmax" : "attention"},
             {"reference", ref_name},
+            {"kv", kv ? json(ref::kv_registry().canonical(o.kv)) : json(nullptr)},
             {"heads", json::array()},
             {"summary", json::array()}};
-  auto row = [&](const std::string& l, const std::string& h, const std::string& m, double oc, double ol, double orm,
-                 double pc, double pl, double prm, double pmax, double pbias, double kl) {
+  auto row = [&](const std::string& l, const std::string& h, const std::string& m, double kb, double vb, double oc,
+                 double ol, double orm, double pc, double pl, double prm, double pmax, double pbias, double kl) {
     std::vector<std::string> cells = {l, h, m, fmt_sim(oc), fmt_err(ol), fmt_err(orm), fmt_sim(pc), fmt_err(pl),
                                       fmt_err(prm), fmt_err(pmax), fmt_err(pbias), fmt_err(kl)};
     if (softmax) cells.erase(cells.begin() + 3, cells.begin() + 6);
+    if (kv) cells.insert(cells.begin() + 3, {fmt_bits(kb), fmt_bits(vb)});
     t.rows.push_back(std::move(cells));
   };
   for (const auto& r : results) {
-    row(std::to_string(r.layer), std::to_string(r.head), r.method, r.o.cossim, r.o.rel_l1, r.o.rmse, r.p.cossim,
+    row(std::to_string(r.layer), std::to_string(r.head), r.method, r.k_bits, r.v_bits, r.o.cossim, r.o.rel_l1, r.o.rmse, r.p.cossim,
         r.p.rel_l1, r.p.rmse, r.p.max_abs, r.p.bias, r.kl.mean);
     j["heads"].push_back({{"layer", r.layer}, {"head", r.head}, {"method", r.method}, {"O", stats_json(r.o)},
-                          {"P", stats_json(r.p)}, {"P_kl_mean", r.kl.mean}, {"P_kl_max", r.kl.max}});
+                          {"P", stats_json(r.p)}, {"P_kl_mean", r.kl.mean}, {"P_kl_max", r.kl.max},
+                          {"K_bits", r.k_bits}, {"V_bits", r.v_bits}});
   }
   const std::size_t summary_start = t.rows.size();
   for (const auto& spec : specs) {
@@ -399,15 +420,17 @@ void run_analyze(const AnalyzeOptions& o) {
     const Summary sm = summarise(mine);
     const auto& s = sm.mean;
     const auto& w = sm.worst;
-    double max_mean = 0, max_worst = 0, bias_mean = 0, bias_worst = 0;
+    double max_mean = 0, max_worst = 0, bias_mean = 0, bias_worst = 0, kb = 0, vb = 0;
     for (const auto& r : mine) {
+      kb += r.k_bits / static_cast<double>(mine.size());
+      vb += r.v_bits / static_cast<double>(mine.size());
       max_mean += r.p.max_abs / static_cast<double>(mine.size());
       bias_mean += r.p.bias / static_cast<double>(mine.size());
       max_worst = std::fmax(max_worst, r.p.max_abs);
       if (!(std::fabs(r.p.bias) <= std::fabs(bias_worst))) bias_worst = r.p.bias;
     }
-    row("all", "mean", spec, s[0], s[1], s[2], s[3], s[4], s[5], max_mean, bias_mean, s[6]);
-    row("all", "worst", spec, w[0], w[1], w[2], w[3], w[4], w[5], max_worst, bias_worst, w[6]);
+    row("all", "mean", spec, kb, vb, s[0], s[1], s[2], s[3], s[4], s[5], max_mean, bias_mean, s[6]);
+    row("all", "worst", spec, kb, vb, w[0], w[1], w[2], w[3], w[4], w[5], max_worst, bias_worst, w[6]);
     json mean, worst;
     for (int i = 0; i < 7; ++i) mean[kMetricNames[i]] = s[i], worst[kMetricNames[i]] = w[i];
     j["summary"].push_back({{"method", spec}, {"canonical", registry().canonical(parse_method_spec(spec))},
@@ -420,7 +443,11 @@ void run_analyze(const AnalyzeOptions& o) {
                     " softmax of the dumped logits on " + tensors + " (" + std::to_string(n_heads) +
                     " heads; P flattened over all batch entries of a head; bias = mean signed error; worst = min "
                     "CosSim, max error, largest |bias| over heads)"
-              : "Attention error vs the fp64 reference on " + tensors + " (" + std::to_string(n_heads) +
+              : "Attention error vs the fp64 reference on " + tensors +
+                    (kv ? ", K and V through the KV quantizer " + ref::kv_registry().canonical(o.kv) +
+                              " (bits per element include scales and zero points)"
+                        : std::string()) +
+                    " (" + std::to_string(n_heads) +
                     " heads; O = softmax(scale QK^T)V, scale 1/sqrt(d) unless manifest.json sets it; O and P "
                     "flattened over all batch entries of a head; bias = mean signed error; worst = min CosSim, max "
                     "error, largest |bias| over heads)";
@@ -519,6 +546,9 @@ void add_analyze(CLI::App& app) {
   auto* opt_logits = sub->add_option("--logits", o->logits, "Logits [..., L_q, L_k] of one head: softmax-only analysis");
   for (auto* opt : {opt_q, opt_k, opt_v, opt_logits}) opt->excludes(opt_tensors);
   for (auto* opt : {opt_q, opt_k, opt_v}) opt->excludes(opt_logits);
+  sub->add_option("--kv", o->kv,
+                  "KV-cache quantizer spec applied to K and V before every method (see `qattn methods`), e.g. "
+                  "turboquant:bits=3, kivi, flashq@mixed");
   sub->add_flag("--softmax-only", o->softmax_only,
                 "Evaluate the softmax models on the dump's layer{L}_head{H}_logits files instead of attention");
   sub->add_option("--reference", o->reference,

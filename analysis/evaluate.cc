@@ -333,7 +333,8 @@ std::vector<DumpLayer> load_explicit_logits(const std::string& logits, SoftmaxRe
   return build_layers(std::move(heads), DumpTarget::softmax, reference, {}, "");
 }
 
-std::vector<HeadResult> evaluate(const std::vector<DumpLayer>& dump, const Method& method, const std::string& label) {
+std::vector<HeadResult> evaluate(const std::vector<DumpLayer>& dump, const Method& method, const std::string& label,
+                                 const ref::KvQuantizer* kv) {
   std::vector<HeadResult> results;
   for (const DumpLayer& l : dump) {
     if (l.softmax_only()) {
@@ -345,8 +346,13 @@ std::vector<HeadResult> evaluate(const std::vector<DumpLayer>& dump, const Metho
           p_all.insert(p_all.end(), p.data(), p.data() + p.size());
           p_ref_all.insert(p_ref_all.end(), ref.data(), ref.data() + ref.size());
         }
-        HeadResult hr{l.layer, l.heads[h], label, {}, compare(p_all, p_ref_all), {}};
-        hr.o.cossim = hr.o.rel_l1 = hr.o.rmse = hr.o.max_abs = hr.o.bias = NAN;
+        // O is not computed: its metrics are NaN (compare() of empty spans would report zeros)
+        HeadResult hr;
+        hr.layer = l.layer;
+        hr.head = l.heads[h];
+        hr.method = label;
+        hr.o.cossim = hr.o.rel_l1 = hr.o.rmse = hr.o.max_abs = hr.o.bias = hr.o.median_abs = NAN;
+        hr.p = compare(p_all, p_ref_all);
         const auto cols = l.p_reference[h].front().cols();
         const auto nrows = static_cast<Eigen::Index>(p_all.size()) / cols;
         hr.kl = kl_rows(Eigen::Map<const RowMatrixXd>(p_ref_all.data(), nrows, cols),
@@ -358,10 +364,15 @@ std::vector<HeadResult> evaluate(const std::vector<DumpLayer>& dump, const Metho
     const std::size_t nh = l.heads.size(), batch = l.q.front().size();
     const AttentionMask mask{RowMatrixXb(), l.causal};
     std::vector<std::vector<AttentionResult>> res(nh);  // [head][batch]
+    double k_bits = 0, v_bits = 0;
     for (std::size_t b = 0; b < batch; ++b) {
       std::vector<RowMatrixXd> q, k, v;
       for (std::size_t h = 0; h < nh; ++h) q.push_back(l.q[h][b]), k.push_back(l.k[h][b]), v.push_back(l.v[h][b]);
-      std::vector<AttentionResult> r = method.attention_heads(q, k, v, l.logit_scale(), mask);
+      ref::KvQuantized used;
+      std::vector<AttentionResult> r = kv ? ref::attention_with_kv(method, *kv, q, k, v, l.logit_scale(), mask, &used)
+                                          : method.attention_heads(q, k, v, l.logit_scale(), mask);
+      k_bits += used.k_bits / static_cast<double>(batch);
+      v_bits += used.v_bits / static_cast<double>(batch);
       for (std::size_t h = 0; h < nh; ++h) res[h].push_back(std::move(r[h]));
     }
     for (std::size_t h = 0; h < nh; ++h) {
@@ -375,6 +386,7 @@ std::vector<HeadResult> evaluate(const std::vector<DumpLayer>& dump, const Metho
         p_ref_all.insert(p_ref_all.end(), ref.p.data(), ref.p.data() + ref.p.size());
       }
       HeadResult hr{l.layer, l.heads[h], label, compare(o_all, o_ref_all), {}, {}};
+      if (kv) hr.k_bits = k_bits, hr.v_bits = v_bits;
       if (!p_all.empty()) {
         hr.p = compare(p_all, p_ref_all);
         const auto cols = l.reference[h].front().p.cols();

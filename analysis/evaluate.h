@@ -4,12 +4,14 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <filesystem>
 #include <string>
 #include <vector>
 
 #include "qattn/method.h"
 #include "qattn/metrics.h"
+#include "qattn/reference/kv_quant.h"
 #include "qattn/tensor.h"
 
 namespace qattn::cli {
@@ -56,11 +58,14 @@ struct HeadResult {
   std::string method;
   ErrorStats o, p;
   KlStats kl;
+  double k_bits = NAN, v_bits = NAN;  // with a KV quantizer: bits per element of its cache (mean over the layer)
 };
 
 // Runs `method` over every layer (all heads of a layer in one attention_heads call; softmax_rows on each logits
 // matrix for a softmax dump, whose O metrics are then NaN) and compares with the reference. Deterministic; safe to call from several threads on the same dump with different Method objects.
-std::vector<HeadResult> evaluate(const std::vector<DumpLayer>& dump, const Method& method, const std::string& label);
+// With `kv`, K and V of every layer go through the KV quantizer first (Q rotated, O rotated back where it asks).
+std::vector<HeadResult> evaluate(const std::vector<DumpLayer>& dump, const Method& method, const std::string& label,
+                                 const ref::KvQuantizer* kv = nullptr);
 
 // The seven summary metrics in a fixed order, with which direction is worse.
 inline constexpr std::array<const char*, 7> kMetricNames = {"O_cossim", "O_rel_l1", "O_rmse", "P_cossim",

@@ -20,6 +20,7 @@
 
 #include "commands.h"
 #include "evaluate.h"
+#include "qattn/reference/random.h"
 #include "qattn/error.h"
 #include "qattn/reference/registry.h"
 #include "qattn/tensor_io.h"
@@ -400,31 +401,12 @@ std::string run_long_context(const Context& ctx) {
   return r.str();
 }
 
-// Standard normals from a fixed mt19937_64 stream by Box-Muller: the same numbers on every platform.
-class Normals {
- public:
-  explicit Normals(std::uint64_t seed) : g_(seed) {}
-  double operator()() {
-    if (have_) return have_ = false, spare_;
-    const double r = std::sqrt(-2 * std::log(uniform())), a = 2 * M_PI * uniform();
-    spare_ = r * std::sin(a);
-    have_ = true;
-    return r * std::cos(a);
-  }
-
- private:
-  double uniform() { return (static_cast<double>(g_() >> 11) + 0.5) * 0x1p-53; }
-  std::mt19937_64 g_;
-  double spare_ = 0;
-  bool have_ = false;
-};
-
 // Synthetic heads with the structure SageAttention2's Fig. 2 describes: every channel of K carries a bias shared by
 // all tokens (channel-wise outliers), Q a smaller one, V a per-channel offset. x[t][c] = bias[c] + N(0, 1), bias[c] ~
 // N(0, sigma_x^2) with sigma_K = 4, sigma_Q = 1, sigma_V = 2, and every 16th channel of K an outlier with 4x the
 // bias. One layer of `heads` heads, L tokens, d channels, fixed seed; the fp64 reference is computed as for a dump.
 std::vector<DumpLayer> synthetic_outlier_dump(int heads, int L, int d, std::uint64_t seed) {
-  Normals n(seed);
+  ref::Normals n(seed);
   const auto reference = registry().create("fp64");
   DumpLayer l;
   for (int h = 0; h < heads; ++h) {

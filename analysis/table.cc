@@ -89,5 +89,6 @@ static std::string printf_double(const char* f, double v) {
 
 std::string fmt_sim(double v) { return printf_double("%.8f", v); }
 std::string fmt_err(double v) { return printf_double("%.3e", v); }
+std::string fmt_bits(double v) { return printf_double("%.3f", v); }
 
 }  // namespace qattn::cli

@@ -20,5 +20,6 @@ struct Table {
 // Fixed formats so that tables from different runs line up: %.8f for similarities, %.3e for errors.
 std::string fmt_sim(double v);
 std::string fmt_err(double v);
+std::string fmt_bits(double v);  // bits per element, 3 decimals
 
 }  // namespace qattn::cli

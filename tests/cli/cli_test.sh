@@ -190,6 +190,19 @@ one_sm=$(q analyze --logits "$tmp/lg/layer0_head2_logits.npy" --method sas --for
 if [ -n "$dir_sm" ] && [ "$dir_sm" = "$one_sm" ]; then pass=$((pass + 1)); else
   echo "FAIL: analyze --logits differs from the one-head directory"; fail=$((fail + 1)); fi
 
+# --kv: K and V through a KV quantizer before the method. Bits columns appear; 8-bit RTN is close to fp32 but not
+# equal, 2-bit KIVI further away; unknown quantizers and softmax-only runs are refused.
+kv_csv=$(q analyze --kv rtn:bits=8 --method fp32 --format csv)
+if [ "$(head -1 <<<"$kv_csv" | cut -d, -f1-6)" = "layer,head,method,K bits,V bits,O CosSim" ]; then pass=$((pass + 1)); else
+  echo "FAIL: analyze --kv header: $(head -1 <<<"$kv_csv")"; fail=$((fail + 1)); fi
+kv8=$(awk -F, '$2 == "mean" {print $6}' <<<"$kv_csv")
+kv2=$(q analyze --kv kivi:bits=2 --method fp32 --format csv | awk -F, '$2 == "mean" {print $6}')
+if awk -v a="$kv8" -v b="$kv2" 'BEGIN {exit !(a + 0 > 0.9999 && a + 0 < 1 && b + 0 < a + 0)}'; then pass=$((pass + 1)); else
+  echo "FAIL: analyze --kv: rtn8 $kv8, kivi2 $kv2"; fail=$((fail + 1)); fi
+expect 2 "--kv: unknown KV quantizer 'nope' \\(valid: rtn, kivi" "analyze --kv unknown" -- analyze --kv nope --method fp32
+expect 2 "--kv quantizes K and V" "analyze --kv softmax-only" -- analyze --kv saw --softmax-only --method fp32
+expect 0 "KV-cache quantizers" "methods lists the KV quantizers" -- methods
+
 # manifest.json: its scale is used (the default-equal scale changes nothing, another one changes O); every field it
 # states is checked against the files, and a bad manifest is refused before any tensor is read.
 mkdir -p "$tmp/mf"

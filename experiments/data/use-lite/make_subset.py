@@ -3,9 +3,11 @@
 
 Usage: make_subset.py FULL_DUMP_DIR [OUT_DIR]
 
-Keeps windows (batch entries) 0 and 1 of every layer{0,1}_head{0..3}_{q,k,v,logits,probs}.npy, byte-for-byte
-the same float32 values, C order, .npy format 1.0. Everything else (weights, attention inputs) stays in the
-full set.
+Keeps windows (batch entries) 0 and 1 of every layer{0,1}_head{0..3}_{q,k,v,logits}.npy, and for the weight
+quantizers layer 0's attention input (windows 0 and 1 of layer0_attn_input.npy) and its projection weights and
+biases (layer0_{wq,wk,wv,bq,bk,bv}.npy, whole): byte-for-byte the same float32 values, C order, .npy format 1.0.
+The probabilities (softmax of the logits), layer 1's weights and the other windows stay in the full set; the
+subset stays under 5 MB.
 Also writes manifest.json: per layer the logit scale, head count and head dimension read from the full dump's
 manifest (which `qattn analyze` checks against the files), and the source of the tensors.
 """
@@ -17,7 +19,8 @@ import sys
 import numpy as np
 
 WINDOWS = 2
-KINDS = ("q", "k", "v", "logits", "probs")
+KINDS = ("q", "k", "v", "logits")
+WEIGHTS = ("wq", "wk", "wv", "bq", "bk", "bv")
 
 
 def exact_scale(given, head_dim):
@@ -42,6 +45,14 @@ def main() -> int:
                     print(f"{name}: expected float32 [n_seq, L, *], got {full.dtype} {full.shape}", file=sys.stderr)
                     return 3
                 np.save(os.path.join(dst, name), np.ascontiguousarray(full[:WINDOWS]))
+    x = np.load(os.path.join(src, "layer0_attn_input.npy"))
+    np.save(os.path.join(dst, "layer0_attn_input.npy"), np.ascontiguousarray(x[:WINDOWS]))
+    for name in WEIGHTS:
+        a = np.load(os.path.join(src, f"layer0_{name}.npy"))
+        if a.dtype != np.float32:
+            print(f"layer0_{name}.npy: expected float32, got {a.dtype}", file=sys.stderr)
+            return 3
+        np.save(os.path.join(dst, f"layer0_{name}.npy"), a)
     with open(os.path.join(src, "manifest.json")) as f:
         full_manifest = json.load(f)
     manifest = {

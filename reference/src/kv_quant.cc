@@ -1,0 +1,447 @@
+#include "qattn/reference/kv_quant.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+
+#include "qattn/error.h"
+#include "qattn/reference/flashq.h"
+#include "qattn/reference/lowp_float.h"
+#include "qattn/reference/quant.h"
+#include "qattn/reference/random.h"
+
+namespace qattn::ref {
+
+// ---- building blocks ------------------------------------------------------------------------------------------
+
+namespace {
+bool is_power_of_two(Eigen::Index n) { return n > 0 && (n & (n - 1)) == 0; }
+}  // namespace
+
+RowMatrixXd hadamard(Eigen::Index n) {
+  if (!is_power_of_two(n)) throw std::invalid_argument("hadamard: order " + std::to_string(n) + " is not a power of two");
+  RowMatrixXd h = RowMatrixXd::Ones(1, 1);
+  while (h.rows() < n) {
+    const Eigen::Index m = h.rows();
+    RowMatrixXd next(2 * m, 2 * m);
+    next << h, h, h, -h;
+    h = std::move(next);
+  }
+  return h;
+}
+
+RowMatrixXd block_hadamard(Eigen::Index d, Eigen::Index block) {
+  if (!is_power_of_two(block) || d % block != 0)
+    throw SpecError("SAW: block " + std::to_string(block) + " must be a power of two dividing head_dim " + std::to_string(d));
+  const RowMatrixXd h = hadamard(block) / std::sqrt(static_cast<double>(block));
+  RowMatrixXd out = RowMatrixXd::Zero(d, d);
+  for (Eigen::Index b = 0; b < d; b += block) out.block(b, b, block, block) = h;
+  return out;
+}
+
+RowMatrixXd randomized_hadamard(Eigen::Index d, std::uint64_t seed) {
+  RowMatrixXd r = hadamard(d) / std::sqrt(static_cast<double>(d));
+  Normals g(seed);
+  for (Eigen::Index j = 0; j < d; ++j) r.col(j) *= g.sign();
+  return r;
+}
+
+RowMatrixXd gaussian_matrix(Eigen::Index d, std::uint64_t seed) {
+  Normals g(seed);
+  RowMatrixXd s(d, d);
+  for (Eigen::Index i = 0; i < d; ++i)
+    for (Eigen::Index j = 0; j < d; ++j) s(i, j) = g();
+  return s;
+}
+
+const std::vector<double>& lloyd_max_codebook(int d, int bits) {
+  if (d < 3 || bits < 1 || bits > 8)
+    throw std::invalid_argument("lloyd_max_codebook: need d >= 3 and bits 1..8, got d = " + std::to_string(d) +
+                                ", bits = " + std::to_string(bits));
+  static std::mutex mu;
+  static std::map<std::pair<int, int>, std::vector<double>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = cache.find({d, bits}); it != cache.end()) return it->second;
+  // Cumulative integrals F0(x) = int_{-w}^x f and F1(x) = int_{-w}^x t f on a grid of 2^16 steps over [-w, w],
+  // w = min(1, 12 / sqrt(d)) (the mass outside is below 1e-30), trapezoid rule, linear between the nodes: the cell
+  // masses and centroids are then continuous in the cell edges, and the grid is symmetric about 0.
+  const int n = 1 << 16;
+  const double w = std::min(1.0, 12.0 / std::sqrt(static_cast<double>(d))), h = 2 * w / n;
+  auto f = [&](double t) { return std::pow(std::max(0.0, 1 - t * t), 0.5 * (d - 3)); };
+  std::vector<double> f0(n + 1, 0), f1(n + 1, 0);
+  for (int i = 0; i < n; ++i) {
+    const double t0 = -w + i * h, t1 = -w + (i + 1) * h;
+    f0[i + 1] = f0[i] + 0.5 * h * (f(t0) + f(t1));
+    f1[i + 1] = f1[i] + 0.5 * h * (t0 * f(t0) + t1 * f(t1));
+  }
+  auto at = [&](const std::vector<double>& F, double x) {
+    const double u = std::clamp((x + w) / h, 0.0, static_cast<double>(n));
+    const int i = std::min(static_cast<int>(u), n - 1);
+    return F[i] + (u - i) * (F[i + 1] - F[i]);
+  };
+  const int k = 1 << bits;
+  std::vector<double> c(k);
+  // Start at the centres of k equal-mass cells (found by bisection on F0).
+  for (int j = 0; j < k; ++j) {
+    const double target = (j + 0.5) / k * f0[n];
+    double lo = -w, hi = w;
+    for (int it = 0; it < 200; ++it) (at(f0, 0.5 * (lo + hi)) < target ? lo : hi) = 0.5 * (lo + hi);
+    c[j] = 0.5 * (lo + hi);
+  }
+  for (int iter = 0; iter < 100000; ++iter) {
+    double moved = 0, left = -w;
+    std::vector<double> next(k);
+    for (int j = 0; j < k; ++j) {
+      const double right = j + 1 < k ? 0.5 * (c[j] + c[j + 1]) : w;
+      const double mass = at(f0, right) - at(f0, left);
+      next[j] = mass > 0 ? (at(f1, right) - at(f1, left)) / mass : c[j];
+      moved = std::max(moved, std::fabs(next[j] - c[j]));
+      left = right;
+    }
+    c = next;
+    if (moved < 1e-13) break;
+  }
+  return cache[{d, bits}] = c;
+}
+
+namespace {
+
+// Nearest centroid of a sorted codebook (ties to the lower one).
+double nearest(const std::vector<double>& c, double y) {
+  const auto it = std::lower_bound(c.begin(), c.end(), y);
+  if (it == c.begin()) return c.front();
+  if (it == c.end()) return c.back();
+  const double hi = *it, lo = *(it - 1);
+  return (y - lo) <= (hi - y) ? lo : hi;
+}
+
+}  // namespace
+
+Eigen::VectorXd turboquant_mse(const Eigen::VectorXd& x, const RowMatrixXd& rotation, int bits) {
+  const Eigen::Index d = x.size();
+  if (bits == 0) return Eigen::VectorXd::Zero(d);
+  const double n = x.norm();
+  if (n == 0) return Eigen::VectorXd::Zero(d);
+  const std::vector<double>& c = lloyd_max_codebook(static_cast<int>(d), bits);
+  Eigen::VectorXd y = rotation * (x / n);
+  for (Eigen::Index i = 0; i < d; ++i) y(i) = nearest(c, y(i));
+  return n * (rotation.transpose() * y);
+}
+
+Eigen::VectorXd turboquant_prod(const Eigen::VectorXd& x, const RowMatrixXd& rotation, const RowMatrixXd& s, int bits) {
+  const Eigen::Index d = x.size();
+  const Eigen::VectorXd xm = turboquant_mse(x, rotation, bits - 1);
+  const Eigen::VectorXd r = x - xm;
+  const double gamma = r.norm();
+  Eigen::VectorXd z = s * r;
+  for (Eigen::Index i = 0; i < d; ++i) z(i) = z(i) >= 0 ? 1.0 : -1.0;
+  return xm + (std::sqrt(M_PI / 2) / static_cast<double>(d) * gamma) * (s.transpose() * z);
+}
+
+// ---- the quantizers -------------------------------------------------------------------------------------------
+
+namespace {
+
+RowMatrixXd round_fp16(const RowMatrixXd& x) {
+  RowMatrixXd out(x.rows(), x.cols());
+  for (Eigen::Index i = 0; i < x.size(); ++i)
+    out.data()[i] = lowp_round(x.data()[i], fp16_binary16(), LowpRounding::rne, LowpOverflow::saturate);
+  return out;
+}
+
+void check_heads(const std::vector<RowMatrixXd>& k, const std::vector<RowMatrixXd>& v) {
+  if (k.size() != v.size() || k.empty()) throw std::invalid_argument("KV quantizer: k and v need the same, nonzero, head count");
+  for (std::size_t h = 0; h < k.size(); ++h)
+    if (k[h].rows() != v[h].rows()) throw std::invalid_argument("KV quantizer: k and v of a head differ in tokens");
+}
+
+class RtnKv final : public KvQuantizer {
+ public:
+  explicit RtnKv(const ParamMap& p)
+      : bits_(static_cast<int>(p.integer("bits"))), group_(p.integer("g")), k_gran_(p.choice("k")),
+        v_gran_(p.choice("v")), sym_(p.choice("mode") == "sym") {}
+  KvQuantized apply(const std::vector<RowMatrixXd>& k, const std::vector<RowMatrixXd>& v) const override {
+    check_heads(k, v);
+    const QuantGrid grid = sym_ ? QuantGrid::symmetric_bits(bits_) : QuantGrid::unsigned_bits(bits_, QuantMode::asymmetric);
+    KvQuantized out;
+    for (std::size_t h = 0; h < k.size(); ++h) {
+      const QuantizedMatrix qk = quantize(k[h], grid, tiling_for(k_gran_, group_));
+      const QuantizedMatrix qv = quantize(v[h], grid, tiling_for(v_gran_, group_));
+      out.k.push_back(qk.dequantize());
+      out.v.push_back(qv.dequantize());
+      out.k_bits += bits_per_element(qk, bits_) / k.size();
+      out.v_bits += bits_per_element(qv, bits_) / k.size();
+    }
+    return out;
+  }
+
+ private:
+  int bits_;
+  Eigen::Index group_;
+  std::string k_gran_, v_gran_;
+  bool sym_;
+};
+
+class KiviKv final : public KvQuantizer {
+ public:
+  explicit KiviKv(const ParamMap& p)
+      : bits_(static_cast<int>(p.integer("bits"))), group_(p.integer("g")), residual_(p.integer("nb")) {}
+  KvQuantized apply(const std::vector<RowMatrixXd>& k, const std::vector<RowMatrixXd>& v) const override {
+    check_heads(k, v);
+    const QuantGrid grid = QuantGrid::unsigned_bits(bits_, QuantMode::min_offset);
+    KvQuantized out;
+    for (std::size_t h = 0; h < k.size(); ++h) {
+      const Eigen::Index L = k[h].rows();
+      // Whole groups of g tokens older than the n_b most recent are quantized; the rest stays in fp16.
+      const Eigen::Index nq = L > residual_ ? (L - residual_) / group_ * group_ : 0;
+      RowMatrixXd kh = round_fp16(k[h]), vh = round_fp16(v[h]);
+      double kb = 16 * static_cast<double>(L - nq) * k[h].cols(), vb = 16 * static_cast<double>(L - nq) * v[h].cols();
+      if (nq > 0) {
+        const QuantizedMatrix qk = quantize(k[h].topRows(nq), grid, Tiling{group_, 1});  // per channel, g tokens
+        const QuantizedMatrix qv = quantize(v[h].topRows(nq), grid, Tiling{1, group_});  // per token, g channels
+        kh.topRows(nq) = qk.dequantize();
+        vh.topRows(nq) = qv.dequantize();
+        kb += bits_per_element(qk, bits_) * static_cast<double>(qk.codes.size());
+        vb += bits_per_element(qv, bits_) * static_cast<double>(qv.codes.size());
+      }
+      out.k_bits += kb / static_cast<double>(k[h].size()) / k.size();
+      out.v_bits += vb / static_cast<double>(v[h].size()) / k.size();
+      out.k.push_back(std::move(kh));
+      out.v.push_back(std::move(vh));
+    }
+    return out;
+  }
+
+ private:
+  int bits_;
+  Eigen::Index group_, residual_;
+};
+
+class FlashQKv final : public KvQuantizer {
+ public:
+  explicit FlashQKv(const ParamMap& p)
+      : bits_(static_cast<int>(p.integer("bits"))), block_(p.integer("bc")), nh_(static_cast<int>(p.integer("nh"))),
+        rounding_(p.choice("zscale") == "ceil" ? IntScaleRounding::ceil : IntScaleRounding::round) {
+    if (bits_ != 8 && bits_ != 4 && bits_ != 2) throw SpecError("flashq: bits must be 8, 4 or 2");
+  }
+  KvQuantized apply(const std::vector<RowMatrixXd>& k, const std::vector<RowMatrixXd>& v) const override {
+    check_heads(k, v);
+    std::vector<double> priority;
+    for (std::size_t h = 0; h < k.size(); ++h) priority.push_back(flashq_head_priority(k[h], v[h]));
+    const std::vector<int> head_bits = flashq_head_bits(priority, nh_, 2, bits_);
+    KvQuantized out;
+    for (std::size_t h = 0; h < k.size(); ++h) {
+      double kb = 0, vb = 0;
+      out.k.push_back(compress(k[h], head_bits[h], &kb));
+      out.v.push_back(compress(v[h], head_bits[h], &vb));
+      out.k_bits += kb / k.size();
+      out.v_bits += vb / k.size();
+    }
+    return out;
+  }
+
+ private:
+  // One head's K or V: INT8 blocks of b_c tokens, each compressed to `bits` per channel; *bits_out gets the mean
+  // bits per element (codes, the block's fp32 scale, an INT8 scale and zero point per channel of the block).
+  RowMatrixXd compress(const RowMatrixXd& x, int bits, double* bits_out) const {
+    RowMatrixXd out(x.rows(), x.cols());
+    double total = 0;
+    for (Eigen::Index r0 = 0; r0 < x.rows(); r0 += block_) {
+      const Eigen::Index n = std::min(block_, x.rows() - r0);
+      const FlashQBlock b = flashq_quantize_block(x.middleRows(r0, n));
+      RowMatrixXi32 q = b.values;
+      total += 32 + static_cast<double>(bits) * n * x.cols();
+      if (bits < 8) {
+        q = flashq_decompress(flashq_compress(b.values, bits, rounding_));
+        total += 16.0 * x.cols();
+      }
+      out.middleRows(r0, n) = q.cast<double>() * b.scale;
+    }
+    *bits_out = total / static_cast<double>(x.size());
+    return out;
+  }
+  int bits_;
+  Eigen::Index block_;
+  int nh_;
+  IntScaleRounding rounding_;
+};
+
+class TurboQuantKv final : public KvQuantizer {
+ public:
+  explicit TurboQuantKv(const ParamMap& p)
+      : bits_(static_cast<int>(p.integer("bits"))), prod_(p.choice("k") == "prod"),
+        seed_(static_cast<std::uint64_t>(p.integer("seed"))) {
+    if (prod_ && bits_ < 1) throw SpecError("turboquant: the prod variant needs bits >= 1");
+  }
+  KvQuantized apply(const std::vector<RowMatrixXd>& k, const std::vector<RowMatrixXd>& v) const override {
+    check_heads(k, v);
+    KvQuantized out;
+    for (std::size_t h = 0; h < k.size(); ++h) {
+      out.k.push_back(rows(k[h], prod_));
+      out.v.push_back(rows(v[h], false));
+      out.k_bits += (bits_ + (prod_ ? 64.0 : 32.0) / k[h].cols()) / k.size();
+      out.v_bits += (bits_ + 32.0 / v[h].cols()) / k.size();
+    }
+    return out;
+  }
+
+ private:
+  RowMatrixXd rows(const RowMatrixXd& x, bool prod) const {
+    const Eigen::Index d = x.cols();
+    if (!is_power_of_two(d) || d < 4)
+      throw SpecError("turboquant: the randomized Hadamard rotation needs d a power of two >= 4, got " + std::to_string(d));
+    // One rotation (and sketch) per dimension, shared by all heads and tokens; the seed fixes them.
+    const RowMatrixXd rot = randomized_hadamard(d, seed_);
+    const RowMatrixXd s = prod ? gaussian_matrix(d, seed_ + 1) : RowMatrixXd();
+    RowMatrixXd out(x.rows(), d);
+    for (Eigen::Index t = 0; t < x.rows(); ++t) {
+      const Eigen::VectorXd row = x.row(t).transpose();
+      out.row(t) = (prod ? turboquant_prod(row, rot, s, bits_) : turboquant_mse(row, rot, bits_)).transpose();
+    }
+    return out;
+  }
+  int bits_;
+  bool prod_;
+  std::uint64_t seed_;
+};
+
+class SawKv final : public KvQuantizer {
+ public:
+  explicit SawKv(const ParamMap& p) : block_(p.integer("block")), rotate_v_(p.boolean("v")) {}
+  KvQuantized apply(const std::vector<RowMatrixXd>& k, const std::vector<RowMatrixXd>& v) const override {
+    check_heads(k, v);
+    KvQuantized out;
+    const Eigen::Index d = k.front().cols();
+    out.rotation = block_hadamard(d, block_);
+    out.v_rotated = rotate_v_;
+    if (rotate_v_ && v.front().cols() != d) throw SpecError("SAW: rotating V needs d_v = d");
+    for (std::size_t h = 0; h < k.size(); ++h) {
+      if (k[h].cols() != d) throw SpecError("SAW: heads of one layer need the same head_dim");
+      out.k.push_back(int4_tokens(k[h] * out.rotation));  // rows: k' = H k (H symmetric)
+      out.k_bits += (4 + 64.0 / d) / k.size();
+      if (rotate_v_) {
+        out.v.push_back(int4_tokens(v[h] * out.rotation));
+        out.v_bits += (4 + 64.0 / d) / k.size();
+      } else {
+        out.v.push_back(round_fp16(v[h]));
+        out.v_bits += 16.0 / k.size();
+      }
+    }
+    return out;
+  }
+
+ private:
+  // Per token: scale = max(max - min, 1e-8) / 15, zero = -min / scale, code = clamp(round(x / scale + zero), 0, 15)
+  // (round half to even, as torch.round), packed two per byte; x^ = (code - zero) scale.
+  static RowMatrixXd int4_tokens(const RowMatrixXd& x) {
+    RowMatrixXd out(x.rows(), x.cols());
+    std::vector<std::int32_t> codes(static_cast<std::size_t>(x.cols()));
+    for (Eigen::Index t = 0; t < x.rows(); ++t) {
+      const double mn = x.row(t).minCoeff(), mx = x.row(t).maxCoeff();
+      const double scale = std::max(mx - mn, 1e-8) / 15, zero = -mn / scale;
+      for (Eigen::Index c = 0; c < x.cols(); ++c)
+        codes[c] = static_cast<std::int32_t>(std::clamp(std::nearbyint(x(t, c) / scale + zero), 0.0, 15.0));
+      const std::vector<std::int32_t> stored = unpack_codes(pack_codes(codes, 4, false), codes.size(), 4, false);
+      for (Eigen::Index c = 0; c < x.cols(); ++c) out(t, c) = (stored[c] - zero) * scale;
+    }
+    return out;
+  }
+  Eigen::Index block_;
+  bool rotate_v_;
+};
+
+ParamInfo int_param(std::string key, std::string def, std::string doc, double lo, double hi) {
+  return ParamInfo{std::move(key), ParamType::integer, std::move(def), std::move(doc), {}, lo, hi};
+}
+ParamInfo choice_param(std::string key, std::string def, std::string doc, std::vector<std::string> choices) {
+  return ParamInfo{std::move(key), ParamType::choice, std::move(def), std::move(doc), std::move(choices)};
+}
+
+KvRegistry build_kv_registry() {
+  KvRegistry r;
+  const std::vector<std::string> grans = {"tensor", "channel", "token", "group", "block"};
+  r.add({{"rtn", "round-to-nearest baseline: one uniform grid for K and V at a named granularity",
+          {int_param("bits", "4", "code bits", 2, 8),
+           choice_param("k", "channel", "K granularity", grans),
+           choice_param("v", "token", "V granularity", grans),
+           int_param("g", "32", "group size (channels of a token for group, tokens for block)", 1, 1 << 20),
+           choice_param("mode", "asym", "asym: integer zero point, range holding 0; sym: +-(2^(b-1) - 1)", {"asym", "sym"})},
+          {}, nullptr},
+         [](const ParamMap& p) { return std::make_unique<RtnKv>(p); }});
+  r.add({{"kivi", "KIVI: K per channel in groups of g tokens, V per token in groups of g channels, min-offset grids; "
+                  "the n_b most recent tokens (and a last partial group) stay in fp16",
+          {int_param("bits", "2", "code bits", 1, 8), int_param("g", "32", "group size G", 1, 1 << 20),
+           int_param("nb", "32", "residual: most recent tokens kept in fp16 (KIVI's R; 128 in the paper, which "
+                                 "would keep all of a 128-token dump)", 0, 1 << 30)},
+          {}, nullptr},
+         [](const ParamMap& p) { return std::make_unique<KiviKv>(p); }});
+  r.add({{"flashq", "TurboAttention FlashQ cache: INT8 per block of b_c tokens (/119), progressive INT4/INT2 per "
+                    "channel (integer scale, zero point); the n_h lowest-priority heads at 2 bits",
+          {int_param("bits", "4", "cache bits: 8 (INT8 kept), 4 or 2", 2, 8),
+           int_param("bc", "64", "tokens per block b_c", 1, 1 << 20),
+           int_param("nh", "0", "heads of the layer at 2 bits (lowest priority gap x std)", 0, 1 << 20),
+           choice_param("zscale", "round", "integer scale of the step: round (Eq. 9) or ceil", {"round", "ceil"})},
+          {{"mixed", {{"bits", "4"}, {"nh", "2"}}, "head-wise mixed 2/4 bits: 2 of the layer's heads at 2 bits"}},
+          nullptr},
+         [](const ParamMap& p) { return std::make_unique<FlashQKv>(p); }});
+  r.add({{"turboquant", "TurboQuant: randomized Hadamard rotation, per-vector norm, Lloyd-Max codebook of the "
+                        "rotated coordinate; prod: b-1 bits + 1-bit QJL residual sketch (unbiased inner products)",
+          {int_param("bits", "3", "bits per coordinate", 1, 8),
+           choice_param("k", "mse", "K variant (V always uses mse)", {"mse", "prod"}),
+           int_param("seed", "1", "seed of the rotation signs (and of the QJL matrix: seed + 1)", 0, 1e15)},
+          {}, nullptr},
+         [](const ParamMap& p) { return std::make_unique<TurboQuantKv>(p); }});
+  r.add({{"saw", "SAW-INT4: block-diagonal normalized Hadamard on K (and V), per-token asymmetric INT4 packed two "
+                 "per byte; Q rotated alike, O rotated back when V is",
+          {int_param("block", "16", "Hadamard block order (a power of two dividing head_dim)", 1, 1 << 20),
+           ParamInfo{"v", ParamType::boolean, "false", "rotate and quantize V too (otherwise V stays in fp16)", {}}},
+          {}, nullptr},
+         [](const ParamMap& p) { return std::make_unique<SawKv>(p); }});
+  return r;
+}
+
+}  // namespace
+
+void KvRegistry::add(Entry e) {
+  params_.add(e.info);
+  entries_.push_back(std::move(e));
+}
+
+std::unique_ptr<KvQuantizer> KvRegistry::create(std::string_view spec_text) const {
+  const MethodSpec spec = parse_method_spec(spec_text);
+  if (!params_.find(spec.name)) {
+    std::string names;
+    for (const Entry& e : entries_) names += (names.empty() ? "" : ", ") + e.info.name;
+    throw SpecError("unknown KV quantizer '" + spec.name + "' (valid: " + names + ")");
+  }
+  const ParamMap p = params_.resolve(spec);
+  for (const Entry& e : entries_)
+    if (e.info.name == spec.name) return e.make(p);
+  throw std::logic_error("KvRegistry: entry without a factory");
+}
+
+std::string KvRegistry::canonical(std::string_view spec) const { return params_.canonical(parse_method_spec(spec)); }
+
+const KvRegistry& kv_registry() {
+  static const KvRegistry r = build_kv_registry();
+  return r;
+}
+
+std::vector<AttentionResult> attention_with_kv(const Method& method, const KvQuantizer& kv,
+                                               const std::vector<RowMatrixXd>& q, const std::vector<RowMatrixXd>& k,
+                                               const std::vector<RowMatrixXd>& v, double scale,
+                                               const AttentionMask& mask, KvQuantized* used) {
+  KvQuantized c = kv.apply(k, v);
+  std::vector<RowMatrixXd> qr = q;
+  if (c.rotation.size() > 0)
+    for (RowMatrixXd& x : qr) x = x * c.rotation;
+  std::vector<AttentionResult> r = method.attention_heads(qr, c.k, c.v, scale, mask);
+  if (c.v_rotated)
+    for (AttentionResult& a : r) a.o = a.o * c.rotation.transpose();
+  if (used) *used = std::move(c);
+  return r;
+}
+
+}  // namespace qattn::ref

@@ -1,0 +1,96 @@
+#include "qattn/reference/weight_quant.h"
+
+#include <Eigen/Cholesky>
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "qattn/reference/quant.h"
+
+namespace qattn::ref {
+
+namespace {
+
+QuantGrid weight_grid(const WeightQuantConfig& c) {
+  if (c.bits < 2 || c.bits > 8) throw std::invalid_argument("weight quantization bits must be 2..8");
+  if (c.group < 0) throw std::invalid_argument("weight quantization group must be >= 0");
+  return QuantGrid::unsigned_bits(c.bits, QuantMode::asymmetric);
+}
+
+void check_shapes(const RowMatrixXd& w, const RowMatrixXd& x) {
+  if (x.cols() != w.rows())
+    throw std::invalid_argument("X has " + std::to_string(x.cols()) + " features, W has " + std::to_string(w.rows()) +
+                                " input rows");
+}
+
+}  // namespace
+
+RowMatrixXd rtn_weights(const RowMatrixXd& w, const WeightQuantConfig& c) {
+  return quantize(w, weight_grid(c), Tiling{c.group, 1}).dequantize();
+}
+
+RowMatrixXd gptq_weights(const RowMatrixXd& w_in, const RowMatrixXd& x, const WeightQuantConfig& c, GptqOptions o) {
+  check_shapes(w_in, x);
+  const QuantGrid grid = weight_grid(c);
+  const Eigen::Index n = w_in.rows(), out = w_in.cols();
+  RowMatrixXd w = w_in;
+  Eigen::MatrixXd h = 2.0 * (x.transpose() * x);
+  for (Eigen::Index i = 0; i < n; ++i)
+    if (h(i, i) == 0) h(i, i) = 1, w.row(i).setZero();
+  h.diagonal().array() += o.damp * h.diagonal().mean();
+  const Eigen::MatrixXd hinv = h.llt().solve(Eigen::MatrixXd::Identity(n, n));
+  Eigen::LLT<Eigen::MatrixXd> llt(hinv);
+  if (llt.info() != Eigen::Success) throw std::runtime_error("GPTQ: H^-1 is not positive definite");
+  const Eigen::MatrixXd u = llt.matrixL().transpose();  // H^-1 = U^T U
+  RowMatrixXd q(n, out);
+  Eigen::RowVectorXd scale(out), zero(out);
+  const Eigen::Index group = c.group > 0 ? c.group : n;
+  for (Eigen::Index b0 = 0; b0 < n; b0 += o.block) {
+    const Eigen::Index b1 = std::min(n, b0 + o.block);
+    RowMatrixXd err(b1 - b0, out);
+    for (Eigen::Index i = b0; i < b1; ++i) {
+      if (i % group == 0) {  // the group's grid, from the rows as updated so far
+        const QuantizedMatrix g = quantize(w.middleRows(i, std::min(group, n - i)), grid, Tiling{0, 1});
+        scale = g.scale.row(0);
+        zero = g.zero.row(0);
+      }
+      for (Eigen::Index j = 0; j < out; ++j) {
+        const double code = std::clamp(quant_round(w(i, j) / scale(j), grid.rounding) + zero(j), double(grid.q_min),
+                                       double(grid.q_max));
+        q(i, j) = scale(j) * (code - zero(j));
+      }
+      err.row(i - b0) = (w.row(i) - q.row(i)) / u(i, i);
+      for (Eigen::Index k = i + 1; k < b1; ++k) w.row(k) -= u(i, k) * err.row(i - b0);
+    }
+    if (b1 < n) w.bottomRows(n - b1) -= u.block(b0, b1, b1 - b0, n - b1).transpose() * err;
+  }
+  return q;
+}
+
+AwqResult awq_weights(const RowMatrixXd& w, const RowMatrixXd& x, const WeightQuantConfig& c, int grid) {
+  check_shapes(w, x);
+  if (grid < 1) throw std::invalid_argument("AWQ: grid must be >= 1");
+  const Eigen::RowVectorXd sx = x.cwiseAbs().colwise().mean();
+  const RowMatrixXd y = x * w;
+  AwqResult best;
+  double best_err = INFINITY;
+  for (int r = 0; r < grid; ++r) {
+    const double alpha = static_cast<double>(r) / grid;
+    Eigen::ArrayXd s = sx.transpose().array().pow(alpha).max(1e-4);
+    s /= std::sqrt(s.maxCoeff() * s.minCoeff());
+    RowMatrixXd scaled = w;
+    for (Eigen::Index i = 0; i < w.rows(); ++i) scaled.row(i) *= s(i);
+    RowMatrixXd wq = rtn_weights(scaled, c);
+    for (Eigen::Index i = 0; i < w.rows(); ++i) wq.row(i) /= s(i);
+    const double e = (x * wq - y).squaredNorm();
+    if (e < best_err) best_err = e, best.w = std::move(wq), best.alpha = alpha;
+  }
+  return best;
+}
+
+double relative_output_error(const RowMatrixXd& x, const RowMatrixXd& w, const RowMatrixXd& w_hat) {
+  const RowMatrixXd y = x * w;
+  return (x * w_hat - y).norm() / y.norm();
+}
+
+}  // namespace qattn::ref
