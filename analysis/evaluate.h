@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -78,5 +79,10 @@ struct Summary {
   std::array<double, 7> mean{}, worst{};
 };
 Summary summarise(const std::vector<HeadResult>& results);
+
+// Runs fn(i) for every i in [0, n) on `threads` threads (0: one per hardware thread), handing the items out in
+// order. The first exception a call throws is rethrown here once every thread has stopped; items not yet started
+// are then skipped.
+void parallel_for(std::size_t n, int threads, const std::function<void(std::size_t)>& fn);
 
 }  // namespace qattn::cli

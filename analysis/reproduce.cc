@@ -21,6 +21,8 @@
 #include "commands.h"
 #include "evaluate.h"
 #include "qattn/reference/random.h"
+#include "qattn/reference/kv_quant.h"
+#include "qattn/reference/weight_quant.h"
 #include "qattn/error.h"
 #include "qattn/reference/registry.h"
 #include "qattn/tensor_io.h"
@@ -110,22 +112,13 @@ Sweep2 sweep_bc(const std::vector<DumpLayer>& dump, const std::string& spec, con
   s.b = parse_grid_axis("b=" + b_grid).values;
   s.c = parse_grid_axis("c=" + c_grid).values;
   s.mean.assign(s.b.size(), std::vector<double>(s.c.size(), NAN));
-  const std::size_t n = s.b.size() * s.c.size();
-  std::atomic<std::size_t> next{0};
-  auto worker = [&] {
-    for (std::size_t i = next++; i < n; i = next++) {
-      const std::size_t bi = i / s.c.size(), ci = i % s.c.size();
-      MethodSpec m = parse_method_spec(spec);
-      m.overrides.emplace_back("b", s.b[bi]);
-      m.overrides.emplace_back("c", s.c[ci]);
-      s.mean[bi][ci] = summarise(evaluate(dump, *registry().create(m), spec)).mean[0];
-    }
-  };
-  const int t = threads > 0 ? threads : std::max(1u, std::thread::hardware_concurrency());
-  std::vector<std::thread> pool;
-  for (int i = 1; i < t; ++i) pool.emplace_back(worker);
-  worker();
-  for (auto& th : pool) th.join();
+  parallel_for(s.b.size() * s.c.size(), threads, [&](std::size_t i) {
+    const std::size_t bi = i / s.c.size(), ci = i % s.c.size();
+    MethodSpec m = parse_method_spec(spec);
+    m.overrides.emplace_back("b", s.b[bi]);
+    m.overrides.emplace_back("c", s.c[ci]);
+    s.mean[bi][ci] = summarise(evaluate(dump, *registry().create(m), spec)).mean[0];
+  });
   return s;
 }
 
@@ -470,18 +463,10 @@ std::string run_sage2_tables(const Context& ctx) {
     for (const auto& spec : c.specs)
       if (std::find(distinct.begin(), distinct.end(), spec) == distinct.end()) distinct.push_back(spec);
   std::vector<Summary> results(distinct.size() * sources.size());
-  std::atomic<std::size_t> next{0};
-  auto worker = [&] {
-    for (std::size_t i = next++; i < results.size(); i = next++) {
-      const std::string& spec = distinct[i / sources.size()];
-      results[i] = summarise(evaluate(sources[i % sources.size()].dump, *registry().create(spec), spec));
-    }
-  };
-  const int threads = ctx.threads > 0 ? ctx.threads : std::max(1u, std::thread::hardware_concurrency());
-  std::vector<std::thread> pool;
-  for (int i = 1; i < threads; ++i) pool.emplace_back(worker);
-  worker();
-  for (auto& th : pool) th.join();
+  parallel_for(results.size(), ctx.threads, [&](std::size_t i) {
+    const std::string& spec = distinct[i / sources.size()];
+    results[i] = summarise(evaluate(sources[i % sources.size()].dump, *registry().create(spec), spec));
+  });
   auto result = [&](const std::string& spec, std::size_t si) -> const Summary& {
     return results[(std::find(distinct.begin(), distinct.end(), spec) - distinct.begin()) * sources.size() + si];
   };
@@ -510,6 +495,234 @@ std::string run_sage2_tables(const Context& ctx) {
   return r.str();
 }
 
+// kv-quantizers: every KV-cache quantizer at 2/3/4 bits under fp32 attention, on USE-Lite and on a long synthetic
+// sequence with channel-wise outliers in K; bits per element with scales and zero points counted; a Pareto plot.
+std::string run_kv_quantizers(const Context& ctx) {
+  const std::vector<std::string> specs = {
+      "rtn:bits=2",          "rtn:bits=3",          "rtn:bits=4",          "rtn:bits=2,k=token",
+      "kivi:bits=2",         "kivi:bits=3",         "kivi:bits=4",         "flashq:bits=2",
+      "flashq@mixed",        "flashq:bits=4",       "turboquant:bits=2",   "turboquant:bits=3",
+      "turboquant:bits=4",   "turboquant:bits=2,k=prod", "turboquant:bits=3,k=prod", "turboquant:bits=4,k=prod",
+      "saw",                 "saw:block=1",         "saw:v=true"};
+  const int L = ctx.fast ? 1024 : 4096;
+  struct Source {
+    std::string name;
+    std::vector<DumpLayer> dump;
+  };
+  std::vector<Source> sources;
+  sources.push_back({"USE-Lite", load_dump(ctx.tensors)});
+  sources.push_back({"synthetic", synthetic_outlier_dump(4, L, 64, 11)});
+  const auto fp32 = registry().create("fp32");
+  std::vector<std::vector<HeadResult>> res(specs.size() * sources.size());
+  parallel_for(res.size(), ctx.threads, [&](std::size_t i) {
+    const auto kv = ref::kv_registry().create(specs[i / sources.size()]);
+    res[i] = evaluate(sources[i % sources.size()].dump, *fp32, "fp32", kv.get());
+  });
+  auto bits = [&](std::size_t m, std::size_t si) {
+    double b = 0;
+    for (const HeadResult& h : res[m * sources.size() + si]) b += 0.5 * (h.k_bits + h.v_bits);
+    return b / static_cast<double>(res[m * sources.size() + si].size());
+  };
+  auto mean = [&](std::size_t m, std::size_t si) { return summarise(res[m * sources.size() + si]).mean; };
+  Table t{{"quantizer", "K bits", "V bits"}, {}};
+  for (const auto& src : sources)
+    for (const char* h : {" bits", " O CosSim", " O rel L1", " O RMSE"}) t.header.push_back(src.name + h);
+  t.header.erase(t.header.begin() + 1, t.header.begin() + 3);  // K/V bits differ by source: one mean per source
+  Table csv{{"quantizer", "source", "K_bits", "V_bits", "bits", "O_cossim", "O_rel_l1", "O_rmse", "O_error", "canonical"}, {}};
+  Table pareto{{"quantizer", "bits", "O_error"}, {}};
+  for (std::size_t m = 0; m < specs.size(); ++m) {
+    std::vector<std::string> row = {specs[m]};
+    for (std::size_t si = 0; si < sources.size(); ++si) {
+      const auto s = mean(m, si);
+      row.push_back(fmt_bits(bits(m, si)));
+      row.push_back(fmt_sim(s[0]));
+      row.push_back(fmt_err(s[1]));
+      row.push_back(fmt_err(s[2]));
+      double kb = 0, vb = 0;
+      for (const HeadResult& h : res[m * sources.size() + si]) kb += h.k_bits, vb += h.v_bits;
+      const double n = static_cast<double>(res[m * sources.size() + si].size());
+      csv.rows.push_back({specs[m], sources[si].name, fmt_bits(kb / n), fmt_bits(vb / n), fmt_bits(bits(m, si)),
+                          fmt_sim(s[0]), fmt_err(s[1]), fmt_err(s[2]), fmt_err(1 - s[0]),
+                          ref::kv_registry().canonical(specs[m])});
+      if (si == 0) pareto.rows.push_back({specs[m], fmt_bits(bits(m, si)), fmt_err(1 - s[0])});
+    }
+    t.rows.push_back(row);
+  }
+  emit(csv.csv(), (ctx.out_dir / "kv-quantizers.csv").string());
+  const fs::path pareto_csv = ctx.out_dir / "kv-quantizers-pareto.csv";
+  emit(pareto.csv(), pareto_csv.string());
+  if (ctx.plots) {
+    const fs::path png = ctx.out_dir / "kv-quantizers-pareto.png";
+    if (run_plot_script({"pareto", pareto_csv.string(), "-o", png.string(), "--x", "bits", "--y", "O_error", "--label",
+                         "quantizer", "--logy", "--title", "KV-cache quantizers on USE-Lite: 1 - O CosSim vs bits per element"}) != 0)
+      std::cerr << "qattn reproduce: the KV Pareto plot was not drawn (matplotlib missing?)\n";
+  }
+  std::ostringstream r;
+  r << "kv-quantizers: K and V through each KV-cache quantizer, then fp32 attention, vs the fp64 reference; mean over "
+       "heads\nbits: per element of K and V (mean of the two), codes plus scales and zero points (fp32 scales and "
+       "offsets, zero points in the code width, fp16 residual tokens)\n"
+    << "USE-Lite: " << head_count(sources[0].dump) << " heads, L = 128; synthetic: 4 heads, L = " << L
+    << ", d = 64, channel-wise outliers in K (as in sage2-tables), seed 11\n\n"
+    << t.markdown() << "\n";
+  auto index = [&](const std::string& spec) {
+    return static_cast<std::size_t>(std::find(specs.begin(), specs.end(), spec) - specs.begin());
+  };
+  auto cos = [&](const std::string& spec, std::size_t si) { return mean(index(spec), si)[0]; };
+  for (std::size_t si = 0; si < sources.size(); ++si) {
+    const std::string& n = sources[si].name;
+    r << n << ": per-channel K beats per-token K at 2 bits (KIVI's premise): "
+      << (cos("rtn:bits=2", si) > cos("rtn:bits=2,k=token", si) ? "HOLDS" : "DOES NOT HOLD") << " ("
+      << fmt_sim(cos("rtn:bits=2", si)) << " vs " << fmt_sim(cos("rtn:bits=2,k=token", si)) << ")\n";
+    r << n << ": the block Hadamard lowers per-token INT4 K error (SAW's premise): "
+      << (cos("saw", si) > cos("saw:block=1", si) ? "HOLDS" : "DOES NOT HOLD") << " (" << fmt_sim(cos("saw", si))
+      << " vs " << fmt_sim(cos("saw:block=1", si)) << " without rotation)\n";
+    const bool mixed_between = cos("flashq:bits=2", si) < cos("flashq@mixed", si) &&
+                               cos("flashq@mixed", si) < cos("flashq:bits=4", si) &&
+                               bits(index("flashq:bits=2"), si) < bits(index("flashq@mixed"), si) &&
+                               bits(index("flashq@mixed"), si) < bits(index("flashq:bits=4"), si);
+    r << n << ": FlashQ head-wise mixed 2/4 lies between pure 2 and pure 4 bits in bits and error: "
+      << (mixed_between ? "HOLDS" : "DOES NOT HOLD") << "\n";
+    int mse_wins = 0;
+    for (const char* b : {"2", "3", "4"})
+      mse_wins += cos(std::string("turboquant:bits=") + b, si) > cos(std::string("turboquant:bits=") + b + ",k=prod", si);
+    r << n << ": TurboQuant mse vs prod keys (same bits): mse gives the better attention output at " << mse_wins
+      << " of 3 bit widths\n";
+  }
+  // The Pareto front on USE-Lite: no other quantizer has fewer bits and a lower error.
+  std::vector<std::size_t> order(specs.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return bits(a, 0) != bits(b, 0) ? bits(a, 0) < bits(b, 0) : cos(specs[a], 0) > cos(specs[b], 0);
+  });
+  r << "USE-Lite Pareto front (bits, 1 - O CosSim):";
+  double best = INFINITY;
+  for (std::size_t i : order)
+    if (1 - cos(specs[i], 0) < best) {
+      best = 1 - cos(specs[i], 0);
+      r << " " << specs[i] << " (" << fmt_bits(bits(i, 0)) << ", " << fmt_err(best) << ");";
+    }
+  r << "\n";
+  return r.str();
+}
+
+// weight-quantizers: RTN, GPTQ and AWQ on the real Q/K/V projection weights, measured on held-out windows by the
+// layer-output error and by the attention error the quantized projections cause.
+std::string run_weight_quantizers(const Context& ctx) {
+  const fs::path dir = ctx.tensors;
+  const std::vector<DumpLayer> dump = load_dump(dir);
+  std::ostringstream r;
+  Table t{{"layer", "bits", "quantizer", "W_q err", "W_k err", "W_v err", "fp32 O CosSim", "intattention O CosSim"}, {}};
+  std::vector<std::string> failures;
+  int layers_done = 0, comparisons = 0;
+  for (const DumpLayer& dl : dump) {
+    const std::string pre = "layer" + std::to_string(dl.layer) + "_";
+    std::error_code ec;
+    if (!fs::exists(dir / (pre + "attn_input.npy"), ec)) continue;
+    auto load = [&](const std::string& name) {
+      const fs::path f = dir / (pre + name + ".npy");
+      return std::pair{read_npy(f).as_rows(), f};
+    };
+    const Tensor xt = read_npy(dir / (pre + "attn_input.npy"));
+    if (xt.shape.size() != 3)
+      throw InputError((dir / (pre + "attn_input.npy")).string(), "shape", "expected [windows, L, d_model], got " + xt.shape_string());
+    const std::int64_t windows = xt.shape[0], T = xt.shape[1], dm = xt.shape[2];
+    const RowMatrixXd x_all = xt.as_rows();  // [windows * T, d_model]
+    std::array<RowMatrixXd, 3> w;
+    std::array<Eigen::RowVectorXd, 3> bias;
+    for (int p = 0; p < 3; ++p) {
+      auto [wm, wf] = load(std::string("w") + "qkv"[p]);
+      auto [bm, bf] = load(std::string("b") + "qkv"[p]);
+      if (wm.rows() != dm) throw InputError(wf.string(), "shape", "expected " + std::to_string(dm) + " input rows");
+      if (bm.size() != wm.cols()) throw InputError(bf.string(), "shape", "expected " + std::to_string(wm.cols()) + " biases");
+      w[p] = wm;
+      bias[p] = Eigen::Map<const Eigen::RowVectorXd>(bm.data(), bm.size());
+    }
+    const Eigen::Index heads = static_cast<Eigen::Index>(dl.heads.size()), hd = w[0].cols() / heads;
+    // Calibration on the first half of the windows, evaluation on the rest (in-sample when there is one window).
+    const std::int64_t n_cal = std::max<std::int64_t>(1, windows / 2);
+    const RowMatrixXd x_cal = x_all.topRows(n_cal * T);
+    const RowMatrixXd x_eval = windows > 1 ? RowMatrixXd(x_all.bottomRows((windows - n_cal) * T)) : x_all;
+    const std::int64_t n_eval = x_eval.rows() / T;
+    // The reference: fp64 attention of the unquantized projections, per evaluation window and head.
+    auto project = [&](const std::array<RowMatrixXd, 3>& wq) {
+      DumpLayer l;
+      l.layer = dl.layer;
+      l.scale = dl.logit_scale();
+      l.heads = dl.heads;
+      std::array<RowMatrixXd, 3> y;
+      for (int p = 0; p < 3; ++p) y[p] = (x_eval * wq[p]).rowwise() + bias[p];
+      for (Eigen::Index h = 0; h < heads; ++h) {
+        l.q_paths.push_back("projections");
+        std::array<std::vector<RowMatrixXd>, 3> per;
+        for (std::int64_t b = 0; b < n_eval; ++b)
+          for (int p = 0; p < 3; ++p) per[p].push_back(y[p].block(b * T, h * hd, T, hd));
+        l.q.push_back(per[0]);
+        l.k.push_back(per[1]);
+        l.v.push_back(per[2]);
+      }
+      return l;
+    };
+    DumpLayer exact = project(w);
+    const auto fp64 = registry().create("fp64");
+    for (std::size_t h = 0; h < exact.heads.size(); ++h) {
+      std::vector<AttentionResult> refs;
+      for (std::int64_t b = 0; b < n_eval; ++b)
+        refs.push_back(fp64->attention(exact.q[h][b], exact.k[h][b], exact.v[h][b], exact.logit_scale(), {}));
+      exact.reference.push_back(std::move(refs));
+    }
+    const auto fp32 = registry().create("fp32"), intatt = registry().create("intattention@upstream-neon");
+    auto attention_row = [&](const std::string& bits, const std::string& name, const std::array<RowMatrixXd, 3>& wq,
+                             const std::array<double, 3>& err) {
+      DumpLayer l = project(wq);
+      l.reference = exact.reference;
+      const std::vector<DumpLayer> one = {l};
+      t.rows.push_back({std::to_string(dl.layer), bits, name, fmt_err(err[0]), fmt_err(err[1]), fmt_err(err[2]),
+                        fmt_sim(summarise(evaluate(one, *fp32, "fp32")).mean[0]),
+                        fmt_sim(summarise(evaluate(one, *intatt, "intattention")).mean[0])});
+    };
+    attention_row("fp32", "none", w, {0, 0, 0});
+    for (int b : {4, 3}) {
+      const ref::WeightQuantConfig c{b, 128};
+      std::array<std::array<RowMatrixXd, 3>, 3> wq;  // [quantizer][projection]
+      std::array<std::array<double, 3>, 3> err{};
+      parallel_for(9, ctx.threads, [&](std::size_t i) {
+        const std::size_t qi = i / 3, p = i % 3;
+        wq[qi][p] = qi == 0   ? ref::rtn_weights(w[p], c)
+                    : qi == 1 ? ref::gptq_weights(w[p], x_cal, c)
+                              : ref::awq_weights(w[p], x_cal, c).w;
+        err[qi][p] = ref::relative_output_error(x_eval, w[p], wq[qi][p]);
+      });
+      const char* names[3] = {"rtn", "gptq", "awq"};
+      for (int qi = 0; qi < 3; ++qi) attention_row(std::to_string(b), names[qi], wq[qi], err[qi]);
+      for (int qi = 1; qi < 3; ++qi)
+        for (int p = 0; p < 3; ++p) {
+          ++comparisons;
+          if (!(err[qi][p] < err[0][p]))
+            failures.push_back(std::string(names[qi]) + " on layer " + std::to_string(dl.layer) + " W_" + "qkv"[p] +
+                               " at " + std::to_string(b) + " bits: " + fmt_err(err[qi][p]) + " vs RTN " + fmt_err(err[0][p]));
+        }
+    }
+    ++layers_done;
+    r << "layer " << dl.layer << ": X " << windows << " windows x " << T << " tokens x d_model " << dm << "; calibration "
+      << (windows > 1 ? "windows 0-" + std::to_string(n_cal - 1) + ", evaluation windows " + std::to_string(n_cal) +
+                            "-" + std::to_string(windows - 1)
+                      : std::string("and evaluation on the one window (in-sample)"))
+      << "; " << heads << " heads of d = " << hd << "\n";
+  }
+  if (layers_done == 0)
+    throw InputError(dir.string(), "files", "no layer{L}_attn_input.npy with layer{L}_w{q,k,v}.npy and b{q,k,v}.npy");
+  std::ostringstream head;
+  head << "weight-quantizers: RTN, GPTQ and AWQ (asymmetric, group 128 along the input, per output column) on the "
+          "Q/K/V projections; err = |X W^ - X W|_F / |X W|_F on the evaluation windows; attention O CosSim vs fp64 "
+          "attention of the unquantized projections (mean over heads)\n";
+  r << "\n" << t.markdown() << "\n";
+  r << "verdict: GPTQ and AWQ beat RTN on the layer-output error in " << comparisons - failures.size() << " of "
+    << comparisons << " (layer, projection, bits) cases: " << (failures.empty() ? "HOLDS" : "DOES NOT HOLD everywhere")
+    << "\n";
+  for (const auto& f : failures) r << "  not better: " << f << "\n";
+  return head.str() + r.str();
+}
+
 const std::vector<Experiment>& experiments() {
   static const std::vector<Experiment> list = {
       {"intattn-fig9", "IndexSoftmax is stable for b >= 4 and c in [5.5, 7.7], ridge near c = 6.6", "IntAttention Fig. 9",
@@ -522,6 +735,10 @@ const std::vector<Experiment>& experiments() {
        run_sage2_tables, "qattn reproduce sage2-tables [--fast]"},
       {"long-context", "clipping and 8-bit normalisation errors grow with L (128 to 16K)", "IntAttention, EXAQ, TurboAttention",
        run_long_context, "qattn reproduce long-context [--fast]"},
+      {"kv-quantizers", "KV-cache quantizers: error vs bits; per-channel K, Hadamard rotation and mixed precision help",
+       "KIVI, TurboQuant, SAW-INT4, TurboAttention", run_kv_quantizers, "qattn reproduce kv-quantizers [--fast]"},
+      {"weight-quantizers", "GPTQ and AWQ beat RTN on the layer output", "GPTQ, AWQ", run_weight_quantizers,
+       "qattn reproduce weight-quantizers"},
       {"sas-poly", "SAS's cubic is a least-squares fit of e^-x on [0, 1]", "TurboAttention Eq. 15", {},
        "qattn reproduce sas-poly", "qattn_exp_sas_poly"},
       {"exaq-clipping", "the clipping table C*(sigma) follows from Eq. 14", "EXAQ Table 1", {},
