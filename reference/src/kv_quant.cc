@@ -223,6 +223,7 @@ class FlashQKv final : public KvQuantizer {
  public:
   explicit FlashQKv(const ParamMap& p)
       : bits_(static_cast<int>(p.integer("bits"))), block_(p.integer("bc")), nh_(static_cast<int>(p.integer("nh"))),
+        buffer_(p.integer("nb")),
         rounding_(p.choice("zscale") == "ceil" ? IntScaleRounding::ceil : IntScaleRounding::round) {
     if (bits_ != 8 && bits_ != 4 && bits_ != 2) throw SpecError("flashq: bits must be 8, 4 or 2");
   }
@@ -245,11 +246,15 @@ class FlashQKv final : public KvQuantizer {
  private:
   // One head's K or V: INT8 blocks of b_c tokens, each compressed to `bits` per channel; *bits_out gets the mean
   // bits per element (codes, the block's fp32 scale, an INT8 scale and zero point per channel of the block).
+  // With a decode buffer of n_b tokens, the last n_b tokens are the buffer as a decode step sees it when full: INT8
+  // under the universal scale s_u = the largest scale of the compressed blocks, new outliers clamped to +-119.
   RowMatrixXd compress(const RowMatrixXd& x, int bits, double* bits_out) const {
     RowMatrixXd out(x.rows(), x.cols());
-    double total = 0;
-    for (Eigen::Index r0 = 0; r0 < x.rows(); r0 += block_) {
-      const Eigen::Index n = std::min(block_, x.rows() - r0);
+    double total = 0, s_u = 0;
+    const Eigen::Index buffered = std::min(buffer_, x.rows() - 1 > 0 ? x.rows() - 1 : 0);  // >= 1 compressed token
+    const Eigen::Index compressed = x.rows() - buffered;
+    for (Eigen::Index r0 = 0; r0 < compressed; r0 += block_) {
+      const Eigen::Index n = std::min(block_, compressed - r0);
       const FlashQBlock b = flashq_quantize_block(x.middleRows(r0, n));
       RowMatrixXi32 q = b.values;
       total += 32 + static_cast<double>(bits) * n * x.cols();
@@ -258,6 +263,11 @@ class FlashQKv final : public KvQuantizer {
         total += 16.0 * x.cols();
       }
       out.middleRows(r0, n) = q.cast<double>() * b.scale;
+      s_u = std::max(s_u, b.scale);
+    }
+    if (buffered > 0) {
+      out.bottomRows(buffered) = flashq_quantize_with_scale(x.bottomRows(buffered), s_u).cast<double>() * s_u;
+      total += 32 + 8.0 * buffered * x.cols();
     }
     *bits_out = total / static_cast<double>(x.size());
     return out;
@@ -265,6 +275,7 @@ class FlashQKv final : public KvQuantizer {
   int bits_;
   Eigen::Index block_;
   int nh_;
+  Eigen::Index buffer_;
   IntScaleRounding rounding_;
 };
 
@@ -382,6 +393,8 @@ KvRegistry build_kv_registry() {
           {int_param("bits", "4", "cache bits: 8 (INT8 kept), 4 or 2", 2, 8),
            int_param("bc", "64", "tokens per block b_c", 1, 1 << 20),
            int_param("nh", "0", "heads of the layer at 2 bits (lowest priority gap x std)", 0, 1 << 20),
+           int_param("nb", "0", "decode buffer: the last n_b tokens in INT8 under the universal scale (max block "
+                                "scale of the compressed tokens), clamped to +-119; 0 = none", 0, 1 << 30),
            choice_param("zscale", "round", "integer scale of the step: round (Eq. 9) or ceil", {"round", "ceil"})},
           {{"mixed", {{"bits", "4"}, {"nh", "2"}}, "head-wise mixed 2/4 bits: 2 of the layer's heads at 2 bits"}},
           nullptr},

@@ -311,6 +311,23 @@ TEST_CASE("FlashQ cache: blocks through flashq_quantize_block/compress/decompres
   CHECK(c.k_bits == Approx(4 + (2 * 32 + 2 * 16 * 16.0) / (96 * 16)).epsilon(1e-12));
 }
 
+TEST_CASE("FlashQ cache with a decode buffer: the last n_b tokens in INT8 under the universal scale, clamped") {
+  RowMatrixXd k = normals(100, 8, 43);
+  k(97, 3) = 50;  // a new outlier in the buffer: clamps to 119 s_u
+  const KvQuantized c = kv_registry().create("flashq:bits=4,bc=32,nb=20")->apply({k}, {k});
+  double s_u = 0;
+  for (Eigen::Index r0 = 0; r0 < 80; r0 += 32) {
+    const FlashQBlock b = flashq_quantize_block(k.middleRows(r0, std::min<Eigen::Index>(32, 80 - r0)));
+    s_u = std::max(s_u, b.scale);
+  }
+  const RowMatrixXd want = flashq_quantize_with_scale(k.bottomRows(20), s_u).cast<double>() * s_u;
+  CHECK(c.k[0].bottomRows(20) == want);
+  CHECK(c.k[0](97, 3) == 119 * s_u);
+  CHECK(c.k[0].topRows(80) == kv_registry().create("flashq:bits=4,bc=32")->apply({k.topRows(80)}, {k.topRows(80)}).k[0]);
+  // bits: 3 blocks (32 + 16 x 8 each) + 80 x 8 x 4 codes, and the buffer's 20 x 8 x 8 + its scale
+  CHECK(c.k_bits == Approx((3 * (32 + 16 * 8.0) + 80 * 8 * 4 + 20 * 8 * 8 + 32) / 800).epsilon(1e-12));
+}
+
 TEST_CASE("KV registry: every quantizer builds from its defaults; bad keys and shapes are refused") {
   for (const auto& e : kv_registry().params().entries()) {
     INFO(e.name);
