@@ -202,6 +202,11 @@ if awk -v a="$kv8" -v b="$kv2" 'BEGIN {exit !(a + 0 > 0.9999 && a + 0 < 1 && b +
 expect 2 "--kv: unknown KV quantizer 'nope' \\(valid: rtn, kivi" "analyze --kv unknown" -- analyze --kv nope --method fp32
 expect 2 "--kv quantizes K and V" "analyze --kv softmax-only" -- analyze --kv saw --softmax-only --method fp32
 expect 0 "KV-cache quantizers" "methods lists the KV quantizers" -- methods
+# every registered KV quantizer runs through analyze with an integer pipeline, on both layers of the sample
+for kvq in rtn kivi flashq flashq@mixed turboquant turboquant:k=prod saw saw:v=true; do
+  rows=$(q analyze --kv "$kvq" --method intattention --format csv | awk -F, '$2 == "mean" && $6 > 0.5 && $6 <= 1' | wc -l)
+  if [ "$rows" -eq 1 ]; then pass=$((pass + 1)); else echo "FAIL: analyze --kv $kvq --method intattention"; fail=$((fail + 1)); fi
+done
 
 # manifest.json: its scale is used (the default-equal scale changes nothing, another one changes O); every field it
 # states is checked against the files, and a bad manifest is refused before any tensor is read.
