@@ -224,6 +224,31 @@ std::string run_table8(const Context& ctx) {
   return r.str();
 }
 
+// A Pareto table [label, bits, O_error] (numbers as printed): written as out_dir/NAME.csv and drawn as NAME.png by
+// `qattn plot pareto` (unless plots are off). Returns the rows on the front, in bits order: each has a lower
+// error than every row with fewer (or as many) bits before it.
+std::vector<std::size_t> pareto_outputs(const Context& ctx, const std::string& name, const Table& table,
+                                        const std::string& title) {
+  const fs::path csv = ctx.out_dir / (name + ".csv");
+  emit(table.csv(), csv.string());
+  if (ctx.plots) {
+    const fs::path png = ctx.out_dir / (name + ".png");
+    if (run_plot_script({"pareto", csv.string(), "-o", png.string(), "--x", table.header[1], "--y", table.header[2],
+                         "--label", table.header[0], "--logy", "--title", title}) != 0)
+      std::cerr << "qattn reproduce: " << png.string() << " was not drawn (matplotlib missing?)\n";
+  }
+  std::vector<std::size_t> order(table.rows.size()), front;
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  auto num = [&](std::size_t i, int c) { return std::stod(table.rows[i][c]); };
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return num(a, 1) != num(b, 1) ? num(a, 1) < num(b, 1) : num(a, 2) < num(b, 2);
+  });
+  double best = INFINITY;
+  for (std::size_t i : order)
+    if (num(i, 2) < best) best = num(i, 2), front.push_back(i);
+  return front;
+}
+
 // The nominal bits per element in which a method holds K and V during attention (scales and zero points excluded:
 // one per tensor, per 64-token block or per channel group). 0 for the softmax-only models, which leave Q, K, V
 // and P·V in fp64 and so have no KV precision of their own.
@@ -285,32 +310,15 @@ std::string run_leaderboard(const Context& ctx) {
     if (bits > 0) front.rows.push_back({names[i], bits_text, fmt_err(1 - s[i].mean[0])});
   }
   emit(csv.csv(), (ctx.out_dir / "leaderboard.csv").string());
-  const fs::path front_csv = ctx.out_dir / "leaderboard-pareto.csv";
-  emit(front.csv(), front_csv.string());
-  if (ctx.plots) {
-    const fs::path png = ctx.out_dir / "leaderboard-pareto.png";
-    if (run_plot_script({"pareto", front_csv.string(), "-o", png.string(), "--x", "kv_bits", "--y", "O_error", "--logy",
-                         "--title", "Attention pipelines: 1 - O CosSim vs K/V bits per element"}) != 0)
-      std::cerr << "qattn reproduce: the leaderboard Pareto plot was not drawn (matplotlib missing?)\n";
-  }
+  const std::vector<std::size_t> on_front =
+      pareto_outputs(ctx, "leaderboard-pareto", front, "Attention pipelines: 1 - O CosSim vs K/V bits per element");
   std::ostringstream r;
   r << "leaderboard: every registered method (defaults and presets) vs the fp64 reference on " << head_count(dump)
     << " heads, by mean O CosSim\n\n"
     << t.markdown() << "\n";
   // The Pareto front over the pipelines: no other pipeline has fewer K/V bits and a lower error.
   r << "Pareto front, attention pipelines (K/V bits per element, nominal; 1 - O CosSim):";
-  std::vector<std::size_t> idx(front.rows.size());
-  for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
-  auto num = [&](std::size_t i, int c) { return std::stod(front.rows[i][c]); };
-  std::stable_sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) {
-    return num(a, 1) != num(b, 1) ? num(a, 1) < num(b, 1) : num(a, 2) < num(b, 2);
-  });
-  double best = INFINITY;
-  for (std::size_t i : idx)
-    if (num(i, 2) < best) {
-      best = num(i, 2);
-      r << " " << front.rows[i][0] << " (" << front.rows[i][1] << " bits, " << front.rows[i][2] << ");";
-    }
+  for (std::size_t i : on_front) r << " " << front.rows[i][0] << " (" << front.rows[i][1] << " bits, " << front.rows[i][2] << ");";
   r << "\n";
   return r.str();
 }
@@ -549,14 +557,8 @@ std::string run_kv_quantizers(const Context& ctx) {
     t.rows.push_back(row);
   }
   emit(csv.csv(), (ctx.out_dir / "kv-quantizers.csv").string());
-  const fs::path pareto_csv = ctx.out_dir / "kv-quantizers-pareto.csv";
-  emit(pareto.csv(), pareto_csv.string());
-  if (ctx.plots) {
-    const fs::path png = ctx.out_dir / "kv-quantizers-pareto.png";
-    if (run_plot_script({"pareto", pareto_csv.string(), "-o", png.string(), "--x", "bits", "--y", "O_error", "--label",
-                         "quantizer", "--logy", "--title", "KV-cache quantizers on USE-Lite: 1 - O CosSim vs bits per element"}) != 0)
-      std::cerr << "qattn reproduce: the KV Pareto plot was not drawn (matplotlib missing?)\n";
-  }
+  const std::vector<std::size_t> on_front = pareto_outputs(
+      ctx, "kv-quantizers-pareto", pareto, "KV-cache quantizers on USE-Lite: 1 - O CosSim vs bits per element");
   std::ostringstream r;
   r << "kv-quantizers: K and V through each KV-cache quantizer, then fp32 attention, vs the fp64 reference; mean over "
        "heads\nbits: per element of K and V (mean of the two), codes plus scales and zero points (fp32 scales and "
@@ -589,18 +591,8 @@ std::string run_kv_quantizers(const Context& ctx) {
       << " of 3 bit widths\n";
   }
   // The Pareto front on USE-Lite: no other quantizer has fewer bits and a lower error.
-  std::vector<std::size_t> order(specs.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return bits(a, 0) != bits(b, 0) ? bits(a, 0) < bits(b, 0) : cos(specs[a], 0) > cos(specs[b], 0);
-  });
   r << "USE-Lite Pareto front (bits, 1 - O CosSim):";
-  double best = INFINITY;
-  for (std::size_t i : order)
-    if (1 - cos(specs[i], 0) < best) {
-      best = 1 - cos(specs[i], 0);
-      r << " " << specs[i] << " (" << fmt_bits(bits(i, 0)) << ", " << fmt_err(best) << ");";
-    }
+  for (std::size_t i : on_front) r << " " << pareto.rows[i][0] << " (" << pareto.rows[i][1] << ", " << pareto.rows[i][2] << ");";
   r << "\n";
   return r.str();
 }
