@@ -292,24 +292,35 @@ class TurboQuantKv final : public KvQuantizer {
     for (std::size_t h = 0; h < k.size(); ++h) {
       out.k.push_back(rows(k[h], prod_));
       out.v.push_back(rows(v[h], false));
-      out.k_bits += (bits_ + (prod_ ? 64.0 : 32.0) / k[h].cols()) / k.size();
-      out.v_bits += (bits_ + 32.0 / v[h].cols()) / k.size();
+      out.k_bits += bits_per_element(k[h].cols(), prod_) / k.size();
+      out.v_bits += bits_per_element(v[h].cols(), false) / k.size();
     }
     return out;
   }
 
+  // A d that is not a power of two (or is below 4) is zero-padded to D, the next power of two >= 4: the rotation,
+  // codebook and sketch are D-dimensional, and D codes are stored for d values.
+  static Eigen::Index padded(Eigen::Index d) {
+    Eigen::Index n = 4;
+    while (n < d) n *= 2;
+    return n;
+  }
+  double bits_per_element(Eigen::Index d, bool prod) const {
+    return (static_cast<double>(bits_) * padded(d) + (prod ? 64.0 : 32.0)) / static_cast<double>(d);
+  }
+
  private:
   RowMatrixXd rows(const RowMatrixXd& x, bool prod) const {
-    const Eigen::Index d = x.cols();
-    if (!is_power_of_two(d) || d < 4)
-      throw SpecError("turboquant: the randomized Hadamard rotation needs d a power of two >= 4, got " + std::to_string(d));
+    const Eigen::Index d = x.cols(), n = padded(d);
     // One rotation (and sketch) per dimension, shared by all heads and tokens; the seed fixes them.
-    const RowMatrixXd rot = randomized_hadamard(d, seed_);
-    const RowMatrixXd s = prod ? gaussian_matrix(d, seed_ + 1) : RowMatrixXd();
+    const RowMatrixXd rot = randomized_hadamard(n, seed_);
+    const RowMatrixXd s = prod ? gaussian_matrix(n, seed_ + 1) : RowMatrixXd();
     RowMatrixXd out(x.rows(), d);
+    Eigen::VectorXd row = Eigen::VectorXd::Zero(n);
     for (Eigen::Index t = 0; t < x.rows(); ++t) {
-      const Eigen::VectorXd row = x.row(t).transpose();
-      out.row(t) = (prod ? turboquant_prod(row, rot, s, bits_) : turboquant_mse(row, rot, bits_)).transpose();
+      row.head(d) = x.row(t).transpose();
+      const Eigen::VectorXd q = prod ? turboquant_prod(row, rot, s, bits_) : turboquant_mse(row, rot, bits_);
+      out.row(t) = q.head(d).transpose();
     }
     return out;
   }

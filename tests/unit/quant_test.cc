@@ -340,7 +340,28 @@ TEST_CASE("KV registry: every quantizer builds from its defaults; bad keys and s
   }
   CHECK_THROWS_AS(kv_registry().create("kivi:bits=9"), SpecError);
   CHECK_THROWS_AS(kv_registry().create("nope"), SpecError);
-  CHECK_THROWS_AS(kv_registry().create("turboquant")->apply({normals(4, 48, 1)}, {normals(4, 48, 2)}), SpecError);
+  CHECK_THROWS_AS(kv_registry().create("saw")->apply({normals(4, 40, 1)}, {normals(4, 40, 2)}), SpecError);
+}
+
+TEST_CASE("TurboQuant with d not a power of two: zero-padded to the next one, D codes counted for d values") {
+  const RowMatrixXd k = normals(30, 48, 81, 2.0);
+  double prev = INFINITY;
+  for (int bits : {2, 3, 4}) {
+    const KvQuantized c = kv_registry().create("turboquant:bits=" + std::to_string(bits))->apply({k}, {k});
+    REQUIRE(c.k[0].cols() == 48);
+    CHECK(c.k_bits == (bits * 64 + 32.0) / 48);
+    const double err = (c.k[0] - k).squaredNorm() / k.squaredNorm();
+    INFO(bits << " bits: relative MSE " << err);
+    CHECK(err < prev);
+    CHECK(err < 0.4);
+    prev = err;
+  }
+  // a power-of-two d is not padded: its mse result is the per-vector formula itself
+  const RowMatrixXd k64 = normals(5, 64, 82);
+  const KvQuantized c = kv_registry().create("turboquant:bits=3")->apply({k64}, {k64});
+  const RowMatrixXd rot = randomized_hadamard(64, 1);
+  for (Eigen::Index t = 0; t < 5; ++t)
+    CHECK(c.k[0].row(t).transpose() == turboquant_mse(k64.row(t).transpose(), rot, 3));
 }
 
 TEST_CASE("GPTQ equals RTN when the inputs are uncorrelated (diagonal H), and beats it when they are not") {
