@@ -19,6 +19,7 @@
 #include "qattn/metrics.h"
 #include "qattn/reference/kv_quant.h"
 #include "qattn/reference/registry.h"
+#include "qattn/reference/weight_quant.h"
 #include "qattn/tensor_io.h"
 #include "evaluate.h"
 #include "table.h"
@@ -110,6 +111,8 @@ void run_methods(const std::string& format) {
     json j = json::array();
     auto entries = registry().entries();
     for (const auto& e : ref::kv_registry().params().entries()) entries.push_back(e), entries.back().summary = "[--kv] " + e.summary;
+    for (const auto& e : ref::weight_registry().params().entries())
+      entries.push_back(e), entries.back().summary = "[--weights] " + e.summary;
     for (const auto& e : entries) {
       json params = json::array();
       for (const auto& p : e.params)
@@ -124,9 +127,14 @@ void run_methods(const std::string& format) {
   auto entries = registry().entries();
   const std::size_t n_methods = entries.size();
   for (const auto& e : ref::kv_registry().params().entries()) entries.push_back(e);
+  const std::size_t n_kv = entries.size();
+  for (const auto& e : ref::weight_registry().params().entries()) entries.push_back(e);
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const auto& e = entries[i];
     if (i == n_methods) std::cout << "\nKV-cache quantizers (qattn analyze --kv SPEC, applied to K and V before the method):\n";
+    if (i == n_kv)
+      std::cout << "\nWeight quantizers (qattn analyze --weights SPEC: Q, K, V from the dump's attention input and "
+                   "quantized projections):\n";
     std::cout << e.name << "\n    " << e.summary << "\n";
     if (e.params.empty()) std::cout << "    parameters: none\n";
     for (const auto& p : e.params)
@@ -318,7 +326,7 @@ struct AnalyzeOptions {
   std::string tensors = QATTN_DEFAULT_TENSORS;
   std::string q, k, v, logits;
   std::vector<std::string> specs;
-  std::string format = "md", out, reference = "fp64", kv;
+  std::string format = "md", out, reference = "fp64", kv, weights;
   bool softmax_only = false;
 };
 
@@ -362,12 +370,24 @@ void run_analyze(const AnalyzeOptions& o) {
       throw SpecError(std::string("--kv: ") + e.what());
     }
   }
+  std::unique_ptr<ref::WeightQuantizer> wq;
+  if (!o.weights.empty()) {
+    if (softmax || !o.q.empty())
+      throw SpecError("--weights re-projects Q, K and V from a dump's attention input: it needs --tensors DIR and "
+                      "attention, not --q/--k/--v or softmax-only analysis");
+    try {
+      wq = ref::weight_registry().create(o.weights);
+    } catch (const SpecError& e) {
+      throw SpecError(std::string("--weights: ") + e.what());
+    }
+  }
   const std::string& tensors = !o.q.empty() ? o.q : !o.logits.empty() ? o.logits : o.tensors;
   const auto start = std::chrono::steady_clock::now();
-  const std::vector<DumpLayer> dump =
+  std::vector<DumpLayer> dump =
       !o.q.empty()        ? load_explicit(o.q, o.k, o.v)
       : !o.logits.empty() ? load_explicit_logits(o.logits, ref_kind)
                           : load_dump(o.tensors, softmax ? DumpTarget::softmax : DumpTarget::attention, ref_kind);
+  if (wq) quantize_projections(dump, o.tensors, *wq);
   const bool progress = isatty(STDERR_FILENO);
   std::vector<HeadResult> results;
   for (std::size_t m = 0; m < methods.size(); ++m) {
@@ -395,6 +415,7 @@ void run_analyze(const AnalyzeOptions& o) {
             {"target", softmax ? "softmax" : "attention"},
             {"reference", ref_name},
             {"kv", kv ? json(ref::kv_registry().canonical(o.kv)) : json(nullptr)},
+            {"weights", wq ? json(ref::weight_registry().canonical(o.weights)) : json(nullptr)},
             {"heads", json::array()},
             {"summary", json::array()}};
   auto row = [&](const std::string& l, const std::string& h, const std::string& m, double kb, double vb, double oc,
@@ -446,6 +467,10 @@ void run_analyze(const AnalyzeOptions& o) {
               : "Attention error vs the fp64 reference on " + tensors +
                     (kv ? ", K and V through the KV quantizer " + ref::kv_registry().canonical(o.kv) +
                               " (bits per element include scales and zero points)"
+                        : std::string()) +
+                    (wq ? ", Q, K and V projected from layer{L}_attn_input with weights quantized by " +
+                              ref::weight_registry().canonical(o.weights) +
+                              " (calibrated on the same inputs; reference: fp64 attention of the unquantized projections)"
                         : std::string()) +
                     " (" + std::to_string(n_heads) +
                     " heads; O = softmax(scale QK^T)V, scale 1/sqrt(d) unless manifest.json sets it; O and P "
@@ -549,6 +574,9 @@ void add_analyze(CLI::App& app) {
   sub->add_option("--kv", o->kv,
                   "KV-cache quantizer spec applied to K and V before every method (see `qattn methods`), e.g. "
                   "turboquant:bits=3, kivi, flashq@mixed");
+  sub->add_option("--weights", o->weights,
+                  "Weight quantizer spec (rtn, gptq, awq; see `qattn methods`): Q, K, V recomputed from each layer's "
+                  "attention input and quantized projection weights in the dump, e.g. gptq:bits=3");
   sub->add_flag("--softmax-only", o->softmax_only,
                 "Evaluate the softmax models on the dump's layer{L}_head{H}_logits files instead of attention");
   sub->add_option("--reference", o->reference,

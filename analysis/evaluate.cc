@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -422,6 +423,104 @@ Summary summarise(const std::vector<HeadResult>& results) {
   }
   for (double& x : s.mean) x /= static_cast<double>(results.size());
   return s;
+}
+
+std::optional<LayerProjections> load_projections(const fs::path& dir, int layer) {
+  const std::string pre = "layer" + std::to_string(layer) + "_";
+  const fs::path xf = dir / (pre + "attn_input.npy");
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec) || !fs::exists(xf, ec)) return std::nullopt;
+  const Tensor xt = read_npy(xf);
+  if (xt.shape.size() != 3 || !dtype_is_float(xt.dtype))
+    throw InputError(xf.string(), "shape", "expected float [windows, tokens, d_model], got " +
+                                               std::string(dtype_name(xt.dtype)) + " " + xt.shape_string());
+  LayerProjections p;
+  p.windows = xt.shape[0];
+  p.tokens = xt.shape[1];
+  p.x = xt.as_rows();
+  for (int k = 0; k < 3; ++k) {
+    const fs::path wf = dir / (pre + "w" + "qkv"[k] + ".npy"), bf = dir / (pre + "b" + "qkv"[k] + ".npy");
+    if (!fs::exists(wf, ec)) throw InputError(wf.string(), "file", "missing (the weights of " + xf.filename().string() + ")");
+    if (!fs::exists(bf, ec)) throw InputError(bf.string(), "file", "missing (the biases of " + xf.filename().string() + ")");
+    const Tensor wt = read_npy(wf), bt = read_npy(bf);
+    if (wt.shape.size() != 2 || wt.shape[0] != xt.shape[2])
+      throw InputError(wf.string(), "shape", "expected [" + std::to_string(xt.shape[2]) + ", d_out], got " + wt.shape_string());
+    if (bt.shape.size() != 1 || bt.shape[0] != wt.shape[1])
+      throw InputError(bf.string(), "shape", "expected [" + std::to_string(wt.shape[1]) + "], got " + bt.shape_string());
+    if (k > 0 && wt.shape[1] != p.w[0].cols())
+      throw InputError(wf.string(), "shape", "d_out differs from " + pre + "wq.npy");
+    p.w[k] = wt.as_rows();
+    const Eigen::ArrayXd bv = bt.to_double();
+    p.b[k] = bv.matrix().transpose();
+  }
+  return p;
+}
+
+DumpLayer project_layer(const DumpLayer& like, const RowMatrixXd& x, std::int64_t tokens,
+                        const std::array<RowMatrixXd, 3>& w, const std::array<Eigen::RowVectorXd, 3>& b) {
+  DumpLayer l;
+  l.layer = like.layer;
+  l.scale = like.logit_scale();
+  l.causal = like.causal;
+  l.heads = like.heads;
+  const Eigen::Index heads = static_cast<Eigen::Index>(like.heads.size()), d = w[0].cols() / heads;
+  if (d * heads != w[0].cols())
+    throw InputError("layer" + std::to_string(like.layer) + "_wq.npy", "shape",
+                     std::to_string(w[0].cols()) + " outputs do not split into " + std::to_string(heads) + " heads");
+  std::array<RowMatrixXd, 3> y;
+  for (int k = 0; k < 3; ++k) y[k] = (x * w[k]).rowwise() + b[k];
+  const std::int64_t windows = x.rows() / tokens;
+  for (Eigen::Index h = 0; h < heads; ++h) {
+    l.q_paths.push_back("layer" + std::to_string(like.layer) + " projections, head " + std::to_string(like.heads[h]));
+    std::array<std::vector<RowMatrixXd>, 3> per;
+    for (std::int64_t t = 0; t < windows; ++t)
+      for (int k = 0; k < 3; ++k) per[k].push_back(y[k].block(t * tokens, h * d, tokens, d));
+    l.q.push_back(std::move(per[0]));
+    l.k.push_back(std::move(per[1]));
+    l.v.push_back(std::move(per[2]));
+  }
+  return l;
+}
+
+void compute_reference(DumpLayer& l) {
+  const auto fp64 = ref::reference_registry().create("fp64");
+  const AttentionMask mask{RowMatrixXb(), l.causal};
+  l.reference.clear();
+  for (std::size_t h = 0; h < l.q.size(); ++h) {
+    std::vector<AttentionResult> refs;
+    for (std::size_t b = 0; b < l.q[h].size(); ++b)
+      refs.push_back(fp64->attention(l.q[h][b], l.k[h][b], l.v[h][b], l.logit_scale(), mask));
+    l.reference.push_back(std::move(refs));
+  }
+}
+
+void quantize_projections(std::vector<DumpLayer>& dump, const fs::path& dir, const ref::WeightQuantizer& wq) {
+  std::vector<DumpLayer> kept;
+  for (DumpLayer& l : dump) {
+    const std::optional<LayerProjections> p = load_projections(dir, l.layer);
+    if (!p) {
+      std::cerr << "qattn: layer " << l.layer << " has no layer" << l.layer
+                << "_attn_input.npy: left out of the weight-quantization analysis\n";
+      continue;
+    }
+    const Eigen::Index d = l.q.front().front().cols(), heads = static_cast<Eigen::Index>(l.heads.size());
+    if (p->w[0].cols() != heads * d)
+      throw InputError((dir / ("layer" + std::to_string(l.layer) + "_wq.npy")).string(), "shape",
+                       std::to_string(p->w[0].cols()) + " outputs, but the dump's layer " + std::to_string(l.layer) +
+                           " has " + std::to_string(heads) + " heads of d = " + std::to_string(d));
+    DumpLayer exact = project_layer(l, p->x, p->tokens, p->w, p->b);
+    compute_reference(exact);
+    std::array<RowMatrixXd, 3> w;
+    for (int k = 0; k < 3; ++k) w[k] = wq.apply(p->w[k], p->x);
+    DumpLayer quantized = project_layer(l, p->x, p->tokens, w, p->b);
+    quantized.reference = std::move(exact.reference);
+    kept.push_back(std::move(quantized));
+  }
+  if (kept.empty())
+    throw InputError(dir.string(), "--weights",
+                     "no layer has layer{L}_attn_input.npy with layer{L}_w{q,k,v}.npy and b{q,k,v}.npy (weight "
+                     "quantization projects Q, K and V from them)");
+  dump = std::move(kept);
 }
 
 void parallel_for(std::size_t n, int threads, const std::function<void(std::size_t)>& fn) {

@@ -7,12 +7,14 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "qattn/method.h"
 #include "qattn/metrics.h"
 #include "qattn/reference/kv_quant.h"
+#include "qattn/reference/weight_quant.h"
 #include "qattn/tensor.h"
 
 namespace qattn::cli {
@@ -52,6 +54,33 @@ std::vector<DumpLayer> load_dump(const std::filesystem::path& source, DumpTarget
 std::vector<DumpLayer> load_explicit(const std::string& q, const std::string& k, const std::string& v);
 // One head's logits [..., L_q, L_k] from one tensor file, for softmax-only analysis.
 std::vector<DumpLayer> load_explicit_logits(const std::string& logits, SoftmaxReference reference);
+
+// ---- projection weights (weight quantization) ------------------------------------------------------------------
+
+// One layer's attention input and Q/K/V projections from a dump directory: layer{L}_attn_input.npy
+// [windows, tokens, d_model], layer{L}_w{q,k,v}.npy [d_model, d_out] and layer{L}_b{q,k,v}.npy [d_out]
+// (y = x W + b; head h is columns h*d .. (h+1)*d - 1).
+struct LayerProjections {
+  RowMatrixXd x;  // [windows * tokens, d_model]
+  std::int64_t windows = 0, tokens = 0;
+  std::array<RowMatrixXd, 3> w;
+  std::array<Eigen::RowVectorXd, 3> b;
+};
+// Empty when the directory has no layer{L}_attn_input.npy; InputError naming the file for a missing weight or a
+// shape that does not fit.
+std::optional<LayerProjections> load_projections(const std::filesystem::path& dir, int layer);
+
+// q, k and v of every head and window of `x` [windows * tokens, d_model] projected with `w`, `b`, split into the
+// heads of `like` (whose layer number, scale and mask are kept); no reference.
+DumpLayer project_layer(const DumpLayer& like, const RowMatrixXd& x, std::int64_t tokens,
+                        const std::array<RowMatrixXd, 3>& w, const std::array<Eigen::RowVectorXd, 3>& b);
+// Fills l.reference with the fp64 attention of its q, k, v.
+void compute_reference(DumpLayer& l);
+
+// Replaces every layer's q, k, v by projections with weights quantized by `wq` (calibrated on all of the layer's
+// attention input), and its reference by fp64 attention of the unquantized projections. Layers without an attention
+// input in `dir` are left out (with a note on stderr); InputError if none has one, or for a missing weight file.
+void quantize_projections(std::vector<DumpLayer>& dump, const std::filesystem::path& dir, const ref::WeightQuantizer& wq);
 
 // The metrics of one method on one head, against the fp64 reference; P metrics are NaN for methods without P.
 struct HeadResult {

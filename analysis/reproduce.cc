@@ -607,65 +607,23 @@ std::string run_weight_quantizers(const Context& ctx) {
   std::vector<std::string> failures;
   int layers_done = 0, comparisons = 0;
   for (const DumpLayer& dl : dump) {
-    const std::string pre = "layer" + std::to_string(dl.layer) + "_";
-    std::error_code ec;
-    if (!fs::exists(dir / (pre + "attn_input.npy"), ec)) continue;
-    auto load = [&](const std::string& name) {
-      const fs::path f = dir / (pre + name + ".npy");
-      return std::pair{read_npy(f).as_rows(), f};
-    };
-    const Tensor xt = read_npy(dir / (pre + "attn_input.npy"));
-    if (xt.shape.size() != 3)
-      throw InputError((dir / (pre + "attn_input.npy")).string(), "shape", "expected [windows, L, d_model], got " + xt.shape_string());
-    const std::int64_t windows = xt.shape[0], T = xt.shape[1], dm = xt.shape[2];
-    const RowMatrixXd x_all = xt.as_rows();  // [windows * T, d_model]
-    std::array<RowMatrixXd, 3> w;
-    std::array<Eigen::RowVectorXd, 3> bias;
-    for (int p = 0; p < 3; ++p) {
-      auto [wm, wf] = load(std::string("w") + "qkv"[p]);
-      auto [bm, bf] = load(std::string("b") + "qkv"[p]);
-      if (wm.rows() != dm) throw InputError(wf.string(), "shape", "expected " + std::to_string(dm) + " input rows");
-      if (bm.size() != wm.cols()) throw InputError(bf.string(), "shape", "expected " + std::to_string(wm.cols()) + " biases");
-      w[p] = wm;
-      bias[p] = Eigen::Map<const Eigen::RowVectorXd>(bm.data(), bm.size());
-    }
+    const std::optional<LayerProjections> proj = load_projections(dir, dl.layer);
+    if (!proj) continue;
+    const std::int64_t windows = proj->windows, T = proj->tokens;
+    const Eigen::Index dm = proj->x.cols();
+    const auto& w = proj->w;
     const Eigen::Index heads = static_cast<Eigen::Index>(dl.heads.size()), hd = w[0].cols() / heads;
     // Calibration on the first half of the windows, evaluation on the rest (in-sample when there is one window).
     const std::int64_t n_cal = std::max<std::int64_t>(1, windows / 2);
-    const RowMatrixXd x_cal = x_all.topRows(n_cal * T);
-    const RowMatrixXd x_eval = windows > 1 ? RowMatrixXd(x_all.bottomRows((windows - n_cal) * T)) : x_all;
-    const std::int64_t n_eval = x_eval.rows() / T;
+    const RowMatrixXd x_cal = proj->x.topRows(n_cal * T);
+    const RowMatrixXd x_eval = windows > 1 ? RowMatrixXd(proj->x.bottomRows((windows - n_cal) * T)) : proj->x;
     // The reference: fp64 attention of the unquantized projections, per evaluation window and head.
-    auto project = [&](const std::array<RowMatrixXd, 3>& wq) {
-      DumpLayer l;
-      l.layer = dl.layer;
-      l.scale = dl.logit_scale();
-      l.heads = dl.heads;
-      std::array<RowMatrixXd, 3> y;
-      for (int p = 0; p < 3; ++p) y[p] = (x_eval * wq[p]).rowwise() + bias[p];
-      for (Eigen::Index h = 0; h < heads; ++h) {
-        l.q_paths.push_back("projections");
-        std::array<std::vector<RowMatrixXd>, 3> per;
-        for (std::int64_t b = 0; b < n_eval; ++b)
-          for (int p = 0; p < 3; ++p) per[p].push_back(y[p].block(b * T, h * hd, T, hd));
-        l.q.push_back(per[0]);
-        l.k.push_back(per[1]);
-        l.v.push_back(per[2]);
-      }
-      return l;
-    };
-    DumpLayer exact = project(w);
-    const auto fp64 = registry().create("fp64");
-    for (std::size_t h = 0; h < exact.heads.size(); ++h) {
-      std::vector<AttentionResult> refs;
-      for (std::int64_t b = 0; b < n_eval; ++b)
-        refs.push_back(fp64->attention(exact.q[h][b], exact.k[h][b], exact.v[h][b], exact.logit_scale(), {}));
-      exact.reference.push_back(std::move(refs));
-    }
+    DumpLayer exact = project_layer(dl, x_eval, T, w, proj->b);
+    compute_reference(exact);
     const auto fp32 = registry().create("fp32"), intatt = registry().create("intattention@upstream-neon");
     auto attention_row = [&](const std::string& bits, const std::string& name, const std::array<RowMatrixXd, 3>& wq,
                              const std::array<double, 3>& err) {
-      DumpLayer l = project(wq);
+      DumpLayer l = project_layer(dl, x_eval, T, wq, proj->b);
       l.reference = exact.reference;
       const std::vector<DumpLayer> one = {l};
       t.rows.push_back({std::to_string(dl.layer), bits, name, fmt_err(err[0]), fmt_err(err[1]), fmt_err(err[2]),
@@ -674,17 +632,15 @@ std::string run_weight_quantizers(const Context& ctx) {
     };
     attention_row("fp32", "none", w, {0, 0, 0});
     for (int b : {4, 3}) {
-      const ref::WeightQuantConfig c{b, 128};
+      const char* names[3] = {"rtn", "gptq", "awq"};
       std::array<std::array<RowMatrixXd, 3>, 3> wq;  // [quantizer][projection]
       std::array<std::array<double, 3>, 3> err{};
       parallel_for(9, ctx.threads, [&](std::size_t i) {
         const std::size_t qi = i / 3, p = i % 3;
-        wq[qi][p] = qi == 0   ? ref::rtn_weights(w[p], c)
-                    : qi == 1 ? ref::gptq_weights(w[p], x_cal, c)
-                              : ref::awq_weights(w[p], x_cal, c).w;
+        const auto quantizer = ref::weight_registry().create(std::string(names[qi]) + ":bits=" + std::to_string(b) + ",group=128");
+        wq[qi][p] = quantizer->apply(w[p], x_cal);
         err[qi][p] = ref::relative_output_error(x_eval, w[p], wq[qi][p]);
       });
-      const char* names[3] = {"rtn", "gptq", "awq"};
       for (int qi = 0; qi < 3; ++qi) attention_row(std::to_string(b), names[qi], wq[qi], err[qi]);
       for (int qi = 1; qi < 3; ++qi)
         for (int p = 0; p < 3; ++p) {

@@ -374,15 +374,8 @@ class SawKv final : public KvQuantizer {
   bool rotate_v_;
 };
 
-ParamInfo int_param(std::string key, std::string def, std::string doc, double lo, double hi) {
-  return ParamInfo{std::move(key), ParamType::integer, std::move(def), std::move(doc), {}, lo, hi};
-}
-ParamInfo choice_param(std::string key, std::string def, std::string doc, std::vector<std::string> choices) {
-  return ParamInfo{std::move(key), ParamType::choice, std::move(def), std::move(doc), std::move(choices)};
-}
-
 KvRegistry build_kv_registry() {
-  KvRegistry r;
+  KvRegistry r("KV quantizer");
   const std::vector<std::string> grans = {"tensor", "channel", "token", "group", "block"};
   r.add({{"rtn", "round-to-nearest baseline: one uniform grid for K and V at a named granularity",
           {int_param("bits", "4", "code bits", 2, 8),
@@ -427,26 +420,6 @@ KvRegistry build_kv_registry() {
 }
 
 }  // namespace
-
-void KvRegistry::add(Entry e) {
-  params_.add(e.info);
-  entries_.push_back(std::move(e));
-}
-
-std::unique_ptr<KvQuantizer> KvRegistry::create(std::string_view spec_text) const {
-  const MethodSpec spec = parse_method_spec(spec_text);
-  if (!params_.find(spec.name)) {
-    std::string names;
-    for (const Entry& e : entries_) names += (names.empty() ? "" : ", ") + e.info.name;
-    throw SpecError("unknown KV quantizer '" + spec.name + "' (valid: " + names + ")");
-  }
-  const ParamMap p = params_.resolve(spec);
-  for (const Entry& e : entries_)
-    if (e.info.name == spec.name) return e.make(p);
-  throw std::logic_error("KvRegistry: entry without a factory");
-}
-
-std::string KvRegistry::canonical(std::string_view spec) const { return params_.canonical(parse_method_spec(spec)); }
 
 const KvRegistry& kv_registry() {
   static const KvRegistry r = build_kv_registry();

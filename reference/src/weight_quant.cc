@@ -93,4 +93,59 @@ double relative_output_error(const RowMatrixXd& x, const RowMatrixXd& w, const R
   return (x * w_hat - y).norm() / y.norm();
 }
 
+namespace {
+
+class RegisteredWeightQuantizer final : public WeightQuantizer {
+ public:
+  enum class Kind { rtn, gptq, awq };
+  RegisteredWeightQuantizer(Kind kind, const ParamMap& p)
+      : kind_(kind), config_{static_cast<int>(p.integer("bits")), p.integer("group")} {
+    if (kind == Kind::gptq) gptq_.block = p.integer("block"), gptq_.damp = p.real("damp");
+    if (kind == Kind::awq) grid_ = static_cast<int>(p.integer("grid"));
+  }
+  RowMatrixXd apply(const RowMatrixXd& w, const RowMatrixXd& x) const override {
+    switch (kind_) {
+      case Kind::rtn: return rtn_weights(w, config_);
+      case Kind::gptq: return gptq_weights(w, x, config_, gptq_);
+      case Kind::awq: return awq_weights(w, x, config_, grid_).w;
+    }
+    throw std::logic_error("weight quantizer kind");
+  }
+
+ private:
+  Kind kind_;
+  WeightQuantConfig config_;
+  GptqOptions gptq_;
+  int grid_ = 20;
+};
+
+WeightRegistry build_weight_registry() {
+  using Kind = RegisteredWeightQuantizer::Kind;
+  auto common = [] {
+    return std::vector<ParamInfo>{int_param("bits", "4", "code bits", 2, 8),
+                                  int_param("group", "128", "input rows per scale and zero point (0 = whole column)", 0, 1 << 20)};
+  };
+  WeightRegistry r("weight quantizer");
+  r.add({{"rtn", "round-to-nearest: asymmetric [0, 2^b - 1], integer zero point, per output column and input group",
+          common(), {}, nullptr},
+         [](const ParamMap& p) { return std::make_unique<RegisteredWeightQuantizer>(Kind::rtn, p); }});
+  auto gptq = common();
+  gptq.push_back(int_param("block", "128", "lazy-update block of input rows", 1, 1 << 20));
+  gptq.push_back(ParamInfo{"damp", ParamType::real, "0.01", "dampening: fraction of the mean diagonal of H", {}, 0, 1});
+  r.add({{"gptq", "GPTQ: column-by-column quantization with second-order error feedback (H = 2 X^T X)", gptq, {}, nullptr},
+         [](const ParamMap& p) { return std::make_unique<RegisteredWeightQuantizer>(Kind::gptq, p); }});
+  auto awq = common();
+  awq.push_back(int_param("grid", "20", "alpha grid r / grid, r = 0 .. grid - 1", 1, 1000));
+  r.add({{"awq", "AWQ: per-input-channel scaling s = S_x^alpha searched on a grid, then RTN", awq, {}, nullptr},
+         [](const ParamMap& p) { return std::make_unique<RegisteredWeightQuantizer>(Kind::awq, p); }});
+  return r;
+}
+
+}  // namespace
+
+const WeightRegistry& weight_registry() {
+  static const WeightRegistry r = build_weight_registry();
+  return r;
+}
+
 }  // namespace qattn::ref

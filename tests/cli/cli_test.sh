@@ -208,6 +208,24 @@ for kvq in rtn kivi flashq flashq@mixed turboquant turboquant:k=prod saw saw:v=t
   if [ "$rows" -eq 1 ]; then pass=$((pass + 1)); else echo "FAIL: analyze --kv $kvq --method intattention"; fail=$((fail + 1)); fi
 done
 
+# --weights: Q, K, V re-projected from layer 0's attention input with quantized weights (layer 1 has none in the
+# sample and is left out, with a note); GPTQ beats RTN in-sample at 3 bits; missing files and bad specs are refused.
+w_rtn=$(q analyze --weights rtn:bits=3 --method fp32 --format csv 2>"$tmp/w.err")
+w_gptq=$(q analyze --weights gptq:bits=3 --method fp32 --format csv 2>/dev/null | awk -F, '$2 == "mean" {print $4}')
+if [ "$(grep -c '^0,' <<<"$w_rtn")" -eq 4 ] && ! grep -q '^1,' <<<"$w_rtn" && grep -q "layer 1 has no layer1_attn_input.npy" "$tmp/w.err" &&
+   awk -v g="$w_gptq" -v r="$(awk -F, '$2 == "mean" {print $4}' <<<"$w_rtn")" 'BEGIN {exit !(g + 0 > r + 0 && r + 0 > 0.5)}'; then
+  pass=$((pass + 1)); else echo "FAIL: analyze --weights (gptq $w_gptq)"; fail=$((fail + 1)); fi
+expect 2 "--weights: unknown weight quantizer 'nope'" "analyze --weights unknown" -- analyze --weights nope --method fp32
+expect 2 "--weights re-projects" "analyze --weights softmax-only" -- analyze --weights rtn --softmax-only --method fp32
+mkdir -p "$tmp/wd"
+for t in q k v; do cp "$sample/layer0_head0_$t.npy" "$tmp/wd/"; done
+expect 3 "no layer has layer\{L\}_attn_input.npy" "analyze --weights without inputs" -- analyze --tensors "$tmp/wd" --weights rtn --method fp32
+cp "$sample/layer0_attn_input.npy" "$sample/layer0_wq.npy" "$sample/layer0_bq.npy" "$tmp/wd/"
+expect 3 "layer0_wk.npy: file: missing" "analyze --weights missing weight" -- analyze --tensors "$tmp/wd" --weights rtn --method fp32
+cp "$sample/layer0_wk.npy" "$sample/layer0_bk.npy" "$sample/layer0_wv.npy" "$sample/layer0_bv.npy" "$tmp/wd/"
+expect 3 "layer0_wq.npy: shape: 256 outputs, but the dump's layer 0 has 1 heads of d = 64" "analyze --weights head mismatch" \
+  -- analyze --tensors "$tmp/wd" --weights rtn --method fp32
+
 # manifest.json: its scale is used (the default-equal scale changes nothing, another one changes O); every field it
 # states is checked against the files, and a bad manifest is refused before any tensor is read.
 mkdir -p "$tmp/mf"

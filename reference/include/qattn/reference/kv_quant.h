@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "qattn/method.h"
+#include "qattn/reference/param_registry.h"
 #include "qattn/tensor.h"
 
 namespace qattn::ref {
@@ -42,22 +43,7 @@ class KvQuantizer {
 };
 
 // The KV quantizer registry: the same spec syntax and parameter handling as the method registry.
-class KvRegistry {
- public:
-  struct Entry {
-    MethodEntry info;  // name, summary, parameters and presets; info.make is unused
-    std::function<std::unique_ptr<KvQuantizer>(const ParamMap&)> make;
-  };
-  void add(Entry e);
-  std::unique_ptr<KvQuantizer> create(std::string_view spec) const;
-  std::string canonical(std::string_view spec) const;
-  const Registry& params() const { return params_; }
-
- private:
-  Registry params_;
-  std::vector<Entry> entries_;
-};
-
+using KvRegistry = ParamRegistry<KvQuantizer>;
 const KvRegistry& kv_registry();
 
 // Attention of one method over KV-quantized heads: Q rotated as the quantizer requires, O rotated back.

@@ -13,6 +13,7 @@
 //         the smallest |X W - X W^|_F (the official code's weight-clipping search is not modelled)
 #pragma once
 
+#include "qattn/reference/param_registry.h"
 #include "qattn/tensor.h"
 
 namespace qattn::ref {
@@ -38,5 +39,16 @@ AwqResult awq_weights(const RowMatrixXd& w, const RowMatrixXd& x, const WeightQu
 
 // |X W^ - X W|_F / |X W|_F.
 double relative_output_error(const RowMatrixXd& x, const RowMatrixXd& w, const RowMatrixXd& w_hat);
+
+// A weight quantizer from the registry: W^ from W [in, out] and the calibration inputs X [n, in].
+class WeightQuantizer {
+ public:
+  virtual ~WeightQuantizer() = default;
+  virtual RowMatrixXd apply(const RowMatrixXd& w, const RowMatrixXd& x) const = 0;
+};
+
+// rtn, gptq and awq with their parameters (`qattn methods` lists them; `qattn analyze --weights SPEC`).
+using WeightRegistry = ParamRegistry<WeightQuantizer>;
+const WeightRegistry& weight_registry();
 
 }  // namespace qattn::ref
