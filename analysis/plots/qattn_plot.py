@@ -123,6 +123,20 @@ def heatmap(a, plt):
     save(fig, a.out)
 
 
+def finish(a, fig, ax):
+    """The common end of lines and pareto: log y if asked, axis labels from the column names, grid, legend,
+    title, and the atomic save."""
+    if a.logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(a.x)
+    ax.set_ylabel(a.y)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    if a.title:
+        ax.set_title(a.title)
+    save(fig, a.out)
+
+
 def lines(a, plt):
     rows = read_csv(a.csv)
     xs, ys = column(rows, a.csv, a.x), column(rows, a.csv, a.y)
@@ -133,15 +147,7 @@ def lines(a, plt):
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=s)
     if a.logx:
         ax.set_xscale("log", base=2)
-    if a.logy:
-        ax.set_yscale("log")
-    ax.set_xlabel(a.x)
-    ax.set_ylabel(a.y)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    if a.title:
-        ax.set_title(a.title)
-    save(fig, a.out)
+    finish(a, fig, ax)
 
 
 def pareto(a, plt):
@@ -158,15 +164,7 @@ def pareto(a, plt):
             front.append((x, y))
             best = y
     ax.plot([p[0] for p in front], [p[1] for p in front], color="tab:red", label="Pareto front")
-    if a.logy:
-        ax.set_yscale("log")
-    ax.set_xlabel(a.x)
-    ax.set_ylabel(a.y)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    if a.title:
-        ax.set_title(a.title)
-    save(fig, a.out)
+    finish(a, fig, ax)
 
 
 def main():
