@@ -107,6 +107,20 @@ std::int64_t e_pass(const std::int32_t* s, Index body, std::int32_t m, const Ind
 // ps E for 4 lanes of E (bytes widened), as u32.
 inline uint32x4_t times_ps(uint16x4_t e, std::uint32_t ps) { return vmull_n_u16(e, static_cast<std::uint16_t>(ps)); }
 
+// The 16-byte body of the floor and f32-rne normalisations: each chunk of E widened to four u32 quarters
+// n = ps E, `quotient` maps a quarter to its four P values (< 2^16), and the chunk is narrowed back in place.
+template <class Quotient>
+inline void normalise_chunks(std::uint8_t* p, Index body, std::uint32_t ps, Quotient quotient) {
+  for (Index j = 0; j < body; j += 16) {
+    const uint8x16_t e = vld1q_u8(p + j);
+    uint16x4_t q[4];
+    const uint16x8_t halves[2] = {vmovl_u8(vget_low_u8(e)), vmovl_u8(vget_high_u8(e))};
+    for (int v = 0; v < 4; ++v)
+      q[v] = quotient(times_ps(v % 2 == 0 ? vget_low_u16(halves[v / 2]) : vget_high_u16(halves[v / 2]), ps));
+    vst1q_u8(p + j, vcombine_u8(vmovn_u16(vcombine_u16(q[0], q[1])), vmovn_u16(vcombine_u16(q[2], q[3]))));
+  }
+}
+
 }  // namespace
 
 void index_softmax_s32_u8__neon(const std::int32_t* s, const bool* valid, Index limit, Index keys,
@@ -150,34 +164,20 @@ void index_softmax_s32_u8__neon(const std::int32_t* s, const bool* valid, Index 
       const FloorDivider16 div = FloorDivider16::make(static_cast<std::uint64_t>(sum));
       const uint32x2_t mul = vdup_n_u32(static_cast<std::uint32_t>(div.multiplier));
       const int64x2_t shift = vdupq_n_s64(-div.shift);
-      for (Index j = 0; j < body; j += 16) {
-        const uint8x16_t e = vld1q_u8(p + j);
-        uint16x4_t q[4];
-        const uint16x8_t halves[2] = {vmovl_u8(vget_low_u8(e)), vmovl_u8(vget_high_u8(e))};
-        for (int v = 0; v < 4; ++v) {
-          const uint32x4_t n = times_ps(v % 2 == 0 ? vget_low_u16(halves[v / 2]) : vget_high_u16(halves[v / 2]), ps);
-          const uint64x2_t lo = vshlq_u64(vmull_u32(vget_low_u32(n), mul), shift);
-          const uint64x2_t hi = vshlq_u64(vmull_u32(vget_high_u32(n), mul), shift);
-          q[v] = vmovn_u32(vcombine_u32(vmovn_u64(lo), vmovn_u64(hi)));
-        }
-        vst1q_u8(p + j, vcombine_u8(vmovn_u16(vcombine_u16(q[0], q[1])), vmovn_u16(vcombine_u16(q[2], q[3]))));
-      }
+      normalise_chunks(p, body, ps, [&](uint32x4_t n) {
+        const uint64x2_t lo = vshlq_u64(vmull_u32(vget_low_u32(n), mul), shift);
+        const uint64x2_t hi = vshlq_u64(vmull_u32(vget_high_u32(n), mul), shift);
+        return vmovn_u32(vcombine_u32(vmovn_u64(lo), vmovn_u64(hi)));
+      });
       for (Index j = body; j < limit; ++j) p[j] = static_cast<std::uint8_t>(div.divide(ps * p[j]));
       break;
     }
     case Normalization::f32_rne: {
       const float fs = static_cast<float>(sum);
       const float32x4_t vfs = vdupq_n_f32(fs);
-      for (Index j = 0; j < body; j += 16) {
-        const uint8x16_t e = vld1q_u8(p + j);
-        uint16x4_t q[4];
-        const uint16x8_t halves[2] = {vmovl_u8(vget_low_u8(e)), vmovl_u8(vget_high_u8(e))};
-        for (int v = 0; v < 4; ++v) {
-          const uint32x4_t n = times_ps(v % 2 == 0 ? vget_low_u16(halves[v / 2]) : vget_high_u16(halves[v / 2]), ps);
-          q[v] = vmovn_u32(vcvtnq_u32_f32(vdivq_f32(vcvtq_f32_u32(n), vfs)));  // n < 2^16: exact in float
-        }
-        vst1q_u8(p + j, vcombine_u8(vmovn_u16(vcombine_u16(q[0], q[1])), vmovn_u16(vcombine_u16(q[2], q[3]))));
-      }
+      normalise_chunks(p, body, ps, [&](uint32x4_t n) {
+        return vmovn_u32(vcvtnq_u32_f32(vdivq_f32(vcvtq_f32_u32(n), vfs)));  // n < 2^16: exact in float
+      });
       for (Index j = body; j < limit; ++j)
         p[j] = static_cast<std::uint8_t>(std::nearbyint(static_cast<float>(ps * p[j]) / fs));
       break;
