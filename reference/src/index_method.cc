@@ -34,9 +34,9 @@ class IndexMethod final : public SoftmaxModelMethod {
   explicit IndexMethod(IndexSoftmaxParams p) : p_(p) {}
 
   // Floating-point logits: the IndexSoftmaxOnly variant (clamp and index in double, FP normalisation).
-  RowMatrixXd softmax_rows(const RowMatrixXd& logits) const override { return index_softmax_fp(logits, p_); }
+  RowMatrixXd softmax_rows_impl(const RowMatrixXd& logits) const override { return index_softmax_fp(logits, p_); }
 
-  IntegerSoftmaxResult softmax_integer(const IntegerLogits& in) const override {
+  IntegerSoftmaxResult softmax_integer_impl(const IntegerLogits& in) const override {
     const std::int64_t c_int = in.cint ? *in.cint : cint_from_alpha(p_.c, *in.alpha, p_.cint_rounding);
     if (c_int < 1 || c_int > kCintMax) throw SpecError("cint must be in [1, 2^30], got " + std::to_string(c_int));
     const RowMatrixXi32 p = index_softmax(in.values, c_int, p_);
@@ -105,6 +105,8 @@ MethodEntry index_method_entry() {
   e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
     return std::make_unique<IndexMethod>(index_softmax_params(m));
   };
+  e.overflow = OverflowRule::refuse;
+  e.overflow_note = "float logits in float64 (integer logits are exact); logits beyond its range (+inf) are refused";
   return e;
 }
 

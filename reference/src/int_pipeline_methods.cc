@@ -9,7 +9,7 @@ namespace {
 // Attention pipelines have no softmax-only form: the softmax is the "index" method.
 class PipelineMethod : public Method {
  public:
-  RowMatrixXd softmax_rows(const RowMatrixXd&) const override {
+  RowMatrixXd softmax_rows_impl(const RowMatrixXd&) const override {
     throw SpecError("an attention pipeline has no softmax-only form; use the softmax model (e.g. 'index', 'fp32')");
   }
 };
@@ -17,7 +17,7 @@ class PipelineMethod : public Method {
 class QuantOnlyMethod final : public PipelineMethod {
  public:
   explicit QuantOnlyMethod(QuantOnlySoftmax s) : softmax_(s) {}
-  AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+  AttentionResult attention_impl(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
                             const AttentionMask& mask) const override {
     return quant_only_attention(q, k, v, scale, mask, softmax_);
   }
@@ -29,7 +29,7 @@ class QuantOnlyMethod final : public PipelineMethod {
 class IntAttentionMethod final : public PipelineMethod {
  public:
   IntAttentionMethod(IndexSoftmaxParams p, CintEvaluation e, IntAttentionGroups g) : p_(p), eval_(e), groups_(g) {}
-  AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+  AttentionResult attention_impl(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
                             const AttentionMask& mask) const override {
     return int_attention(q, k, v, scale, mask, p_, eval_, groups_);
   }
@@ -43,7 +43,7 @@ class IntAttentionMethod final : public PipelineMethod {
 }  // namespace
 
 MethodEntry quant_only_method_entry() {
-  return {"quant-only",
+  MethodEntry e{"quant-only",
           "Quant-Only INT8 baseline: INT8 Q/K/V, INT32 QK^T, dequantise, fp32 softmax, INT8 P = round(127 p), INT32 PV",
           {{"softmax", ParamType::choice, "ref",
             "fp32 softmax: ref (std::exp, pairwise sum) or lanes16 (the fast path's exp_f32_poly and 16-lane sum)",
@@ -53,6 +53,9 @@ MethodEntry quant_only_method_entry() {
             return std::make_unique<QuantOnlyMethod>(m.choice("softmax") == "lanes16" ? QuantOnlySoftmax::lanes16
                                                                                       : QuantOnlySoftmax::reference);
           }};
+  e.overflow = OverflowRule::refuse;
+  e.overflow_note = "INT32 Q K^T dequantised to float32 logits; an entry beyond 3.4e38 is refused";
+  return e;
 }
 
 MethodEntry intattention_method_entry() {
@@ -77,6 +80,8 @@ MethodEntry intattention_method_entry() {
     return std::make_unique<IntAttentionMethod>(
         index_softmax_params(m), m.choice("cint-eval") == "f32" ? CintEvaluation::f32_upstream : CintEvaluation::f64, g);
   };
+  e.overflow = OverflowRule::refuse;
+  e.overflow_note = "INT8 Q/K/V and INT32 Q K^T (exact); the scale alpha = s_Q s_K scale in float64, c_int = max(1, floor(c / alpha)): no overflow for finite float64 inputs";
   return e;
 }
 

@@ -73,7 +73,10 @@ AttentionResult quant_only_attention(const RowMatrixXd& q, const RowMatrixXd& k,
   const RowMatrixXi32 a = int_matmul_abt(qi.values, ki.values);
   const float logit_scale = static_cast<float>(qi.scale * ki.scale * scale);
   RowMatrixXf s(a.rows(), a.cols());
-  for (Eigen::Index i = 0; i < a.size(); ++i) s.data()[i] = static_cast<float>(a.data()[i]) * logit_scale;
+  for (Eigen::Index i = 0; i < a.size(); ++i) {
+    s.data()[i] = static_cast<float>(a.data()[i]) * logit_scale;
+    if (!std::isfinite(s.data()[i])) throw_logit_overflow("quant-only", "float32", i / s.cols(), i % s.cols());
+  }
   if (!mask.empty()) {
     const RowMatrixXb visible = mask.visible(s.rows(), s.cols());
     for (Eigen::Index i = 0; i < s.size(); ++i)

@@ -9,8 +9,8 @@ namespace {
 class FloatMethod final : public Method {
  public:
   explicit FloatMethod(FloatPrecision p) : p_(p) {}
-  RowMatrixXd softmax_rows(const RowMatrixXd& logits) const override { return float_softmax_rows(logits, p_); }
-  AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+  RowMatrixXd softmax_rows_impl(const RowMatrixXd& logits) const override { return float_softmax_rows(logits, p_); }
+  AttentionResult attention_impl(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
                             const AttentionMask& mask) const override {
     return float_attention(q, k, v, scale, p_, mask);
   }
@@ -20,8 +20,17 @@ class FloatMethod final : public Method {
 };
 
 MethodEntry float_entry(FloatPrecision p, std::string summary) {
-  return {std::string(precision_name(p)), std::move(summary), {}, {},
-          [p](const ParamMap&) { return std::make_unique<FloatMethod>(p); }};
+  MethodEntry e{std::string(precision_name(p)), std::move(summary), {}, {},
+                [p](const ParamMap&) { return std::make_unique<FloatMethod>(p); }};
+  // IEEE formats model overflow as the format does: a logit beyond the range is inf and its row comes out NaN.
+  e.overflow = OverflowRule::propagate;
+  switch (p) {
+    case FloatPrecision::fp64: e.overflow_note = "logits in float64: beyond 1.8e308 a row's max is inf, the row NaN"; break;
+    case FloatPrecision::fp32: e.overflow_note = "logits in float32: beyond 3.4e38 a row's max is inf, the row NaN"; break;
+    case FloatPrecision::fp16: e.overflow_note = "logits stored in binary16: beyond 65504 a row's max is inf, the row NaN"; break;
+    case FloatPrecision::bf16: e.overflow_note = "logits stored in bfloat16: beyond 3.39e38 a row's max is inf, the row NaN"; break;
+  }
+  return e;
 }
 
 }  // namespace

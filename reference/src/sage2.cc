@@ -102,6 +102,7 @@ AttentionResult sage2_attention(const RowMatrixXd& q_in, const RowMatrixXd& k_in
       const float f = static_cast<float>(qq.scales[qq.group[i]] * kq.scales[kq.group[j]] * scale);
       s[j] = static_cast<float>(a) * f;
       if (p.smooth_q) s[j] += static_cast<float>(q_block_mean.row(i).dot(k.row(j)) * scale);  // Delta S, fp32
+      if (!std::isfinite(s[j])) throw_logit_overflow("sage2", "float32", i, j);
     }
     // (4)-(6) online softmax over key blocks
     float m = kNegInf, l = 0;

@@ -9,10 +9,10 @@ namespace {
 class Sage2Method final : public Method {
  public:
   explicit Sage2Method(Sage2Params p) : p_(p) {}
-  RowMatrixXd softmax_rows(const RowMatrixXd&) const override {
+  RowMatrixXd softmax_rows_impl(const RowMatrixXd&) const override {
     throw SpecError("sage2 is an attention pipeline; it has no softmax-only form");
   }
-  AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+  AttentionResult attention_impl(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
                             const AttentionMask& mask) const override {
     return sage2_attention(q, k, v, scale, mask, p_);
   }
@@ -61,6 +61,8 @@ MethodEntry sage2_method_entry() {
     p.accumulation = a == "two-level" ? SageAccumulation::two_level_fp22 : a == "fp22" ? SageAccumulation::fp22 : SageAccumulation::fp32;
     return std::make_unique<Sage2Method>(p);
   };
+  e.overflow = OverflowRule::refuse;
+  e.overflow_note = "S = s_Q s_K (Q K^T) (+ Delta S) in float32; an entry beyond 3.4e38 is refused";
   return e;
 }
 

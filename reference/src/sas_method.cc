@@ -8,7 +8,7 @@ namespace {
 class SasMethod final : public SoftmaxModelMethod {
  public:
   explicit SasMethod(SasParams p) : p_(p) {}
-  RowMatrixXd softmax_rows(const RowMatrixXd& logits) const override { return sas_softmax_rows(logits, p_); }
+  RowMatrixXd softmax_rows_impl(const RowMatrixXd& logits) const override { return sas_softmax_rows(logits, p_); }
 
  private:
   SasParams p_;
@@ -35,6 +35,8 @@ MethodEntry sas_method_entry() {
     p.half = m.boolean("half");
     return std::make_unique<SasMethod>(p);
   };
+  e.overflow = OverflowRule::refuse;
+  e.overflow_note = "logits scale * q k^T in float64; logits beyond its range (+inf) are refused";
   return e;
 }
 

@@ -44,6 +44,7 @@ void attend_rows(const RowMatrixXi32& q8, double s_q, Eigen::Index r0, const Key
         std::int64_t a = 0;
         for (Eigen::Index t = 0; t < d; ++t) a += std::int64_t{q8(i, t)} * kk(j, t);
         const float x = static_cast<float>(a) * alpha;
+        if (!std::isfinite(x)) throw_logit_overflow("turbo", "float32", r0 + i, j);
         s[i * n + (j - b0)] = x;
         m_new[i] = std::max(m_new[i], x);
       }

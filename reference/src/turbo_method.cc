@@ -9,14 +9,14 @@ namespace {
 class TurboMethod final : public Method {
  public:
   explicit TurboMethod(TurboParams p) : p_(p) {}
-  RowMatrixXd softmax_rows(const RowMatrixXd&) const override {
+  RowMatrixXd softmax_rows_impl(const RowMatrixXd&) const override {
     throw SpecError("turbo is an attention pipeline; its softmax alone is the method 'sas'");
   }
-  AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+  AttentionResult attention_impl(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
                             const AttentionMask& mask) const override {
     return turbo_attention(q, k, v, scale, mask, p_, p_.kv_bits);
   }
-  std::vector<AttentionResult> attention_heads(const std::vector<RowMatrixXd>& q, const std::vector<RowMatrixXd>& k,
+  std::vector<AttentionResult> attention_heads_impl(const std::vector<RowMatrixXd>& q, const std::vector<RowMatrixXd>& k,
                                                const std::vector<RowMatrixXd>& v, double scale,
                                                const AttentionMask& mask) const override {
     return turbo_attention_heads(q, k, v, scale, mask, p_);
@@ -74,6 +74,8 @@ MethodEntry turbo_method_entry() {
     p.int_scale = m.choice("zscale") == "ceil" ? IntScaleRounding::ceil : IntScaleRounding::round;
     return std::make_unique<TurboMethod>(p);
   };
+  e.overflow = OverflowRule::refuse;
+  e.overflow_note = "S = alpha * (Q K^T) per block in float32; an entry beyond 3.4e38 is refused";
   return e;
 }
 

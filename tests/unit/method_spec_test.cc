@@ -13,10 +13,10 @@ namespace {
 class EchoMethod final : public Method {
  public:
   explicit EchoMethod(ParamMap p) : p_(std::move(p)) {}
-  RowMatrixXd softmax_rows(const RowMatrixXd& x) const override {
+  RowMatrixXd softmax_rows_impl(const RowMatrixXd& x) const override {
     return RowMatrixXd::Constant(x.rows(), x.cols(), p_.real("c") * static_cast<double>(p_.integer("b")));
   }
-  AttentionResult attention(const RowMatrixXd&, const RowMatrixXd&, const RowMatrixXd&, double,
+  AttentionResult attention_impl(const RowMatrixXd&, const RowMatrixXd&, const RowMatrixXd&, double,
                             const AttentionMask&) const override {
     return {};
   }

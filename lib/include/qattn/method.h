@@ -105,22 +105,55 @@ struct AttentionResult {
   DType p_dtype = DType::u8;
 };
 
+// The non-finite policy of the whole registry (docs/non-finite.md has the table, method by method):
+//  - Q, K and V must be finite: NaN or +-inf anywhere is refused with an InputError naming the tensor ("Q", "K",
+//    "V") and the first bad index, by every method, before it computes anything;
+//  - logits given to softmax_rows may hold -inf, which means "masked" (P = 0 there; a row with every entry -inf is
+//    fully masked and gives P = 0); NaN and +inf are refused the same way;
+//  - what a method does when finite inputs overflow its own arithmetic (e.g. scale * q k^T beyond float32) is its
+//    OverflowRule, declared in its registry entry.
+// The public calls below check their inputs under this policy and then call the protected *_impl a method
+// implements, so no method can skip the checks.
 class Method {
  public:
   virtual ~Method() = default;
   // Row-wise softmax of logits [rows, L] as this method computes it, returned as probabilities.
-  virtual RowMatrixXd softmax_rows(const RowMatrixXd& logits) const = 0;
-  // Softmax of integer logits. Methods without an integer form keep this default, which throws SpecError.
-  virtual IntegerSoftmaxResult softmax_integer(const IntegerLogits& logits) const;
-  // softmax(scale * q k^T) v as this method computes it. q [L_q, d], k [L_k, d], v [L_k, d_v].
-  virtual AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
-                                    const AttentionMask& mask) const = 0;
+  RowMatrixXd softmax_rows(const RowMatrixXd& logits) const;
+  // Softmax of integer logits. Methods without an integer form keep the default, which throws SpecError.
+  IntegerSoftmaxResult softmax_integer(const IntegerLogits& logits) const { return softmax_integer_impl(logits); }
+  // softmax(scale * q k^T) v as this method computes it. q [L_q, d], k [L_k, d], v [L_k, d_v]; scale finite, > 0.
+  AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+                            const AttentionMask& mask) const;
   // The heads of one layer, one attention call each (q[h], k[h], v[h]). Methods whose choices look across heads
-  // (TurboAttention's head-wise KV precision) override it; the default calls attention() per head.
-  virtual std::vector<AttentionResult> attention_heads(const std::vector<RowMatrixXd>& q,
-                                                       const std::vector<RowMatrixXd>& k,
-                                                       const std::vector<RowMatrixXd>& v, double scale,
-                                                       const AttentionMask& mask) const;
+  // (TurboAttention's head-wise KV precision) override the _impl; the default calls attention() per head.
+  std::vector<AttentionResult> attention_heads(const std::vector<RowMatrixXd>& q, const std::vector<RowMatrixXd>& k,
+                                               const std::vector<RowMatrixXd>& v, double scale,
+                                               const AttentionMask& mask) const;
+
+ protected:
+  virtual RowMatrixXd softmax_rows_impl(const RowMatrixXd& logits) const = 0;
+  virtual IntegerSoftmaxResult softmax_integer_impl(const IntegerLogits& logits) const;
+  virtual AttentionResult attention_impl(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v,
+                                         double scale, const AttentionMask& mask) const = 0;
+  virtual std::vector<AttentionResult> attention_heads_impl(const std::vector<RowMatrixXd>& q,
+                                                            const std::vector<RowMatrixXd>& k,
+                                                            const std::vector<RowMatrixXd>& v, double scale,
+                                                            const AttentionMask& mask) const;
+};
+
+// The input checks of the policy above, for code that takes tensors from users outside a Method. `tensor` names
+// the tensor in the InputError ("Q", "logits", or a file name); the field is the first bad index, "[row, col]".
+void require_finite(const RowMatrixXd& x, const std::string& tensor);
+void require_softmax_logits(const RowMatrixXd& x, const std::string& tensor);  // -inf allowed (masked)
+
+// The InputError of a method under OverflowRule::refuse whose logit (row i, key j) does not fit `format`.
+[[noreturn]] void throw_logit_overflow(const std::string& method, const std::string& format, Eigen::Index i,
+                                       Eigen::Index j);
+
+// What a method does when finite inputs overflow its own arithmetic.
+enum class OverflowRule {
+  refuse,     // InputError naming the tensor whose values overflow and where (integer and quantised pipelines)
+  propagate,  // the IEEE result of the method's format: the rows concerned come out NaN, never finite and wrong
 };
 
 struct MethodEntry {
@@ -129,6 +162,8 @@ struct MethodEntry {
   std::vector<ParamInfo> params;
   std::vector<PresetInfo> presets;
   std::function<std::unique_ptr<Method>(const ParamMap&)> make;
+  OverflowRule overflow = OverflowRule::refuse;
+  std::string overflow_note;  // one line: where the method's arithmetic overflows and what it then does
 };
 
 class Registry {

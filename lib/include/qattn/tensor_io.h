@@ -3,14 +3,17 @@
 //
 // Contract for every reader: malformed input raises qattn::InputError naming the file, the field and the
 // reason; it never reads out of bounds, never allocates more than the data actually present justifies, and
-// never aborts. Writers are atomic: they write a sibling temporary file and rename it over the destination,
-// so a failed write leaves nothing behind and never a half-written file.
+// never aborts. Inputs are read from regular files only (a FIFO or device is refused, so nothing blocks).
+// Writers are atomic: a regular destination (or a new name) is written to a temporary sibling made with O_EXCL
+// and renamed over it, so a failed write leaves nothing behind and never a half-written file; a symbolic link is
+// written through to its target; a character or block device or a FIFO is written to in place, never replaced.
 //
 // Byte order: qattn runs on little-endian hosts only (x86-64, aarch64); big-endian .npy data is swapped on read.
 #pragma once
 
 #include <cstddef>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -27,6 +30,7 @@ struct NamedTensor {
 // Limits that protect readers against hostile headers. Exceeding one is an InputError.
 inline constexpr std::size_t kMaxNpyHeaderBytes = std::size_t{1} << 20;            // numpy itself warns at 10000
 inline constexpr std::size_t kMaxSafetensorsHeaderBytes = std::size_t{100} << 20;  // the format's own limit
+inline constexpr std::size_t kMaxSafetensorsNesting = 16;                           // JSON depth; the format needs 3
 inline constexpr int kMaxRank = 32;                                                // numpy's NPY_MAXDIMS
 
 // --- .npy ---------------------------------------------------------------------------------------------------
@@ -36,6 +40,10 @@ Tensor parse_npy(std::span<const std::byte> data, const std::string& source);
 // bfloat16 is written with descr '<V2' (see docs/tensor-io.md).
 std::vector<std::byte> encode_npy(const Tensor& t);
 Tensor read_npy(const std::filesystem::path& path);
+// The total byte size (preamble, header and data) that the .npy header at the start of `prefix` declares, or
+// nullopt while `prefix` ends before the header does. Throws InputError for a malformed header. Lets a reader of a
+// compressed member stop inflating once the declared size is passed.
+std::optional<std::uint64_t> npy_declared_size(std::span<const std::byte> prefix, const std::string& source);
 void write_npy(const std::filesystem::path& path, const Tensor& t);
 
 // --- .npz ---------------------------------------------------------------------------------------------------
@@ -59,8 +67,10 @@ void write_tensor_file(const std::filesystem::path& path, const std::vector<Name
 
 // --- shared helpers -----------------------------------------------------------------------------------------
 std::vector<std::byte> read_file_bytes(const std::filesystem::path& path);
-// Writes `bytes` to a temporary sibling and renames it over `path`. Throws InputError on failure, after removing
-// the temporary.
+// Writes `bytes` to `path` under the policy above. Throws InputError naming `path` on failure, after removing the
+// temporary.
 void write_file_atomic(const std::filesystem::path& path, std::span<const std::byte> bytes);
+// The file a write to `path` lands on: `path` with symbolic links followed (up to 40), or `path` itself.
+std::filesystem::path resolve_output_path(const std::filesystem::path& path);
 
 }  // namespace qattn

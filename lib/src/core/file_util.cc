@@ -1,53 +1,138 @@
+// Reading input files and writing output files safely. The contract is in tensor_io.h; the policy table (what
+// happens with symlinks, devices, FIFOs, existing files, full disks) is in docs/tensor-io.md "Output files".
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <random>
 #include <string>
 
 #include "qattn/error.h"
 #include "qattn/tensor_io.h"
 
 namespace qattn {
+namespace fs = std::filesystem;
 
-std::vector<std::byte> read_file_bytes(const std::filesystem::path& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw InputError(path.string(), "file", "is a directory, expected a tensor file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path.string(), "file", std::string("cannot open: ") + std::strerror(errno));
-  std::vector<std::byte> bytes;
-  char buf[1 << 16];
-  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
-    const auto* b = reinterpret_cast<const std::byte*>(buf);
-    bytes.insert(bytes.end(), b, b + in.gcount());
+namespace {
+
+std::string os_reason(int err) { return std::strerror(err); }
+
+// Closes a descriptor on scope exit unless released.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
   }
-  if (in.bad()) throw InputError(path.string(), "file", "read error");
+};
+
+// Writes every byte, retrying short writes and EINTR. Returns 0 or the errno of the failure.
+int write_all(int fd, std::span<const std::byte> bytes) {
+  const std::byte* p = bytes.data();
+  std::size_t left = bytes.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    p += n;
+    left -= static_cast<std::size_t>(n);
+  }
+  return 0;
+}
+
+mode_t current_umask() {
+  const mode_t m = ::umask(0);
+  ::umask(m);
+  return m;
+}
+
+}  // namespace
+
+std::vector<std::byte> read_file_bytes(const fs::path& path) {
+  Fd f;
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below as not a regular file.
+  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (f.fd < 0) throw InputError(path.string(), "file", "cannot open: " + os_reason(errno));
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0) throw InputError(path.string(), "file", "cannot stat: " + os_reason(errno));
+  if (S_ISDIR(st.st_mode)) throw InputError(path.string(), "file", "is a directory, expected a tensor file");
+  if (!S_ISREG(st.st_mode))
+    throw InputError(path.string(), "file",
+                     "is not a regular file (a FIFO, device or socket); inputs are read from regular files only");
+  const int flags = ::fcntl(f.fd, F_GETFL);
+  if (flags >= 0) ::fcntl(f.fd, F_SETFL, flags & ~O_NONBLOCK);
+  std::vector<std::byte> bytes;
+  bytes.reserve(static_cast<std::size_t>(st.st_size));  // the file's real size, not a header's claim
+  std::byte buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(f.fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw InputError(path.string(), "file", "read error: " + os_reason(errno));
+    }
+    if (n == 0) break;
+    bytes.insert(bytes.end(), buf, buf + n);
+  }
   return bytes;
 }
 
-void write_file_atomic(const std::filesystem::path& path, std::span<const std::byte> bytes) {
-  std::random_device rd;
-  const std::filesystem::path tmp =
-      path.parent_path() / ("." + path.filename().string() + ".tmp" + std::to_string(rd() & 0xffffff));
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out)
-      throw InputError(path.string(), "file", std::string("cannot create for writing: ") + std::strerror(errno));
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-    out.flush();
-    if (!out) {
-      out.close();
-      std::filesystem::remove(tmp);
-      throw InputError(path.string(), "file", "write failed (disk full?)");
-    }
+fs::path resolve_output_path(const fs::path& path) {
+  fs::path p = path;
+  for (int hops = 0; hops < 40; ++hops) {
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return p;
+    std::error_code ec;
+    const fs::path target = fs::read_symlink(p, ec);
+    if (ec) throw InputError(path.string(), "file", "cannot read symbolic link: " + ec.message());
+    p = target.is_absolute() ? target : p.parent_path() / target;
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp);
-    throw InputError(path.string(), "file", "cannot move into place: " + ec.message());
+  throw InputError(path.string(), "file", "too many levels of symbolic links");
+}
+
+void write_file_atomic(const fs::path& path, std::span<const std::byte> bytes) {
+  if (path.empty()) throw InputError("(empty path)", "file", "no output file name given");
+  const fs::path target = resolve_output_path(path);
+  struct stat st {};
+  const bool exists = ::stat(target.c_str(), &st) == 0;
+  if (exists && S_ISDIR(st.st_mode)) throw InputError(path.string(), "file", "is a directory");
+  if (exists && !S_ISREG(st.st_mode)) {
+    if (S_ISSOCK(st.st_mode)) throw InputError(path.string(), "file", "is a socket; cannot write to it");
+    // A character or block device or a FIFO: written to in place (like a shell redirection), never replaced.
+    Fd f;
+    f.fd = ::open(target.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY);
+    if (f.fd < 0) throw InputError(path.string(), "file", "cannot open for writing: " + os_reason(errno));
+    if (const int err = write_all(f.fd, bytes)) throw InputError(path.string(), "file", "write failed: " + os_reason(err));
+    const int fd = f.fd;
+    f.fd = -1;
+    if (::close(fd) != 0) throw InputError(path.string(), "file", "write failed: " + os_reason(errno));
+    return;
   }
+  // A regular file or a new name: a temporary sibling with an unguessable name made with O_EXCL by mkstemp (so a
+  // pre-created symbolic link cannot redirect it), written, then renamed over the destination. The temporary's name
+  // has a fixed length, so any destination name that fits NAME_MAX works.
+  const fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  std::string tmpl = (dir / ".qattn-XXXXXX").string();
+  Fd f;
+  f.fd = ::mkostemp(tmpl.data(), O_CLOEXEC);
+  if (f.fd < 0)
+    throw InputError(path.string(), "file", "cannot create a file in " + dir.string() + ": " + os_reason(errno));
+  const fs::path tmp = tmpl;
+  auto fail = [&](const std::string& why) {
+    ::unlink(tmp.c_str());
+    throw InputError(path.string(), "file", why);
+  };
+  // mkstemp creates mode 0600; give the file the mode a plain create would (0666 less the umask), or keep the mode of
+  // the file it replaces.
+  const mode_t mode = exists ? (st.st_mode & 07777) : (0666 & ~current_umask());
+  if (::fchmod(f.fd, mode) != 0) fail("cannot set the file mode: " + os_reason(errno));
+  if (const int err = write_all(f.fd, bytes)) fail("write failed: " + os_reason(err) + " (nothing was written)");
+  const int fd = f.fd;
+  f.fd = -1;
+  if (::close(fd) != 0) fail("write failed: " + os_reason(errno) + " (nothing was written)");
+  if (::rename(tmp.c_str(), target.c_str()) != 0) fail("cannot move into place: " + os_reason(errno));
 }
 
 }  // namespace qattn

@@ -102,7 +102,10 @@ MethodSpec parse_method_spec(std::string_view text) {
     const std::size_t eq = item.find('=');
     if (eq == std::string_view::npos || eq == 0 || eq + 1 == item.size())
       throw SpecError("method spec '" + full + "': '" + std::string(item) + "' is not key=value");
-    spec.overrides.emplace_back(std::string(item.substr(0, eq)), std::string(item.substr(eq + 1)));
+    const std::string key(item.substr(0, eq));
+    for (const auto& [k, v] : spec.overrides)
+      if (k == key) throw SpecError("method spec '" + full + "': key '" + key + "' given twice");
+    spec.overrides.emplace_back(key, std::string(item.substr(eq + 1)));
     if (comma == std::string_view::npos) break;
     rest = rest.substr(comma + 1);
     if (rest.empty()) throw SpecError("method spec '" + full + "': trailing ','");
@@ -146,17 +149,81 @@ void AttentionMask::apply_to_logits(RowMatrixXd& logits) const {
     if (!v.data()[i]) logits.data()[i] = -std::numeric_limits<double>::infinity();
 }
 
+namespace {
+
+// The first entry of x that `bad` rejects, as an InputError naming `tensor`, the index and the value.
+template <class Bad>
+void check_entries(const RowMatrixXd& x, const std::string& tensor, Bad bad) {
+  for (Eigen::Index i = 0; i < x.rows(); ++i)
+    for (Eigen::Index j = 0; j < x.cols(); ++j) {
+      const double v = x(i, j);
+      if (!bad(v)) continue;
+      const std::string what = std::isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf";
+      throw InputError(tensor, "[" + std::to_string(i) + ", " + std::to_string(j) + "]",
+                       "is " + what + "; non-finite input is refused (docs/non-finite.md)");
+    }
+}
+
+}  // namespace
+
+void require_finite(const RowMatrixXd& x, const std::string& tensor) {
+  if (x.allFinite()) return;
+  check_entries(x, tensor, [](double v) { return !std::isfinite(v); });
+}
+
+void require_softmax_logits(const RowMatrixXd& x, const std::string& tensor) {
+  if (x.allFinite()) return;
+  check_entries(x, tensor, [](double v) { return std::isnan(v) || v == std::numeric_limits<double>::infinity(); });
+}
+
+namespace {
+
+void require_attention_inputs(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale) {
+  require_finite(q, "Q");
+  require_finite(k, "K");
+  require_finite(v, "V");
+  if (!(std::isfinite(scale) && scale > 0))
+    throw InputError("scale", "value", std::to_string(scale) + " is not a finite number > 0");
+}
+
+}  // namespace
+
+void throw_logit_overflow(const std::string& method, const std::string& format, Eigen::Index i, Eigen::Index j) {
+  throw InputError("logits", "[" + std::to_string(i) + ", " + std::to_string(j) + "]",
+                   "scale * q k^T overflows " + format + ", in which " + method +
+                       " forms its logits; the inputs are too large for this method (docs/non-finite.md)");
+}
+
+RowMatrixXd Method::softmax_rows(const RowMatrixXd& logits) const {
+  require_softmax_logits(logits, "logits");
+  return softmax_rows_impl(logits);
+}
+
+AttentionResult Method::attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+                                  const AttentionMask& mask) const {
+  require_attention_inputs(q, k, v, scale);
+  return attention_impl(q, k, v, scale, mask);
+}
+
 std::vector<AttentionResult> Method::attention_heads(const std::vector<RowMatrixXd>& q, const std::vector<RowMatrixXd>& k,
                                                      const std::vector<RowMatrixXd>& v, double scale,
                                                      const AttentionMask& mask) const {
   if (q.size() != k.size() || k.size() != v.size()) throw std::invalid_argument("attention_heads: head counts of q, k, v differ");
+  for (std::size_t h = 0; h < q.size(); ++h) require_attention_inputs(q[h], k[h], v[h], scale);
+  return attention_heads_impl(q, k, v, scale, mask);
+}
+
+std::vector<AttentionResult> Method::attention_heads_impl(const std::vector<RowMatrixXd>& q,
+                                                          const std::vector<RowMatrixXd>& k,
+                                                          const std::vector<RowMatrixXd>& v, double scale,
+                                                          const AttentionMask& mask) const {
   std::vector<AttentionResult> out;
   out.reserve(q.size());
-  for (std::size_t h = 0; h < q.size(); ++h) out.push_back(attention(q[h], k[h], v[h], scale, mask));
+  for (std::size_t h = 0; h < q.size(); ++h) out.push_back(attention_impl(q[h], k[h], v[h], scale, mask));
   return out;
 }
 
-IntegerSoftmaxResult Method::softmax_integer(const IntegerLogits&) const {
+IntegerSoftmaxResult Method::softmax_integer_impl(const IntegerLogits&) const {
   throw SpecError("this method has no integer-logit softmax; give it floating-point logits");
 }
 

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -53,6 +54,7 @@ class HeaderScanner {
   }
   std::vector<std::int64_t> int_tuple(const char* field) {
     std::vector<std::int64_t> dims;
+    bool trailing_comma = false;
     expect('(', "to open the shape tuple");
     while (!peek(')')) {
       skip_space();
@@ -67,10 +69,15 @@ class HeaderScanner {
       dims.push_back(v);
       if (dims.size() > static_cast<std::size_t>(kMaxRank))
         fail(field, "more than " + std::to_string(kMaxRank) + " dimensions");
-      if (!peek(',')) break;
+      trailing_comma = peek(',');
+      if (!trailing_comma) break;
       ++i_;
     }
     expect(')', "to close the shape tuple");
+    // Python reads (2) as the integer 2, not a tuple: numpy refuses it, and so do we.
+    if (dims.size() == 1 && !trailing_comma)
+      fail(field, "(" + std::to_string(dims.front()) + ") is not a tuple; a one-dimensional shape is written (" +
+                      std::to_string(dims.front()) + ",)");
     return dims;
   }
   bool at_end() {
@@ -152,11 +159,23 @@ std::vector<std::byte> fortran_to_c(std::span<const std::byte> src, const std::v
   return dst;
 }
 
-}  // namespace
+// The header fields of a .npy file and where its data lies.
+struct NpyHeader {
+  Descr descr;
+  bool fortran = false;
+  std::vector<std::int64_t> shape;
+  std::size_t data_start = 0;
+  std::uint64_t nbytes = 0;
+};
 
-Tensor parse_npy(std::span<const std::byte> data, const std::string& source) {
-  if (data.size() < 10) throw InputError(source, "magic", "file is " + std::to_string(data.size()) +
-                                                              " bytes, shorter than the 10-byte .npy preamble");
+// Parses the preamble and header dict of `data`; nullopt when `data` ends before the header does (only when
+// `partial`, otherwise that is an error).
+std::optional<NpyHeader> parse_npy_header(std::span<const std::byte> data, const std::string& source, bool partial) {
+  if (data.size() < 10) {
+    if (partial) return std::nullopt;
+    throw InputError(source, "magic", "file is " + std::to_string(data.size()) +
+                                          " bytes, shorter than the 10-byte .npy preamble");
+  }
   if (std::memcmp(data.data(), kMagic.data(), kMagic.size()) != 0)
     throw InputError(source, "magic", "not a .npy file (expected \\x93NUMPY)");
   const int major = static_cast<int>(data[6]);
@@ -165,34 +184,42 @@ Tensor parse_npy(std::span<const std::byte> data, const std::string& source) {
     throw InputError(source, "version", "unsupported format version " + std::to_string(major) + "." +
                                             std::to_string(minor) + " (supported: 1.0, 2.0, 3.0)");
   const std::size_t len_bytes = major == 1 ? 2 : 4;
-  if (data.size() < 8 + len_bytes) throw InputError(source, "header_len", "truncated before the header length");
+  if (data.size() < 8 + len_bytes) {
+    if (partial) return std::nullopt;
+    throw InputError(source, "header_len", "truncated before the header length");
+  }
   const std::size_t header_len = read_le(data.data() + 8, static_cast<int>(len_bytes));
   const std::size_t header_start = 8 + len_bytes;
   if (header_len > kMaxNpyHeaderBytes)
     throw InputError(source, "header_len", std::to_string(header_len) + " bytes exceeds the limit of " +
                                                std::to_string(kMaxNpyHeaderBytes));
-  if (data.size() - header_start < header_len)
+  if (data.size() - header_start < header_len) {
+    if (partial) return std::nullopt;
     throw InputError(source, "header", "truncated: header needs " + std::to_string(header_len) + " bytes, " +
                                            std::to_string(data.size() - header_start) + " present");
+  }
   const std::string_view header(reinterpret_cast<const char*>(data.data() + header_start), header_len);
 
   HeaderScanner sc(header, source);
   std::string descr;
-  bool have_descr = false, have_order = false, have_shape = false, fortran = false;
-  std::vector<std::int64_t> shape;
+  bool have_descr = false, have_order = false, have_shape = false;
+  NpyHeader h;
   sc.expect('{', "to open the header dict");
   while (!sc.peek('}')) {
     const std::string key = sc.string_literal("header");
     sc.expect(':', "after a key");
     if (key == "descr") {
       if (sc.peek('[')) sc.fail("descr", "structured dtypes are not supported");
+      if (have_descr) sc.fail("descr", "given twice");
       descr = sc.string_literal("descr");
       have_descr = true;
     } else if (key == "fortran_order") {
-      fortran = sc.boolean("fortran_order");
+      if (have_order) sc.fail("fortran_order", "given twice");
+      h.fortran = sc.boolean("fortran_order");
       have_order = true;
     } else if (key == "shape") {
-      shape = sc.int_tuple("shape");
+      if (have_shape) sc.fail("shape", "given twice");
+      h.shape = sc.int_tuple("shape");
       have_shape = true;
     } else {
       sc.fail("header", "unexpected key '" + key + "'");
@@ -206,29 +233,44 @@ Tensor parse_npy(std::span<const std::byte> data, const std::string& source) {
   if (!have_order) sc.fail("fortran_order", "missing");
   if (!have_shape) sc.fail("shape", "missing");
 
-  const Descr d = parse_descr(descr, source);
-  const std::size_t width = dtype_size(d.dtype);
+  h.descr = parse_descr(descr, source);
+  const std::size_t width = dtype_size(h.descr.dtype);
   std::int64_t count = 1;
-  for (std::int64_t dim : shape)
+  for (std::int64_t dim : h.shape)
     if (__builtin_mul_overflow(count, dim, &count)) sc.fail("shape", "element count overflows int64");
   std::int64_t nbytes = 0;
   if (__builtin_mul_overflow(count, static_cast<std::int64_t>(width), &nbytes))
     sc.fail("shape", "byte size overflows int64");
-  const std::size_t data_start = header_start + header_len;
-  const std::size_t present = data.size() - data_start;
-  if (static_cast<std::uint64_t>(nbytes) != present)
-    throw InputError(source, "data", "shape " + Tensor{d.dtype, shape, {}}.shape_string() + " of " +
-                                         std::string(dtype_name(d.dtype)) + " needs " + std::to_string(nbytes) +
+  h.data_start = header_start + header_len;
+  h.nbytes = static_cast<std::uint64_t>(nbytes);
+  return h;
+}
+
+}  // namespace
+
+std::optional<std::uint64_t> npy_declared_size(std::span<const std::byte> prefix, const std::string& source) {
+  const std::optional<NpyHeader> h = parse_npy_header(prefix, source, /*partial=*/true);
+  if (!h) return std::nullopt;
+  return h->data_start + h->nbytes;
+}
+
+Tensor parse_npy(std::span<const std::byte> data, const std::string& source) {
+  NpyHeader h = *parse_npy_header(data, source, /*partial=*/false);
+  const std::size_t width = dtype_size(h.descr.dtype);
+  const std::size_t present = data.size() - h.data_start;
+  if (h.nbytes != present)
+    throw InputError(source, "data", "shape " + Tensor{h.descr.dtype, h.shape, {}}.shape_string() + " of " +
+                                         std::string(dtype_name(h.descr.dtype)) + " needs " + std::to_string(h.nbytes) +
                                          " bytes, file has " + std::to_string(present));
 
   Tensor t;
-  t.dtype = d.dtype;
-  t.shape = std::move(shape);
-  const auto payload = data.subspan(data_start);
+  t.dtype = h.descr.dtype;
+  t.shape = std::move(h.shape);
+  const auto payload = data.subspan(h.data_start);
   t.bytes.assign(payload.begin(), payload.end());
-  if (d.big_endian)
+  if (h.descr.big_endian)
     for (std::size_t i = 0; i < t.bytes.size(); i += width) std::reverse(t.bytes.begin() + i, t.bytes.begin() + i + width);
-  if (fortran && t.shape.size() > 1) t.bytes = fortran_to_c(t.bytes, t.shape, width);
+  if (h.fortran && t.shape.size() > 1) t.bytes = fortran_to_c(t.bytes, t.shape, width);
   return t;
 }
 

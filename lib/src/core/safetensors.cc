@@ -5,6 +5,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 
 #include "qattn/error.h"
 #include "qattn/tensor_io.h"
@@ -41,6 +42,28 @@ std::uint64_t non_negative(const json& v, const std::string& source, const std::
   return v.get<std::uint64_t>();
 }
 
+// Deepest nesting of [ and { outside strings. A safetensors header needs 3 levels ({name: {shape: [...]}});
+// nlohmann-json builds every level as a node, so a 20 MB header of nested brackets would cost gigabytes.
+std::size_t nesting_depth(std::string_view text) {
+  std::size_t depth = 0, deepest = 0;
+  bool in_string = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > kMaxSafetensorsNesting) break;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
 }  // namespace
 
 std::vector<NamedTensor> parse_safetensors(std::span<const std::byte> data, const std::string& source) {
@@ -55,6 +78,9 @@ std::vector<NamedTensor> parse_safetensors(std::span<const std::byte> data, cons
     throw InputError(source, "header", "truncated: header needs " + std::to_string(n) + " bytes, " +
                                            std::to_string(data.size() - 8) + " present");
   const char* text = reinterpret_cast<const char*>(data.data() + 8);
+  if (nesting_depth({text, n}) > kMaxSafetensorsNesting)
+    throw InputError(source, "header", "JSON nests deeper than " + std::to_string(kMaxSafetensorsNesting) +
+                                           " levels (a safetensors header needs 3)");
   const json header = json::parse(text, text + n, nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded()) throw InputError(source, "header", "not valid JSON");
   if (!header.is_object()) throw InputError(source, "header", "JSON header is not an object");
