@@ -26,6 +26,9 @@
 namespace qattn::cli {
 namespace {
 
+// Bounds of the bench's options: the materialised rows hold L^2 int32 S and L^2 u8 P (5 GiB at L = 32768).
+constexpr int kMaxBenchL = 32768, kMaxBenchD = 1024, kMaxBenchReps = 1000;
+
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 using RowMatrixXf = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -107,11 +110,11 @@ bool wants(const BenchOptions& o, const std::string& group) {
 void run_bench(const BenchOptions& o) {
   const Isa isa = o.isa.empty() ? default_isa() : parse_isa(o.isa);
   if (!isa_available(isa)) throw std::invalid_argument("--isa " + o.isa + ": not available on this CPU or build");
-  if (o.d < 1 || o.reps < 1) throw CLI::ValidationError("--d/--reps", "must be >= 1");
-  for (int l : o.lengths)
-    if (l < 1) throw CLI::ValidationError("--L", "lengths must be >= 1");
-  for (int t : o.threads)
-    if (t < 1) throw CLI::ValidationError("--threads", "must be >= 1");
+  require_range("--d", o.d, 1, kMaxBenchD);
+  require_range("--reps", o.reps, 1, kMaxBenchReps);
+  if (o.lengths.empty() || o.threads.empty()) throw CLI::ValidationError("--L/--threads", "give at least one value");
+  for (int l : o.lengths) require_range("--L", l, 1, kMaxBenchL);
+  for (int t : o.threads) require_range("--threads", t, 1, kMaxThreads);
   const MethodSpec index_spec = parse_method_spec(o.index);
   if (index_spec.name != "index") throw SpecError("--index: expected an 'index' spec such as index@paper, got '" + o.index + "'");
   const IndexSoftmaxParams index_params = ref::index_softmax_params(ref::reference_registry().resolve(index_spec));

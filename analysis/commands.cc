@@ -13,7 +13,10 @@
 #include <optional>
 #include <set>
 #include <utility>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include "qattn/error.h"
 #include "qattn/metrics.h"
@@ -49,6 +52,101 @@ void emit(const std::string& text, const std::string& path) {
     return;
   }
   write_file_atomic(path, std::as_bytes(std::span(text.data(), text.size())));
+}
+
+int flush_stdout() {
+  std::cout.flush();
+  errno = 0;
+  int err = std::fflush(stdout) != 0 ? errno : 0;
+  if (!err && (std::cout.fail() || std::ferror(stdout))) {
+    // an earlier write failed and its errno is gone; one more byte tells why (ENOSPC for > /dev/full)
+    errno = 0;
+    err = std::fputc('\n', stdout) == EOF || std::fflush(stdout) != 0 ? errno : 0;
+    if (!err) err = EIO;
+  }
+  return err;
+}
+
+std::vector<std::byte> encode_output(const std::string& path, const std::vector<NamedTensor>& tensors) {
+  const std::string ext = fs::path(path).extension().string();
+  if (ext != ".npy" && ext != ".npz" && ext != ".safetensors" && tensors.size() == 1) return encode_npy(tensors.front().tensor);
+  return encode_tensor_file(path, tensors);
+}
+
+namespace {
+
+// What a path names on disk, after following symbolic links.
+struct FileIdentity {
+  bool exists = false, directory = false, special = false;  // special: device, FIFO or socket
+  dev_t dev = 0;
+  ino_t ino = 0;
+  fs::path canonical;
+};
+
+FileIdentity identify(const std::string& path) {
+  FileIdentity id;
+  const fs::path target = resolve_output_path(path);
+  struct stat st {};
+  if (::stat(target.c_str(), &st) == 0) {
+    id.exists = true;
+    id.directory = S_ISDIR(st.st_mode);
+    id.special = !S_ISREG(st.st_mode) && !id.directory;
+    id.dev = st.st_dev;
+    id.ino = st.st_ino;
+  }
+  std::error_code ec;
+  id.canonical = fs::weakly_canonical(fs::absolute(target, ec), ec);
+  if (ec) id.canonical = fs::absolute(target, ec).lexically_normal();
+  return id;
+}
+
+bool same_file(const FileIdentity& a, const FileIdentity& b) {
+  if (a.exists && b.exists) return a.dev == b.dev && a.ino == b.ino;
+  return a.canonical == b.canonical;
+}
+
+}  // namespace
+
+void require_distinct_files(const std::vector<std::pair<std::string, std::string>>& inputs,
+                            const std::vector<std::pair<std::string, std::string>>& outputs) {
+  std::vector<std::pair<std::string, FileIdentity>> seen;
+  for (const auto& [opt, path] : outputs) {
+    if (path.empty()) continue;
+    const FileIdentity out = identify(path);
+    if (out.special) continue;  // /dev/null, a FIFO: written in place, may be named twice
+    for (const auto& [in_opt, in_path] : inputs) {
+      if (in_path.empty()) continue;
+      const FileIdentity in = identify(in_path);
+      // An input directory (a dump) is read whole: an output may be a new file in it, never one already there.
+      const bool clash = in.directory ? out.exists && same_file(identify(out.canonical.parent_path().string()), in)
+                                      : same_file(in, out);
+      if (clash)
+        throw CLI::ValidationError(opt, "'" + path + "' is " + (in.directory ? "a file inside " : "the same file as ") +
+                                            in_opt + " '" + in_path + "'; writing it would overwrite an input");
+    }
+    for (const auto& [prev_opt, prev] : seen)
+      if (same_file(prev, out))
+        throw CLI::ValidationError(opt, "'" + path + "' is the same file as " + prev_opt + "; give each output its own file");
+    seen.emplace_back(opt, out);
+  }
+}
+
+void require_tensor_extension(const std::string& option, const std::string& path) {
+  if (identify(path).special) return;  // a device or FIFO gets .npy bytes (encode_output)
+  const std::string ext = fs::path(path).extension().string();
+  if (ext == ".npy" || ext == ".npz" || ext == ".safetensors") {
+    if (ext == ".npz" && !have_npz())
+      throw CLI::ValidationError(option, "'" + path + "': .npz support was not built (libzip); use .npy or .safetensors");
+    return;
+  }
+  throw CLI::ValidationError(option, "'" + path + "': the extension '" + ext +
+                                         "' names no tensor format (use .npy, .npz or .safetensors)");
+}
+
+void require_range(const std::string& option, long long value, long long lo, long long hi) {
+  if (value < lo || value > hi)
+    throw CLI::ValidationError(option, std::to_string(value) + " is outside [" + std::to_string(lo) + ", " +
+                                           std::to_string(hi) + "]");
 }
 
 namespace {
@@ -175,8 +273,11 @@ void run_softmax(const SoftmaxOptions& o) {
   const auto method = registry().create(o.spec);  // a bad spec fails before any file is touched
   if (o.cint && o.alpha) throw CLI::ValidationError("--cint/--alpha", "give one of them, not both");
   if (o.alpha && !(*o.alpha > 0 && std::isfinite(*o.alpha))) throw CLI::ValidationError("--alpha", "must be finite and > 0");
-  if (o.cint && *o.cint < 1) throw CLI::ValidationError("--cint", "must be >= 1");
+  if (o.cint && (*o.cint < 1 || *o.cint > INT32_MAX)) throw CLI::ValidationError("--cint", "must be in [1, 2^31 - 1]");
+  require_tensor_extension("--out", o.out);
+  require_distinct_files({{"--in", o.in}}, {{"--out", o.out}});
   const Tensor logits = pick_tensor(o.in, o.name);
+  require_finite_tensor(logits, o.in, o.name.empty() ? "logits" : o.name, /*masked_ok=*/true);
   if (logits.shape.empty() || logits.shape.back() == 0)
     throw InputError(o.in, "shape", "softmax needs at least one axis of non-zero length, got " + logits.shape_string());
   const RowMatrixXd rows = logits.as_rows();
@@ -186,7 +287,7 @@ void run_softmax(const SoftmaxOptions& o) {
     if (o.cint || o.alpha)
       throw CLI::ValidationError("--cint/--alpha", "apply to integer logits only; " + o.in + " holds " +
                                                       std::string(dtype_name(logits.dtype)));
-    p = method->softmax_rows(rows);
+    p = with_source(o.in, o.spec, [&] { return method->softmax_rows(rows); });
   } else {
     if (!o.cint && !o.alpha)
       throw CLI::ValidationError("--cint/--alpha", o.in + " holds integer logits (" + std::string(dtype_name(logits.dtype)) +
@@ -198,16 +299,17 @@ void run_softmax(const SoftmaxOptions& o) {
         throw InputError(o.in, "values", "integer logit " + std::to_string(v) + " does not fit int32");
       il.values.data()[i] = static_cast<std::int32_t>(v);
     }
-    IntegerSoftmaxResult r = method->softmax_integer(il);
+    IntegerSoftmaxResult r = with_source(o.in, o.spec, [&] { return method->softmax_integer(il); });
     p = std::move(r.probabilities);
     raw = std::move(r.raw);
   }
   if (o.raw) {
     if (!raw) throw CLI::ValidationError("--raw", "method '" + o.spec + "' produces no integer P here; drop --raw");
     raw->shape = logits.shape;
-    return write_npy(o.out, *raw);
+    return write_file_atomic(o.out, encode_output(o.out, {{"p", std::move(*raw)}}));
   }
-  write_npy(o.out, Tensor::from_double(DType::f64, logits.shape, std::span(p.data(), static_cast<std::size_t>(p.size()))));
+  write_file_atomic(o.out, encode_output(o.out, {{"p", Tensor::from_double(DType::f64, logits.shape,
+                                                                           std::span(p.data(), static_cast<std::size_t>(p.size())))}}));
 }
 
 // ---- compare ---------------------------------------------------------------------------------------------
@@ -265,7 +367,14 @@ std::vector<std::int64_t> leading(const Tensor& t) { return {t.shape.begin(), t.
 
 void run_attention(const AttentionOptions& o) {
   const auto method = registry().create(o.spec);
+  require_tensor_extension("--out", o.out);
+  if (!o.probs.empty()) require_tensor_extension("--probs", o.probs);
+  require_distinct_files({{"--q", o.q}, {"--k", o.k}, {"--v", o.v}}, {{"--out", o.out}, {"--probs", o.probs}});
+  if (o.scale && !(std::isfinite(*o.scale) && *o.scale > 0)) throw CLI::ValidationError("--scale", "must be finite and > 0");
   const Tensor tq = pick_tensor(o.q, ""), tk = pick_tensor(o.k, ""), tv = pick_tensor(o.v, "");
+  require_finite_tensor(tq, o.q, "Q");
+  require_finite_tensor(tk, o.k, "K");
+  require_finite_tensor(tv, o.v, "V");
   const auto qs = split_batch(tq, o.q), ks = split_batch(tk, o.k), vs = split_batch(tv, o.v);
   if (leading(tq) != leading(tk) || leading(tk) != leading(tv))
     throw InputError(o.k, "shape", "leading (batch) dimensions of q " + tq.shape_string() + ", k " + tk.shape_string() +
@@ -276,7 +385,6 @@ void run_attention(const AttentionOptions& o) {
   if (tk.shape[tk.shape.size() - 2] != tv.shape[tv.shape.size() - 2])
     throw InputError(o.v, "shape", "v has " + std::to_string(tv.shape[tv.shape.size() - 2]) + " keys, k has " +
                                        std::to_string(tk.shape[tk.shape.size() - 2]));
-  if (o.scale && !(std::isfinite(*o.scale) && *o.scale > 0)) throw CLI::ValidationError("--scale", "must be finite and > 0");
   const double scale = o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(tq.shape.back()));
   AttentionMask mask;
   mask.causal = o.causal;
@@ -289,7 +397,11 @@ void run_attention(const AttentionOptions& o) {
   for (std::size_t b0 = 0; b0 < qs.size(); b0 += heads) {
     const std::vector<RowMatrixXd> q(qs.begin() + b0, qs.begin() + b0 + heads), k(ks.begin() + b0, ks.begin() + b0 + heads),
         v(vs.begin() + b0, vs.begin() + b0 + heads);
-    for (AttentionResult& r : method->attention_heads(q, k, v, scale, mask)) results.push_back(std::move(r));
+    const std::string where =
+        o.q + (heads == 1 ? " (batch entry " + std::to_string(b0) : " (batch entries " + std::to_string(b0) + " to " +
+                                                                       std::to_string(b0 + heads - 1)) + ")";
+    for (AttentionResult& r : with_source(where, o.spec, [&] { return method->attention_heads(q, k, v, scale, mask); }))
+      results.push_back(std::move(r));
   }
   for (const AttentionResult& r : results) {
     o_all.insert(o_all.end(), r.o.data(), r.o.data() + r.o.size());
@@ -307,18 +419,15 @@ void run_attention(const AttentionOptions& o) {
   o_shape.push_back(tv.shape.back());
   p_shape.push_back(tq.shape[tq.shape.size() - 2]);
   p_shape.push_back(tk.shape[tk.shape.size() - 2]);
-  const Tensor out = Tensor::from_double(DType::f32, o_shape, o_all);  // O is float32 by definition of every method
-  std::optional<Tensor> probs;
-  if (!o.probs.empty()) probs = Tensor::from_double(p_dtype, p_shape, p_all);
-  write_npy(o.out, out);
-  if (probs) {
-    try {
-      write_npy(o.probs, *probs);
-    } catch (...) {
-      std::filesystem::remove(o.out);  // all or nothing
-      throw;
-    }
-  }
+  // O is float32 by definition of every method. Both files are prepared before either is put in place, so a
+  // failure leaves both destinations as they were.
+  std::vector<std::unique_ptr<PendingFile>> files;
+  files.push_back(std::make_unique<PendingFile>(
+      o.out, encode_output(o.out, {{"o", Tensor::from_double(DType::f32, o_shape, o_all)}})));
+  if (!o.probs.empty())
+    files.push_back(std::make_unique<PendingFile>(
+        o.probs, encode_output(o.probs, {{"p", Tensor::from_double(p_dtype, p_shape, p_all)}})));
+  for (auto& f : files) f->commit();
 }
 
 
@@ -341,6 +450,10 @@ bool has_softmax_form(const Method& m) {
 }
 
 void run_analyze(const AnalyzeOptions& o) {
+  const bool explicit_files = !o.q.empty() || !o.logits.empty();
+  require_distinct_files({{"--tensors", explicit_files ? "" : o.tensors}, {"--q", o.q}, {"--k", o.k}, {"--v", o.v},
+                          {"--logits", o.logits}},
+                         {{"--out", o.out}});
   const bool softmax = o.softmax_only || !o.logits.empty();
   const SoftmaxReference ref_kind = o.reference == "exact" ? SoftmaxReference::exact : SoftmaxReference::fp64;
   std::vector<std::string> specs = o.specs;
@@ -447,15 +560,26 @@ void run_analyze(const AnalyzeOptions& o) {
       vb += r.v_bits / static_cast<double>(mine.size());
       max_mean += r.p.max_abs / static_cast<double>(mine.size());
       bias_mean += r.p.bias / static_cast<double>(mine.size());
-      max_worst = std::fmax(max_worst, r.p.max_abs);
+      max_worst = std::isnan(max_worst) || std::isnan(r.p.max_abs) ? NAN : std::max(max_worst, r.p.max_abs);
       if (!(std::fabs(r.p.bias) <= std::fabs(bias_worst))) bias_worst = r.p.bias;
     }
+    // A head whose output is not finite makes the mean and worst NaN; the worst row names the first such head.
+    std::string worst_label = "worst";
+    json nonfinite_head = nullptr;
+    for (const auto& r : mine)
+      if (r.o.nonfinite > 0 || r.p.nonfinite > 0) {
+        worst_label = "worst (NaN: layer " + std::to_string(r.layer) + " head " + std::to_string(r.head) + ")";
+        nonfinite_head = {{"layer", r.layer}, {"head", r.head}};
+        std::cerr << "qattn analyze: " << spec << " gives a non-finite output on layer " << r.layer << " head " << r.head
+                  << " (its metrics are NaN; see docs/non-finite.md)\n";
+        break;
+      }
     row("all", "mean", spec, kb, vb, s[0], s[1], s[2], s[3], s[4], s[5], max_mean, bias_mean, s[6]);
-    row("all", "worst", spec, kb, vb, w[0], w[1], w[2], w[3], w[4], w[5], max_worst, bias_worst, w[6]);
+    row("all", worst_label, spec, kb, vb, w[0], w[1], w[2], w[3], w[4], w[5], max_worst, bias_worst, w[6]);
     json mean, worst;
     for (int i = 0; i < 7; ++i) mean[kMetricNames[i]] = s[i], worst[kMetricNames[i]] = w[i];
     j["summary"].push_back({{"method", spec}, {"canonical", registry().canonical(parse_method_spec(spec))},
-                            {"mean", mean}, {"worst", worst}});
+                            {"mean", mean}, {"worst", worst}, {"first_nonfinite_head", nonfinite_head}});
   }
   std::size_t n_heads = 0;
   for (const DumpLayer& l : dump) n_heads += l.heads.size();

@@ -2,12 +2,23 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstddef>
+
+#include "qattn/tensor_io.h"
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace qattn::cli {
 
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitUsage = 2;
 inline constexpr int kExitBadInput = 3;
+
+// Documented bounds of numeric options (README, docs/tensor-io.md "Resource bounds").
+inline constexpr int kMaxThreads = 1024;                            // --threads of sweep, reproduce, bench
+inline constexpr long long kDefaultMaxSweepPoints = 100000;         // sweep --max-points default
+inline constexpr long long kMaxSweepPointsLimit = 10000000;         // about 3 GB of specs: the cap's own cap
 
 // Adds every subcommand to `app`; the returned callback runs the one that was selected.
 void add_info(CLI::App& app);
@@ -28,5 +39,24 @@ struct ExitCode {
 
 // Writes text to stdout, or atomically to path when it is not empty.
 void emit(const std::string& text, const std::string& path);
+
+// Refuses (CLI::ValidationError, exit 2) an output that is the same file as an input or as another output: each
+// pair is (option, path); paths are compared after following symbolic links, and by device and inode where the
+// files exist. Character devices and FIFOs (e.g. /dev/null) may be given more than once.
+void require_distinct_files(const std::vector<std::pair<std::string, std::string>>& inputs,
+                            const std::vector<std::pair<std::string, std::string>>& outputs);
+
+// The tensor file format an output path's extension names (.npy, .npz, .safetensors); CLI::ValidationError (exit 2)
+// naming `option` otherwise, before any work is done.
+void require_tensor_extension(const std::string& option, const std::string& path);
+
+// Checks that a numeric option lies in [lo, hi]; CLI::ValidationError naming the option otherwise.
+void require_range(const std::string& option, long long value, long long lo, long long hi);
+
+// Flushes stdout; 0, or the errno of the failure when anything written to it was lost (e.g. > /dev/full).
+int flush_stdout();
+
+// The bytes of an output tensor file: the format its extension names, or .npy for a device or FIFO.
+std::vector<std::byte> encode_output(const std::string& path, const std::vector<qattn::NamedTensor>& tensors);
 
 }  // namespace qattn::cli

@@ -5,6 +5,8 @@
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -28,6 +30,7 @@ namespace {
 // "dump.npz:layer0_head1_q"): q, k, v and logits, in that order.
 constexpr int kKinds = 4;
 constexpr const char* kKindNames[kKinds] = {"q", "k", "v", "logits"};
+constexpr const char* kKindRoles[kKinds] = {"Q", "K", "V", "logits"};
 
 struct HeadTensors {
   int layer, head;
@@ -139,11 +142,11 @@ std::map<int, LayerManifest> read_manifest(const fs::path& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec) || !fs::exists(path, ec)) return out;
   const std::string where = path.string();
-  std::ifstream in(path);
-  if (!in) throw InputError(where, "file", "cannot be read");
+  const std::vector<std::byte> bytes = read_file_bytes(path);  // refuses a directory, FIFO or device
+  const char* text = reinterpret_cast<const char*>(bytes.data());
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text, text + bytes.size());
   } catch (const nlohmann::json::exception& e) {
     throw InputError(where, "json", std::string("does not parse: ") + e.what());
   }
@@ -158,6 +161,7 @@ std::map<int, LayerManifest> read_manifest(const fs::path& dir) {
     if (!e.is_object()) throw InputError(where, field, "expected an object");
     LayerManifest m;
     m.causal = causal_all;
+    if (layer < 0) throw InputError(where, field, "layer numbers are >= 0");
     if (e.contains("scale")) {
       if (!e["scale"].is_number() || !(e["scale"].get<double>() > 0) || !std::isfinite(e["scale"].get<double>()))
         throw InputError(where, field + ".scale", "expected a finite number > 0");
@@ -173,6 +177,7 @@ std::map<int, LayerManifest> read_manifest(const fs::path& dir) {
         throw InputError(where, field + "." + key, "expected a positive integer");
       (std::string(key) == "head_dim" ? m.head_dim : m.num_heads) = static_cast<int>(e[key].get<long long>());
     }
+    if (out.count(layer)) throw InputError(where, field, "layer " + std::to_string(layer) + " is described twice");
     out[layer] = m;
   };
   if (!j.contains("layers")) {
@@ -190,8 +195,10 @@ std::map<int, LayerManifest> read_manifest(const fs::path& dir) {
   } else if (layers.is_object()) {
     for (const auto& [key, e] : layers.items()) {
       char* end = nullptr;
+      errno = 0;
       const long n = std::strtol(key.c_str(), &end, 10);
-      if (key.empty() || *end != '\0' || n < 0) throw InputError(where, "layers", "key '" + key + "' is not a layer number");
+      if (key.empty() || *end != '\0' || n < 0 || n > INT32_MAX || errno != 0 || key[0] < '0' || key[0] > '9')
+        throw InputError(where, "layers", "key '" + key + "' is not a layer number");
       read_layer(static_cast<int>(n), e);
     }
   } else {
@@ -210,12 +217,34 @@ std::vector<RowMatrixXd> split_batch(const Tensor& t, const fs::path& path) {
     throw InputError(path.string(), "dtype", std::string(dtype_name(t.dtype)) + " given, analyze expects float Q/K/V");
   const std::int64_t L = t.shape[t.shape.size() - 2], d = t.shape.back();
   if (L == 0 || d == 0) throw InputError(path.string(), "shape", "empty L or d in " + t.shape_string());
+  if (t.element_count() == 0)
+    throw InputError(path.string(), "shape", "a leading (batch) axis has length 0 in " + t.shape_string() +
+                                                 ": there is nothing to evaluate");
   const RowMatrixXd rows = t.as_rows();
   std::vector<RowMatrixXd> out;
   for (std::int64_t b = 0; b * L < rows.rows(); ++b) out.push_back(rows.middleRows(b * L, L));
   return out;
 }
 
+
+void require_finite_tensor(const Tensor& t, const std::string& where, const std::string& role, bool masked_ok) {
+  if (!dtype_is_float(t.dtype)) return;  // integers are always finite
+  const Eigen::ArrayXd v = t.to_double();
+  for (Eigen::Index i = 0; i < v.size(); ++i) {
+    const double x = v[i];
+    if (std::isfinite(x) || (masked_ok && x == -INFINITY)) continue;
+    std::string index;  // i as an index into t.shape, C order
+    std::int64_t rest = i;
+    for (std::size_t a = t.shape.size(); a-- > 0;) {
+      index = std::to_string(rest % t.shape[a]) + (index.empty() ? "" : ", ") + index;
+      rest /= t.shape[a];
+    }
+    const std::string what = std::isnan(x) ? "NaN" : x > 0 ? "+inf" : "-inf";
+    throw InputError(where, role + "[" + index + "]",
+                     "is " + what + "; non-finite input is refused" +
+                         (masked_ok ? " (-inf, meaning masked, is the one exception)" : "") + " (docs/non-finite.md)");
+  }
+}
 
 namespace {
 
@@ -258,13 +287,12 @@ std::vector<DumpLayer> build_layers(std::vector<HeadTensors> heads, DumpTarget t
       l.heads.push_back(ht.head);
       if (softmax) {
         l.q_paths.push_back(ht.where[3]);
+        require_finite_tensor(ht.t[3], ht.where[3], "logits", /*masked_ok=*/true);
         std::vector<RowMatrixXd> rows = split_batch(ht.t[3], ht.where[3]);
         if (!l.logits.empty() && rows.size() != l.logits.front().size())
           throw InputError(ht.where[3], "shape", "batch size differs from the other heads of layer " + std::to_string(ht.layer));
         std::vector<RowMatrixXd> refs;
         for (RowMatrixXd& x : rows) {
-          for (double v : x.reshaped())
-            if (std::isnan(v)) throw InputError(ht.where[3], "values", "holds NaN");
           mask.apply_to_logits(x);
           refs.push_back(softmax_reference(x, ref_kind));
         }
@@ -274,6 +302,7 @@ std::vector<DumpLayer> build_layers(std::vector<HeadTensors> heads, DumpTarget t
         continue;
       }
       l.q_paths.push_back(ht.where[0]);
+      for (int kind = 0; kind < 3; ++kind) require_finite_tensor(ht.t[kind], ht.where[kind], kKindRoles[kind]);
       l.q.push_back(split_batch(ht.t[0], ht.where[0]));
       l.k.push_back(split_batch(ht.t[1], ht.where[1]));
       l.v.push_back(split_batch(ht.t[2], ht.where[2]));
@@ -294,13 +323,27 @@ std::vector<DumpLayer> build_layers(std::vector<HeadTensors> heads, DumpTarget t
       }
       std::vector<AttentionResult> refs;
       const double scale = l.logit_scale();
-      for (std::size_t b = 0; b < l.q.back().size(); ++b)
+      for (std::size_t b = 0; b < l.q.back().size(); ++b) {
         refs.push_back(reference->attention(l.q.back()[b], l.k.back()[b], l.v.back()[b], scale, mask));
+        // fp64 propagates overflow as NaN; a reference that is not finite cannot measure anything
+        if (!refs.back().o.allFinite())
+          throw InputError(ht.where[0], "values", "scale * Q K^T overflows float64 in the fp64 reference (batch entry " +
+                                                      std::to_string(b) + "); rescale the inputs");
+      }
       l.reference.push_back(std::move(refs));
       ht = HeadTensors{};  // the matrices are kept; the tensors are not needed any more
     }
     layers.push_back(std::move(l));
     h0 = h1;
+  }
+  for (const auto& [layer, m] : manifest) {
+    if (layer < 0) continue;
+    if (std::none_of(layers.begin(), layers.end(), [&](const DumpLayer& l) { return l.layer == layer; })) {
+      std::string present;
+      for (const DumpLayer& l : layers) present += (present.empty() ? "" : ", ") + std::to_string(l.layer);
+      throw InputError(manifest_path, "layers[" + std::to_string(layer) + "]",
+                       "describes a layer that has no files in the dump (layers present: " + present + ")");
+    }
   }
   return layers;
 }
@@ -346,7 +389,8 @@ std::vector<HeadResult> evaluate(const std::vector<DumpLayer>& dump, const Metho
       for (std::size_t h = 0; h < l.heads.size(); ++h) {
         std::vector<double> p_all, p_ref_all;
         for (std::size_t b = 0; b < l.logits[h].size(); ++b) {
-          const RowMatrixXd p = method.softmax_rows(l.logits[h][b]);
+          const RowMatrixXd p = with_source(l.q_paths[h].string() + " (batch entry " + std::to_string(b) + ")", label,
+                                            [&] { return method.softmax_rows(l.logits[h][b]); });
           const RowMatrixXd& ref = l.p_reference[h][b];
           p_all.insert(p_all.end(), p.data(), p.data() + p.size());
           p_ref_all.insert(p_ref_all.end(), ref.data(), ref.data() + ref.size());
@@ -374,8 +418,12 @@ std::vector<HeadResult> evaluate(const std::vector<DumpLayer>& dump, const Metho
       std::vector<RowMatrixXd> q, k, v;
       for (std::size_t h = 0; h < nh; ++h) q.push_back(l.q[h][b]), k.push_back(l.k[h][b]), v.push_back(l.v[h][b]);
       ref::KvQuantized used;
-      std::vector<AttentionResult> r = kv ? ref::attention_with_kv(method, *kv, q, k, v, l.logit_scale(), mask, &used)
-                                          : method.attention_heads(q, k, v, l.logit_scale(), mask);
+      const std::string where = "layer " + std::to_string(l.layer) + " (" + l.q_paths.front().string() + " and its " +
+                                std::to_string(nh) + " heads, batch entry " + std::to_string(b) + ")";
+      std::vector<AttentionResult> r = with_source(where, label, [&] {
+        return kv ? ref::attention_with_kv(method, *kv, q, k, v, l.logit_scale(), mask, &used)
+                  : method.attention_heads(q, k, v, l.logit_scale(), mask);
+      });
       k_bits += used.k_bits / static_cast<double>(batch);
       v_bits += used.v_bits / static_cast<double>(batch);
       for (std::size_t h = 0; h < nh; ++h) res[h].push_back(std::move(r[h]));
@@ -414,11 +462,15 @@ std::array<double, 7> metric_values(const HeadResult& r) {
 Summary summarise(const std::vector<HeadResult>& results) {
   Summary s;
   for (int i = 0; i < 7; ++i) s.worst[i] = lower_is_worse(i) ? INFINITY : -INFINITY;
-  for (const HeadResult& r : results) {
-    const auto v = metric_values(r);
+  for (std::size_t r = 0; r < results.size(); ++r) {
+    const auto v = metric_values(results[r]);
     for (int i = 0; i < 7; ++i) {
       s.mean[i] += v[i];
-      s.worst[i] = lower_is_worse(i) ? std::fmin(s.worst[i], v[i]) : std::fmax(s.worst[i], v[i]);
+      if (std::isnan(s.worst[i])) continue;  // the first NaN head stays the worst
+      if (std::isnan(v[i]) || (lower_is_worse(i) ? v[i] < s.worst[i] : v[i] > s.worst[i])) {
+        s.worst[i] = v[i];
+        s.worst_at[i] = static_cast<int>(r);
+      }
     }
   }
   for (double& x : s.mean) x /= static_cast<double>(results.size());

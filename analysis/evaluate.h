@@ -8,9 +8,11 @@
 #include <filesystem>
 #include <functional>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "qattn/error.h"
 #include "qattn/method.h"
 #include "qattn/metrics.h"
 #include "qattn/reference/kv_quant.h"
@@ -19,8 +21,19 @@
 
 namespace qattn::cli {
 
-// [..., L, d] -> batch of [L, d] matrices (leading axes flattened); InputError naming `path` otherwise.
+// [..., L, d] -> batch of [L, d] matrices (leading axes flattened); InputError naming `path` otherwise, also for a
+// batch of size 0 (a leading axis of length 0: nothing to evaluate).
 std::vector<RowMatrixXd> split_batch(const Tensor& t, const std::filesystem::path& path);
+
+// The registry's non-finite policy applied to a tensor read from `where`: NaN and +inf are refused, and -inf too
+// unless `masked_ok` (logits, where -inf means masked). The InputError names the file, the tensor `role` ("Q",
+// "logits") with the first bad index in the file's own shape, and the value.
+void require_finite_tensor(const Tensor& t, const std::string& where, const std::string& role, bool masked_ok = false);
+
+// Runs fn(); an InputError or std::invalid_argument / std::domain_error that a method raises from inside is
+// rethrown as an InputError whose source names `where` (the file, layer and head it came from) and `method`.
+template <class Fn>
+auto with_source(const std::string& where, const std::string& method, Fn&& fn) -> decltype(fn());
 
 // What a dump is evaluated on: full attention from Q, K and V, or the softmax alone on the dumped logits.
 enum class DumpTarget { attention, softmax };
@@ -103,9 +116,11 @@ inline constexpr std::array<const char*, 7> kMetricNames = {"O_cossim", "O_rel_l
 std::array<double, 7> metric_values(const HeadResult& r);
 inline bool lower_is_worse(int metric) { return metric == 0 || metric == 3; }  // the two CosSims
 
-// Mean over heads and the worst head of each metric.
+// Mean over heads and the worst head of each metric. A NaN metric (a head whose output is not finite) is the worst
+// there is: the mean is NaN too, and worst_at names the first such head.
 struct Summary {
   std::array<double, 7> mean{}, worst{};
+  std::array<int, 7> worst_at{-1, -1, -1, -1, -1, -1, -1};  // index into the results summarised
 };
 Summary summarise(const std::vector<HeadResult>& results);
 
@@ -113,5 +128,19 @@ Summary summarise(const std::vector<HeadResult>& results);
 // order. The first exception a call throws is rethrown here once every thread has stopped; items not yet started
 // are then skipped.
 void parallel_for(std::size_t n, int threads, const std::function<void(std::size_t)>& fn);
+
+template <class Fn>
+auto with_source(const std::string& where, const std::string& method, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const InputError& e) {
+    throw InputError(where + " (method " + method + ", " + e.source() + ")", e.field(), e.reason());
+  } catch (const std::invalid_argument& e) {
+    if (dynamic_cast<const SpecError*>(&e)) throw;
+    throw InputError(where, "method " + method, e.what());
+  } catch (const std::domain_error& e) {
+    throw InputError(where, "method " + method, e.what());
+  }
+}
 
 }  // namespace qattn::cli

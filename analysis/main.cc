@@ -1,5 +1,8 @@
 // qattn: one program, one subcommand per task. Run `qattn --help` or `qattn SUBCOMMAND --help`.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <string>
 #include <exception>
 #include <iostream>
 
@@ -40,6 +43,11 @@ int main(int argc, char** argv) {
     return kExitBadInput;
   } catch (const std::exception& e) {
     std::cerr << "qattn: error: " << e.what() << "\n";
+    return kExitBadInput;
+  }
+  // Output to stdout that did not arrive (a full disk, > /dev/full, a closed descriptor) is a failure, not success.
+  if (const int err = flush_stdout()) {
+    std::cerr << "qattn: error: standard output: write failed: " << std::strerror(err) << "\n";
     return kExitBadInput;
   }
   return kExitOk;

@@ -5,6 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <atomic>
 #include <cmath>
 #include <filesystem>
@@ -235,7 +238,7 @@ std::vector<std::size_t> pareto_outputs(const Context& ctx, const std::string& n
     const fs::path png = ctx.out_dir / (name + ".png");
     if (run_plot_script({"pareto", csv.string(), "-o", png.string(), "--x", table.header[1], "--y", table.header[2],
                          "--label", table.header[0], "--logy", "--title", title}) != 0)
-      std::cerr << "qattn reproduce: " << png.string() << " was not drawn (matplotlib missing?)\n";
+      std::cerr << "qattn reproduce: " << png.filename().string() << " was not drawn (matplotlib missing?)\n";
   }
   std::vector<std::size_t> order(table.rows.size()), front;
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -727,11 +730,40 @@ void run_reproduce(const ReproduceOptions& o) {
     if (rc != 0) throw ExitCode{rc};
     return;
   }
+  require_range("--threads", o.threads, 0, kMaxThreads);
+  require_distinct_files({{"--tensors", o.tensors}}, {{"--out", o.out}});
+  // The experiment writes its data files into a staging directory beside --out-dir; they move into --out-dir (created
+  // then) only once the experiment and its report have succeeded, so a failure leaves no directory and no file.
   std::error_code ec;
-  fs::create_directories(o.out_dir, ec);
-  if (!fs::is_directory(o.out_dir, ec)) throw InputError(o.out_dir, "--out-dir", "is not a directory and cannot be created");
-  Context ctx{o.tensors, o.out_dir, o.fast, !o.no_plots, o.threads};
-  emit(it->run(ctx), o.out);
+  const fs::path out_dir = fs::absolute(o.out_dir, ec).lexically_normal();
+  if (fs::exists(out_dir, ec) && !fs::is_directory(out_dir, ec))
+    throw InputError(o.out_dir, "--out-dir", "exists and is not a directory");
+  fs::path anchor = out_dir;  // the nearest existing ancestor, where the staging directory goes
+  while (!anchor.empty() && !fs::is_directory(anchor, ec) && anchor != anchor.parent_path()) anchor = anchor.parent_path();
+  std::string tmpl = (anchor / ".qattn-reproduce-XXXXXX").string();
+  if (!mkdtemp(tmpl.data()))
+    throw InputError(o.out_dir, "--out-dir", "cannot create a staging directory in " + anchor.string() + ": " +
+                                                 std::strerror(errno));
+  const fs::path staging = tmpl;
+  struct RemoveStaging {
+    fs::path dir;
+    ~RemoveStaging() {
+      std::error_code e;
+      fs::remove_all(dir, e);
+    }
+  } cleanup{staging};
+  Context ctx{o.tensors, staging, o.fast, !o.no_plots, o.threads};
+  const std::string report = it->run(ctx);
+  std::vector<std::unique_ptr<PendingFile>> files;
+  if (!o.out.empty()) files.push_back(std::make_unique<PendingFile>(o.out, std::as_bytes(std::span(report.data(), report.size()))));
+  fs::create_directories(out_dir, ec);
+  if (ec) throw InputError(o.out_dir, "--out-dir", "cannot be created: " + ec.message());
+  for (const auto& entry : fs::directory_iterator(staging)) {
+    fs::rename(entry.path(), out_dir / entry.path().filename(), ec);
+    if (ec) throw InputError((out_dir / entry.path().filename()).string(), "file", "cannot move into place: " + ec.message());
+  }
+  for (auto& f : files) f->commit();
+  if (o.out.empty()) emit(report, "");
 }
 
 }  // namespace
@@ -746,7 +778,7 @@ void add_reproduce(CLI::App& app) {
   sub->add_option("--out-dir", o->out_dir, "where data files (CSV, PNG) go")->capture_default_str();
   sub->add_option("--out", o->out, "write the report here instead of stdout");
   sub->add_flag("--no-plots", o->no_plots, "skip the figures (no Python needed)");
-  sub->add_option("--threads", o->threads, "worker threads (default: all cores)");
+  sub->add_option("--threads", o->threads, "worker threads, at most " + std::to_string(kMaxThreads) + " (default 0: all cores)");
   sub->callback([o] { run_reproduce(*o); });
 }
 

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <unistd.h>
 
 #include "commands.h"
 #include "evaluate.h"
@@ -83,6 +84,7 @@ struct SweepOptions {
   std::string spec, tensors = QATTN_DEFAULT_TENSORS, metric = "cossim", target = "O", out, format = "csv";
   std::vector<std::string> grids;
   int threads = 0;
+  long long max_points = kDefaultMaxSweepPoints;
 };
 
 void run_sweep(const SweepOptions& o) {
@@ -97,6 +99,17 @@ void run_sweep(const SweepOptions& o) {
   for (int i = 0; i < 7; ++i)
     if (name == kMetricNames[i]) metric = i;
   if (metric < 0) throw CLI::ValidationError("--metric", "'" + o.metric + "' on " + o.target + " is not one of cossim, rel_l1, rmse (O and P), kl (P)");
+
+  require_range("--threads", o.threads, 0, kMaxThreads);
+  require_range("--max-points", o.max_points, 1, kMaxSweepPointsLimit);
+  require_distinct_files({{"--tensors", o.tensors}}, {{"--out", o.out}});
+  // The grid's size is checked before it is built: three axes of 100000 values would otherwise fill memory with
+  // spec strings before the first point runs.
+  long long n_points = 1;
+  for (const GridAxis& axis : axes)
+    if (__builtin_mul_overflow(n_points, static_cast<long long>(axis.values.size()), &n_points) || n_points > o.max_points)
+      throw CLI::ValidationError("--grid", "the grid has more than " + std::to_string(o.max_points) +
+                                               " points (the product of its axes); --max-points raises the cap");
 
   // Every grid point's spec, validated before anything runs: a bad value fails the command with nothing written.
   const MethodSpec base = parse_method_spec(o.spec);
@@ -123,41 +136,38 @@ void run_sweep(const SweepOptions& o) {
 
   const auto start = std::chrono::steady_clock::now();
   const std::vector<DumpLayer> dump = load_dump(o.tensors);
+  std::size_t heads = 0;
+  for (const DumpLayer& l : dump) heads += l.heads.size();
+  const int threads = static_cast<int>(std::min<std::size_t>(
+      o.threads > 0 ? static_cast<std::size_t>(o.threads) : std::max(1u, std::thread::hardware_concurrency()), specs.size()));
+  if (specs.size() * heads >= 1000 || isatty(STDERR_FILENO))
+    std::cerr << "qattn sweep: " << specs.size() << " points x " << heads << " heads = " << specs.size() * heads
+              << " head evaluations on " << threads << " thread" << (threads == 1 ? "" : "s") << "\n";
   std::vector<Summary> summaries(specs.size());
-  std::vector<std::string> errors(specs.size());
-  std::atomic<std::size_t> next{0}, done{0};
+  std::atomic<std::size_t> done{0};
   std::mutex progress_mutex;
   double last_report = 0;
-  auto worker = [&] {
-    for (std::size_t i = next++; i < specs.size(); i = next++) {
-      try {
-        const auto method = reg.create(specs[i]);
-        summaries[i] = summarise(evaluate(dump, *method, o.spec));
-      } catch (const std::exception& e) {
-        errors[i] = e.what();
-      }
-      const std::size_t d = ++done;
-      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::lock_guard<std::mutex> lock(progress_mutex);
-      if (elapsed - last_report > 2.0 || (d == specs.size() && elapsed > 2.0)) {
-        last_report = elapsed;
-        std::cerr << "qattn sweep: [" << d << "/" << specs.size() << " points] " << static_cast<int>(elapsed) << " s\n";
-      }
+  parallel_for(specs.size(), threads, [&](std::size_t i) {
+    try {
+      const auto method = reg.create(specs[i]);
+      summaries[i] = summarise(evaluate(dump, *method, o.spec));
+    } catch (const InputError& e) {
+      throw InputError("sweep point " + reg.canonical(specs[i]) + ": " + e.source(), e.field(), e.reason());
     }
-  };
-  const int threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
-  worker();
-  for (auto& t : pool) t.join();
-  for (std::size_t i = 0; i < specs.size(); ++i)
-    if (!errors[i].empty()) throw std::runtime_error("sweep point " + reg.canonical(specs[i]) + ": " + errors[i]);
+    const std::size_t d = ++done;
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::lock_guard<std::mutex> lock(progress_mutex);
+    if (elapsed - last_report > 2.0 || (d == specs.size() && elapsed > 2.0)) {
+      last_report = elapsed;
+      const double eta = elapsed / static_cast<double>(d) * static_cast<double>(specs.size() - d);
+      std::cerr << "qattn sweep: [" << d << "/" << specs.size() << " points] " << static_cast<int>(elapsed) << " s"
+                << (d < specs.size() ? ", about " + std::to_string(static_cast<int>(eta)) + " s left" : std::string()) << "\n";
+    }
+  });
 
   Table t{{}, {}};
   for (const auto& a : axes) t.header.push_back(a.key);
   for (const char* h : {"target", "metric", "mean", "worst", "heads", "method"}) t.header.push_back(h);
-  std::size_t heads = 0;
-  for (const DumpLayer& l : dump) heads += l.heads.size();
   const bool sim = metric == 0 || metric == 3;
   for (std::size_t i = 0; i < specs.size(); ++i) {
     std::vector<std::string> row = points[i];
@@ -183,7 +193,12 @@ void add_sweep(CLI::App& app) {
   sub->add_option("--target", o->target, "O (attention output) or P (probabilities)")
       ->check(CLI::IsMember({"O", "P"}))
       ->capture_default_str();
-  sub->add_option("--threads", o->threads, "worker threads over grid points (default: all cores)");
+  sub->add_option("--threads", o->threads, "worker threads over grid points, at most " + std::to_string(kMaxThreads) +
+                                               " and never more than the points (default 0: all cores)");
+  sub->add_option("--max-points", o->max_points,
+                  "refuse a grid of more points than this (the product of the axes; at most " +
+                      std::to_string(kMaxSweepPointsLimit) + ")")
+      ->capture_default_str();
   sub->add_option("--format", o->format, "csv|md")->check(CLI::IsMember({"csv", "md"}))->capture_default_str();
   sub->add_option("--out", o->out, "Write here (atomically) instead of stdout");
   sub->callback([o] { run_sweep(*o); });

@@ -26,7 +26,7 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 
 native_pkgs=(
-  build-essential cmake ninja-build pkg-config git
+  build-essential cmake ninja-build pkg-config git time
   libeigen3-dev libboost-dev librapidcheck-dev catch2 libbenchmark-dev
   libmpfr-dev libgmp-dev nlohmann-json3-dev libzip-dev libcli11-dev
   clang libclang-rt-14-dev

@@ -15,6 +15,7 @@ import csv
 import math
 import os
 import sys
+import tempfile
 
 
 def die(msg):
@@ -23,11 +24,29 @@ def die(msg):
 
 
 def read_csv(path):
+    """Rows of a qattn CSV as dicts; every malformed file (not UTF-8 text, not CSV, ragged rows) ends in die()."""
     try:
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            body = list(reader)
     except OSError as e:
         die(f"{path}: cannot read ({e.strerror})")
+    except UnicodeDecodeError as e:
+        die(f"{path}: not UTF-8 text (byte {e.start}); expected a CSV written by qattn")
+    except csv.Error as e:
+        die(f"{path}: not a CSV file ({e})")
+    if not header:
+        die(f"{path}: empty, expected a header line")
+    if len(set(header)) != len(header):
+        die(f"{path}: the header names a column twice")
+    rows = []
+    for i, r in enumerate(body):
+        if not r:
+            continue
+        if len(r) != len(header):
+            die(f"{path}: row {i + 2} has {len(r)} fields, the header has {len(header)}")
+        rows.append(dict(zip(header, r)))
     if not rows:
         die(f"{path}: no data rows")
     return rows
@@ -52,14 +71,26 @@ def save(fig, out):
     ext = os.path.splitext(out)[1].lower()
     if ext not in (".png", ".pdf", ".svg"):
         die(f"{out}: the output must end in .png, .pdf or .svg")
-    tmp = out + ".tmp" + ext
+    # A temporary of fixed-length, unguessable name beside the figure (O_EXCL), renamed over it when complete.
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".qattn-", suffix=ext, dir=os.path.dirname(os.path.abspath(out)))
+        os.close(fd)
+    except OSError as e:
+        die(f"{out}: cannot write ({e.strerror})")
     try:
         fig.savefig(tmp, dpi=200, bbox_inches="tight")
+        os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, out)
     except OSError as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
         die(f"{out}: cannot write ({e.strerror})")
+
+
+def current_umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def heatmap(a, plt):
@@ -71,6 +102,9 @@ def heatmap(a, plt):
         die(f"{a.csv}: a heatmap needs two grid columns, found {keys}")
     xs, ys, vs = column(rows, a.csv, x_key), column(rows, a.csv, y_key), column(rows, a.csv, a.value)
     xu, yu = sorted(set(xs)), sorted(set(ys))
+    if len(xu) < 2 or len(yu) < 2:
+        die(f"{a.csv}: a heatmap needs at least two values on each axis; '{x_key}' has {len(xu)}, '{y_key}' has "
+            f"{len(yu)} (draw a one-axis sweep with `qattn plot lines`)")
     grid = [[math.nan] * len(xu) for _ in yu]
     for x, y, v in zip(xs, ys, vs):
         grid[yu.index(y)][xu.index(x)] = v
@@ -200,7 +234,11 @@ def main():
         import matplotlib.pyplot as plt
     except ImportError:
         die("matplotlib is missing: apt-get install python3-matplotlib")
-    {"heatmap": heatmap, "lines": lines, "pareto": pareto}[a.kind](a, plt)
+    try:
+        {"heatmap": heatmap, "lines": lines, "pareto": pareto}[a.kind](a, plt)
+    except (ValueError, TypeError, KeyError, IndexError) as e:
+        # a CSV this script's checks did not foresee: one line, never a traceback
+        die(f"{a.csv}: cannot draw a {a.kind} from it ({type(e).__name__}: {e})")
 
 
 if __name__ == "__main__":

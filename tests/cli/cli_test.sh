@@ -4,30 +4,7 @@
 #
 #   cli_test.sh QATTN_BINARY REPO_ROOT [EMULATOR...]
 set -uo pipefail
-bin=$1
-root=$2
-shift 2
-q() { "${emu[@]}" "$bin" "$@"; }
-emu=("$@")
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail=0
-pass=0
-
-expect() {  # expect CODE PATTERN DESCRIPTION -- ARGS...
-  local code=$1 pattern=$2 what=$3
-  shift 4
-  local out rc
-  out=$(q "$@" 2>&1)
-  rc=$?
-  if [ "$rc" -ne "$code" ]; then
-    echo "FAIL: $what: exit $rc, expected $code"; echo "$out" | head -5; fail=$((fail + 1)); return
-  fi
-  if [ -n "$pattern" ] && ! grep -qE -- "$pattern" <<<"$out"; then
-    echo "FAIL: $what: output lacks /$pattern/"; echo "$out" | head -5; fail=$((fail + 1)); return
-  fi
-  pass=$((pass + 1))
-}
+source "$(dirname "$0")/lib.sh" "$@"
 
 fx=$root/tests/fixtures
 sample=$root/experiments/data/use-lite
@@ -126,7 +103,7 @@ expect 0 "" "analyze json to file" -- analyze --method bf16 --format json --out 
 # bench: a small run prints the table with the kernels used; a forced ISA the CPU lacks is refused by name.
 expect 0 "intattention fused .*\| gemm-only|gemm-only" "bench small" -- bench --L 48 --d 16 --threads 1,2 --reps 1
 expect 0 "pv_u8s8_s32__scalar" "bench scalar" -- bench --L 40 --d 8 --threads 1 --reps 1 --isa scalar
-expect 2 "--L: lengths must be >= 1" "bench bad L" -- bench --L 0 --reps 1
+expect 2 "--L: 0 is outside \[1, 32768\]" "bench bad L" -- bench --L 0 --reps 1
 # --rows fused: no fp32 or materialised rows, and the targets that need them say so instead of a verdict.
 out=$(q bench --L 32 --d 8 --threads 1 --reps 1 --rows fused 2>&1); rc=$?
 if [ "$rc" -eq 0 ] && grep -q "quant-only fused" <<<"$out" && ! grep -qE "\| (fp32 blocks|intattention materialised|quant-only materialised) " <<<"$out" &&

@@ -31,7 +31,8 @@ struct ErrorStats {
   std::int64_t count = 0;
   std::int64_t nonfinite = 0;
   double cossim = 0, rel_l1 = 0, rmse = 0, max_abs = 0, bias = 0, median_abs = 0;
-  // Power-of-two histogram of |o - r|: key k counts errors with 2^k <= |e| < 2^(k+1); zero_errors counts e == 0.
+  // Power-of-two histogram of |o - r|: key k counts errors with 2^k <= |e| < 2^(k+1). zero_errors counts exact
+  // matches, o == r or NaN in both; it is the one count kept when an element is non-finite.
   std::int64_t zero_errors = 0;
   std::map<int, std::int64_t> log2_histogram;
 };

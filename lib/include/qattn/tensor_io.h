@@ -52,24 +52,45 @@ bool have_npz();
 std::vector<NamedTensor> parse_npz(std::span<const std::byte> data, const std::string& source);
 std::vector<NamedTensor> read_npz(const std::filesystem::path& path);
 void write_npz(const std::filesystem::path& path, const std::vector<NamedTensor>& tensors, bool compress = true);
+std::vector<std::byte> encode_npz(const std::vector<NamedTensor>& tensors, const std::string& source, bool compress = true);
 
 // --- .safetensors -------------------------------------------------------------------------------------------
 // Tensors come back in data-offset order. "__metadata__" is validated (string -> string) and skipped.
 std::vector<NamedTensor> parse_safetensors(std::span<const std::byte> data, const std::string& source);
 std::vector<NamedTensor> read_safetensors(const std::filesystem::path& path);
 void write_safetensors(const std::filesystem::path& path, const std::vector<NamedTensor>& tensors);
+std::vector<std::byte> encode_safetensors(const std::vector<NamedTensor>& tensors, const std::string& source);
 
 // --- by extension -------------------------------------------------------------------------------------------
 // .npy gives one tensor named after the file stem; .npz and .safetensors give their members.
 std::vector<NamedTensor> read_tensor_file(const std::filesystem::path& path);
 // Chooses the format from the extension; .npy takes exactly one tensor.
 void write_tensor_file(const std::filesystem::path& path, const std::vector<NamedTensor>& tensors);
+// The bytes write_tensor_file would write.
+std::vector<std::byte> encode_tensor_file(const std::filesystem::path& path, const std::vector<NamedTensor>& tensors);
 
 // --- shared helpers -----------------------------------------------------------------------------------------
 std::vector<std::byte> read_file_bytes(const std::filesystem::path& path);
 // Writes `bytes` to `path` under the policy above. Throws InputError naming `path` on failure, after removing the
 // temporary.
 void write_file_atomic(const std::filesystem::path& path, std::span<const std::byte> bytes);
+// An output prepared under the same policy but not yet in place: the bytes sit in the temporary (or, for a device
+// or FIFO, in memory) until commit(). A command that writes several files prepares them all, then commits them, so
+// a failure while preparing leaves every destination as it was. Destroying an uncommitted PendingFile removes its
+// temporary.
+class PendingFile {
+ public:
+  PendingFile(const std::filesystem::path& path, std::span<const std::byte> bytes);
+  ~PendingFile();
+  PendingFile(const PendingFile&) = delete;
+  PendingFile& operator=(const PendingFile&) = delete;
+  void commit();
+
+ private:
+  std::filesystem::path path_, target_, temp_;
+  std::vector<std::byte> in_place_;
+  bool device_ = false;
+};
 // The file a write to `path` lands on: `path` with symbolic links followed (up to 40), or `path` itself.
 std::filesystem::path resolve_output_path(const std::filesystem::path& path);
 

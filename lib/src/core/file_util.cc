@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 
 #include "qattn/error.h"
@@ -92,36 +93,32 @@ fs::path resolve_output_path(const fs::path& path) {
   throw InputError(path.string(), "file", "too many levels of symbolic links");
 }
 
-void write_file_atomic(const fs::path& path, std::span<const std::byte> bytes) {
+PendingFile::PendingFile(const fs::path& path, std::span<const std::byte> bytes) : path_(path) {
   if (path.empty()) throw InputError("(empty path)", "file", "no output file name given");
-  const fs::path target = resolve_output_path(path);
+  target_ = resolve_output_path(path);
   struct stat st {};
-  const bool exists = ::stat(target.c_str(), &st) == 0;
+  const bool exists = ::stat(target_.c_str(), &st) == 0;
   if (exists && S_ISDIR(st.st_mode)) throw InputError(path.string(), "file", "is a directory");
   if (exists && !S_ISREG(st.st_mode)) {
     if (S_ISSOCK(st.st_mode)) throw InputError(path.string(), "file", "is a socket; cannot write to it");
-    // A character or block device or a FIFO: written to in place (like a shell redirection), never replaced.
-    Fd f;
-    f.fd = ::open(target.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY);
-    if (f.fd < 0) throw InputError(path.string(), "file", "cannot open for writing: " + os_reason(errno));
-    if (const int err = write_all(f.fd, bytes)) throw InputError(path.string(), "file", "write failed: " + os_reason(err));
-    const int fd = f.fd;
-    f.fd = -1;
-    if (::close(fd) != 0) throw InputError(path.string(), "file", "write failed: " + os_reason(errno));
+    // A character or block device or a FIFO: written to in place at commit (like a shell redirection), never replaced.
+    in_place_.assign(bytes.begin(), bytes.end());
+    device_ = true;
     return;
   }
   // A regular file or a new name: a temporary sibling with an unguessable name made with O_EXCL by mkstemp (so a
-  // pre-created symbolic link cannot redirect it), written, then renamed over the destination. The temporary's name
-  // has a fixed length, so any destination name that fits NAME_MAX works.
-  const fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  // pre-created symbolic link cannot redirect it), written now, renamed over the destination at commit. The
+  // temporary's name has a fixed length, so any destination name that fits NAME_MAX works.
+  const fs::path dir = target_.parent_path().empty() ? fs::path(".") : target_.parent_path();
   std::string tmpl = (dir / ".qattn-XXXXXX").string();
   Fd f;
   f.fd = ::mkostemp(tmpl.data(), O_CLOEXEC);
   if (f.fd < 0)
     throw InputError(path.string(), "file", "cannot create a file in " + dir.string() + ": " + os_reason(errno));
-  const fs::path tmp = tmpl;
+  temp_ = tmpl;
   auto fail = [&](const std::string& why) {
-    ::unlink(tmp.c_str());
+    ::unlink(temp_.c_str());
+    temp_.clear();
     throw InputError(path.string(), "file", why);
   };
   // mkstemp creates mode 0600; give the file the mode a plain create would (0666 less the umask), or keep the mode of
@@ -132,7 +129,34 @@ void write_file_atomic(const fs::path& path, std::span<const std::byte> bytes) {
   const int fd = f.fd;
   f.fd = -1;
   if (::close(fd) != 0) fail("write failed: " + os_reason(errno) + " (nothing was written)");
-  if (::rename(tmp.c_str(), target.c_str()) != 0) fail("cannot move into place: " + os_reason(errno));
 }
+
+PendingFile::~PendingFile() {
+  if (!temp_.empty()) ::unlink(temp_.c_str());
+}
+
+void PendingFile::commit() {
+  if (device_) {
+    Fd f;
+    f.fd = ::open(target_.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY);
+    if (f.fd < 0) throw InputError(path_.string(), "file", "cannot open for writing: " + os_reason(errno));
+    if (const int err = write_all(f.fd, in_place_)) throw InputError(path_.string(), "file", "write failed: " + os_reason(err));
+    const int fd = f.fd;
+    f.fd = -1;
+    if (::close(fd) != 0) throw InputError(path_.string(), "file", "write failed: " + os_reason(errno));
+    device_ = false;
+    return;
+  }
+  if (temp_.empty()) throw std::logic_error("PendingFile::commit: nothing to commit");
+  if (::rename(temp_.c_str(), target_.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(temp_.c_str());
+    temp_.clear();
+    throw InputError(path_.string(), "file", "cannot move into place: " + os_reason(err));
+  }
+  temp_.clear();
+}
+
+void write_file_atomic(const fs::path& path, std::span<const std::byte> bytes) { PendingFile(path, bytes).commit(); }
 
 }  // namespace qattn

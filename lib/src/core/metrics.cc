@@ -44,6 +44,9 @@ ErrorStats compare(std::span<const double> out, std::span<const double> ref) {
   for (std::size_t i = 0; i < out.size(); ++i)
     if (!std::isfinite(out[i]) || !std::isfinite(ref[i])) ++s.nonfinite;
   if (s.count == 0 || s.nonfinite > 0) {
+    // The distances are undefined, but which elements agree is not: equal values, or NaN in both.
+    for (std::size_t i = 0; i < out.size(); ++i)
+      if (out[i] == ref[i] || (std::isnan(out[i]) && std::isnan(ref[i]))) ++s.zero_errors;
     s.cossim = s.rel_l1 = s.rmse = s.max_abs = s.bias = s.median_abs = kNaN;
     return s;
   }

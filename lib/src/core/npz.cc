@@ -100,6 +100,10 @@ std::vector<NamedTensor> read_npz(const std::filesystem::path& path) {
 }
 
 void write_npz(const std::filesystem::path& path, const std::vector<NamedTensor>& tensors, bool compress) {
+  write_file_atomic(path, encode_npz(tensors, path.string(), compress));
+}
+
+std::vector<std::byte> encode_npz(const std::vector<NamedTensor>& tensors, const std::string& source, bool compress) {
   // Encode every member first (they must outlive zip_close), build the archive in memory, then write it with the
   // same safe writer as every other format.
   std::vector<std::vector<std::byte>> encoded;
@@ -111,7 +115,7 @@ void write_npz(const std::filesystem::path& path, const std::vector<NamedTensor>
   if (!mem) {
     const std::string why = zip_error_text(&err);
     zip_error_fini(&err);
-    throw InputError(path.string(), "archive", why);
+    throw InputError(source, "archive", why);
   }
   zip_source_keep(mem);  // survives zip_close, which writes the archive into it
   struct SourceRef {
@@ -124,10 +128,10 @@ void write_npz(const std::filesystem::path& path, const std::vector<NamedTensor>
     zip_source_free(mem);  // the failed open did not take its reference
     const std::string why = zip_error_text(&err);
     zip_error_fini(&err);
-    throw InputError(path.string(), "archive", "cannot create archive: " + why);
+    throw InputError(source, "archive", "cannot create archive: " + why);
   }
   zip_error_fini(&err);
-  auto fail = [&](const std::string& why) { throw InputError(path.string(), "archive", why); };
+  auto fail = [&](const std::string& why) { throw InputError(source, "archive", why); };
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     zip_source_t* s = zip_source_buffer(a.z, encoded[i].data(), encoded[i].size(), 0);
     if (!s) fail(zip_strerror(a.z));
@@ -146,7 +150,7 @@ void write_npz(const std::filesystem::path& path, const std::vector<NamedTensor>
   std::byte buf[1 << 16];
   for (zip_int64_t n; (n = zip_source_read(mem, buf, sizeof buf)) > 0;) bytes.insert(bytes.end(), buf, buf + n);
   zip_source_close(mem);
-  write_file_atomic(path, bytes);
+  return bytes;
 }
 
 #else  // built without libzip: .npz is reported as unavailable, never silently mis-read
@@ -159,6 +163,9 @@ std::vector<NamedTensor> parse_npz(std::span<const std::byte>, const std::string
 std::vector<NamedTensor> read_npz(const std::filesystem::path& path) { return parse_npz({}, path.string()); }
 void write_npz(const std::filesystem::path& path, const std::vector<NamedTensor>&, bool) {
   throw InputError(path.string(), "format", ".npz support was not built (configure with libzip-dev installed)");
+}
+std::vector<std::byte> encode_npz(const std::vector<NamedTensor>&, const std::string& source, bool) {
+  throw InputError(source, "format", ".npz support was not built (configure with libzip-dev installed)");
 }
 
 #endif

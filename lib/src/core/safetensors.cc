@@ -170,11 +170,15 @@ std::vector<NamedTensor> read_safetensors(const std::filesystem::path& path) {
 }
 
 void write_safetensors(const std::filesystem::path& path, const std::vector<NamedTensor>& tensors) {
+  write_file_atomic(path, encode_safetensors(tensors, path.string()));
+}
+
+std::vector<std::byte> encode_safetensors(const std::vector<NamedTensor>& tensors, const std::string& source) {
   json header = json::object();
   std::uint64_t offset = 0;
   for (const auto& t : tensors) {
     if (t.name == "__metadata__" || header.contains(t.name))
-      throw InputError(path.string(), "'" + t.name + "'", "duplicate or reserved tensor name");
+      throw InputError(source, "'" + t.name + "'", "duplicate or reserved tensor name");
     header[t.name] = {{"dtype", code_of(t.tensor.dtype)},
                       {"shape", t.tensor.shape},
                       {"data_offsets", {offset, offset + t.tensor.bytes.size()}}};
@@ -191,7 +195,7 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<Name
     const auto* b = t.tensor.bytes.data();
     out.insert(out.end(), b, b + t.tensor.bytes.size());
   }
-  write_file_atomic(path, out);
+  return out;
 }
 
 }  // namespace qattn

@@ -12,14 +12,18 @@ std::vector<NamedTensor> read_tensor_file(const std::filesystem::path& path) {
 }
 
 void write_tensor_file(const std::filesystem::path& path, const std::vector<NamedTensor>& tensors) {
+  write_file_atomic(path, encode_tensor_file(path, tensors));
+}
+
+std::vector<std::byte> encode_tensor_file(const std::filesystem::path& path, const std::vector<NamedTensor>& tensors) {
   const std::string ext = path.extension().string();
   if (ext == ".npy") {
     if (tensors.size() != 1)
       throw InputError(path.string(), "extension", ".npy holds exactly one tensor, " + std::to_string(tensors.size()) + " given");
-    return write_npy(path, tensors.front().tensor);
+    return encode_npy(tensors.front().tensor);
   }
-  if (ext == ".npz") return write_npz(path, tensors);
-  if (ext == ".safetensors") return write_safetensors(path, tensors);
+  if (ext == ".npz") return encode_npz(tensors, path.string());
+  if (ext == ".safetensors") return encode_safetensors(tensors, path.string());
   throw InputError(path.string(), "extension", "unknown tensor format '" + ext + "' (expected .npy, .npz or .safetensors)");
 }
 
