@@ -217,7 +217,11 @@ void run_methods(const std::string& format) {
         params.push_back({{"key", p.key}, {"type", type_name(p)}, {"default", p.default_value}, {"doc", p.doc}});
       json presets = json::object();
       for (const auto& pr : e.presets) presets[pr.name] = {{"values", pr.values}, {"doc", pr.doc}};
-      j.push_back({{"name", e.name}, {"summary", e.summary}, {"params", params}, {"presets", presets}});
+      json entry = {{"name", e.name}, {"summary", e.summary}, {"params", params}, {"presets", presets}};
+      if (e.make)  // the attention/softmax methods (the quantizers share the entry type but not the policy)
+        entry["overflow"] = {{"rule", e.overflow == OverflowRule::refuse ? "refuse" : "propagate"},
+                             {"note", e.overflow_note}};
+      j.push_back(entry);
     }
     std::cout << j.dump(2) << "\n";
     return;
@@ -234,6 +238,9 @@ void run_methods(const std::string& format) {
       std::cout << "\nWeight quantizers (qattn analyze --weights SPEC: Q, K, V from the dump's attention input and "
                    "quantized projections):\n";
     std::cout << e.name << "\n    " << e.summary << "\n";
+    if (i < n_methods)
+      std::cout << "    overflow: " << (e.overflow == OverflowRule::refuse ? "refuse" : "propagate") << " ("
+                << e.overflow_note << "; docs/non-finite.md)\n";
     if (e.params.empty()) std::cout << "    parameters: none\n";
     for (const auto& p : e.params)
       std::cout << "    " << p.key << "=" << p.default_value << "  [" << type_name(p) << "]  " << p.doc << "\n";

@@ -81,7 +81,7 @@ MethodEntry intattention_method_entry() {
         index_softmax_params(m), m.choice("cint-eval") == "f32" ? CintEvaluation::f32_upstream : CintEvaluation::f64, g);
   };
   e.overflow = OverflowRule::refuse;
-  e.overflow_note = "INT8 Q/K/V and INT32 Q K^T (exact); the scale alpha = s_Q s_K scale in float64, c_int = max(1, floor(c / alpha)): no overflow for finite float64 inputs";
+  e.overflow_note = "INT8 Q/K/V and INT32 Q K^T (exact); only the logit scale alpha = s_Q s_K scale (float64, or c / alpha in float32 with cint-eval=f32, as in @upstream-sim) can leave its format, and is then refused";
   return e;
 }
 

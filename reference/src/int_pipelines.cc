@@ -1,5 +1,7 @@
 #include "qattn/reference/int_pipelines.h"
 
+#include "qattn/error.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -116,11 +118,20 @@ AttentionResult int_attention(const RowMatrixXd& q, const RowMatrixXd& k, const 
     const Int8Matrix qi = quantize_symmetric_int8(q.middleRows(r0, n));
     const RowMatrixXi32 a = int_matmul_abt(qi.values, ki.values);
     std::int64_t c_int;
+    // The logit scale alpha (float64) or c / alpha (float32, the official code's order) must be a positive finite
+    // number; inputs so large that it is not are refused (OverflowRule::refuse).
+    const double alpha = qi.scale * ki.scale * scale;
+    if (!(std::isfinite(alpha) && alpha > 0))
+      throw InputError("logits", "alpha", "the logit scale s_Q s_K scale = " + std::to_string(alpha) +
+                                              " is not a finite number > 0 in float64 (docs/non-finite.md)");
     if (cint_eval == CintEvaluation::f64) {
-      c_int = cint_from_alpha(params.c, qi.scale * ki.scale * scale, params.cint_rounding);
+      c_int = cint_from_alpha(params.c, alpha, params.cint_rounding);
     } else {
       const float x = ((static_cast<float>(params.c) / static_cast<float>(qi.scale)) / static_cast<float>(ki.scale)) /
                       static_cast<float>(scale);
+      if (!(std::isfinite(x) && x > 0))
+        throw InputError("logits", "c / alpha", "c / (s_Q s_K scale) is not a finite number > 0 in float32, in which "
+                                                "this preset derives c_int (docs/non-finite.md)");
       c_int = cint_from_alpha(static_cast<double>(x), 1.0, params.cint_rounding);
     }
     r.p_int.middleRows(r0, n) =

@@ -1,6 +1,7 @@
 // Tensor I/O: files numpy itself wrote (tests/fixtures, see make_fixtures.py), round trips through our writers,
 // and the catalogue of malformed inputs of docs/tensor-io.md, each of which must be a typed InputError.
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -216,6 +217,34 @@ TEST_CASE("malformed npy input is a typed error naming the field", "[io][malform
   expect_input_error(parse(npy_with_header(ok + " junk", payload)), "header", "trailing junk");
   expect_input_error(parse(npy_with_header("{'descr': '<f4, 'fortran_order': False, 'shape': (2,), }", payload)),
                      "header", "broken quoting");
+  expect_input_error(parse(npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (2), }", payload)),
+                     "shape", "(2) is an integer, not a tuple");
+  expect_input_error(parse(npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'shape': (2,)}", payload)),
+                     "shape", "a key given twice");
+  CHECK(parse_npy(npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", payload), "case").shape ==
+        std::vector<std::int64_t>{2});
+  CHECK(parse_npy(npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (1, 2,), }", payload), "case").shape ==
+        std::vector<std::int64_t>{1, 2});
+}
+
+TEST_CASE("npy_declared_size reads the size from a header prefix", "[io]") {
+  const auto file = npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (3, 5), }", std::string(60, '\0'));
+  CHECK(npy_declared_size(file, "case") == file.size());
+  CHECK_FALSE(npy_declared_size(std::span(file).first(9), "case").has_value());
+  CHECK_FALSE(npy_declared_size(std::span(file).first(40), "case").has_value());
+  CHECK_THROWS_AS(npy_declared_size(bytes_of(std::string("\x93NUMPX\x01\x00\x00\x00", 10)), "case"), InputError);
+}
+
+TEST_CASE("error text is printable and bounded", "[io][malformed]") {
+  CHECK(printable(std::string("a\x1b[31mb\0c", 9), 100) == "a\\x1b[31mb\\x00c");
+  CHECK(printable("caf\xc3\xa9", 100) == "caf\xc3\xa9");      // valid UTF-8 stays
+  CHECK(printable("\xc2\x9b", 100) == "\\xc2\\x9b");          // C1 control (CSI) is escaped
+  CHECK(printable("\xff", 100) == "\\xff");                    // not UTF-8
+  CHECK(printable(std::string(1000, 'A'), 10) == "AAAAAAAAAA...[990 more bytes]");
+  const InputError e(std::string(5000, 's'), "field\n", "why");
+  CHECK(std::string(e.what()).size() < 1200);
+  CHECK(std::string(e.what()).find('\n') == std::string::npos);
+  CHECK(e.field() == "field\n");  // the parts as given
 }
 
 TEST_CASE("malformed safetensors input is a typed error naming the field", "[io][malformed]") {
@@ -254,6 +283,9 @@ TEST_CASE("malformed safetensors input is a typed error naming the field", "[io]
   expect_input_error(parse(st(R"({"a":{"dtype":"F32","shape":"2","data_offsets":[0,8]}})", 8)), "shape", "shape not array");
   expect_input_error(parse(st(R"({"a":{"shape":[2],"data_offsets":[0,8]}})", 8)), "dtype", "missing dtype");
   expect_input_error(parse(st(R"({"__metadata__":{"k":1}})", 0)), "__metadata__", "non-string metadata");
+  expect_input_error(parse(st(std::string(17, '[') + std::string(17, ']'), 0)), "header", "nested 17 deep");
+  expect_input_error(parse(st(R"({"a":[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]})", 0)), "header", "nested inside an object");
+  CHECK_NOTHROW(parse_safetensors(st(R"({"__metadata__":{"k":"[[[[[[[[[[[[[[[[[[[[["}})", 0), "case"));  // in a string
 }
 
 TEST_CASE("malformed npz input is a typed error", "[io][malformed]") {
@@ -274,6 +306,27 @@ TEST_CASE("malformed npz input is a typed error", "[io][malformed]") {
   } catch (const InputError& e) {
     CHECK(e.source().find("case") != std::string::npos);
   }
+  expect_input_error(parse({}), "archive", "0 bytes");
+  // A member whose .npy header declares 8 bytes of data but which holds 4 MiB: a stored archive of a 4 MiB tensor
+  // with the member's header replaced by one declaring shape (2,). Refused one 64 KiB chunk past the declared size,
+  // before libzip's CRC check at the end of the member could run.
+  const Tensor two = Tensor::from_double(DType::f32, {2}, std::vector<double>{1.0, 2.0});
+  const Tensor big = Tensor::from_double(DType::f32, {1 << 20}, std::vector<double>(1 << 20, 0.0));
+  const std::vector<std::byte> big_npy = encode_npy(big), two_npy = encode_npy(two);
+  std::vector<std::byte> archive = encode_npz({{"x", big}}, "case", /*compress=*/false);
+  const std::ptrdiff_t header = static_cast<std::ptrdiff_t>(two_npy.size()) - 8;  // preamble + padded dict
+  REQUIRE(big_npy.size() - (std::size_t{1} << 22) == two_npy.size() - 8);       // the same header length
+  const auto at = std::search(archive.begin(), archive.end(), big_npy.begin(), big_npy.begin() + header);
+  REQUIRE(at != archive.end());
+  std::copy(two_npy.begin(), two_npy.begin() + header, at);
+  try {
+    parse_npz(archive, "case");
+    FAIL("a member longer than its header declares was accepted");
+  } catch (const InputError& e) {
+    INFO(e.what());
+    CHECK(e.field() == "member data");
+    CHECK(e.reason().find("inflates past the " + std::to_string(two_npy.size()) + " bytes its .npy header declares") != std::string::npos);
+  }
 }
 
 TEST_CASE("writers are atomic and leave nothing behind on failure", "[io]") {
@@ -289,6 +342,30 @@ TEST_CASE("writers are atomic and leave nothing behind on failure", "[io]") {
   CHECK_THROWS_AS(read_npy(dir / "nope.npy"), InputError);
   CHECK_THROWS_AS(read_npy(dir), InputError);
   CHECK_THROWS_AS(read_tensor_file(dir / "x.txt"), InputError);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("outputs: symbolic links written through, FIFOs written in place, temporaries within NAME_MAX", "[io]") {
+  const fs::path dir = scratch_dir("outputs");
+  const Tensor x = Tensor::from_double(DType::f32, {2}, std::vector<double>{1.0, 2.0});
+  fs::create_symlink("target.npy", dir / "link.npy");
+  write_npy(dir / "link.npy", x);
+  CHECK(fs::is_symlink(dir / "link.npy"));
+  CHECK(read_npy(dir / "target.npy").bytes == x.bytes);
+  CHECK(resolve_output_path(dir / "link.npy") == dir / "target.npy");
+  const std::string long_name(251, 'a');  // + ".npy" = 255 = NAME_MAX
+  write_npy(dir / (long_name + ".npy"), x);
+  CHECK(fs::exists(dir / (long_name + ".npy")));
+  {
+    PendingFile pending(dir / "pending.npy", encode_npy(x));
+    CHECK_FALSE(fs::exists(dir / "pending.npy"));  // not in place before commit
+  }
+  CHECK_FALSE(fs::exists(dir / "pending.npy"));  // and the temporary is gone
+  for (const auto& e : fs::directory_iterator(dir)) CHECK(e.path().filename().string().rfind(".qattn-", 0) != 0);
+  CHECK_THROWS_AS(write_npy(dir, x), InputError);  // a directory
+  CHECK_THROWS_AS(read_npy("/dev/zero"), InputError);  // not a regular file: refused, never read forever
+  write_npy("/dev/null", x);
+  CHECK(fs::is_character_file("/dev/null"));
   fs::remove_all(dir);
 }
 

@@ -1,6 +1,8 @@
 // Registry entries of the reference softmax models, one function per method family (registry.cc lists them).
 #pragma once
 
+#include <cmath>
+
 #include "qattn/method.h"
 #include "qattn/reference/index_softmax.h"
 
@@ -14,6 +16,10 @@ class SoftmaxModelMethod : public Method {
                             const AttentionMask& mask) const override {
     AttentionResult r;
     RowMatrixXd s = (q * k.transpose()) * scale;
+    // Beyond float64 a logit is +-inf; -inf would read as masked, so overflow is refused before the mask applies.
+    if (!s.allFinite())
+      for (Eigen::Index i = 0; i < s.size(); ++i)
+        if (!std::isfinite(s.data()[i])) throw_logit_overflow("this softmax model", "float64", i / s.cols(), i % s.cols());
     mask.apply_to_logits(s);
     r.p = softmax_rows(s);
     r.o = r.p * v;
