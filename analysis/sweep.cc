@@ -23,63 +23,6 @@
 namespace qattn::cli {
 namespace {
 
-// Decimal places of a number as written ("0.10" -> 2, "3" -> 0).
-int decimals(const std::string& s) {
-  const auto dot = s.find('.');
-  return dot == std::string::npos ? 0 : static_cast<int>(s.size() - dot - 1);
-}
-
-double number(const std::string& text, const std::string& grid) {
-  try {
-    std::size_t used = 0;
-    const double v = std::stod(text, &used);
-    if (used != text.size() || !std::isfinite(v)) throw std::invalid_argument("");
-    return v;
-  } catch (const std::exception&) {
-    throw CLI::ValidationError("--grid", "'" + grid + "': '" + text + "' is not a finite number");
-  }
-}
-
-}  // namespace
-
-GridAxis parse_grid_axis(const std::string& text) {
-  const auto eq = text.find('=');
-  if (eq == std::string::npos || eq == 0 || eq + 1 == text.size())
-    throw CLI::ValidationError("--grid", "'" + text + "': expected KEY=A:B, KEY=A:STEP:B or KEY=V1,V2,...");
-  GridAxis axis{text.substr(0, eq), {}};
-  const std::string range = text.substr(eq + 1);
-  if (range.find(':') == std::string::npos) {  // a list
-    std::stringstream ss(range);
-    std::string item;
-    while (std::getline(ss, item, ','))
-      if (!item.empty()) axis.values.push_back(item);
-  } else {
-    std::vector<std::string> parts;
-    std::stringstream ss(range);
-    std::string item;
-    while (std::getline(ss, item, ':')) parts.push_back(item);
-    if (parts.size() != 2 && parts.size() != 3)
-      throw CLI::ValidationError("--grid", "'" + text + "': a range is A:B or A:STEP:B");
-    const double a = number(parts.front(), text), b = number(parts.back(), text);
-    const double step = parts.size() == 3 ? number(parts[1], text) : 1.0;
-    if (!(step > 0) || b < a) throw CLI::ValidationError("--grid", "'" + text + "': needs A <= B and STEP > 0");
-    const int places = std::max({decimals(parts.front()), decimals(parts.back()), parts.size() == 3 ? decimals(parts[1]) : 0});
-    const double n = std::floor((b - a) / step + 1e-9);
-    if (n > 100000) throw CLI::ValidationError("--grid", "'" + text + "': more than 100000 values");
-    for (long i = 0; i <= static_cast<long>(n); ++i) {  // a + i step, printed with the inputs' decimal places
-      std::ostringstream v;
-      v.setf(std::ios::fixed);
-      v.precision(places);
-      v << a + static_cast<double>(i) * step;
-      axis.values.push_back(v.str());
-    }
-  }
-  if (axis.values.empty()) throw CLI::ValidationError("--grid", "'" + text + "': no values");
-  return axis;
-}
-
-namespace {
-
 struct SweepOptions {
   std::string spec, tensors = QATTN_DEFAULT_TENSORS, metric = "cossim", target = "O", out, format = "csv";
   std::vector<std::string> grids;
