@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <thread>
 #include <utility>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -24,6 +25,7 @@
 #include "qattn/reference/registry.h"
 #include "qattn/reference/weight_quant.h"
 #include "qattn/tensor_io.h"
+#include "engine_setting.h"
 #include "evaluate.h"
 #include "table.h"
 
@@ -368,12 +370,16 @@ struct AttentionOptions {
   std::string q, k, v, spec, out, probs;
   bool raw = false, causal = false;
   std::optional<double> scale;
+  int threads = 0;
 };
 
 std::vector<std::int64_t> leading(const Tensor& t) { return {t.shape.begin(), t.shape.end() - 2}; }
 
 void run_attention(const AttentionOptions& o) {
-  const auto method = registry().create(o.spec);
+  require_range("--threads", o.threads, 0, kMaxThreads);
+  const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // Without --probs the fused kernels never hold P: memory O(B_r L_k) per thread instead of O(L_q L_k).
+  const auto method = make_method(parse_method_spec(o.spec), threads, !o.probs.empty());
   require_tensor_extension("--out", o.out);
   if (!o.probs.empty()) require_tensor_extension("--probs", o.probs);
   require_distinct_files({{"--q", o.q}, {"--k", o.k}, {"--v", o.v}}, {{"--out", o.out}, {"--probs", o.probs}});
@@ -471,7 +477,7 @@ void run_analyze(const AnalyzeOptions& o) {
   std::vector<std::unique_ptr<Method>> methods;
   std::vector<std::string> kept;
   for (const auto& s : specs) {
-    auto m = registry().create(s);
+    auto m = make_method(s);
     if (softmax && !has_softmax_form(*m)) {
       if (defaults) continue;  // the default list holds the softmax models only
       throw SpecError("--method " + s + ": an attention pipeline has no softmax-only form; use a softmax model "
@@ -669,6 +675,9 @@ void add_attention(CLI::App& app) {
   sub->add_flag("--raw", o->raw, "Write P in the method's integer dtype (uint8/int8) instead of float64");
   sub->add_flag("--causal", o->causal, "Causal mask, bottom-right aligned (query i sees keys j <= i + L_k - L_q)");
   sub->add_option("--scale", o->scale, "Logit scale (default 1/sqrt(d))");
+  sub->add_option("--threads", o->threads, "threads of each fused call, at most " + std::to_string(kMaxThreads) +
+                  " (default 0: all cores; every count gives the same bits)");
+  add_engine_options(sub);
   sub->callback([=] { run_attention(*o); });
 }
 
@@ -718,6 +727,7 @@ void add_analyze(CLI::App& app) {
                   "--softmax-only, fp64 included with --reference exact)");
   sub->add_option("--format", o->format, "md|csv|latex|json (latex: a booktabs table)")->capture_default_str();
   sub->add_option("--out", o->out, "Write the table here instead of stdout");
+  add_engine_options(sub);
   sub->callback([=] {
     check_format(o->format, {"md", "csv", "latex", "json"});
     if (o->reference != "fp64" && o->reference != "exact")

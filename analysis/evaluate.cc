@@ -220,8 +220,12 @@ std::vector<RowMatrixXd> split_batch(const Tensor& t, const fs::path& path) {
   if (t.element_count() == 0)
     throw InputError(path.string(), "shape", "a leading (batch) axis has length 0 in " + t.shape_string() +
                                                  ": there is nothing to evaluate");
-  const RowMatrixXd rows = t.as_rows();
+  RowMatrixXd rows = t.as_rows();
   std::vector<RowMatrixXd> out;
+  if (rows.rows() == L) {  // one matrix: handed over, not copied
+    out.push_back(std::move(rows));
+    return out;
+  }
   for (std::int64_t b = 0; b * L < rows.rows(); ++b) out.push_back(rows.middleRows(b * L, L));
   return out;
 }

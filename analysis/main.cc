@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "engine_setting.h"
 #include "qattn/error.h"
 
 int main(int argc, char** argv) {
@@ -25,6 +26,7 @@ int main(int argc, char** argv) {
   add_reproduce(app);
   add_plot(app);
   try {
+    check_isa_environment();  // QATTN_ISA holds for every command: a bad value is exit 2 before any work
     app.parse(argc, argv);
   } catch (const ExitCode& e) {
     return e.code;

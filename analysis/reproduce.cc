@@ -30,6 +30,7 @@
 #include "qattn/reference/registry.h"
 #include "qattn/tensor_io.h"
 #include "sweep.h"
+#include "engine_setting.h"
 #include "table.h"
 
 namespace qattn::cli {
@@ -99,7 +100,7 @@ struct Experiment {
 // Evaluates each spec on the dump; the summaries in the given order.
 std::vector<Summary> summaries(const std::vector<DumpLayer>& dump, const std::vector<std::string>& specs) {
   std::vector<Summary> out;
-  for (const auto& s : specs) out.push_back(summarise(evaluate(dump, *registry().create(s), s)));
+  for (const auto& s : specs) out.push_back(summarise(evaluate(dump, *make_method(s), s)));
   return out;
 }
 
@@ -120,7 +121,7 @@ Sweep2 sweep_bc(const std::vector<DumpLayer>& dump, const std::string& spec, con
     MethodSpec m = parse_method_spec(spec);
     m.overrides.emplace_back("b", s.b[bi]);
     m.overrides.emplace_back("c", s.c[ci]);
-    s.mean[bi][ci] = summarise(evaluate(dump, *registry().create(m), spec)).mean[0];
+    s.mean[bi][ci] = summarise(evaluate(dump, *make_method(m), spec)).mean[0];
   });
   return s;
 }
@@ -352,7 +353,7 @@ std::string run_long_context(const Context& ctx) {
   const std::vector<int> lengths = ctx.fast ? std::vector<int>{128, 1024, 8192} : std::vector<int>{128, 256, 512, 1024, 2048, 4096, 8192, 16384};
   const auto reference = registry().create("fp64");
   std::vector<std::unique_ptr<Method>> methods;
-  for (const auto& spec : specs) methods.push_back(registry().create(spec));
+  for (const auto& spec : specs) methods.push_back(make_method(spec));
   // Rows: logits_j = sigma z_j, z_j standard normal (Box-Muller on a fixed mt19937_64 stream, so every platform
   // draws the same numbers), sigma resampled from the real rows' spreads. The mean is irrelevant to softmax.
   std::mt19937_64 g(20261122);
@@ -476,7 +477,7 @@ std::string run_sage2_tables(const Context& ctx) {
   std::vector<Summary> results(distinct.size() * sources.size());
   parallel_for(results.size(), ctx.threads, [&](std::size_t i) {
     const std::string& spec = distinct[i / sources.size()];
-    results[i] = summarise(evaluate(sources[i % sources.size()].dump, *registry().create(spec), spec));
+    results[i] = summarise(evaluate(sources[i % sources.size()].dump, *make_method(spec), spec));
   });
   auto result = [&](const std::string& spec, std::size_t si) -> const Summary& {
     return results[(std::find(distinct.begin(), distinct.end(), spec) - distinct.begin()) * sources.size() + si];
@@ -523,7 +524,7 @@ std::string run_kv_quantizers(const Context& ctx) {
   std::vector<Source> sources;
   sources.push_back({"USE-Lite", load_dump(ctx.tensors)});
   sources.push_back({"synthetic", synthetic_outlier_dump(4, L, 64, 11)});
-  const auto fp32 = registry().create("fp32");
+  const auto fp32 = make_method("fp32");
   std::vector<std::vector<HeadResult>> res(specs.size() * sources.size());
   parallel_for(res.size(), ctx.threads, [&](std::size_t i) {
     const auto kv = ref::kv_registry().create(specs[i / sources.size()]);
@@ -623,7 +624,7 @@ std::string run_weight_quantizers(const Context& ctx) {
     // The reference: fp64 attention of the unquantized projections, per evaluation window and head.
     DumpLayer exact = project_layer(dl, x_eval, T, w, proj->b);
     compute_reference(exact);
-    const auto fp32 = registry().create("fp32"), intatt = registry().create("intattention@upstream-neon");
+    const auto fp32 = make_method("fp32"), intatt = make_method("intattention@upstream-neon");
     auto attention_row = [&](const std::string& bits, const std::string& name, const std::array<RowMatrixXd, 3>& wq,
                              const std::array<double, 3>& err) {
       DumpLayer l = project_layer(dl, x_eval, T, wq, proj->b);
@@ -779,6 +780,7 @@ void add_reproduce(CLI::App& app) {
   sub->add_option("--out", o->out, "write the report here instead of stdout");
   sub->add_flag("--no-plots", o->no_plots, "skip the figures (no Python needed)");
   sub->add_option("--threads", o->threads, "worker threads, at most " + std::to_string(kMaxThreads) + " (default 0: all cores)");
+  add_engine_options(sub);
   sub->callback([o] { run_reproduce(*o); });
 }
 

@@ -18,6 +18,7 @@
 #include "qattn/error.h"
 #include "qattn/reference/registry.h"
 #include "sweep.h"
+#include "engine_setting.h"
 #include "table.h"
 
 namespace qattn::cli {
@@ -92,7 +93,7 @@ void run_sweep(const SweepOptions& o) {
   double last_report = 0;
   parallel_for(specs.size(), threads, [&](std::size_t i) {
     try {
-      const auto method = reg.create(specs[i]);
+      const auto method = make_method(specs[i]);
       summaries[i] = summarise(evaluate(dump, *method, o.spec));
     } catch (const InputError& e) {
       throw InputError("sweep point " + reg.canonical(specs[i]) + ": " + e.source(), e.field(), e.reason());
@@ -138,6 +139,7 @@ void add_sweep(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--threads", o->threads, "worker threads over grid points, at most " + std::to_string(kMaxThreads) +
                                                " and never more than the points (default 0: all cores)");
+  add_engine_options(sub);
   sub->add_option("--max-points", o->max_points,
                   "refuse a grid of more points than this (the product of the axes; at most " +
                       std::to_string(kMaxSweepPointsLimit) + ")")

@@ -101,6 +101,23 @@ AttentionResult quant_only_attention(const RowMatrixXd& q, const RowMatrixXd& k,
   return r;
 }
 
+std::int64_t intattention_cint(double s_q, double s_k, double scale, const IndexSoftmaxParams& params,
+                               CintEvaluation cint_eval) {
+  // The logit scale alpha (float64) or c / alpha (float32, the official code's order) must be a positive finite
+  // number; inputs so large that it is not are refused (OverflowRule::refuse).
+  const double alpha = s_q * s_k * scale;
+  if (!(std::isfinite(alpha) && alpha > 0))
+    throw InputError("logits", "alpha", "the logit scale s_Q s_K scale = " + std::to_string(alpha) +
+                                            " is not a finite number > 0 in float64 (docs/non-finite.md)");
+  if (cint_eval == CintEvaluation::f64) return cint_from_alpha(params.c, alpha, params.cint_rounding);
+  const float x = ((static_cast<float>(params.c) / static_cast<float>(s_q)) / static_cast<float>(s_k)) /
+                  static_cast<float>(scale);
+  if (!(std::isfinite(x) && x > 0))
+    throw InputError("logits", "c / alpha", "c / (s_Q s_K scale) is not a finite number > 0 in float32, in which "
+                                            "this preset derives c_int (docs/non-finite.md)");
+  return cint_from_alpha(static_cast<double>(x), 1.0, params.cint_rounding);
+}
+
 AttentionResult int_attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
                               const AttentionMask& mask, const IndexSoftmaxParams& params, CintEvaluation cint_eval,
                               const IntAttentionGroups& groups) {
@@ -117,23 +134,7 @@ AttentionResult int_attention(const RowMatrixXd& q, const RowMatrixXd& k, const 
     const Eigen::Index n = std::min(rows, q.rows() - r0);
     const Int8Matrix qi = quantize_symmetric_int8(q.middleRows(r0, n));
     const RowMatrixXi32 a = int_matmul_abt(qi.values, ki.values);
-    std::int64_t c_int;
-    // The logit scale alpha (float64) or c / alpha (float32, the official code's order) must be a positive finite
-    // number; inputs so large that it is not are refused (OverflowRule::refuse).
-    const double alpha = qi.scale * ki.scale * scale;
-    if (!(std::isfinite(alpha) && alpha > 0))
-      throw InputError("logits", "alpha", "the logit scale s_Q s_K scale = " + std::to_string(alpha) +
-                                              " is not a finite number > 0 in float64 (docs/non-finite.md)");
-    if (cint_eval == CintEvaluation::f64) {
-      c_int = cint_from_alpha(params.c, alpha, params.cint_rounding);
-    } else {
-      const float x = ((static_cast<float>(params.c) / static_cast<float>(qi.scale)) / static_cast<float>(ki.scale)) /
-                      static_cast<float>(scale);
-      if (!(std::isfinite(x) && x > 0))
-        throw InputError("logits", "c / alpha", "c / (s_Q s_K scale) is not a finite number > 0 in float32, in which "
-                                                "this preset derives c_int (docs/non-finite.md)");
-      c_int = cint_from_alpha(static_cast<double>(x), 1.0, params.cint_rounding);
-    }
+    const std::int64_t c_int = intattention_cint(qi.scale, ki.scale, scale, params, cint_eval);
     r.p_int.middleRows(r0, n) =
         index_softmax(a, c_int, params, visible.size() ? RowMatrixXb(visible.middleRows(r0, n)) : RowMatrixXb());
   }

@@ -28,6 +28,8 @@ Isa parse_isa(std::string_view name);
 bool isa_available(Isa isa);
 // Every available variant, scalar first.
 std::vector<Isa> available_isas();
+// Their names, comma-separated ("scalar, avx2, avx512vnni"), for messages.
+std::string available_isa_names();
 // The variant calls use by default: QATTN_ISA if set (std::runtime_error naming the variable if the CPU or build
 // lacks it, or the name is unknown), else the best available.
 Isa default_isa();
@@ -52,6 +54,9 @@ struct IntAttentionConfig {
   Isa isa = Isa::scalar;      // use default_isa() to pick the best
   bool causal = false;        // bottom-right aligned: query i sees keys j <= i + L_k - L_q
   const bool* valid = nullptr;  // optional padding mask [L_q, L_k] row-major (true = visible), combined with causal
+  // Optional: P [L_q, L_k] row-major as IndexSoftmax wrote it (u8 codes 0..255 for x255, 0..127 for x127 and for
+  // Quant-Only), copied out of each block. O(L_q L_k) bytes: leave null unless P itself is wanted.
+  std::uint8_t* p_out = nullptr;
   // For benchmarks, the stages that run: all; gemms (both GEMMs, no softmax: P stays 0); qk or pv (that GEMM alone;
   // O is not written when P V does not run).
   enum class Stages { all, gemms, qk, pv };

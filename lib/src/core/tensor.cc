@@ -114,8 +114,10 @@ RowMatrixXd Tensor::as_rows() const {
     if (n != 0) throw std::invalid_argument("as_rows: last axis has size 0");
     return RowMatrixXd(0, 0);
   }
-  const Eigen::ArrayXd flat = to_double();
-  return Eigen::Map<const RowMatrixXd>(flat.data(), n / cols, cols);
+  RowMatrixXd out(n / cols, cols);  // filled in place: no flat copy first (fresh pages are costly)
+  const std::size_t w = dtype_size(dtype);
+  for (std::int64_t i = 0; i < n; ++i) out.data()[i] = element_to_double(dtype, bytes.data() + i * w);
+  return out;
 }
 
 std::string Tensor::shape_string() const {

@@ -63,21 +63,23 @@ std::vector<Isa> available_isas() {
   return out;
 }
 
+std::string available_isa_names() {
+  std::string s;
+  for (Isa a : available_isas()) s += (s.empty() ? "" : ", ") + std::string(isa_name(a));
+  return s;
+}
+
 Isa default_isa() {
   if (const char* forced = std::getenv("QATTN_ISA"); forced && *forced) {
     Isa isa;
     try {
       isa = parse_isa(forced);
     } catch (const std::invalid_argument& e) {
-      throw std::runtime_error(std::string("QATTN_ISA: ") + e.what());
+      throw std::runtime_error(std::string("QATTN_ISA: ") + e.what() + "; available here: " + available_isa_names());
     }
     if (!isa_available(isa))
       throw std::runtime_error("QATTN_ISA=" + std::string(forced) + ": this build or CPU cannot run it (available: " +
-                               [] {
-                                 std::string s;
-                                 for (Isa a : available_isas()) s += (s.empty() ? "" : ", ") + std::string(isa_name(a));
-                                 return s;
-                               }() + ")");
+                               available_isa_names() + ")");
     return isa;
   }
   return available_isas().back();

@@ -146,8 +146,10 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
     });
     parallel_blocks([&](Eigen::Index b) {  // pass 2: P = softmax(S), row by row
       std::vector<float> scratch(quant_only ? static_cast<std::size_t>(lk16) : 0);
-      for (Eigen::Index row = b * br; run_softmax && row < std::min(lq, (b + 1) * br); ++row)
+      for (Eigen::Index row = b * br; run_softmax && row < std::min(lq, (b + 1) * br); ++row) {
         softmax_row(s_all.data() + row * lk16, s_all.data() + row * lk16, scratch.data(), row, p_all.data() + row * lk16);
+        if (cfg.p_out) std::copy_n(p_all.data() + row * lk16, lk, cfg.p_out + row * lk);
+      }
     });
     parallel_blocks([&](Eigen::Index b) {  // pass 3: O = P V
       const Eigen::Index r0 = b * br, rows = std::min(br, lq - r0);
@@ -167,8 +169,10 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
       const Eigen::Index r0 = b * br, rows = std::min(br, lq - r0);
       for (Eigen::Index i = 0; i < rows; ++i) std::copy_n(q.values + (r0 + i) * d, d, qb.data() + i * d4);
       if (run_qk) f.qk({qb.data(), rows, d4, k_packed.data(), k_sum.data(), lk16, s.data()});
-      for (Eigen::Index i = 0; run_softmax && i < rows; ++i)
+      for (Eigen::Index i = 0; run_softmax && i < rows; ++i) {
         softmax_row(s.data() + i * lk16, s.data() + i * lk16, scratch.data(), r0 + i, p.data() + i * lk16);
+        if (cfg.p_out) std::copy_n(p.data() + i * lk16, lk, cfg.p_out + (r0 + i) * lk);
+      }
       if (!run_pv) continue;
       f.pv({p.data(), rows, lk16, v_packed.data(), v_sum.data(), dv16, acc.data()});
       dequantise(acc.data(), r0, rows);

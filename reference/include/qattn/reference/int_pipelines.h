@@ -36,6 +36,13 @@ AttentionResult quant_only_attention(const RowMatrixXd& q, const RowMatrixXd& k,
 // ((c / sQ) / sK) / scale in float32, before the CintRounding rule.
 enum class CintEvaluation { f64, f32_upstream };
 
+// IntAttention's integer clip for a Q scale s_Q, a K scale s_K and the logit scale: c_int = rounding(c / alpha) with
+// alpha = s_Q s_K scale in float64 (f64), or ((c / s_Q) / s_K) / scale in float32 (f32_upstream), then
+// params.cint_rounding. An alpha (or c / alpha in float32) that is not a finite number > 0 is refused with an
+// InputError (OverflowRule::refuse, docs/non-finite.md). The reference model and the fused engine both call this.
+std::int64_t intattention_cint(double s_q, double s_k, double scale, const IndexSoftmaxParams& params,
+                               CintEvaluation cint_eval);
+
 // Scale groups of the group-wise IntAttention variant. K keeps one scale per call: the integer logits of one row
 // must share one alpha for IndexSoftmax's integer max and clip (a per-key-group c_int is Eq. 16-18, not modelled).
 struct IntAttentionGroups {

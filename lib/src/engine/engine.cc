@@ -1,0 +1,199 @@
+// The engine: a method spec onto the fused kernels where they compute its reference model's bits, else onto the
+// reference model. The table kFusedPlans is the one place that says which specs the fused kernels run.
+#include "qattn/engine.h"
+
+#include <cmath>
+#include <functional>
+#include <stdexcept>
+#include <vector>
+
+#include "qattn/error.h"
+#include "qattn/reference/int_pipelines.h"
+#include "qattn/reference/method_entries.h"
+#include "qattn/reference/registry.h"
+
+namespace qattn {
+namespace {
+
+using RowMatrixXf = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// How the fused kernels run one resolved spec, or why they do not.
+struct FusedPlan {
+  bool supported = false;
+  std::string why_not;
+  IntPipeline pipeline = IntPipeline::intattention;
+  IndexSoftmaxParams softmax;
+  ref::CintEvaluation cint_eval = ref::CintEvaluation::f64;
+};
+
+FusedPlan unsupported(std::string why) { return {false, std::move(why)}; }
+
+FusedPlan plan_intattention(const ParamMap& m) {
+  if (m.integer("q-group") != 0) return unsupported("q-group=" + std::to_string(m.integer("q-group")) +
+                                                    ": the fused kernels take one Q scale per call");
+  if (m.choice("v-group") != "tensor") return unsupported("v-group=" + m.choice("v-group") +
+                                                          ": the fused kernels take one V scale per call");
+  FusedPlan p{true};
+  p.softmax = ref::index_softmax_params(m);
+  p.cint_eval = m.choice("cint-eval") == "f32" ? ref::CintEvaluation::f32_upstream : ref::CintEvaluation::f64;
+  return p;
+}
+
+FusedPlan plan_quant_only(const ParamMap& m) {
+  if (m.choice("softmax") != "lanes16")
+    return unsupported("softmax=" + m.choice("softmax") +
+                       ": the fused float softmax is exp_f32_poly with the 16-lane sum (softmax=lanes16)");
+  FusedPlan p{true};
+  p.pipeline = IntPipeline::quant_only;
+  return p;
+}
+
+// The methods the fused kernels implement, each with the rule that says which of its parameters they support.
+struct FusedEntry {
+  std::string_view method;
+  FusedPlan (*plan)(const ParamMap&);
+};
+constexpr FusedEntry kFusedPlans[] = {
+    {"intattention", plan_intattention},
+    {"quant-only", plan_quant_only},
+};
+
+std::vector<std::int8_t> narrow_int8(const RowMatrixXi32& values) {
+  std::vector<std::int8_t> out(static_cast<std::size_t>(values.size()));
+  for (Eigen::Index i = 0; i < values.size(); ++i) out[i] = static_cast<std::int8_t>(values.data()[i]);
+  return out;
+}
+
+// A pipeline on the fused kernels. It quantises with the reference's quantize_symmetric_int8 and derives c_int with
+// the reference's intattention_cint, so those steps are shared by construction; the GEMMs, IndexSoftmax and the
+// dequantisation are the kernels' own, tested bit-exact against the reference model. The reference method answers
+// what the kernels do not compute: shapes or masks that do not fit (its errors), softmax-only calls, and Quant-Only
+// calls whose float32 logits could overflow (it names the entry it refuses).
+class FusedMethod final : public Method {
+ public:
+  FusedMethod(FusedPlan plan, std::unique_ptr<Method> reference, Isa isa, int threads, bool probs)
+      : plan_(std::move(plan)), reference_(std::move(reference)), isa_(isa), threads_(threads), probs_(probs) {}
+
+ protected:
+  RowMatrixXd softmax_rows_impl(const RowMatrixXd& logits) const override { return reference_->softmax_rows(logits); }
+  IntegerSoftmaxResult softmax_integer_impl(const IntegerLogits& logits) const override {
+    return reference_->softmax_integer(logits);
+  }
+
+  AttentionResult attention_impl(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+                                 const AttentionMask& mask) const override {
+    const Eigen::Index lq = q.rows(), lk = k.rows(), d = q.cols(), dv = v.cols();
+    const bool mask_fits = mask.valid.size() == 0 || (mask.valid.rows() == lq && mask.valid.cols() == lk);
+    if (q.cols() != k.cols() || k.rows() != v.rows() || !mask_fits) return reference_->attention(q, k, v, scale, mask);
+    // The reference's quantiser, narrowed to bytes at once (its int32 codes are freed before the next tensor).
+    struct Quantized {
+      std::vector<std::int8_t> values;
+      double scale;
+    };
+    const auto quantize = [](const RowMatrixXd& x) {
+      const ref::Int8Matrix m = ref::quantize_symmetric_int8(x);
+      return Quantized{narrow_int8(m.values), m.scale};
+    };
+    const Quantized qi = quantize(q), ki = quantize(k), vi = quantize(v);
+    IntAttentionConfig cfg;
+    cfg.pipeline = plan_.pipeline;
+    cfg.isa = isa_;
+    cfg.threads = threads_;
+    cfg.causal = mask.causal;
+    cfg.valid = mask.valid.size() ? mask.valid.data() : nullptr;
+    int p_scale = 127;
+    if (plan_.pipeline == IntPipeline::intattention) {
+      cfg.softmax = plan_.softmax;
+      cfg.c_int = ref::intattention_cint(qi.scale, ki.scale, scale, plan_.softmax, plan_.cint_eval);
+      p_scale = plan_.softmax.p_scale();
+    } else {
+      // |A| <= 127^2 d, so |fl32(A) alpha| <= fl32(127^2 d) alpha (rounding is monotone): finite means no entry of
+      // the float32 logits overflows.
+      const float alpha = static_cast<float>(qi.scale * ki.scale * scale);
+      if (!std::isfinite(static_cast<float>(127.0 * 127.0 * static_cast<double>(d)) * alpha))
+        return reference_->attention(q, k, v, scale, mask);
+    }
+    std::vector<std::uint8_t> p;
+    if (probs_) {
+      p.assign(static_cast<std::size_t>(lq * lk), 0);
+      cfg.p_out = p.data();
+    }
+    std::vector<float> o(static_cast<std::size_t>(lq * dv));
+    int_attention_fused({qi.values.data(), lq, d, qi.scale}, {ki.values.data(), lk, d, ki.scale},
+                        {vi.values.data(), lk, dv, vi.scale},
+                        scale, cfg, o.data());
+    AttentionResult r;
+    r.o = Eigen::Map<const RowMatrixXf>(o.data(), lq, dv).cast<double>();
+    r.p_scale = p_scale;
+    r.p_dtype = p_scale == 255 ? DType::u8 : DType::i8;
+    if (probs_) {
+      r.p_int = Eigen::Map<const Eigen::Matrix<std::uint8_t, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
+                    p.data(), lq, lk).cast<std::int32_t>();
+      r.p = r.p_int.cast<double>() / p_scale;
+    }
+    return r;
+  }
+
+ private:
+  FusedPlan plan_;
+  std::unique_ptr<Method> reference_;
+  Isa isa_;
+  int threads_;
+  bool probs_;
+};
+
+}  // namespace
+
+std::string_view engine_name(Engine engine) {
+  switch (engine) {
+    case Engine::automatic: return "auto";
+    case Engine::fast: return "fast";
+    case Engine::reference: return "reference";
+  }
+  return "?";
+}
+
+Engine parse_engine(std::string_view name) {
+  for (Engine e : {Engine::automatic, Engine::fast, Engine::reference})
+    if (engine_name(e) == name) return e;
+  throw SpecError("unknown engine '" + std::string(name) + "' (valid: auto, fast, reference)");
+}
+
+BuiltMethod build_method(const MethodSpec& spec, const EngineOptions& options) {
+  const Registry& registry = ref::reference_registry();
+  BuiltMethod built;
+  built.method = registry.create(spec);  // a bad spec fails here, with the registry's message
+  if (options.threads < 1) throw SpecError("engine: threads must be >= 1");
+  if (options.engine == Engine::reference) {
+    built.path = "reference model (engine=reference)";
+    return built;
+  }
+  FusedPlan plan = unsupported("no fused kernels for '" + spec.name + "'");
+  for (const FusedEntry& e : kFusedPlans)
+    if (e.method == spec.name) plan = e.plan(registry.resolve(spec));
+  if (!plan.supported) {
+    if (options.engine == Engine::fast)
+      throw SpecError("engine=fast: " + registry.canonical(spec) + " has no fused path: " + plan.why_not);
+    built.path = "reference model (" + plan.why_not + ")";
+    return built;
+  }
+  Isa isa;
+  if (options.isa) {
+    isa = *options.isa;
+    if (!isa_available(isa))
+      throw SpecError("ISA " + std::string(isa_name(isa)) + " is not available here (available: " + available_isa_names() + ")");
+  } else {
+    try {
+      isa = default_isa();
+    } catch (const std::runtime_error& e) {
+      throw SpecError(e.what());
+    }
+  }
+  const IntAttentionKernels k = int_attention_kernels(isa, plan.pipeline);
+  built.path = "fused kernels (" + std::string(isa_name(isa)) + ": " + k.qk + ", " + k.softmax + ", " + k.pv + ")";
+  built.fast = true;
+  built.method = std::make_unique<FusedMethod>(std::move(plan), std::move(built.method), isa, options.threads, options.probs);
+  return built;
+}
+
+}  // namespace qattn
