@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "onednn_gemm.h"
 #include "qattn/error.h"
 #include "qattn/int_attention.h"
 #include "qattn/reference/method_entries.h"
@@ -33,12 +34,22 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 using RowMatrixXf = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
+// "AMD EPYC (family 25, model 17)" on x86, "implementer 0x41, part 0xd0b" on Arm: the model name alone does not tell
+// Zen 4 (one 512-bit vpdpbusd per cycle) from Zen 5 (two), and every ratio depends on which it was.
 std::string cpu_model() {
   std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("model name", 0) == 0 || line.rfind("CPU part", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
+  std::string line, name, family, model, implementer, part;
+  auto value = [&] { return line.substr(line.find(':') + 2); };
+  while (std::getline(f, line) && line.find_first_not_of(" \t") != std::string::npos) {  // the first processor
+    if (line.rfind("model name", 0) == 0) name = value();
+    else if (line.rfind("cpu family", 0) == 0) family = value();
+    else if (line.rfind("model\t", 0) == 0 || line.rfind("model ", 0) == 0) model = value();
+    else if (line.rfind("CPU implementer", 0) == 0) implementer = value();
+    else if (line.rfind("CPU part", 0) == 0) part = value();
+  }
+  if (!family.empty()) return (name.empty() ? "unknown" : name) + " (family " + family + ", model " + model + ")";
+  if (!part.empty()) return "implementer " + implementer + ", part " + part;
+  return name.empty() ? "unknown" : name;
 }
 
 // Peak resident memory per row: writing 5 to /proc/self/clear_refs resets the kernel's high-water mark (VmHWM), so
@@ -100,7 +111,7 @@ struct BenchOptions {
   std::vector<int> lengths{1024, 2048, 4096}, threads{1, 2};
   int d = 128, reps = 5;
   std::string isa, format = "md", out, index = "index@upstream-neon";
-  std::vector<std::string> rows{"fused", "materialised", "fp32"};
+  std::vector<std::string> rows{"fused", "materialised", "fp32", "onednn"};
 };
 
 bool wants(const BenchOptions& o, const std::string& group) {
@@ -108,8 +119,15 @@ bool wants(const BenchOptions& o, const std::string& group) {
 }
 
 void run_bench(const BenchOptions& o) {
-  const Isa isa = o.isa.empty() ? default_isa() : parse_isa(o.isa);
-  if (!isa_available(isa)) throw std::invalid_argument("--isa " + o.isa + ": not available on this CPU or build");
+  Isa isa;
+  try {
+    isa = o.isa.empty() ? default_isa() : parse_isa(o.isa);
+  } catch (const std::exception& e) {
+    throw CLI::ValidationError("--isa", e.what());
+  }
+  if (!isa_available(isa))
+    throw CLI::ValidationError("--isa", o.isa + " is not available on this CPU or build (available: " +
+                                            available_isa_names() + ")");
   require_range("--d", o.d, 1, kMaxBenchD);
   require_range("--reps", o.reps, 1, kMaxBenchReps);
   if (o.lengths.empty() || o.threads.empty()) throw CLI::ValidationError("--L/--threads", "give at least one value");
@@ -152,7 +170,7 @@ void run_bench(const BenchOptions& o) {
   struct Cell {
     int l, threads;
     double t_int = kNan, t_gemm = kNan, t_qo = kNan, qk_eff = kNan, pv_eff = kNan, t_int_m = kNan, t_qo_m = kNan,
-           t_fp32 = kNan, rss_int = kNan;
+           t_fp32 = kNan, rss_int = kNan, t_qk = kNan, t_pv = kNan, t_dnnl_qk = kNan, t_dnnl_pv = kNan;
   };
   std::vector<Cell> cells;
   std::mt19937_64 g(1);
@@ -203,7 +221,7 @@ void run_bench(const BenchOptions& o) {
         c.t_int = run_int(Stages::all, IntPipeline::intattention, false, &r_int);
         c.t_gemm = run_int(Stages::gemms, IntPipeline::intattention, false, &r_gemm);
         c.t_qo = run_int(Stages::all, IntPipeline::quant_only, false, &r_qo);
-        const double t_qk = run_int(Stages::qk), t_pv = run_int(Stages::pv);
+        const double t_qk = c.t_qk = run_int(Stages::qk), t_pv = c.t_pv = run_int(Stages::pv);
         auto share_of_peak = [&](double macs, double ms) { return macs / (ms * 1e-3) * 1e-9 / (peak_gmacs * threads) * 100; };
         c.qk_eff = share_of_peak(ops / 4, t_qk);
         c.pv_eff = share_of_peak(ops / 4, t_pv);
@@ -221,6 +239,12 @@ void run_bench(const BenchOptions& o) {
         c.t_qo_m = run_int(Stages::all, IntPipeline::quant_only, true, &r_qo_m);
         rows.push_back({"intattention materialised", c.t_int_m, r_int_m, true});
         rows.push_back({"quant-only materialised", c.t_qo_m, r_qo_m, true});
+      }
+      if (wants(o, "onednn") && onednn_built()) {
+        const OneDnnTimes dn = time_onednn_gemms(q8.data(), k8.data(), v8.data(), l, o.d, threads, o.reps);
+        c.t_dnnl_qk = dn.qk_ms;
+        c.t_dnnl_pv = dn.pv_ms;
+        j["onednn_stages"].push_back({{"L", l}, {"threads", threads}, {"qk_ms", dn.qk_ms}, {"pv_ms", dn.pv_ms}});
       }
       if (wants(o, "fp32")) {
         double r_fp32;
@@ -318,6 +342,41 @@ void run_bench(const BenchOptions& o) {
         }
     target("2-thread speedup of fused intattention >= 1.8", any, ok, fig);
   }
+  // oneDNN, the anchor: our GEMM stages (each timed alone, packing included) against its matmuls on the same shapes.
+  Table anchor{{"L", "threads", "Q.K^T ours ms", "Q.K^T oneDNN ms", "ours / oneDNN", "P.V ours ms", "P.V oneDNN ms",
+                "ours / oneDNN", "fused intattention / oneDNN two GEMMs"},
+               {}};
+  for (const Cell& c : cells)
+    if (std::isfinite(c.t_dnnl_qk))
+      anchor.rows.push_back({std::to_string(c.l), std::to_string(c.threads), fmt(c.t_qk, 2), fmt(c.t_dnnl_qk, 2),
+                             fmt(c.t_qk / c.t_dnnl_qk, 2), fmt(c.t_pv, 2), fmt(c.t_dnnl_pv, 2),
+                             fmt(c.t_pv / c.t_dnnl_pv, 2), fmt(c.t_int / (c.t_dnnl_qk + c.t_dnnl_pv), 2)});
+  for (const char* stage : {"Q.K^T", "P.V"}) {
+    const bool qk = std::string(stage) == "Q.K^T";
+    bool any = false, ok = true;
+    std::string fig;
+    for (const Cell& c : cells)
+      if ((c.l == 2048 || c.l == 4096 || c.l == 8192) && std::isfinite(c.t_dnnl_qk) && std::isfinite(c.t_qk)) {
+        const double r = qk ? c.t_qk / c.t_dnnl_qk : c.t_pv / c.t_dnnl_pv;
+        any = true;
+        ok = ok && r <= 1.10;
+        fig += (fig.empty() ? "" : ", ") + ("L " + std::to_string(c.l) + " t" + std::to_string(c.threads) + ": " + fmt(r, 2));
+      }
+    target(std::string("our ") + stage + " stage <= 1.10 x oneDNN's at L in {2048, 4096, 8192}", any, ok, fig);
+  }
+  {
+    bool any = false, ok = true;
+    std::string fig;
+    for (const Cell& c : cells)
+      if (c.l == 4096 && std::isfinite(c.t_dnnl_qk) && std::isfinite(c.t_int)) {
+        const double r = c.t_int / (c.t_dnnl_qk + c.t_dnnl_pv);
+        any = true;
+        ok = ok && r <= 1.25;
+        fig += (fig.empty() ? "" : ", ") + ("t" + std::to_string(c.threads) + ": " + fmt(r, 2));
+      }
+    target("fused intattention <= 1.25 x oneDNN's two GEMMs at L = 4096", any, ok, fig);
+  }
+  j["onednn"] = onednn_version();
   j["targets"] = jt;
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -328,11 +387,17 @@ void run_bench(const BenchOptions& o) {
        << "ISA " << isa_name(isa) << ": " << names.qk << ", " << names.softmax << " (quant-only: " << qo_softmax << "), "
        << names.pv << "\n"
        << "IndexSoftmax: " << ref::reference_registry().canonical(index_spec) << "\n"
-       << "int8 MAC peak, 1 core (" << isa_name(isa) << " loop, 12 accumulators): " << peak_gmacs << " GMAC/s\n"
+       << "int8 MAC peak, 1 core (" << isa_name(isa) << " loop, register-only inline assembly): " << peak_gmacs << " GMAC/s\n"
        << "medians of " << o.reps << " runs after one warm-up; GOP/s counts the two GEMMs (4 L^2 d ops); "
        << "fp32 blocks runs Eigen at this build's baseline ISA; peak RSS per row is the process's high-water mark "
        << "while that row ran (inputs included; " << ru.ru_maxrss / 1024 << " MiB for the whole run)\n\n";
-  emit(o.format == "json" ? j.dump(2) + "\n" : head.str() + t.markdown() + "\nTargets (docs/kernels.md):\n" + targets.str(),
+  std::string anchor_text;
+  if (wants(o, "onednn"))
+    anchor_text = "\nGEMM stages against " + onednn_version() + " (same shapes; ours: int_attention_fused with one stage, K/V "
+                  "packing included; oneDNN: plain row-major Q, K read as K^T, P, V, primitives made outside the timing)\n\n" +
+                  (anchor.rows.empty() ? std::string("(no oneDNN rows in this build)\n") : anchor.markdown());
+  emit(o.format == "json" ? j.dump(2) + "\n"
+                          : head.str() + t.markdown() + anchor_text + "\nTargets (docs/kernels.md):\n" + targets.str(),
        o.out);
 }
 
@@ -349,9 +414,11 @@ void add_bench(CLI::App& app) {
   sub->add_option("--index", o->index, "IndexSoftmax spec of the intattention rows")->capture_default_str();
   sub->add_option("--format", o->format, "md|json")->check(CLI::IsMember({"md", "json"}))->capture_default_str();
   sub->add_option("--out", o->out, "write here instead of stdout");
-  sub->add_option("--rows", o->rows, "row groups to time: fused (intattention, quant-only, gemm-only), materialised, fp32")
+  sub->add_option("--rows", o->rows,
+                  "row groups to time: fused (intattention, quant-only, gemm-only), materialised, fp32, onednn (its "
+                  "two GEMMs, where the build has oneDNN)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"fused", "materialised", "fp32"}))
+      ->check(CLI::IsMember({"fused", "materialised", "fp32", "onednn"}))
       ->capture_default_str();
   sub->callback([o] { run_bench(*o); });
 }

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs every build, test and analysis dependency of qattn from Debian 12's apt.
+# Installs every build, test and analysis dependency of qattn from Debian 12's apt (libdnnl-dev: oneDNN, only for
+# the anchor rows of `qattn bench`; the library never links it).
 # Idempotent: packages already present are skipped by apt; the arm64 architecture is added once.
 #
 #   scripts/install-deps.sh            native build, tests, analysis (Python plots)
@@ -31,6 +32,7 @@ native_pkgs=(
   libmpfr-dev libgmp-dev nlohmann-json3-dev libzip-dev libcli11-dev
   clang libclang-rt-14-dev
   python3-numpy python3-matplotlib
+  libdnnl-dev
 )
 cross_pkgs=(qemu-user g++-aarch64-linux-gnu)
 torch_pkgs=(python3-torch libopenblas0-openmp)

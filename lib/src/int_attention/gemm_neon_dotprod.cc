@@ -76,17 +76,76 @@ void pv_u8s8_s32__neon_dotprod_4x16(const GemmArgs& args) { gemm<true>(args); }
 
 namespace qattn::kernels {
 
+// Register-only inline assembly, so that no compiler can spill an accumulator: v0 / v1 the broadcast operands,
+// v16..v31 sixteen independent sdot chains (tests/kernels/peak_loop_codegen.sh checks the loop body).
 std::int64_t mac_loop__neon_dotprod(std::int64_t iterations, std::int32_t* checksum) {
-  int32x4_t acc[12];
-  for (auto& x : acc) x = vdupq_n_s32(0);
+  if (iterations <= 0) {
+    *checksum = 0;
+    return 0;
+  }
   volatile int seed = 1;
-  const int8x16_t a = vdupq_n_s8(static_cast<std::int8_t>(seed)), b = vdupq_n_s8(static_cast<std::int8_t>(seed + 1));
-  for (std::int64_t i = 0; i < iterations; ++i)
-    for (auto& x : acc) x = vdotq_s32(x, a, b);  // 16 MACs each
-  int32x4_t s = acc[0];
-  for (int r = 1; r < 12; ++r) s = vaddq_s32(s, acc[r]);
-  *checksum = vaddvq_s32(s);
-  return iterations * 12 * 16;
+  std::int64_t n = iterations;
+  int32x4_t sum;
+  asm volatile(
+      "dup v0.16b, %w[seed]\n\t"
+      "add v1.16b, v0.16b, v0.16b\n\t"
+      "movi v16.4s, #0\n\t"
+      "movi v17.4s, #0\n\t"
+      "movi v18.4s, #0\n\t"
+      "movi v19.4s, #0\n\t"
+      "movi v20.4s, #0\n\t"
+      "movi v21.4s, #0\n\t"
+      "movi v22.4s, #0\n\t"
+      "movi v23.4s, #0\n\t"
+      "movi v24.4s, #0\n\t"
+      "movi v25.4s, #0\n\t"
+      "movi v26.4s, #0\n\t"
+      "movi v27.4s, #0\n\t"
+      "movi v28.4s, #0\n\t"
+      "movi v29.4s, #0\n\t"
+      "movi v30.4s, #0\n\t"
+      "movi v31.4s, #0\n\t"
+      "1:\n\t"
+      "sdot v16.4s, v0.16b, v1.16b\n\t"
+      "sdot v17.4s, v0.16b, v1.16b\n\t"
+      "sdot v18.4s, v0.16b, v1.16b\n\t"
+      "sdot v19.4s, v0.16b, v1.16b\n\t"
+      "sdot v20.4s, v0.16b, v1.16b\n\t"
+      "sdot v21.4s, v0.16b, v1.16b\n\t"
+      "sdot v22.4s, v0.16b, v1.16b\n\t"
+      "sdot v23.4s, v0.16b, v1.16b\n\t"
+      "sdot v24.4s, v0.16b, v1.16b\n\t"
+      "sdot v25.4s, v0.16b, v1.16b\n\t"
+      "sdot v26.4s, v0.16b, v1.16b\n\t"
+      "sdot v27.4s, v0.16b, v1.16b\n\t"
+      "sdot v28.4s, v0.16b, v1.16b\n\t"
+      "sdot v29.4s, v0.16b, v1.16b\n\t"
+      "sdot v30.4s, v0.16b, v1.16b\n\t"
+      "sdot v31.4s, v0.16b, v1.16b\n\t"
+      "subs %[n], %[n], #1\n\t"
+      "b.ne 1b\n\t"
+      "add v16.4s, v16.4s, v17.4s\n\t"
+      "add v16.4s, v16.4s, v18.4s\n\t"
+      "add v16.4s, v16.4s, v19.4s\n\t"
+      "add v16.4s, v16.4s, v20.4s\n\t"
+      "add v16.4s, v16.4s, v21.4s\n\t"
+      "add v16.4s, v16.4s, v22.4s\n\t"
+      "add v16.4s, v16.4s, v23.4s\n\t"
+      "add v16.4s, v16.4s, v24.4s\n\t"
+      "add v16.4s, v16.4s, v25.4s\n\t"
+      "add v16.4s, v16.4s, v26.4s\n\t"
+      "add v16.4s, v16.4s, v27.4s\n\t"
+      "add v16.4s, v16.4s, v28.4s\n\t"
+      "add v16.4s, v16.4s, v29.4s\n\t"
+      "add v16.4s, v16.4s, v30.4s\n\t"
+      "add v16.4s, v16.4s, v31.4s\n\t"
+      "mov %[sum].16b, v16.16b\n\t"
+      : [n] "+r"(n), [sum] "=w"(sum)
+      : [seed] "r"(static_cast<int>(seed))
+      : "v0", "v1", "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27", "v28", "v29",
+        "v30", "v31", "cc");
+  *checksum = vaddvq_s32(sum) & 0x7fffffff;
+  return iterations * 16 * 16;  // 16 MACs per sdot
 }
 
 }  // namespace qattn::kernels
