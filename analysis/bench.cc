@@ -111,7 +111,7 @@ struct BenchOptions {
   std::vector<int> lengths{1024, 2048, 4096}, threads{1, 2};
   int d = 128, reps = 5;
   std::string isa, format = "md", out, index = "index@upstream-neon";
-  std::vector<std::string> rows{"fused", "materialised", "fp32", "onednn"};
+  std::vector<std::string> rows{"fused", "materialised", "fp32", "onednn", "softmax"};
 };
 
 bool wants(const BenchOptions& o, const std::string& group) {
@@ -173,6 +173,11 @@ void run_bench(const BenchOptions& o) {
            t_fp32 = kNan, rss_int = kNan, t_qk = kNan, t_pv = kNan, t_dnnl_qk = kNan, t_dnnl_pv = kNan;
   };
   std::vector<Cell> cells;
+  struct SoftmaxRows {
+    int l;
+    double ns_index, ns_float;
+  };
+  std::vector<SoftmaxRows> softmax_rows;
   std::mt19937_64 g(1);
   std::normal_distribution<float> n(0, 1);
   for (int l : o.lengths) {
@@ -193,6 +198,28 @@ void run_bench(const BenchOptions& o) {
     else qf.resize(0, 0), kf.resize(0, 0), vf.resize(0, 0);  // the integer rows' memory is then theirs alone
     const double scale = 1.0 / std::sqrt(static_cast<double>(o.d));
     const double ops = 4.0 * l * l * o.d;  // two GEMMs, 2 ops per MAC
+    if (wants(o, "softmax")) {
+      // The two row kernels alone, 1 thread, on one block of 64 rows of this run's S = Q K^T: per element.
+      const Eigen::Index rows = std::min(64, l);
+      std::vector<std::int32_t> s_block(static_cast<std::size_t>(rows) * l);
+      for (Eigen::Index i = 0; i < rows; ++i)
+        for (int j = 0; j < l; ++j) {
+          std::int32_t acc = 0;
+          for (int t = 0; t < o.d; ++t) acc += std::int32_t{q8[i * o.d + t]} * k8[static_cast<std::size_t>(j) * o.d + t];
+          s_block[i * l + j] = acc;
+        }
+      std::vector<std::uint8_t> p_block(s_block.size());
+      const std::int64_t c_int = cint_from_alpha(index_params.c, sq * sk * scale, index_params.cint_rounding);
+      const float alpha = static_cast<float>(sq * sk * scale);
+      auto per_element_ns = [&](IntPipeline pipeline) {
+        return median_ms(o.reps, [&] {
+          int_attention_softmax_rows(isa, pipeline, index_params, c_int, alpha, s_block.data(), rows, l, p_block.data());
+        }) * 1e6 / static_cast<double>(s_block.size());
+      };
+      const double ns_index = per_element_ns(IntPipeline::intattention), ns_float = per_element_ns(IntPipeline::quant_only);
+      softmax_rows.push_back({l, ns_index, ns_float});
+      j["softmax_rows"].push_back({{"L", l}, {"index_ns_per_element", ns_index}, {"float_ns_per_element", ns_float}});
+    }
     for (int threads : o.threads) {
       Cell c{l, threads};
       IntAttentionConfig cfg;
@@ -376,6 +403,18 @@ void run_bench(const BenchOptions& o) {
       }
     target("fused intattention <= 1.25 x oneDNN's two GEMMs at L = 4096", any, ok, fig);
   }
+  Table softmax_table{{"L", "IndexSoftmax row ns/element", "float softmax row ns/element", "float / IndexSoftmax"}, {}};
+  {
+    bool ok = true;
+    std::string fig;
+    for (const SoftmaxRows& r : softmax_rows) {
+      softmax_table.rows.push_back({std::to_string(r.l), fmt(r.ns_index, 3), fmt(r.ns_float, 3), fmt(r.ns_float / r.ns_index, 2)});
+      ok = ok && r.ns_float / r.ns_index >= 1.5;
+      fig += (fig.empty() ? "" : ", ") + ("L " + std::to_string(r.l) + ": " + fmt(r.ns_float / r.ns_index, 2));
+    }
+    target("IndexSoftmax row >= 1.5 x faster per element than the float softmax row of fused quant-only",
+           !softmax_rows.empty(), ok, fig);
+  }
   j["onednn"] = onednn_version();
   j["targets"] = jt;
   rusage ru{};
@@ -392,8 +431,11 @@ void run_bench(const BenchOptions& o) {
        << "fp32 blocks runs Eigen at this build's baseline ISA; peak RSS per row is the process's high-water mark "
        << "while that row ran (inputs included; " << ru.ru_maxrss / 1024 << " MiB for the whole run)\n\n";
   std::string anchor_text;
+  if (!softmax_rows.empty())
+    anchor_text += "\nSoftmax row kernels alone (" + names.softmax + " vs " + qo_softmax +
+                   "; 64 rows of this run's S, 1 thread, every key visible)\n\n" + softmax_table.markdown();
   if (wants(o, "onednn"))
-    anchor_text = "\nGEMM stages against " + onednn_version() + " (same shapes; ours: int_attention_fused with one stage, K/V "
+    anchor_text += "\nGEMM stages against " + onednn_version() + " (same shapes; ours: int_attention_fused with one stage, K/V "
                   "packing included; oneDNN: plain row-major Q, K read as K^T, P, V, primitives made outside the timing)\n\n" +
                   (anchor.rows.empty() ? std::string("(no oneDNN rows in this build)\n") : anchor.markdown());
   emit(o.format == "json" ? j.dump(2) + "\n"
@@ -416,9 +458,9 @@ void add_bench(CLI::App& app) {
   sub->add_option("--out", o->out, "write here instead of stdout");
   sub->add_option("--rows", o->rows,
                   "row groups to time: fused (intattention, quant-only, gemm-only), materialised, fp32, onednn (its "
-                  "two GEMMs, where the build has oneDNN)")
+                  "two GEMMs, where the build has oneDNN), softmax (the two softmax row kernels alone)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"fused", "materialised", "fp32", "onednn"}))
+      ->check(CLI::IsMember({"fused", "materialised", "fp32", "onednn", "softmax"}))
       ->capture_default_str();
   sub->callback([o] { run_bench(*o); });
 }

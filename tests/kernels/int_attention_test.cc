@@ -254,6 +254,11 @@ TEST_CASE("IndexSoftmax row variants equal the scalar spec for every rule, lengt
   SoftmaxRowTester().keys(40).limit(40).c_int(std::int64_t{1} << 30).spread((std::int64_t{1} << 30) - 1).Test();  // c_int 2^30, |m - a| < 2^31
   SoftmaxRowTester().keys(40).limit(40).c_int(2048383).spread(2048383).Test();  // 127^2 d at d = 127
   SoftmaxRowTester().keys(33).limit(33).c_int(5).spread(0).Test();  // all ties: E = 255 everywhere
+  // The edges of the AVX-512 integer index paths (index_softmax_avx512.cc): the quotient path holds for c_int < 2^22
+  // (2 c_int (T-1) + c_int < 2^31 at b = 8), the Q26 path while c_int q26 + 2^25 < 2^32 (at b = 6 until c_int ~ 2^26).
+  for (const std::int64_t c : {(std::int64_t{1} << 22) - 1, std::int64_t{1} << 22, (std::int64_t{1} << 26) - 1,
+                               std::int64_t{1} << 26, std::int64_t{1} << 27})
+    SoftmaxRowTester().keys(40).limit(40).c_int(c).spread(c).Test();
 }
 
 TEST_CASE("fused IntAttention equals the reference model on every ISA, thread count and preset", "[kernels]") {

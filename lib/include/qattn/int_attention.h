@@ -72,6 +72,13 @@ struct IntAttentionKernels {
 };
 IntAttentionKernels int_attention_kernels(Isa isa, IntPipeline pipeline = IntPipeline::intattention);
 
+// The softmax row kernel the fused pipeline runs between its GEMMs, alone, over `rows` rows of S [rows, keys]
+// (int32, row-major, every key visible), writing P [rows, keys] (u8): IndexSoftmax with `softmax` and c_int for
+// intattention, the float softmax of S alpha for quant_only. For benchmarks of the row kernels; S is not modified.
+void int_attention_softmax_rows(Isa isa, IntPipeline pipeline, const IndexSoftmaxParams& softmax, std::int64_t c_int,
+                                float alpha, const std::int32_t* s, Eigen::Index rows, Eigen::Index keys,
+                                std::uint8_t* p);
+
 // The int8 multiply-accumulate peak of one core with the instruction the ISA's GEMMs use (vpdpbusd, vpmaddwd, sdot,
 // usdot): `iterations` rounds over 12 independent accumulators. Returns the MACs done (the caller times it) and
 // writes a checksum so the loop cannot be removed. Throws std::invalid_argument for an ISA without a loop here.

@@ -1,6 +1,12 @@
 // AVX-512 IndexSoftmax row, 16 logits per step, the same integers as index_softmax_s32_u8__scalar:
 //   Δ' = min(m - a, c_int)               int32 (|m - a| <= 2 127^2 d < 2^31 for d < 66000)
-//   idx by the index rule in double       every numerator is an integer < 2^41 and every divisor < 2^31, so the
+//   idx by the index rule in int32        where the bounds below hold (every c_int < 2^22 at the floor and round
+//                                         rules; c_int q26 + 2^25 < 2^32 at the Q26 rules, every c_int for b <= 5):
+//     floor / round: q0 = trunc(fl32(n) fl32(1/D)) is within 1 of floor(n / D) (relative error <= 3 2^-24 on a
+//                    quotient <= 2^b), then one exact correction by the remainder n - q0 D in int32
+//                    (n = Δ' (T-1), D = c_int; or n = 2 Δ' (T-1) + c_int, D = 2 c_int; n, q0 D < 2^31)
+//     Q26 rules:     (Δ' q26 [+ 2^25]) >> 26 with vpmulld, exact in uint32 under the bound
+//   idx by the index rule in double       otherwise: every numerator is an integer < 2^41 and every divisor < 2^31, so the
 //                                         quotient is exact or at least 2^-39 (relative) from the next integer:
 //                                         floor of the correctly rounded double quotient is the exact floor
 //                                         (q26 rules: (Δ' m [+ 2^25]) 2^-26, a power-of-two scaling, exact)
@@ -28,6 +34,53 @@ inline __mmask16 tail_mask(Index j, Index limit) {
 
 // floor(x) of 8 non-negative doubles below 2^31, as int32.
 inline __m256i floor_to_i32(__m512d x) { return _mm512_cvttpd_epi32(x); }
+
+// The integer index paths and when they apply (the header's bounds).
+enum class IntIndexPath { none, quotient, q26 };
+
+IntIndexPath int_index_path(const IndexSoftmaxTables& t) {
+  switch (t.params.index_rule) {
+    case IndexRule::floor:
+    case IndexRule::round: return t.c_int < (std::int64_t{1} << 22) ? IntIndexPath::quotient : IntIndexPath::none;
+    case IndexRule::q26_round:
+    case IndexRule::q26_floor:
+      return t.c_int * t.q26 + (std::int64_t{1} << 25) < (std::int64_t{1} << 32) ? IntIndexPath::q26 : IntIndexPath::none;
+    default: return IntIndexPath::none;
+  }
+}
+
+// The constants of one row's integer index path.
+struct IntIndex {
+  IntIndexPath path;
+  __m512i last, numerator_scale, numerator_add, divisor, q26, q26_add;
+  __m512 reciprocal;
+  static IntIndex make(const IndexSoftmaxTables& t) {
+    const std::int32_t last = (1 << t.params.bits) - 1, c = static_cast<std::int32_t>(t.c_int);
+    const bool round = t.params.index_rule == IndexRule::round;
+    const std::int32_t divisor = round ? 2 * c : c;
+    IntIndex k;
+    k.path = int_index_path(t);
+    k.last = _mm512_set1_epi32(last);
+    k.numerator_scale = _mm512_set1_epi32(round ? 2 * last : last);
+    k.numerator_add = _mm512_set1_epi32(round ? c : 0);
+    k.divisor = _mm512_set1_epi32(divisor);
+    k.reciprocal = _mm512_set1_ps(1.0f / static_cast<float>(divisor));
+    k.q26 = _mm512_set1_epi32(static_cast<std::int32_t>(static_cast<std::uint32_t>(t.q26)));
+    k.q26_add = _mm512_set1_epi32(t.params.index_rule == IndexRule::q26_round ? 1 << 25 : 0);
+    return k;
+  }
+};
+
+inline __m512i index_of_int(__m512i delta, const IntIndex& k) {
+  if (k.path == IntIndexPath::q26)  // uint32 arithmetic: no wrap under the bound
+    return _mm512_min_epu32(_mm512_srli_epi32(_mm512_add_epi32(_mm512_mullo_epi32(delta, k.q26), k.q26_add), 26), k.last);
+  const __m512i n = _mm512_add_epi32(_mm512_mullo_epi32(delta, k.numerator_scale), k.numerator_add);
+  __m512i q = _mm512_cvttps_epi32(_mm512_mul_ps(_mm512_cvtepi32_ps(n), k.reciprocal));
+  const __m512i r = _mm512_sub_epi32(n, _mm512_mullo_epi32(q, k.divisor));
+  q = _mm512_mask_sub_epi32(q, _mm512_cmplt_epi32_mask(r, _mm512_setzero_si512()), q, _mm512_set1_epi32(1));
+  q = _mm512_mask_add_epi32(q, _mm512_cmpge_epi32_mask(r, k.divisor), q, _mm512_set1_epi32(1));
+  return _mm512_min_epi32(q, k.last);
+}
 
 inline __m512i index_of(__m512i delta, const IndexSoftmaxTables& t) {
   const double last = (1 << t.params.bits) - 1, c = static_cast<double>(t.c_int), m = static_cast<double>(t.q26);
@@ -80,11 +133,14 @@ void index_softmax_s32_u8__avx512(const std::int32_t* s, const bool* valid, Inde
   for (int i = 0; i < 256; ++i) lut32[i] = t.lut[i];
   const __m512i lut_lo = _mm512_load_si512(lut32), lut_hi = _mm512_load_si512(lut32 + 16);
   __m512i vsum = _mm512_setzero_si512();
+  const IntIndex int_index = IntIndex::make(t);
+  const bool integer_index = int_index.path != IntIndexPath::none;
   for (Index j = 0; j < limit; j += 16) {
     const __mmask16 k = tail_mask(j, limit);
     const __m512i a = _mm512_maskz_loadu_epi32(k, s + j);
     const __m512i delta = _mm512_min_epi32(_mm512_sub_epi32(vm, a), vc);
-    const __m512i idx = _mm512_max_epi32(index_of(delta, t), _mm512_setzero_si512());
+    const __m512i idx = integer_index ? index_of_int(delta, int_index)
+                                      : _mm512_max_epi32(index_of(delta, t), _mm512_setzero_si512());
     const __m512i e = small_lut ? _mm512_maskz_permutex2var_epi32(k, lut_lo, idx, lut_hi)
                                 : _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, idx, lut32, 4);
     vsum = _mm512_add_epi32(vsum, e);

@@ -76,6 +76,22 @@ IntAttentionKernels int_attention_kernels(Isa isa, IntPipeline pipeline) {
   return f.names;
 }
 
+void int_attention_softmax_rows(Isa isa, IntPipeline pipeline, const IndexSoftmaxParams& softmax, std::int64_t c_int,
+                                float alpha, const std::int32_t* s, Eigen::Index rows, Eigen::Index keys,
+                                std::uint8_t* p) {
+  if (!isa_available(isa))
+    throw std::invalid_argument("int_attention: ISA " + std::string(isa_name(isa)) + " is not available here");
+  const Family f = family(isa);
+  const kernels::IndexSoftmaxTables tables =
+      pipeline == IntPipeline::intattention ? kernels::IndexSoftmaxTables::make(softmax, c_int) : kernels::IndexSoftmaxTables{};
+  std::vector<std::int32_t> e(static_cast<std::size_t>(keys));
+  std::vector<float> scratch(static_cast<std::size_t>(keys));
+  for (Eigen::Index i = 0; i < rows; ++i) {
+    if (pipeline == IntPipeline::quant_only) f.softmax_f32(s + i * keys, nullptr, keys, keys, alpha, scratch.data(), p + i * keys);
+    else f.softmax(s + i * keys, nullptr, keys, keys, tables, e.data(), p + i * keys);
+  }
+}
+
 void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v, double scale,
                          const IntAttentionConfig& cfg, float* o) {
   if (q.cols != k.cols || k.rows != v.rows)
