@@ -242,6 +242,13 @@ TEST_CASE("qk and pv GEMM variants equal the triple loop around their tiles", "[
       for (const Eigen::Index k : {1, 3, 4, 5, 64, 67, 128})
         for (const Eigen::Index n : {1, 15, 16, 17, 32, 33, 48, 70, 100})
           GemmTester().rows(rows).k(k).n(n).seed(static_cast<unsigned>(rows * 1000 + k * 10 + n)).Test(pv);
+  // The AVX-512 tiles' k blocks (1024) and their Q copy (biased once while rows k <= 2^16, XORed in the loop above):
+  // k across several blocks with a tail, and a Q block past the copy's size.
+  for (const bool pv : {false, true}) {
+    GemmTester().rows(5).k(2052).n(33).seed(7).Test(pv);
+    GemmTester().rows(70).k(1024).n(48).seed(8).Test(pv);
+    GemmTester().rows(64).k(1024).n(17).seed(9).Test(pv);  // exactly 2^16 bytes of Q: the copy
+  }
 }
 
 TEST_CASE("IndexSoftmax row variants equal the scalar spec for every rule, length and clip", "[kernels]") {

@@ -1,60 +1,97 @@
 // AVX-512 VNNI variants of the GEMM families: vpdpbusd (u8 x s8, four products summed into each s32 lane), tiles of
 // 4 rows x 48 columns (12 zmm accumulators), the A group of 4 bytes broadcast to every lane.
-// qk: A = Q is s8; a ^ 0x80 = a + 128 as u8, so the lanes hold sum (a + 128) b and 128 B_sum[n] is subtracted at the
+// qk: A = Q is s8; a ^ 0x80 = a + 128 as u8 (biased once per call into a stack copy), so the lanes hold sum (a + 128) b and 128 B_sum[n] is subtracted at the
 // end (|sum| <= 255 * 127 * k: exact in int32 for k < 66000). pv: A = P is u8, native.
 #include <immintrin.h>
+
+#include <algorithm>
 
 #include "qattn/kernels.h"
 
 namespace qattn::kernels {
 namespace {
 
-template <bool kSignedA, int R, int V>
-inline void tile(const GemmArgs& g, Index i0, Index n0) {
+// How A reaches vpdpbusd (u8 x s8): P is u8 already; Q is s8 and enters as the u8 q + 128 = q ^ 0x80, either from a
+// copy biased once per call (the group then broadcasts straight from memory) or, where that copy would not fit its
+// stack buffer, XORed group by group in the loop (a scalar load, xor and a GPR -> zmm broadcast per group).
+enum class AMode { u8, s8_biased_copy, s8_xor_in_loop };
+
+// One R x (16 V) tile of C over k in [k0, k0 + kc): starts from 0 on the first k block, else from the partial sums
+// already in C; the qk bias -128 B_sum is subtracted once, on the last k block.
+template <AMode kA, int R, int V>
+inline void tile(const GemmArgs& g, Index i0, Index n0, Index k0, Index kc, bool first, bool last) {
   const std::uint8_t* a = static_cast<const std::uint8_t*>(g.a);
   __m512i acc[R][V];
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_si512();
-  const std::int8_t* b = g.b_packed + n0 * 4;
-  for (Index k4 = 0; k4 < g.k / 4; ++k4, b += g.n * 4) {
+    for (int v = 0; v < V; ++v)
+      acc[r][v] = first ? _mm512_setzero_si512() : _mm512_loadu_si512(g.c + (i0 + r) * g.n + n0 + v * 16);
+  const std::int8_t* b = g.b_packed + (k0 / 4) * g.n * 4 + n0 * 4;
+  for (Index k4 = k0 / 4; k4 < (k0 + kc) / 4; ++k4, b += g.n * 4) {
     __m512i bv[V];
     for (int v = 0; v < V; ++v) bv[v] = _mm512_loadu_si512(b + v * 64);
     for (int r = 0; r < R; ++r) {
       std::int32_t group;
       __builtin_memcpy(&group, a + (i0 + r) * g.k + k4 * 4, 4);
-      if (kSignedA) group ^= static_cast<std::int32_t>(0x80808080u);
+      if (kA == AMode::s8_xor_in_loop) group ^= static_cast<std::int32_t>(0x80808080u);
       const __m512i av = _mm512_set1_epi32(group);
       for (int v = 0; v < V; ++v) acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], av, bv[v]);
     }
   }
   for (int v = 0; v < V; ++v) {
-    const __m512i bias = kSignedA ? _mm512_mullo_epi32(_mm512_loadu_si512(g.b_sum + n0 + v * 16), _mm512_set1_epi32(128)) : _mm512_setzero_si512();
+    const __m512i bias = kA != AMode::u8 && last ? _mm512_mullo_epi32(_mm512_loadu_si512(g.b_sum + n0 + v * 16), _mm512_set1_epi32(128))
+                                          : _mm512_setzero_si512();
     for (int r = 0; r < R; ++r)
       _mm512_storeu_si512(g.c + (i0 + r) * g.n + n0 + v * 16, _mm512_sub_epi32(acc[r][v], bias));
   }
 }
 
-template <bool kSignedA, int V>
-inline void column_panel(const GemmArgs& g, Index n0) {
+template <AMode kA, int V>
+inline void column_panel(const GemmArgs& g, Index n0, Index k0, Index kc, bool first, bool last) {
   Index i0 = 0;
-  for (; i0 + 4 <= g.rows; i0 += 4) tile<kSignedA, 4, V>(g, i0, n0);
-  for (; i0 < g.rows; ++i0) tile<kSignedA, 1, V>(g, i0, n0);
+  for (; i0 + 4 <= g.rows; i0 += 4) tile<kA, 4, V>(g, i0, n0, k0, kc, first, last);
+  for (; i0 < g.rows; ++i0) tile<kA, 1, V>(g, i0, n0, k0, kc, first, last);
 }
 
-// Columns outer, rows inner: one panel of B (48 columns x k) stays in L1 while every row of A passes over it.
+// k blocks of kKc, then columns, then rows: within one k block the B panel (48 columns x kKc bytes = 12 KiB) and the
+// A block (rows x kKc bytes) stay in L1 while every row passes over the panel. Without the k blocks a long k (P V
+// has k = L_k) streamed a B panel of 48 L_k bytes from L2 for every 4 rows. Partial sums wait in C between k blocks:
+// each is a sum of a subset of the final sum's products, so the overflow bound of the whole sum covers it.
 // 4 rows x 3 vectors = 12 accumulators, enough independent vpdpbusd chains to cover its latency.
-template <bool kSignedA>
-void gemm(const GemmArgs& g) {
-  Index n0 = 0;
-  for (; n0 + 48 <= g.n; n0 += 48) column_panel<kSignedA, 3>(g, n0);
-  if (n0 + 32 <= g.n) column_panel<kSignedA, 2>(g, n0), n0 += 32;
-  if (n0 < g.n) column_panel<kSignedA, 1>(g, n0);  // n is a multiple of 16
+constexpr Index kKc = 1024;
+
+template <AMode kA>
+void gemm_blocks(const GemmArgs& g) {
+  for (Index k0 = 0; k0 < g.k || k0 == 0; k0 += kKc) {
+    const Index kc = std::min(kKc, g.k - k0);
+    const bool first = k0 == 0, last = k0 + kc >= g.k;
+    Index n0 = 0;
+    for (; n0 + 48 <= g.n; n0 += 48) column_panel<kA, 3>(g, n0, k0, kc, first, last);
+    if (n0 + 32 <= g.n) column_panel<kA, 2>(g, n0, k0, kc, first, last), n0 += 32;
+    if (n0 < g.n) column_panel<kA, 1>(g, n0, k0, kc, first, last);  // n is a multiple of 16
+    if (g.k == 0) break;
+  }
+}
+
+constexpr Index kBiasedCopyBytes = Index{1} << 16;  // 64 rows of d = 1024; a stack buffer, no allocation
+
+void qk_gemm(const GemmArgs& g) {
+  if (g.rows * g.k > kBiasedCopyBytes) return gemm_blocks<AMode::s8_xor_in_loop>(g);
+  alignas(64) static thread_local std::uint8_t biased[kBiasedCopyBytes];
+  const std::uint8_t* a = static_cast<const std::uint8_t*>(g.a);
+  const Index n = g.rows * g.k;
+  Index i = 0;
+  for (; i + 64 <= n; i += 64)
+    _mm512_store_si512(biased + i, _mm512_xor_si512(_mm512_loadu_si512(a + i), _mm512_set1_epi8(static_cast<char>(0x80))));
+  for (; i < n; ++i) biased[i] = a[i] ^ 0x80;
+  GemmArgs h = g;
+  h.a = biased;
+  gemm_blocks<AMode::s8_biased_copy>(h);
 }
 
 }  // namespace
 
-void qk_s8s8_s32__avx512vnni_4x48(const GemmArgs& args) { gemm<true>(args); }
-void pv_u8s8_s32__avx512vnni_4x48(const GemmArgs& args) { gemm<false>(args); }
+void qk_s8s8_s32__avx512vnni_4x48(const GemmArgs& args) { qk_gemm(args); }
+void pv_u8s8_s32__avx512vnni_4x48(const GemmArgs& args) { gemm_blocks<AMode::u8>(args); }
 
 }  // namespace qattn::kernels
 
