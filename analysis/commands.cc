@@ -671,7 +671,9 @@ void add_attention(CLI::App& app) {
   sub->add_option("--v", o->v, "Values [..., L_k, d_v]")->required();
   sub->add_option("--method", o->spec, "Method spec (see `qattn methods`)")->required();
   sub->add_option("--out", o->out, "Output O .npy [..., L_q, d_v], float32")->required();
-  sub->add_option("--probs", o->probs, "Also write P [..., L_q, L_k]");
+  sub->add_option("--probs", o->probs,
+                  "Also write P [..., L_q, L_k]. Costs O(L_q L_k) memory: about 13 bytes per (query, key) pair held "
+                  "(3.5 GB at L = 16384), plus the file; without it the fused path holds O(64 L_k) per thread");
   sub->add_flag("--raw", o->raw, "Write P in the method's integer dtype (uint8/int8) instead of float64");
   sub->add_flag("--causal", o->causal, "Causal mask, bottom-right aligned (query i sees keys j <= i + L_k - L_q)");
   sub->add_option("--scale", o->scale, "Logit scale (default 1/sqrt(d))");
