@@ -55,16 +55,19 @@ struct IntIndex {
   __m512i last, numerator_scale, numerator_add, divisor, q26, q26_add;
   __m512 reciprocal;
   static IntIndex make(const IndexSoftmaxTables& t) {
-    const std::int32_t last = (1 << t.params.bits) - 1, c = static_cast<std::int32_t>(t.c_int);
+    // In int64: c_int reaches 2^30, so 2 c_int does not fit int32. The quotient constants are used only on the
+    // quotient path (c_int < 2^22), where every one of them fits.
+    const std::int64_t last = (std::int64_t{1} << t.params.bits) - 1, c = t.c_int;
     const bool round = t.params.index_rule == IndexRule::round;
-    const std::int32_t divisor = round ? 2 * c : c;
+    const std::int64_t divisor = round ? 2 * c : c;
     IntIndex k;
     k.path = int_index_path(t);
-    k.last = _mm512_set1_epi32(last);
-    k.numerator_scale = _mm512_set1_epi32(round ? 2 * last : last);
-    k.numerator_add = _mm512_set1_epi32(round ? c : 0);
-    k.divisor = _mm512_set1_epi32(divisor);
-    k.reciprocal = _mm512_set1_ps(1.0f / static_cast<float>(divisor));
+    const bool quotient = k.path == IntIndexPath::quotient;
+    k.last = _mm512_set1_epi32(static_cast<std::int32_t>(last));
+    k.numerator_scale = _mm512_set1_epi32(static_cast<std::int32_t>(round ? 2 * last : last));
+    k.numerator_add = _mm512_set1_epi32(quotient && round ? static_cast<std::int32_t>(c) : 0);
+    k.divisor = _mm512_set1_epi32(quotient ? static_cast<std::int32_t>(divisor) : 1);
+    k.reciprocal = _mm512_set1_ps(quotient ? 1.0f / static_cast<float>(divisor) : 1.0f);
     k.q26 = _mm512_set1_epi32(static_cast<std::int32_t>(static_cast<std::uint32_t>(t.q26)));
     k.q26_add = _mm512_set1_epi32(t.params.index_rule == IndexRule::q26_round ? 1 << 25 : 0);
     return k;
