@@ -3,6 +3,9 @@
 // Sizes sit around the tiles (equal, smaller, larger, not a multiple); variants the CPU lacks are reported and
 // skipped.
 #include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <random>
@@ -11,7 +14,7 @@
 #include "support/random_matrix.h"
 #include "support/test_scale.h"
 #include "qattn/int_attention.h"
-#include "qattn/kernels.h"
+#include "qattn/kernel_variants.h"
 #include "qattn/reference/int_pipelines.h"
 #include "qattn/reference/method_entries.h"
 #include "qattn/reference/registry.h"
@@ -20,31 +23,6 @@ using namespace qattn;
 using qattn::test::random_matrix;
 
 namespace {
-
-struct Variant {
-  Isa isa;
-  const char* qk_name;
-  kernels::GemmKernel qk;
-  const char* pv_name;
-  kernels::GemmKernel pv;
-};
-
-std::vector<Variant> gemm_variants() {
-  using namespace kernels;
-  std::vector<Variant> v = {{Isa::scalar, "qk_s8s8_s32__scalar", qk_s8s8_s32__scalar, "pv_u8s8_s32__scalar", pv_u8s8_s32__scalar}};
-#if defined(QATTN_HAVE_X86_KERNELS)
-  v.push_back({Isa::avx2, "qk_s8s8_s32__avx2_2x16", qk_s8s8_s32__avx2_2x16, "pv_u8s8_s32__avx2_2x16", pv_u8s8_s32__avx2_2x16});
-  v.push_back({Isa::avx512vnni, "qk_s8s8_s32__avx512vnni_4x48", qk_s8s8_s32__avx512vnni_4x48,
-               "pv_u8s8_s32__avx512vnni_4x48", pv_u8s8_s32__avx512vnni_4x48});
-#endif
-#if defined(QATTN_HAVE_ARM_KERNELS)
-  v.push_back({Isa::neon_dotprod, "qk_s8s8_s32__neon_dotprod_4x16", qk_s8s8_s32__neon_dotprod_4x16,
-               "pv_u8s8_s32__neon_dotprod_4x16", pv_u8s8_s32__neon_dotprod_4x16});
-  v.push_back({Isa::neon_i8mm, "qk_s8s8_s32__neon_dotprod_4x16", qk_s8s8_s32__neon_dotprod_4x16,
-               "pv_u8s8_s32__neon_i8mm_4x16", pv_u8s8_s32__neon_i8mm_4x16});
-#endif
-  return v;
-}
 
 // Builder-style tester of the GEMM families: random A (s8 for qk, u8 for pv, extremes included), random B packed,
 // every variant against the plain triple loop over the unpacked operands.
@@ -79,7 +57,7 @@ class GemmTester {
         }
         expect[i * n16 + c] = static_cast<std::int32_t>(acc);
       }
-    for (const Variant& v : gemm_variants()) {
+    for (const kernels::KernelVariant& v : kernels::kernel_variants()) {  // every row of the one table
       if (!isa_available(v.isa)) {
         WARN("skipped: " << (pv ? v.pv_name : v.qk_name) << " (this CPU lacks " << isa_name(v.isa) << ")");
         continue;
@@ -95,24 +73,6 @@ class GemmTester {
   Eigen::Index rows_ = 1, k_ = 4, n_ = 16;
   unsigned seed_ = 1;
 };
-
-struct SoftmaxVariant {
-  Isa isa;
-  const char* name;
-  kernels::SoftmaxKernel fn;
-};
-
-std::vector<SoftmaxVariant> softmax_variants() {
-  std::vector<SoftmaxVariant> v;
-#if defined(QATTN_HAVE_X86_KERNELS)
-  v.push_back({Isa::avx2, "index_softmax_s32_u8__avx2", kernels::index_softmax_s32_u8__avx2});
-  v.push_back({Isa::avx512vnni, "index_softmax_s32_u8__avx512", kernels::index_softmax_s32_u8__avx512});
-#endif
-#if defined(QATTN_HAVE_ARM_KERNELS)
-  v.push_back({Isa::neon_dotprod, "index_softmax_s32_u8__neon", kernels::index_softmax_s32_u8__neon});
-#endif
-  return v;
-}
 
 // Builder-style tester of the IndexSoftmax row family: one row of int32 logits (a spread around the clip, ties at
 // the maximum, the int32 extremes of the documented range), every rule combination, each variant against the scalar
@@ -148,16 +108,16 @@ class SoftmaxRowTester {
             const kernels::IndexSoftmaxTables t = kernels::IndexSoftmaxTables::make(params, c_int_);
             std::vector<std::uint8_t> expect(keys_, 0xAB);
             kernels::index_softmax_s32_u8__scalar(row.data(), mask, limit_, keys_, t, expect.data());
-            for (const SoftmaxVariant& v : softmax_variants()) {
+            for (const kernels::KernelVariant& v : kernels::kernel_variants()) {
               if (!isa_available(v.isa)) {
-                WARN("skipped: " << v.name << " (this CPU lacks " << isa_name(v.isa) << ")");
+                WARN("skipped: " << v.softmax_name << " (this CPU lacks " << isa_name(v.isa) << ")");
                 continue;
               }
               for (const bool alias : {false, true}) {
                 std::vector<std::int32_t> s = row, scratch(keys_, -7);
                 std::vector<std::uint8_t> p(keys_, 0xCD);
-                v.fn(s.data(), mask, limit_, keys_, t, alias ? s.data() : scratch.data(), p.data());
-                INFO(v.name << " keys " << keys_ << " limit " << limit_ << " c_int " << c_int_ << " spread " << spread_
+                v.softmax(s.data(), mask, limit_, keys_, t, alias ? s.data() : scratch.data(), p.data());
+                INFO(v.softmax_name << " keys " << keys_ << " limit " << limit_ << " c_int " << c_int_ << " spread " << spread_
                             << " padding " << padding_ << " b " << bits << " rule " << static_cast<int>(rule) << " norm "
                             << static_cast<int>(norm) << " p " << static_cast<int>(format) << " alias " << alias);
                 CHECK(p == expect);
@@ -266,6 +226,57 @@ TEST_CASE("IndexSoftmax row variants equal the scalar spec for every rule, lengt
   for (const std::int64_t c : {(std::int64_t{1} << 22) - 1, std::int64_t{1} << 22, (std::int64_t{1} << 26) - 1,
                                std::int64_t{1} << 26, std::int64_t{1} << 27})
     SoftmaxRowTester().keys(40).limit(40).c_int(c).spread(c).Test();
+}
+
+TEST_CASE("float softmax row variants equal the scalar spec byte for byte", "[kernels]") {
+  std::mt19937_64 g(31);
+  for (const Eigen::Index keys : {1, 7, 15, 16, 17, 33, 100, 257}) {
+    std::uniform_int_distribution<std::int32_t> logit(-40000, 40000);
+    std::vector<std::int32_t> row(keys);
+    for (auto& x : row) x = logit(g);
+    std::unique_ptr<bool[]> valid(new bool[keys]);
+    for (Eigen::Index j = 0; j < keys; ++j) valid[j] = j % 3 != 1;
+    for (const bool padding : {false, true})
+      for (const Eigen::Index limit : {keys, keys / 2}) {
+        const bool* mask = padding ? valid.get() : nullptr;
+        std::vector<float> scratch(keys);
+        std::vector<std::uint8_t> expect(keys, 0xAB);
+        kernels::softmax_s32_f32_u8__scalar(row.data(), mask, limit, keys, 2.5e-4f, scratch.data(), expect.data());
+        for (const kernels::KernelVariant& v : kernels::kernel_variants()) {
+          if (!isa_available(v.isa)) continue;
+          std::vector<std::uint8_t> p(keys, 0xCD);
+          v.softmax_f32(row.data(), mask, limit, keys, 2.5e-4f, scratch.data(), p.data());
+          INFO(v.softmax_f32_name << " keys " << keys << " limit " << limit << " padding " << padding);
+          CHECK(p == expect);
+        }
+      }
+  }
+}
+
+TEST_CASE("the kernel variant table: one row per ISA, names by family, MAC loops that run", "[kernels]") {
+  std::vector<Isa> seen;
+  for (const kernels::KernelVariant& v : kernels::kernel_variants()) {
+    INFO(isa_name(v.isa));
+    CHECK(std::find(seen.begin(), seen.end(), v.isa) == seen.end());
+    seen.push_back(v.isa);
+    CHECK(v.qk_name.rfind("qk_s8s8_s32__", 0) == 0);
+    CHECK(v.pv_name.rfind("pv_u8s8_s32__", 0) == 0);
+    CHECK(v.softmax_name.rfind("index_softmax_s32_u8__", 0) == 0);
+    CHECK(v.softmax_f32_name.rfind("softmax_s32_f32_u8__", 0) == 0);
+    CHECK(v.mac_loop_name.rfind("mac_loop__", 0) == 0);
+    CHECK((v.qk && v.pv && v.softmax && v.softmax_f32 && v.mac_loop));
+    CHECK(&kernels::kernel_variant(v.isa) == &v);
+    if (!isa_available(v.isa)) continue;
+    std::int32_t c1 = -1, c2 = -2;
+    const std::int64_t macs = v.mac_loop(3, &c1);
+    CHECK(macs > 0);
+    CHECK(v.mac_loop(3, &c2) == macs);
+    CHECK(c1 == c2);
+    CHECK(v.mac_loop(0, &c1) == 0);
+  }
+  CHECK(seen.front() == Isa::scalar);
+  CHECK(available_isas().front() == Isa::scalar);
+  if (!std::getenv("QATTN_ISA")) CHECK(default_isa() == available_isas().back());
 }
 
 TEST_CASE("fused IntAttention equals the reference model on every ISA, thread count and preset", "[kernels]") {

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "qattn/int_attention.h"
+#include "qattn/kernel_variants.h"
 
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
@@ -58,8 +59,8 @@ bool isa_available(Isa isa) {
 
 std::vector<Isa> available_isas() {
   std::vector<Isa> out;
-  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512vnni, Isa::neon_dotprod, Isa::neon_i8mm})
-    if (isa_available(isa)) out.push_back(isa);
+  for (const kernels::KernelVariant& v : kernels::kernel_variants())  // the table's order: scalar first, best last
+    if (isa_available(v.isa)) out.push_back(v.isa);
   return out;
 }
 
@@ -85,27 +86,9 @@ Isa default_isa() {
   return available_isas().back();
 }
 
-}  // namespace qattn
-
-#include "qattn/kernels.h"
-
-namespace qattn {
-
 std::int64_t int8_mac_peak_loop(Isa isa, std::int64_t iterations, std::int32_t* checksum) {
   if (!isa_available(isa)) throw std::invalid_argument("int8_mac_peak_loop: ISA " + std::string(isa_name(isa)) + " not available");
-  switch (isa) {
-    case Isa::scalar: return kernels::mac_loop__scalar(iterations, checksum);
-#if defined(QATTN_HAVE_X86_KERNELS)
-    case Isa::avx2: return kernels::mac_loop__avx2(iterations, checksum);
-    case Isa::avx512vnni: return kernels::mac_loop__avx512vnni(iterations, checksum);
-#endif
-#if defined(QATTN_HAVE_ARM_KERNELS)
-    case Isa::neon_dotprod: return kernels::mac_loop__neon_dotprod(iterations, checksum);
-    case Isa::neon_i8mm: return kernels::mac_loop__neon_i8mm(iterations, checksum);
-#endif
-    default: break;
-  }
-  throw std::invalid_argument("int8_mac_peak_loop: no loop for " + std::string(isa_name(isa)));
+  return kernels::kernel_variant(isa).mac_loop(iterations, checksum);
 }
 
 }  // namespace qattn

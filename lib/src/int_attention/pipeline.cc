@@ -6,57 +6,13 @@
 #include <string>
 #include <thread>
 
-#include "qattn/kernels.h"
+#include "qattn/kernel_variants.h"
 #include "qattn/int_attention.h"
 
 namespace qattn {
 namespace {
 
 Eigen::Index round_up(Eigen::Index x, Eigen::Index m) { return (x + m - 1) / m * m; }
-
-void softmax_scalar(const std::int32_t* s, const bool* valid, Eigen::Index limit, Eigen::Index keys,
-                    const kernels::IndexSoftmaxTables& t, std::int32_t*, std::uint8_t* p) {
-  kernels::index_softmax_s32_u8__scalar(s, valid, limit, keys, t, p);
-}
-
-struct Family {
-  kernels::GemmKernel qk, pv;
-  IntAttentionKernels names;
-  kernels::SoftmaxKernel softmax = softmax_scalar;
-  decltype(&kernels::softmax_s32_f32_u8__scalar) softmax_f32 = kernels::softmax_s32_f32_u8__scalar;
-  std::string softmax_f32_name = "softmax_s32_f32_u8__scalar";
-};
-
-Family family(Isa isa) {
-  using namespace kernels;
-  switch (isa) {
-    case Isa::scalar:
-      return {qk_s8s8_s32__scalar, pv_u8s8_s32__scalar,
-              {"qk_s8s8_s32__scalar", "index_softmax_s32_u8__scalar", "pv_u8s8_s32__scalar"}};
-#if defined(QATTN_HAVE_X86_KERNELS)
-    case Isa::avx2:
-      return {qk_s8s8_s32__avx2_2x16, pv_u8s8_s32__avx2_2x16,
-              {"qk_s8s8_s32__avx2_2x16", "index_softmax_s32_u8__avx2", "pv_u8s8_s32__avx2_2x16"},
-              index_softmax_s32_u8__avx2};
-    case Isa::avx512vnni:
-      return {qk_s8s8_s32__avx512vnni_4x48, pv_u8s8_s32__avx512vnni_4x48,
-              {"qk_s8s8_s32__avx512vnni_4x48", "index_softmax_s32_u8__avx512", "pv_u8s8_s32__avx512vnni_4x48"},
-              index_softmax_s32_u8__avx512, softmax_s32_f32_u8__avx512, "softmax_s32_f32_u8__avx512"};
-#endif
-#if defined(QATTN_HAVE_ARM_KERNELS)
-    case Isa::neon_dotprod:
-      return {qk_s8s8_s32__neon_dotprod_4x16, pv_u8s8_s32__neon_dotprod_4x16,
-              {"qk_s8s8_s32__neon_dotprod_4x16", "index_softmax_s32_u8__neon", "pv_u8s8_s32__neon_dotprod_4x16"},
-              index_softmax_s32_u8__neon};
-    case Isa::neon_i8mm:
-      return {qk_s8s8_s32__neon_dotprod_4x16, pv_u8s8_s32__neon_i8mm_4x16,
-              {"qk_s8s8_s32__neon_dotprod_4x16", "index_softmax_s32_u8__neon", "pv_u8s8_s32__neon_i8mm_4x16"},
-              index_softmax_s32_u8__neon};
-#endif
-    default: break;
-  }
-  throw std::invalid_argument("int_attention: ISA " + std::string(isa_name(isa)) + " is not in this build");
-}
 
 std::vector<std::int8_t> quantize_per_tensor(const RowMatrixXd& x, double* scale) {
   const double amax = x.size() ? x.cwiseAbs().maxCoeff() : 0.0;
@@ -71,9 +27,9 @@ std::vector<std::int8_t> quantize_per_tensor(const RowMatrixXd& x, double* scale
 }  // namespace
 
 IntAttentionKernels int_attention_kernels(Isa isa, IntPipeline pipeline) {
-  Family f = family(isa);
-  if (pipeline == IntPipeline::quant_only) f.names.softmax = f.softmax_f32_name;
-  return f.names;
+  const kernels::KernelVariant& v = kernels::kernel_variant(isa);
+  return {std::string(v.qk_name), std::string(pipeline == IntPipeline::quant_only ? v.softmax_f32_name : v.softmax_name),
+          std::string(v.pv_name)};
 }
 
 void int_attention_softmax_rows(Isa isa, IntPipeline pipeline, const IndexSoftmaxParams& softmax, std::int64_t c_int,
@@ -81,7 +37,7 @@ void int_attention_softmax_rows(Isa isa, IntPipeline pipeline, const IndexSoftma
                                 std::uint8_t* p) {
   if (!isa_available(isa))
     throw std::invalid_argument("int_attention: ISA " + std::string(isa_name(isa)) + " is not available here");
-  const Family f = family(isa);
+  const kernels::KernelVariant& f = kernels::kernel_variant(isa);
   const kernels::IndexSoftmaxTables tables =
       pipeline == IntPipeline::intattention ? kernels::IndexSoftmaxTables::make(softmax, c_int) : kernels::IndexSoftmaxTables{};
   std::vector<std::int32_t> e(static_cast<std::size_t>(keys));
@@ -101,7 +57,7 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
   if (cfg.block_rows < 1 || cfg.threads < 1) throw std::invalid_argument("int_attention: block_rows and threads must be >= 1");
   if (!isa_available(cfg.isa))
     throw std::invalid_argument("int_attention: ISA " + std::string(isa_name(cfg.isa)) + " is not available here");
-  const Family f = family(cfg.isa);
+  const kernels::KernelVariant& f = kernels::kernel_variant(cfg.isa);
   const Eigen::Index lq = q.rows, lk = k.rows, d = q.cols, dv = v.cols;
   if (lq == 0 || dv == 0) return;
   if (lk == 0) {

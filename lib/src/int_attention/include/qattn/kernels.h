@@ -1,5 +1,7 @@
-// Kernel families of the fused IntAttention pipeline (qattn::kernels: the building blocks under int_attention.h). docs/kernels.md describes the packed layouts and
-// the overflow bounds; every variant of a family computes the same integers as its scalar spec.
+// Kernel families of the fused IntAttention pipeline (qattn::kernels: the building blocks under int_attention.h).
+// docs/kernels.md describes the packed layouts and the overflow bounds; every variant of a family computes the same
+// integers as its scalar spec. Private to the kernels target (and its tests): not installed. The variants are listed
+// once, in qattn/kernel_variants.h.
 //
 // Both GEMMs have one shape, C[i][n] = sum_k A[i][k] B[k][n], with B packed in groups of 4 along k:
 //   B_packed[(k / 4) * N * 4 + n * 4 + k % 4],   N a multiple of 16, K a multiple of 4, zero padding
@@ -50,6 +52,8 @@ void pv_u8s8_s32__neon_i8mm_4x16(const GemmArgs& args);
 // Quant-Only's float softmax of one row of S, requantised: x_j = fl32(S_j) * alpha for visible j < limit (the rest
 // -inf), p = softmax_row_lanes16(x) (qattn/exp_f32.h), P8_j = rne(fl32(127 p_j)) in [0, 127]. `scratch` holds
 // `keys` floats.
+using SoftmaxF32Kernel = void (*)(const std::int32_t* s, const bool* valid, Index limit, Index keys, float alpha,
+                                  float* scratch, std::uint8_t* p);
 void softmax_s32_f32_u8__scalar(const std::int32_t* s, const bool* valid, Index limit, Index keys, float alpha,
                                 float* scratch, std::uint8_t* p);
 #if defined(QATTN_HAVE_X86_KERNELS)
@@ -57,7 +61,9 @@ void softmax_s32_f32_u8__avx512(const std::int32_t* s, const bool* valid, Index 
                                 float* scratch, std::uint8_t* p);
 #endif
 
-// The MAC-rate loops behind int8_mac_peak_loop: 12 independent accumulators, `iterations` rounds; return the MACs.
+// The MAC-rate loops behind int8_mac_peak_loop: register-only inline assembly of the GEMMs' instruction,
+// `iterations` rounds; return the MACs.
+using MacLoop = std::int64_t (*)(std::int64_t iterations, std::int32_t* checksum);
 std::int64_t mac_loop__scalar(std::int64_t iterations, std::int32_t* checksum);
 #if defined(QATTN_HAVE_X86_KERNELS)
 std::int64_t mac_loop__avx2(std::int64_t iterations, std::int32_t* checksum);

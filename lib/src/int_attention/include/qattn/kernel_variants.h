@@ -1,0 +1,36 @@
+// The one table of kernel variants (kernel_variants.cc). A row is everything an ISA runs: its two GEMMs, its
+// IndexSoftmax and float softmax rows, and the MAC-rate loop of its GEMM instruction, each with the name reports
+// print. The dispatcher (pipeline.cc), the peak loop (isa.cc), the testers (tests/kernels/) and `qattn bench` all
+// read this table, so a variant added here is dispatched, tested and benchmarked; its source file gets its ISA flags
+// from its name's suffix (CMakeLists.txt).
+#pragma once
+
+#include <span>
+#include <string_view>
+
+#include "qattn/int_attention.h"
+#include "qattn/kernels.h"
+
+namespace qattn::kernels {
+
+struct KernelVariant {
+  Isa isa;
+  std::string_view qk_name;
+  GemmKernel qk;
+  std::string_view pv_name;
+  GemmKernel pv;
+  std::string_view softmax_name;  // IndexSoftmax row
+  SoftmaxKernel softmax;
+  std::string_view softmax_f32_name;  // Quant-Only's float softmax row
+  SoftmaxF32Kernel softmax_f32;
+  std::string_view mac_loop_name;  // the GEMMs' multiply-accumulate instruction, register-only
+  MacLoop mac_loop;
+};
+
+// Every variant compiled into this build, one per ISA, scalar first and then in order of preference; isa_available
+// says which of them this CPU runs.
+std::span<const KernelVariant> kernel_variants();
+// The row of `isa`; std::invalid_argument if this build has none.
+const KernelVariant& kernel_variant(Isa isa);
+
+}  // namespace qattn::kernels
