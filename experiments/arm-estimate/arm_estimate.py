@@ -28,8 +28,12 @@ SRC = os.path.join(ROOT, "lib", "src", "int_attention")
 # (pv_u8s8_s32__neon_i8mm_4x16, usdot) is left out: neither core has FEAT_I8MM (the Cortex-A76 is Armv8.2, the M1's
 # Firestorm lacks it too), and LLVM 14's models give usdot no resources at all (1 cycle for 12 usdot).
 KERNELS = [
-    ("qk_s8s8_s32__neon_dotprod_4x16 and pv_u8s8_s32__neon_dotprod_4x16 (4-row tile)", "gemm_neon_dotprod.cc",
-     "armv8.2-a+dotprod", "sdot", "mac", lambda body: True),
+    ("qk_s8s8_s32__neon_dotprod_4x16 (4-row tile)", "gemm_neon_dotprod.cc", "armv8.2-a+dotprod", "sdot", "mac",
+     lambda body: count(body, "eor") == 0),
+    ("pv_u8s8_s32__neon_dotprod_4x16 (4-row tile, A ^ 0x80)", "gemm_neon_dotprod.cc", "armv8.2-a+dotprod", "sdot",
+     "mac", lambda body: count(body, "eor") > 0),
+    ("mac_loop__neon_dotprod (the bench's peak loop: 16 independent sdot, registers only)", "gemm_neon_dotprod.cc",
+     "armv8.2-a+dotprod", "sdot", "mac", lambda body: count(body, "sdot") == 16 and count(body, "ldr") == 0),
     ("index_softmax_s32_u8__neon E pass, Q26 index rules (@upstream-neon)", "index_softmax_neon.cc", "armv8-a", "tbl",
      "softmax", lambda body: count(body, "fdiv") == 0),
     ("index_softmax_s32_u8__neon E pass, floor/round index rules (@paper)", "index_softmax_neon.cc", "armv8-a", "tbl",
@@ -52,22 +56,26 @@ def run(cmd):
 
 
 def loops(asm_lines):
-    """(label, body) for each label with a later backward branch to it; body = instruction lines in between."""
+    """(label, body) for each label with a later backward branch to it; body = instruction lines in between.
+
+    Labels are the compiler's (.L5) or an inline-assembly local label (1:, branched to as 1b)."""
     labels = {}
     out = []
     cond = "eq|ne|lt|le|gt|ge|lo|ls|hi|hs|cc|cs|mi|pl|vs|vc|al"
-    branch = re.compile(r"^\s+(b(\.?(?:" + cond + r"))?|cbn?z|tbn?z)\s+.*?(\.L\w+)\s*$")
+    branch = re.compile(r"^\s+(b(\.?(?:" + cond + r"))?|cbn?z|tbn?z)\s+.*?(\.L\w+|\d+b)\s*$")
+    label_line = re.compile(r"^\s*(\.L\w+|\d+):")
     for i, line in enumerate(asm_lines):
-        m = re.match(r"^(\.L\w+):", line)
+        m = label_line.match(line)
         if m:
             labels[m.group(1)] = i
             continue
         b = branch.match(line)
-        if b and b.group(3) in labels:
-            start = labels[b.group(3)]
+        target = b.group(3).rstrip("b") if b and b.group(3)[0].isdigit() else (b.group(3) if b else None)
+        if target in labels:
+            start = labels[target]
             body = [l.strip() for l in asm_lines[start + 1:i + 1]
-                    if l.startswith("\t") and not l.strip().startswith(".")]
-            out.append((start, i, b.group(3), body))
+                    if l.startswith("\t") and not l.strip().startswith(".") and not label_line.match(l)]
+            out.append((start, i, target, body))
     # innermost loops only: no other loop inside their span
     return [(label, body) for (s, e, label, body) in out
             if not any(s <= s2 and e2 <= e and (s2, e2) != (s, e) for (s2, e2, _, _) in out)]
@@ -78,11 +86,19 @@ def count(body, mnemonic):
 
 
 def mca(body, cpu, iterations=1000):
+    # a branch to an inline-assembly local label (b.ne 1b) names a label outside the body: give it a symbol, as the
+    # compiler's own loops have (.L5), so that llvm-mca accepts it
+    body = [re.sub(r"\s(\d+)b\s*$", r" .Llocal\1", line) if re.match(r"(b\.|cbn?z|tbn?z|b\s)", line) else line
+            for line in body]
     with tempfile.NamedTemporaryFile("w", suffix=".s", delete=False) as f:
         f.write("\n".join(body) + "\n")
         path = f.name
     try:
-        text = run(["llvm-mca", "-mtriple=aarch64", f"-mcpu={cpu}", f"-iterations={iterations}", path])
+        p = subprocess.run(["llvm-mca", "-mtriple=aarch64", f"-mcpu={cpu}", f"-iterations={iterations}", path],
+                           capture_output=True, text=True)
+        if p.returncode != 0 or p.stderr.strip():  # llvm-mca reports a bad line on stderr and may still exit 0
+            die(f"llvm-mca -mcpu={cpu} failed: {p.stderr.strip()[:2000]}")
+        text = p.stdout
     finally:
         os.unlink(path)
     total = int(re.search(r"Total Cycles:\s+(\d+)", text).group(1))
@@ -109,13 +125,16 @@ def main():
     models = {}
     for name, src, march, key, kind, qualifies in KERNELS:
         asm = run([a.cxx, "-std=c++20", "-O3", "-DNDEBUG", "-ffp-contract=off", f"-march={march}",
-                   "-I", os.path.join(ROOT, "lib", "include"), "-S", "-o", "-", os.path.join(SRC, src)])
+                   "-I", os.path.join(ROOT, "lib", "include"),
+                   "-I", os.path.join(SRC, "include"), "-S", "-o", "-", os.path.join(SRC, src)])
         candidates = [(count(body, key), label, body) for label, body in loops(asm.splitlines())]
         candidates = [c for c in candidates if c[0] > 0 and qualifies(c[2])]
         if not candidates:
             die(f"{src}: no loop with {key}")
         # the most key instructions per iteration (the full tile), then the shortest such loop (the innermost)
         n_key, label, body = max(candidates, key=lambda c: (c[0], -len(c[2])))
+        if label.isdigit():
+            label = f"asm {label}:"
         for cpu, ghz, what in CPUS:
             cycles, rthru = mca(body, cpu)
             models.setdefault(cpu, []).append(cycles)
@@ -137,12 +156,11 @@ def main():
               "| CPU | Q.K^T ms | P.V ms | softmax E pass ms, Q26 rules | total ms | softmax share |",
               "|---|---|---|---|---|---|"]
     for cpu, ghz, _ in CPUS:
-        rate = rates[(KERNELS[0][0], cpu)]
-        per_logit = rates[(KERNELS[1][0], cpu)]
-        gemm = L * L * d / (rate * 1e9) * 1e3
-        sm = L * L * per_logit / (ghz * 1e9) * 1e3
-        total = 2 * gemm + sm
-        lines.append(f"| {cpu} | {gemm:.1f} | {gemm:.1f} | {sm:.1f} | {total:.1f} | {sm / total * 100:.0f} % |")
+        qk = L * L * d / (rates[(KERNELS[0][0], cpu)] * 1e9) * 1e3
+        pv = L * L * d / (rates[(KERNELS[1][0], cpu)] * 1e9) * 1e3
+        sm = L * L * rates[(KERNELS[3][0], cpu)] / (ghz * 1e9) * 1e3
+        total = qk + pv + sm
+        lines.append(f"| {cpu} | {qk:.1f} | {pv:.1f} | {sm:.1f} | {total:.1f} | {sm / total * 100:.0f} % |")
     text = "\n".join(lines) + "\n"
     if a.out:
         with open(a.out + ".tmp", "w") as f:

@@ -1,11 +1,13 @@
 // NEON dotprod variants of the GEMM families: sdot (s8 x s8, four products summed into each s32 lane), tiles of
 // 4 rows x 16 columns (16 q accumulators). The main loop takes 16 bytes of each A row at once and uses sdot by
-// element; the last k / 4 mod 4 groups duplicate the A group of 4 bytes into every lane.
+// element (for the 4-row tile in inline assembly, qattn/neon_tile.h); the last k / 4 mod 4 groups duplicate the A
+// group of 4 bytes into every lane.
 // qk: A = Q is s8, native. pv: A = P is u8 and sdot has no u8 x s8 form: a ^ 0x80 = a - 128 as s8, the lanes hold
 // sum (a - 128) b, and 128 B_sum[n] is added at the end (|sum| <= 128 * 127 * k, exact in int32).
 #include <arm_neon.h>
 
 #include "qattn/kernels.h"
+#include "qattn/neon_tile.h"
 
 namespace qattn::kernels {
 namespace {
@@ -27,8 +29,17 @@ inline void tile(const GemmArgs& g, Index i0, Index n0) {
     for (int v = 0; v < 4; ++v) acc[r][v] = vdupq_n_s32(0);
   const std::int8_t* b = g.b_packed + n0 * 4;
   Index k4 = 0;
-  // Main loop, 4 groups of k at a time: 16 bytes of each A row in one register, sdot by element (lane kk picks
-  // the group), so no broadcast is issued per group.
+  if constexpr (R == 4) {
+    const Index iterations = g.k / 16;
+    if (iterations > 0) {
+      const std::uint8_t* a_rows = a + i0 * g.k;
+      neon::tile_4x16_main_loop<kUnsignedA ? neon::TileDot::kSdotFlipA : neon::TileDot::kSdot>(
+          acc, a_rows, g.k, b, g.n * 4, iterations);
+      k4 = iterations * 4;
+    }
+  }
+  // Main loop of the 1-row tile, 4 groups of k at a time: 16 bytes of the A row in one register, sdot by element
+  // (lane kk picks the group), so no broadcast is issued per group.
   for (; k4 + 4 <= g.k / 4; k4 += 4) {
     int8x16_t av[R];
     for (int r = 0; r < R; ++r) {

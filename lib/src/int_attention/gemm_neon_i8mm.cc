@@ -4,6 +4,7 @@
 #include <arm_neon.h>
 
 #include "qattn/kernels.h"
+#include "qattn/neon_tile.h"
 
 namespace qattn::kernels {
 namespace {
@@ -25,8 +26,16 @@ inline void tile(const GemmArgs& g, Index i0, Index n0) {
     for (int v = 0; v < 4; ++v) acc[r][v] = vdupq_n_s32(0);
   const std::int8_t* b = g.b_packed + n0 * 4;
   Index k4 = 0;
-  // Main loop, 4 groups of k at a time: 16 bytes of each P row in one register and sudot by element (s8 V vector x
-  // the u8 P group in lane kk), so no broadcast is issued per group.
+  if constexpr (R == 4) {  // the 4-row tile's main loop in inline assembly (qattn/neon_tile.h)
+    const Index iterations = g.k / 16;
+    if (iterations > 0) {
+      const std::uint8_t* a_rows = a + i0 * g.k;
+      neon::tile_4x16_main_loop<neon::TileDot::kSudotUnsignedA>(acc, a_rows, g.k, b, g.n * 4, iterations);
+      k4 = iterations * 4;
+    }
+  }
+  // Main loop of the 1-row tile, 4 groups of k at a time: 16 bytes of the P row in one register and sudot by
+  // element (s8 V vector x the u8 P group in lane kk), so no broadcast is issued per group.
   for (; k4 + 4 <= g.k / 4; k4 += 4) {
     uint8x16_t av[R];
     for (int r = 0; r < R; ++r) av[r] = vld1q_u8(a + (i0 + r) * g.k + k4 * 4);
