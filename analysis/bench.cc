@@ -134,7 +134,13 @@ void run_bench(const BenchOptions& o) {
   for (int l : o.lengths) require_range("--L", l, 1, kMaxBenchL);
   for (int t : o.threads) require_range("--threads", t, 1, kMaxThreads);
   const MethodSpec index_spec = parse_method_spec(o.index);
-  if (index_spec.name != "index") throw SpecError("--index: expected an 'index' spec such as index@paper, got '" + o.index + "'");
+  // Any method that takes IndexSoftmax's parameters (index, intattention) names a configuration of the kernels.
+  const MethodEntry* index_entry = ref::reference_registry().find(index_spec.name);
+  for (const ParamInfo& p : ref::index_softmax_param_infos())
+    if (!index_entry || std::none_of(index_entry->params.begin(), index_entry->params.end(),
+                                     [&](const ParamInfo& q) { return q.key == p.key; }))
+      throw SpecError("--index: expected a method with IndexSoftmax's parameters such as index@paper, got '" + o.index +
+                      "'");
   const IndexSoftmaxParams index_params = ref::index_softmax_params(ref::reference_registry().resolve(index_spec));
   const IntAttentionKernels names = int_attention_kernels(isa);
   const std::string qo_softmax = int_attention_kernels(isa, IntPipeline::quant_only).softmax;

@@ -206,7 +206,31 @@ std::string type_name(const ParamInfo& p) {
   return "";
 }
 
+// Markdown blocks for the docs, each between markers that scripts/method_docs.py finds in README.md and
+// docs/dumping.md (and a CLI test checks there): the method table, and the list of methods with a softmax form.
+void print_methods_markdown() {
+  const auto begin = [](const char* block) { std::cout << "<!-- begin: qattn methods --format md, " << block << " -->\n"; };
+  const auto end = [](const char* block) { std::cout << "<!-- end: " << block << " -->\n"; };
+  begin("table");
+  std::cout << "| method | kind | what it is | presets | doc |\n|---|---|---|---|---|\n";
+  for (const auto& e : registry().entries()) {
+    std::string presets;
+    for (const auto& p : e.presets) presets += (presets.empty() ? "" : ", ") + ("`@" + p.name + "`");
+    std::cout << "| `" << e.name << "` | " << method_kind_name(e.kind) << " | " << e.summary << " | "
+              << (presets.empty() ? "-" : presets) << " | " << e.doc << " |\n";
+  }
+  end("table");
+  std::cout << "\n";
+  begin("softmax models");
+  std::string names;
+  for (const auto& e : registry().entries())
+    if (e.has_softmax_form()) names += (names.empty() ? "`" : ", `") + e.name + "`";
+  std::cout << names << "\n";
+  end("softmax models");
+}
+
 void run_methods(const std::string& format) {
+  if (format == "md") return print_methods_markdown();
   if (format == "json") {
     json j = json::array();
     auto entries = registry().entries();
@@ -220,9 +244,13 @@ void run_methods(const std::string& format) {
       json presets = json::object();
       for (const auto& pr : e.presets) presets[pr.name] = {{"values", pr.values}, {"doc", pr.doc}};
       json entry = {{"name", e.name}, {"summary", e.summary}, {"params", params}, {"presets", presets}};
-      if (e.make)  // the attention/softmax methods (the quantizers share the entry type but not the policy)
+      if (e.make) {  // the attention/softmax methods (the quantizers share the entry type but not the policy)
         entry["overflow"] = {{"rule", e.overflow == OverflowRule::refuse ? "refuse" : "propagate"},
                              {"note", e.overflow_note}};
+        entry["kind"] = method_kind_name(e.kind);
+        entry["doc"] = e.doc;
+        entry["reference"] = e.reference;
+      }
       j.push_back(entry);
     }
     std::cout << j.dump(2) << "\n";
@@ -240,6 +268,7 @@ void run_methods(const std::string& format) {
       std::cout << "\nWeight quantizers (qattn analyze --weights SPEC: Q, K, V from the dump's attention input and "
                    "quantized projections):\n";
     std::cout << e.name << "\n    " << e.summary << "\n";
+    if (i < n_methods) std::cout << "    " << method_kind_name(e.kind) << "; " << e.doc << "\n";
     if (i < n_methods)
       std::cout << "    overflow: " << (e.overflow == OverflowRule::refuse ? "refuse" : "propagate") << " ("
                 << e.overflow_note << "; docs/non-finite.md)\n";
@@ -452,14 +481,12 @@ struct AnalyzeOptions {
   bool softmax_only = false;
 };
 
-// True if the method has a softmax-only form (attention pipelines do not).
-bool has_softmax_form(const Method& m) {
-  try {
-    m.softmax_rows(RowMatrixXd::Zero(1, 2));
-    return true;
-  } catch (const SpecError&) {
-    return false;
-  }
+// The registry's methods with a softmax form, for messages: "fp64, fp32, ..., sas".
+std::string softmax_form_names() {
+  std::string s;
+  for (const auto& e : registry().entries())
+    if (e.has_softmax_form()) s += (s.empty() ? "" : ", ") + e.name;
+  return s;
 }
 
 void run_analyze(const AnalyzeOptions& o) {
@@ -468,20 +495,20 @@ void run_analyze(const AnalyzeOptions& o) {
                           {"--logits", o.logits}},
                          {{"--out", o.out}});
   const bool softmax = o.softmax_only || !o.logits.empty();
-  const SoftmaxReference ref_kind = o.reference == "exact" ? SoftmaxReference::exact : SoftmaxReference::fp64;
+  const SoftmaxReference ref_kind = parse_softmax_reference(o.reference);
   std::vector<std::string> specs = o.specs;
   const bool defaults = specs.empty();
   if (defaults)
     for (const auto& e : registry().entries())
-      if (e.name != "fp64" || ref_kind == SoftmaxReference::exact) specs.push_back(e.name);
+      if (!e.reference || ref_kind == SoftmaxReference::exact) specs.push_back(e.name);
   std::vector<std::unique_ptr<Method>> methods;
   std::vector<std::string> kept;
   for (const auto& s : specs) {
     auto m = make_method(s);
-    if (softmax && !has_softmax_form(*m)) {
+    if (softmax && !registry().find(parse_method_spec(s).name)->has_softmax_form()) {
       if (defaults) continue;  // the default list holds the softmax models only
-      throw SpecError("--method " + s + ": an attention pipeline has no softmax-only form; use a softmax model "
-                      "(fp64, fp32, fp16, bf16, index, exaq, sas)");
+      throw SpecError("--method " + s + ": an attention pipeline has no softmax-only form; use a softmax model (" +
+                      softmax_form_names() + ")");
     }
     methods.push_back(std::move(m));
     kept.push_back(s);
@@ -536,7 +563,7 @@ void run_analyze(const AnalyzeOptions& o) {
           {}};
   if (softmax) t.header.erase(t.header.begin() + 3, t.header.begin() + 6);
   if (kv) t.header.insert(t.header.begin() + 3, {"K bits", "V bits"});
-  const std::string ref_name = softmax ? o.reference : "fp64";
+  const std::string ref_name = softmax_reference_name(softmax ? ref_kind : SoftmaxReference::fp64);
   json j = {{"tensors", tensors},
             {"target", softmax ? "softmax" : "attention"},
             {"reference", ref_name},
@@ -638,9 +665,10 @@ void add_info(CLI::App& app) {
 void add_methods(CLI::App& app) {
   auto* sub = app.add_subcommand("methods", "List the registered methods with their parameters, defaults and presets");
   auto format = std::make_shared<std::string>("text");
-  sub->add_option("--format", *format, "text|json")->capture_default_str();
+  sub->add_option("--format", *format, "text|json|md (md: the method table and the softmax-model list of the docs)")
+      ->capture_default_str();
   sub->callback([=] {
-    check_format(*format, {"text", "json"});
+    check_format(*format, {"text", "json", "md"});
     run_methods(*format);
   });
 }
@@ -732,13 +760,17 @@ void add_analyze(CLI::App& app) {
   add_engine_options(sub);
   sub->callback([=] {
     check_format(o->format, {"md", "csv", "latex", "json"});
-    if (o->reference != "fp64" && o->reference != "exact")
-      throw CLI::ValidationError("--reference", "'" + o->reference + "' is not one of fp64|exact");
+    SoftmaxReference reference;
+    try {
+      reference = parse_softmax_reference(o->reference);
+    } catch (const SpecError& e) {
+      throw CLI::ValidationError("--reference", e.what());
+    }
     const int given = !o->q.empty() + !o->k.empty() + !o->v.empty();
     if (given != 0 && given != 3) throw CLI::ValidationError("--q/--k/--v", "give all three or none");
     if (given && o->softmax_only)
       throw CLI::ValidationError("--softmax-only", "analyses logits; give --logits or --tensors, not --q/--k/--v");
-    if (o->reference == "exact" && !o->softmax_only && o->logits.empty())
+    if (reference == SoftmaxReference::exact && !o->softmax_only && o->logits.empty())
       throw CLI::ValidationError("--reference", "exact applies to softmax-only analysis (--softmax-only or --logits); "
                                                 "attention is compared with fp64");
     run_analyze(*o);

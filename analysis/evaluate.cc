@@ -252,6 +252,28 @@ void require_finite_tensor(const Tensor& t, const std::string& where, const std:
 
 namespace {
 
+constexpr std::pair<const char*, SoftmaxReference> kSoftmaxReferences[] = {{"fp64", SoftmaxReference::fp64},
+                                                                           {"exact", SoftmaxReference::exact}};
+
+}  // namespace
+
+SoftmaxReference parse_softmax_reference(const std::string& name) {
+  std::string valid;
+  for (const auto& [n, r] : kSoftmaxReferences) {
+    if (name == n) return r;
+    valid += (valid.empty() ? "" : "|") + std::string(n);
+  }
+  throw SpecError("'" + name + "' is not one of " + valid);
+}
+
+std::string softmax_reference_name(SoftmaxReference reference) {
+  for (const auto& [n, r] : kSoftmaxReferences)
+    if (r == reference) return n;
+  return "";
+}
+
+namespace {
+
 // The reference probabilities of logits [rows, L]: fp64 softmax, or the exact softmax rounded once to double.
 RowMatrixXd softmax_reference(const RowMatrixXd& logits, SoftmaxReference kind) {
   if (kind == SoftmaxReference::fp64) return ref::softmax_ref_rows(logits);

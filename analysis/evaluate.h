@@ -40,6 +40,9 @@ enum class DumpTarget { attention, softmax };
 // The softmax-only reference: the double-precision softmax (method fp64) or the 50-digit exact softmax rounded
 // once to double (docs/softmax-reference.md). Attention always uses fp64.
 enum class SoftmaxReference { fp64, exact };
+// "fp64" | "exact" and back; parse throws SpecError listing the valid names.
+SoftmaxReference parse_softmax_reference(const std::string& name);
+std::string softmax_reference_name(SoftmaxReference reference);
 
 // One layer of a dump: its heads in order, each a batch of matrices (leading axes flattened).
 struct DumpLayer {

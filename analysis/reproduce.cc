@@ -253,45 +253,37 @@ std::vector<std::size_t> pareto_outputs(const Context& ctx, const std::string& n
   return front;
 }
 
-// The nominal bits per element in which a method holds K and V during attention (scales and zero points excluded:
-// one per tensor, per 64-token block or per channel group). 0 for the softmax-only models, which leave Q, K, V
-// and P·V in fp64 and so have no KV precision of their own.
-double kv_bits(const std::string& canonical) {
-  const MethodSpec spec = parse_method_spec(canonical);
-  const ParamMap params = registry().resolve(spec);
-  if (spec.name == "fp32") return 32;
-  if (spec.name == "fp16" || spec.name == "bf16") return 16;
-  if (spec.name == "quant-only" || spec.name == "intattention") return 8;
-  if (spec.name == "sage2") {  // K in INT8 or INT4, V in the P~/V format (8 bits, or fp16)
-    const double v = params.choice("p") == "fp16" ? 16 : 8;
-    return (static_cast<double>(params.integer("qk")) + v) / 2;
+// The nominal bits per element in which a method holds K and V (its registry entry's traits).
+double kv_bits(const std::string& canonical) { return registry().traits(parse_method_spec(canonical)).kv_bits; }
+
+// Every registered method for which `keep` holds, bare and under each preset, one spec per distinct configuration:
+// (names, canonical specs), where a preset equal to the defaults or to another preset is one row listed under all
+// its names ("index = index@paper").
+std::pair<std::vector<std::string>, std::vector<std::string>> method_rows(
+    const std::function<bool(const MethodEntry&)>& keep) {
+  std::vector<std::string> names, canon;
+  for (const auto& e : registry().entries()) {
+    if (!keep(e)) continue;
+    std::vector<std::string> specs{e.name};
+    for (const auto& p : e.presets) specs.push_back(e.name + "@" + p.name);
+    for (const auto& spec : specs) {
+      const std::string c = registry().canonical(parse_method_spec(spec));
+      const auto it = std::find(canon.begin(), canon.end(), c);
+      if (it != canon.end()) {
+        names[it - canon.begin()] += " = " + spec;
+      } else {
+        canon.push_back(c);
+        names.push_back(spec);
+      }
+    }
   }
-  if (spec.name == "turbo")  // prefill: FlashQ INT8 blocks; decode: the compressed cache
-    return params.choice("mode") == "decode" ? static_cast<double>(params.integer("kv")) : 8;
-  return 0;
+  return {names, canon};
 }
 
 // leaderboard: every registered method at its defaults and presets, one table.
 std::string run_leaderboard(const Context& ctx) {
   const std::vector<DumpLayer> dump = load_dump(ctx.tensors);
-  std::vector<std::string> specs;
-  for (const auto& e : registry().entries()) {
-    if (e.name == "fp64") continue;
-    specs.push_back(e.name);
-    for (const auto& p : e.presets) specs.push_back(e.name + "@" + p.name);
-  }
-  // A preset equal to the defaults (or to another preset) is one row, listed under all its names.
-  std::vector<std::string> names, canon;
-  for (const auto& spec : specs) {
-    const std::string c = registry().canonical(parse_method_spec(spec));
-    const auto it = std::find(canon.begin(), canon.end(), c);
-    if (it != canon.end()) {
-      names[it - canon.begin()] += " = " + spec;
-    } else {
-      canon.push_back(c);
-      names.push_back(spec);
-    }
-  }
+  const auto [names, canon] = method_rows([](const MethodEntry& e) { return !e.reference; });
   const std::vector<Summary> s = summaries(dump, canon);
   std::vector<std::size_t> order(canon.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -348,12 +340,15 @@ std::string run_long_context(const Context& ctx) {
   std::vector<double> sorted = sigmas;
   std::sort(sorted.begin(), sorted.end());
   const auto pct = [&](double q) { return sorted[static_cast<std::size_t>(q * (sorted.size() - 1))]; };
-  const std::vector<std::string> specs = {"index@paper", "index@upstream-sim", "index@upstream-neon", "exaq", "exaq@paper", "sas"};
+  // The softmax models of the registry at their defaults and presets, each under its first name.
+  const auto [names, canon] = method_rows([](const MethodEntry& e) { return e.kind == MethodKind::softmax_model; });
+  std::vector<std::string> specs;
+  for (const std::string& n : names) specs.push_back(n.substr(0, n.find(" = ")));
   const int rows = ctx.fast ? 8 : 32;
   const std::vector<int> lengths = ctx.fast ? std::vector<int>{128, 1024, 8192} : std::vector<int>{128, 256, 512, 1024, 2048, 4096, 8192, 16384};
   const auto reference = registry().create("fp64");
   std::vector<std::unique_ptr<Method>> methods;
-  for (const auto& spec : specs) methods.push_back(make_method(spec));
+  for (const auto& spec : canon) methods.push_back(make_method(spec));
   // Rows: logits_j = sigma z_j, z_j standard normal (Box-Muller on a fixed mt19937_64 stream, so every platform
   // draws the same numbers), sigma resampled from the real rows' spreads. The mean is irrelevant to softmax.
   std::mt19937_64 g(20261122);

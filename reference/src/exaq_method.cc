@@ -27,7 +27,7 @@ class ExaqMethod final : public SoftmaxModelMethod {
 
 }  // namespace
 
-MethodEntry exaq_method_entry() {
+void register_exaq_method(Registry& registry) {
   MethodEntry e;
   e.name = "exaq";
   e.summary = "EXAQ: max-subtracted logits clipped (sigma rule) and quantised to 2-4 bits, exp by a 2^b LUT, FP normalisation";
@@ -70,7 +70,15 @@ MethodEntry exaq_method_entry() {
   };
   e.overflow = OverflowRule::refuse;
   e.overflow_note = "logits scale * q k^T in float64; logits beyond its range (+inf) are refused";
-  return e;
+  e.kind = MethodKind::softmax_model;
+  e.doc = "docs/methods/exaq.md";
+  // sigma=tensor (and calib) take sigma and min over the whole call: rows then depend on each other, and a masked
+  // key's logit still counts in them.
+  e.traits = [](const ParamMap& m) {
+    const bool per_row = m.choice("sigma") == "row" && m.integer("calib") == 0;
+    return MethodTraits{false, per_row, 1e-12, per_row, 0};
+  };
+  registry.add(std::move(e));
 }
 
 }  // namespace qattn::ref

@@ -94,7 +94,7 @@ IndexSoftmaxParams index_softmax_params(const ParamMap& m) {
     return p;
 }
 
-MethodEntry index_method_entry() {
+void register_index_method(Registry& registry) {
   MethodEntry e;
   e.name = "index";
   e.summary =
@@ -107,7 +107,11 @@ MethodEntry index_method_entry() {
   };
   e.overflow = OverflowRule::refuse;
   e.overflow_note = "float logits in float64 (integer logits are exact); logits beyond its range (+inf) are refused";
-  return e;
+  e.kind = MethodKind::softmax_model;
+  e.doc = "docs/methods/index-softmax.md";
+  // Row by row on x - max (exact for logits the format holds); P V in fp64 around it.
+  e.traits = [](const ParamMap&) { return MethodTraits{true, true, 1e-12, true, 0}; };
+  registry.add(std::move(e));
 }
 
 }  // namespace qattn::ref

@@ -40,9 +40,7 @@ class IntAttentionMethod final : public PipelineMethod {
   IntAttentionGroups groups_;
 };
 
-}  // namespace
-
-MethodEntry quant_only_method_entry() {
+MethodEntry quant_only_entry() {
   MethodEntry e{"quant-only",
           "Quant-Only INT8 baseline: INT8 Q/K/V, INT32 QK^T, dequantise, fp32 softmax, INT8 P = round(127 p), INT32 PV",
           {{"softmax", ParamType::choice, "ref",
@@ -55,10 +53,15 @@ MethodEntry quant_only_method_entry() {
           }};
   e.overflow = OverflowRule::refuse;
   e.overflow_note = "INT32 Q K^T dequantised to float32 logits; an entry beyond 3.4e38 is refused";
+  e.kind = MethodKind::attention_pipeline;
+  e.doc = "docs/pipelines/quant-only.md";
+  // Per-tensor INT8 scales over every key, masked ones included. An FP softmax sum reordered can move one P code by
+  // 1 (1/127 of a value).
+  e.traits = [](const ParamMap&) { return MethodTraits{false, false, 2.0 / 127, false, 8}; };
   return e;
 }
 
-MethodEntry intattention_method_entry() {
+MethodEntry intattention_entry() {
   MethodEntry e;
   e.name = "intattention";
   e.summary = "IntAttention: INT8 Q/K/V (per tensor), INT32 QK^T, IndexSoftmax to UINT8/INT8 P, INT32 PV, dequantise";
@@ -82,7 +85,18 @@ MethodEntry intattention_method_entry() {
   };
   e.overflow = OverflowRule::refuse;
   e.overflow_note = "INT8 Q/K/V and INT32 Q K^T (exact); only the logit scale alpha = s_Q s_K scale (float64, or c / alpha in float32 with cint-eval=f32, as in @upstream-sim) can leave its format, and is then refused";
+  e.kind = MethodKind::attention_pipeline;
+  e.doc = "docs/pipelines/intattention.md";
+  // Integer sums throughout: reordering keys changes nothing. Per-tensor K and V scales count masked keys too.
+  e.traits = [](const ParamMap&) { return MethodTraits{false, false, 0.0, false, 8}; };
   return e;
+}
+
+}  // namespace
+
+void register_int_pipeline_methods(Registry& registry) {
+  registry.add(quant_only_entry());
+  registry.add(intattention_entry());
 }
 
 }  // namespace qattn::ref

@@ -23,7 +23,7 @@ class Sage2Method final : public Method {
 
 }  // namespace
 
-MethodEntry sage2_method_entry() {
+void register_sage2_method(Registry& registry) {
   MethodEntry e;
   e.name = "sage2";
   e.summary = "SageAttention2: smoothing, per-group INT4/INT8 Q/K, FP8 P~ and V, FP22 two-level PV accumulation";
@@ -63,7 +63,14 @@ MethodEntry sage2_method_entry() {
   };
   e.overflow = OverflowRule::refuse;
   e.overflow_note = "S = s_Q s_K (Q K^T) (+ Delta S) in float32; an entry beyond 3.4e38 is refused";
-  return e;
+  e.kind = MethodKind::attention_pipeline;
+  e.doc = "docs/pipelines/sage2.md";
+  // K's scale groups follow the token order (per block, warp, thread): reordering keys regroups them.
+  e.traits = [](const ParamMap& m) {
+    const double v = m.choice("p") == "fp16" ? 16 : 8;  // K in INT8 or INT4, V in the P~/V format
+    return MethodTraits{false, false, std::nullopt, false, (static_cast<double>(m.integer("qk")) + v) / 2};
+  };
+  registry.add(std::move(e));
 }
 
 }  // namespace qattn::ref

@@ -16,7 +16,7 @@ class SasMethod final : public SoftmaxModelMethod {
 
 }  // namespace
 
-MethodEntry sas_method_entry() {
+void register_sas_method(Registry& registry) {
   MethodEntry e;
   e.name = "sas";
   e.summary = "TurboAttention SAS: entries with x - max < nr dropped, e^-y = LUT[int y] * cubic POLY(frac y), FP normalisation";
@@ -37,7 +37,11 @@ MethodEntry sas_method_entry() {
   };
   e.overflow = OverflowRule::refuse;
   e.overflow_note = "logits scale * q k^T in float64; logits beyond its range (+inf) are refused";
-  return e;
+  e.kind = MethodKind::softmax_model;
+  e.doc = "docs/methods/sas.md";
+  // y = max - x per row; the FP sum reordered moves P by rounding (one binary16 ulp with half=true).
+  e.traits = [](const ParamMap& m) { return MethodTraits{true, true, m.boolean("half") ? 0x1p-9 : 1e-12, true, 0}; };
+  registry.add(std::move(e));
 }
 
 }  // namespace qattn::ref

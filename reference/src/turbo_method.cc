@@ -28,7 +28,7 @@ class TurboMethod final : public Method {
 
 }  // namespace
 
-MethodEntry turbo_method_entry() {
+void register_turbo_method(Registry& registry) {
   MethodEntry e;
   e.name = "turbo";
   e.summary = "TurboAttention: FlashQ per-block INT8 (/119) Q, K, V and P~, SAS online softmax, INT4/INT2 KV cache";
@@ -76,7 +76,15 @@ MethodEntry turbo_method_entry() {
   };
   e.overflow = OverflowRule::refuse;
   e.overflow_note = "S = alpha * (Q K^T) per block in float32; an entry beyond 3.4e38 is refused";
-  return e;
+  e.kind = MethodKind::attention_pipeline;
+  e.doc = "docs/pipelines/turbo.md";
+  // FlashQ scales per block of B_c keys: reordering keys regroups them. Prefill holds K and V in INT8 blocks,
+  // decode in the compressed cache.
+  e.traits = [](const ParamMap& m) {
+    return MethodTraits{false, false, std::nullopt, false,
+                        m.choice("mode") == "decode" ? static_cast<double>(m.integer("kv")) : 8};
+  };
+  registry.add(std::move(e));
 }
 
 }  // namespace qattn::ref

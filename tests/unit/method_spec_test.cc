@@ -39,8 +39,8 @@ Registry toy_registry() {
 }  // namespace
 
 TEST_CASE("spec syntax", "[method]") {
-  const MethodSpec s = parse_method_spec("index@upstream-sim:b=5,c=6.6");
-  CHECK(s.name == "index");
+  const MethodSpec s = parse_method_spec("echo@upstream-sim:b=5,c=6.6");
+  CHECK(s.name == "echo");
   CHECK(s.preset == "upstream-sim");
   REQUIRE(s.overrides.size() == 2);
   CHECK(s.overrides[0] == std::pair<std::string, std::string>{"b", "5"});

@@ -7,8 +7,10 @@
 // Unknown names, presets or keys, and values that do not parse or lie outside their range, raise
 // qattn::SpecError whose message lists what is valid.
 //
-// The registry only knows the interface; implementations register themselves from reference/ (and, later,
-// from lib/src kernels). Adding a method is one MethodEntry.
+// The registry only knows the interface. A method is described once, by its MethodEntry: name, summary, doc page,
+// parameters and presets, its kind (which decides whether it has a softmax form), the traits the property suite
+// checks and the analysis uses (MethodTraits), and its overflow rule. Nothing else in the program switches on a
+// method's name. Implementations register themselves from reference/src/*_method.cc (reference/src/registry.cc).
 #pragma once
 
 #include <functional>
@@ -156,6 +158,35 @@ enum class OverflowRule {
   propagate,  // the IEEE result of the method's format: the rows concerned come out NaN, never finite and wrong
 };
 
+// What a method is. The kind decides where the program uses it: the first two have a softmax form (softmax_rows,
+// `analyze --softmax-only`); softmax models are the approximations the long-context experiment compares.
+enum class MethodKind {
+  float_format,        // softmax and attention carried out in one IEEE format (fp64, fp32, fp16, bf16)
+  softmax_model,       // an approximate softmax; inside attention, exact fp64 logits and P V around it
+  attention_pipeline,  // a whole attention pipeline with its own softmax inside: no softmax-only form
+};
+std::string_view method_kind_name(MethodKind kind);
+
+// Properties of one method instance (they may depend on its parameters), declared by the entry and checked for every
+// registered method and preset by tests/property/registry_property_test.cc.
+struct MethodTraits {
+  // softmax_rows(x + c) == softmax_rows(x) bit for bit, for logits x and a shift c that the method's input format
+  // holds exactly. False where the input quantisation depends on the values (a max-|x| scale, an absolute grid).
+  bool row_shift_invariant = false;
+  // softmax_rows of one row alone == that row of a batch, bit for bit. False where a scale spans the tensor.
+  bool rows_independent = true;
+  // Attention with keys (and their values) reordered: |O' - O| <= key_order_tolerance * max|V|, and P's columns
+  // reorder the same way within that tolerance. 0: exact (integer sums); empty: not invariant (scales per block
+  // of keys).
+  std::optional<double> key_order_tolerance = 0.0;
+  // Masking a key for every query equals dropping it, to key_order_tolerance. False where a scale is computed over
+  // all keys, masked ones included (the quantised pipelines' per-tensor K and V scales).
+  bool masked_keys_dropped = true;
+  // Nominal bits per element in which the method holds K and V during attention (scales and zero points excluded);
+  // 0 for the softmax models, which leave Q, K, V and P V in fp64.
+  double kv_bits = 0;
+};
+
 struct MethodEntry {
   std::string name;
   std::string summary;
@@ -164,6 +195,13 @@ struct MethodEntry {
   std::function<std::unique_ptr<Method>(const ParamMap&)> make;
   OverflowRule overflow = OverflowRule::refuse;
   std::string overflow_note;  // one line: where the method's arithmetic overflows and what it then does
+  MethodKind kind = MethodKind::softmax_model;
+  std::string doc;  // its derivation page, relative to the source root: "docs/methods/exaq.md"
+  bool reference = false;  // the fp64 reference every error table compares against (left out of default lists)
+  std::function<MethodTraits(const ParamMap&)> traits;  // empty: MethodTraits{}
+
+  bool has_softmax_form() const { return kind != MethodKind::attention_pipeline; }
+  MethodTraits traits_of(const ParamMap& params) const { return traits ? traits(params) : MethodTraits{}; }
 };
 
 class Registry {
@@ -177,6 +215,8 @@ class Registry {
   ParamMap resolve(const MethodSpec& spec) const;
   std::unique_ptr<Method> create(const MethodSpec& spec) const;
   std::unique_ptr<Method> create(std::string_view spec_text) const { return create(parse_method_spec(spec_text)); }
+  // The traits of the resolved method (MethodEntry::traits_of).
+  MethodTraits traits(const MethodSpec& spec) const;
   // The canonical spec text of a resolved method: "name:k=v,..." with every parameter listed.
   std::string canonical(const MethodSpec& spec) const;
 

@@ -227,6 +227,15 @@ IntegerSoftmaxResult Method::softmax_integer_impl(const IntegerLogits&) const {
   throw SpecError("this method has no integer-logit softmax; give it floating-point logits");
 }
 
+std::string_view method_kind_name(MethodKind kind) {
+  switch (kind) {
+    case MethodKind::float_format: return "float format";
+    case MethodKind::softmax_model: return "softmax model";
+    case MethodKind::attention_pipeline: return "attention pipeline";
+  }
+  return "";
+}
+
 void Registry::add(MethodEntry entry) {
   if (find(entry.name)) throw std::logic_error("Registry: duplicate method '" + entry.name + "'");
   for (const PresetInfo& pr : entry.presets)
@@ -284,6 +293,11 @@ ParamMap Registry::resolve(const MethodSpec& spec) const {
 std::unique_ptr<Method> Registry::create(const MethodSpec& spec) const {
   const ParamMap params = resolve(spec);
   return find(spec.name)->make(params);
+}
+
+MethodTraits Registry::traits(const MethodSpec& spec) const {
+  const ParamMap params = resolve(spec);
+  return find(spec.name)->traits_of(params);
 }
 
 std::string Registry::canonical(const MethodSpec& spec) const {

@@ -1,4 +1,6 @@
-// Registry entries of the reference softmax models, one function per method family (registry.cc lists them).
+// What the method files (reference/src/*_method.cc) share: the attention wrapper of a softmax model and
+// IndexSoftmax's parameters. Each method file registers its entries with `void register_<file stem>(Registry&)`,
+// which the build collects (reference/src/registry.cc).
 #pragma once
 
 #include <cmath>
@@ -31,13 +33,5 @@ class SoftmaxModelMethod : public Method {
 std::vector<ParamInfo> index_softmax_param_infos();
 std::vector<PresetInfo> index_softmax_presets();
 IndexSoftmaxParams index_softmax_params(const ParamMap& m);
-
-MethodEntry index_method_entry();
-MethodEntry quant_only_method_entry();
-MethodEntry intattention_method_entry();
-MethodEntry sage2_method_entry();
-MethodEntry sas_method_entry();
-MethodEntry exaq_method_entry();
-MethodEntry turbo_method_entry();
 
 }  // namespace qattn::ref
