@@ -206,8 +206,9 @@ std::string type_name(const ParamInfo& p) {
   return "";
 }
 
-// Markdown blocks for the docs, each between markers that scripts/method_docs.py finds in README.md and
-// docs/dumping.md (and a CLI test checks there): the method table, and the list of methods with a softmax form.
+// Markdown blocks for the docs, each between markers that scripts/method_docs.py finds in README.md,
+// docs/dumping.md and docs/non-finite.md (and a CLI test checks there): the method table, the list of methods with
+// a softmax form, and the non-finite policy per method.
 void print_methods_markdown() {
   const auto begin = [](const char* block) { std::cout << "<!-- begin: qattn methods --format md, " << block << " -->\n"; };
   const auto end = [](const char* block) { std::cout << "<!-- end: " << block << " -->\n"; };
@@ -227,6 +228,17 @@ void print_methods_markdown() {
     if (e.has_softmax_form()) names += (names.empty() ? "`" : ", `") + e.name + "`";
   std::cout << names << "\n";
   end("softmax models");
+  std::cout << "\n";
+  begin("non-finite");
+  std::cout << "| method | overflow rule | NaN (Q, K, V, logits) | +inf | −inf | finite inputs whose logits overflow the "
+               "method's format |\n|---|---|---|---|---|---|\n";
+  for (const auto& e : registry().entries())
+    std::cout << "| `" << e.name << "` | " << (e.overflow == OverflowRule::refuse ? "refuse" : "propagate")
+              << " | refused | refused | "
+              << (e.has_softmax_form() ? "logits: masked (P = 0); Q, K, V: refused"
+                                       : "Q, K, V: refused (no logits input; masks are −inf logits inside)")
+              << " | " << e.overflow_note << " |\n";
+  end("non-finite");
 }
 
 void run_methods(const std::string& format) {

@@ -3,7 +3,7 @@
 
 `qattn methods --format md` prints markdown blocks between markers
     <!-- begin: qattn methods --format md, NAME -->  ...  <!-- end: NAME -->
-README.md and docs/dumping.md hold some of those blocks between the same markers. With --check (the default) this
+README.md, docs/dumping.md and docs/non-finite.md hold those blocks between the same markers. With --check (the default) this
 script exits 1 and names each file whose block differs from the registry's; with --write it replaces them.
 
     /usr/bin/python3 scripts/method_docs.py --qattn build-release/qattn [--write]
@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FILES = ["README.md", os.path.join("docs", "dumping.md")]
+FILES = ["README.md", os.path.join("docs", "dumping.md"), os.path.join("docs", "non-finite.md")]
 BLOCK = re.compile(r"<!-- begin: qattn methods --format md, (?P<name>[^>]+?) -->\n(?P<body>.*?)<!-- end: (?P=name) -->\n",
                    re.S)
 
