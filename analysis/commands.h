@@ -20,7 +20,7 @@ inline constexpr int kMaxThreads = 1024;                            // --threads
 inline constexpr long long kDefaultMaxSweepPoints = 100000;         // sweep --max-points default
 inline constexpr long long kMaxSweepPointsLimit = 10000000;         // about 3 GB of specs: the cap's own cap
 
-// Adds every subcommand to `app`; the returned callback runs the one that was selected.
+// Each adds one subcommand to `app`, with its options and the callback CLI11 runs when it is selected.
 void add_info(CLI::App& app);
 void add_methods(CLI::App& app);
 void add_softmax(CLI::App& app);

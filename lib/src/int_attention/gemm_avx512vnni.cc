@@ -99,7 +99,7 @@ namespace qattn::kernels {
 
 // Register-only inline assembly, so that no compiler can spill an accumulator or hoist an instruction out of the
 // loop: zmm0 / zmm1 hold the broadcast operands, zmm16..zmm31 sixteen independent vpdpbusd chains, enough to cover the
-// instruction's latency at two issues per cycle (Zen 5). tests/kernels/peak_loop_codegen.sh checks the loop body.
+// instruction's latency at two issues per cycle (Zen 5). tests/kernels/peak_loop_codegen.py checks the loop body.
 std::int64_t mac_loop__avx512vnni(std::int64_t iterations, std::int32_t* checksum) {
   if (iterations <= 0) {
     *checksum = 0;

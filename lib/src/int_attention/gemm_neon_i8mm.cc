@@ -74,7 +74,7 @@ void pv_u8s8_s32__neon_i8mm_4x16(const GemmArgs& g) {
 namespace qattn::kernels {
 
 // Register-only inline assembly, so that no compiler can spill an accumulator: v0 / v1 the broadcast operands,
-// v16..v31 sixteen independent usdot chains (tests/kernels/peak_loop_codegen.sh checks the loop body).
+// v16..v31 sixteen independent usdot chains (tests/kernels/peak_loop_codegen.py checks the loop body).
 std::int64_t mac_loop__neon_i8mm(std::int64_t iterations, std::int32_t* checksum) {
   if (iterations <= 0) {
     *checksum = 0;

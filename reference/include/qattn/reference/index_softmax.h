@@ -36,7 +36,7 @@ using qattn::cint_from_alpha;
 using qattn::to_string;
 
 // LUT[i] for i in [0, 2^bits): lut_rounding(255 exp(-c i / (2^bits - 1))) in double arithmetic (certified against
-// 50-digit exp by tests/exact/index_lut_certification_test.cc), then LUT[0] = 255 and LUT[last] = 0.
+// 50-digit exp by tests/exact/certify_index_test.cc), then LUT[0] = 255 and LUT[last] = 0.
 // For bits = 1 the table is {255, 0}.
 std::vector<std::uint8_t> index_lut(int bits, double c, LutRounding rounding);
 

@@ -7,7 +7,7 @@
 // Proof (docs/methods/index-softmax.md, "Fast normalisation"): write m d = 2^shift + e with 0 <= e < d, and
 // n = q d + r with 0 <= r < d. Then n m / 2^shift = q + (r + n e / 2^shift) / d, and n e / 2^shift < 2^16 d /
 // 2^(16 + l) = d / 2^l <= 1, so r + n e / 2^shift < d and the floor is q. m <= 2^17 + 1 and n m < 2^34: the product
-// fits 64 bits with room. tests/exact/certify_index.cc checks it exhaustively for S up to 255 * 65536.
+// fits 64 bits with room. tests/exact/certify_index_test.cc checks it exhaustively for S up to 255 * 65536.
 #pragma once
 
 #include <bit>
