@@ -19,6 +19,7 @@
 #include "onednn_gemm.h"
 #include "qattn/error.h"
 #include "qattn/int_attention.h"
+#include "qattn/parallel.h"
 #include "qattn/reference/method_entries.h"
 #include "qattn/reference/registry.h"
 #include "qattn/tensor_io.h"
@@ -87,24 +88,20 @@ double median_ms(int reps, F&& f, double* rss_mib = nullptr) {
 void fp32_attention_blocks(const RowMatrixXf& q, const RowMatrixXf& k, const RowMatrixXf& v, float scale, int threads,
                            RowMatrixXf& o) {
   const Eigen::Index lq = q.rows(), br = 64, blocks = (lq + br - 1) / br;
-  auto worker = [&](int id) {
-    RowMatrixXf s(br, k.rows());
-    for (Eigen::Index b = id; b < blocks; b += threads) {
-      const Eigen::Index r0 = b * br, rows = std::min(br, lq - r0);
-      s.topRows(rows).noalias() = (q.middleRows(r0, rows) * k.transpose()) * scale;
-      for (Eigen::Index i = 0; i < rows; ++i) {
-        const float m = s.row(i).maxCoeff();
-        float sum = 0;
-        for (Eigen::Index j = 0; j < s.cols(); ++j) sum += (s(i, j) = std::exp(s(i, j) - m));
-        s.row(i) /= sum;
-      }
-      o.middleRows(r0, rows).noalias() = s.topRows(rows) * v;
+  std::vector<RowMatrixXf> scores(static_cast<std::size_t>(parallel_workers(static_cast<std::size_t>(blocks), threads)));
+  parallel_for_workers(static_cast<std::size_t>(blocks), threads, [&](std::size_t block, int worker) {
+    RowMatrixXf& s = scores[static_cast<std::size_t>(worker)];
+    if (s.size() == 0) s.resize(br, k.rows());
+    const Eigen::Index r0 = static_cast<Eigen::Index>(block) * br, rows = std::min(br, lq - r0);
+    s.topRows(rows).noalias() = (q.middleRows(r0, rows) * k.transpose()) * scale;
+    for (Eigen::Index i = 0; i < rows; ++i) {
+      const float m = s.row(i).maxCoeff();
+      float sum = 0;
+      for (Eigen::Index j = 0; j < s.cols(); ++j) sum += (s(i, j) = std::exp(s(i, j) - m));
+      s.row(i) /= sum;
     }
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(worker, t);
-  worker(0);
-  for (auto& t : pool) t.join();
+    o.middleRows(r0, rows).noalias() = s.topRows(rows) * v;
+  });
 }
 
 struct BenchOptions {

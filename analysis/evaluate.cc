@@ -601,28 +601,4 @@ void quantize_projections(std::vector<DumpLayer>& dump, const fs::path& dir, con
   dump = std::move(kept);
 }
 
-void parallel_for(std::size_t n, int threads, const std::function<void(std::size_t)>& fn) {
-  std::atomic<std::size_t> next{0};
-  std::atomic<bool> failed{false};
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  auto worker = [&] {
-    for (std::size_t i = next++; i < n && !failed; i = next++) {
-      try {
-        fn(i);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mutex);
-        if (!error) error = std::current_exception();
-        failed = true;
-      }
-    }
-  };
-  const int t = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  std::vector<std::thread> pool;
-  for (int i = 1; i < t && static_cast<std::size_t>(i) < n; ++i) pool.emplace_back(worker);
-  worker();
-  for (auto& th : pool) th.join();
-  if (error) std::rethrow_exception(error);
-}
-
 }  // namespace qattn::cli

@@ -3,6 +3,8 @@
 // compared with the reference, head by head.
 #pragma once
 
+#include "qattn/parallel.h"  // parallel_for, used by every threaded command
+
 #include <array>
 #include <cmath>
 #include <filesystem>
@@ -127,10 +129,6 @@ struct Summary {
 };
 Summary summarise(const std::vector<HeadResult>& results);
 
-// Runs fn(i) for every i in [0, n) on `threads` threads (0: one per hardware thread), handing the items out in
-// order. The first exception a call throws is rethrown here once every thread has stopped; items not yet started
-// are then skipped.
-void parallel_for(std::size_t n, int threads, const std::function<void(std::size_t)>& fn);
 
 template <class Fn>
 auto with_source(const std::string& where, const std::string& method, Fn&& fn) -> decltype(fn()) {

@@ -4,10 +4,10 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
-#include <thread>
 
 #include "qattn/kernel_variants.h"
 #include "qattn/int_attention.h"
+#include "qattn/parallel.h"
 
 namespace qattn {
 namespace {
@@ -85,15 +85,9 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
   const bool run_qk = cfg.stages != Stages::pv, run_pv = cfg.stages != Stages::qk, run_softmax = cfg.stages == Stages::all;
   const Eigen::Index br = cfg.block_rows, blocks = (lq + br - 1) / br;
   const int threads = static_cast<int>(std::min<Eigen::Index>(cfg.threads, blocks));
-  // Runs body(block) for every block, block b on thread b mod threads; returns when all are done.
+  // Runs body(block) for every block on the threads (qattn/parallel.h); returns when all are done.
   auto parallel_blocks = [&](auto&& body) {
-    auto run = [&](int id) {
-      for (Eigen::Index b = id; b < blocks; b += threads) body(b);
-    };
-    std::vector<std::thread> pool;
-    for (int t = 1; t < threads; ++t) pool.emplace_back(run, t);
-    run(0);
-    for (auto& t : pool) t.join();
+    parallel_for(static_cast<std::size_t>(blocks), threads, [&](std::size_t b) { body(static_cast<Eigen::Index>(b)); });
   };
   auto softmax_row = [&](const std::int32_t* s_row, std::int32_t* e_scratch, float* f_scratch, Eigen::Index row,
                          std::uint8_t* p_row) {
@@ -132,32 +126,34 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
     });
     return;
   }
-  auto worker = [&](int id) {
-    std::vector<std::int8_t> qb(static_cast<std::size_t>(br * d4), 0);
-    std::vector<std::int32_t> s(static_cast<std::size_t>(br * lk16)), acc(static_cast<std::size_t>(br * dv16));
-    std::vector<std::uint8_t> p(static_cast<std::size_t>(br * lk16), 0);
-    std::vector<float> scratch(quant_only ? static_cast<std::size_t>(lk16) : 0);
-    for (Eigen::Index b = id; b < blocks; b += threads) {  // block b to thread b mod threads
-      const Eigen::Index r0 = b * br, rows = std::min(br, lq - r0);
-      for (Eigen::Index i = 0; i < rows; ++i) std::copy_n(q.values + (r0 + i) * d, d, qb.data() + i * d4);
-      if (run_qk) f.qk({qb.data(), rows, d4, k_packed.data(), k_sum.data(), lk16, s.data()});
-      for (Eigen::Index i = 0; run_softmax && i < rows; ++i) {
-        softmax_row(s.data() + i * lk16, s.data() + i * lk16, scratch.data(), r0 + i, p.data() + i * lk16);
-        if (cfg.p_out) std::copy_n(p.data() + i * lk16, lk, cfg.p_out + (r0 + i) * lk);
-      }
-      if (!run_pv) continue;
-      f.pv({p.data(), rows, lk16, v_packed.data(), v_sum.data(), dv16, acc.data()});
-      dequantise(acc.data(), r0, rows);
-    }
+  // Each worker's blocks reuse its buffers: Q block (zero-padded to d4), S, P (zero-padded to lk16), accumulators.
+  struct Scratch {
+    std::vector<std::int8_t> qb;
+    std::vector<std::int32_t> s, acc;
+    std::vector<std::uint8_t> p;
+    std::vector<float> f;
   };
-  if (threads == 1) {
-    worker(0);
-    return;
-  }
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(worker, t);
-  worker(0);
-  for (auto& t : pool) t.join();
+  std::vector<Scratch> scratch(static_cast<std::size_t>(parallel_workers(static_cast<std::size_t>(blocks), threads)));
+  parallel_for_workers(static_cast<std::size_t>(blocks), threads, [&](std::size_t block, int worker) {
+    Scratch& w = scratch[static_cast<std::size_t>(worker)];
+    if (w.s.empty()) {
+      w.qb.assign(static_cast<std::size_t>(br * d4), 0);
+      w.s.resize(static_cast<std::size_t>(br * lk16));
+      w.acc.resize(static_cast<std::size_t>(br * dv16));
+      w.p.assign(static_cast<std::size_t>(br * lk16), 0);
+      w.f.resize(quant_only ? static_cast<std::size_t>(lk16) : 0);
+    }
+    const Eigen::Index r0 = static_cast<Eigen::Index>(block) * br, rows = std::min(br, lq - r0);
+    for (Eigen::Index i = 0; i < rows; ++i) std::copy_n(q.values + (r0 + i) * d, d, w.qb.data() + i * d4);
+    if (run_qk) f.qk({w.qb.data(), rows, d4, k_packed.data(), k_sum.data(), lk16, w.s.data()});
+    for (Eigen::Index i = 0; run_softmax && i < rows; ++i) {
+      softmax_row(w.s.data() + i * lk16, w.s.data() + i * lk16, w.f.data(), r0 + i, w.p.data() + i * lk16);
+      if (cfg.p_out) std::copy_n(w.p.data() + i * lk16, lk, cfg.p_out + (r0 + i) * lk);
+    }
+    if (!run_pv) return;
+    f.pv({w.p.data(), rows, lk16, v_packed.data(), v_sum.data(), dv16, w.acc.data()});
+    dequantise(w.acc.data(), r0, rows);
+  });
 }
 
 RowMatrixXd int_attention_fused(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,

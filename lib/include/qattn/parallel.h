@@ -1,0 +1,23 @@
+// The one thread pool of the library and the CLI.
+//
+// parallel_for_workers(n, threads, body) runs body(i, worker) for every i in [0, n) on min(threads, n) workers: the
+// calling thread is worker 0, the others are started here and joined before it returns, so `worker` indexes
+// per-worker scratch. Items are handed out in increasing order from a shared counter (a slow item does not hold back
+// the rest). Once a body throws, no further item starts; when every worker has stopped, the first exception is
+// rethrown in the caller. threads <= 0 means one worker per hardware thread. Which worker runs an item is not
+// deterministic, so results must not depend on it: every caller writes item i's output to its own place.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+
+namespace qattn {
+
+void parallel_for_workers(std::size_t n, int threads, const std::function<void(std::size_t i, int worker)>& body);
+inline void parallel_for(std::size_t n, int threads, const std::function<void(std::size_t i)>& body) {
+  parallel_for_workers(n, threads, [&](std::size_t i, int) { body(i); });
+}
+// The number of workers parallel_for_workers uses for n items: min(threads, n), threads <= 0 = hardware threads.
+int parallel_workers(std::size_t n, int threads);
+
+}  // namespace qattn
