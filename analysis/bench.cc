@@ -20,6 +20,7 @@
 #include "qattn/error.h"
 #include "qattn/int_attention.h"
 #include "qattn/parallel.h"
+#include "qattn/quantize.h"
 #include "qattn/reference/method_entries.h"
 #include "qattn/reference/registry.h"
 #include "qattn/tensor_io.h"
@@ -187,10 +188,9 @@ void run_bench(const BenchOptions& o) {
     RowMatrixXf qf(l, o.d), kf(l, o.d), vf(l, o.d);
     for (auto* m : {&qf, &kf, &vf})
       for (Eigen::Index i = 0; i < m->size(); ++i) m->data()[i] = n(g);
-    auto quant = [](const RowMatrixXf& x, double* s) {
-      *s = x.cwiseAbs().maxCoeff() / 127.0;
-      std::vector<std::int8_t> q(x.size());
-      for (Eigen::Index i = 0; i < x.size(); ++i) q[i] = static_cast<std::int8_t>(std::nearbyint(x.data()[i] / *s));
+    auto quant = [](const RowMatrixXf& x, double* s) {  // the pipelines' quantiser (qattn/quantize.h)
+      std::vector<std::int8_t> q(static_cast<std::size_t>(x.size()));
+      *s = quantize_int8_symmetric(std::span<const float>(x.data(), q.size()), std::span<std::int8_t>(q));
       return q;
     };
     double sq, sk, sv;

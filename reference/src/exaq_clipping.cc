@@ -1,4 +1,5 @@
 #include "qattn/reference/exaq_clipping.h"
+#include "qattn/reference/golden_section.h"
 
 #include <cmath>
 #include <algorithm>
@@ -77,13 +78,8 @@ double exaq_solve_clip_exp(double sigma, double mu, int bits) {
     const double v = exaq_clip_mse_exp(c, sigma, mu, bits);
     if (v < best_v) best_v = v, best = c;
   }
-  double a = best - 0.05, b = std::min(-1e-9, best + 0.05);
-  for (int it = 0; it < 60; ++it) {
-    const double m1 = b - (b - a) * 0.6180339887498949, m2 = a + (b - a) * 0.6180339887498949;
-    if (exaq_clip_mse_exp(m1, sigma, mu, bits) < exaq_clip_mse_exp(m2, sigma, mu, bits)) b = m2;
-    else a = m1;
-  }
-  return 0.5 * (a + b);
+  return golden_section_minimize([&](double c) { return exaq_clip_mse_exp(c, sigma, mu, bits); }, best - 0.05,
+                                 std::min(-1e-9, best + 0.05), 60);
 }
 
 double exaq_solve_clip(double sigma, double mu, int bits, QuantNoise noise) {
@@ -96,13 +92,8 @@ double exaq_solve_clip(double sigma, double mu, int bits, QuantNoise noise) {
     const double v = exaq_clip_mse(c, sigma, mu, bits, noise);
     if (v < best_v) best_v = v, best = c;
   }
-  double a = std::max(lo, best - (hi - lo) / scan), b = std::min(hi, best + (hi - lo) / scan);
-  for (int it = 0; it < 100; ++it) {
-    const double m1 = b - (b - a) * 0.6180339887498949, m2 = a + (b - a) * 0.6180339887498949;
-    if (exaq_clip_mse(m1, sigma, mu, bits, noise) < exaq_clip_mse(m2, sigma, mu, bits, noise)) b = m2;
-    else a = m1;
-  }
-  return 0.5 * (a + b);
+  return golden_section_minimize([&](double c) { return exaq_clip_mse(c, sigma, mu, bits, noise); },
+                                 std::max(lo, best - (hi - lo) / scan), std::min(hi, best + (hi - lo) / scan), 100);
 }
 
 }  // namespace qattn::ref

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "qattn/exp_f32.h"
+#include "qattn/quantize.h"
 #include "qattn/reference/softmax.h"
 
 namespace qattn::ref {
@@ -35,12 +36,10 @@ RowMatrixXd dequantize_output(const RowMatrixXd& pv, double s_v, int p_scale) {
 
 Int8Matrix quantize_symmetric_int8(const RowMatrixXd& x) {
   Int8Matrix r;
-  const double amax = x.size() ? x.cwiseAbs().maxCoeff() : 0.0;
-  if (!std::isfinite(amax)) throw std::invalid_argument("quantize_symmetric_int8: non-finite input");
-  r.scale = amax > 0 ? amax / 127 : 1.0;
+  std::vector<std::int8_t> q(static_cast<std::size_t>(x.size()));
+  r.scale = quantize_int8_symmetric(std::span<const double>(x.data(), q.size()), std::span<std::int8_t>(q));
   r.values.resize(x.rows(), x.cols());
-  for (Eigen::Index i = 0; i < x.size(); ++i)
-    r.values.data()[i] = static_cast<std::int32_t>(std::clamp(std::nearbyint(x.data()[i] / r.scale), -127.0, 127.0));
+  for (Eigen::Index i = 0; i < x.size(); ++i) r.values.data()[i] = q[static_cast<std::size_t>(i)];
   return r;
 }
 

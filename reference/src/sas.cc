@@ -6,6 +6,7 @@
 
 #include <boost/multiprecision/cpp_bin_float.hpp>
 
+#include "qattn/reference/golden_section.h"
 #include "qattn/float_format.h"
 
 namespace qattn::ref {
@@ -97,14 +98,10 @@ double poly_max_relative_error(const std::array<double, 4>& a) {
   for (int s = 0; s <= kSamples; ++s) {
     const double f0 = static_cast<double>(s) / kSamples;
     if (err(f0) < best) continue;
-    // Golden-section refinement on the neighbouring interval.
-    double lo = std::max(0.0, f0 - 1.0 / kSamples), hi = std::min(1.0, f0 + 1.0 / kSamples);
-    for (int it = 0; it < 60; ++it) {
-      const double m1 = hi - (hi - lo) * 0.6180339887498949, m2 = lo + (hi - lo) * 0.6180339887498949;
-      if (err(m1) > err(m2)) hi = m2;
-      else lo = m1;
-    }
-    best = std::max({best, err(f0), err(0.5 * (lo + hi))});
+    // Golden-section refinement of the maximum on the neighbouring interval.
+    const double f_max = golden_section_minimize([&](double f) { return -err(f); }, std::max(0.0, f0 - 1.0 / kSamples),
+                                                 std::min(1.0, f0 + 1.0 / kSamples), 60);
+    best = std::max({best, err(f0), err(f_max)});
   }
   return best;
 }

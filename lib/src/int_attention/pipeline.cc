@@ -8,6 +8,7 @@
 #include "qattn/kernel_variants.h"
 #include "qattn/int_attention.h"
 #include "qattn/parallel.h"
+#include "qattn/quantize.h"
 
 namespace qattn {
 namespace {
@@ -15,12 +16,8 @@ namespace {
 Eigen::Index round_up(Eigen::Index x, Eigen::Index m) { return (x + m - 1) / m * m; }
 
 std::vector<std::int8_t> quantize_per_tensor(const RowMatrixXd& x, double* scale) {
-  const double amax = x.size() ? x.cwiseAbs().maxCoeff() : 0.0;
-  if (!std::isfinite(amax)) throw std::invalid_argument("int_attention: non-finite input");
-  *scale = amax > 0 ? amax / 127 : 1.0;
   std::vector<std::int8_t> q(static_cast<std::size_t>(x.size()));
-  for (Eigen::Index i = 0; i < x.size(); ++i)
-    q[i] = static_cast<std::int8_t>(std::clamp(std::nearbyint(x.data()[i] / *scale), -127.0, 127.0));
+  *scale = quantize_int8_symmetric(std::span<const double>(x.data(), q.size()), std::span<std::int8_t>(q));
   return q;
 }
 
