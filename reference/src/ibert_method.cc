@@ -29,6 +29,13 @@ constexpr int kUpstreamN = 30;  // "sufficiently large integer": the clamp at 30
                        ": the integer grid is too fine for I-BERT's INT32 arithmetic (lower in-bits)");
 }
 
+// floor(v) for a grid constant of Algorithm 1 (or the official code); one beyond 2^31 already breaks the INT32
+// budget, so it is refused before the cast (which for |v| >= 2^63 would be undefined).
+std::int64_t grid_constant(double v, const char* what, double scale) {
+  if (!(std::abs(v) <= static_cast<double>(kInt32Max))) int32_overflow(what, scale);
+  return static_cast<std::int64_t>(std::floor(v));
+}
+
 // round-half-even(v m / 2^30) for an integer v >= 0 and a double m >= 0, exactly: m = M 2^E with an integer M.
 std::int64_t requantize_16(std::int64_t v, double m) {
   int e = 0;
@@ -46,25 +53,28 @@ std::int64_t requantize_16(std::int64_t v, double m) {
 
 std::int64_t ibert_exp(std::int64_t q, double scale, IbertExp variant) {
   if (variant == IbertExp::paper) {
-    const auto q_ln2 = static_cast<std::int64_t>(std::floor(kLn2 / scale));
+    const char* what = "Algorithm 1's (q + q_b)^2 + q_c";
+    const std::int64_t q_ln2 = grid_constant(kLn2 / scale, what, scale);
     if (q_ln2 == 0) throw InputError("logits", "scale", "S >= ln 2: Algorithm 2's q_ln2 = floor(ln2 / S) is 0");
     const std::int64_t z = -q / q_ln2;  // q <= 0: floor(-q / q_ln2)
-    const std::int64_t q_p = q + z * q_ln2;
-    const auto q_b = static_cast<std::int64_t>(std::floor(kPaperB / scale));
-    const auto q_c = static_cast<std::int64_t>(std::floor(kPaperC / (kPaperA * scale * scale)));
-    const std::int64_t q_l = (q_p + q_b) * (q_p + q_b) + q_c;
-    if (q_l > kInt32Max) int32_overflow("Algorithm 1's (q + q_b)^2 + q_c", scale);
-    return z >= 63 ? 0 : q_l >> z;
+    const std::int64_t q_p = q + z * q_ln2;  // in (-q_ln2, 0]
+    const std::int64_t q_b = grid_constant(kPaperB / scale, what, scale);
+    const std::int64_t q_c = grid_constant(kPaperC / (kPaperA * scale * scale), what, scale);
+    const __int128 t = q_p + q_b;  // |t| < 2^32: its square fits 128 bits
+    const __int128 q_l = t * t + q_c;
+    if (q_l > kInt32Max) int32_overflow(what, scale);
+    return z >= 63 ? 0 : static_cast<std::int64_t>(q_l) >> z;
   }
-  const auto x0 = static_cast<std::int64_t>(std::floor(kUpstreamX0 / scale));  // < 0
+  const char* what = "the official (r + b_int) r + c_int";
+  const std::int64_t x0 = grid_constant(kUpstreamX0 / scale, what, scale);  // < 0
   const std::int64_t q_clamped = std::max(q, kUpstreamN * x0);
   const std::int64_t z = q_clamped / x0;  // both <= 0 (x0 < 0): floor(q' / x0) = q' / x0
-  const std::int64_t r = q_clamped - x0 * z;
-  const auto b_int = static_cast<std::int64_t>(std::floor(kUpstreamB / scale));
-  const auto c_int = static_cast<std::int64_t>(std::floor(kUpstreamC / (scale * scale)));
-  const std::int64_t q_l = (r + b_int) * r + c_int;
-  if (q_l > kInt32Max) int32_overflow("the official (r + b_int) r + c_int", scale);
-  const std::int64_t exp_int = std::max<std::int64_t>(q_l, 0) << (kUpstreamN - z);  // z <= 30: exact, < 2^61
+  const std::int64_t r = q_clamped - x0 * z;  // in (x0, 0]
+  const std::int64_t b_int = grid_constant(kUpstreamB / scale, what, scale);
+  const std::int64_t c_int = grid_constant(kUpstreamC / (scale * scale), what, scale);
+  const __int128 q_l = static_cast<__int128>(r + b_int) * r + c_int;  // |factors| < 2^32: fits 128 bits
+  if (q_l > kInt32Max) int32_overflow(what, scale);
+  const std::int64_t exp_int = std::max<std::int64_t>(static_cast<std::int64_t>(q_l), 0) << (kUpstreamN - z);  // z <= 30: exact, < 2^61
   // QuantAct(16): the value exp_int a' S^2 / 2^30 on a symmetric 16-bit grid of step 1 / 32767.
   return std::min<std::int64_t>(requantize_16(exp_int, kUpstreamA * scale * scale * 32767), 32767);
 }
@@ -128,17 +138,9 @@ class IbertMethod final : public SoftmaxModelMethod {
   IbertParams p_;
 };
 
-constexpr std::pair<const char*, IbertExp> kExps[] = {{"paper", IbertExp::paper}, {"upstream", IbertExp::upstream}};
-constexpr std::pair<const char*, IbertNorm> kNorms[] = {{"division", IbertNorm::division},
-                                                        {"factor32", IbertNorm::factor32}};
-constexpr std::pair<const char*, IbertScope> kScopes[] = {{"tensor", IbertScope::tensor}, {"row", IbertScope::row}};
-
-template <class Enum, std::size_t N>
-Enum from_name(const std::pair<const char*, Enum> (&table)[N], const std::string& name) {
-  for (const auto& [n, v] : table)
-    if (name == n) return v;
-  throw std::logic_error("ibert: '" + name + "' is not in the choice table");  // the registry validated it
-}
+constexpr Choice<IbertExp> kExps[] = {{"paper", IbertExp::paper}, {"upstream", IbertExp::upstream}};
+constexpr Choice<IbertNorm> kNorms[] = {{"division", IbertNorm::division}, {"factor32", IbertNorm::factor32}};
+constexpr Choice<IbertScope> kScopes[] = {{"tensor", IbertScope::tensor}, {"row", IbertScope::row}};
 
 }  // namespace
 
@@ -151,14 +153,14 @@ void register_ibert_method(Registry& registry) {
       {"exp", ParamType::choice, "paper",
        "i-exp: paper (Algorithms 1-2: a, b, c = 0.3585, 1.353, 0.344, shift by z) or upstream (official "
        "coefficients, -0.6931, 30-step clamp, 2^30 scaling, QuantAct(16))",
-       {"paper", "upstream"}},
+       choice_names(kExps)},
       {"norm", ParamType::choice, "division",
        "normalisation to M bits: division (floor(q_exp 2^M / sum), the paper's integer division) or factor32 (the "
        "official floor(q_exp floor(2^32 / sum) / 2^(32 - M)))",
-       {"division", "factor32"}},
+       choice_names(kNorms)},
       {"in-bits", ParamType::integer, "12", "integer grid of float logits: S = max|x| / (2^(in-bits - 1) - 1)", {}, 4, 24},
       {"out-bits", ParamType::integer, "8", "output bits M of the normalisation (P = P_int / 2^M)", {}, 1, 16},
-      {"scope", ParamType::choice, "tensor", "S over the whole call or each row", {"tensor", "row"}},
+      {"scope", ParamType::choice, "tensor", "S over the whole call or each row", choice_names(kScopes)},
   };
   e.presets = {{"paper", {{"exp", "paper"}, {"norm", "division"}, {"out-bits", "8"}},
                 "Algorithms 1-2 as printed, integer division to 8 output bits"},
@@ -166,11 +168,11 @@ void register_ibert_method(Registry& registry) {
                 "the official code's i-exp and QuantAct(16) (in exact integers, not its float32 tensors), 8-bit output"}};
   e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
     IbertParams p;
-    p.exp = from_name(kExps, m.choice("exp"));
+    p.exp = choice_value(m, "exp", kExps);
     p.in_bits = static_cast<int>(m.integer("in-bits"));
     p.out_bits = static_cast<int>(m.integer("out-bits"));
-    p.norm = from_name(kNorms, m.choice("norm"));
-    p.scope = from_name(kScopes, m.choice("scope"));
+    p.norm = choice_value(m, "norm", kNorms);
+    p.scope = choice_value(m, "scope", kScopes);
     return std::make_unique<IbertMethod>(p);
   };
   e.overflow = OverflowRule::refuse;
@@ -180,7 +182,9 @@ void register_ibert_method(Registry& registry) {
   e.doc = "docs/methods/ibert.md";
   // The grid S = max|x| / (2^(in-bits-1) - 1) depends on the values; scope=tensor ties rows together; -inf logits
   // stay out of max |x|. P is integer per entry, O = P V in fp64.
-  e.traits = [](const ParamMap& m) { return MethodTraits{false, m.choice("scope") == "row", 1e-12, true, 0}; };
+  e.traits = [](const ParamMap& m) {
+    return MethodTraits{false, choice_value(m, "scope", kScopes) == IbertScope::row, 1e-12, true, 0};
+  };
   registry.add(std::move(e));
 }
 

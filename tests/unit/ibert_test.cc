@@ -95,3 +95,32 @@ TEST_CASE("ibert: float logits, masks and refusals through the registry", "[iber
   CHECK_THROWS_AS(ref::ibert_exp(-1, 0.7, ref::IbertExp::paper), InputError);
   CHECK_THROWS_AS(reg.create("ibert:in-bits=24")->softmax_rows((RowMatrixXd(1, 2) << 1e-3, 0).finished()), InputError);
 }
+
+TEST_CASE("ibert: every grid either fits INT32 or is refused, never overflowing on the way") {
+  // Grids from S = 0.5 down to 1e-300: the constants q_b, q_c (b_int, c_int) pass 2^31, then 2^63 (where a bare
+  // cast would be undefined), and the squares pass 2^63; each call must return a value in the variant's range or
+  // throw InputError. The sanitizer build turns any overflow on the way into a failure.
+  int refused[2] = {0, 0}, computed[2] = {0, 0};
+  for (const auto variant : {ref::IbertExp::paper, ref::IbertExp::upstream}) {
+    const int v = variant == ref::IbertExp::paper ? 0 : 1;
+    for (double scale = 0.5; scale > 1e-300; scale /= 7.3) {
+      for (const std::int64_t q : {std::int64_t{0}, std::int64_t{-1}, std::int64_t{-1000}, std::int64_t{-(1LL << 40)}}) {
+        try {
+          const std::int64_t e = ref::ibert_exp(q, scale, variant);
+          CHECK(e >= 0);
+          CHECK(e <= (variant == ref::IbertExp::paper ? std::int64_t{INT32_MAX} : std::int64_t{32767}));
+          ++computed[v];
+        } catch (const InputError&) {
+          ++refused[v];
+        }
+      }
+    }
+    CAPTURE(v);
+    CHECK(computed[v] > 0);
+    CHECK(refused[v] > 0);
+  }
+  // The largest INT32 value at q = 0, at the first grid where it would not fit: S just below the boundary where
+  // q_b^2 + q_c = 2^31 - 1 (paper) is refused, just above computes.
+  CHECK_THROWS_AS(ref::ibert_exp(0, 2.0e-5, ref::IbertExp::paper), InputError);
+  CHECK_NOTHROW(ref::ibert_exp(0, 4.0e-5, ref::IbertExp::paper));
+}
