@@ -25,6 +25,13 @@ class ExaqMethod final : public SoftmaxModelMethod {
   bool calibrate_;
 };
 
+constexpr Choice<ExaqClip> kClips[] = {{"gauss", ExaqClip::gauss}, {"laplace", ExaqClip::laplace},
+                                       {"optimal", ExaqClip::optimal}, {"fixed", ExaqClip::fixed}, {"none", ExaqClip::none}};
+constexpr Choice<ExaqScope> kScopes[] = {{"tensor", ExaqScope::tensor}, {"row", ExaqScope::row}};
+constexpr Choice<ExaqGrid> kGrids[] = {{"upstream", ExaqGrid::upstream}, {"paper", ExaqGrid::paper}};
+constexpr Choice<bool> kXhat[] = {{"fp", false}, {"bf16", true}};  // x^ rounded to bfloat16
+constexpr Choice<ExaqSum> kSums[] = {{"fp", ExaqSum::fp}, {"q24", ExaqSum::q24_direct}, {"lutsum", ExaqSum::q24_lutsum}};
+
 }  // namespace
 
 void register_exaq_method(Registry& registry) {
@@ -34,14 +41,15 @@ void register_exaq_method(Registry& registry) {
   e.params = {
       {"bits", ParamType::integer, "2", "quantisation bits of x = s - rowmax", {}, 2, 4},
       {"clip", ParamType::choice, "gauss", "clip rule: gauss/laplace (Table 1), optimal (Eq. 14 solver), fixed (c=), none (NAIVE)",
-       {"gauss", "laplace", "optimal", "fixed", "none"}},
+       choice_names(kClips)},
       {"c", ParamType::real, "-4", "the clip for clip=fixed", {}, -1e6, -1e-9},
-      {"sigma", ParamType::choice, "tensor", "scope of sigma and min: the whole call (upstream) or each row", {"tensor", "row"}},
+      {"sigma", ParamType::choice, "tensor", "scope of sigma and min: the whole call (upstream) or each row", choice_names(kScopes)},
       {"grid", ParamType::choice, "upstream", "upstream: [max(min,C), 0] with both ends, RNE; paper: step -C/2^b, midpoints",
-       {"upstream", "paper"}},
-      {"xhat", ParamType::choice, "fp", "x^ before exp: fp, or rounded to bf16 (upstream casts to the model dtype)", {"fp", "bf16"}},
+       choice_names(kGrids)},
+      {"xhat", ParamType::choice, "fp", "x^ before exp: fp, or rounded to bf16 (upstream casts to the model dtype)",
+       choice_names(kXhat)},
       {"sum", ParamType::choice, "fp", "denominator: fp; q24 (fixed-point LUT values); lutsum (q24 via packed LUT_sum)",
-       {"fp", "q24", "lutsum"}},
+       choice_names(kSums)},
       {"calib", ParamType::integer, "0", "calibrate: mean C and min over the first N calls, then frozen (0 = off)", {}, 0, 100000},
   };
   e.presets = {
@@ -53,17 +61,14 @@ void register_exaq_method(Registry& registry) {
   e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
     ExaqParams p;
     p.bits = static_cast<int>(m.integer("bits"));
-    const std::string clip = m.choice("clip");
-    p.clip = clip == "gauss" ? ExaqClip::gauss : clip == "laplace" ? ExaqClip::laplace : clip == "optimal" ? ExaqClip::optimal
-           : clip == "fixed" ? ExaqClip::fixed : ExaqClip::none;
+    p.clip = choice_value(m, "clip", kClips);
     if (p.clip == ExaqClip::laplace && p.bits == 3)
       throw SpecError("method 'exaq': the paper gives Laplace clips for 2 and 4 bits only (bits=3 has none)");
     p.fixed_c = m.real("c");
-    p.scope = m.choice("sigma") == "tensor" ? ExaqScope::tensor : ExaqScope::row;
-    p.grid = m.choice("grid") == "upstream" ? ExaqGrid::upstream : ExaqGrid::paper;
-    p.xhat_bf16 = m.choice("xhat") == "bf16";
-    const std::string sum = m.choice("sum");
-    p.sum = sum == "fp" ? ExaqSum::fp : sum == "q24" ? ExaqSum::q24_direct : ExaqSum::q24_lutsum;
+    p.scope = choice_value(m, "sigma", kScopes);
+    p.grid = choice_value(m, "grid", kGrids);
+    p.xhat_bf16 = choice_value(m, "xhat", kXhat);
+    p.sum = choice_value(m, "sum", kSums);
     const int calib = static_cast<int>(m.integer("calib"));
     if (calib > 0 && p.scope != ExaqScope::tensor) throw SpecError("method 'exaq': calib needs sigma=tensor");
     return std::make_unique<ExaqMethod>(p, calib);
@@ -75,7 +80,7 @@ void register_exaq_method(Registry& registry) {
   // sigma=tensor (and calib) take sigma and min over the whole call: rows then depend on each other, and a masked
   // key's logit still counts in them.
   e.traits = [](const ParamMap& m) {
-    const bool per_row = m.choice("sigma") == "row" && m.integer("calib") == 0;
+    const bool per_row = choice_value(m, "sigma", kScopes) == ExaqScope::row && m.integer("calib") == 0;
     return MethodTraits{false, per_row, 1e-12, per_row, 0};
   };
   registry.add(std::move(e));

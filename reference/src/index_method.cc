@@ -21,6 +21,7 @@ constexpr LutRounding kLut[] = {LutRounding::floor, LutRounding::round};
 constexpr IndexRule kIndex[] = {IndexRule::floor, IndexRule::round, IndexRule::floor_f32, IndexRule::q26_round,
                                 IndexRule::q26_floor};
 constexpr Normalization kNorm[] = {Normalization::floor, Normalization::f32_rne, Normalization::q8_reciprocal};
+constexpr Choice<PFormat> kPFormats[] = {{"u8", PFormat::u8}, {"s8", PFormat::s8}};
 
 template <class Enum, std::size_t N>
 std::vector<std::string> names(const Enum (&all)[N]) {
@@ -63,7 +64,7 @@ std::vector<ParamInfo> index_softmax_param_infos() {
       {"lut", ParamType::choice, "floor", "table entries floor|round(255 exp(-c i / (2^b-1))) (Eq. 13 floor)", names(kLut)},
       {"index", ParamType::choice, "floor", "index of the clipped distance (Eq. 11 floor)", names(kIndex)},
       {"norm", ParamType::choice, "floor", "normalisation of E to P (Eq. 15 floor)", names(kNorm)},
-      {"p", ParamType::choice, "u8", "P format: u8 (x255) or s8 (x127)", {"u8", "s8"}},
+      {"p", ParamType::choice, "u8", "P format: u8 (x255) or s8 (x127)", choice_names(kPFormats)},
   };
 }
 
@@ -88,7 +89,7 @@ IndexSoftmaxParams index_softmax_params(const ParamMap& m) {
     p.lut_rounding = parse_enum(m.choice("lut"), kLut);
     p.index_rule = parse_enum(m.choice("index"), kIndex);
     p.normalization = parse_enum(m.choice("norm"), kNorm);
-    p.p_format = m.choice("p") == "u8" ? PFormat::u8 : PFormat::s8;
+    p.p_format = choice_value(m, "p", kPFormats);
     if (p.normalization == Normalization::q8_reciprocal && p.p_format != PFormat::u8)
       throw SpecError("norm=q8-reciprocal is defined for p=u8 only (the upstream NEON kernel)");
     return p;

@@ -40,16 +40,20 @@ class IntAttentionMethod final : public PipelineMethod {
   IntAttentionGroups groups_;
 };
 
+constexpr Choice<QuantOnlySoftmax> kQuantOnlySoftmax[] = {{"ref", QuantOnlySoftmax::reference},
+                                                          {"lanes16", QuantOnlySoftmax::lanes16}};
+constexpr Choice<CintEvaluation> kCintEvaluations[] = {{"f64", CintEvaluation::f64}, {"f32", CintEvaluation::f32_upstream}};
+constexpr Choice<bool> kVPerChannel[] = {{"tensor", false}, {"channel", true}};
+
 MethodEntry quant_only_entry() {
   MethodEntry e{"quant-only",
           "Quant-Only INT8 baseline: INT8 Q/K/V, INT32 QK^T, dequantise, fp32 softmax, INT8 P = round(127 p), INT32 PV",
           {{"softmax", ParamType::choice, "ref",
             "fp32 softmax: ref (std::exp, pairwise sum) or lanes16 (the fast path's exp_f32_poly and 16-lane sum)",
-            {"ref", "lanes16"}}},
+            choice_names(kQuantOnlySoftmax)}},
           {},
           [](const ParamMap& m) -> std::unique_ptr<Method> {
-            return std::make_unique<QuantOnlyMethod>(m.choice("softmax") == "lanes16" ? QuantOnlySoftmax::lanes16
-                                                                                      : QuantOnlySoftmax::reference);
+            return std::make_unique<QuantOnlyMethod>(choice_value(m, "softmax", kQuantOnlySoftmax));
           }};
   e.overflow = OverflowRule::refuse;
   e.overflow_note = "INT32 Q K^T dequantised to float32 logits; an entry beyond 3.4e38 is refused";
@@ -68,20 +72,21 @@ MethodEntry intattention_entry() {
   e.params = index_softmax_param_infos();
   e.params.push_back({"cint-eval", ParamType::choice, "f64",
                       "c_int evaluated as c/(sQ sK scale) in double, or ((c/sQ)/sK)/scale in float32 (upstream sim)",
-                      {"f64", "f32"}});
+                      choice_names(kCintEvaluations)});
   e.params.push_back({"q-group", ParamType::integer, "0",
                       "Q scale per group of this many query rows, each with its own c_int (1 = per token, 0 = per tensor)",
                       {}, 0, 1e15});
-  e.params.push_back({"v-group", ParamType::choice, "tensor", "V scale per tensor or per channel", {"tensor", "channel"}});
+  e.params.push_back({"v-group", ParamType::choice, "tensor", "V scale per tensor or per channel",
+                      choice_names(kVPerChannel)});
   e.presets = index_softmax_presets();
   for (PresetInfo& p : e.presets)
     if (p.name == "upstream-sim") p.values["cint-eval"] = "f32";
   e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
     IntAttentionGroups g;
     g.q_rows = m.integer("q-group");
-    g.v_per_channel = m.choice("v-group") == "channel";
+    g.v_per_channel = choice_value(m, "v-group", kVPerChannel);
     return std::make_unique<IntAttentionMethod>(
-        index_softmax_params(m), m.choice("cint-eval") == "f32" ? CintEvaluation::f32_upstream : CintEvaluation::f64, g);
+        index_softmax_params(m), choice_value(m, "cint-eval", kCintEvaluations), g);
   };
   e.overflow = OverflowRule::refuse;
   e.overflow_note = "INT8 Q/K/V and INT32 Q K^T (exact); only the logit scale alpha = s_Q s_K scale (float64, or c / alpha in float32 with cint-eval=f32, as in @upstream-sim) can leave its format, and is then refused";

@@ -21,6 +21,15 @@ class Sage2Method final : public Method {
   Sage2Params p_;
 };
 
+constexpr Choice<SageGranularity> kGranularities[] = {{"tensor", SageGranularity::tensor}, {"block", SageGranularity::block},
+                                                     {"warp", SageGranularity::warp}, {"thread", SageGranularity::thread},
+                                                     {"token", SageGranularity::token}};
+constexpr Choice<SageRounding> kRoundings[] = {{"away", SageRounding::half_away}, {"even", SageRounding::half_even}};
+constexpr Choice<SagePFormat> kPFormats[] = {{"e4m3", SagePFormat::e4m3}, {"e5m2", SagePFormat::e5m2},
+                                            {"int8", SagePFormat::int8}, {"fp16", SagePFormat::fp16}};
+constexpr Choice<SageAccumulation> kAccumulations[] = {{"two-level", SageAccumulation::two_level_fp22},
+                                                      {"fp22", SageAccumulation::fp22}, {"fp32", SageAccumulation::fp32}};
+
 }  // namespace
 
 void register_sage2_method(Registry& registry) {
@@ -31,12 +40,13 @@ void register_sage2_method(Registry& registry) {
       {"smooth-k", ParamType::boolean, "true", "subtract the token mean of K (softmax-invariant)"},
       {"smooth-q", ParamType::boolean, "false", "subtract each Q block's mean, add Delta S = mean(Q) K^T back"},
       {"smooth-v", ParamType::boolean, "false", "subtract the token mean of V, add it to O"},
-      {"gran", ParamType::choice, "thread", "Q/K scale groups", {"tensor", "block", "warp", "thread", "token"}},
+      {"gran", ParamType::choice, "thread", "Q/K scale groups", choice_names(kGranularities)},
       {"qk", ParamType::integer, "8", "Q/K bits: 4 or 8", {}, 4, 8},
-      {"round", ParamType::choice, "away", "Q/K rounding: away (upstream Triton) or even (upstream CUDA)", {"away", "even"}},
-      {"p", ParamType::choice, "e4m3", "P~ and V format", {"e4m3", "e5m2", "int8", "fp16"}},
+      {"round", ParamType::choice, "away", "Q/K rounding: away (upstream Triton) or even (upstream CUDA)",
+       choice_names(kRoundings)},
+      {"p", ParamType::choice, "e4m3", "P~ and V format", choice_names(kPFormats)},
       {"acc", ParamType::choice, "two-level", "PV accumulation: two-level FP22, single FP22, or fp32",
-       {"two-level", "fp22", "fp32"}},
+       choice_names(kAccumulations)},
   };
   e.presets = {
       {"8b", {{"smooth-k", "true"}, {"smooth-q", "false"}, {"gran", "thread"}, {"qk", "8"}, {"p", "e4m3"}, {"acc", "two-level"}},
@@ -49,16 +59,12 @@ void register_sage2_method(Registry& registry) {
     p.smooth_k = m.boolean("smooth-k");
     p.smooth_q = m.boolean("smooth-q");
     p.smooth_v = m.boolean("smooth-v");
-    const std::string g = m.choice("gran");
-    p.granularity = g == "tensor" ? SageGranularity::tensor : g == "block" ? SageGranularity::block
-                  : g == "warp" ? SageGranularity::warp : g == "thread" ? SageGranularity::thread : SageGranularity::token;
+    p.granularity = choice_value(m, "gran", kGranularities);
     p.qk_bits = static_cast<int>(m.integer("qk"));
     if (p.qk_bits != 4 && p.qk_bits != 8) throw SpecError("method 'sage2': qk must be 4 or 8");
-    p.rounding = m.choice("round") == "away" ? SageRounding::half_away : SageRounding::half_even;
-    const std::string f = m.choice("p");
-    p.p_format = f == "e4m3" ? SagePFormat::e4m3 : f == "e5m2" ? SagePFormat::e5m2 : f == "int8" ? SagePFormat::int8 : SagePFormat::fp16;
-    const std::string a = m.choice("acc");
-    p.accumulation = a == "two-level" ? SageAccumulation::two_level_fp22 : a == "fp22" ? SageAccumulation::fp22 : SageAccumulation::fp32;
+    p.rounding = choice_value(m, "round", kRoundings);
+    p.p_format = choice_value(m, "p", kPFormats);
+    p.accumulation = choice_value(m, "acc", kAccumulations);
     return std::make_unique<Sage2Method>(p);
   };
   e.overflow = OverflowRule::refuse;
@@ -67,7 +73,7 @@ void register_sage2_method(Registry& registry) {
   e.doc = "docs/pipelines/sage2.md";
   // K's scale groups follow the token order (per block, warp, thread): reordering keys regroups them.
   e.traits = [](const ParamMap& m) {
-    const double v = m.choice("p") == "fp16" ? 16 : 8;  // K in INT8 or INT4, V in the P~/V format
+    const double v = choice_value(m, "p", kPFormats) == SagePFormat::fp16 ? 16 : 8;  // K INT8/INT4, V in the P~/V format
     return MethodTraits{false, false, std::nullopt, false, (static_cast<double>(m.integer("qk")) + v) / 2};
   };
   registry.add(std::move(e));

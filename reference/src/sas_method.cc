@@ -14,6 +14,9 @@ class SasMethod final : public SoftmaxModelMethod {
   SasParams p_;
 };
 
+enum class SasPoly { paper, lsq };
+constexpr Choice<SasPoly> kPolys[] = {{"paper", SasPoly::paper}, {"lsq", SasPoly::lsq}};
+
 }  // namespace
 
 void register_sas_method(Registry& registry) {
@@ -23,7 +26,7 @@ void register_sas_method(Registry& registry) {
   e.params = {
       {"nr", ParamType::real, "-6", "sparsity threshold n_r < 0 (paper setup -6; its text also mentions -5)", {}, -64, -1e-3},
       {"poly", ParamType::choice, "paper", "cubic: paper (Eq. 15 coefficients) or lsq (continuous least-squares refit)",
-       {"paper", "lsq"}},
+       choice_names(kPolys)},
       {"half", ParamType::boolean, "false", "emulate binary16 LUT, POLY (Horner) and product, as the paper runs them"},
   };
   e.presets = {{"paper", {{"nr", "-6"}, {"poly", "paper"}, {"half", "true"}},
@@ -31,7 +34,7 @@ void register_sas_method(Registry& registry) {
   e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
     SasParams p;
     p.n_r = m.real("nr");
-    p.poly = m.choice("poly") == "paper" ? kSasPaperPoly : sas_lsq_poly();
+    p.poly = choice_value(m, "poly", kPolys) == SasPoly::paper ? kSasPaperPoly : sas_lsq_poly();
     p.half = m.boolean("half");
     return std::make_unique<SasMethod>(p);
   };

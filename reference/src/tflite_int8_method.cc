@@ -246,17 +246,10 @@ class TfliteInt8Method final : public SoftmaxModelMethod {
   tflite::Int8SoftmaxParams p_;
 };
 
-constexpr std::pair<const char*, tflite::Calibration> kCalibrations[] = {
+constexpr Choice<tflite::Calibration> kCalibrations[] = {
     {"minmax", tflite::Calibration::minmax}, {"absmax", tflite::Calibration::absmax}, {"fixed", tflite::Calibration::fixed}};
-constexpr std::pair<const char*, tflite::CalibrationScope> kScopes[] = {{"tensor", tflite::CalibrationScope::tensor},
-                                                                       {"row", tflite::CalibrationScope::row}};
-
-template <class Enum, std::size_t N>
-Enum from_name(const std::pair<const char*, Enum> (&table)[N], const std::string& name) {
-  for (const auto& [n, v] : table)
-    if (name == n) return v;
-  throw std::logic_error("tflite-int8: '" + name + "' is not in the choice table");  // the registry validated it
-}
+constexpr Choice<tflite::CalibrationScope> kScopes[] = {{"tensor", tflite::CalibrationScope::tensor},
+                                                        {"row", tflite::CalibrationScope::row}};
 
 }  // namespace
 
@@ -268,9 +261,9 @@ void register_tflite_int8_method(Registry& registry) {
   e.params = {
       {"calib", ParamType::choice, "minmax",
        "input int8 quantisation: minmax (asymmetric, TFLite activations), absmax (symmetric), fixed (scale s)",
-       {"minmax", "absmax", "fixed"}},
+       choice_names(kCalibrations)},
       {"scope", ParamType::choice, "tensor", "range taken over the whole call (a calibrated model) or each row",
-       {"tensor", "row"}},
+       choice_names(kScopes)},
       {"s", ParamType::real, "0.0625", "input scale for calib=fixed", {}, 1e-6, 1e6},
       {"beta", ParamType::real, "1", "softmax beta (TFLite SoftmaxOptions)", {}, 1e-6, 1e6},
   };
@@ -280,8 +273,8 @@ void register_tflite_int8_method(Registry& registry) {
                 "the int8 kernel alone: each row quantised symmetrically to its own max |x|"}};
   e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
     tflite::Int8SoftmaxParams p;
-    p.calibration = from_name(kCalibrations, m.choice("calib"));
-    p.scope = from_name(kScopes, m.choice("scope"));
+    p.calibration = choice_value(m, "calib", kCalibrations);
+    p.scope = choice_value(m, "scope", kScopes);
     p.fixed_scale = m.real("s");
     p.beta = m.real("beta");
     return std::make_unique<TfliteInt8Method>(p);
@@ -294,7 +287,8 @@ void register_tflite_int8_method(Registry& registry) {
   // The int8 grid depends on the values (a shift moves them across it); a tensor-wide range ties rows together and
   // masked entries (-inf) stay out of it. P is integer per entry, O = P V in fp64.
   e.traits = [](const ParamMap& m) {
-    const bool per_row = m.choice("scope") == "row" || m.choice("calib") == "fixed";
+    const bool per_row = choice_value(m, "scope", kScopes) == tflite::CalibrationScope::row ||
+                         choice_value(m, "calib", kCalibrations) == tflite::Calibration::fixed;
     return MethodTraits{false, per_row, 1e-12, true, 0};
   };
   registry.add(std::move(e));

@@ -26,6 +26,12 @@ class TurboMethod final : public Method {
   TurboParams p_;
 };
 
+enum class SasPoly { paper, lsq };
+constexpr Choice<SasPoly> kPolys[] = {{"paper", SasPoly::paper}, {"lsq", SasPoly::lsq}};
+constexpr Choice<bool> kExactExp[] = {{"sas", false}, {"exact", true}};
+constexpr Choice<TurboMode> kModes[] = {{"prefill", TurboMode::prefill}, {"decode", TurboMode::decode}};
+constexpr Choice<IntScaleRounding> kZscales[] = {{"round", IntScaleRounding::round}, {"ceil", IntScaleRounding::ceil}};
+
 }  // namespace
 
 void register_turbo_method(Registry& registry) {
@@ -36,19 +42,19 @@ void register_turbo_method(Registry& registry) {
       {"br", ParamType::integer, "64", "query block rows B_r (prefill)", {}, 1, 1 << 20},
       {"bc", ParamType::integer, "64", "key/value block rows B_c", {}, 1, 1 << 20},
       {"nr", ParamType::real, "-6", "SAS sparsity threshold n_r < 0", {}, -64, -1e-3},
-      {"poly", ParamType::choice, "paper", "SAS cubic: paper (Eq. 15) or lsq (least-squares refit)", {"paper", "lsq"}},
+      {"poly", ParamType::choice, "paper", "SAS cubic: paper (Eq. 15) or lsq (least-squares refit)", choice_names(kPolys)},
       {"half", ParamType::boolean, "false", "SAS in emulated binary16 (LUT, POLY, product)"},
       {"exp", ParamType::choice, "sas", "exponential of P~ and of the rescale: sas, or exact e^x (FlashQ error alone)",
-       {"sas", "exact"}},
+       choice_names(kExactExp)},
       {"mode", ParamType::choice, "prefill", "prefill (Algorithm 1) or decode (Algorithm 2: each query a decode step)",
-       {"prefill", "decode"}},
+       choice_names(kModes)},
       {"kv", ParamType::integer, "4", "decode KV cache bits: 8 (INT8 kept), 4 or 2", {}, 2, 8},
       {"nh", ParamType::integer, "0", "heads of a layer whose KV cache takes 2 bits (lowest priority gap x std)", {}, 0, 1 << 20},
       {"nb", ParamType::integer, "64", "decode buffer n_b: tokens kept in INT8 before compression", {}, 1, 1 << 20},
       {"prefill-len", ParamType::integer, "-1", "decode: keys that came through prefill; -1 = min(L, B_c max(1, L / 2B_c))",
        {}, -1, 1e15},
       {"zscale", ParamType::choice, "round", "integer scale of the INT4/INT2 step: round (Eq. 9 as printed) or ceil",
-       {"round", "ceil"}},
+       choice_names(kZscales)},
   };
   e.presets = {
       {"paper", {{"half", "true"}, {"poly", "paper"}, {"nr", "-6"}, {"exp", "sas"}},
@@ -61,17 +67,17 @@ void register_turbo_method(Registry& registry) {
     p.block_r = m.integer("br");
     p.block_c = m.integer("bc");
     p.sas.n_r = m.real("nr");
-    p.sas.poly = m.choice("poly") == "paper" ? kSasPaperPoly : sas_lsq_poly();
+    p.sas.poly = choice_value(m, "poly", kPolys) == SasPoly::paper ? kSasPaperPoly : sas_lsq_poly();
     p.sas.half = m.boolean("half");
-    p.exact_exp = m.choice("exp") == "exact";
-    p.mode = m.choice("mode") == "decode" ? TurboMode::decode : TurboMode::prefill;
+    p.exact_exp = choice_value(m, "exp", kExactExp);
+    p.mode = choice_value(m, "mode", kModes);
     p.kv_bits = static_cast<int>(m.integer("kv"));
     if (p.kv_bits != 8 && p.kv_bits != 4 && p.kv_bits != 2) throw SpecError("method 'turbo': kv must be 8, 4 or 2");
     p.heads_2bit = static_cast<int>(m.integer("nh"));
     p.buffer = m.integer("nb");
     p.prefill_len = m.integer("prefill-len");
     if (p.prefill_len == 0) throw SpecError("method 'turbo': prefill-len must be >= 1 or -1 (auto)");
-    p.int_scale = m.choice("zscale") == "ceil" ? IntScaleRounding::ceil : IntScaleRounding::round;
+    p.int_scale = choice_value(m, "zscale", kZscales);
     return std::make_unique<TurboMethod>(p);
   };
   e.overflow = OverflowRule::refuse;
@@ -82,7 +88,7 @@ void register_turbo_method(Registry& registry) {
   // decode in the compressed cache.
   e.traits = [](const ParamMap& m) {
     return MethodTraits{false, false, std::nullopt, false,
-                        m.choice("mode") == "decode" ? static_cast<double>(m.integer("kv")) : 8};
+                        choice_value(m, "mode", kModes) == TurboMode::decode ? static_cast<double>(m.integer("kv")) : 8};
   };
   registry.add(std::move(e));
 }

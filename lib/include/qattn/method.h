@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -66,6 +67,29 @@ class ParamMap {
   const std::string& raw(const std::string& key) const;
   std::map<std::string, std::string> values_;
 };
+
+// A choice parameter that selects an enum value: one name table per mode, listing the names in the order
+// `qattn methods` shows them. ParamInfo::choices is built from the table (choice_names), so the registry validates
+// the text against it; choice_value then maps the validated text back (a name missing from the table would be a
+// programming error: std::logic_error).
+template <class Enum>
+struct Choice {
+  const char* name;
+  Enum value;
+};
+template <class Enum, std::size_t N>
+std::vector<std::string> choice_names(const Choice<Enum> (&table)[N]) {
+  std::vector<std::string> names;
+  for (const Choice<Enum>& c : table) names.emplace_back(c.name);
+  return names;
+}
+template <class Enum, std::size_t N>
+Enum choice_value(const ParamMap& params, const std::string& key, const Choice<Enum> (&table)[N]) {
+  const std::string& text = params.choice(key);
+  for (const Choice<Enum>& c : table)
+    if (text == c.name) return c.value;
+  throw std::logic_error("choice '" + key + "=" + text + "' is not in its name table");
+}
 
 // Integer logits a with real logits alpha * a (INT32 Q K^T). Exactly one of cint / alpha is set: cint is the
 // method's integer clip given directly, alpha lets the method derive its own.
