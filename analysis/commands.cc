@@ -501,157 +501,191 @@ std::string softmax_form_names() {
   return s;
 }
 
+// What `qattn analyze` runs, resolved and validated from its options before any tensor is read.
+struct AnalyzePlan {
+  bool softmax = false;  // softmax-only analysis of dumped logits
+  SoftmaxReference reference = SoftmaxReference::fp64;
+  std::vector<std::string> specs;  // as given (or the registry's defaults), one per method
+  std::vector<std::unique_ptr<Method>> methods;
+  std::unique_ptr<ref::KvQuantizer> kv;
+  std::unique_ptr<ref::WeightQuantizer> wq;
+  std::string tensors;  // the source named in the report
+};
+
+// Resolves the methods (the registry's defaults when none is given: every method, or its softmax models for a
+// softmax-only run), the KV and weight quantizers; SpecError for a combination that has no meaning.
+AnalyzePlan plan_analyze(const AnalyzeOptions& o) {
+  AnalyzePlan plan;
+  plan.softmax = o.softmax_only || !o.logits.empty();
+  plan.reference = parse_softmax_reference(o.reference);
+  plan.tensors = !o.q.empty() ? o.q : !o.logits.empty() ? o.logits : o.tensors;
+  std::vector<std::string> specs = o.specs;
+  const bool defaults = specs.empty();
+  if (defaults)
+    for (const auto& e : registry().entries())
+      if (!e.reference || plan.reference == SoftmaxReference::exact) specs.push_back(e.name);
+  for (const auto& s : specs) {
+    auto m = make_method(s);
+    if (plan.softmax && !registry().find(parse_method_spec(s).name)->has_softmax_form()) {
+      if (defaults) continue;  // the default list holds the softmax models only
+      throw SpecError("--method " + s + ": an attention pipeline has no softmax-only form; use a softmax model (" +
+                      softmax_form_names() + ")");
+    }
+    plan.methods.push_back(std::move(m));
+    plan.specs.push_back(s);
+  }
+  if (!o.kv.empty()) {
+    if (plan.softmax) throw SpecError("--kv quantizes K and V: it needs attention, not softmax-only analysis");
+    try {
+      plan.kv = ref::kv_registry().create(o.kv);
+    } catch (const SpecError& e) {
+      throw SpecError(std::string("--kv: ") + e.what());
+    }
+  }
+  if (!o.weights.empty()) {
+    if (plan.softmax || !o.q.empty())
+      throw SpecError("--weights re-projects Q, K and V from a dump's attention input: it needs --tensors DIR and "
+                      "attention, not --q/--k/--v or softmax-only analysis");
+    try {
+      plan.wq = ref::weight_registry().create(o.weights);
+    } catch (const SpecError& e) {
+      throw SpecError(std::string("--weights: ") + e.what());
+    }
+  }
+  return plan;
+}
+
+// Every method over the dump, per head in (layer, head) order and each method in the order given; progress on
+// stderr at a terminal or once a run passes 2 s.
+std::vector<HeadResult> evaluate_plan(const std::vector<DumpLayer>& dump, const AnalyzePlan& plan) {
+  const auto start = std::chrono::steady_clock::now();
+  const bool progress = isatty(STDERR_FILENO);
+  std::vector<HeadResult> results;
+  for (std::size_t m = 0; m < plan.methods.size(); ++m) {
+    std::vector<HeadResult> r = evaluate(dump, *plan.methods[m], plan.specs[m], plan.kv.get());
+    results.insert(results.end(), r.begin(), r.end());
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (progress || elapsed > 2.0)
+      std::cerr << "qattn analyze: [" << m + 1 << "/" << plan.methods.size() << " methods] " << plan.specs[m]
+                << " done (" << static_cast<int>(elapsed) << " s)\n";
+  }
+  std::stable_sort(results.begin(), results.end(), [](const HeadResult& a, const HeadResult& b) {
+    return std::make_pair(a.layer, a.head) < std::make_pair(b.layer, b.head);
+  });
+  return results;
+}
+
+// One method's summary rows: the seven metrics' mean and worst over heads, with P max abs and bias (mean over
+// heads; worst = the largest |value|) and the mean K/V bits.
+struct MethodSummary {
+  Summary metrics;
+  double k_bits = 0, v_bits = 0, max_abs_mean = 0, max_abs_worst = 0, bias_mean = 0, bias_worst = 0;
+  const HeadResult* first_nonfinite = nullptr;  // a head whose output is not finite (its metrics NaN), if any
+};
+
+MethodSummary summarise_method(const std::vector<HeadResult>& mine) {
+  MethodSummary s;
+  s.metrics = summarise(mine);
+  const double n = static_cast<double>(mine.size());
+  for (const auto& r : mine) {
+    s.k_bits += r.k_bits / n;
+    s.v_bits += r.v_bits / n;
+    s.max_abs_mean += r.p.max_abs / n;
+    s.bias_mean += r.p.bias / n;
+    s.max_abs_worst = std::isnan(s.max_abs_worst) || std::isnan(r.p.max_abs) ? NAN : std::max(s.max_abs_worst, r.p.max_abs);
+    if (!(std::fabs(r.p.bias) <= std::fabs(s.bias_worst))) s.bias_worst = r.p.bias;
+    if (!s.first_nonfinite && (r.o.nonfinite > 0 || r.p.nonfinite > 0)) s.first_nonfinite = &r;
+  }
+  return s;
+}
+
+// The sentence above the table: what was compared with what, on which tensors.
+std::string describe_analysis(const AnalyzePlan& plan, const AnalyzeOptions& o, std::size_t n_heads) {
+  const std::string heads = std::to_string(n_heads) + " heads";
+  if (plan.softmax)
+    return "Softmax error vs the " +
+           std::string(plan.reference == SoftmaxReference::exact ? "exact (50-digit)" : "fp64") +
+           " softmax of the dumped logits on " + plan.tensors + " (" + heads +
+           "; P flattened over all batch entries of a head; bias = mean signed error; worst = min CosSim, max error, "
+           "largest |bias| over heads)";
+  std::string what = "Attention error vs the fp64 reference on " + plan.tensors;
+  if (plan.kv)
+    what += ", K and V through the KV quantizer " + ref::kv_registry().canonical(o.kv) +
+            " (bits per element include scales and zero points)";
+  if (plan.wq)
+    what += ", Q, K and V projected from layer{L}_attn_input with weights quantized by " +
+            ref::weight_registry().canonical(o.weights) +
+            " (calibrated on the same inputs; reference: fp64 attention of the unquantized projections)";
+  return what + " (" + heads +
+         "; O = softmax(scale QK^T)V, scale 1/sqrt(d) unless manifest.json sets it; O and P flattened over all batch "
+         "entries of a head; bias = mean signed error; worst = min CosSim, max error, largest |bias| over heads)";
+}
+
 void run_analyze(const AnalyzeOptions& o) {
   const bool explicit_files = !o.q.empty() || !o.logits.empty();
   require_distinct_files({{"--tensors", explicit_files ? "" : o.tensors}, {"--q", o.q}, {"--k", o.k}, {"--v", o.v},
                           {"--logits", o.logits}},
                          {{"--out", o.out}});
-  const bool softmax = o.softmax_only || !o.logits.empty();
-  const SoftmaxReference ref_kind = parse_softmax_reference(o.reference);
-  std::vector<std::string> specs = o.specs;
-  const bool defaults = specs.empty();
-  if (defaults)
-    for (const auto& e : registry().entries())
-      if (!e.reference || ref_kind == SoftmaxReference::exact) specs.push_back(e.name);
-  std::vector<std::unique_ptr<Method>> methods;
-  std::vector<std::string> kept;
-  for (const auto& s : specs) {
-    auto m = make_method(s);
-    if (softmax && !registry().find(parse_method_spec(s).name)->has_softmax_form()) {
-      if (defaults) continue;  // the default list holds the softmax models only
-      throw SpecError("--method " + s + ": an attention pipeline has no softmax-only form; use a softmax model (" +
-                      softmax_form_names() + ")");
-    }
-    methods.push_back(std::move(m));
-    kept.push_back(s);
-  }
-  specs = kept;
-  std::unique_ptr<ref::KvQuantizer> kv;
-  if (!o.kv.empty()) {
-    if (softmax) throw SpecError("--kv quantizes K and V: it needs attention, not softmax-only analysis");
-    try {
-      kv = ref::kv_registry().create(o.kv);
-    } catch (const SpecError& e) {
-      throw SpecError(std::string("--kv: ") + e.what());
-    }
-  }
-  std::unique_ptr<ref::WeightQuantizer> wq;
-  if (!o.weights.empty()) {
-    if (softmax || !o.q.empty())
-      throw SpecError("--weights re-projects Q, K and V from a dump's attention input: it needs --tensors DIR and "
-                      "attention, not --q/--k/--v or softmax-only analysis");
-    try {
-      wq = ref::weight_registry().create(o.weights);
-    } catch (const SpecError& e) {
-      throw SpecError(std::string("--weights: ") + e.what());
-    }
-  }
-  const std::string& tensors = !o.q.empty() ? o.q : !o.logits.empty() ? o.logits : o.tensors;
-  const auto start = std::chrono::steady_clock::now();
+  const AnalyzePlan plan = plan_analyze(o);
   std::vector<DumpLayer> dump =
       !o.q.empty()        ? load_explicit(o.q, o.k, o.v)
-      : !o.logits.empty() ? load_explicit_logits(o.logits, ref_kind)
-                          : load_dump(o.tensors, softmax ? DumpTarget::softmax : DumpTarget::attention, ref_kind);
-  if (wq) quantize_projections(dump, o.tensors, *wq);
-  const bool progress = isatty(STDERR_FILENO);
-  std::vector<HeadResult> results;
-  for (std::size_t m = 0; m < methods.size(); ++m) {
-    std::vector<HeadResult> r = evaluate(dump, *methods[m], specs[m], kv.get());
-    results.insert(results.end(), r.begin(), r.end());
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (progress || elapsed > 2.0)
-      std::cerr << "qattn analyze: [" << m + 1 << "/" << methods.size() << " methods] " << specs[m] << " done ("
-                << static_cast<int>(elapsed) << " s)\n";
-  }
-  // Per head, in (layer, head) order, each method in the order given.
-  std::stable_sort(results.begin(), results.end(), [](const HeadResult& a, const HeadResult& b) {
-    return std::make_pair(a.layer, a.head) < std::make_pair(b.layer, b.head);
-  });
+      : !o.logits.empty() ? load_explicit_logits(o.logits, plan.reference)
+                          : load_dump(o.tensors, plan.softmax ? DumpTarget::softmax : DumpTarget::attention, plan.reference);
+  if (plan.wq) quantize_projections(dump, o.tensors, *plan.wq);
+  const std::vector<HeadResult> results = evaluate_plan(dump, plan);
 
-  // Aggregates per method: mean of each metric over heads, and the worst head for each metric.
-  // P max abs and bias: mean over heads; worst = the largest |value|.
   Table t{{"layer", "head", "method", "O CosSim", "O rel L1", "O RMSE", "P CosSim", "P rel L1", "P RMSE", "P max abs",
            "P bias", "P KL"},
           {}};
-  if (softmax) t.header.erase(t.header.begin() + 3, t.header.begin() + 6);
-  if (kv) t.header.insert(t.header.begin() + 3, {"K bits", "V bits"});
-  const std::string ref_name = softmax_reference_name(softmax ? ref_kind : SoftmaxReference::fp64);
-  json j = {{"tensors", tensors},
-            {"target", softmax ? "softmax" : "attention"},
-            {"reference", ref_name},
-            {"kv", kv ? json(ref::kv_registry().canonical(o.kv)) : json(nullptr)},
-            {"weights", wq ? json(ref::weight_registry().canonical(o.weights)) : json(nullptr)},
-            {"heads", json::array()},
-            {"summary", json::array()}};
-  auto row = [&](const std::string& l, const std::string& h, const std::string& m, double kb, double vb, double oc,
-                 double ol, double orm, double pc, double pl, double prm, double pmax, double pbias, double kl) {
-    std::vector<std::string> cells = {l, h, m, fmt_sim(oc), fmt_err(ol), fmt_err(orm), fmt_sim(pc), fmt_err(pl),
-                                      fmt_err(prm), fmt_err(pmax), fmt_err(pbias), fmt_err(kl)};
-    if (softmax) cells.erase(cells.begin() + 3, cells.begin() + 6);
-    if (kv) cells.insert(cells.begin() + 3, {fmt_bits(kb), fmt_bits(vb)});
+  if (plan.softmax) t.header.erase(t.header.begin() + 3, t.header.begin() + 6);
+  if (plan.kv) t.header.insert(t.header.begin() + 3, {"K bits", "V bits"});
+  auto row = [&](const std::string& l, const std::string& h, const std::string& m, double k_bits, double v_bits,
+                 const Metrics& v, double p_max_abs, double p_bias) {
+    std::vector<std::string> cells = {l, h, m, fmt_sim(v.o_cossim), fmt_err(v.o_rel_l1), fmt_err(v.o_rmse),
+                                      fmt_sim(v.p_cossim), fmt_err(v.p_rel_l1), fmt_err(v.p_rmse), fmt_err(p_max_abs),
+                                      fmt_err(p_bias), fmt_err(v.p_kl)};
+    if (plan.softmax) cells.erase(cells.begin() + 3, cells.begin() + 6);
+    if (plan.kv) cells.insert(cells.begin() + 3, {fmt_bits(k_bits), fmt_bits(v_bits)});
     t.rows.push_back(std::move(cells));
   };
+  json j = {{"tensors", plan.tensors},
+            {"target", plan.softmax ? "softmax" : "attention"},
+            {"reference", softmax_reference_name(plan.softmax ? plan.reference : SoftmaxReference::fp64)},
+            {"kv", plan.kv ? json(ref::kv_registry().canonical(o.kv)) : json(nullptr)},
+            {"weights", plan.wq ? json(ref::weight_registry().canonical(o.weights)) : json(nullptr)},
+            {"heads", json::array()},
+            {"summary", json::array()}};
   for (const auto& r : results) {
-    row(std::to_string(r.layer), std::to_string(r.head), r.method, r.k_bits, r.v_bits, r.o.cossim, r.o.rel_l1, r.o.rmse, r.p.cossim,
-        r.p.rel_l1, r.p.rmse, r.p.max_abs, r.p.bias, r.kl.mean);
+    row(std::to_string(r.layer), std::to_string(r.head), r.method, r.k_bits, r.v_bits, metric_values(r), r.p.max_abs,
+        r.p.bias);
     j["heads"].push_back({{"layer", r.layer}, {"head", r.head}, {"method", r.method}, {"O", stats_json(r.o)},
                           {"P", stats_json(r.p)}, {"P_kl_mean", r.kl.mean}, {"P_kl_max", r.kl.max},
                           {"K_bits", r.k_bits}, {"V_bits", r.v_bits}});
   }
   const std::size_t summary_start = t.rows.size();
-  for (const auto& spec : specs) {
+  for (const auto& spec : plan.specs) {
     std::vector<HeadResult> mine;
     for (const auto& r : results)
       if (r.method == spec) mine.push_back(r);
-    const Summary sm = summarise(mine);
-    const auto& s = sm.mean;
-    const auto& w = sm.worst;
-    double max_mean = 0, max_worst = 0, bias_mean = 0, bias_worst = 0, kb = 0, vb = 0;
-    for (const auto& r : mine) {
-      kb += r.k_bits / static_cast<double>(mine.size());
-      vb += r.v_bits / static_cast<double>(mine.size());
-      max_mean += r.p.max_abs / static_cast<double>(mine.size());
-      bias_mean += r.p.bias / static_cast<double>(mine.size());
-      max_worst = std::isnan(max_worst) || std::isnan(r.p.max_abs) ? NAN : std::max(max_worst, r.p.max_abs);
-      if (!(std::fabs(r.p.bias) <= std::fabs(bias_worst))) bias_worst = r.p.bias;
-    }
-    // A head whose output is not finite makes the mean and worst NaN; the worst row names the first such head.
+    const MethodSummary s = summarise_method(mine);
     std::string worst_label = "worst";
     json nonfinite_head = nullptr;
-    for (const auto& r : mine)
-      if (r.o.nonfinite > 0 || r.p.nonfinite > 0) {
-        worst_label = "worst (NaN: layer " + std::to_string(r.layer) + " head " + std::to_string(r.head) + ")";
-        nonfinite_head = {{"layer", r.layer}, {"head", r.head}};
-        std::cerr << "qattn analyze: " << spec << " gives a non-finite output on layer " << r.layer << " head " << r.head
-                  << " (its metrics are NaN; see docs/non-finite.md)\n";
-        break;
-      }
-    row("all", "mean", spec, kb, vb, s[0], s[1], s[2], s[3], s[4], s[5], max_mean, bias_mean, s[6]);
-    row("all", worst_label, spec, kb, vb, w[0], w[1], w[2], w[3], w[4], w[5], max_worst, bias_worst, w[6]);
+    if (const HeadResult* r = s.first_nonfinite) {  // its NaN makes the mean and worst NaN; the worst row names it
+      worst_label = "worst (NaN: layer " + std::to_string(r->layer) + " head " + std::to_string(r->head) + ")";
+      nonfinite_head = {{"layer", r->layer}, {"head", r->head}};
+      std::cerr << "qattn analyze: " << spec << " gives a non-finite output on layer " << r->layer << " head "
+                << r->head << " (its metrics are NaN; see docs/non-finite.md)\n";
+    }
+    row("all", "mean", spec, s.k_bits, s.v_bits, s.metrics.mean, s.max_abs_mean, s.bias_mean);
+    row("all", worst_label, spec, s.k_bits, s.v_bits, s.metrics.worst, s.max_abs_worst, s.bias_worst);
     json mean, worst;
-    for (int i = 0; i < 7; ++i) mean[kMetricNames[i]] = s[i], worst[kMetricNames[i]] = w[i];
+    for (const MetricInfo& m : kMetrics) mean[m.name] = s.metrics.mean[m.metric], worst[m.name] = s.metrics.worst[m.metric];
     j["summary"].push_back({{"method", spec}, {"canonical", registry().canonical(parse_method_spec(spec))},
                             {"mean", mean}, {"worst", worst}, {"first_nonfinite_head", nonfinite_head}});
   }
   std::size_t n_heads = 0;
   for (const DumpLayer& l : dump) n_heads += l.heads.size();
-  const std::string what =
-      softmax ? "Softmax error vs the " + std::string(ref_kind == SoftmaxReference::exact ? "exact (50-digit)" : "fp64") +
-                    " softmax of the dumped logits on " + tensors + " (" + std::to_string(n_heads) +
-                    " heads; P flattened over all batch entries of a head; bias = mean signed error; worst = min "
-                    "CosSim, max error, largest |bias| over heads)"
-              : "Attention error vs the fp64 reference on " + tensors +
-                    (kv ? ", K and V through the KV quantizer " + ref::kv_registry().canonical(o.kv) +
-                              " (bits per element include scales and zero points)"
-                        : std::string()) +
-                    (wq ? ", Q, K and V projected from layer{L}_attn_input with weights quantized by " +
-                              ref::weight_registry().canonical(o.weights) +
-                              " (calibrated on the same inputs; reference: fp64 attention of the unquantized projections)"
-                        : std::string()) +
-                    " (" + std::to_string(n_heads) +
-                    " heads; O = softmax(scale QK^T)V, scale 1/sqrt(d) unless manifest.json sets it; O and P "
-                    "flattened over all batch entries of a head; bias = mean signed error; worst = min CosSim, max "
-                    "error, largest |bias| over heads)";
+  const std::string what = describe_analysis(plan, o, n_heads);
   std::string text;
   if (o.format == "json") text = j.dump(2) + "\n";
   else if (o.format == "csv") text = t.csv();

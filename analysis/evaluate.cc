@@ -481,25 +481,27 @@ std::vector<HeadResult> evaluate(const std::vector<DumpLayer>& dump, const Metho
   return results;
 }
 
-std::array<double, 7> metric_values(const HeadResult& r) {
+Metrics metric_values(const HeadResult& r) {
   return {r.o.cossim, r.o.rel_l1, r.o.rmse, r.p.cossim, r.p.rel_l1, r.p.rmse, r.kl.mean};
 }
 
 Summary summarise(const std::vector<HeadResult>& results) {
   Summary s;
-  for (int i = 0; i < 7; ++i) s.worst[i] = lower_is_worse(i) ? INFINITY : -INFINITY;
+  for (const MetricInfo& m : kMetrics) s.worst[m.metric] = m.lower_is_worse ? INFINITY : -INFINITY;
   for (std::size_t r = 0; r < results.size(); ++r) {
-    const auto v = metric_values(results[r]);
-    for (int i = 0; i < 7; ++i) {
-      s.mean[i] += v[i];
-      if (std::isnan(s.worst[i])) continue;  // the first NaN head stays the worst
-      if (std::isnan(v[i]) || (lower_is_worse(i) ? v[i] < s.worst[i] : v[i] > s.worst[i])) {
-        s.worst[i] = v[i];
-        s.worst_at[i] = static_cast<int>(r);
+    const Metrics v = metric_values(results[r]);
+    for (const MetricInfo& m : kMetrics) {
+      const double x = v[m.metric];
+      double& worst = s.worst[m.metric];
+      s.mean[m.metric] += x;
+      if (std::isnan(worst)) continue;  // the first NaN head stays the worst
+      if (std::isnan(x) || (m.lower_is_worse ? x < worst : x > worst)) {
+        worst = x;
+        s.worst_at[m.metric] = static_cast<int>(r);
       }
     }
   }
-  for (double& x : s.mean) x /= static_cast<double>(results.size());
+  for (const MetricInfo& m : kMetrics) s.mean[m.metric] /= static_cast<double>(results.size());
   return s;
 }
 

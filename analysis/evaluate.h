@@ -115,17 +115,46 @@ struct HeadResult {
 std::vector<HeadResult> evaluate(const std::vector<DumpLayer>& dump, const Method& method, const std::string& label,
                                  const ref::KvQuantizer* kv = nullptr);
 
-// The seven summary metrics in a fixed order, with which direction is worse.
-inline constexpr std::array<const char*, 7> kMetricNames = {"O_cossim", "O_rel_l1", "O_rmse", "P_cossim",
-                                                           "P_rel_l1", "P_rmse", "P_kl"};
-std::array<double, 7> metric_values(const HeadResult& r);
-inline bool lower_is_worse(int metric) { return metric == 0 || metric == 3; }  // the two CosSims
+// The seven summary metrics. kMetrics lists them in the order tables and JSON show them, with their names and
+// which direction is worse; PerMetric<T> holds one value per metric in named fields.
+enum class Metric { o_cossim, o_rel_l1, o_rmse, p_cossim, p_rel_l1, p_rmse, p_kl };
+struct MetricInfo {
+  Metric metric;
+  const char* name;     // JSON key, `qattn sweep --metric` (with its O_/P_ prefix)
+  bool lower_is_worse;  // the two CosSims
+};
+inline constexpr MetricInfo kMetrics[] = {
+    {Metric::o_cossim, "O_cossim", true},  {Metric::o_rel_l1, "O_rel_l1", false}, {Metric::o_rmse, "O_rmse", false},
+    {Metric::p_cossim, "P_cossim", true},  {Metric::p_rel_l1, "P_rel_l1", false}, {Metric::p_rmse, "P_rmse", false},
+    {Metric::p_kl, "P_kl", false}};
+
+template <class T>
+struct PerMetric {
+  T o_cossim{}, o_rel_l1{}, o_rmse{}, p_cossim{}, p_rel_l1{}, p_rmse{}, p_kl{};
+  T& operator[](Metric m) {
+    switch (m) {
+      case Metric::o_cossim: return o_cossim;
+      case Metric::o_rel_l1: return o_rel_l1;
+      case Metric::o_rmse: return o_rmse;
+      case Metric::p_cossim: return p_cossim;
+      case Metric::p_rel_l1: return p_rel_l1;
+      case Metric::p_rmse: return p_rmse;
+      case Metric::p_kl: return p_kl;
+    }
+    throw std::logic_error("PerMetric: not a metric");
+  }
+  const T& operator[](Metric m) const { return const_cast<PerMetric&>(*this)[m]; }
+};
+using Metrics = PerMetric<double>;
+
+// One head's seven metrics (P ones NaN for methods without P, O ones NaN for a softmax-only dump).
+Metrics metric_values(const HeadResult& r);
 
 // Mean over heads and the worst head of each metric. A NaN metric (a head whose output is not finite) is the worst
 // there is: the mean is NaN too, and worst_at names the first such head.
 struct Summary {
-  std::array<double, 7> mean{}, worst{};
-  std::array<int, 7> worst_at{-1, -1, -1, -1, -1, -1, -1};  // index into the results summarised
+  Metrics mean, worst;
+  PerMetric<int> worst_at{-1, -1, -1, -1, -1, -1, -1};  // index into the results summarised
 };
 Summary summarise(const std::vector<HeadResult>& results);
 

@@ -121,7 +121,7 @@ Sweep2 sweep_bc(const std::vector<DumpLayer>& dump, const std::string& spec, con
     MethodSpec m = parse_method_spec(spec);
     m.overrides.emplace_back("b", s.b[bi]);
     m.overrides.emplace_back("c", s.c[ci]);
-    s.mean[bi][ci] = summarise(evaluate(dump, *make_method(m), spec)).mean[0];
+    s.mean[bi][ci] = summarise(evaluate(dump, *make_method(m), spec)).mean.o_cossim;
   });
   return s;
 }
@@ -217,9 +217,9 @@ std::string run_table8(const Context& ctx) {
     const std::vector<std::string> specs = {"intattention@" + preset + ":p=s8", "intattention@" + preset + ":p=u8"};
     const std::vector<Summary> s = summaries(dump, specs);
     for (int i = 0; i < 2; ++i)
-      t.rows.push_back({"intattention@" + preset, i == 0 ? "INT8 x127" : "UINT8 x255", fmt_sim(s[i].mean[3]),
-                        fmt_err(s[i].mean[4]), fmt_err(s[i].mean[5]), fmt_sim(s[i].mean[0])});
-    ordering = ordering && s[1].mean[3] > s[0].mean[3] && s[1].mean[4] < s[0].mean[4] && s[1].mean[5] < s[0].mean[5];
+      t.rows.push_back({"intattention@" + preset, i == 0 ? "INT8 x127" : "UINT8 x255", fmt_sim(s[i].mean.p_cossim),
+                        fmt_err(s[i].mean.p_rel_l1), fmt_err(s[i].mean.p_rmse), fmt_sim(s[i].mean.o_cossim)});
+    ordering = ordering && s[1].mean.p_cossim > s[0].mean.p_cossim && s[1].mean.p_rel_l1 < s[0].mean.p_rel_l1 && s[1].mean.p_rmse < s[0].mean.p_rmse;
   }
   r << t.markdown() << "\n";
   r << "(upstream-neon is left out: its Q8 reciprocal normalisation exists for UINT8 P only)\n";
@@ -287,7 +287,7 @@ std::string run_leaderboard(const Context& ctx) {
   const std::vector<Summary> s = summaries(dump, canon);
   std::vector<std::size_t> order(canon.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return s[a].mean[0] > s[b].mean[0]; });
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return s[a].mean.o_cossim > s[b].mean.o_cossim; });
   Table t{{"rank", "method", "O CosSim mean", "O CosSim worst", "O rel L1 mean", "O RMSE mean", "P CosSim mean", "P rel L1 mean",
            "K/V bits"},
           {}};
@@ -299,11 +299,11 @@ std::string run_leaderboard(const Context& ctx) {
     const std::size_t i = order[k];
     const double bits = kv_bits(canon[i]);
     const std::string bits_text = bits > 0 ? fixed(bits, 0) : "";
-    t.rows.push_back({std::to_string(k + 1), names[i], fmt_sim(s[i].mean[0]), fmt_sim(s[i].worst[0]), fmt_err(s[i].mean[1]),
-                      fmt_err(s[i].mean[2]), fmt_sim(s[i].mean[3]), fmt_err(s[i].mean[4]), bits > 0 ? bits_text : "fp64"});
-    csv.rows.push_back({names[i], fmt_sim(s[i].mean[0]), fmt_sim(s[i].worst[0]), fmt_err(s[i].mean[1]), fmt_err(s[i].mean[2]),
-                        fmt_sim(s[i].mean[3]), fmt_err(s[i].mean[4]), bits_text, fmt_err(1 - s[i].mean[0]), canon[i]});
-    if (bits > 0) front.rows.push_back({names[i], bits_text, fmt_err(1 - s[i].mean[0])});
+    t.rows.push_back({std::to_string(k + 1), names[i], fmt_sim(s[i].mean.o_cossim), fmt_sim(s[i].worst.o_cossim), fmt_err(s[i].mean.o_rel_l1),
+                      fmt_err(s[i].mean.o_rmse), fmt_sim(s[i].mean.p_cossim), fmt_err(s[i].mean.p_rel_l1), bits > 0 ? bits_text : "fp64"});
+    csv.rows.push_back({names[i], fmt_sim(s[i].mean.o_cossim), fmt_sim(s[i].worst.o_cossim), fmt_err(s[i].mean.o_rel_l1), fmt_err(s[i].mean.o_rmse),
+                        fmt_sim(s[i].mean.p_cossim), fmt_err(s[i].mean.p_rel_l1), bits_text, fmt_err(1 - s[i].mean.o_cossim), canon[i]});
+    if (bits > 0) front.rows.push_back({names[i], bits_text, fmt_err(1 - s[i].mean.o_cossim)});
   }
   emit(csv.csv(), (ctx.out_dir / "leaderboard.csv").string());
   const std::vector<std::size_t> on_front =
@@ -498,15 +498,15 @@ std::string run_sage2_tables(const Context& ctx) {
     for (std::size_t i = 0; i < c.specs.size(); ++i) {
       std::vector<std::string> row = {c.table, c.labels[i], c.specs[i]};
       for (std::size_t si = 0; si < sources.size(); ++si) {
-        row.push_back(fmt_sim(result(c.specs[i], si).mean[0]));
-        row.push_back(fmt_err(result(c.specs[i], si).mean[1]));
+        row.push_back(fmt_sim(result(c.specs[i], si).mean.o_cossim));
+        row.push_back(fmt_err(result(c.specs[i], si).mean.o_rel_l1));
       }
       t.rows.push_back(row);
     }
     for (std::size_t si = 0; si < sources.size(); ++si) {
       bool holds = true;
       for (std::size_t i = 0; i + 1 < c.specs.size(); ++i)
-        holds = holds && result(c.specs[i], si).mean[0] > result(c.specs[i + 1], si).mean[0];
+        holds = holds && result(c.specs[i], si).mean.o_cossim > result(c.specs[i + 1], si).mean.o_cossim;
       std::string labels;
       for (const auto& lab : c.labels) labels += (labels.empty() ? "" : " > ") + lab;
       verdicts.push_back(c.table + ", " + sources[si].name.substr(0, sources[si].name.find(' ')) + ": " + labels + ": " +
@@ -558,16 +558,16 @@ std::string run_kv_quantizers(const Context& ctx) {
     for (std::size_t si = 0; si < sources.size(); ++si) {
       const auto s = mean(m, si);
       row.push_back(fmt_bits(bits(m, si)));
-      row.push_back(fmt_sim(s[0]));
-      row.push_back(fmt_err(s[1]));
-      row.push_back(fmt_err(s[2]));
+      row.push_back(fmt_sim(s.o_cossim));
+      row.push_back(fmt_err(s.o_rel_l1));
+      row.push_back(fmt_err(s.o_rmse));
       double kb = 0, vb = 0;
       for (const HeadResult& h : res[m * sources.size() + si]) kb += h.k_bits, vb += h.v_bits;
       const double n = static_cast<double>(res[m * sources.size() + si].size());
       csv.rows.push_back({specs[m], sources[si].name, fmt_bits(kb / n), fmt_bits(vb / n), fmt_bits(bits(m, si)),
-                          fmt_sim(s[0]), fmt_err(s[1]), fmt_err(s[2]), fmt_err(1 - s[0]),
+                          fmt_sim(s.o_cossim), fmt_err(s.o_rel_l1), fmt_err(s.o_rmse), fmt_err(1 - s.o_cossim),
                           ref::kv_registry().canonical(specs[m])});
-      if (si == 0) pareto.rows.push_back({specs[m], fmt_bits(bits(m, si)), fmt_err(1 - s[0])});
+      if (si == 0) pareto.rows.push_back({specs[m], fmt_bits(bits(m, si)), fmt_err(1 - s.o_cossim)});
     }
     t.rows.push_back(row);
   }
@@ -584,7 +584,7 @@ std::string run_kv_quantizers(const Context& ctx) {
   auto index = [&](const std::string& spec) {
     return static_cast<std::size_t>(std::find(specs.begin(), specs.end(), spec) - specs.begin());
   };
-  auto cos = [&](const std::string& spec, std::size_t si) { return mean(index(spec), si)[0]; };
+  auto cos = [&](const std::string& spec, std::size_t si) { return mean(index(spec), si).o_cossim; };
   for (std::size_t si = 0; si < sources.size(); ++si) {
     const std::string& n = sources[si].name;
     r << n << ": per-channel K beats per-token K at 2 bits (KIVI's premise): "
@@ -642,8 +642,8 @@ std::string run_weight_quantizers(const Context& ctx) {
       l.reference = exact.reference;
       const std::vector<DumpLayer> one = {l};
       t.rows.push_back({std::to_string(dl.layer), bits, name, fmt_err(err[0]), fmt_err(err[1]), fmt_err(err[2]),
-                        fmt_sim(summarise(evaluate(one, *fp32, "fp32")).mean[0]),
-                        fmt_sim(summarise(evaluate(one, *intatt, "intattention")).mean[0])});
+                        fmt_sim(summarise(evaluate(one, *fp32, "fp32")).mean.o_cossim),
+                        fmt_sim(summarise(evaluate(one, *intatt, "intattention")).mean.o_cossim)});
     };
     attention_row("fp32", "none", w, {0, 0, 0});
     for (int b : {4, 3}) {

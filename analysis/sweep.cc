@@ -38,11 +38,9 @@ void run_sweep(const SweepOptions& o) {
   for (std::size_t a = 0; a < axes.size(); ++a)
     for (std::size_t b = 0; b < a; ++b)
       if (axes[a].key == axes[b].key) throw CLI::ValidationError("--grid", "key '" + axes[a].key + "' given twice");
-  int metric = -1;
   const std::string name = std::string(o.target == "P" ? "P_" : "O_") + o.metric;
-  for (int i = 0; i < 7; ++i)
-    if (name == kMetricNames[i]) metric = i;
-  if (metric < 0) throw CLI::ValidationError("--metric", "'" + o.metric + "' on " + o.target + " is not one of cossim, rel_l1, rmse (O and P), kl (P)");
+  const auto info = std::find_if(std::begin(kMetrics), std::end(kMetrics), [&](const MetricInfo& m) { return name == m.name; });
+  if (info == std::end(kMetrics)) throw CLI::ValidationError("--metric", "'" + o.metric + "' on " + o.target + " is not one of cossim, rel_l1, rmse (O and P), kl (P)");
 
   require_range("--threads", o.threads, 0, kMaxThreads);
   require_range("--max-points", o.max_points, 1, kMaxSweepPointsLimit);
@@ -112,7 +110,8 @@ void run_sweep(const SweepOptions& o) {
   Table t{{}, {}};
   for (const auto& a : axes) t.header.push_back(a.key);
   for (const char* h : {"target", "metric", "mean", "worst", "heads", "method"}) t.header.push_back(h);
-  const bool sim = metric == 0 || metric == 3;
+  const Metric metric = info->metric;
+  const bool sim = info->lower_is_worse;  // the CosSims, printed as similarities
   for (std::size_t i = 0; i < specs.size(); ++i) {
     std::vector<std::string> row = points[i];
     row.insert(row.end(), {o.target, o.metric, sim ? fmt_sim(summaries[i].mean[metric]) : fmt_err(summaries[i].mean[metric]),
