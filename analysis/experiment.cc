@@ -1,0 +1,196 @@
+// The experiment list and the helpers experiments share (analysis/experiment.h).
+#include "experiment.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+#include <stdexcept>
+#include <tuple>
+
+#include "commands.h"
+#include "engine_setting.h"
+#include "qattn/error.h"
+#include "qattn/parallel.h"
+#include "qattn/reference/random.h"
+#include "qattn/reference/registry.h"
+#include "sweep.h"
+
+namespace qattn::cli {
+namespace fs = std::filesystem;
+
+void register_experiment_files(ExperimentList& list);  // generated from experiments/*/experiment.cc
+
+void ExperimentList::add(Experiment e) {
+  if (find(e.name)) throw std::logic_error("experiment '" + e.name + "' registered twice");
+  list_.push_back(std::move(e));
+}
+
+const Experiment* ExperimentList::find(const std::string& name) const {
+  for (const Experiment& e : list_)
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
+const ExperimentList& experiments() {
+  static const ExperimentList list = [] {
+    ExperimentList l;
+    register_experiment_files(l);
+    return l;
+  }();
+  return list;
+}
+
+std::string fixed(double v, int places) {
+  std::ostringstream s;
+  s.setf(std::ios::fixed);
+  s.precision(places);
+  s << v;
+  return s.str();
+}
+
+namespace {
+
+fs::path plots_script() {
+  if (const char* dir = std::getenv("QATTN_PLOTS_DIR"); dir && *dir) return fs::path(dir) / "qattn_plot.py";
+  return fs::path(QATTN_PLOTS_DIR) / "qattn_plot.py";
+}
+
+}  // namespace
+
+int run_program(std::vector<std::string> argv_s) {
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::cout.flush();
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("qattn plot: fork failed");
+  if (pid == 0) {
+    setenv("MPLBACKEND", "Agg", 1);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+int run_plot_script(const std::vector<std::string>& args) {
+  const fs::path script = plots_script();
+  std::error_code ec;
+  if (!fs::is_regular_file(script, ec))
+    throw InputError(script.string(), "QATTN_PLOTS_DIR", "plot script not found (set QATTN_PLOTS_DIR to analysis/plots)");
+  const char* python = std::getenv("QATTN_PYTHON");
+  std::vector<std::string> argv = {python && *python ? python : "/usr/bin/python3", script.string()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_program(argv);
+}
+
+std::vector<Summary> summaries(const std::vector<DumpLayer>& dump, const std::vector<std::string>& specs) {
+  std::vector<Summary> out;
+  for (const auto& s : specs) out.push_back(summarise(evaluate(dump, *make_method(s), s)));
+  return out;
+}
+
+Sweep2 sweep_bc(const std::vector<DumpLayer>& dump, const std::string& spec, const std::string& b_grid,
+                const std::string& c_grid, int threads) {
+  Sweep2 s;
+  s.b = parse_grid_axis("b=" + b_grid).values;
+  s.c = parse_grid_axis("c=" + c_grid).values;
+  s.mean.assign(s.b.size(), std::vector<double>(s.c.size(), NAN));
+  parallel_for(s.b.size() * s.c.size(), threads, [&](std::size_t i) {
+    const std::size_t bi = i / s.c.size(), ci = i % s.c.size();
+    MethodSpec m = parse_method_spec(spec);
+    m.overrides.emplace_back("b", s.b[bi]);
+    m.overrides.emplace_back("c", s.c[ci]);
+    s.mean[bi][ci] = summarise(evaluate(dump, *make_method(m), spec)).mean.o_cossim;
+  });
+  return s;
+}
+
+void write_sweep_csv(const Sweep2& s, const std::string& spec, std::size_t heads, const fs::path& path) {
+  Table t{{"b", "c", "target", "metric", "mean", "heads", "method"}, {}};
+  for (std::size_t bi = 0; bi < s.b.size(); ++bi)
+    for (std::size_t ci = 0; ci < s.c.size(); ++ci)
+      t.rows.push_back({s.b[bi], s.c[ci], "O", "cossim", fmt_sim(s.mean[bi][ci]), std::to_string(heads), spec});
+  emit(t.csv(), path.string());
+}
+
+std::size_t head_count(const std::vector<DumpLayer>& dump) {
+  std::size_t n = 0;
+  for (const auto& l : dump) n += l.heads.size();
+  return n;
+}
+
+std::vector<std::size_t> pareto_outputs(const ExperimentContext& ctx, const std::string& name, const Table& table,
+                                        const std::string& title) {
+  const fs::path csv = ctx.out_dir / (name + ".csv");
+  emit(table.csv(), csv.string());
+  if (ctx.plots) {
+    const fs::path png = ctx.out_dir / (name + ".png");
+    if (run_plot_script({"pareto", csv.string(), "-o", png.string(), "--x", table.header[1], "--y", table.header[2],
+                         "--label", table.header[0], "--logy", "--title", title}) != 0)
+      std::cerr << "qattn reproduce: " << png.filename().string() << " was not drawn (matplotlib missing?)\n";
+  }
+  std::vector<std::size_t> order(table.rows.size()), front;
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  auto num = [&](std::size_t i, int c) { return std::stod(table.rows[i][c]); };
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return num(a, 1) != num(b, 1) ? num(a, 1) < num(b, 1) : num(a, 2) < num(b, 2);
+  });
+  double best = INFINITY;
+  for (std::size_t i : order)
+    if (num(i, 2) < best) best = num(i, 2), front.push_back(i);
+  return front;
+}
+
+double kv_bits(const std::string& canonical) { return ref::reference_registry().traits(parse_method_spec(canonical)).kv_bits; }
+
+std::pair<std::vector<std::string>, std::vector<std::string>> method_rows(
+    const std::function<bool(const MethodEntry&)>& keep) {
+  std::vector<std::string> names, canon;
+  for (const auto& e : ref::reference_registry().entries()) {
+    if (!keep(e)) continue;
+    std::vector<std::string> specs{e.name};
+    for (const auto& p : e.presets) specs.push_back(e.name + "@" + p.name);
+    for (const auto& spec : specs) {
+      const std::string c = ref::reference_registry().canonical(parse_method_spec(spec));
+      const auto it = std::find(canon.begin(), canon.end(), c);
+      if (it != canon.end()) {
+        names[it - canon.begin()] += " = " + spec;
+      } else {
+        canon.push_back(c);
+        names.push_back(spec);
+      }
+    }
+  }
+  return {names, canon};
+}
+
+std::vector<DumpLayer> synthetic_outlier_dump(int heads, int L, int d, std::uint64_t seed) {
+  ref::Normals n(seed);
+  const auto reference = ref::reference_registry().create("fp64");
+  DumpLayer l;
+  for (int h = 0; h < heads; ++h) {
+    RowMatrixXd q(L, d), k(L, d), v(L, d);
+    for (auto [m, sigma, outliers] : {std::tuple{&q, 1.0, false}, std::tuple{&k, 4.0, true}, std::tuple{&v, 2.0, false}}) {
+      std::vector<double> bias(d);
+      for (int c = 0; c < d; ++c) bias[c] = sigma * n() * (outliers && c % 16 == 0 ? 4.0 : 1.0);
+      for (int t = 0; t < L; ++t)
+        for (int c = 0; c < d; ++c) (*m)(t, c) = bias[c] + n();
+    }
+    l.heads.push_back(h);
+    l.q_paths.push_back("synthetic");
+    l.q.push_back({q});
+    l.k.push_back({k});
+    l.v.push_back({v});
+    l.reference.push_back({reference->attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(d)), {})});
+  }
+  return {l};
+}
+
+}  // namespace qattn::cli

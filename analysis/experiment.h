@@ -1,0 +1,98 @@
+// The experiments of `qattn reproduce`: one paper claim each, in its own folder. experiments/<name>/experiment.cc
+// defines `void register_experiment_<name, '-' as '_'>(ExperimentList&)`, which adds an Experiment whose run prints
+// a deterministic report (what it measured, the paper's numbers, a verdict) and writes its data files (CSV,
+// figures) into the context's out_dir. experiments/CMakeLists.txt compiles every such file into the CLI and
+// generates the call list, and reads the folder's experiment.cmake for how CTest runs it; a new experiment is its
+// folder and nothing else. An experiment may instead be its own program (sas-poly, exaq-clipping), built next to
+// qattn under experiments/ and run by `qattn reproduce` as it is.
+//
+// The helpers below are what more than one experiment uses.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "evaluate.h"
+#include "qattn/method.h"
+#include "table.h"
+
+namespace qattn::cli {
+
+struct ExperimentContext {
+  std::string tensors;             // --tensors: the dump directory
+  std::filesystem::path out_dir;   // where the data files go (a staging directory, moved into place on success)
+  bool fast = false;               // --fast: the reduced variant CI re-checks under sanitizers
+  bool plots = true;               // draw figures (needs Python with matplotlib)
+  int threads = 0;                 // worker threads, 0 = all cores
+};
+
+struct Experiment {
+  std::string name;     // the folder's name
+  std::string claim;    // the claim tested, with the paper's numbers where it has them
+  std::string source;   // where the claim is made ("IntAttention Fig. 9")
+  std::string command;  // how to run it, for --list
+  std::function<std::string(const ExperimentContext&)> run;  // the report; empty: `program` runs instead
+  std::string program;  // a separate program built under experiments/ next to qattn
+};
+
+class ExperimentList {
+ public:
+  void add(Experiment e);  // std::logic_error for a name already added
+  const std::vector<Experiment>& all() const { return list_; }
+  const Experiment* find(const std::string& name) const;
+
+ private:
+  std::vector<Experiment> list_;
+};
+
+// Every experiment folder's registration, in folder-name order (generated: experiment_files.cc).
+const ExperimentList& experiments();
+
+// ---- helpers shared by experiments -----------------------------------------------------------------------------
+
+std::string fixed(double v, int places);  // v with `places` decimals
+
+// Runs the plot script (analysis/plots/qattn_plot.py, found as `qattn plot` finds it) with args; its exit status.
+int run_plot_script(const std::vector<std::string>& args);
+// Runs argv[0] with its arguments and waits; its exit status (127 when it cannot start).
+int run_program(std::vector<std::string> argv);
+
+// Each spec evaluated on the dump; the summaries in the order given.
+std::vector<Summary> summaries(const std::vector<DumpLayer>& dump, const std::vector<std::string>& specs);
+std::size_t head_count(const std::vector<DumpLayer>& dump);
+
+// A two-axis sweep (b rows, c columns) of mean O CosSim, threaded over points.
+struct Sweep2 {
+  std::vector<std::string> b, c;
+  std::vector<std::vector<double>> mean;  // [b][c]
+};
+Sweep2 sweep_bc(const std::vector<DumpLayer>& dump, const std::string& spec, const std::string& b_grid,
+                const std::string& c_grid, int threads);
+void write_sweep_csv(const Sweep2& s, const std::string& spec, std::size_t heads, const std::filesystem::path& path);
+
+// A Pareto table [label, bits, O_error] (numbers as printed): written as out_dir/NAME.csv and drawn as NAME.png by
+// `qattn plot pareto` (unless plots are off). Returns the rows on the front, in bits order: each has a lower
+// error than every row with fewer (or as many) bits before it.
+std::vector<std::size_t> pareto_outputs(const ExperimentContext& ctx, const std::string& name, const Table& table,
+                                        const std::string& title);
+
+// The nominal bits per element in which a method holds K and V (its registry entry's traits).
+double kv_bits(const std::string& canonical);
+
+// Every registered method for which `keep` holds, bare and under each preset, one spec per distinct configuration:
+// (names, canonical specs), where a preset equal to the defaults or to another preset is one row listed under all
+// its names ("index = index@paper").
+std::pair<std::vector<std::string>, std::vector<std::string>> method_rows(
+    const std::function<bool(const MethodEntry&)>& keep);
+
+// Synthetic heads with the structure SageAttention2's Fig. 2 describes: every channel of K carries a bias shared by
+// all tokens (channel-wise outliers), Q a smaller one, V a per-channel offset. x[t][c] = bias[c] + N(0, 1), bias[c] ~
+// N(0, sigma_x^2) with sigma_K = 4, sigma_Q = 1, sigma_V = 2, and every 16th channel of K an outlier with 4x the
+// bias. One layer of `heads` heads, L tokens, d channels, fixed seed; the fp64 reference is computed as for a dump.
+std::vector<DumpLayer> synthetic_outlier_dump(int heads, int L, int d, std::uint64_t seed);
+
+}  // namespace qattn::cli
