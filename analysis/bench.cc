@@ -14,6 +14,7 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "commands.h"
 #include "onednn_gemm.h"
@@ -110,269 +111,303 @@ struct BenchOptions {
   int d = 128, reps = 5;
   std::string isa, format = "md", out, index = "index@upstream-neon";
   std::vector<std::string> rows{"fused", "materialised", "fp32", "onednn", "softmax"};
+  bool list_targets = false;
 };
 
 bool wants(const BenchOptions& o, const std::string& group) {
   return std::find(o.rows.begin(), o.rows.end(), group) != o.rows.end();
 }
 
-void run_bench(const BenchOptions& o) {
-  Isa isa;
-  try {
-    isa = o.isa.empty() ? default_isa() : parse_isa(o.isa);
-  } catch (const std::exception& e) {
-    throw CLI::ValidationError("--isa", e.what());
-  }
-  if (!isa_available(isa))
-    throw CLI::ValidationError("--isa", o.isa + " is not available on this CPU or build (available: " +
-                                            available_isa_names() + ")");
-  require_range("--d", o.d, 1, kMaxBenchD);
-  require_range("--reps", o.reps, 1, kMaxBenchReps);
-  if (o.lengths.empty() || o.threads.empty()) throw CLI::ValidationError("--L/--threads", "give at least one value");
-  for (int l : o.lengths) require_range("--L", l, 1, kMaxBenchL);
-  for (int t : o.threads) require_range("--threads", t, 1, kMaxThreads);
-  const MethodSpec index_spec = parse_method_spec(o.index);
-  // Any method that takes IndexSoftmax's parameters (index, intattention) names a configuration of the kernels.
-  const MethodEntry* index_entry = ref::reference_registry().find(index_spec.name);
-  for (const ParamInfo& p : ref::index_softmax_param_infos())
-    if (!index_entry || std::none_of(index_entry->params.begin(), index_entry->params.end(),
-                                     [&](const ParamInfo& q) { return q.key == p.key; }))
-      throw SpecError("--index: expected a method with IndexSoftmax's parameters such as index@paper, got '" + o.index +
-                      "'");
-  const IndexSoftmaxParams index_params = ref::index_softmax_params(ref::reference_registry().resolve(index_spec));
-  const IntAttentionKernels names = int_attention_kernels(isa);
-  const std::string qo_softmax = int_attention_kernels(isa, IntPipeline::quant_only).softmax;
+std::string fmt(double x, int places) {
+  if (!std::isfinite(x)) return "-";
+  std::ostringstream s;
+  s.setf(std::ios::fixed);
+  s.precision(places);
+  s << x;
+  return s.str();
+}
 
-  // Peak: 1 thread, the GEMMs' MAC instruction, about 0.3 s.
+// ---- the measured cells and the targets they are checked against -----------------------------------------------
+
+constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
+
+// One (L, threads) of a run: the medians (ms) and derived figures the targets read; NaN where not measured.
+struct Cell {
+  int l = 0, threads = 0;
+  double t_int = kNan, t_gemm = kNan, t_qo = kNan, t_qk = kNan, t_pv = kNan;  // fused rows and GEMM stages
+  double qk_eff = kNan, pv_eff = kNan;                                         // % of the measured peak
+  double t_int_m = kNan, t_qo_m = kNan, t_fp32 = kNan;                         // materialised and fp32 rows
+  double rss_int = kNan;                                                       // MiB while fused intattention ran
+  double t_dnnl_qk = kNan, t_dnnl_pv = kNan;                                   // oneDNN's matmuls
+  double ns_index = kNan, ns_float = kNan;  // softmax rows alone, ns per element (the first thread count's cell)
+  double speedup = kNan;  // t_int of the 1-thread cell of this L / this cell's t_int (2-thread cells)
+  double growth = kNan;   // this cell's t_int / t_int at L = 4096, same threads (L = 16384 cells)
+};
+
+enum class Bound { at_most, at_least, above };
+
+// A target of docs/kernels.md: on every cell where `applies` holds and `value` is finite, value against the
+// threshold. `qattn bench` prints each verdict with the figures behind it; `qattn bench --list-targets` prints this
+// table for docs/kernels.md (checked by CTest: scripts/doc_blocks.py).
+struct BenchTarget {
+  const char* name;
+  Bound bound;
+  double threshold;
+  const char* figure;  // what value is, in words
+  const char* cells;   // the cells it reads, in words
+  bool (*applies)(const Cell&);
+  double (*value)(const Cell&);
+  int places = 2;
+};
+
+double dnnl_two(const Cell& c) { return c.t_dnnl_qk + c.t_dnnl_pv; }
+
+const std::vector<BenchTarget>& bench_targets() {
+  static const std::vector<BenchTarget> list = {
+      {"fused intattention <= 1.10 x gemm-only at L >= 2048", Bound::at_most, 1.10,
+       "fused intattention / gemm-only (ms / ms)", "L >= 2048",
+       [](const Cell& c) { return c.l >= 2048; }, [](const Cell& c) { return c.t_int / c.t_gemm; }},
+      {"int8 Q.K^T stage >= 70 % of the measured peak", Bound::at_least, 70, "Q.K^T GMAC/s / (peak x threads), %",
+       "every cell", [](const Cell&) { return true; }, [](const Cell& c) { return c.qk_eff; }, 0},
+      {"int8 P.V stage >= 85 % of the measured peak", Bound::at_least, 85, "P.V GMAC/s / (peak x threads), %",
+       "every cell", [](const Cell&) { return true; }, [](const Cell& c) { return c.pv_eff; }, 0},
+      {"our Q.K^T stage <= 1.10 x oneDNN's at L in {2048, 4096, 8192}", Bound::at_most, 1.10,
+       "Q.K^T stage ours / oneDNN (ms / ms)", "L in {2048, 4096, 8192}",
+       [](const Cell& c) { return c.l == 2048 || c.l == 4096 || c.l == 8192; },
+       [](const Cell& c) { return c.t_qk / c.t_dnnl_qk; }},
+      {"our P.V stage <= 1.10 x oneDNN's at L in {2048, 4096, 8192}", Bound::at_most, 1.10,
+       "P.V stage ours / oneDNN (ms / ms)", "L in {2048, 4096, 8192}",
+       [](const Cell& c) { return c.l == 2048 || c.l == 4096 || c.l == 8192; },
+       [](const Cell& c) { return c.t_pv / c.t_dnnl_pv; }},
+      {"fused intattention <= 1.25 x oneDNN's two GEMMs at L = 4096", Bound::at_most, 1.25,
+       "fused intattention / (oneDNN Q.K^T + P.V)", "L = 4096", [](const Cell& c) { return c.l == 4096; },
+       [](const Cell& c) { return c.t_int / dnnl_two(c); }},
+      {"IndexSoftmax row >= 1.5 x faster per element than the float softmax row of fused quant-only", Bound::at_least,
+       1.5, "float row ns / IndexSoftmax row ns, per element", "each L, at its first thread count",
+       [](const Cell&) { return true; }, [](const Cell& c) { return c.ns_float / c.ns_index; }},
+      {"t(16384) / t(4096) <= 17 for fused intattention", Bound::at_most, 17, "t_int(16384) / t_int(4096)",
+       "L = 16384, against L = 4096 at the same threads", [](const Cell& c) { return c.l == 16384; },
+       [](const Cell& c) { return c.growth; }, 1},
+      {"2-thread speedup of fused intattention >= 1.8 at L >= 4096", Bound::at_least, 1.8,
+       "t_int(1 thread) / t_int(2 threads)", "2 threads at L >= 4096, against 1 thread at the same L",
+       [](const Cell& c) { return c.l >= 4096; }, [](const Cell& c) { return c.speedup; }},
+      {"fused intattention faster than fused quant-only at every L", Bound::above, 1.0,
+       "fused quant-only / fused intattention", "every cell", [](const Cell&) { return true; },
+       [](const Cell& c) { return c.t_qo / c.t_int; }},
+      {"materialised time order fp32 > quant-only > intattention", Bound::above, 1.0,
+       "min(fp32 / quant-only, quant-only / intattention), materialised", "every cell",
+       [](const Cell&) { return true; }, [](const Cell& c) { return std::min(c.t_fp32 / c.t_qo_m, c.t_qo_m / c.t_int_m); }},
+      {"peak memory of fused intattention at L = 16384 <= 64 MB", Bound::at_most, 64,
+       "whole-process peak RSS while the row ran, MB", "L = 16384",
+       [](const Cell& c) { return c.l == 16384 && c.rss_int > 0; }, [](const Cell& c) { return c.rss_int * 1.048576; }, 1},
+  };
+  return list;
+}
+
+const char* bound_text(Bound b) { return b == Bound::at_most ? "<=" : b == Bound::at_least ? ">=" : ">"; }
+
+// The declarative table itself, as docs/kernels.md holds it between markers.
+std::string targets_markdown() {
+  Table t{{"target", "figure", "bound", "cells it reads"}, {}};
+  for (const BenchTarget& b : bench_targets())
+    t.rows.push_back({b.name, b.figure, std::string(bound_text(b.bound)) + " " + fmt(b.threshold, 2), b.cells});
+  return "<!-- begin: qattn bench --list-targets, targets -->\n" + t.markdown() +
+         "<!-- end: targets -->\n";
+}
+
+// Every target on the run's cells: one markdown line each, and the same as JSON.
+std::string check_targets(const std::vector<Cell>& cells, json& out) {
+  std::ostringstream text;
+  out = json::array();
+  for (const BenchTarget& b : bench_targets()) {
+    bool any = false, ok = true;
+    std::string fig;
+    for (const Cell& c : cells) {
+      if (!b.applies(c)) continue;
+      const double v = b.value(c);
+      if (!std::isfinite(v)) continue;
+      any = true;
+      ok = ok && (b.bound == Bound::at_most ? v <= b.threshold : b.bound == Bound::at_least ? v >= b.threshold : v > b.threshold);
+      fig += (fig.empty() ? "" : ", ") + ("L " + std::to_string(c.l) + " t" + std::to_string(c.threads) + ": " + fmt(v, b.places));
+    }
+    const std::string verdict = !any ? "not measured in this run" : ok ? "met" : "missed";
+    text << "- " << b.name << ": **" << verdict << "**" << (fig.empty() ? "" : " (" + fig + ")") << "\n";
+    out.push_back({{"target", b.name}, {"verdict", verdict}, {"figures", fig}});
+  }
+  return text.str();
+}
+
+// ---- measuring ------------------------------------------------------------------------------------------------
+
+// The rate of the ISA's register-only MAC loop, 1 thread, about 0.3 s: the "% of peak" denominator.
+double measure_peak_gmacs(Isa isa) {
   std::int32_t checksum = 0;
   std::int64_t iters = 1 << 20;
-  double peak_gmacs = 0;
+  double peak = 0;
   for (int r = 0; r < 3; ++r) {
     const auto t0 = Clock::now();
     const std::int64_t macs = int8_mac_peak_loop(isa, iters, &checksum);
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    peak_gmacs = std::max(peak_gmacs, macs / s * 1e-9);
+    peak = std::max(peak, macs / s * 1e-9);
     if (s < 0.1) iters *= 4;
   }
+  return peak;
+}
 
-  Table t{{"L", "d", "threads", "pipeline", "median ms", "GOP/s", "vs gemm-only", "fp32 / this", "softmax share",
-           "GEMM % of peak", "quant-only / this", "peak RSS MiB"},
-          {}};
-  json j = {{"cpu", cpu_model()}, {"hardware_threads", std::thread::hardware_concurrency()}, {"isa", isa_name(isa)},
-            {"kernels", {{"qk", names.qk}, {"softmax", names.softmax}, {"softmax_quant_only", qo_softmax}, {"pv", names.pv}}},
-            {"peak_int8_gmacs_per_core", peak_gmacs}, {"reps", o.reps}, {"runs", json::array()}};
-  auto fmt = [](double x, int p) {
-    if (!std::isfinite(x)) return std::string("-");
-    std::ostringstream s;
-    s.setf(std::ios::fixed);
-    s.precision(p);
-    s << x;
-    return s.str();
-  };
-  // Per (L, threads): the medians the targets need.
-  constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
-  struct Cell {
-    int l, threads;
-    double t_int = kNan, t_gemm = kNan, t_qo = kNan, qk_eff = kNan, pv_eff = kNan, t_int_m = kNan, t_qo_m = kNan,
-           t_fp32 = kNan, rss_int = kNan, t_qk = kNan, t_pv = kNan, t_dnnl_qk = kNan, t_dnnl_pv = kNan;
-  };
-  std::vector<Cell> cells;
-  struct SoftmaxRows {
-    int l;
-    double ns_index, ns_float;
-  };
-  std::vector<SoftmaxRows> softmax_rows;
-  std::mt19937_64 g(1);
+// One L's random inputs, quantised per tensor as the pipelines quantise (qattn/quantize.h).
+struct BenchInputs {
+  int l = 0, d = 0;
+  RowMatrixXf qf, kf, vf;  // empty unless the fp32 row runs
+  std::vector<std::int8_t> q8, k8, v8;
+  double sq = 0, sk = 0, sv = 0;
+};
+
+BenchInputs make_inputs(int l, int d, bool keep_float, std::mt19937_64& g) {
+  BenchInputs in;
+  in.l = l;
+  in.d = d;
   std::normal_distribution<float> n(0, 1);
-  for (int l : o.lengths) {
-    RowMatrixXf qf(l, o.d), kf(l, o.d), vf(l, o.d);
-    for (auto* m : {&qf, &kf, &vf})
-      for (Eigen::Index i = 0; i < m->size(); ++i) m->data()[i] = n(g);
-    auto quant = [](const RowMatrixXf& x, double* s) {  // the pipelines' quantiser (qattn/quantize.h)
-      std::vector<std::int8_t> q(static_cast<std::size_t>(x.size()));
-      *s = quantize_int8_symmetric(std::span<const float>(x.data(), q.size()), std::span<std::int8_t>(q));
-      return q;
-    };
-    double sq, sk, sv;
-    const auto q8 = quant(qf, &sq), k8 = quant(kf, &sk), v8 = quant(vf, &sv);
-    std::vector<float> out(static_cast<std::size_t>(l) * o.d);
-    RowMatrixXf of;
-    if (wants(o, "fp32")) of.resize(l, o.d);
-    else qf.resize(0, 0), kf.resize(0, 0), vf.resize(0, 0);  // the integer rows' memory is then theirs alone
-    const double scale = 1.0 / std::sqrt(static_cast<double>(o.d));
-    const double ops = 4.0 * l * l * o.d;  // two GEMMs, 2 ops per MAC
-    if (wants(o, "softmax")) {
-      // The two row kernels alone, 1 thread, on one block of 64 rows of this run's S = Q K^T: per element.
-      const Eigen::Index rows = std::min(64, l);
-      std::vector<std::int32_t> s_block(static_cast<std::size_t>(rows) * l);
-      for (Eigen::Index i = 0; i < rows; ++i)
-        for (int j = 0; j < l; ++j) {
-          std::int32_t acc = 0;
-          for (int t = 0; t < o.d; ++t) acc += std::int32_t{q8[i * o.d + t]} * k8[static_cast<std::size_t>(j) * o.d + t];
-          s_block[i * l + j] = acc;
-        }
-      std::vector<std::uint8_t> p_block(s_block.size());
-      const std::int64_t c_int = cint_from_alpha(index_params.c, sq * sk * scale, index_params.cint_rounding);
-      const float alpha = static_cast<float>(sq * sk * scale);
-      auto per_element_ns = [&](IntPipeline pipeline) {
-        return median_ms(o.reps, [&] {
-          int_attention_softmax_rows(isa, pipeline, index_params, c_int, alpha, s_block.data(), rows, l, p_block.data());
-        }) * 1e6 / static_cast<double>(s_block.size());
-      };
-      const double ns_index = per_element_ns(IntPipeline::intattention), ns_float = per_element_ns(IntPipeline::quant_only);
-      softmax_rows.push_back({l, ns_index, ns_float});
-      j["softmax_rows"].push_back({{"L", l}, {"index_ns_per_element", ns_index}, {"float_ns_per_element", ns_float}});
-    }
-    for (int threads : o.threads) {
-      Cell c{l, threads};
-      IntAttentionConfig cfg;
-      cfg.isa = isa;
-      cfg.threads = threads;
-      cfg.softmax = index_params;
-      using Stages = IntAttentionConfig::Stages;
-      auto run_int = [&](Stages stages, IntPipeline pipeline = IntPipeline::intattention, bool materialise = false,
-                         double* rss = nullptr) {
-        cfg.stages = stages;
-        cfg.pipeline = pipeline;
-        cfg.materialise = materialise;
-        return median_ms(o.reps, [&] {
-          int_attention_fused({q8.data(), l, o.d, sq}, {k8.data(), l, o.d, sk}, {v8.data(), l, o.d, sv}, scale, cfg,
-                              out.data());
-        }, rss);
-      };
-      struct Row {
-        std::string name;
-        double ms, rss;
-        bool is_int;
-      };
-      std::vector<Row> rows;
-      if (wants(o, "fused")) {
-        double r_int, r_qo, r_gemm;
-        c.t_int = run_int(Stages::all, IntPipeline::intattention, false, &r_int);
-        c.t_gemm = run_int(Stages::gemms, IntPipeline::intattention, false, &r_gemm);
-        c.t_qo = run_int(Stages::all, IntPipeline::quant_only, false, &r_qo);
-        const double t_qk = c.t_qk = run_int(Stages::qk), t_pv = c.t_pv = run_int(Stages::pv);
-        auto share_of_peak = [&](double macs, double ms) { return macs / (ms * 1e-3) * 1e-9 / (peak_gmacs * threads) * 100; };
-        c.qk_eff = share_of_peak(ops / 4, t_qk);
-        c.pv_eff = share_of_peak(ops / 4, t_pv);
-        c.rss_int = r_int;
-        rows.push_back({"intattention fused", c.t_int, r_int, true});
-        rows.push_back({"quant-only fused", c.t_qo, r_qo, true});
-        rows.push_back({"gemm-only", c.t_gemm, r_gemm, true});
-        j["gemm_stages"].push_back({{"L", l}, {"threads", threads}, {"qk_ms", t_qk}, {"pv_ms", t_pv},
-                                    {"qk_percent_of_peak", c.qk_eff}, {"pv_percent_of_peak", c.pv_eff},
-                                    {"gemms_percent_of_peak", share_of_peak(ops / 2, c.t_gemm)}});
-      }
-      if (wants(o, "materialised")) {
-        double r_int_m, r_qo_m;
-        c.t_int_m = run_int(Stages::all, IntPipeline::intattention, true, &r_int_m);
-        c.t_qo_m = run_int(Stages::all, IntPipeline::quant_only, true, &r_qo_m);
-        rows.push_back({"intattention materialised", c.t_int_m, r_int_m, true});
-        rows.push_back({"quant-only materialised", c.t_qo_m, r_qo_m, true});
-      }
-      if (wants(o, "onednn") && onednn_built()) {
-        const OneDnnTimes dn = time_onednn_gemms(q8.data(), k8.data(), v8.data(), l, o.d, threads, o.reps);
-        c.t_dnnl_qk = dn.qk_ms;
-        c.t_dnnl_pv = dn.pv_ms;
-        j["onednn_stages"].push_back({{"L", l}, {"threads", threads}, {"qk_ms", dn.qk_ms}, {"pv_ms", dn.pv_ms}});
-      }
-      if (wants(o, "fp32")) {
-        double r_fp32;
-        c.t_fp32 = median_ms(o.reps, [&] { fp32_attention_blocks(qf, kf, vf, static_cast<float>(scale), threads, of); }, &r_fp32);
-        rows.push_back({"fp32 blocks (Eigen)", c.t_fp32, r_fp32, false});
-      }
-      for (const Row& r : rows) {
-        const bool gemm_row = r.name == "gemm-only";
-        t.rows.push_back({std::to_string(l), std::to_string(o.d), std::to_string(threads), r.name, fmt(r.ms, 2),
-                          fmt(ops / (r.ms * 1e-3) * 1e-9, 1), fmt(r.ms / c.t_gemm, 2), fmt(c.t_fp32 / r.ms, 2),
-                          r.is_int && !gemm_row && std::isfinite(c.t_gemm) ? fmt((r.ms - c.t_gemm) / r.ms * 100, 1) + " %" : "-",
-                          gemm_row ? fmt((ops / 2) / (r.ms * 1e-3) * 1e-9 / (peak_gmacs * threads) * 100, 1) + " % (QK " +
-                                         fmt(c.qk_eff, 0) + " %, PV " + fmt(c.pv_eff, 0) + " %)"
-                                   : "-",
-                          fmt(c.t_qo / r.ms, 2), fmt(r.rss, 1)});
-        j["runs"].push_back({{"L", l}, {"d", o.d}, {"threads", threads}, {"pipeline", r.name}, {"median_ms", r.ms},
-                             {"gops", ops / (r.ms * 1e-3) * 1e-9}, {"peak_rss_mib", r.rss}});
-      }
-      cells.push_back(c);
-      std::cerr << "qattn bench: L " << l << ", " << threads << " thread(s) done\n";
-    }
-  }
-  // The targets of docs/kernels.md, checked on this run's cells: one line each, with the figures behind it.
-  std::ostringstream targets;
-  json jt = json::array();
-  auto target = [&](const std::string& name, bool measured, bool met, const std::string& figures) {
-    const std::string verdict = !measured ? "not measured in this run" : met ? "met" : "missed";
-    targets << "- " << name << ": **" << verdict << "**" << (figures.empty() ? "" : " (" + figures + ")") << "\n";
-    jt.push_back({{"target", name}, {"verdict", verdict}, {"figures", figures}});
+  in.qf.resize(l, d), in.kf.resize(l, d), in.vf.resize(l, d);
+  for (auto* m : {&in.qf, &in.kf, &in.vf})
+    for (Eigen::Index i = 0; i < m->size(); ++i) m->data()[i] = n(g);
+  auto quant = [](const RowMatrixXf& x, double* s) {
+    std::vector<std::int8_t> q(static_cast<std::size_t>(x.size()));
+    *s = quantize_int8_symmetric(std::span<const float>(x.data(), q.size()), std::span<std::int8_t>(q));
+    return q;
   };
-  {
-    bool any = false, ok = true;
-    std::string fig;
-    for (const Cell& c : cells)
-      if (c.l >= 2048 && std::isfinite(c.t_int) && std::isfinite(c.t_gemm)) {
-        any = true;
-        ok = ok && c.t_int / c.t_gemm <= 1.10;
-        fig += (fig.empty() ? "" : ", ") + ("L " + std::to_string(c.l) + " t" + std::to_string(c.threads) + ": " + fmt(c.t_int / c.t_gemm, 2));
-      }
-    target("fused intattention <= 1.10 x gemm-only at L >= 2048", any, ok, fig);
+  in.q8 = quant(in.qf, &in.sq), in.k8 = quant(in.kf, &in.sk), in.v8 = quant(in.vf, &in.sv);
+  if (!keep_float) in.qf.resize(0, 0), in.kf.resize(0, 0), in.vf.resize(0, 0);  // the integer rows' memory alone
+  return in;
+}
+
+// The two softmax row kernels alone, 1 thread, on one block of 64 rows of this input's S = Q K^T: ns per element.
+std::pair<double, double> measure_softmax_rows(const BenchInputs& in, Isa isa, const IndexSoftmaxParams& index_params,
+                                               int reps) {
+  const int l = in.l, d = in.d;
+  const Eigen::Index rows = std::min(64, l);
+  std::vector<std::int32_t> s_block(static_cast<std::size_t>(rows) * l);
+  for (Eigen::Index i = 0; i < rows; ++i)
+    for (int j = 0; j < l; ++j) {
+      std::int32_t acc = 0;
+      for (int t = 0; t < d; ++t) acc += std::int32_t{in.q8[i * d + t]} * in.k8[static_cast<std::size_t>(j) * d + t];
+      s_block[i * l + j] = acc;
+    }
+  std::vector<std::uint8_t> p_block(s_block.size());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const std::int64_t c_int = cint_from_alpha(index_params.c, in.sq * in.sk * scale, index_params.cint_rounding);
+  const float alpha = static_cast<float>(in.sq * in.sk * scale);
+  auto per_element_ns = [&](IntPipeline pipeline) {
+    return median_ms(reps, [&] {
+      int_attention_softmax_rows(isa, pipeline, index_params, c_int, alpha, s_block.data(), rows, l, p_block.data());
+    }) * 1e6 / static_cast<double>(s_block.size());
+  };
+  return {per_element_ns(IntPipeline::intattention), per_element_ns(IntPipeline::quant_only)};
+}
+
+// One printed row of the timing table.
+struct Row {
+  std::string name;
+  double ms, rss;
+  bool is_int;
+};
+
+// Every row group the options ask for at one (L, threads); fills the cell's medians and returns the printed rows.
+std::vector<Row> measure_cell(const BenchOptions& o, const BenchInputs& in, Isa isa, const IndexSoftmaxParams& index_params,
+                              double peak_gmacs, Cell& c, json& j) {
+  const int l = in.l, threads = c.threads;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(o.d)), macs = 1.0 * l * l * o.d;  // per GEMM
+  std::vector<float> out(static_cast<std::size_t>(l) * o.d);
+  IntAttentionConfig cfg;
+  cfg.isa = isa;
+  cfg.threads = threads;
+  cfg.softmax = index_params;
+  using Stages = IntAttentionConfig::Stages;
+  auto run_int = [&](Stages stages, IntPipeline pipeline = IntPipeline::intattention, bool materialise = false,
+                     double* rss = nullptr) {
+    cfg.stages = stages;
+    cfg.pipeline = pipeline;
+    cfg.materialise = materialise;
+    return median_ms(o.reps, [&] {
+      int_attention_fused({in.q8.data(), l, o.d, in.sq}, {in.k8.data(), l, o.d, in.sk}, {in.v8.data(), l, o.d, in.sv},
+                          scale, cfg, out.data());
+    }, rss);
+  };
+  auto share_of_peak = [&](double m, double ms) { return m / (ms * 1e-3) * 1e-9 / (peak_gmacs * threads) * 100; };
+  std::vector<Row> rows;
+  if (wants(o, "fused")) {
+    double r_int, r_qo, r_gemm;
+    c.t_int = run_int(Stages::all, IntPipeline::intattention, false, &r_int);
+    c.t_gemm = run_int(Stages::gemms, IntPipeline::intattention, false, &r_gemm);
+    c.t_qo = run_int(Stages::all, IntPipeline::quant_only, false, &r_qo);
+    c.t_qk = run_int(Stages::qk);
+    c.t_pv = run_int(Stages::pv);
+    c.qk_eff = share_of_peak(macs, c.t_qk);
+    c.pv_eff = share_of_peak(macs, c.t_pv);
+    c.rss_int = r_int;
+    rows.push_back({"intattention fused", c.t_int, r_int, true});
+    rows.push_back({"quant-only fused", c.t_qo, r_qo, true});
+    rows.push_back({"gemm-only", c.t_gemm, r_gemm, true});
+    j["gemm_stages"].push_back({{"L", l}, {"threads", threads}, {"qk_ms", c.t_qk}, {"pv_ms", c.t_pv},
+                                {"qk_percent_of_peak", c.qk_eff}, {"pv_percent_of_peak", c.pv_eff},
+                                {"gemms_percent_of_peak", share_of_peak(2 * macs, c.t_gemm)}});
   }
-  {
-    bool any = false, ok = true;
-    std::string fig;
-    for (const Cell& c : cells)
-      if (std::isfinite(c.qk_eff)) {
-        any = true;
-        ok = ok && c.qk_eff >= 70 && c.pv_eff >= 85;
-        fig += (fig.empty() ? "" : ", ") + ("L " + std::to_string(c.l) + " t" + std::to_string(c.threads) + ": QK " + fmt(c.qk_eff, 0) + " %, PV " + fmt(c.pv_eff, 0) + " %");
-      }
-    target("int8 GEMMs: Q.K^T >= 70 % and P.V >= 85 % of the measured peak", any, ok, fig);
+  if (wants(o, "materialised")) {
+    double r_int_m, r_qo_m;
+    c.t_int_m = run_int(Stages::all, IntPipeline::intattention, true, &r_int_m);
+    c.t_qo_m = run_int(Stages::all, IntPipeline::quant_only, true, &r_qo_m);
+    rows.push_back({"intattention materialised", c.t_int_m, r_int_m, true});
+    rows.push_back({"quant-only materialised", c.t_qo_m, r_qo_m, true});
   }
-  {
-    bool any = false, ok = true;
-    std::string fig;
-    for (const Cell& c : cells)
-      if (std::isfinite(c.t_int_m) && std::isfinite(c.t_qo_m) && std::isfinite(c.t_fp32)) {
-        any = true;
-        ok = ok && c.t_fp32 > c.t_qo_m && c.t_qo_m > c.t_int_m;
-        fig += (fig.empty() ? "" : ", ") + ("L " + std::to_string(c.l) + " t" + std::to_string(c.threads) + ": " + fmt(c.t_fp32, 1) + " > " + fmt(c.t_qo_m, 1) + " > " + fmt(c.t_int_m, 1) + " ms");
-      }
-    target("materialised time order fp32 > quant-only > intattention", any, ok, fig);
+  if (wants(o, "onednn") && onednn_built()) {
+    const OneDnnTimes dn = time_onednn_gemms(in.q8.data(), in.k8.data(), in.v8.data(), l, o.d, threads, o.reps);
+    c.t_dnnl_qk = dn.qk_ms;
+    c.t_dnnl_pv = dn.pv_ms;
+    j["onednn_stages"].push_back({{"L", l}, {"threads", threads}, {"qk_ms", dn.qk_ms}, {"pv_ms", dn.pv_ms}});
   }
-  {
-    bool any = false, ok = true;
-    std::string fig;
-    for (const Cell& c : cells)
-      if (std::isfinite(c.t_int) && std::isfinite(c.t_qo)) {
-        any = true;
-        ok = ok && c.t_int < c.t_qo;
-        fig += (fig.empty() ? "" : ", ") + ("L " + std::to_string(c.l) + " t" + std::to_string(c.threads) + ": quant-only / intattention " + fmt(c.t_qo / c.t_int, 2));
-      }
-    target("fused intattention faster than fused quant-only at every L", any, ok, fig);
+  if (wants(o, "fp32")) {
+    double r_fp32;
+    RowMatrixXf of(l, o.d);
+    c.t_fp32 = median_ms(o.reps, [&] { fp32_attention_blocks(in.qf, in.kf, in.vf, static_cast<float>(scale), threads, of); }, &r_fp32);
+    rows.push_back({"fp32 blocks (Eigen)", c.t_fp32, r_fp32, false});
   }
-  {
-    bool any = false, ok = true;
-    std::string fig;
-    for (const Cell& c : cells)
-      if (c.l == 16384 && std::isfinite(c.rss_int) && c.rss_int > 0) {
-        any = true;
-        ok = ok && c.rss_int * 1.048576 <= 64;  // MiB -> MB
-        fig += (fig.empty() ? "" : ", ") + ("t" + std::to_string(c.threads) + ": " + fmt(c.rss_int * 1.048576, 1) + " MB whole process");
-      }
-    target("peak memory of fused intattention at L = 16384 <= 64 MB", any, ok, fig);
-  }
-  {
-    bool any = false, ok = true;
-    std::string fig;
-    for (const Cell& c1 : cells)
-      for (const Cell& c2 : cells)
-        if (c1.l == c2.l && c1.threads == 1 && c2.threads == 2 && std::isfinite(c1.t_int) && std::isfinite(c2.t_int)) {
-          any = true;
-          ok = ok && c1.t_int / c2.t_int >= 1.8;
-          fig += (fig.empty() ? "" : ", ") + ("L " + std::to_string(c1.l) + ": " + fmt(c1.t_int / c2.t_int, 2));
-        }
-    target("2-thread speedup of fused intattention >= 1.8", any, ok, fig);
-  }
-  // oneDNN, the anchor: our GEMM stages (each timed alone, packing included) against its matmuls on the same shapes.
+  return rows;
+}
+
+// The figures that compare two cells: the 2-thread speedup and the growth from L = 4096 to 16384.
+void relate_cells(std::vector<Cell>& cells) {
+  for (Cell& c : cells)
+    for (const Cell& other : cells) {
+      if (other.l == c.l && other.threads == 1 && c.threads == 2) c.speedup = other.t_int / c.t_int;
+      if (c.l == 16384 && other.l == 4096 && other.threads == c.threads) c.growth = c.t_int / other.t_int;
+    }
+}
+
+// ---- the report -----------------------------------------------------------------------------------------------
+
+// The timing table's row for one measured pipeline.
+std::vector<std::string> timing_row(const Cell& c, const Row& r, int d, double peak_gmacs) {
+  const double ops = 4.0 * c.l * c.l * d;  // two GEMMs, 2 ops per MAC
+  const bool gemm_row = r.name == "gemm-only";
+  return {std::to_string(c.l), std::to_string(d), std::to_string(c.threads), r.name, fmt(r.ms, 2),
+          fmt(ops / (r.ms * 1e-3) * 1e-9, 1), fmt(r.ms / c.t_gemm, 2), fmt(c.t_fp32 / r.ms, 2),
+          r.is_int && !gemm_row && std::isfinite(c.t_gemm) ? fmt((r.ms - c.t_gemm) / r.ms * 100, 1) + " %" : "-",
+          gemm_row ? fmt((ops / 2) / (r.ms * 1e-3) * 1e-9 / (peak_gmacs * c.threads) * 100, 1) + " % (QK " +
+                         fmt(c.qk_eff, 0) + " %, PV " + fmt(c.pv_eff, 0) + " %)"
+                   : "-",
+          fmt(c.t_qo / r.ms, 2), fmt(r.rss, 1)};
+}
+
+// The tables under the timing table: the softmax rows alone and the GEMM stages against oneDNN.
+std::string anchor_tables(const BenchOptions& o, const std::vector<Cell>& cells, const std::string& index_kernel,
+                          const std::string& float_kernel) {
+  std::string text;
+  Table softmax{{"L", "IndexSoftmax row ns/element", "float softmax row ns/element", "float / IndexSoftmax"}, {}};
+  for (const Cell& c : cells)
+    if (std::isfinite(c.ns_index))
+      softmax.rows.push_back({std::to_string(c.l), fmt(c.ns_index, 3), fmt(c.ns_float, 3), fmt(c.ns_float / c.ns_index, 2)});
+  if (!softmax.rows.empty())
+    text += "\nSoftmax row kernels alone (" + index_kernel + " vs " + float_kernel +
+            "; 64 rows of this run's S, 1 thread, every key visible)\n\n" + softmax.markdown();
   Table anchor{{"L", "threads", "Q.K^T ours ms", "Q.K^T oneDNN ms", "ours / oneDNN", "P.V ours ms", "P.V oneDNN ms",
                 "ours / oneDNN", "fused intattention / oneDNN two GEMMs"},
                {}};
@@ -380,44 +415,83 @@ void run_bench(const BenchOptions& o) {
     if (std::isfinite(c.t_dnnl_qk))
       anchor.rows.push_back({std::to_string(c.l), std::to_string(c.threads), fmt(c.t_qk, 2), fmt(c.t_dnnl_qk, 2),
                              fmt(c.t_qk / c.t_dnnl_qk, 2), fmt(c.t_pv, 2), fmt(c.t_dnnl_pv, 2),
-                             fmt(c.t_pv / c.t_dnnl_pv, 2), fmt(c.t_int / (c.t_dnnl_qk + c.t_dnnl_pv), 2)});
-  for (const char* stage : {"Q.K^T", "P.V"}) {
-    const bool qk = std::string(stage) == "Q.K^T";
-    bool any = false, ok = true;
-    std::string fig;
-    for (const Cell& c : cells)
-      if ((c.l == 2048 || c.l == 4096 || c.l == 8192) && std::isfinite(c.t_dnnl_qk) && std::isfinite(c.t_qk)) {
-        const double r = qk ? c.t_qk / c.t_dnnl_qk : c.t_pv / c.t_dnnl_pv;
-        any = true;
-        ok = ok && r <= 1.10;
-        fig += (fig.empty() ? "" : ", ") + ("L " + std::to_string(c.l) + " t" + std::to_string(c.threads) + ": " + fmt(r, 2));
-      }
-    target(std::string("our ") + stage + " stage <= 1.10 x oneDNN's at L in {2048, 4096, 8192}", any, ok, fig);
+                             fmt(c.t_pv / c.t_dnnl_pv, 2), fmt(c.t_int / dnnl_two(c), 2)});
+  if (wants(o, "onednn"))
+    text += "\nGEMM stages against " + onednn_version() + " (same shapes; ours: int_attention_fused with one stage, K/V "
+            "packing included; oneDNN: plain row-major Q, K read as K^T, P, V, primitives made outside the timing)\n\n" +
+            (anchor.rows.empty() ? std::string("(no oneDNN rows in this build)\n") : anchor.markdown());
+  return text;
+}
+
+Isa bench_isa(const std::string& name) {
+  Isa isa;
+  try {
+    isa = name.empty() ? default_isa() : parse_isa(name);
+  } catch (const std::exception& e) {
+    throw CLI::ValidationError("--isa", e.what());
   }
-  {
-    bool any = false, ok = true;
-    std::string fig;
-    for (const Cell& c : cells)
-      if (c.l == 4096 && std::isfinite(c.t_dnnl_qk) && std::isfinite(c.t_int)) {
-        const double r = c.t_int / (c.t_dnnl_qk + c.t_dnnl_pv);
-        any = true;
-        ok = ok && r <= 1.25;
-        fig += (fig.empty() ? "" : ", ") + ("t" + std::to_string(c.threads) + ": " + fmt(r, 2));
-      }
-    target("fused intattention <= 1.25 x oneDNN's two GEMMs at L = 4096", any, ok, fig);
+  if (!isa_available(isa))
+    throw CLI::ValidationError("--isa", name + " is not available on this CPU or build (available: " +
+                                            available_isa_names() + ")");
+  return isa;
+}
+
+// --index: any method that takes IndexSoftmax's parameters (index, intattention) names a configuration of the kernels.
+IndexSoftmaxParams bench_index_params(const MethodSpec& spec, const std::string& text) {
+  const MethodEntry* entry = ref::reference_registry().find(spec.name);
+  for (const ParamInfo& p : ref::index_softmax_param_infos())
+    if (!entry || std::none_of(entry->params.begin(), entry->params.end(), [&](const ParamInfo& q) { return q.key == p.key; }))
+      throw SpecError("--index: expected a method with IndexSoftmax's parameters such as index@paper, got '" + text + "'");
+  return ref::index_softmax_params(ref::reference_registry().resolve(spec));
+}
+
+void run_bench(const BenchOptions& o) {
+  if (o.list_targets) {
+    emit(targets_markdown(), o.out);
+    return;
   }
-  Table softmax_table{{"L", "IndexSoftmax row ns/element", "float softmax row ns/element", "float / IndexSoftmax"}, {}};
-  {
-    bool ok = true;
-    std::string fig;
-    for (const SoftmaxRows& r : softmax_rows) {
-      softmax_table.rows.push_back({std::to_string(r.l), fmt(r.ns_index, 3), fmt(r.ns_float, 3), fmt(r.ns_float / r.ns_index, 2)});
-      ok = ok && r.ns_float / r.ns_index >= 1.5;
-      fig += (fig.empty() ? "" : ", ") + ("L " + std::to_string(r.l) + ": " + fmt(r.ns_float / r.ns_index, 2));
+  const Isa isa = bench_isa(o.isa);
+  require_range("--d", o.d, 1, kMaxBenchD);
+  require_range("--reps", o.reps, 1, kMaxBenchReps);
+  if (o.lengths.empty() || o.threads.empty()) throw CLI::ValidationError("--L/--threads", "give at least one value");
+  for (int l : o.lengths) require_range("--L", l, 1, kMaxBenchL);
+  for (int t : o.threads) require_range("--threads", t, 1, kMaxThreads);
+  const MethodSpec index_spec = parse_method_spec(o.index);
+  const IndexSoftmaxParams index_params = bench_index_params(index_spec, o.index);
+  const IntAttentionKernels names = int_attention_kernels(isa);
+  const std::string qo_softmax = int_attention_kernels(isa, IntPipeline::quant_only).softmax;
+  const double peak_gmacs = measure_peak_gmacs(isa);
+
+  Table t{{"L", "d", "threads", "pipeline", "median ms", "GOP/s", "vs gemm-only", "fp32 / this", "softmax share",
+           "GEMM % of peak", "quant-only / this", "peak RSS MiB"},
+          {}};
+  json j = {{"cpu", cpu_model()}, {"hardware_threads", std::thread::hardware_concurrency()}, {"isa", isa_name(isa)},
+            {"kernels", {{"qk", names.qk}, {"softmax", names.softmax}, {"softmax_quant_only", qo_softmax}, {"pv", names.pv}}},
+            {"peak_int8_gmacs_per_core", peak_gmacs}, {"reps", o.reps}, {"runs", json::array()}};
+  std::vector<Cell> cells;
+  std::mt19937_64 g(1);
+  for (int l : o.lengths) {
+    const BenchInputs in = make_inputs(l, o.d, wants(o, "fp32"), g);
+    for (std::size_t ti = 0; ti < o.threads.size(); ++ti) {
+      Cell c;
+      c.l = l;
+      c.threads = o.threads[ti];
+      if (ti == 0 && wants(o, "softmax")) {
+        std::tie(c.ns_index, c.ns_float) = measure_softmax_rows(in, isa, index_params, o.reps);
+        j["softmax_rows"].push_back({{"L", l}, {"index_ns_per_element", c.ns_index}, {"float_ns_per_element", c.ns_float}});
+      }
+      for (const Row& r : measure_cell(o, in, isa, index_params, peak_gmacs, c, j)) {
+        t.rows.push_back(timing_row(c, r, o.d, peak_gmacs));
+        j["runs"].push_back({{"L", l}, {"d", o.d}, {"threads", c.threads}, {"pipeline", r.name}, {"median_ms", r.ms},
+                             {"gops", 4.0 * l * l * o.d / (r.ms * 1e-3) * 1e-9}, {"peak_rss_mib", r.rss}});
+      }
+      cells.push_back(c);
+      std::cerr << "qattn bench: L " << l << ", " << c.threads << " thread(s) done\n";
     }
-    target("IndexSoftmax row >= 1.5 x faster per element than the float softmax row of fused quant-only",
-           !softmax_rows.empty(), ok, fig);
   }
+  relate_cells(cells);
+  json jt;
+  const std::string targets = check_targets(cells, jt);
   j["onednn"] = onednn_version();
   j["targets"] = jt;
   rusage ru{};
@@ -433,16 +507,9 @@ void run_bench(const BenchOptions& o) {
        << "medians of " << o.reps << " runs after one warm-up; GOP/s counts the two GEMMs (4 L^2 d ops); "
        << "fp32 blocks runs Eigen at this build's baseline ISA; peak RSS per row is the process's high-water mark "
        << "while that row ran (inputs included; " << ru.ru_maxrss / 1024 << " MiB for the whole run)\n\n";
-  std::string anchor_text;
-  if (!softmax_rows.empty())
-    anchor_text += "\nSoftmax row kernels alone (" + names.softmax + " vs " + qo_softmax +
-                   "; 64 rows of this run's S, 1 thread, every key visible)\n\n" + softmax_table.markdown();
-  if (wants(o, "onednn"))
-    anchor_text += "\nGEMM stages against " + onednn_version() + " (same shapes; ours: int_attention_fused with one stage, K/V "
-                  "packing included; oneDNN: plain row-major Q, K read as K^T, P, V, primitives made outside the timing)\n\n" +
-                  (anchor.rows.empty() ? std::string("(no oneDNN rows in this build)\n") : anchor.markdown());
   emit(o.format == "json" ? j.dump(2) + "\n"
-                          : head.str() + t.markdown() + anchor_text + "\nTargets (docs/kernels.md):\n" + targets.str(),
+                          : head.str() + t.markdown() + anchor_tables(o, cells, names.softmax, qo_softmax) +
+                                "\nTargets (docs/kernels.md):\n" + targets,
        o.out);
 }
 
@@ -465,6 +532,8 @@ void add_bench(CLI::App& app) {
       ->delimiter(',')
       ->check(CLI::IsMember({"fused", "materialised", "fp32", "onednn", "softmax"}))
       ->capture_default_str();
+  sub->add_flag("--list-targets", o->list_targets,
+                "print the targets the run checks (name, bound, figure) as docs/kernels.md holds them, and exit");
   sub->callback([o] { run_bench(*o); });
 }
 

@@ -206,7 +206,7 @@ std::string type_name(const ParamInfo& p) {
   return "";
 }
 
-// Markdown blocks for the docs, each between markers that scripts/method_docs.py finds in README.md,
+// Markdown blocks for the docs, each between markers that scripts/doc_blocks.py finds in README.md,
 // docs/dumping.md and docs/non-finite.md (and a CLI test checks there): the method table, the list of methods with
 // a softmax form, and the non-finite policy per method.
 void print_methods_markdown() {

@@ -107,7 +107,9 @@ expect 2 "--L: 0 is outside \[1, 32768\]" "bench bad L" -- bench --L 0 --reps 1
 # --rows fused: no fp32 or materialised rows, and the targets that need them say so instead of a verdict.
 out=$(q bench --L 32 --d 8 --threads 1 --reps 1 --rows fused 2>&1); rc=$?
 if [ "$rc" -eq 0 ] && grep -q "quant-only fused" <<<"$out" && ! grep -qE "\| (fp32 blocks|intattention materialised|quant-only materialised) " <<<"$out" &&
-   grep -q "fp32 > quant-only > intattention: \*\*not measured in this run" <<<"$out"; then pass=$((pass + 1)); else
+   grep -q "fp32 > quant-only > intattention: \*\*not measured in this run" <<<"$out" &&
+   grep -qE "faster than fused quant-only at every L: \*\*(met|missed)\*\* \(L 32 t1: [0-9]+\.[0-9]{2}\)" <<<"$out"; then
+  pass=$((pass + 1)); else
   echo "FAIL: bench --rows fused: exit $rc"; echo "$out" | tail -12; fail=$((fail + 1)); fi
 expect 2 "rows" "bench bad rows" -- bench --L 16 --reps 1 --rows gpu
 out=$(QATTN_ISA=sse9 "${emu[@]}" "$bin" bench --L 16 --reps 1 2>&1); rc=$?
