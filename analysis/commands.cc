@@ -1,4 +1,5 @@
 #include "commands.h"
+#include "data_paths.h"
 
 #include <algorithm>
 #include <chrono>
@@ -486,7 +487,7 @@ void run_attention(const AttentionOptions& o) {
 
 
 struct AnalyzeOptions {
-  std::string tensors = QATTN_DEFAULT_TENSORS;
+  std::string tensors = default_tensors();
   std::string q, k, v, logits;
   std::vector<std::string> specs;
   std::string format = "md", out, reference = "fp64", kv, weights;

@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "commands.h"
+#include "data_paths.h"
 #include "engine_setting.h"
 #include "qattn/error.h"
 #include "qattn/parallel.h"
@@ -53,15 +54,6 @@ std::string fixed(double v, int places) {
   return s.str();
 }
 
-namespace {
-
-fs::path plots_script() {
-  if (const char* dir = std::getenv("QATTN_PLOTS_DIR"); dir && *dir) return fs::path(dir) / "qattn_plot.py";
-  return fs::path(QATTN_PLOTS_DIR) / "qattn_plot.py";
-}
-
-}  // namespace
-
 int run_program(std::vector<std::string> argv_s) {
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());
@@ -80,10 +72,10 @@ int run_program(std::vector<std::string> argv_s) {
 }
 
 int run_plot_script(const std::vector<std::string>& args) {
-  const fs::path script = plots_script();
+  const fs::path script = plot_script();
   std::error_code ec;
   if (!fs::is_regular_file(script, ec))
-    throw InputError(script.string(), "QATTN_PLOTS_DIR", "plot script not found (set QATTN_PLOTS_DIR to analysis/plots)");
+    throw InputError(script.string(), "QATTN_PLOTS_DIR", "plot script not found (installed under share/qattn/plots; QATTN_PLOTS_DIR names its directory)");
   const char* python = std::getenv("QATTN_PYTHON");
   std::vector<std::string> argv = {python && *python ? python : "/usr/bin/python3", script.string()};
   argv.insert(argv.end(), args.begin(), args.end());

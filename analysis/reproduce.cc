@@ -12,6 +12,7 @@
 #include <span>
 
 #include "commands.h"
+#include "data_paths.h"
 #include "experiment.h"
 #include "qattn/error.h"
 #include "engine_setting.h"
@@ -22,7 +23,7 @@ namespace fs = std::filesystem;
 namespace {
 
 struct ReproduceOptions {
-  std::string name, tensors = QATTN_DEFAULT_TENSORS, out_dir = ".", out;
+  std::string name, tensors = default_tensors(), out_dir = ".", out;
   bool list = false, fast = false, no_plots = false;
   int threads = 0;
 };

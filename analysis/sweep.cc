@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "commands.h"
+#include "data_paths.h"
 #include "evaluate.h"
 #include "qattn/error.h"
 #include "qattn/reference/registry.h"
@@ -25,7 +26,7 @@ namespace qattn::cli {
 namespace {
 
 struct SweepOptions {
-  std::string spec, tensors = QATTN_DEFAULT_TENSORS, metric = "cossim", target = "O", out, format = "csv";
+  std::string spec, tensors = default_tensors(), metric = "cossim", target = "O", out, format = "csv";
   std::vector<std::string> grids;
   int threads = 0;
   long long max_points = kDefaultMaxSweepPoints;
