@@ -39,7 +39,11 @@ class IndexMethod final : public SoftmaxModelMethod {
 
   IntegerSoftmaxResult softmax_integer_impl(const IntegerLogits& in) const override {
     const std::int64_t c_int = in.cint ? *in.cint : cint_from_alpha(p_.c, *in.alpha, p_.cint_rounding);
-    if (c_int < 1 || c_int > kCintMax) throw SpecError("cint must be in [1, 2^30], got " + std::to_string(c_int));
+    try {
+      validate(p_, c_int);
+    } catch (const std::invalid_argument& e) {
+      throw SpecError(e.what());
+    }
     const RowMatrixXi32 p = index_softmax(in.values, c_int, p_);
     IntegerSoftmaxResult r;
     r.raw_scale = p_.p_scale();
@@ -90,8 +94,11 @@ IndexSoftmaxParams index_softmax_params(const ParamMap& m) {
     p.index_rule = parse_enum(m.choice("index"), kIndex);
     p.normalization = parse_enum(m.choice("norm"), kNorm);
     p.p_format = choice_value(m, "p", kPFormats);
-    if (p.normalization == Normalization::q8_reciprocal && p.p_format != PFormat::u8)
-      throw SpecError("norm=q8-reciprocal is defined for p=u8 only (the upstream NEON kernel)");
+    try {
+      validate(p);
+    } catch (const std::invalid_argument& e) {
+      throw SpecError(e.what());
+    }
     return p;
 }
 

@@ -9,8 +9,10 @@
 namespace qattn::ref {
 
 std::vector<std::uint8_t> index_lut(int bits, double c, LutRounding rounding) {
-  if (bits < 1 || bits > 8) throw std::invalid_argument("index_lut: bits must be in 1..8, got " + std::to_string(bits));
-  if (!(c > 0) || !std::isfinite(c)) throw std::invalid_argument("index_lut: c must be finite and > 0");
+  IndexSoftmaxParams params;
+  params.bits = bits;
+  params.c = c;
+  validate(params);
   const int last = (1 << bits) - 1;
   std::vector<std::uint8_t> lut(static_cast<std::size_t>(last) + 1);
   for (int i = 0; i <= last; ++i) {
@@ -72,7 +74,7 @@ std::int32_t normalize(std::int32_t e, std::int64_t row_sum, int p_scale, Normal
 void index_softmax_row(const std::int32_t* logits, const bool* valid, Eigen::Index length, std::int64_t c_int,
                        const IndexSoftmaxParams& params, const std::vector<std::uint8_t>& lut, std::int32_t* p_out,
                        IndexSoftmaxTrace* trace) {
-  if (c_int < 1 || c_int > kCintMax) throw std::invalid_argument("index_softmax: c_int outside [1, 2^30]");
+  validate(params, c_int);
   if (lut.size() != (std::size_t{1} << params.bits)) throw std::invalid_argument("index_softmax: LUT size != 2^bits");
   if (trace) {
     trace->idx.assign(length, -1);

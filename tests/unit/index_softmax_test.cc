@@ -186,3 +186,33 @@ TEST_CASE("the index method in the registry: presets, integer and FP paths", "[i
   CHECK(pf.sum() == Approx(1.0));
   CHECK_THROWS_AS(r.create("fp32")->softmax_integer(in), SpecError);
 }
+
+TEST_CASE("IndexSoftmax validate(): the one check the registry, the reference and the kernels share") {
+  IndexSoftmaxParams ok;
+  CHECK_NOTHROW(validate(ok));
+  CHECK_NOTHROW(validate(ok, 1));
+  CHECK_NOTHROW(validate(ok, kCintMax));
+  CHECK_THROWS_AS(validate(ok, 0), std::invalid_argument);
+  CHECK_THROWS_AS(validate(ok, kCintMax + 1), std::invalid_argument);
+  for (const int bits : {0, 9, -1}) {
+    IndexSoftmaxParams p;
+    p.bits = bits;
+    CHECK_THROWS_AS(validate(p), std::invalid_argument);
+    CHECK_THROWS_AS(index_lut(bits, 6.6, LutRounding::floor), std::invalid_argument);  // the reference's table
+  }
+  for (const double c : {0.0, -1.0, std::nan(""), static_cast<double>(INFINITY)}) {
+    IndexSoftmaxParams p;
+    p.c = c;
+    CHECK_THROWS_AS(validate(p), std::invalid_argument);
+  }
+  IndexSoftmaxParams q8s8;
+  q8s8.normalization = Normalization::q8_reciprocal;
+  q8s8.p_format = PFormat::s8;
+  CHECK_THROWS_AS(validate(q8s8), std::invalid_argument);
+  q8s8.p_format = PFormat::u8;
+  CHECK_NOTHROW(validate(q8s8));
+  // The registry's parser reports the same refusal as a SpecError; the reference row refuses a c_int out of range.
+  CHECK_THROWS_AS(reference_registry().create("index:norm=q8-reciprocal,p=s8"), SpecError);
+  const RowMatrixXi32 s = RowMatrixXi32::Zero(1, 4);
+  CHECK_THROWS_AS(index_softmax(s, 0, ok), std::invalid_argument);
+}

@@ -55,6 +55,12 @@ struct IndexSoftmaxParams {
 // The largest c_int ever used: Δ' (T-1) <= 2^30 * 255 < 2^38 and Δ' m stay far inside int64.
 inline constexpr std::int64_t kCintMax = std::int64_t{1} << 30;
 
+// The one check of an IndexSoftmax configuration, used by the registry's parser, the reference model and the
+// kernels alike: b in 1..8, c finite and > 0, norm=q8-reciprocal only with p=u8; with c_int, also c_int in
+// [1, kCintMax]. Throws std::invalid_argument naming the parameter and the value.
+void validate(const IndexSoftmaxParams& params);
+void validate(const IndexSoftmaxParams& params, std::int64_t c_int);
+
 std::string_view to_string(CintRounding r);
 std::string_view to_string(LutRounding r);
 std::string_view to_string(IndexRule r);

@@ -3,8 +3,24 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <string>
 
 namespace qattn {
+
+void validate(const IndexSoftmaxParams& params) {
+  if (params.bits < 1 || params.bits > 8)
+    throw std::invalid_argument("IndexSoftmax: b must be in 1..8, got " + std::to_string(params.bits));
+  if (!(params.c > 0) || !std::isfinite(params.c))
+    throw std::invalid_argument("IndexSoftmax: c must be finite and > 0, got " + std::to_string(params.c));
+  if (params.normalization == Normalization::q8_reciprocal && params.p_format != PFormat::u8)
+    throw std::invalid_argument("norm=q8-reciprocal is defined for p=u8 only (the upstream NEON kernel)");
+}
+
+void validate(const IndexSoftmaxParams& params, std::int64_t c_int) {
+  validate(params);
+  if (c_int < 1 || c_int > kCintMax)
+    throw std::invalid_argument("IndexSoftmax: c_int must be in [1, 2^30], got " + std::to_string(c_int));
+}
 
 std::string_view to_string(CintRounding r) {
   switch (r) {

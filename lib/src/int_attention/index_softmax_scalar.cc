@@ -13,9 +13,7 @@
 namespace qattn::kernels {
 
 IndexSoftmaxTables IndexSoftmaxTables::make(const IndexSoftmaxParams& params, std::int64_t c_int) {
-  if (params.bits < 1 || params.bits > 8) throw std::invalid_argument("IndexSoftmax: bits must be in 1..8");
-  if (!(params.c > 0) || !std::isfinite(params.c)) throw std::invalid_argument("IndexSoftmax: c must be finite and > 0");
-  if (c_int < 1 || c_int > kCintMax) throw std::invalid_argument("IndexSoftmax: c_int outside [1, 2^30]");
+  validate(params, c_int);
   IndexSoftmaxTables t;
   t.params = params;
   t.c_int = c_int;
