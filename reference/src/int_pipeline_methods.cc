@@ -53,7 +53,7 @@ MethodEntry quant_only_entry() {
             choice_names(kQuantOnlySoftmax)}},
           {},
           [](const ParamMap& m) -> std::unique_ptr<Method> {
-            return std::make_unique<QuantOnlyMethod>(choice_value(m, "softmax", kQuantOnlySoftmax));
+            return std::make_unique<QuantOnlyMethod>(quant_only_softmax(m));
           }};
   e.overflow = OverflowRule::refuse;
   e.overflow_note = "INT32 Q K^T dequantised to float32 logits; an entry beyond 3.4e38 is refused";
@@ -82,11 +82,8 @@ MethodEntry intattention_entry() {
   for (PresetInfo& p : e.presets)
     if (p.name == "upstream-sim") p.values["cint-eval"] = "f32";
   e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
-    IntAttentionGroups g;
-    g.q_rows = m.integer("q-group");
-    g.v_per_channel = choice_value(m, "v-group", kVPerChannel);
-    return std::make_unique<IntAttentionMethod>(
-        index_softmax_params(m), choice_value(m, "cint-eval", kCintEvaluations), g);
+    const IntAttentionSettings s = intattention_settings(m);
+    return std::make_unique<IntAttentionMethod>(s.softmax, s.cint_eval, s.groups);
   };
   e.overflow = OverflowRule::refuse;
   e.overflow_note = "INT8 Q/K/V and INT32 Q K^T (exact); only the logit scale alpha = s_Q s_K scale (float64, or c / alpha in float32 with cint-eval=f32, as in @upstream-sim) can leave its format, and is then refused";
@@ -98,6 +95,17 @@ MethodEntry intattention_entry() {
 }
 
 }  // namespace
+
+IntAttentionSettings intattention_settings(const ParamMap& m) {
+  IntAttentionSettings s;
+  s.softmax = index_softmax_params(m);
+  s.cint_eval = choice_value(m, "cint-eval", kCintEvaluations);
+  s.groups.q_rows = m.integer("q-group");
+  s.groups.v_per_channel = choice_value(m, "v-group", kVPerChannel);
+  return s;
+}
+
+QuantOnlySoftmax quant_only_softmax(const ParamMap& m) { return choice_value(m, "softmax", kQuantOnlySoftmax); }
 
 void register_int_pipeline_methods(Registry& registry) {
   registry.add(quant_only_entry());

@@ -29,18 +29,19 @@ struct FusedPlan {
 FusedPlan unsupported(std::string why) { return {false, std::move(why)}; }
 
 FusedPlan plan_intattention(const ParamMap& m) {
-  if (m.integer("q-group") != 0) return unsupported("q-group=" + std::to_string(m.integer("q-group")) +
-                                                    ": the fused kernels take one Q scale per call");
-  if (m.choice("v-group") != "tensor") return unsupported("v-group=" + m.choice("v-group") +
-                                                          ": the fused kernels take one V scale per call");
+  const ref::IntAttentionSettings s = ref::intattention_settings(m);
+  if (s.groups.q_rows != 0)
+    return unsupported("q-group=" + std::to_string(s.groups.q_rows) + ": the fused kernels take one Q scale per call");
+  if (s.groups.v_per_channel)
+    return unsupported("v-group=" + m.choice("v-group") + ": the fused kernels take one V scale per call");
   FusedPlan p{true};
-  p.softmax = ref::index_softmax_params(m);
-  p.cint_eval = m.choice("cint-eval") == "f32" ? ref::CintEvaluation::f32_upstream : ref::CintEvaluation::f64;
+  p.softmax = s.softmax;
+  p.cint_eval = s.cint_eval;
   return p;
 }
 
 FusedPlan plan_quant_only(const ParamMap& m) {
-  if (m.choice("softmax") != "lanes16")
+  if (ref::quant_only_softmax(m) != ref::QuantOnlySoftmax::lanes16)
     return unsupported("softmax=" + m.choice("softmax") +
                        ": the fused float softmax is exp_f32_poly with the 16-lane sum (softmax=lanes16)");
   FusedPlan p{true};

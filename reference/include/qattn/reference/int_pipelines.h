@@ -56,4 +56,14 @@ AttentionResult int_attention(const RowMatrixXd& q, const RowMatrixXd& k, const 
                               const AttentionMask& mask, const IndexSoftmaxParams& params, CintEvaluation cint_eval,
                               const IntAttentionGroups& groups = {});
 
+// The registry parameters of the two pipelines, parsed (a resolved ParamMap of "intattention" or "quant-only"): what
+// the engine reads to decide whether the fused kernels run a spec.
+struct IntAttentionSettings {
+  IndexSoftmaxParams softmax;
+  CintEvaluation cint_eval = CintEvaluation::f64;
+  IntAttentionGroups groups;
+};
+IntAttentionSettings intattention_settings(const ParamMap& params);
+QuantOnlySoftmax quant_only_softmax(const ParamMap& params);
+
 }  // namespace qattn::ref

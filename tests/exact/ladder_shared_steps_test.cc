@@ -1,0 +1,94 @@
+// The steps the fused kernels share with the reference model by construction (docs/kernels.md, "What the ladder
+// proves"): on those the ladder's equality is no evidence, so each is certified here or in the named test against
+// exact arithmetic:
+//   - the per-tensor INT8 quantiser (qattn/quantize.h): here, against the exact real-number codes;
+//   - c_int (cint_from_alpha): tests/exact/certify_index_test.cc, against the exact quotient;
+//   - exp_f32_poly and the 16-lane sum (qattn/exp_f32.h): tests/unit/exp_f32_test.cc, against e^x.
+#include <boost/multiprecision/cpp_int.hpp>
+#include <catch2/catch.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "qattn/quantize.h"
+
+namespace {
+
+using boost::multiprecision::cpp_int;
+using boost::multiprecision::cpp_rational;
+
+// The double as an exact rational.
+cpp_rational exact(double v) {
+  int e = 0;
+  const double m = std::frexp(v, &e);
+  const auto mant = static_cast<std::int64_t>(std::ldexp(m, 53));  // v = mant 2^(e - 53), exact
+  cpp_rational r(mant);
+  if (e - 53 >= 0) r *= cpp_rational(cpp_int(1) << (e - 53));
+  else r /= cpp_rational(cpp_int(1) << (53 - e));
+  return r;
+}
+
+// round-half-even of an exact rational.
+cpp_int round_half_even(const cpp_rational& v) {
+  const cpp_int num = numerator(v), den = denominator(v);  // den > 0
+  cpp_int q = num / den;  // toward zero
+  if (num < 0 && q * den != num) q -= 1;  // floor
+  const cpp_rational frac = v - cpp_rational(q);
+  if (frac > cpp_rational(1, 2) || (frac == cpp_rational(1, 2) && (q & 1) != 0)) q += 1;
+  return q;
+}
+
+// The code the definition asks for in real numbers: clamp(rne(127 x / max|x|), -127, 127).
+int exact_code(double x, double amax) {
+  if (amax == 0) return 0;
+  cpp_int q = round_half_even(exact(x) * 127 / exact(amax));
+  if (q > 127) q = 127;
+  if (q < -127) q = -127;
+  return static_cast<int>(q);
+}
+
+}  // namespace
+
+TEST_CASE("ladder: the shared INT8 quantiser against the exact real-number codes", "[ladder][certify]") {
+  std::mt19937_64 g(2026);
+  std::normal_distribution<double> n(0, 1);
+  std::uniform_int_distribution<int> k(-127, 126);
+  long cases = 0, off_by_one = 0, worse = 0, random_off = 0;
+  for (int t = 0; t < 400; ++t) {
+    std::vector<double> x(256);
+    const double spread = std::ldexp(1.0, static_cast<int>(g() % 40) - 20);
+    for (double& v : x) v = spread * std::clamp(n(g), -3.9, 3.9);
+    x[0] = spread * 4;  // the maximum, kept by the replacements below
+    const double amax = x[0];
+    // Half the tensors also hold values on the rounding boundaries x = (k + 1/2) amax / 127 (in double): there the
+    // double quotient x / s can land on either side of the tie.
+    const bool adversarial = t % 2 == 1;
+    if (adversarial)
+      for (std::size_t i = 1; i < x.size(); i += 2) x[i] = (k(g) + 0.5) * amax / 127;
+    std::vector<std::int8_t> q(x.size());
+    qattn::quantize_int8_symmetric(std::span<const double>(x), std::span<std::int8_t>(q));
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const int want = exact_code(x[i], amax), diff = std::abs(q[i] - want);
+      ++cases;
+      off_by_one += diff == 1;
+      worse += diff > 1;
+      random_off += diff != 0 && (!adversarial || i % 2 == 0);
+    }
+  }
+  std::printf("INT8 quantiser certification: %ld codes; off by one from the exact real-number code: %ld (all on "
+              "constructed ties), %ld among the random values; off by more: %ld\n",
+              cases, off_by_one, random_off, worse);
+  CHECK(worse == 0);       // never more than one code from the definition in real numbers
+  CHECK(random_off == 0);  // and only where x sits within a rounding of a tie
+  CHECK(off_by_one > 0);   // the constructed ties do reach the double rounding: the check can see a difference
+  // All zeros: scale 1, codes 0; the largest |x| maps to +-127 exactly.
+  std::vector<double> z(5, 0.0), w = {-254.0, 125.0, 254.0};  // s = 2: 125 / 2 = 62.5 exactly
+  std::vector<std::int8_t> qz(5), qw(3);
+  CHECK(qattn::quantize_int8_symmetric(std::span<const double>(z), std::span<std::int8_t>(qz)) == 1.0);
+  CHECK(qz == std::vector<std::int8_t>(5, 0));
+  qattn::quantize_int8_symmetric(std::span<const double>(w), std::span<std::int8_t>(qw));
+  CHECK(qw == std::vector<std::int8_t>{-127, 62, 127});  // the tie 62.5 goes to even (away from zero: 63)
+}
