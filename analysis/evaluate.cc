@@ -286,12 +286,63 @@ RowMatrixXd softmax_reference(const RowMatrixXd& logits, SoftmaxReference kind) 
   return p;
 }
 
+// One head of a softmax dump into l: its logits (mask applied) and their reference probabilities.
+void add_softmax_head(DumpLayer& l, const HeadTensors& ht, const AttentionMask& mask, SoftmaxReference ref_kind) {
+  l.q_paths.push_back(ht.where[3]);
+  require_finite_tensor(ht.t[3], ht.where[3], "logits", /*masked_ok=*/true);
+  std::vector<RowMatrixXd> rows = split_batch(ht.t[3], ht.where[3]);
+  if (!l.logits.empty() && rows.size() != l.logits.front().size())
+    throw InputError(ht.where[3], "shape", "batch size differs from the other heads of layer " + std::to_string(ht.layer));
+  std::vector<RowMatrixXd> refs;
+  for (RowMatrixXd& x : rows) {
+    mask.apply_to_logits(x);
+    refs.push_back(softmax_reference(x, ref_kind));
+  }
+  l.logits.push_back(std::move(rows));
+  l.p_reference.push_back(std::move(refs));
+}
+
+// One head of an attention dump into l: q, k, v checked against each other, the layer's other heads and the
+// manifest's head_dim (field names its layer), and the fp64 reference attention.
+void add_attention_head(DumpLayer& l, const HeadTensors& ht, const LayerManifest* m, const std::string& manifest_path,
+                        const std::string& field, const AttentionMask& mask, const Method& reference) {
+  l.q_paths.push_back(ht.where[0]);
+  for (int kind = 0; kind < 3; ++kind) require_finite_tensor(ht.t[kind], ht.where[kind], kKindRoles[kind]);
+  l.q.push_back(split_batch(ht.t[0], ht.where[0]));
+  l.k.push_back(split_batch(ht.t[1], ht.where[1]));
+  l.v.push_back(split_batch(ht.t[2], ht.where[2]));
+  if (l.q.back().size() != l.k.back().size() || l.k.back().size() != l.v.back().size())
+    throw InputError(ht.where[1], "shape", "batch size differs between q, k and v");
+  if (l.q.back().size() != l.q.front().size())
+    throw InputError(ht.where[0], "shape", "batch size differs from the other heads of layer " + std::to_string(ht.layer));
+  if (l.q.back().front().cols() != l.q.front().front().cols())
+    throw InputError(ht.where[0], "shape", "head dimension differs between heads of one layer");
+  if (m && m->head_dim && *m->head_dim != l.q.back().front().cols())
+    throw InputError(manifest_path, field + ".head_dim",
+                     "says " + std::to_string(*m->head_dim) + ", " + ht.where[0] + " has d = " +
+                         std::to_string(l.q.back().front().cols()));
+  for (std::size_t b = 0; b < l.q.back().size(); ++b) {
+    const RowMatrixXd &q = l.q.back()[b], &k = l.k.back()[b], &v = l.v.back()[b];
+    if (q.cols() != k.cols()) throw InputError(ht.where[1], "shape", "head dimension d differs from q");
+    if (k.rows() != v.rows()) throw InputError(ht.where[2], "shape", "v has a different number of keys than k");
+  }
+  std::vector<AttentionResult> refs;
+  const double scale = l.logit_scale();
+  for (std::size_t b = 0; b < l.q.back().size(); ++b) {
+    refs.push_back(reference.attention(l.q.back()[b], l.k.back()[b], l.v.back()[b], scale, mask));
+    // fp64 propagates overflow as NaN; a reference that is not finite cannot measure anything
+    if (!refs.back().o.allFinite())
+      throw InputError(ht.where[0], "values", "scale * Q K^T overflows float64 in the fp64 reference (batch entry " +
+                                                  std::to_string(b) + "); rescale the inputs");
+  }
+  l.reference.push_back(std::move(refs));
+}
+
 // Groups heads (in (layer, head) order) into layers, checks shapes against each other and the manifest, computes
 // the reference.
 std::vector<DumpLayer> build_layers(std::vector<HeadTensors> heads, DumpTarget target, SoftmaxReference ref_kind,
                                     const std::map<int, LayerManifest>& manifest, const std::string& manifest_path) {
   const auto reference = ref::reference_registry().create("fp64");
-  const bool softmax = target == DumpTarget::softmax;
   std::vector<DumpLayer> layers;
   for (std::size_t h0 = 0; h0 < heads.size();) {
     std::size_t h1 = h0;
@@ -309,55 +360,10 @@ std::vector<DumpLayer> build_layers(std::vector<HeadTensors> heads, DumpTarget t
                        "says " + std::to_string(*m->num_heads) + " heads, the dump has " + std::to_string(h1 - h0));
     const AttentionMask mask{RowMatrixXb(), l.causal};
     for (std::size_t h = h0; h < h1; ++h) {
-      HeadTensors& ht = heads[h];
-      l.heads.push_back(ht.head);
-      if (softmax) {
-        l.q_paths.push_back(ht.where[3]);
-        require_finite_tensor(ht.t[3], ht.where[3], "logits", /*masked_ok=*/true);
-        std::vector<RowMatrixXd> rows = split_batch(ht.t[3], ht.where[3]);
-        if (!l.logits.empty() && rows.size() != l.logits.front().size())
-          throw InputError(ht.where[3], "shape", "batch size differs from the other heads of layer " + std::to_string(ht.layer));
-        std::vector<RowMatrixXd> refs;
-        for (RowMatrixXd& x : rows) {
-          mask.apply_to_logits(x);
-          refs.push_back(softmax_reference(x, ref_kind));
-        }
-        l.logits.push_back(std::move(rows));
-        l.p_reference.push_back(std::move(refs));
-        ht = HeadTensors{};
-        continue;
-      }
-      l.q_paths.push_back(ht.where[0]);
-      for (int kind = 0; kind < 3; ++kind) require_finite_tensor(ht.t[kind], ht.where[kind], kKindRoles[kind]);
-      l.q.push_back(split_batch(ht.t[0], ht.where[0]));
-      l.k.push_back(split_batch(ht.t[1], ht.where[1]));
-      l.v.push_back(split_batch(ht.t[2], ht.where[2]));
-      if (l.q.back().size() != l.k.back().size() || l.k.back().size() != l.v.back().size())
-        throw InputError(ht.where[1], "shape", "batch size differs between q, k and v");
-      if (l.q.back().size() != l.q.front().size())
-        throw InputError(ht.where[0], "shape", "batch size differs from the other heads of layer " + std::to_string(ht.layer));
-      if (l.q.back().front().cols() != l.q.front().front().cols())
-        throw InputError(ht.where[0], "shape", "head dimension differs between heads of one layer");
-      if (m && m->head_dim && *m->head_dim != l.q.back().front().cols())
-        throw InputError(manifest_path, field + ".head_dim",
-                         "says " + std::to_string(*m->head_dim) + ", " + ht.where[0] + " has d = " +
-                             std::to_string(l.q.back().front().cols()));
-      for (std::size_t b = 0; b < l.q.back().size(); ++b) {
-        const RowMatrixXd &q = l.q.back()[b], &k = l.k.back()[b], &v = l.v.back()[b];
-        if (q.cols() != k.cols()) throw InputError(ht.where[1], "shape", "head dimension d differs from q");
-        if (k.rows() != v.rows()) throw InputError(ht.where[2], "shape", "v has a different number of keys than k");
-      }
-      std::vector<AttentionResult> refs;
-      const double scale = l.logit_scale();
-      for (std::size_t b = 0; b < l.q.back().size(); ++b) {
-        refs.push_back(reference->attention(l.q.back()[b], l.k.back()[b], l.v.back()[b], scale, mask));
-        // fp64 propagates overflow as NaN; a reference that is not finite cannot measure anything
-        if (!refs.back().o.allFinite())
-          throw InputError(ht.where[0], "values", "scale * Q K^T overflows float64 in the fp64 reference (batch entry " +
-                                                      std::to_string(b) + "); rescale the inputs");
-      }
-      l.reference.push_back(std::move(refs));
-      ht = HeadTensors{};  // the matrices are kept; the tensors are not needed any more
+      l.heads.push_back(heads[h].head);
+      if (target == DumpTarget::softmax) add_softmax_head(l, heads[h], mask, ref_kind);
+      else add_attention_head(l, heads[h], m, manifest_path, field, mask, *reference);
+      heads[h] = HeadTensors{};  // the matrices are kept; the tensors are not needed any more
     }
     layers.push_back(std::move(l));
     h0 = h1;

@@ -32,29 +32,16 @@ struct SweepOptions {
   long long max_points = kDefaultMaxSweepPoints;
 };
 
-void run_sweep(const SweepOptions& o) {
-  const Registry& reg = ref::reference_registry();
-  std::vector<GridAxis> axes;
-  for (const auto& g : o.grids) axes.push_back(parse_grid_axis(g));
-  for (std::size_t a = 0; a < axes.size(); ++a)
-    for (std::size_t b = 0; b < a; ++b)
-      if (axes[a].key == axes[b].key) throw CLI::ValidationError("--grid", "key '" + axes[a].key + "' given twice");
-  const std::string name = std::string(o.target == "P" ? "P_" : "O_") + o.metric;
-  const auto info = std::find_if(std::begin(kMetrics), std::end(kMetrics), [&](const MetricInfo& m) { return name == m.name; });
-  if (info == std::end(kMetrics)) throw CLI::ValidationError("--metric", "'" + o.metric + "' on " + o.target + " is not one of cossim, rel_l1, rmse (O and P), kl (P)");
-
-  require_range("--threads", o.threads, 0, kMaxThreads);
-  require_range("--max-points", o.max_points, 1, kMaxSweepPointsLimit);
-  require_distinct_files({{"--tensors", o.tensors}}, {{"--out", o.out}});
-  // The grid's size is checked before it is built: three axes of 100000 values would otherwise fill memory with
-  // spec strings before the first point runs.
+// Every grid point (the axes' values in order, last axis fastest) and its spec, validated before anything runs: a
+// bad value fails the command with nothing written. The grid's size is checked before it is built: three axes of
+// 100000 values would otherwise fill memory with spec strings before the first point runs.
+std::pair<std::vector<std::vector<std::string>>, std::vector<MethodSpec>> grid_points(const SweepOptions& o,
+                                                                                      const std::vector<GridAxis>& axes) {
   long long n_points = 1;
   for (const GridAxis& axis : axes)
     if (__builtin_mul_overflow(n_points, static_cast<long long>(axis.values.size()), &n_points) || n_points > o.max_points)
       throw CLI::ValidationError("--grid", "the grid has more than " + std::to_string(o.max_points) +
                                                " points (the product of its axes); --max-points raises the cap");
-
-  // Every grid point's spec, validated before anything runs: a bad value fails the command with nothing written.
   const MethodSpec base = parse_method_spec(o.spec);
   std::vector<std::vector<std::string>> points{{}};
   for (const GridAxis& axis : axes) {
@@ -73,12 +60,16 @@ void run_sweep(const SweepOptions& o) {
       std::erase_if(s.overrides, [&](const auto& kv) { return kv.first == axes[a].key; });
       s.overrides.emplace_back(axes[a].key, p[a]);
     }
-    reg.create(s);  // throws SpecError naming the key and value
+    ref::reference_registry().create(s);  // throws SpecError naming the key and value
     specs.push_back(s);
   }
+  return {points, specs};
+}
 
+// The summary of every point over the dump, threaded over points, with progress on stderr.
+std::vector<Summary> evaluate_points(const std::vector<DumpLayer>& dump, const std::vector<MethodSpec>& specs,
+                                     const SweepOptions& o) {
   const auto start = std::chrono::steady_clock::now();
-  const std::vector<DumpLayer> dump = load_dump(o.tensors);
   std::size_t heads = 0;
   for (const DumpLayer& l : dump) heads += l.heads.size();
   const int threads = static_cast<int>(std::min<std::size_t>(
@@ -95,7 +86,8 @@ void run_sweep(const SweepOptions& o) {
       const auto method = make_method(specs[i]);
       summaries[i] = summarise(evaluate(dump, *method, o.spec));
     } catch (const InputError& e) {
-      throw InputError("sweep point " + reg.canonical(specs[i]) + ": " + e.source(), e.field(), e.reason());
+      throw InputError("sweep point " + ref::reference_registry().canonical(specs[i]) + ": " + e.source(), e.field(),
+                       e.reason());
     }
     const std::size_t d = ++done;
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -107,6 +99,26 @@ void run_sweep(const SweepOptions& o) {
                 << (d < specs.size() ? ", about " + std::to_string(static_cast<int>(eta)) + " s left" : std::string()) << "\n";
     }
   });
+  return summaries;
+}
+
+void run_sweep(const SweepOptions& o) {
+  std::vector<GridAxis> axes;
+  for (const auto& g : o.grids) axes.push_back(parse_grid_axis(g));
+  for (std::size_t a = 0; a < axes.size(); ++a)
+    for (std::size_t b = 0; b < a; ++b)
+      if (axes[a].key == axes[b].key) throw CLI::ValidationError("--grid", "key '" + axes[a].key + "' given twice");
+  const std::string name = std::string(o.target == "P" ? "P_" : "O_") + o.metric;
+  const auto info = std::find_if(std::begin(kMetrics), std::end(kMetrics), [&](const MetricInfo& m) { return name == m.name; });
+  if (info == std::end(kMetrics)) throw CLI::ValidationError("--metric", "'" + o.metric + "' on " + o.target + " is not one of cossim, rel_l1, rmse (O and P), kl (P)");
+  require_range("--threads", o.threads, 0, kMaxThreads);
+  require_range("--max-points", o.max_points, 1, kMaxSweepPointsLimit);
+  require_distinct_files({{"--tensors", o.tensors}}, {{"--out", o.out}});
+  const auto [points, specs] = grid_points(o, axes);
+  const std::vector<DumpLayer> dump = load_dump(o.tensors);
+  const std::vector<Summary> summaries = evaluate_points(dump, specs, o);
+  std::size_t heads = 0;
+  for (const DumpLayer& l : dump) heads += l.heads.size();
 
   Table t{{}, {}};
   for (const auto& a : axes) t.header.push_back(a.key);
@@ -117,7 +129,7 @@ void run_sweep(const SweepOptions& o) {
     std::vector<std::string> row = points[i];
     row.insert(row.end(), {o.target, o.metric, sim ? fmt_sim(summaries[i].mean[metric]) : fmt_err(summaries[i].mean[metric]),
                            sim ? fmt_sim(summaries[i].worst[metric]) : fmt_err(summaries[i].worst[metric]),
-                           std::to_string(heads), reg.canonical(specs[i])});
+                           std::to_string(heads), ref::reference_registry().canonical(specs[i])});
     t.rows.push_back(std::move(row));
   }
   emit(o.format == "md" ? t.markdown() : t.csv(), o.out);

@@ -45,6 +45,9 @@ void int_attention_softmax_rows(Isa isa, IntPipeline pipeline, const IndexSoftma
   }
 }
 
+// One function of about 100 lines on purpose: the block loop is the kernel's schedule (pack K and V once, then per
+// row block Q.K^T, softmax, P.V, dequantise, with each worker's scratch), and reading it whole is how its memory and
+// overflow bounds (docs/kernels.md) are checked against it.
 void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v, double scale,
                          const IntAttentionConfig& cfg, float* o) {
   if (q.cols != k.cols || k.rows != v.rows)
