@@ -151,6 +151,12 @@ RowMatrixXd round_fp16(const RowMatrixXd& x) {
   return out;
 }
 
+// The name tables of the quantizers' modes (qattn/method.h's Choice): rtn's grid, FlashQ's integer scale, the
+// TurboQuant key variant (true: prod, the QJL residual sketch).
+constexpr Choice<bool> kRtnModes[] = {{"asym", false}, {"sym", true}};
+constexpr Choice<IntScaleRounding> kZscales[] = {{"round", IntScaleRounding::round}, {"ceil", IntScaleRounding::ceil}};
+constexpr Choice<bool> kTurboKeys[] = {{"mse", false}, {"prod", true}};
+
 void check_heads(const std::vector<RowMatrixXd>& k, const std::vector<RowMatrixXd>& v) {
   if (k.size() != v.size() || k.empty()) throw std::invalid_argument("KV quantizer: k and v need the same, nonzero, head count");
   for (std::size_t h = 0; h < k.size(); ++h)
@@ -160,8 +166,9 @@ void check_heads(const std::vector<RowMatrixXd>& k, const std::vector<RowMatrixX
 class RtnKv final : public KvQuantizer {
  public:
   explicit RtnKv(const ParamMap& p)
-      : bits_(static_cast<int>(p.integer("bits"))), group_(p.integer("g")), k_gran_(p.choice("k")),
-        v_gran_(p.choice("v")), sym_(p.choice("mode") == "sym") {}
+      : bits_(static_cast<int>(p.integer("bits"))), group_(p.integer("g")),
+        k_gran_(choice_value(p, "k", kGranularities)), v_gran_(choice_value(p, "v", kGranularities)),
+        sym_(choice_value(p, "mode", kRtnModes)) {}
   KvQuantized apply(const std::vector<RowMatrixXd>& k, const std::vector<RowMatrixXd>& v) const override {
     check_heads(k, v);
     const QuantGrid grid = sym_ ? QuantGrid::symmetric_bits(bits_) : QuantGrid::unsigned_bits(bits_, QuantMode::asymmetric);
@@ -180,7 +187,7 @@ class RtnKv final : public KvQuantizer {
  private:
   int bits_;
   Eigen::Index group_;
-  std::string k_gran_, v_gran_;
+  Granularity k_gran_, v_gran_;
   bool sym_;
 };
 
@@ -224,7 +231,7 @@ class FlashQKv final : public KvQuantizer {
   explicit FlashQKv(const ParamMap& p)
       : bits_(static_cast<int>(p.integer("bits"))), block_(p.integer("bc")), nh_(static_cast<int>(p.integer("nh"))),
         buffer_(p.integer("nb")),
-        rounding_(p.choice("zscale") == "ceil" ? IntScaleRounding::ceil : IntScaleRounding::round) {
+        rounding_(choice_value(p, "zscale", kZscales)) {
     if (bits_ != 8 && bits_ != 4 && bits_ != 2) throw SpecError("flashq: bits must be 8, 4 or 2");
   }
   KvQuantized apply(const std::vector<RowMatrixXd>& k, const std::vector<RowMatrixXd>& v) const override {
@@ -282,7 +289,7 @@ class FlashQKv final : public KvQuantizer {
 class TurboQuantKv final : public KvQuantizer {
  public:
   explicit TurboQuantKv(const ParamMap& p)
-      : bits_(static_cast<int>(p.integer("bits"))), prod_(p.choice("k") == "prod"),
+      : bits_(static_cast<int>(p.integer("bits"))), prod_(choice_value(p, "k", kTurboKeys)),
         seed_(static_cast<std::uint64_t>(p.integer("seed"))) {
     if (prod_ && bits_ < 1) throw SpecError("turboquant: the prod variant needs bits >= 1");
   }
@@ -376,13 +383,13 @@ class SawKv final : public KvQuantizer {
 
 KvRegistry build_kv_registry() {
   KvRegistry r("KV quantizer");
-  const std::vector<std::string> grans = {"tensor", "channel", "token", "group", "block"};
+  const std::vector<std::string> grans = choice_names(kGranularities);
   r.add({{"rtn", "round-to-nearest baseline: one uniform grid for K and V at a named granularity",
           {int_param("bits", "4", "code bits", 2, 8),
            choice_param("k", "channel", "K granularity", grans),
            choice_param("v", "token", "V granularity", grans),
            int_param("g", "32", "group size (channels of a token for group, tokens for block)", 1, 1 << 20),
-           choice_param("mode", "asym", "asym: integer zero point, range holding 0; sym: +-(2^(b-1) - 1)", {"asym", "sym"})},
+           choice_param("mode", "asym", "asym: integer zero point, range holding 0; sym: +-(2^(b-1) - 1)", choice_names(kRtnModes))},
           {}, nullptr},
          [](const ParamMap& p) { return std::make_unique<RtnKv>(p); }});
   r.add({{"kivi", "KIVI: K per channel in groups of g tokens, V per token in groups of g channels, min-offset grids; "
@@ -399,14 +406,14 @@ KvRegistry build_kv_registry() {
            int_param("nh", "0", "heads of the layer at 2 bits (lowest priority gap x std)", 0, 1 << 20),
            int_param("nb", "0", "decode buffer: the last n_b tokens in INT8 under the universal scale (max block "
                                 "scale of the compressed tokens), clamped to +-119; 0 = none", 0, 1 << 30),
-           choice_param("zscale", "round", "integer scale of the step: round (Eq. 9) or ceil", {"round", "ceil"})},
+           choice_param("zscale", "round", "integer scale of the step: round (Eq. 9) or ceil", choice_names(kZscales))},
           {{"mixed", {{"bits", "4"}, {"nh", "2"}}, "head-wise mixed 2/4 bits: 2 of the layer's heads at 2 bits"}},
           nullptr},
          [](const ParamMap& p) { return std::make_unique<FlashQKv>(p); }});
   r.add({{"turboquant", "TurboQuant: randomized Hadamard rotation, per-vector norm, Lloyd-Max codebook of the "
                         "rotated coordinate; prod: b-1 bits + 1-bit QJL residual sketch (unbiased inner products)",
           {int_param("bits", "3", "bits per coordinate", 1, 8),
-           choice_param("k", "mse", "K variant (V always uses mse)", {"mse", "prod"}),
+           choice_param("k", "mse", "K variant (V always uses mse)", choice_names(kTurboKeys)),
            int_param("seed", "1", "seed of the rotation signs (and of the QJL matrix: seed + 1)", 0, 1e15)},
           {}, nullptr},
          [](const ParamMap& p) { return std::make_unique<TurboQuantKv>(p); }});

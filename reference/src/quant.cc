@@ -17,16 +17,19 @@ QuantGrid QuantGrid::unsigned_bits(int bits, QuantMode mode) {
   return QuantGrid{0, (1 << bits) - 1, mode};
 }
 
-Tiling tiling_for(const std::string& granularity, Eigen::Index group) {
-  auto need_group = [&] {
-    if (group < 1) throw std::invalid_argument("granularity '" + granularity + "' needs a group size >= 1");
+Tiling tiling_for(Granularity granularity, Eigen::Index group) {
+  auto grouped = [&](Tiling t, const char* name) {
+    if (group < 1) throw std::invalid_argument(std::string("granularity '") + name + "' needs a group size >= 1");
+    return t;
   };
-  if (granularity == "tensor") return {0, 0};
-  if (granularity == "channel") return {0, 1};
-  if (granularity == "token") return {1, 0};
-  if (granularity == "group") return need_group(), Tiling{1, group};
-  if (granularity == "block") return need_group(), Tiling{group, 0};
-  throw std::invalid_argument("granularity '" + granularity + "' is not one of tensor|channel|token|group|block");
+  switch (granularity) {
+    case Granularity::tensor: return {0, 0};
+    case Granularity::channel: return {0, 1};
+    case Granularity::token: return {1, 0};
+    case Granularity::group: return grouped(Tiling{1, group}, "group");
+    case Granularity::block: return grouped(Tiling{group, 0}, "block");
+  }
+  throw std::invalid_argument("tiling_for: not a granularity");
 }
 
 double quant_round(double x, QuantRounding r) {

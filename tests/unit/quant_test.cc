@@ -63,12 +63,13 @@ TEST_CASE("rounding modes differ exactly at the half: 2.5 -> 2 (even) or 3 (away
 TEST_CASE("granularities: each tile's scale comes from its own entries only, error within half a step") {
   const RowMatrixXd x = normals(10, 12, 7);
   struct Case {
-    std::string gran;
+    Granularity gran;
     Eigen::Index g, tiles_r, tiles_c;
   };
-  for (const Case& c : {Case{"tensor", 0, 1, 1}, Case{"channel", 0, 1, 12}, Case{"token", 0, 10, 1},
-                        Case{"group", 5, 10, 3}, Case{"block", 4, 3, 1}}) {
-    INFO(c.gran);
+  for (const Case& c : {Case{Granularity::tensor, 0, 1, 1}, Case{Granularity::channel, 0, 1, 12},
+                        Case{Granularity::token, 0, 10, 1}, Case{Granularity::group, 5, 10, 3},
+                        Case{Granularity::block, 4, 3, 1}}) {
+    INFO(static_cast<int>(c.gran));
     const Tiling t = tiling_for(c.gran, c.g);
     for (const QuantGrid& grid : {QuantGrid::symmetric_bits(4), QuantGrid::unsigned_bits(4, QuantMode::asymmetric),
                                   QuantGrid::unsigned_bits(3, QuantMode::min_offset)}) {
@@ -90,8 +91,9 @@ TEST_CASE("granularities: each tile's scale comes from its own entries only, err
         }
     }
   }
-  CHECK_THROWS_AS(tiling_for("group", 0), std::invalid_argument);
-  CHECK_THROWS_AS(tiling_for("row", 1), std::invalid_argument);
+  CHECK_THROWS_AS(tiling_for(Granularity::group, 0), std::invalid_argument);
+  CHECK_THROWS_AS(tiling_for(Granularity::block, 0), std::invalid_argument);
+  CHECK(choice_names(kGranularities) == std::vector<std::string>{"tensor", "channel", "token", "group", "block"});
 }
 
 TEST_CASE("an all-zero tile quantizes to exact zeros; non-finite input is refused") {

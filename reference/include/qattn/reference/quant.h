@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "qattn/method.h"
 #include "qattn/tensor.h"
 
 namespace qattn::ref {
@@ -47,9 +48,16 @@ struct Tiling {
   Eigen::Index tile_rows = 0, tile_cols = 0;  // 0 = the whole axis
 };
 
-// Named granularities (the `gran=` parameter of the quantizers): tensor, channel, token, group (g channels of one
-// token), block (g tokens). Throws std::invalid_argument for another name or g < 1 where g is used.
-Tiling tiling_for(const std::string& granularity, Eigen::Index group);
+// Named granularities (the `k=` / `v=` parameters of the rtn quantizer): tensor, channel, token, group (g channels
+// of one token), block (g tokens). kGranularities is their name table (qattn/method.h's Choice).
+enum class Granularity { tensor, channel, token, group, block };
+inline constexpr Choice<Granularity> kGranularities[] = {{"tensor", Granularity::tensor},
+                                                        {"channel", Granularity::channel},
+                                                        {"token", Granularity::token},
+                                                        {"group", Granularity::group},
+                                                        {"block", Granularity::block}};
+// The tiling of a granularity; throws std::invalid_argument for g < 1 where g is used (group, block).
+Tiling tiling_for(Granularity granularity, Eigen::Index group);
 
 double quant_round(double x, QuantRounding r);
 
