@@ -35,6 +35,12 @@ std::string run_sage2_tables(const ExperimentContext& ctx) {
        {"sage2@8b:p=e4m3", "sage2@8b:p=int8"}, {"E4M3", "INT8"}},
       {"Table 10", "smoothing V (INT8 Q/K, E4M3 V): smooth V > none",
        {"sage2@8b:smooth-v=true", "sage2@8b:smooth-v=false"}, {"smooth V", "none"}},
+      // The paper's Tables 7 and 10 use smoothed INT4 Q/K; the 8-bit rows above isolate P~/V from the Q/K error.
+      {"Table 7 (INT4)", "P~ and V format (smoothed INT4 Q/K, the paper's setting): E4M3 > E5M2, E4M3 > INT8",
+       {q4 + ",p=e4m3", q4 + ",p=e5m2"}, {"E4M3", "E5M2"}},
+      {"Table 7 (INT4)", "", {q4 + ",p=e4m3", q4 + ",p=int8"}, {"E4M3", "INT8"}},
+      {"Table 10 (INT4)", "smoothing V (smoothed INT4 Q/K, E4M3 V, the paper's setting): smooth V > none",
+       {q4 + ",smooth-v=true", q4 + ",smooth-v=false"}, {"smooth V", "none"}},
   };
   const int L = ctx.fast ? 128 : 512;
   struct Source {
