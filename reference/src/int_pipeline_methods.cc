@@ -28,22 +28,24 @@ class QuantOnlyMethod final : public PipelineMethod {
 
 class IntAttentionMethod final : public PipelineMethod {
  public:
-  IntAttentionMethod(IndexSoftmaxParams p, CintEvaluation e, IntAttentionGroups g) : p_(p), eval_(e), groups_(g) {}
+  explicit IntAttentionMethod(IntAttentionSettings s) : p_(s.softmax), eval_(s.cint_eval), groups_(s.groups), qround_(s.qround) {}
   AttentionResult attention_impl(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
                             const AttentionMask& mask) const override {
-    return int_attention(q, k, v, scale, mask, p_, eval_, groups_);
+    return int_attention(q, k, v, scale, mask, p_, eval_, groups_, qround_);
   }
 
  private:
   IndexSoftmaxParams p_;
   CintEvaluation eval_;
   IntAttentionGroups groups_;
+  Int8Rounding qround_;
 };
 
 constexpr Choice<QuantOnlySoftmax> kQuantOnlySoftmax[] = {{"ref", QuantOnlySoftmax::reference},
                                                           {"lanes16", QuantOnlySoftmax::lanes16}};
 constexpr Choice<CintEvaluation> kCintEvaluations[] = {{"f64", CintEvaluation::f64}, {"f32", CintEvaluation::f32_upstream}};
 constexpr Choice<bool> kVPerChannel[] = {{"tensor", false}, {"channel", true}};
+constexpr Choice<Int8Rounding> kQRoundings[] = {{"rne", Int8Rounding::rne}, {"floor", Int8Rounding::floor}};
 
 MethodEntry quant_only_entry() {
   MethodEntry e{"quant-only",
@@ -78,12 +80,15 @@ MethodEntry intattention_entry() {
                       {}, 0, 1e15});
   e.params.push_back({"v-group", ParamType::choice, "tensor", "V scale per tensor or per channel",
                       choice_names(kVPerChannel)});
+  e.params.push_back({"qround", ParamType::choice, "rne",
+                      "INT8 codes of Q, K, V: rne (official simulation) or floor (Eq. 3 as printed; @paper)",
+                      choice_names(kQRoundings)});
   e.presets = index_softmax_presets();
   for (PresetInfo& p : e.presets)
     if (p.name == "upstream-sim") p.values["cint-eval"] = "f32";
+  for (PresetInfo& p : e.presets) p.values["qround"] = p.name == "paper" ? "floor" : "rne";
   e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
-    const IntAttentionSettings s = intattention_settings(m);
-    return std::make_unique<IntAttentionMethod>(s.softmax, s.cint_eval, s.groups);
+    return std::make_unique<IntAttentionMethod>(intattention_settings(m));
   };
   e.overflow = OverflowRule::refuse;
   e.overflow_note = "INT8 Q/K/V and INT32 Q K^T (exact); only the logit scale alpha = s_Q s_K scale (float64, or c / alpha in float32 with cint-eval=f32, as in @upstream-sim) can leave its format, and is then refused";
@@ -102,6 +107,7 @@ IntAttentionSettings intattention_settings(const ParamMap& m) {
   s.cint_eval = choice_value(m, "cint-eval", kCintEvaluations);
   s.groups.q_rows = m.integer("q-group");
   s.groups.v_per_channel = choice_value(m, "v-group", kVPerChannel);
+  s.qround = choice_value(m, "qround", kQRoundings);
   return s;
 }
 

@@ -34,10 +34,10 @@ RowMatrixXd dequantize_output(const RowMatrixXd& pv, double s_v, int p_scale) {
 
 }  // namespace
 
-Int8Matrix quantize_symmetric_int8(const RowMatrixXd& x) {
+Int8Matrix quantize_symmetric_int8(const RowMatrixXd& x, Int8Rounding rounding) {
   Int8Matrix r;
   std::vector<std::int8_t> q(static_cast<std::size_t>(x.size()));
-  r.scale = quantize_int8_symmetric(std::span<const double>(x.data(), q.size()), std::span<std::int8_t>(q));
+  r.scale = quantize_int8_symmetric(std::span<const double>(x.data(), q.size()), std::span<std::int8_t>(q), rounding);
   r.values.resize(x.rows(), x.cols());
   for (Eigen::Index i = 0; i < x.size(); ++i) r.values.data()[i] = q[static_cast<std::size_t>(i)];
   return r;
@@ -119,10 +119,10 @@ std::int64_t intattention_cint(double s_q, double s_k, double scale, const Index
 
 AttentionResult int_attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
                               const AttentionMask& mask, const IndexSoftmaxParams& params, CintEvaluation cint_eval,
-                              const IntAttentionGroups& groups) {
+                              const IntAttentionGroups& groups, Int8Rounding qround) {
   check_shapes(q, k, v);
   if (groups.q_rows < 0) throw std::invalid_argument("int_attention: q_rows must be >= 0");
-  const Int8Matrix ki = quantize_symmetric_int8(k);
+  const Int8Matrix ki = quantize_symmetric_int8(k, qround);
   const RowMatrixXb visible = mask.empty() ? RowMatrixXb() : mask.visible(q.rows(), k.rows());
   AttentionResult r;
   r.p_int.resize(q.rows(), k.rows());
@@ -131,7 +131,7 @@ AttentionResult int_attention(const RowMatrixXd& q, const RowMatrixXd& k, const 
   const Eigen::Index rows = groups.q_rows == 0 ? std::max<Eigen::Index>(q.rows(), 1) : groups.q_rows;
   for (Eigen::Index r0 = 0; r0 < q.rows(); r0 += rows) {  // one Q scale, one c_int per group of query rows
     const Eigen::Index n = std::min(rows, q.rows() - r0);
-    const Int8Matrix qi = quantize_symmetric_int8(q.middleRows(r0, n));
+    const Int8Matrix qi = quantize_symmetric_int8(q.middleRows(r0, n), qround);
     const RowMatrixXi32 a = int_matmul_abt(qi.values, ki.values);
     const std::int64_t c_int = intattention_cint(qi.scale, ki.scale, scale, params, cint_eval);
     r.p_int.middleRows(r0, n) =
@@ -139,13 +139,13 @@ AttentionResult int_attention(const RowMatrixXd& q, const RowMatrixXd& k, const 
   }
   r.p = r.p_int.cast<double>() / r.p_scale;
   if (!groups.v_per_channel) {
-    const Int8Matrix vi = quantize_symmetric_int8(v);
+    const Int8Matrix vi = quantize_symmetric_int8(v, qround);
     r.o = dequantize_output(int_matmul_ab(r.p_int, vi.values), vi.scale, r.p_scale);
     return r;
   }
   r.o.resize(q.rows(), v.cols());
   for (Eigen::Index c = 0; c < v.cols(); ++c) {
-    const Int8Matrix vc = quantize_symmetric_int8(v.col(c));
+    const Int8Matrix vc = quantize_symmetric_int8(v.col(c), qround);
     r.o.col(c) = dequantize_output(int_matmul_ab(r.p_int, vc.values), vc.scale, r.p_scale);
   }
   return r;

@@ -91,4 +91,11 @@ TEST_CASE("ladder: the shared INT8 quantiser against the exact real-number codes
   CHECK(qz == std::vector<std::int8_t>(5, 0));
   qattn::quantize_int8_symmetric(std::span<const double>(w), std::span<std::int8_t>(qw));
   CHECK(qw == std::vector<std::int8_t>{-127, 62, 127});  // the tie 62.5 goes to even (away from zero: 63)
+  // Int8Rounding::floor (IntAttention Eq. 3 as printed): s = 2, x / s = -127, -0.5, 62.5, 126.95, 127.
+  const std::vector<double> f = {-254.0, -1.0, 125.0, 253.9, 254.0};
+  std::vector<std::int8_t> q_floor(5), q_rne(5);
+  qattn::quantize_int8_symmetric(std::span<const double>(f), std::span<std::int8_t>(q_floor), qattn::Int8Rounding::floor);
+  qattn::quantize_int8_symmetric(std::span<const double>(f), std::span<std::int8_t>(q_rne));
+  CHECK(q_floor == std::vector<std::int8_t>{-127, -1, 62, 126, 127});
+  CHECK(q_rne == std::vector<std::int8_t>{-127, 0, 62, 127, 127});
 }

@@ -83,20 +83,31 @@ TEST_CASE("intattention equals quantise + int matmul + IndexSoftmax + int matmul
   IndexSoftmaxParams p;
   p.lut_rounding = LutRounding::round;
   const double scale = 1 / std::sqrt(32.0);
-  const AttentionResult r = int_attention(q, k, v, scale, {}, p, CintEvaluation::f64);
-  const Int8Matrix qi = quantize_symmetric_int8(q), ki = quantize_symmetric_int8(k), vi = quantize_symmetric_int8(v);
-  RowMatrixXi32 a(6, 11);
-  for (int i = 0; i < 6; ++i)
-    for (int j = 0; j < 11; ++j) a(i, j) = (qi.values.row(i).cast<long>().array() * ki.values.row(j).cast<long>().array()).sum();
-  const std::int64_t c_int = std::llround(6.6 / (qi.scale * ki.scale * scale));
-  const RowMatrixXi32 pe = index_softmax(a, c_int, p);
-  CHECK(r.p_int == pe);
-  for (int i = 0; i < 6; ++i)
-    for (int c = 0; c < 4; ++c) {
-      long acc = 0;
-      for (int j = 0; j < 11; ++j) acc += long{pe(i, j)} * vi.values(j, c);
-      CHECK(r.o(i, c) == static_cast<float>(acc * vi.scale / 255));
-    }
+  std::vector<RowMatrixXi32> codes;
+  for (const Int8Rounding qround : {Int8Rounding::rne, Int8Rounding::floor}) {
+    INFO("qround " << (qround == Int8Rounding::rne ? "rne" : "floor"));
+    const AttentionResult r = int_attention(q, k, v, scale, {}, p, CintEvaluation::f64, {}, qround);
+    const Int8Matrix qi = quantize_symmetric_int8(q, qround), ki = quantize_symmetric_int8(k, qround),
+                     vi = quantize_symmetric_int8(v, qround);
+    codes.push_back(qi.values);
+    RowMatrixXi32 a(6, 11);
+    for (int i = 0; i < 6; ++i)
+      for (int j = 0; j < 11; ++j) a(i, j) = (qi.values.row(i).cast<long>().array() * ki.values.row(j).cast<long>().array()).sum();
+    const std::int64_t c_int = std::llround(6.6 / (qi.scale * ki.scale * scale));
+    const RowMatrixXi32 pe = index_softmax(a, c_int, p);
+    CHECK(r.p_int == pe);
+    for (int i = 0; i < 6; ++i)
+      for (int c = 0; c < 4; ++c) {
+        long acc = 0;
+        for (int j = 0; j < 11; ++j) acc += long{pe(i, j)} * vi.values(j, c);
+        CHECK(r.o(i, c) == static_cast<float>(acc * vi.scale / 255));
+      }
+  }
+  CHECK(codes[0] != codes[1]);  // the two roundings give different codes on these inputs
+  // @paper is Eq. 3 as printed (floor); the official presets round half to even.
+  const Registry& reg = reference_registry();
+  CHECK(reg.canonical(parse_method_spec("intattention@paper")).find("qround=floor") != std::string::npos);
+  CHECK(reg.canonical(parse_method_spec("intattention@upstream-sim")).find("qround=rne") != std::string::npos);
 }
 
 // Key order, determinism, masks (padding, causal with L_q != L_k, fully masked rows) and masking = dropping run for

@@ -24,6 +24,7 @@ struct FusedPlan {
   IntPipeline pipeline = IntPipeline::intattention;
   IndexSoftmaxParams softmax;
   ref::CintEvaluation cint_eval = ref::CintEvaluation::f64;
+  Int8Rounding qround = Int8Rounding::rne;  // the INT8 codes of Q, K, V (IntAttention's qround)
 };
 
 FusedPlan unsupported(std::string why) { return {false, std::move(why)}; }
@@ -37,6 +38,7 @@ FusedPlan plan_intattention(const ParamMap& m) {
   FusedPlan p{true};
   p.softmax = s.softmax;
   p.cint_eval = s.cint_eval;
+  p.qround = s.qround;
   return p;
 }
 
@@ -91,8 +93,8 @@ class FusedMethod final : public Method {
       std::vector<std::int8_t> values;
       double scale;
     };
-    const auto quantize = [](const RowMatrixXd& x) {
-      const ref::Int8Matrix m = ref::quantize_symmetric_int8(x);
+    const auto quantize = [&](const RowMatrixXd& x) {
+      const ref::Int8Matrix m = ref::quantize_symmetric_int8(x, plan_.qround);
       return Quantized{narrow_int8(m.values), m.scale};
     };
     const Quantized qi = quantize(q), ki = quantize(k), vi = quantize(v);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "qattn/method.h"
+#include "qattn/quantize.h"
 #include "qattn/reference/index_softmax.h"
 
 namespace qattn::ref {
@@ -15,7 +16,7 @@ struct Int8Matrix {
 
 // Symmetric per-tensor INT8: s = max|x| / 127 (s = 1 for an all-zero tensor, so every code is 0),
 // q = clamp(round_half_even(x / s), -127, 127), all in double.
-Int8Matrix quantize_symmetric_int8(const RowMatrixXd& x);
+Int8Matrix quantize_symmetric_int8(const RowMatrixXd& x, Int8Rounding rounding = Int8Rounding::rne);
 
 // a b^T with exact int64 accumulation; throws std::overflow_error if a result leaves int32.
 RowMatrixXi32 int_matmul_abt(const RowMatrixXi32& a, const RowMatrixXi32& b);
@@ -50,11 +51,12 @@ struct IntAttentionGroups {
   bool v_per_channel = false;   // V scale per channel (column) instead of per tensor
 };
 
-// IntAttention: INT8 Q, K, V; INT32 A = Q K^T; c_int from alpha = sQ sK scale (per Q group); IndexSoftmax of A with
-// the mask; INT32 P V; O = fl32(P V * sV / s_P) (sV of the channel's group).
+// IntAttention: INT8 Q, K, V (codes rounded by qround: Eq. 3 prints floor, the official simulation rounds half to
+// even); INT32 A = Q K^T; c_int from alpha = sQ sK scale (per Q group); IndexSoftmax of A with the mask; INT32 P V;
+// O = fl32(P V * sV / s_P) (sV of the channel's group).
 AttentionResult int_attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
                               const AttentionMask& mask, const IndexSoftmaxParams& params, CintEvaluation cint_eval,
-                              const IntAttentionGroups& groups = {});
+                              const IntAttentionGroups& groups = {}, Int8Rounding qround = Int8Rounding::rne);
 
 // The registry parameters of the two pipelines, parsed (a resolved ParamMap of "intattention" or "quant-only"): what
 // the engine reads to decide whether the fused kernels run a spec.
@@ -62,6 +64,7 @@ struct IntAttentionSettings {
   IndexSoftmaxParams softmax;
   CintEvaluation cint_eval = CintEvaluation::f64;
   IntAttentionGroups groups;
+  Int8Rounding qround = Int8Rounding::rne;
 };
 IntAttentionSettings intattention_settings(const ParamMap& params);
 QuantOnlySoftmax quant_only_softmax(const ParamMap& params);
