@@ -27,6 +27,7 @@ Line fit(const std::vector<double>& x, const std::vector<double>& y) {
   return {sxy / sxx, my - sxy / sxx * mx};
 }
 
+// Table 1 at 2 and 3 bits; the 4-bit line is the official code's (the paper prints only 2 and 3 bits).
 const Line kTable1[3] = {{-1.66, -1.85}, {-1.75, -2.06}, {-1.83, -2.27}};
 
 // sigma in [0.9, 3.4]: step 0.1, or 0.25 for the fast variant.
@@ -96,7 +97,8 @@ int main(int argc, char** argv) {
   const int mc_rows = fast ? 3 : 12;
   std::printf("exaq-clipping%s: optimal clip C* = a sigma + b, least-squares line on sigma in [0.9, 3.4] (step %s)\n\n",
               fast ? " (fast variant)" : "", fast ? "0.25, Monte-Carlo 3 rows per sigma" : "0.1, Monte-Carlo 12 rows per sigma");
-  std::printf("Table 1 of the paper (Gaussian): 2 bit %.2f sigma %.2f, 3 bit %.2f sigma %.2f, 4 bit %.2f sigma %.2f\n\n",
+  std::printf("Table 1 of the paper (Gaussian): 2 bit %.2f sigma %.2f, 3 bit %.2f sigma %.2f; the 4 bit line %.2f sigma "
+              "%.2f is the official code's (the paper prints no 4-bit row)\n\n",
               kTable1[0].slope, kTable1[0].intercept, kTable1[1].slope, kTable1[1].intercept, kTable1[2].slope,
               kTable1[2].intercept);
 
@@ -158,7 +160,8 @@ int main(int argc, char** argv) {
         l);
   }
   std::printf("\nmatch = |a - a_Table1| <= 0.1 and |b - b_Table1| <= 0.2 per bit width.\n");
-  std::printf("verdict: %d of %d assumptions reproduce Table 1 for all three bit widths: %s\n", reproduced, tried,
+  std::printf("verdict: %d of %d assumptions reproduce Table 1 and the official 4-bit line at all three bit widths: %s\n",
+              reproduced, tried,
               reproduced ? "REPRODUCED under the marked assumption" : "NOT REPRODUCED");
   return 0;
 }

@@ -37,7 +37,9 @@ struct ExaqParams {
   ExaqSum sum = ExaqSum::fp;
 };
 
-// Clip of the gauss and laplace rules from the paper's Table 1; nullopt where the paper gives none (laplace 3-bit).
+// Clip of the gauss and laplace rules: the paper's Table 1 for gauss at 2 and 3 bits; the gauss 4-bit line and both
+// laplace lines are the official code's, not the paper's (docs/methods/exaq.md). nullopt where neither gives one
+// (laplace 3-bit).
 std::optional<double> exaq_table_clip(ExaqClip rule, int bits, double sigma);
 
 // Optimal clip for Gaussian data from our Eq. 14 solver (exaq_clipping.h) under the assumption mu = -sigma E[max of
