@@ -11,12 +11,19 @@ namespace {
 
 std::int32_t clamp_i32(double x, double lo, double hi) { return static_cast<std::int32_t>(std::clamp(x, lo, hi)); }
 
-// gap x std of all entries, both in double; 0 for an empty matrix.
-double gap_times_std(const RowMatrixXd& x) {
+// Population standard deviation of the entries of a, in double.
+double population_std(const Eigen::ArrayXd& a) {
+  const double mean = a.mean();
+  return std::sqrt((a - mean).square().mean());
+}
+
+// gap x std of one tensor under the rule (flashq.h); 0 for an empty matrix.
+double gap_times_std(const RowMatrixXd& x, HeadPriority rule) {
   if (x.size() == 0) return 0;
-  const double mean = x.mean();
-  const double var = (x.array() - mean).square().mean();
-  return (x.maxCoeff() - x.minCoeff()) * std::sqrt(var);
+  const double gap = x.maxCoeff() - x.minCoeff();
+  if (rule == HeadPriority::entries) return gap * population_std(Eigen::Map<const Eigen::ArrayXd>(x.data(), x.size()));
+  const Eigen::ArrayXd channel_gaps = (x.colwise().maxCoeff() - x.colwise().minCoeff()).transpose().array();
+  return gap * population_std(channel_gaps);
 }
 
 }  // namespace
@@ -80,7 +87,9 @@ RowMatrixXi32 flashq_decompress(const ProgressiveBlock& b, Eigen::Index* saturat
   return q;
 }
 
-double flashq_head_priority(const RowMatrixXd& k, const RowMatrixXd& v) { return gap_times_std(k) + gap_times_std(v); }
+double flashq_head_priority(const RowMatrixXd& k, const RowMatrixXd& v, HeadPriority rule) {
+  return gap_times_std(k, rule) + gap_times_std(v, rule);
+}
 
 std::vector<int> flashq_head_bits(const std::vector<double>& priority, int n_h, int low_bits, int high_bits) {
   std::vector<std::size_t> order(priority.size());

@@ -156,6 +156,8 @@ RowMatrixXd round_fp16(const RowMatrixXd& x) {
 constexpr Choice<bool> kRtnModes[] = {{"asym", false}, {"sym", true}};
 constexpr Choice<IntScaleRounding> kZscales[] = {{"round", IntScaleRounding::round}, {"ceil", IntScaleRounding::ceil}};
 constexpr Choice<bool> kTurboKeys[] = {{"mse", false}, {"prod", true}};
+constexpr Choice<HeadPriority> kPriorities[] = {{"channel-gaps", HeadPriority::channel_gaps},
+                                                {"entries", HeadPriority::entries}};
 
 void check_heads(const std::vector<RowMatrixXd>& k, const std::vector<RowMatrixXd>& v) {
   if (k.size() != v.size() || k.empty()) throw std::invalid_argument("KV quantizer: k and v need the same, nonzero, head count");
@@ -230,14 +232,14 @@ class FlashQKv final : public KvQuantizer {
  public:
   explicit FlashQKv(const ParamMap& p)
       : bits_(static_cast<int>(p.integer("bits"))), block_(p.integer("bc")), nh_(static_cast<int>(p.integer("nh"))),
-        buffer_(p.integer("nb")),
-        rounding_(choice_value(p, "zscale", kZscales)) {
+        buffer_(p.integer("nb")), rounding_(choice_value(p, "zscale", kZscales)),
+        priority_(choice_value(p, "priority", kPriorities)) {
     if (bits_ != 8 && bits_ != 4 && bits_ != 2) throw SpecError("flashq: bits must be 8, 4 or 2");
   }
   KvQuantized apply(const std::vector<RowMatrixXd>& k, const std::vector<RowMatrixXd>& v) const override {
     check_heads(k, v);
     std::vector<double> priority;
-    for (std::size_t h = 0; h < k.size(); ++h) priority.push_back(flashq_head_priority(k[h], v[h]));
+    for (std::size_t h = 0; h < k.size(); ++h) priority.push_back(flashq_head_priority(k[h], v[h], priority_));
     const std::vector<int> head_bits = flashq_head_bits(priority, nh_, 2, bits_);
     KvQuantized out;
     for (std::size_t h = 0; h < k.size(); ++h) {
@@ -284,6 +286,7 @@ class FlashQKv final : public KvQuantizer {
   int nh_;
   Eigen::Index buffer_;
   IntScaleRounding rounding_;
+  HeadPriority priority_;
 };
 
 class TurboQuantKv final : public KvQuantizer {
@@ -406,7 +409,9 @@ KvRegistry build_kv_registry() {
            int_param("nh", "0", "heads of the layer at 2 bits (lowest priority gap x std)", 0, 1 << 20),
            int_param("nb", "0", "decode buffer: the last n_b tokens in INT8 under the universal scale (max block "
                                 "scale of the compressed tokens), clamped to +-119; 0 = none", 0, 1 << 30),
-           choice_param("zscale", "round", "integer scale of the step: round (Eq. 9) or ceil", choice_names(kZscales))},
+           choice_param("zscale", "round", "integer scale of the step: round (Eq. 9) or ceil", choice_names(kZscales)),
+           choice_param("priority", "channel-gaps", "Eq. 11's std: of the channel-wise gaps (the text) or of all entries",
+                        choice_names(kPriorities))},
           {{"mixed", {{"bits", "4"}, {"nh", "2"}}, "head-wise mixed 2/4 bits: 2 of the layer's heads at 2 bits"}},
           nullptr},
          [](const ParamMap& p) { return std::make_unique<FlashQKv>(p); }});

@@ -218,7 +218,7 @@ std::vector<AttentionResult> turbo_attention_heads(const std::vector<RowMatrixXd
                                                    const AttentionMask& mask, const TurboParams& p) {
   if (q.size() != k.size() || k.size() != v.size()) throw std::invalid_argument("turbo: head counts of q, k, v differ");
   std::vector<double> priority;
-  for (std::size_t h = 0; h < k.size(); ++h) priority.push_back(flashq_head_priority(k[h], v[h]));
+  for (std::size_t h = 0; h < k.size(); ++h) priority.push_back(flashq_head_priority(k[h], v[h], p.priority));
   const std::vector<int> bits = flashq_head_bits(priority, p.heads_2bit, 2, p.kv_bits);
   std::vector<AttentionResult> out;
   for (std::size_t h = 0; h < q.size(); ++h) out.push_back(turbo_attention(q[h], k[h], v[h], scale, mask, p, bits[h]));

@@ -31,6 +31,8 @@ constexpr Choice<SasPoly> kPolys[] = {{"paper", SasPoly::paper}, {"lsq", SasPoly
 constexpr Choice<bool> kExactExp[] = {{"sas", false}, {"exact", true}};
 constexpr Choice<TurboMode> kModes[] = {{"prefill", TurboMode::prefill}, {"decode", TurboMode::decode}};
 constexpr Choice<IntScaleRounding> kZscales[] = {{"round", IntScaleRounding::round}, {"ceil", IntScaleRounding::ceil}};
+constexpr Choice<HeadPriority> kPriorities[] = {{"channel-gaps", HeadPriority::channel_gaps},
+                                                {"entries", HeadPriority::entries}};
 
 }  // namespace
 
@@ -50,6 +52,8 @@ void register_turbo_method(Registry& registry) {
        choice_names(kModes)},
       {"kv", ParamType::integer, "4", "decode KV cache bits: 8 (INT8 kept), 4 or 2", {}, 2, 8},
       {"nh", ParamType::integer, "0", "heads of a layer whose KV cache takes 2 bits (lowest priority gap x std)", {}, 0, 1 << 20},
+      {"priority", ParamType::choice, "channel-gaps",
+       "Eq. 11's std: of the channel-wise gaps (the text) or of all entries", choice_names(kPriorities)},
       {"nb", ParamType::integer, "64", "decode buffer n_b: tokens kept in INT8 before compression", {}, 1, 1 << 20},
       {"prefill-len", ParamType::integer, "-1", "decode: keys that came through prefill; -1 = min(L, B_c max(1, L / 2B_c))",
        {}, -1, 1e15},
@@ -74,6 +78,7 @@ void register_turbo_method(Registry& registry) {
     p.kv_bits = static_cast<int>(m.integer("kv"));
     if (p.kv_bits != 8 && p.kv_bits != 4 && p.kv_bits != 2) throw SpecError("method 'turbo': kv must be 8, 4 or 2");
     p.heads_2bit = static_cast<int>(m.integer("nh"));
+    p.priority = choice_value(m, "priority", kPriorities);
     p.buffer = m.integer("nb");
     p.prefill_len = m.integer("prefill-len");
     if (p.prefill_len == 0) throw SpecError("method 'turbo': prefill-len must be >= 1 or -1 (auto)");

@@ -155,9 +155,17 @@ TEST_CASE("FlashQ progressive INT4/INT2: integer scale and zero point, saturatio
 
 TEST_CASE("FlashQ head priority gap x std and the n_h lowest heads at 2 bits", "[turbo]") {
   RowMatrixXd k(2, 2);
-  k << 0, 2, 2, 0;  // gap 2, std 1
-  CHECK(flashq_head_priority(k, RowMatrixXd::Zero(2, 2)) == 2.0);
-  CHECK(flashq_head_priority(k, (3.0 * k).eval()) == 2.0 + 18.0);
+  k << 0, 2, 2, 0;  // gap 2; entries' std 1; channel gaps {2, 2}, their std 0
+  const auto entries = HeadPriority::entries;
+  CHECK(flashq_head_priority(k, RowMatrixXd::Zero(2, 2), entries) == 2.0);
+  CHECK(flashq_head_priority(k, (3.0 * k).eval(), entries) == 2.0 + 18.0);
+  CHECK(flashq_head_priority(k, (3.0 * k).eval()) == 0.0);  // equal channel gaps: no spread (Eq. 11 as defined)
+  // Eq. 11 by the text: channel gaps {1, 5, 0}, gap 5 (max 5, min 0), std of {1, 5, 0} = sqrt(14/3).
+  RowMatrixXd k3(2, 3);
+  k3 << 0, 0, 3, 1, 5, 3;
+  CHECK(flashq_head_priority(k3, RowMatrixXd::Zero(2, 3)) == Approx(5.0 * std::sqrt(14.0 / 3)).epsilon(1e-15));
+  // entries: mean 2, variance (4 + 4 + 1 + 1 + 9 + 1) / 6 = 10/3.
+  CHECK(flashq_head_priority(k3, RowMatrixXd::Zero(2, 3), entries) == Approx(5.0 * std::sqrt(10.0 / 3)).epsilon(1e-15));
   CHECK(flashq_head_bits({3, 1, 2, 1}, 2, 2, 4) == std::vector<int>{4, 2, 4, 2});
   CHECK(flashq_head_bits({3, 1, 2, 1}, 0, 2, 4) == std::vector<int>{4, 4, 4, 4});
   CHECK(flashq_head_bits({3, 1, 2, 1}, 9, 2, 8) == std::vector<int>{2, 2, 2, 2});

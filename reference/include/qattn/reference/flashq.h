@@ -47,10 +47,13 @@ ProgressiveBlock flashq_compress(const RowMatrixXi32& q8, int bits, IntScaleRoun
 // (3). *saturated (if given) receives how many entries left [-128, 127] before clamping.
 RowMatrixXi32 flashq_decompress(const ProgressiveBlock& b, Eigen::Index* saturated = nullptr);
 
-// (4), our reading of Eq. 11 (the text does not pin the statistics' axes): for each of K and V of one head,
-// gap = max - min over all entries and std = population standard deviation over all entries; the head's priority
-// is gap(K) std(K) + gap(V) std(V).
-double flashq_head_priority(const RowMatrixXd& k, const RowMatrixXd& v);
+// (4) Eq. 11, priority = gap x std, for each of K and V of one head ([tokens, channels]), summed over the two (the
+// paper does not say how K and V combine; summing is our reading):
+//   channel_gaps (the text's definition, default): gap = max - min over all channels, std = the population standard
+//                deviation of the channel-wise gaps g_c = max_t x(t, c) - min_t x(t, c);
+//   entries      (qattn's earlier reading): gap as above, std = the population standard deviation of all entries.
+enum class HeadPriority { channel_gaps, entries };
+double flashq_head_priority(const RowMatrixXd& k, const RowMatrixXd& v, HeadPriority rule = HeadPriority::channel_gaps);
 
 // Bits per head: the n_h heads of lowest priority get low_bits, the rest high_bits; ties go to the lower head
 // index first (a stable order). n_h is clamped to [0, heads].
