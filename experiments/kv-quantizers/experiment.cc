@@ -77,7 +77,7 @@ std::string run_kv_quantizers(const ExperimentContext& ctx) {
              "kivi:bits=2",       "kivi:bits=3",       "kivi:bits=4",       "flashq:bits=2",
              "flashq@mixed",      "flashq:bits=4",     "turboquant:bits=2", "turboquant:bits=3",
              "turboquant:bits=4", "turboquant:bits=2,k=prod", "turboquant:bits=3,k=prod", "turboquant:bits=4,k=prod",
-             "saw",               "saw:block=1",       "saw:v=true"};
+             "saw",               "saw:block=1",       "saw:rotate-v=true", "saw@fp16-v"};
   const int L = ctx.fast ? 1024 : 4096;
   g.sources.push_back({"USE-Lite", load_dump(ctx.tensors)});
   g.sources.push_back({"synthetic", synthetic_outlier_dump(4, L, 64, 11)});

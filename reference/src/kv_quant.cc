@@ -156,6 +156,7 @@ RowMatrixXd round_fp16(const RowMatrixXd& x) {
 constexpr Choice<bool> kRtnModes[] = {{"asym", false}, {"sym", true}};
 constexpr Choice<IntScaleRounding> kZscales[] = {{"round", IntScaleRounding::round}, {"ceil", IntScaleRounding::ceil}};
 constexpr Choice<bool> kTurboKeys[] = {{"mse", false}, {"prod", true}};
+constexpr Choice<bool> kSawV[] = {{"int4", true}, {"fp16", false}};  // true: V stored in INT4
 constexpr Choice<HeadPriority> kPriorities[] = {{"channel-gaps", HeadPriority::channel_gaps},
                                                 {"entries", HeadPriority::entries}};
 
@@ -341,25 +342,28 @@ class TurboQuantKv final : public KvQuantizer {
 
 class SawKv final : public KvQuantizer {
  public:
-  explicit SawKv(const ParamMap& p) : block_(p.integer("block")), rotate_v_(p.boolean("v")) {}
+  explicit SawKv(const ParamMap& p)
+      : block_(p.integer("block")), rotate_v_(p.boolean("rotate-v")), v_int4_(choice_value(p, "v", kSawV)) {
+    if (rotate_v_ && !v_int4_) throw SpecError("saw: rotate-v=true needs v=int4 (a rotated V is stored in INT4)");
+  }
   KvQuantized apply(const std::vector<RowMatrixXd>& k, const std::vector<RowMatrixXd>& v) const override {
     check_heads(k, v);
     KvQuantized out;
-    const Eigen::Index d = k.front().cols();
+    const Eigen::Index d = k.front().cols(), dv = v.front().cols();
     out.rotation = block_hadamard(d, block_);
     out.v_rotated = rotate_v_;
-    if (rotate_v_ && v.front().cols() != d) throw SpecError("SAW: rotating V needs d_v = d");
+    if (rotate_v_ && dv != d) throw SpecError("SAW: rotating V needs d_v = d");
     for (std::size_t h = 0; h < k.size(); ++h) {
       if (k[h].cols() != d) throw SpecError("SAW: heads of one layer need the same head_dim");
       out.k.push_back(int4_tokens(k[h] * out.rotation));  // rows: k' = H k (H symmetric)
       out.k_bits += (4 + 64.0 / d) / k.size();
-      if (rotate_v_) {
-        out.v.push_back(int4_tokens(v[h] * out.rotation));
-        out.v_bits += (4 + 64.0 / d) / k.size();
-      } else {
+      if (!v_int4_) {  // qattn's earlier reading (@fp16-v): V kept in fp16
         out.v.push_back(round_fp16(v[h]));
         out.v_bits += 16.0 / k.size();
+        continue;
       }
+      out.v.push_back(int4_tokens(rotate_v_ ? RowMatrixXd(v[h] * out.rotation) : v[h]));  // store_kv: V always INT4
+      out.v_bits += (4 + 64.0 / dv) / k.size();
     }
     return out;
   }
@@ -381,7 +385,7 @@ class SawKv final : public KvQuantizer {
     return out;
   }
   Eigen::Index block_;
-  bool rotate_v_;
+  bool rotate_v_, v_int4_;
 };
 
 KvRegistry build_kv_registry() {
@@ -422,11 +426,14 @@ KvRegistry build_kv_registry() {
            int_param("seed", "1", "seed of the rotation signs (and of the QJL matrix: seed + 1)", 0, 1e15)},
           {}, nullptr},
          [](const ParamMap& p) { return std::make_unique<TurboQuantKv>(p); }});
-  r.add({{"saw", "SAW-INT4: block-diagonal normalized Hadamard on K (and V), per-token asymmetric INT4 packed two "
-                 "per byte; Q rotated alike, O rotated back when V is",
+  r.add({{"saw", "SAW-INT4: block-diagonal normalized Hadamard on K (V optionally), K and V per-token asymmetric "
+                 "INT4 packed two per byte; Q rotated alike, O rotated back when V is",
           {int_param("block", "16", "Hadamard block order (a power of two dividing head_dim)", 1, 1 << 20),
-           ParamInfo{"v", ParamType::boolean, "false", "rotate and quantize V too (otherwise V stays in fp16)", {}}},
-          {}, nullptr},
+           choice_param("v", "int4", "V cache: int4 per token (the primer's store_kv) or fp16 (qattn's earlier reading)",
+                        choice_names(kSawV)),
+           ParamInfo{"rotate-v", ParamType::boolean, "false", "rotate V too before INT4 (rotate_v; O rotated back)", {}}},
+          {{"fp16-v", {{"v", "fp16"}, {"rotate-v", "false"}}, "V kept in fp16, K alone in INT4 (qattn's earlier reading)"}},
+          nullptr},
          [](const ParamMap& p) { return std::make_unique<SawKv>(p); }});
   return r;
 }

@@ -182,7 +182,7 @@ expect 2 "--kv: unknown KV quantizer 'nope' \\(valid: rtn, kivi" "analyze --kv u
 expect 2 "--kv quantizes K and V" "analyze --kv softmax-only" -- analyze --kv saw --softmax-only --method fp32
 expect 0 "KV-cache quantizers" "methods lists the KV quantizers" -- methods
 # every registered KV quantizer runs through analyze with an integer pipeline, on both layers of the sample
-for kvq in rtn kivi flashq flashq@mixed turboquant turboquant:k=prod saw saw:v=true; do
+for kvq in rtn kivi flashq flashq@mixed turboquant turboquant:k=prod saw saw:rotate-v=true saw@fp16-v; do
   rows=$(q analyze --kv "$kvq" --method intattention --format csv | awk -F, '$2 == "mean" && $6 > 0.5 && $6 <= 1' | wc -l)
   if [ "$rows" -eq 1 ]; then pass=$((pass + 1)); else echo "FAIL: analyze --kv $kvq --method intattention"; fail=$((fail + 1)); fi
 done

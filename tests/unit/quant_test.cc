@@ -175,7 +175,7 @@ TEST_CASE("SAW: attention with rotated Q and K equals unrotated attention exactl
   const RowMatrixXd v = normals(8, 32, 11);
   const auto fp64 = reference_registry().create("fp64");
   KvQuantized used;
-  const auto saw = kv_registry().create("saw:v=true");
+  const auto saw = kv_registry().create("saw:rotate-v=true");
   const auto r = attention_with_kv(*fp64, *saw, {q}, {k}, {v}, 0.05, {}, &used);
   REQUIRE(used.v_rotated);
   const auto direct = fp64->attention(q, k, v, 0.05, {});
@@ -194,7 +194,17 @@ TEST_CASE("SAW: per-token INT4 with scale (max - min) / 15 and float zero -min /
     CHECK(c.k[0].row(t).minCoeff() == Approx(rotated.row(t).minCoeff()).margin(1e-12));  // code 0 is the min
   }
   CHECK(c.k_bits == 4 + 64.0 / 32);
-  CHECK(c.v_bits == 16);
+  // The primer's store_kv: V in INT4 too, per token, not rotated unless rotate-v; @fp16-v keeps it in fp16.
+  CHECK(c.v_bits == 4 + 64.0 / 32);
+  for (Eigen::Index t = 0; t < k.rows(); ++t) {
+    const double scale = (k.row(t).maxCoeff() - k.row(t).minCoeff()) / 15;
+    CHECK((c.v[0].row(t) - k.row(t)).cwiseAbs().maxCoeff() <= 0.5 * scale * (1 + 1e-9));
+  }
+  CHECK_FALSE(c.v_rotated);
+  const KvQuantized f = kv_registry().create("saw@fp16-v")->apply({k}, {k});
+  CHECK(f.v_bits == 16);
+  CHECK(f.k[0] == c.k[0]);
+  CHECK_THROWS_AS(kv_registry().create("saw:v=fp16,rotate-v=true"), SpecError);
 }
 
 TEST_CASE("Lloyd-Max codebook of the rotated coordinate: symmetric, Gaussian limit, centroid condition") {
