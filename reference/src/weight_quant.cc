@@ -67,7 +67,8 @@ RowMatrixXd gptq_weights(const RowMatrixXd& w_in, const RowMatrixXd& x, const We
   return q;
 }
 
-AwqResult awq_weights(const RowMatrixXd& w, const RowMatrixXd& x, const WeightQuantConfig& c, int grid) {
+AwqResult awq_weights(const RowMatrixXd& w, const RowMatrixXd& x, const WeightQuantConfig& c, int grid,
+                      AwqGrid spacing) {
   check_shapes(w, x);
   if (grid < 1) throw std::invalid_argument("AWQ: grid must be >= 1");
   const Eigen::RowVectorXd sx = x.cwiseAbs().colwise().mean();
@@ -75,7 +76,9 @@ AwqResult awq_weights(const RowMatrixXd& w, const RowMatrixXd& x, const WeightQu
   AwqResult best;
   double best_err = INFINITY;
   for (int r = 0; r < grid; ++r) {
-    const double alpha = static_cast<double>(r) / grid;
+    const double alpha = spacing == AwqGrid::official ? static_cast<double>(r) / grid
+                         : grid == 1                  ? 0.0
+                                                      : static_cast<double>(r) / (grid - 1);
     Eigen::ArrayXd s = sx.transpose().array().pow(alpha).max(1e-4);
     s /= std::sqrt(s.maxCoeff() * s.minCoeff());
     RowMatrixXd scaled = w;
@@ -95,19 +98,21 @@ double relative_output_error(const RowMatrixXd& x, const RowMatrixXd& w, const R
 
 namespace {
 
+constexpr Choice<AwqGrid> kAwqGrids[] = {{"linspace", AwqGrid::linspace}, {"official", AwqGrid::official}};
+
 class RegisteredWeightQuantizer final : public WeightQuantizer {
  public:
   enum class Kind { rtn, gptq, awq };
   RegisteredWeightQuantizer(Kind kind, const ParamMap& p)
       : kind_(kind), config_{static_cast<int>(p.integer("bits")), p.integer("group")} {
     if (kind == Kind::gptq) gptq_.block = p.integer("block"), gptq_.damp = p.real("damp");
-    if (kind == Kind::awq) grid_ = static_cast<int>(p.integer("grid"));
+    if (kind == Kind::awq) grid_ = static_cast<int>(p.integer("grid")), spacing_ = choice_value(p, "alphas", kAwqGrids);
   }
   RowMatrixXd apply(const RowMatrixXd& w, const RowMatrixXd& x) const override {
     switch (kind_) {
       case Kind::rtn: return rtn_weights(w, config_);
       case Kind::gptq: return gptq_weights(w, x, config_, gptq_);
-      case Kind::awq: return awq_weights(w, x, config_, grid_).w;
+      case Kind::awq: return awq_weights(w, x, config_, grid_, spacing_).w;
     }
     throw std::logic_error("weight quantizer kind");
   }
@@ -117,6 +122,7 @@ class RegisteredWeightQuantizer final : public WeightQuantizer {
   WeightQuantConfig config_;
   GptqOptions gptq_;
   int grid_ = 20;
+  AwqGrid spacing_ = AwqGrid::linspace;
 };
 
 WeightRegistry build_weight_registry() {
@@ -135,8 +141,12 @@ WeightRegistry build_weight_registry() {
   r.add({{"gptq", "GPTQ: column-by-column quantization with second-order error feedback (H = 2 X^T X)", gptq, {}, nullptr},
          [](const ParamMap& p) { return std::make_unique<RegisteredWeightQuantizer>(Kind::gptq, p); }});
   auto awq = common();
-  awq.push_back(int_param("grid", "20", "alpha grid r / grid, r = 0 .. grid - 1", 1, 1000));
-  r.add({{"awq", "AWQ: per-input-channel scaling s = S_x^alpha searched on a grid, then RTN", awq, {}, nullptr},
+  awq.push_back(int_param("grid", "20", "points of the alpha grid", 1, 1000));
+  awq.push_back(choice_param("alphas", "linspace",
+                             "linspace(0, 1, grid) as the primer writes it, or r / grid, r < grid (the official code)",
+                             choice_names(kAwqGrids)));
+  r.add({{"awq", "AWQ: per-input-channel scaling s = S_x^alpha searched on a grid, then RTN", awq,
+          {{"official", {{"alphas", "official"}}, "the official code's alpha steps r / 20 (alpha = 1 not tried)"}}, nullptr},
          [](const ParamMap& p) { return std::make_unique<RegisteredWeightQuantizer>(Kind::awq, p); }});
   return r;
 }

@@ -409,4 +409,15 @@ TEST_CASE("AWQ: alpha = 0 is RTN, so AWQ never does worse; with salient channels
   CHECK(a.alpha > 0);
   // a single grid point is alpha = 0 alone, which is RTN exactly
   CHECK(awq_weights(w, x, c, 1).w == rtn_weights(w, c));
+  CHECK(awq_weights(w, x, c, 1, AwqGrid::official).w == rtn_weights(w, c));
+  // The two alpha grids: with 2 points linspace tries {0, 1}, the official steps {0, 1/2}. Where alpha = 1 is best,
+  // only linspace reaches it; the chosen alpha is always on the grid.
+  const AwqResult lin = awq_weights(w, x, c, 2), off = awq_weights(w, x, c, 2, AwqGrid::official);
+  CHECK((lin.alpha == 0.0 || lin.alpha == 1.0));
+  CHECK((off.alpha == 0.0 || off.alpha == 0.5));
+  const AwqResult lin20 = awq_weights(w, x, c, 20), off20 = awq_weights(w, x, c, 20, AwqGrid::official);
+  CHECK(std::abs(lin20.alpha * 19 - std::round(lin20.alpha * 19)) < 1e-12);
+  CHECK(std::abs(off20.alpha * 20 - std::round(off20.alpha * 20)) < 1e-12);
+  CHECK(off20.alpha < 1.0);
+  CHECK(weight_registry().canonical("awq@official").find("alphas=official") != std::string::npos);
 }

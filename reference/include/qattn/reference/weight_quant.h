@@ -35,7 +35,11 @@ struct AwqResult {
   RowMatrixXd w;
   double alpha = 0;
 };
-AwqResult awq_weights(const RowMatrixXd& w, const RowMatrixXd& x, const WeightQuantConfig& c, int grid = 20);
+// The alphas searched: linspace(0, 1, grid) = r / (grid - 1) as the primer writes it (alpha = 1 included; a grid of
+// 1 is alpha = 0 alone), or r / grid for r = 0 .. grid - 1 as the official AWQ code steps (alpha = 1 never tried).
+enum class AwqGrid { linspace, official };
+AwqResult awq_weights(const RowMatrixXd& w, const RowMatrixXd& x, const WeightQuantConfig& c, int grid = 20,
+                      AwqGrid spacing = AwqGrid::linspace);
 
 // |X W^ - X W|_F / |X W|_F.
 double relative_output_error(const RowMatrixXd& x, const RowMatrixXd& w, const RowMatrixXd& w_hat);
