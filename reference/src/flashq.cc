@@ -28,24 +28,25 @@ double gap_times_std(const RowMatrixXd& x, HeadPriority rule) {
 
 }  // namespace
 
-FlashQBlock flashq_quantize_block(const RowMatrixXd& x) {
+FlashQBlock flashq_quantize_block(const RowMatrixXd& x, int range) {
   const double amax = x.size() ? x.cwiseAbs().maxCoeff() : 0.0;
   if (!std::isfinite(amax)) throw std::invalid_argument("FlashQ: non-finite input");
   FlashQBlock b;
-  b.scale = amax > 0 ? amax / kFlashQRange : 1.0;
-  b.values = flashq_quantize_with_scale(x, b.scale);
+  b.scale = amax > 0 ? amax / range : 1.0;
+  b.values = flashq_quantize_with_scale(x, b.scale, nullptr, range);
   return b;
 }
 
-RowMatrixXi32 flashq_quantize_with_scale(const RowMatrixXd& x, double scale, Eigen::Index* clamped) {
+RowMatrixXi32 flashq_quantize_with_scale(const RowMatrixXd& x, double scale, Eigen::Index* clamped, int range) {
   if (!(scale > 0) || !std::isfinite(scale)) throw std::invalid_argument("FlashQ: scale must be finite and > 0");
+  if (range < 1 || range > 127) throw std::invalid_argument("FlashQ: INT8 range must be in 1..127");
   RowMatrixXi32 q(x.rows(), x.cols());
   Eigen::Index n = 0;
   for (Eigen::Index i = 0; i < x.size(); ++i) {
     if (!std::isfinite(x.data()[i])) throw std::invalid_argument("FlashQ: non-finite input");
     const double r = std::nearbyint(x.data()[i] / scale);  // half-even in the default rounding mode
-    n += std::abs(r) > kFlashQRange;
-    q.data()[i] = clamp_i32(r, -kFlashQRange, kFlashQRange);
+    n += std::abs(r) > range;
+    q.data()[i] = clamp_i32(r, -range, range);
   }
   if (clamped) *clamped = n;
   return q;

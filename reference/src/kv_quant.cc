@@ -156,6 +156,7 @@ RowMatrixXd round_fp16(const RowMatrixXd& x) {
 constexpr Choice<bool> kRtnModes[] = {{"asym", false}, {"sym", true}};
 constexpr Choice<IntScaleRounding> kZscales[] = {{"round", IntScaleRounding::round}, {"ceil", IntScaleRounding::ceil}};
 constexpr Choice<bool> kTurboKeys[] = {{"mse", false}, {"prod", true}};
+constexpr Choice<int> kInt8Max[] = {{"119", kFlashQRange}, {"126", kFlashQRangeEq}};
 constexpr Choice<bool> kSawV[] = {{"int4", true}, {"fp16", false}};  // true: V stored in INT4
 constexpr Choice<HeadPriority> kPriorities[] = {{"channel-gaps", HeadPriority::channel_gaps},
                                                 {"entries", HeadPriority::entries}};
@@ -234,7 +235,7 @@ class FlashQKv final : public KvQuantizer {
   explicit FlashQKv(const ParamMap& p)
       : bits_(static_cast<int>(p.integer("bits"))), block_(p.integer("bc")), nh_(static_cast<int>(p.integer("nh"))),
         buffer_(p.integer("nb")), rounding_(choice_value(p, "zscale", kZscales)),
-        priority_(choice_value(p, "priority", kPriorities)) {
+        priority_(choice_value(p, "priority", kPriorities)), int8_max_(choice_value(p, "int8-max", kInt8Max)) {
     if (bits_ != 8 && bits_ != 4 && bits_ != 2) throw SpecError("flashq: bits must be 8, 4 or 2");
   }
   KvQuantized apply(const std::vector<RowMatrixXd>& k, const std::vector<RowMatrixXd>& v) const override {
@@ -265,7 +266,7 @@ class FlashQKv final : public KvQuantizer {
     const Eigen::Index compressed = x.rows() - buffered;
     for (Eigen::Index r0 = 0; r0 < compressed; r0 += block_) {
       const Eigen::Index n = std::min(block_, compressed - r0);
-      const FlashQBlock b = flashq_quantize_block(x.middleRows(r0, n));
+      const FlashQBlock b = flashq_quantize_block(x.middleRows(r0, n), int8_max_);
       RowMatrixXi32 q = b.values;
       total += 32 + static_cast<double>(bits) * n * x.cols();
       if (bits < 8) {
@@ -276,7 +277,7 @@ class FlashQKv final : public KvQuantizer {
       s_u = std::max(s_u, b.scale);
     }
     if (buffered > 0) {
-      out.bottomRows(buffered) = flashq_quantize_with_scale(x.bottomRows(buffered), s_u).cast<double>() * s_u;
+      out.bottomRows(buffered) = flashq_quantize_with_scale(x.bottomRows(buffered), s_u, nullptr, int8_max_).cast<double>() * s_u;
       total += 32 + 8.0 * buffered * x.cols();
     }
     *bits_out = total / static_cast<double>(x.size());
@@ -288,6 +289,7 @@ class FlashQKv final : public KvQuantizer {
   Eigen::Index buffer_;
   IntScaleRounding rounding_;
   HeadPriority priority_;
+  int int8_max_;
 };
 
 class TurboQuantKv final : public KvQuantizer {
@@ -415,7 +417,9 @@ KvRegistry build_kv_registry() {
                                 "scale of the compressed tokens), clamped to +-119; 0 = none", 0, 1 << 30),
            choice_param("zscale", "round", "integer scale of the step: round (Eq. 9) or ceil", choice_names(kZscales)),
            choice_param("priority", "channel-gaps", "Eq. 11's std: of the channel-wise gaps (the text) or of all entries",
-                        choice_names(kPriorities))},
+                        choice_names(kPriorities)),
+           choice_param("int8-max", "119", "INT8 range R: 119 (Algorithm 1) or 126 (the scale equation after Eq. 3)",
+                        choice_names(kInt8Max))},
           {{"mixed", {{"bits", "4"}, {"nh", "2"}}, "head-wise mixed 2/4 bits: 2 of the layer's heads at 2 bits"}},
           nullptr},
          [](const ParamMap& p) { return std::make_unique<FlashQKv>(p); }});

@@ -66,14 +66,15 @@ void attend_rows(const RowMatrixXi32& q8, double s_q, Eigen::Index r0, const Key
       l[i] = l[i] * rescale[i] + sum;
       rescales[i][b] = rescale[i];
     }
-    // (4) the tile's P~ to [0, 119]
-    const double s_p = static_cast<double>(tile_max) / kFlashQRange;  // in double
+    // (4) the tile's P~ to [0, R]
+    const double s_p = static_cast<double>(tile_max) / p.int8_max;  // in double
     // (5) integer P V per row and channel, rescaled fp32 accumulation
     for (Eigen::Index i = 0; i < rows; ++i) {
       if (m_new[i] == kNegInf) continue;
       std::vector<std::int32_t> p8(n, 0);
       for (Eigen::Index j = 0; j < n; ++j) {
-        if (tile_max > 0) p8[j] = static_cast<std::int32_t>(std::clamp(std::nearbyint(pt[i * n + j] / s_p), 0.0, 119.0));
+        if (tile_max > 0)
+          p8[j] = static_cast<std::int32_t>(std::clamp(std::nearbyint(pt[i * n + j] / s_p), 0.0, double(p.int8_max)));
         r.p(r0 + i, b0 + j) = p8[j] * s_p;  // the block's weight before later rescales and the division by l
       }
       const double pv_scale = s_p * kb.v_scale[b];
@@ -106,10 +107,11 @@ void attend_rows(const RowMatrixXi32& q8, double s_q, Eigen::Index r0, const Key
 }
 
 // INT8 blocks of B_c rows of x over [0, n) (prefill), each with its own scale.
-void prefill_blocks(const RowMatrixXd& x, Eigen::Index n, Eigen::Index bc, RowMatrixXi32& q8, std::vector<double>& scales) {
+void prefill_blocks(const RowMatrixXd& x, Eigen::Index n, Eigen::Index bc, int range, RowMatrixXi32& q8,
+                    std::vector<double>& scales) {
   for (Eigen::Index b0 = 0; b0 < n; b0 += bc) {
     const Eigen::Index m = std::min(bc, n - b0);
-    const FlashQBlock blk = flashq_quantize_block(x.middleRows(b0, m));
+    const FlashQBlock blk = flashq_quantize_block(x.middleRows(b0, m), range);
     q8.middleRows(b0, m) = blk.values;
     scales.push_back(blk.scale);
   }
@@ -153,23 +155,23 @@ AttentionResult turbo_attention(const RowMatrixXd& q, const RowMatrixXd& k, cons
   std::vector<Eigen::Index> split(lq, lk);
   if (p.mode == TurboMode::prefill) {
     // (1): key blocks of B_c, INT8 each; the cache compression does not enter the prefill attention
-    prefill_blocks(k, lk, p.block_c, kb.k_settled, kb.k_scale);
-    prefill_blocks(v, lk, p.block_c, kb.v_settled, kb.v_scale);
+    prefill_blocks(k, lk, p.block_c, p.int8_max, kb.k_settled, kb.k_scale);
+    prefill_blocks(v, lk, p.block_c, p.int8_max, kb.v_settled, kb.v_scale);
     for (Eigen::Index b0 = 0; b0 < lk; b0 += p.block_c) kb.begin.push_back(b0);
     kb.begin.push_back(lk);
     kb.k_buffer = kb.k_settled;
     kb.v_buffer = kb.v_settled;
     for (Eigen::Index r0 = 0; r0 < lq; r0 += p.block_r) {
       const Eigen::Index n = std::min(p.block_r, lq - r0);
-      const FlashQBlock qb = flashq_quantize_block(q.middleRows(r0, n));
+      const FlashQBlock qb = flashq_quantize_block(q.middleRows(r0, n), p.int8_max);
       attend_rows(qb.values, qb.scale, r0, kb, split, visible, scale, p, r);
     }
   } else {
     const Eigen::Index pl = turbo_prefill_len(p, lk);
     if (pl < 1) throw std::invalid_argument("turbo decode: prefill-len must be >= 1 (the buffer's universal scale comes from it)");
     // (6) prefill blocks, INT8 then compressed
-    prefill_blocks(k, pl, p.block_c, kb.k_settled, kb.k_scale);
-    prefill_blocks(v, pl, p.block_c, kb.v_settled, kb.v_scale);
+    prefill_blocks(k, pl, p.block_c, p.int8_max, kb.k_settled, kb.k_scale);
+    prefill_blocks(v, pl, p.block_c, p.int8_max, kb.v_settled, kb.v_scale);
     for (Eigen::Index b0 = 0; b0 < pl; b0 += p.block_c) {
       kb.begin.push_back(b0);
       compress_rows(kb.k_settled, b0, std::min(p.block_c, pl - b0), p, kv_bits, st);
@@ -182,8 +184,8 @@ AttentionResult turbo_attention(const RowMatrixXd& q, const RowMatrixXd& k, cons
     Eigen::Index clamped_k = 0, clamped_v = 0;
     kb.k_buffer = kb.k_settled;
     kb.v_buffer = kb.v_settled;
-    kb.k_buffer.bottomRows(nb) = flashq_quantize_with_scale(k.bottomRows(nb), su_k, &clamped_k);
-    kb.v_buffer.bottomRows(nb) = flashq_quantize_with_scale(v.bottomRows(nb), su_v, &clamped_v);
+    kb.k_buffer.bottomRows(nb) = flashq_quantize_with_scale(k.bottomRows(nb), su_k, &clamped_k, p.int8_max);
+    kb.v_buffer.bottomRows(nb) = flashq_quantize_with_scale(v.bottomRows(nb), su_v, &clamped_v, p.int8_max);
     st.buffer_clamped += clamped_k + clamped_v;
     kb.k_settled.bottomRows(nb) = kb.k_buffer.bottomRows(nb);
     kb.v_settled.bottomRows(nb) = kb.v_buffer.bottomRows(nb);
@@ -205,7 +207,7 @@ AttentionResult turbo_attention(const RowMatrixXd& q, const RowMatrixXd& k, cons
           break;
         }
       split[i] = seen <= pl ? pl : pl + p.buffer * ((seen - pl) / p.buffer);
-      const FlashQBlock qb = flashq_quantize_block(q.row(i));
+      const FlashQBlock qb = flashq_quantize_block(q.row(i), p.int8_max);
       attend_rows(qb.values, qb.scale, i, kb, split, visible, scale, p, r);
     }
   }

@@ -31,6 +31,7 @@ constexpr Choice<SasPoly> kPolys[] = {{"paper", SasPoly::paper}, {"lsq", SasPoly
 constexpr Choice<bool> kExactExp[] = {{"sas", false}, {"exact", true}};
 constexpr Choice<TurboMode> kModes[] = {{"prefill", TurboMode::prefill}, {"decode", TurboMode::decode}};
 constexpr Choice<IntScaleRounding> kZscales[] = {{"round", IntScaleRounding::round}, {"ceil", IntScaleRounding::ceil}};
+constexpr Choice<int> kInt8Max[] = {{"119", kFlashQRange}, {"126", kFlashQRangeEq}};
 constexpr Choice<HeadPriority> kPriorities[] = {{"channel-gaps", HeadPriority::channel_gaps},
                                                 {"entries", HeadPriority::entries}};
 
@@ -39,7 +40,7 @@ constexpr Choice<HeadPriority> kPriorities[] = {{"channel-gaps", HeadPriority::c
 void register_turbo_method(Registry& registry) {
   MethodEntry e;
   e.name = "turbo";
-  e.summary = "TurboAttention: FlashQ per-block INT8 (/119) Q, K, V and P~, SAS online softmax, INT4/INT2 KV cache";
+  e.summary = "TurboAttention: FlashQ per-block INT8 (/119 or /126) Q, K, V and P~, SAS online softmax, INT4/INT2 KV cache";
   e.params = {
       {"br", ParamType::integer, "64", "query block rows B_r (prefill)", {}, 1, 1 << 20},
       {"bc", ParamType::integer, "64", "key/value block rows B_c", {}, 1, 1 << 20},
@@ -52,6 +53,9 @@ void register_turbo_method(Registry& registry) {
        choice_names(kModes)},
       {"kv", ParamType::integer, "4", "decode KV cache bits: 8 (INT8 kept), 4 or 2", {}, 2, 8},
       {"nh", ParamType::integer, "0", "heads of a layer whose KV cache takes 2 bits (lowest priority gap x std)", {}, 0, 1 << 20},
+      {"int8-max", ParamType::choice, "119",
+       "INT8 range R of Q, K, V blocks and P~: 119 (Algorithm 1) or 126 = 2^(8-1) - 2 (the scale equation after Eq. 3)",
+       choice_names(kInt8Max)},
       {"priority", ParamType::choice, "channel-gaps",
        "Eq. 11's std: of the channel-wise gaps (the text) or of all entries", choice_names(kPriorities)},
       {"nb", ParamType::integer, "64", "decode buffer n_b: tokens kept in INT8 before compression", {}, 1, 1 << 20},
@@ -79,6 +83,7 @@ void register_turbo_method(Registry& registry) {
     if (p.kv_bits != 8 && p.kv_bits != 4 && p.kv_bits != 2) throw SpecError("method 'turbo': kv must be 8, 4 or 2");
     p.heads_2bit = static_cast<int>(m.integer("nh"));
     p.priority = choice_value(m, "priority", kPriorities);
+    p.int8_max = choice_value(m, "int8-max", kInt8Max);
     p.buffer = m.integer("nb");
     p.prefill_len = m.integer("prefill-len");
     if (p.prefill_len == 0) throw SpecError("method 'turbo': prefill-len must be >= 1 or -1 (auto)");

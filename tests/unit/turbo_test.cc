@@ -10,6 +10,7 @@
 
 #include "support/random_matrix.h"
 #include "qattn/reference/flashq.h"
+#include "qattn/reference/kv_quant.h"
 #include "qattn/reference/registry.h"
 #include "qattn/reference/turbo.h"
 
@@ -122,6 +123,19 @@ TEST_CASE("FlashQ INT8 block: s = max|x|/119, half-even, all-zero block", "[turb
   CHECK(flashq_quantize_with_scale(big, 1.0, &clamped) == (RowMatrixXi32(1, 3) << 119, -119, 5).finished());
   CHECK(clamped == 2);
   CHECK_THROWS_AS(flashq_quantize_block((RowMatrixXd(1, 1) << NAN).finished()), std::invalid_argument);
+  // R = 126, the scale equation after Eq. 3: s = 3/126, -1/s = -42 exactly, 1/s = 42.
+  const FlashQBlock e = flashq_quantize_block(x, kFlashQRangeEq);
+  CHECK(e.scale == 3.0 / 126);
+  CHECK(e.values == (RowMatrixXi32(1, 4) << -42, 0, 42, 126).finished());
+  CHECK(flashq_quantize_with_scale(big, 1.0, &clamped, kFlashQRangeEq) == (RowMatrixXi32(1, 3) << 126, -126, 5).finished());
+  // Through the registry: turbo and the flashq KV quantizer take int8-max; 126 changes the output.
+  std::mt19937_64 g(5);
+  const RowMatrixXd q = random_matrix(20, 16, 1.0, g), k = random_matrix(20, 16, 1.0, g), v = random_matrix(20, 8, 1.0, g);
+  const Registry& reg = reference_registry();
+  const AttentionResult r119 = reg.create("turbo")->attention(q, k, v, 0.25, {});
+  const AttentionResult r126 = reg.create("turbo:int8-max=126")->attention(q, k, v, 0.25, {});
+  CHECK(r119.o != r126.o);
+  CHECK(kv_registry().canonical("flashq:int8-max=126").find("int8-max=126") != std::string::npos);
 }
 
 TEST_CASE("FlashQ progressive INT4/INT2: integer scale and zero point, saturation back to INT8", "[turbo]") {

@@ -17,20 +17,24 @@
 
 namespace qattn::ref {
 
+// The INT8 range R of (1): 119 as Algorithm 1 writes it (s = max|x| / 119), or 126 = 2^(8-1) - 2 from the scale
+// equation after Eq. 3. The paper gives both; kFlashQRange (119) is the default everywhere (`int8-max=119|126`).
 inline constexpr int kFlashQRange = 119;
+inline constexpr int kFlashQRangeEq = 126;
 
-// x ~= scale * values, values in [-119, 119].
+// x ~= scale * values, values in [-R, R].
 struct FlashQBlock {
   RowMatrixXi32 values;
   double scale = 1;
 };
 
 // (1) on a whole block. Throws std::invalid_argument on a non-finite entry.
-FlashQBlock flashq_quantize_block(const RowMatrixXd& x);
+FlashQBlock flashq_quantize_block(const RowMatrixXd& x, int range = kFlashQRange);
 
 // (1) with a given scale (the decode buffer's universal scale): entries beyond +-119 s clamp; *clamped (if given)
 // receives how many did.
-RowMatrixXi32 flashq_quantize_with_scale(const RowMatrixXd& x, double scale, Eigen::Index* clamped = nullptr);
+RowMatrixXi32 flashq_quantize_with_scale(const RowMatrixXd& x, double scale, Eigen::Index* clamped = nullptr,
+                                         int range = kFlashQRange);
 
 enum class IntScaleRounding { round, ceil };
 

@@ -35,6 +35,7 @@ struct TurboParams {
   int kv_bits = 4;                 // decode cache: 8 (INT8 kept), 4 or 2
   int heads_2bit = 0;              // n_h: the lowest-priority heads of a layer take 2 bits (turbo_attention_heads)
   HeadPriority priority = HeadPriority::channel_gaps;  // Eq. 11's std (flashq.h)
+  int int8_max = kFlashQRange;     // R of the INT8 blocks and of P~: 119 (Algorithm 1) or 126 (after Eq. 3)
   Eigen::Index buffer = 64;        // n_b
   Eigen::Index prefill_len = -1;   // decode: P; -1 = auto, min(L_k, B_c max(1, floor(L_k / (2 B_c))))
   IntScaleRounding int_scale = IntScaleRounding::round;
