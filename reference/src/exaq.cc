@@ -50,6 +50,11 @@ double exaq_optimal_clip(const ExaqParams& p, double sigma, int n) {
   return exaq_solve_clip(sigma, -sigma * cached_expected_max(std::max(1, n)), p.bits, noise);
 }
 
+double exaq_eq14_clip(const ExaqParams& p, double sigma, int n) {
+  if (!(sigma > 0)) return -1e-9;  // a constant scope: nothing to clip
+  return exaq_solve_clip_eq14(sigma, -sigma * cached_expected_max(std::max(1, n)), p.bits);
+}
+
 ExaqStats exaq_stats(const RowMatrixXd& x, Eigen::Index row_begin, Eigen::Index row_end) {
   ExaqStats s;
   double sum = 0;
@@ -202,12 +207,15 @@ RowMatrixXd exaq_softmax(const RowMatrixXd& logits, const ExaqParams& p, std::ve
       case ExaqClip::gauss: clip = *exaq_table_clip(ExaqClip::gauss, p.bits, st.sigma); break;
       case ExaqClip::laplace: {
         const auto c = exaq_table_clip(ExaqClip::laplace, p.bits, st.sigma_laplace);
-        if (!c) throw std::invalid_argument("EXAQ: the paper gives no Laplace clip for 3 bits");
+        if (!c) throw std::invalid_argument("EXAQ: neither the paper nor the official code gives a Laplace clip for 3 bits");
         clip = *c;
         break;
       }
       case ExaqClip::optimal:
         clip = exaq_optimal_clip(p, st.sigma, static_cast<int>(std::lround(static_cast<double>(st.count) / (r1 - r0))));
+        break;
+      case ExaqClip::eq14:
+        clip = exaq_eq14_clip(p, st.sigma, static_cast<int>(std::lround(static_cast<double>(st.count) / (r1 - r0))));
         break;
       case ExaqClip::fixed: clip = p.fixed_c; break;
       case ExaqClip::none: clip = p.grid == ExaqGrid::upstream ? st.min : std::min(st.min, -1e-9); break;

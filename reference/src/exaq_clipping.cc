@@ -82,6 +82,28 @@ double exaq_solve_clip_exp(double sigma, double mu, int bits) {
                                  std::min(-1e-9, best + 0.05), 60);
 }
 
+double exaq_clip_mse_eq14(double clip, double sigma, double mu, int bits) {
+  const double z = (clip - mu) / sigma, s2 = sigma * sigma;
+  const double e2 = std::exp(2 * mu + 2 * s2), e1 = std::exp(mu + s2 / 2);
+  const double quant = clip * clip / (12 * std::ldexp(1.0, 2 * bits)) * e2 * (cdf((-mu - 2 * s2) / sigma) - cdf(z - 2 * sigma));
+  const double clipped = std::exp(2 * clip) * cdf(z) - 2 * std::exp(clip) * e1 * cdf(z - sigma) + e2 * cdf(z - 2 * sigma);
+  return quant + clipped;
+}
+
+double exaq_solve_clip_eq14(double sigma, double mu, int bits) {
+  if (!(sigma > 0)) throw std::invalid_argument("exaq_solve_clip_eq14: sigma > 0");
+  const double lo = mu - 12 * sigma, hi = -1e-9;
+  double best = hi, best_v = exaq_clip_mse_eq14(hi, sigma, mu, bits);
+  const int scan = 2000;
+  for (int i = 0; i <= scan; ++i) {
+    const double c = lo + (hi - lo) * i / scan;
+    const double v = exaq_clip_mse_eq14(c, sigma, mu, bits);
+    if (v < best_v) best_v = v, best = c;
+  }
+  return golden_section_minimize([&](double c) { return exaq_clip_mse_eq14(c, sigma, mu, bits); },
+                                 std::max(lo, best - (hi - lo) / scan), std::min(hi, best + (hi - lo) / scan), 100);
+}
+
 double exaq_solve_clip(double sigma, double mu, int bits, QuantNoise noise) {
   if (!(sigma > 0)) throw std::invalid_argument("exaq_solve_clip: sigma > 0");
   const double lo = mu - 12 * sigma, hi = -1e-9;

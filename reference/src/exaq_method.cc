@@ -26,7 +26,8 @@ class ExaqMethod final : public SoftmaxModelMethod {
 };
 
 constexpr Choice<ExaqClip> kClips[] = {{"gauss", ExaqClip::gauss}, {"laplace", ExaqClip::laplace},
-                                       {"optimal", ExaqClip::optimal}, {"fixed", ExaqClip::fixed}, {"none", ExaqClip::none}};
+                                       {"optimal", ExaqClip::optimal}, {"eq14", ExaqClip::eq14},
+                                       {"fixed", ExaqClip::fixed},     {"none", ExaqClip::none}};
 constexpr Choice<ExaqScope> kScopes[] = {{"tensor", ExaqScope::tensor}, {"row", ExaqScope::row}};
 constexpr Choice<ExaqGrid> kGrids[] = {{"upstream", ExaqGrid::upstream}, {"paper", ExaqGrid::paper}};
 constexpr Choice<bool> kXhat[] = {{"fp", false}, {"bf16", true}};  // x^ rounded to bfloat16
@@ -40,7 +41,7 @@ void register_exaq_method(Registry& registry) {
   e.summary = "EXAQ: max-subtracted logits clipped (sigma rule) and quantised to 2-4 bits, exp by a 2^b LUT, FP normalisation";
   e.params = {
       {"bits", ParamType::integer, "2", "quantisation bits of x = s - rowmax", {}, 2, 4},
-      {"clip", ParamType::choice, "gauss", "clip rule: gauss (Table 1 at 2-3 bits, the official code's line at 4), laplace (the official code's lines), optimal (Eq. 14 solver), fixed (c=), none (NAIVE)",
+      {"clip", ParamType::choice, "gauss", "clip rule: gauss (Table 1 at 2-3 bits, the official code's line at 4), laplace (the official code's lines), optimal (ACIQ-style error on x), eq14 (Eq. 14 as printed, error after exp), fixed (c=), none (NAIVE)",
        choice_names(kClips)},
       {"c", ParamType::real, "-4", "the clip for clip=fixed", {}, -1e6, -1e-9},
       {"sigma", ParamType::choice, "tensor", "scope of sigma and min: the whole call (upstream) or each row", choice_names(kScopes)},

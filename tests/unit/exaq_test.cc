@@ -143,3 +143,45 @@ TEST_CASE("Q24 sums never divide 0 by 0: the LUT is relative to the top level", 
   const auto lut = exaq_lut_q24(exaq_levels(p, -138.9, -138.9));
   CHECK(lut.back() == (std::int64_t{1} << 24));
 }
+
+TEST_CASE("Eq. 14 as printed: the closed form against quadrature, and its solution against Table 1", "[exaq]") {
+  // The closed form (exaq_clipping.h) against Simpson quadrature of the two integrals as printed.
+  for (const double sigma : {0.5, 1.0, 2.5})
+    for (const double mu : {0.0, -3.0})
+      for (const int bits : {2, 3})
+        for (const double clip : {-1.0, -4.0, -7.5}) {
+          const double pref = clip * clip / (12 * std::ldexp(1.0, 2 * bits));
+          auto pdf = [&](double x) { return std::exp(-0.5 * std::pow((x - mu) / sigma, 2)) / (sigma * std::sqrt(2 * M_PI)); };
+          auto simpson = [&](auto f, double a, double b) {
+            const int n = 20000;
+            const double h = (b - a) / n;
+            double s = f(a) + f(b);
+            for (int i = 1; i < n; ++i) s += (i % 2 ? 4 : 2) * f(a + i * h);
+            return s * h / 3;
+          };
+          const double quant = pref * simpson([&](double x) { return std::exp(2 * x) * pdf(x); }, clip, 0.0);
+          const double clipped =
+              simpson([&](double x) { return std::pow(std::exp(clip) - std::exp(x), 2) * pdf(x); }, mu - 14 * sigma, clip);
+          INFO("sigma " << sigma << " mu " << mu << " bits " << bits << " C " << clip);
+          CHECK(exaq_clip_mse_eq14(clip, sigma, mu, bits) == Approx(quant + clipped).epsilon(1e-9));
+        }
+  // Solved for zero-mean input over sigma in [0.9, 3.4], its least-squares lines are far from Table 1's
+  // (-1.66 sigma - 1.85, -1.75 sigma - 2.06).
+  for (const int bits : {2, 3}) {
+    std::vector<double> s, c;
+    for (int i = 0; i <= 25; ++i) s.push_back(0.9 + 0.1 * i), c.push_back(exaq_solve_clip_eq14(s.back(), 0.0, bits));
+    double mx = 0, my = 0;
+    for (std::size_t i = 0; i < s.size(); ++i) mx += s[i] / s.size(), my += c[i] / s.size();
+    double sxy = 0, sxx = 0;
+    for (std::size_t i = 0; i < s.size(); ++i) sxy += (s[i] - mx) * (c[i] - my), sxx += (s[i] - mx) * (s[i] - mx);
+    const double slope = sxy / sxx, intercept = my - slope * mx;
+    INFO("bits " << bits << ": " << slope << " sigma + " << intercept);
+    CHECK(slope == Approx(bits == 2 ? -0.491 : -0.578).margin(0.005));
+    CHECK(intercept == Approx(bits == 2 ? -1.075 : -1.298).margin(0.005));
+  }
+  // The clip rule through the registry.
+  CHECK(reference_registry().canonical(parse_method_spec("exaq:clip=eq14")).find("clip=eq14") != std::string::npos);
+  const RowMatrixXd x = (RowMatrixXd(1, 4) << 0.0, -1.0, -2.5, -6.0).finished();
+  const RowMatrixXd p = reference_registry().create("exaq:clip=eq14")->softmax_rows(x);
+  CHECK(p.sum() == Approx(1.0).margin(1e-9));
+}

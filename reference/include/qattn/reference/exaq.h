@@ -2,7 +2,8 @@
 //
 // For one attention call (a matrix of logit rows) with x = s - rowmax(s) <= 0 on valid entries:
 //   (1) sigma = unbiased std of x over the scope (the whole call, or one row); lo_data = min x over the same scope
-//   (2) C = clip rule(sigma): gauss a_b sigma + c_b, laplace a_b sigma_L + c_b, optimal (Eq. 14 solver), fixed, none
+//   (2) C = clip rule(sigma): gauss a_b sigma + c_b, laplace a_b sigma_L + c_b, optimal (an ACIQ-style error on x),
+//       eq14 (Eq. 14 as printed, an error after exp: exaq_clipping.h), fixed, none
 //   (3) quantise x onto 2^b levels, by the upstream grid or the paper's grid:
 //         upstream: lo = max(lo_data, C), x clipped to [lo, 0], a = (2^b - 1) / (0 - lo),
 //                   q = round_half_even((x - lo) a), x^ = q / a + lo                  (both ends on the grid)
@@ -22,7 +23,7 @@
 
 namespace qattn::ref {
 
-enum class ExaqClip { gauss, laplace, optimal, fixed, none };
+enum class ExaqClip { gauss, laplace, optimal, eq14, fixed, none };
 enum class ExaqScope { tensor, row };
 enum class ExaqGrid { upstream, paper };
 enum class ExaqSum { fp, q24_direct, q24_lutsum };
@@ -45,6 +46,8 @@ std::optional<double> exaq_table_clip(ExaqClip rule, int bits, double sigma);
 // Optimal clip for Gaussian data from our Eq. 14 solver (exaq_clipping.h) under the assumption mu = -sigma E[max of
 // n N(0,1)], n = the scope's mean row length, with the quantisation noise of the chosen grid.
 double exaq_optimal_clip(const ExaqParams& p, double sigma, int n);
+// Eq. 14 as printed (exaq_solve_clip_eq14) under the same mu = -sigma E[max of n N(0, 1)] as exaq_optimal_clip.
+double exaq_eq14_clip(const ExaqParams& p, double sigma, int n);
 
 // Statistics of one scope, as the method computes them.
 struct ExaqStats {

@@ -26,6 +26,15 @@ double exaq_clip_mse(double clip, double sigma, double mu, int bits, QuantNoise 
 double exaq_clip_mse_exp(double clip, double sigma, double mu, int bits);
 double exaq_solve_clip_exp(double sigma, double mu, int bits);
 
+// Eq. 14 as the paper prints it, an error in the exp domain (the minus sign before its second term read as the
+// typo it is: both terms are errors and add):
+//     MSE_exp(C) = C^2 / (12 4^M) int_C^0 e^{2x} f(x) dx + int_{-inf}^C (e^C - e^x)^2 f(x) dx,  f = N(mu, sigma^2)
+// in closed form: with z = (C - mu) / sigma, E2 = e^{2 mu + 2 sigma^2}, E1 = e^{mu + sigma^2 / 2},
+//     int_C^0 e^{2x} f = E2 (Phi((-mu - 2 sigma^2) / sigma) - Phi(z - 2 sigma))
+//     int_{-inf}^C (e^C - e^x)^2 f = e^{2C} Phi(z) - 2 e^C E1 Phi(z - sigma) + E2 Phi(z - 2 sigma)
+double exaq_clip_mse_eq14(double clip, double sigma, double mu, int bits);
+double exaq_solve_clip_eq14(double sigma, double mu, int bits);
+
 // argmin_C MSE(C) over C in [mu - 12 sigma, 0), by golden-section search after a coarse scan.
 double exaq_solve_clip(double sigma, double mu, int bits, QuantNoise noise);
 
