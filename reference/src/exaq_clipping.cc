@@ -12,6 +12,18 @@ namespace {
 double phi(double z) { return std::exp(-0.5 * z * z) / std::sqrt(2 * M_PI); }
 double cdf(double z) { return 0.5 * std::erfc(-z / std::sqrt(2.0)); }
 
+// e^a Phi(z) without overflow or underflow on the way: in Eq. 14's closed form e^a reaches e^(2 sigma^2) while
+// Phi(z) falls below 1e-300 for the same sigma, and the product stays at most 1. Phi in logs: erfc while it is
+// normal, the asymptotic series -z^2/2 - ln(-z sqrt(2 pi)) + ln(1 - 1/z^2 + 3/z^4) below z = -30.
+double exp_times_cdf(double a, double z) {
+  if (z > -30) {
+    const double c = cdf(z);
+    return c > 0 ? std::exp(a + std::log(c)) : 0.0;
+  }
+  const double z2 = z * z;
+  return std::exp(a - 0.5 * z2 - std::log(-z * std::sqrt(2 * M_PI)) + std::log1p(-1 / z2 + 3 / (z2 * z2)));
+}
+
 }  // namespace
 
 double expected_max_std_normal(int n) {
@@ -84,10 +96,12 @@ double exaq_solve_clip_exp(double sigma, double mu, int bits) {
 
 double exaq_clip_mse_eq14(double clip, double sigma, double mu, int bits) {
   const double z = (clip - mu) / sigma, s2 = sigma * sigma;
-  const double e2 = std::exp(2 * mu + 2 * s2), e1 = std::exp(mu + s2 / 2);
-  const double quant = clip * clip / (12 * std::ldexp(1.0, 2 * bits)) * e2 * (cdf((-mu - 2 * s2) / sigma) - cdf(z - 2 * sigma));
-  const double clipped = std::exp(2 * clip) * cdf(z) - 2 * std::exp(clip) * e1 * cdf(z - sigma) + e2 * cdf(z - 2 * sigma);
-  return quant + clipped;
+  const double a2 = 2 * mu + 2 * s2, a1 = mu + s2 / 2;  // ln E2, ln E1
+  const double quant = clip * clip / (12 * std::ldexp(1.0, 2 * bits)) *
+                       std::max(0.0, exp_times_cdf(a2, (-mu - 2 * s2) / sigma) - exp_times_cdf(a2, z - 2 * sigma));
+  const double clipped =
+      exp_times_cdf(2 * clip, z) - 2 * exp_times_cdf(clip + a1, z - sigma) + exp_times_cdf(a2, z - 2 * sigma);
+  return quant + std::max(0.0, clipped);
 }
 
 double exaq_solve_clip_eq14(double sigma, double mu, int bits) {

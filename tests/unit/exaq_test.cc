@@ -165,6 +165,16 @@ TEST_CASE("Eq. 14 as printed: the closed form against quadrature, and its soluti
           INFO("sigma " << sigma << " mu " << mu << " bits " << bits << " C " << clip);
           CHECK(exaq_clip_mse_eq14(clip, sigma, mu, bits) == Approx(quant + clipped).epsilon(1e-9));
         }
+  // Wide logits (sigma 30: e^(2 sigma^2) alone overflows double) still give a finite error and a clip below 0.
+  for (const double sigma : {30.0, 200.0}) {
+    INFO("sigma " << sigma);
+    const double e = exaq_clip_mse_eq14(-5.0, sigma, -3 * sigma, 2);
+    CHECK(std::isfinite(e));
+    CHECK(e >= 0);
+    const double c = exaq_solve_clip_eq14(sigma, -3 * sigma, 2);
+    CHECK(std::isfinite(c));
+    CHECK(c < 0);
+  }
   // Solved for zero-mean input over sigma in [0.9, 3.4], its least-squares lines are far from Table 1's
   // (-1.66 sigma - 1.85, -1.75 sigma - 2.06).
   for (const int bits : {2, 3}) {
