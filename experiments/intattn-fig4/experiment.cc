@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "experiment.h"
+#include "qattn/error.h"
 
 namespace qattn::cli {
 namespace {
@@ -61,6 +62,7 @@ std::string run_fig4(const ExperimentContext& ctx) {
           inside_clip.push_back(static_cast<double>(kept) / row.size());
         }
       }
+  if (rows == 0) throw InputError(ctx.tensors, "logits", "every row is fully masked: nothing to measure");
   std::ostringstream r;
   r << "intattn-fig4: softmax mass held by the largest probabilities of each row, fp64 softmax of the dumped logits, "
     << rows << " rows of up to " << keys << " keys\n"
