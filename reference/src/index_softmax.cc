@@ -120,6 +120,61 @@ RowMatrixXi32 index_softmax(const RowMatrixXi32& logits, std::int64_t c_int, con
   return p;
 }
 
+void index_softmax_grouped_row(const std::int32_t* logits, const bool* valid, Eigen::Index length,
+                               const KeyGroupClip& clip, const IndexSoftmaxParams& params,
+                               const std::vector<std::uint8_t>& lut, std::int32_t* p_out) {
+  const Eigen::Index blocks = clip.block < 1 ? 0 : (length + clip.block - 1) / clip.block;
+  if (clip.block < 1 || static_cast<Eigen::Index>(clip.ratio.size()) != blocks ||
+      static_cast<Eigen::Index>(clip.c_int.size()) != blocks)
+    throw std::invalid_argument("index_softmax_grouped: " + std::to_string(length) + " keys in blocks of " +
+                                std::to_string(clip.block) + " need one ratio and one c_int per block");
+  for (const std::int64_t c : clip.c_int) validate(params, c);
+  if (lut.size() != (std::size_t{1} << params.bits)) throw std::invalid_argument("index_softmax: LUT size != 2^bits");
+  constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::min();
+  // (1) each block's maximum m_j, and the row's mu = max_j rho_j m_j
+  std::vector<std::int64_t> m(static_cast<std::size_t>(blocks), kNone);
+  std::int64_t mu = kNone;
+  for (Eigen::Index j = 0; j < length; ++j)
+    if (!valid || valid[j]) m[j / clip.block] = std::max<std::int64_t>(m[j / clip.block], logits[j]);
+  for (Eigen::Index g = 0; g < blocks; ++g)
+    if (m[g] != kNone) mu = std::max(mu, clip.ratio[g] * m[g]);
+  std::fill(p_out, p_out + length, 0);
+  if (mu == kNone) return;  // fully masked: zeros, no division
+  // (2)-(5) per block: the clipped distance, the index into the one table, E, the row sum
+  const int last = (1 << params.bits) - 1;
+  std::vector<std::int32_t> e(length, 0);
+  std::int64_t s = 0;
+  for (Eigen::Index j = 0; j < length; ++j) {
+    if (valid && !valid[j]) continue;
+    const Eigen::Index g = j / clip.block;
+    const std::int64_t c = clip.c_int[g];
+    int idx = 0;
+    if (clip.rule == GroupMax::global) {
+      const std::int64_t delta = std::max<std::int64_t>(0, key_group_anchor(mu, clip.ratio[g]) - logits[j]);
+      idx = index_of(std::min(delta, c), c, params.bits, params.index_rule);
+    } else {
+      const int k = key_group_offset(mu - clip.ratio[g] * m[g], clip.offset_scale, params.bits);
+      idx = std::min(index_of(std::min<std::int64_t>(m[g] - logits[j], c), c, params.bits, params.index_rule) + k, last);
+    }
+    e[j] = lut[idx];
+    s += e[j];
+  }
+  // (6) Eq. 15 over the whole row. S >= 255: the entry that attains mu has distance 0 (M_j = m_j in its block; k_j = 0).
+  for (Eigen::Index j = 0; j < length; ++j) p_out[j] = normalize(e[j], s, params.p_scale(), params.normalization);
+}
+
+RowMatrixXi32 index_softmax_grouped(const RowMatrixXi32& logits, const KeyGroupClip& clip,
+                                    const IndexSoftmaxParams& params, const RowMatrixXb& valid) {
+  if (valid.size() != 0 && (valid.rows() != logits.rows() || valid.cols() != logits.cols()))
+    throw std::invalid_argument("index_softmax: mask shape differs from logits");
+  const std::vector<std::uint8_t> lut = index_lut(params.bits, params.c, params.lut_rounding);
+  RowMatrixXi32 p(logits.rows(), logits.cols());
+  for (Eigen::Index r = 0; r < logits.rows(); ++r)
+    index_softmax_grouped_row(logits.row(r).data(), valid.size() ? valid.row(r).data() : nullptr, logits.cols(), clip,
+                              params, lut, p.row(r).data());
+  return p;
+}
+
 Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> index_softmax_fp(
     const Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>& logits, const IndexSoftmaxParams& params) {
   const std::vector<std::uint8_t> lut = index_lut(params.bits, params.c, params.lut_rounding);

@@ -33,6 +33,27 @@ IndexSoftmaxBound IndexSoftmaxBound::make(const IndexSoftmaxParams& p, double al
   return b;
 }
 
+IndexSoftmaxBound IndexSoftmaxBound::make_grouped(const IndexSoftmaxParams& p, const KeyGroupClip& clip,
+                                                  const std::vector<double>& alpha, double a_max) {
+  const double alpha_max = *std::max_element(alpha.begin(), alpha.end());
+  const double delta = p.c / ((1 << p.bits) - 1);
+  IndexSoftmaxBound worst;
+  for (std::size_t j = 0; j < alpha.size(); ++j) {
+    IndexSoftmaxBound b = make(p, alpha[j], clip.c_int[j]);
+    const double r = alpha[j] / alpha_max, rho = static_cast<double>(clip.ratio[j]);
+    b.theta += clip.rule == GroupMax::global ? alpha[j] * (0.5 + a_max * (1 + r) / (2 * r * rho))
+                                             : delta / 2 + a_max * alpha_max * std::ldexp(1.0, -kKeyRatioBits);
+    const auto lut = index_lut(p.bits, p.c, p.lut_rounding);
+    const double saturated_entry = lut[index_of(clip.c_int[j], clip.c_int[j], p.bits, p.index_rule)];
+    b.eta = std::max({b.r, 255.0 * std::exp(-(p.c - b.theta)), saturated_entry});
+    if (j == 0 || b.theta > worst.theta) worst.theta = b.theta;
+    worst.eta = std::max(worst.eta, b.eta);
+    worst.r = b.r;
+    worst.nu = b.nu;
+  }
+  return worst;
+}
+
 double IndexSoftmaxBound::row_mass_error(double p_max, Eigen::Index valid) const {
   return 255.0 / p_max * std::expm1(theta) + static_cast<double>(valid) * eta;
 }

@@ -44,7 +44,9 @@ class IntAttentionMethod final : public PipelineMethod {
 constexpr Choice<QuantOnlySoftmax> kQuantOnlySoftmax[] = {{"ref", QuantOnlySoftmax::reference},
                                                           {"lanes16", QuantOnlySoftmax::lanes16}};
 constexpr Choice<CintEvaluation> kCintEvaluations[] = {{"f64", CintEvaluation::f64}, {"f32", CintEvaluation::f32_upstream}};
-constexpr Choice<bool> kVPerChannel[] = {{"tensor", false}, {"channel", true}};
+constexpr Choice<VGroup> kVGroups[] = {
+    {"tensor", VGroup::tensor}, {"channel", VGroup::channel}, {"key-block", VGroup::key_block}};
+constexpr Choice<GroupMax> kGroupMax[] = {{"global", GroupMax::global}, {"offset", GroupMax::offset}};
 constexpr Choice<Int8Rounding> kQRoundings[] = {{"rne", Int8Rounding::rne}, {"floor", Int8Rounding::floor}};
 
 MethodEntry quant_only_entry() {
@@ -78,8 +80,15 @@ MethodEntry intattention_entry() {
   e.params.push_back({"q-group", ParamType::integer, "0",
                       "Q scale per group of this many query rows, each with its own c_int (1 = per token, 0 = per tensor)",
                       {}, 0, 1e15});
-  e.params.push_back({"v-group", ParamType::choice, "tensor", "V scale per tensor or per channel",
-                      choice_names(kVPerChannel)});
+  e.params.push_back({"k-group", ParamType::integer, "0",
+                      "K scale per block of this many keys, clipped per block (Eq. 16-18; 0 = per tensor)", {}, 0, 1e15});
+  e.params.push_back({"group-max", ParamType::choice, "global",
+                      "row maximum across key blocks: global (mu carried into each block's grid) or offset (block "
+                      "maximum plus a table offset)",
+                      choice_names(kGroupMax)});
+  e.params.push_back({"v-group", ParamType::choice, "tensor",
+                      "V scale per tensor, per channel, or per key block (key-block needs k-group)",
+                      choice_names(kVGroups)});
   e.params.push_back({"qround", ParamType::choice, "rne",
                       "INT8 codes of Q, K, V: rne (official simulation) or floor (Eq. 3 as printed; @paper)",
                       choice_names(kQRoundings)});
@@ -94,8 +103,13 @@ MethodEntry intattention_entry() {
   e.overflow_note = "INT8 Q/K/V and INT32 Q K^T (exact); only the logit scale alpha = s_Q s_K scale (float64, or c / alpha in float32 with cint-eval=f32, as in @upstream-sim) can leave its format, and is then refused";
   e.kind = MethodKind::attention_pipeline;
   e.doc = "docs/pipelines/intattention.md";
-  // Integer sums throughout: reordering keys changes nothing. Per-tensor K and V scales count masked keys too.
-  e.traits = [](const ParamMap&) { return MethodTraits{false, false, 0.0, false, 8}; };
+  // Integer sums throughout: reordering keys changes nothing, unless K (or V) has a scale per block of keys. Per-tensor
+  // and per-block K and V scales count masked keys too.
+  e.traits = [](const ParamMap& m) {
+    MethodTraits t{false, false, 0.0, false, 8};
+    if (m.integer("k-group") > 0) t.key_order_tolerance.reset();
+    return t;
+  };
   return e;
 }
 
@@ -106,7 +120,11 @@ IntAttentionSettings intattention_settings(const ParamMap& m) {
   s.softmax = index_softmax_params(m);
   s.cint_eval = choice_value(m, "cint-eval", kCintEvaluations);
   s.groups.q_rows = m.integer("q-group");
-  s.groups.v_per_channel = choice_value(m, "v-group", kVPerChannel);
+  s.groups.k_rows = m.integer("k-group");
+  s.groups.group_max = choice_value(m, "group-max", kGroupMax);
+  s.groups.v = choice_value(m, "v-group", kVGroups);
+  if (s.groups.v == VGroup::key_block && s.groups.k_rows == 0)
+    throw SpecError("intattention: v-group=key-block needs K in key blocks (set k-group=N, N >= 1)");
   s.qround = choice_value(m, "qround", kQRoundings);
   return s;
 }

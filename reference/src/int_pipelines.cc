@@ -117,36 +117,88 @@ std::int64_t intattention_cint(double s_q, double s_k, double scale, const Index
   return cint_from_alpha(static_cast<double>(x), 1.0, params.cint_rounding);
 }
 
+KeyBlocks quantize_key_blocks(const RowMatrixXd& k, Eigen::Index rows, Int8Rounding rounding) {
+  if (rows < 1) throw std::invalid_argument("int_attention: k-group must be >= 1 keys");
+  KeyBlocks b;
+  b.codes.values.resize(k.rows(), k.cols());
+  for (Eigen::Index r0 = 0; r0 < k.rows(); r0 += rows) {
+    const Eigen::Index n = std::min(rows, k.rows() - r0);
+    const Int8Matrix block = quantize_symmetric_int8(k.middleRows(r0, n), rounding);
+    b.codes.values.middleRows(r0, n) = block.values;
+    b.scales.push_back(block.scale);
+  }
+  b.ratios = key_group_ratios(b.scales);
+  return b;
+}
+
+KeyGroupClip key_group_clip(const KeyBlocks& k, Eigen::Index rows, double s_q, double scale,
+                            const IndexSoftmaxParams& params, CintEvaluation cint_eval, GroupMax rule) {
+  KeyGroupClip clip;
+  clip.block = rows;
+  clip.ratio = k.ratios;
+  clip.rule = rule;
+  double s_max = 0;
+  for (const double s_k : k.scales) {
+    clip.c_int.push_back(intattention_cint(s_q, s_k, scale, params, cint_eval));
+    s_max = std::max(s_max, s_k);
+  }
+  clip.offset_scale = key_group_offset_scale(s_q, s_max, scale, params.bits, params.c);
+  return clip;
+}
+
 AttentionResult int_attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
                               const AttentionMask& mask, const IndexSoftmaxParams& params, CintEvaluation cint_eval,
                               const IntAttentionGroups& groups, Int8Rounding qround) {
   check_shapes(q, k, v);
-  if (groups.q_rows < 0) throw std::invalid_argument("int_attention: q_rows must be >= 0");
-  const Int8Matrix ki = quantize_symmetric_int8(k, qround);
+  if (groups.q_rows < 0 || groups.k_rows < 0) throw std::invalid_argument("int_attention: q_rows and k_rows must be >= 0");
+  if (groups.v == VGroup::key_block && groups.k_rows == 0)
+    throw std::invalid_argument("int_attention: V scales per key block need K in blocks (k-group > 0)");
+  const bool k_blocks = groups.k_rows > 0 && k.rows() > 0;
+  const KeyBlocks kb = k_blocks ? quantize_key_blocks(k, groups.k_rows, qround) : KeyBlocks{};
+  const Int8Matrix ki = k_blocks ? kb.codes : quantize_symmetric_int8(k, qround);
   const RowMatrixXb visible = mask.empty() ? RowMatrixXb() : mask.visible(q.rows(), k.rows());
   AttentionResult r;
   r.p_int.resize(q.rows(), k.rows());
   r.p_scale = params.p_scale();
   r.p_dtype = params.p_format == PFormat::u8 ? DType::u8 : DType::i8;
   const Eigen::Index rows = groups.q_rows == 0 ? std::max<Eigen::Index>(q.rows(), 1) : groups.q_rows;
-  for (Eigen::Index r0 = 0; r0 < q.rows(); r0 += rows) {  // one Q scale, one c_int per group of query rows
+  for (Eigen::Index r0 = 0; r0 < q.rows(); r0 += rows) {  // one Q scale, one c_int (per key block) per query group
     const Eigen::Index n = std::min(rows, q.rows() - r0);
     const Int8Matrix qi = quantize_symmetric_int8(q.middleRows(r0, n), qround);
     const RowMatrixXi32 a = int_matmul_abt(qi.values, ki.values);
-    const std::int64_t c_int = intattention_cint(qi.scale, ki.scale, scale, params, cint_eval);
-    r.p_int.middleRows(r0, n) =
-        index_softmax(a, c_int, params, visible.size() ? RowMatrixXb(visible.middleRows(r0, n)) : RowMatrixXb());
+    const RowMatrixXb vis = visible.size() ? RowMatrixXb(visible.middleRows(r0, n)) : RowMatrixXb();
+    if (k_blocks) {
+      const KeyGroupClip clip = key_group_clip(kb, groups.k_rows, qi.scale, scale, params, cint_eval, groups.group_max);
+      r.p_int.middleRows(r0, n) = index_softmax_grouped(a, clip, params, vis);
+    } else {
+      r.p_int.middleRows(r0, n) = index_softmax(a, intattention_cint(qi.scale, ki.scale, scale, params, cint_eval), params, vis);
+    }
   }
   r.p = r.p_int.cast<double>() / r.p_scale;
-  if (!groups.v_per_channel) {
-    const Int8Matrix vi = quantize_symmetric_int8(v, qround);
-    r.o = dequantize_output(int_matmul_ab(r.p_int, vi.values), vi.scale, r.p_scale);
-    return r;
-  }
-  r.o.resize(q.rows(), v.cols());
-  for (Eigen::Index c = 0; c < v.cols(); ++c) {
-    const Int8Matrix vc = quantize_symmetric_int8(v.col(c), qround);
-    r.o.col(c) = dequantize_output(int_matmul_ab(r.p_int, vc.values), vc.scale, r.p_scale);
+  switch (groups.v) {
+    case VGroup::tensor: {
+      const Int8Matrix vi = quantize_symmetric_int8(v, qround);
+      r.o = dequantize_output(int_matmul_ab(r.p_int, vi.values), vi.scale, r.p_scale);
+      break;
+    }
+    case VGroup::channel:
+      r.o.resize(q.rows(), v.cols());
+      for (Eigen::Index c = 0; c < v.cols(); ++c) {
+        const Int8Matrix vc = quantize_symmetric_int8(v.col(c), qround);
+        r.o.col(c) = dequantize_output(int_matmul_ab(r.p_int, vc.values), vc.scale, r.p_scale);
+      }
+      break;
+    case VGroup::key_block: {
+      RowMatrixXd acc = RowMatrixXd::Zero(q.rows(), v.cols());
+      for (Eigen::Index j0 = 0; j0 < v.rows(); j0 += groups.k_rows) {
+        const Eigen::Index n = std::min(groups.k_rows, v.rows() - j0);
+        const Int8Matrix vb = quantize_symmetric_int8(v.middleRows(j0, n), qround);
+        const RowMatrixXi32 pb = r.p_int.middleCols(j0, n);
+        acc += int_matmul_ab(pb, vb.values) * vb.scale;  // each product one double rounding, summed in key order
+      }
+      r.o = dequantize_output(acc, 1.0, r.p_scale);
+      break;
+    }
   }
   return r;
 }

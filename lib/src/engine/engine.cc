@@ -33,7 +33,9 @@ FusedPlan plan_intattention(const ParamMap& m) {
   const ref::IntAttentionSettings s = ref::intattention_settings(m);
   if (s.groups.q_rows != 0)
     return unsupported("q-group=" + std::to_string(s.groups.q_rows) + ": the fused kernels take one Q scale per call");
-  if (s.groups.v_per_channel)
+  if (s.groups.k_rows != 0)
+    return unsupported("k-group=" + std::to_string(s.groups.k_rows) + ": the fused kernels take one K scale per call");
+  if (s.groups.v != ref::VGroup::tensor)
     return unsupported("v-group=" + m.choice("v-group") + ": the fused kernels take one V scale per call");
   FusedPlan p{true};
   p.softmax = s.softmax;

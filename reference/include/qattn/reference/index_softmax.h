@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "qattn/index_softmax_params.h"
+#include "qattn/key_groups.h"
 #include "qattn/tensor.h"
 
 namespace qattn::ref {
@@ -67,6 +68,23 @@ void index_softmax_row(const std::int32_t* logits, const bool* valid, Eigen::Ind
 // Row-wise over [rows, L]. `valid` is empty (no mask) or of the same shape. Returns integer P in [0, s_P].
 RowMatrixXi32 index_softmax(const RowMatrixXi32& logits, std::int64_t c_int, const IndexSoftmaxParams& params,
                             const RowMatrixXb& valid = {});
+
+// Group-wise clipping (IntAttention Eq. 16-18) over blocks of `block` keys (the last may be shorter): block j has
+// its fixed-point scale ratio ratio[j] and its clip c_int[j] (Eq. 16); one LUT for every block (Eq. 18); the row
+// maximum read by `rule` (qattn/key_groups.h); Eq. 15 over the whole row. Masked entries and fully masked blocks
+// take no part; a fully masked row is all zeros.
+struct KeyGroupClip {
+  Eigen::Index block = 0;
+  std::vector<std::int64_t> ratio;  // rho_j, qattn/key_groups.h
+  std::vector<std::int64_t> c_int;  // c_int^(j)
+  GroupMax rule = GroupMax::global;
+  double offset_scale = 0;          // kappa, for GroupMax::offset
+};
+void index_softmax_grouped_row(const std::int32_t* logits, const bool* valid, Eigen::Index length,
+                               const KeyGroupClip& clip, const IndexSoftmaxParams& params,
+                               const std::vector<std::uint8_t>& lut, std::int32_t* p_out);
+RowMatrixXi32 index_softmax_grouped(const RowMatrixXi32& logits, const KeyGroupClip& clip,
+                                    const IndexSoftmaxParams& params, const RowMatrixXb& valid = {});
 
 // IndexSoftmaxOnly (the upstream baseline on FP logits): Δ = min(rowmax - x, c) in double, idx = trunc(Δ (T-1) / c),
 // E = LUT[idx], probabilities E / S in double. -inf entries are masked. Returns probabilities.

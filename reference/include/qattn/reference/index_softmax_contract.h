@@ -28,6 +28,14 @@ struct IndexSoftmaxBound {
 
   // Terms for one attention call: params, the logit scale alpha and the clip c_int actually used.
   static IndexSoftmaxBound make(const IndexSoftmaxParams& params, double alpha, std::int64_t c_int);
+  // Group-wise clipping (index_softmax_grouped): the worst block's theta and eta, with block j's logit scale
+  // alpha[j], its clip, and a_max >= max_j |m_j| (the block maxima of the row). theta_j adds to make()'s terms the
+  // error of carrying the row maximum into block j (docs/pipelines/intattention.md, "Error of the two readings"):
+  //   global: alpha_j (1/2 + a_max (1 + r_j) / (2 r_j rho_j))     M_j rounded, and the fixed-point ratios
+  //   offset: delta / 2 + a_max alpha_max 2^-30                     k_j rounded, and the fixed-point ratios
+  // with r_j = alpha_j / alpha_max and delta = c / (2^b - 1).
+  static IndexSoftmaxBound make_grouped(const IndexSoftmaxParams& params, const KeyGroupClip& clip,
+                                        const std::vector<double>& alpha, double a_max);
 
   double row_mass_error(double p_max, Eigen::Index valid) const;  // D
   double row_sum_lower(double p_max, Eigen::Index valid) const;   // S_lo

@@ -44,16 +44,39 @@ enum class CintEvaluation { f64, f32_upstream };
 std::int64_t intattention_cint(double s_q, double s_k, double scale, const IndexSoftmaxParams& params,
                                CintEvaluation cint_eval);
 
-// Scale groups of the group-wise IntAttention variant. K keeps one scale per call: the integer logits of one row
-// must share one alpha for IndexSoftmax's integer max and clip (a per-key-group c_int is Eq. 16-18, not modelled).
-struct IntAttentionGroups {
-  Eigen::Index q_rows = 0;      // Q scale per block of this many query rows (1 = per token); 0 = per tensor
-  bool v_per_channel = false;   // V scale per channel (column) instead of per tensor
+// Scale groups of the group-wise IntAttention variant (docs/pipelines/intattention.md, "Group-wise scales" and
+// "Group-wise clipping").
+enum class VGroup {
+  tensor,     // one V scale per call
+  channel,    // one per column of V: O[:, c] = fl32(sum_j P V[:, c] s_V,c / s_P)
+  key_block,  // one per block of k_rows keys (needs k_rows > 0): O = fl32((sum_j fl64(P_j V_j) s_V^(j)) / s_P),
+              // the sum in double over the blocks in key order
 };
+struct IntAttentionGroups {
+  Eigen::Index q_rows = 0;  // Q scale per block of this many query rows (1 = per token); 0 = per tensor
+  Eigen::Index k_rows = 0;  // K scale per block of this many keys, with Eq. 16-18 clipping per block; 0 = per tensor
+  GroupMax group_max = GroupMax::global;  // the row maximum across key blocks (qattn/key_groups.h)
+  VGroup v = VGroup::tensor;
+};
+
+// The per-block K quantisation and the clip of one query group, as the reference model and the engine build them.
+struct KeyBlocks {
+  Int8Matrix codes;             // K's codes, block by block; codes.scale is unused
+  std::vector<double> scales;   // s_K^(j)
+  std::vector<std::int64_t> ratios;  // rho_j (qattn/key_groups.h)
+};
+// K in blocks of `rows` keys, each quantised like quantize_symmetric_int8. Throws std::invalid_argument on rows < 1
+// and, as key_group_ratios does, on a block scale too small next to the largest.
+KeyBlocks quantize_key_blocks(const RowMatrixXd& k, Eigen::Index rows, Int8Rounding rounding);
+// The KeyGroupClip of a query group with scale s_q: c_int^(j) = intattention_cint(s_q, s_K^(j), ...) (Eq. 16 with
+// the `cint` rule, so that equal block scales give the per-tensor c_int), and kappa for the offset reading.
+KeyGroupClip key_group_clip(const KeyBlocks& k, Eigen::Index rows, double s_q, double scale,
+                            const IndexSoftmaxParams& params, CintEvaluation cint_eval, GroupMax rule);
 
 // IntAttention: INT8 Q, K, V (codes rounded by qround: Eq. 3 prints floor, the official simulation rounds half to
 // even); INT32 A = Q K^T; c_int from alpha = sQ sK scale (per Q group); IndexSoftmax of A with the mask; INT32 P V;
-// O = fl32(P V * sV / s_P) (sV of the channel's group).
+// O = fl32(P V * sV / s_P) (sV of the channel's group). With groups.k_rows > 0, K is quantised per block of keys and
+// IndexSoftmax clips per block (index_softmax_grouped).
 AttentionResult int_attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
                               const AttentionMask& mask, const IndexSoftmaxParams& params, CintEvaluation cint_eval,
                               const IntAttentionGroups& groups = {}, Int8Rounding qround = Int8Rounding::rne);
