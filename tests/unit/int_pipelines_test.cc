@@ -143,16 +143,16 @@ TEST_CASE("group-wise intattention: per-token Q is one call per query row, per-c
   const IndexSoftmaxParams p = index_softmax_params(reference_registry().resolve(parse_method_spec("index@upstream-neon")));
   AttentionMask causal;
   causal.causal = true;
-  const AttentionResult r = int_attention(q, k, v, 0.25, causal, p, CintEvaluation::f64, {1, true});
+  const AttentionResult r = int_attention(q, k, v, 0.25, causal, p, CintEvaluation::f64, {.q_rows = 1, .v = VGroup::channel});
   for (Eigen::Index i = 0; i < 9; ++i) {
     AttentionMask row_mask;
     row_mask.valid = causal.visible(9, 21).row(i);
     CHECK(r.p_int.row(i) == int_attention(q.row(i), k, v, 0.25, row_mask, p, CintEvaluation::f64).p_int.row(0));
   }
   for (Eigen::Index c = 0; c < 5; ++c)
-    CHECK(r.o.col(c) == int_attention(q, k, v.col(c), 0.25, causal, p, CintEvaluation::f64, {1, false}).o.col(0));
+    CHECK(r.o.col(c) == int_attention(q, k, v.col(c), 0.25, causal, p, CintEvaluation::f64, {.q_rows = 1}).o.col(0));
   // blocks of 4 rows: rows 0-3 share one scale (the loud row 2 included), rows 4-7 another
-  const AttentionResult b4 = int_attention(q, k, v, 0.25, {}, p, CintEvaluation::f64, {4, false});
+  const AttentionResult b4 = int_attention(q, k, v, 0.25, {}, p, CintEvaluation::f64, {.q_rows = 4});
   CHECK(b4.p_int.middleRows(4, 4) == int_attention(q.middleRows(4, 4), k, v, 0.25, {}, p, CintEvaluation::f64).p_int);
   CHECK(b4.p_int.topRows(4) != r.p_int.topRows(4));
   // the per-tensor default is unchanged by the new parameters
