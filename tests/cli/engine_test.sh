@@ -37,7 +37,7 @@ expect 2 "engine=fast: intattention.*q-group=4: the fused kernels take one Q sca
 check "nothing written on a refused engine" [ ! -e "$tmp/no.npy" ]
 expect 0 "intattention:.*: fused kernels \(.*qk_s8s8_s32__" "--verbose names the fused kernels" -- \
   "${att[@]}" --method intattention --verbose --out "$tmp/v.npy"
-expect 0 "q-group=4,v-group=tensor,qround=rne: reference model \(q-group=4" "--verbose names the fallback and why" -- \
+expect 0 "q-group=4,k-group=0,group-max=global,v-group=tensor,qround=rne: reference model \(q-group=4" "--verbose names the fallback and why" -- \
   "${att[@]}" --method intattention:q-group=4 --verbose --out "$tmp/v.npy"
 
 # attention: O and raw P, causal, both batch entries: fast == reference byte for byte, on every ISA.

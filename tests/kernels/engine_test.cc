@@ -70,7 +70,12 @@ TEST_CASE("engine: the fused path gives the reference model's O and P for every 
       "intattention",          "intattention@paper",           "intattention@upstream-sim",
       "intattention@upstream-neon", "intattention@paper:p=s8", "intattention:b=1,c=3",
       "intattention:b=8,c=12,index=round,norm=f32-rne", "intattention:index=q26-floor,norm=q8-reciprocal",
-      "intattention:cint-eval=f32,cint=trunc,index=floor-f32", "quant-only:softmax=lanes16"};
+      "intattention:cint-eval=f32,cint=trunc,index=floor-f32", "quant-only:softmax=lanes16",
+      // group-wise clipping over key blocks (Eq. 16-18), both readings, blocks shorter than, equal to and across
+      // the vector widths
+      "intattention:k-group=16", "intattention:k-group=7,group-max=offset", "intattention@upstream-neon:k-group=24",
+      "intattention@paper:k-group=1,group-max=offset", "intattention@upstream-sim:k-group=32",
+      "intattention:b=8,index=round,norm=f32-rne,k-group=64,group-max=offset"};
   const std::vector<Case> cases = {
       {16, 16, 64, 64, false, false},  // square, tile-aligned
       {23, 37, 20, 9, true, false},    // L_q != L_k, d and d_v off every unroll, causal (bottom-right)

@@ -229,6 +229,47 @@ TEST_CASE("IndexSoftmax row variants equal the scalar spec for every rule, lengt
     SoftmaxRowTester().keys(40).limit(40).c_int(c).spread(c).Test();
 }
 
+TEST_CASE("group-wise index_exp variants equal the scalar spec for every rule, anchor and shifted table", "[kernels]") {
+  // One key block: logits up to `spread` below the block maximum, an anchor at or above it (the global reading's
+  // M_j), tables with the LUT shifted by an offset (the offset reading), lengths around every vector width.
+  std::mt19937_64 g(1604);
+  for (const Eigen::Index n : {1, 7, 8, 9, 16, 17, 33, 64, 100})
+    for (const std::int64_t c_int : {std::int64_t{1}, std::int64_t{37}, std::int64_t{5000}, std::int64_t{1} << 23})
+      for (const bool padding : {false, true}) {
+        std::uniform_int_distribution<std::int32_t> logit(-3 * static_cast<std::int32_t>(std::min<std::int64_t>(c_int, 1 << 20)), 0);
+        std::vector<std::int32_t> s(n);
+        for (auto& x : s) x = logit(g) + 1000;
+        const std::int32_t m = *std::max_element(s.begin(), s.end());
+        std::unique_ptr<bool[]> valid(new bool[n]);
+        for (Eigen::Index j = 0; j < n; ++j) valid[j] = j % 4 != 2;
+        for (const int bits : {1, 3, 5, 8})
+          for (const IndexRule rule : {IndexRule::floor, IndexRule::round, IndexRule::floor_f32, IndexRule::q26_round, IndexRule::q26_floor})
+            for (const std::int64_t lift : {std::int64_t{0}, std::int64_t{1}, c_int / 3, c_int}) {
+              IndexSoftmaxParams params;
+              params.bits = bits;
+              params.index_rule = rule;
+              kernels::IndexSoftmaxTables t = kernels::IndexSoftmaxTables::make(params, c_int);
+              const int last = (1 << bits) - 1, shift = static_cast<int>(lift % (last + 1));
+              for (int i = 0; i <= last; ++i) t.lut[i] = t.lut[std::min(i + shift, last)];
+              const std::int32_t anchor = static_cast<std::int32_t>(m + lift);
+              std::vector<std::uint8_t> expect(n, 0xAB);
+              const std::int64_t sum = kernels::index_exp_s32_u8__scalar(s.data(), padding ? valid.get() : nullptr, n,
+                                                                         anchor, t, expect.data());
+              std::int64_t check = 0;
+              for (Eigen::Index j = 0; j < n; ++j) check += expect[j];
+              REQUIRE(sum == check);
+              for (const kernels::KernelVariant& v : kernels::kernel_variants()) {
+                if (!isa_available(v.isa)) continue;
+                std::vector<std::uint8_t> e(n, 0xCD);
+                INFO(v.index_exp_name << " n " << n << " c_int " << c_int << " b " << bits << " rule "
+                                      << to_string(rule) << " lift " << lift << " padding " << padding);
+                CHECK(v.index_exp(s.data(), padding ? valid.get() : nullptr, n, anchor, t, e.data()) == sum);
+                CHECK(e == expect);
+              }
+            }
+      }
+}
+
 TEST_CASE("float softmax row variants equal the scalar spec byte for byte", "[kernels]") {
   std::mt19937_64 g(31);
   for (const Eigen::Index keys : {1, 7, 15, 16, 17, 33, 100, 257}) {
@@ -263,9 +304,10 @@ TEST_CASE("the kernel variant table: one row per ISA, names by family, MAC loops
     CHECK(v.qk_name.rfind("qk_s8s8_s32__", 0) == 0);
     CHECK(v.pv_name.rfind("pv_u8s8_s32__", 0) == 0);
     CHECK(v.softmax_name.rfind("index_softmax_s32_u8__", 0) == 0);
+    CHECK(v.index_exp_name.rfind("index_exp_s32_u8__", 0) == 0);
     CHECK(v.softmax_f32_name.rfind("softmax_s32_f32_u8__", 0) == 0);
     CHECK(v.mac_loop_name.rfind("mac_loop__", 0) == 0);
-    CHECK((v.qk && v.pv && v.softmax && v.softmax_f32 && v.mac_loop));
+    CHECK((v.qk && v.pv && v.softmax && v.index_exp && v.softmax_f32 && v.mac_loop));
     CHECK(&kernels::kernel_variant(v.isa) == &v);
     if (!isa_available(v.isa)) continue;
     std::int32_t c1 = -1, c2 = -2;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "qattn/index_softmax_params.h"
+#include "qattn/key_groups.h"
 #include "qattn/tensor.h"
 
 namespace qattn {
@@ -49,6 +50,14 @@ struct IntAttentionConfig {
   IntPipeline pipeline = IntPipeline::intattention;
   IndexSoftmaxParams softmax;  // intattention only
   std::int64_t c_int = 0;     // 0: c_int = cint_from_alpha(c, sQ sK scale, cint_rounding), in double
+  // Group-wise clipping over blocks of key_block keys (qattn/key_groups.h, IntAttention Eq. 16-18), intattention only:
+  // K's codes quantised per block, block j with its clip key_c_int[j] (Eq. 16 for this call's s_Q) and its scale
+  // ratio key_ratio[j]; group_offset_scale is kappa of the offset reading. key_block = 0: one clip per call.
+  // Requires d <= 33000 (so that anchor - a stays below 2^31 with c_int up to 2^30).
+  Eigen::Index key_block = 0;
+  std::vector<std::int64_t> key_c_int, key_ratio;
+  GroupMax group_max = GroupMax::global;
+  double group_offset_scale = 0;
   Eigen::Index block_rows = 64;
   int threads = 1;
   Isa isa = Isa::scalar;      // use default_isa() to pick the best

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
@@ -25,6 +26,8 @@ struct FusedPlan {
   IndexSoftmaxParams softmax;
   ref::CintEvaluation cint_eval = ref::CintEvaluation::f64;
   Int8Rounding qround = Int8Rounding::rne;  // the INT8 codes of Q, K, V (IntAttention's qround)
+  Eigen::Index key_block = 0;               // K scales per block of keys, Eq. 16-18 clipping (k-group)
+  GroupMax group_max = GroupMax::global;
 };
 
 FusedPlan unsupported(std::string why) { return {false, std::move(why)}; }
@@ -33,14 +36,14 @@ FusedPlan plan_intattention(const ParamMap& m) {
   const ref::IntAttentionSettings s = ref::intattention_settings(m);
   if (s.groups.q_rows != 0)
     return unsupported("q-group=" + std::to_string(s.groups.q_rows) + ": the fused kernels take one Q scale per call");
-  if (s.groups.k_rows != 0)
-    return unsupported("k-group=" + std::to_string(s.groups.k_rows) + ": the fused kernels take one K scale per call");
   if (s.groups.v != ref::VGroup::tensor)
     return unsupported("v-group=" + m.choice("v-group") + ": the fused kernels take one V scale per call");
   FusedPlan p{true};
   p.softmax = s.softmax;
   p.cint_eval = s.cint_eval;
   p.qround = s.qround;
+  p.key_block = s.groups.k_rows;
+  p.group_max = s.groups.group_max;
   return p;
 }
 
@@ -99,7 +102,12 @@ class FusedMethod final : public Method {
       const ref::Int8Matrix m = ref::quantize_symmetric_int8(x, plan_.qround);
       return Quantized{narrow_int8(m.values), m.scale};
     };
-    const Quantized qi = quantize(q), ki = quantize(k), vi = quantize(v);
+    const bool key_blocks = plan_.key_block > 0 && lk > 0;
+    if (key_blocks && d > 33000) return reference_->attention(q, k, v, scale, mask);  // the kernels' anchor bound
+    std::optional<ref::KeyBlocks> kb;
+    if (key_blocks) kb = ref::quantize_key_blocks(k, plan_.key_block, plan_.qround);
+    const Quantized qi = quantize(q), vi = quantize(v);
+    const Quantized ki = key_blocks ? Quantized{narrow_int8(kb->codes.values), kb->scales.front()} : quantize(k);
     IntAttentionConfig cfg;
     cfg.pipeline = plan_.pipeline;
     cfg.isa = isa_;
@@ -109,7 +117,18 @@ class FusedMethod final : public Method {
     int p_scale = 127;
     if (plan_.pipeline == IntPipeline::intattention) {
       cfg.softmax = plan_.softmax;
-      cfg.c_int = ref::intattention_cint(qi.scale, ki.scale, scale, plan_.softmax, plan_.cint_eval);
+      if (key_blocks) {  // the reference's clip per key block (Eq. 16), so that step is shared by construction
+        const ref::KeyGroupClip clip =
+            ref::key_group_clip(*kb, plan_.key_block, qi.scale, scale, plan_.softmax, plan_.cint_eval, plan_.group_max);
+        cfg.key_block = plan_.key_block;
+        cfg.key_c_int = clip.c_int;
+        cfg.key_ratio = clip.ratio;
+        cfg.group_max = plan_.group_max;
+        cfg.group_offset_scale = clip.offset_scale;
+        cfg.c_int = clip.c_int.front();
+      } else {
+        cfg.c_int = ref::intattention_cint(qi.scale, ki.scale, scale, plan_.softmax, plan_.cint_eval);
+      }
       p_scale = plan_.softmax.p_scale();
     } else {
       // |A| <= 127^2 d, so |fl32(A) alpha| <= fl32(127^2 d) alpha (rounding is monotone): finite means no entry of

@@ -146,4 +146,29 @@ void index_softmax_s32_u8__avx2(const std::int32_t* s, const bool* valid, Index 
   }
 }
 
+std::int64_t index_exp_s32_u8__avx2(const std::int32_t* s, const bool* valid, Index n, std::int32_t anchor,
+                                    const IndexSoftmaxTables& t, std::uint8_t* e) {
+  if (valid || t.params.index_rule == IndexRule::floor_f32) return index_exp_s32_u8__scalar(s, valid, n, anchor, t, e);
+  // Steps (2)-(5) of the row kernel above with the caller's anchor for m; E stored as bytes.
+  const Index body = n / 8 * 8;
+  const __m256i vm = _mm256_set1_epi32(anchor), vc = _mm256_set1_epi32(static_cast<std::int32_t>(t.c_int));
+  alignas(32) std::int32_t lut32[256];
+  for (int i = 0; i < 256; ++i) lut32[i] = t.lut[i];
+  __m256i vsum = _mm256_setzero_si256();
+  for (Index j = 0; j < body; j += 8) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + j));
+    const __m256i delta = _mm256_min_epi32(_mm256_sub_epi32(vm, a), vc);
+    const __m256i idx = _mm256_set_m128i(index_quad(_mm256_extracti128_si256(delta, 1), t),
+                                         index_quad(_mm256_castsi256_si128(delta), t));
+    const __m256i ev = _mm256_i32gather_epi32(lut32, idx, 4);
+    vsum = _mm256_add_epi32(vsum, ev);
+    store_bytes8(e + j, ev);
+  }
+  alignas(32) std::int32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), vsum);
+  std::int64_t sum = 0;
+  for (const std::int32_t x : lanes) sum += x;
+  return sum + index_exp_s32_u8__scalar(s + body, nullptr, n - body, anchor, t, e + body);
+}
+
 }  // namespace qattn::kernels

@@ -185,4 +185,34 @@ void index_softmax_s32_u8__avx512(const std::int32_t* s, const bool* valid, Inde
   }
 }
 
+std::int64_t index_exp_s32_u8__avx512(const std::int32_t* s, const bool* valid, Index n, std::int32_t anchor,
+                                      const IndexSoftmaxTables& t, std::uint8_t* e) {
+  if (valid || t.params.index_rule == IndexRule::floor_f32) return index_exp_s32_u8__scalar(s, valid, n, anchor, t, e);
+  // Steps (2)-(5) of the row kernel above with the caller's anchor for m; E stored as bytes.
+  const __m512i vm = _mm512_set1_epi32(anchor), vc = _mm512_set1_epi32(static_cast<std::int32_t>(t.c_int));
+  const bool small_lut = t.params.bits <= 5;
+  alignas(64) std::int32_t lut32[256];
+  for (int i = 0; i < 256; ++i) lut32[i] = t.lut[i];
+  const __m512i lut_lo = _mm512_load_si512(lut32), lut_hi = _mm512_load_si512(lut32 + 16);
+  __m512i vsum = _mm512_setzero_si512();
+  const IntIndex int_index = IntIndex::make(t);
+  const bool integer_index = int_index.path != IntIndexPath::none;
+  for (Index j = 0; j < n; j += 16) {
+    const __mmask16 k = tail_mask(j, n);
+    const __m512i a = _mm512_maskz_loadu_epi32(k, s + j);
+    const __m512i delta = _mm512_min_epi32(_mm512_sub_epi32(vm, a), vc);
+    const __m512i idx = integer_index ? index_of_int(delta, int_index)
+                                      : _mm512_max_epi32(index_of(delta, t), _mm512_setzero_si512());
+    const __m512i ev = small_lut ? _mm512_maskz_permutex2var_epi32(k, lut_lo, idx, lut_hi)
+                                 : _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, idx, lut32, 4);
+    vsum = _mm512_add_epi32(vsum, ev);
+    _mm_mask_storeu_epi8(e + j, k, _mm512_cvtepi32_epi8(ev));
+  }
+  alignas(64) std::int32_t lanes[16];
+  _mm512_store_si512(lanes, vsum);
+  std::int64_t sum = 0;
+  for (const std::int32_t x : lanes) sum += x;
+  return sum;
+}
+
 }  // namespace qattn::kernels

@@ -199,4 +199,24 @@ void index_softmax_s32_u8__neon(const std::int32_t* s, const bool* valid, Index 
   }
 }
 
+std::int64_t index_exp_s32_u8__neon(const std::int32_t* s, const bool* valid, Index n, std::int32_t anchor,
+                                    const IndexSoftmaxTables& t, std::uint8_t* e) {
+  if (valid || t.params.index_rule == IndexRule::floor_f32) return index_exp_s32_u8__scalar(s, valid, n, anchor, t, e);
+  // Steps (2)-(5) of the row kernel above with the caller's anchor for m.
+  const Index body = n / 16 * 16;
+  const bool int_q26 = t.q26 < (std::int64_t{1} << 32);
+  std::int64_t sum = 0;
+  switch (t.params.index_rule) {
+    case IndexRule::floor: sum = e_pass<IndexRule::floor>(s, body, anchor, t, e); break;
+    case IndexRule::round: sum = e_pass<IndexRule::round>(s, body, anchor, t, e); break;
+    case IndexRule::q26_round:
+      sum = int_q26 ? e_pass<IndexRule::q26_round, true>(s, body, anchor, t, e) : e_pass<IndexRule::q26_round>(s, body, anchor, t, e);
+      break;
+    default:  // q26_floor (floor_f32 never reaches here)
+      sum = int_q26 ? e_pass<IndexRule::q26_floor, true>(s, body, anchor, t, e) : e_pass<IndexRule::q26_floor>(s, body, anchor, t, e);
+      break;
+  }
+  return sum + index_exp_s32_u8__scalar(s + body, nullptr, n - body, anchor, t, e + body);
+}
+
 }  // namespace qattn::kernels

@@ -56,8 +56,28 @@ void index_softmax_s32_u8__scalar(const std::int32_t* s, const bool* valid, Inde
     p[j] = t.lut[std::clamp<std::int64_t>(idx, 0, last)];
     sum += p[j];
   }
-  const int ps = t.params.p_format == PFormat::u8 ? 255 : 127;
-  switch (t.params.normalization) {
+  index_normalise_u8(p, limit, sum, t.params);
+}
+
+std::int64_t index_exp_s32_u8__scalar(const std::int32_t* s, const bool* valid, Index n, std::int32_t anchor,
+                                      const IndexSoftmaxTables& t, std::uint8_t* e) {
+  const std::int64_t last = (1 << t.params.bits) - 1;
+  std::int64_t sum = 0;
+  for (Index j = 0; j < n; ++j) {
+    if (valid && !valid[j]) {
+      e[j] = 0;
+      continue;
+    }
+    const std::int64_t idx = index_softmax_index(std::min<std::int64_t>(std::int64_t{anchor} - s[j], t.c_int), t);
+    e[j] = t.lut[std::clamp<std::int64_t>(idx, 0, last)];
+    sum += e[j];
+  }
+  return sum;
+}
+
+void index_normalise_u8(std::uint8_t* p, Index limit, std::int64_t sum, const IndexSoftmaxParams& params) {
+  const int ps = params.p_format == PFormat::u8 ? 255 : 127;
+  switch (params.normalization) {
     case Normalization::floor: {
       const FloorDivider16 div = FloorDivider16::make(static_cast<std::uint64_t>(sum));  // sum >= 255
       for (Index j = 0; j < limit; ++j) p[j] = static_cast<std::uint8_t>(div.divide(std::uint32_t(ps) * p[j]));
@@ -77,5 +97,6 @@ void index_softmax_s32_u8__scalar(const std::int32_t* s, const bool* valid, Inde
     }
   }
 }
+
 
 }  // namespace qattn::kernels

@@ -2,6 +2,7 @@
 // across blocks) through qk GEMM -> IndexSoftmax per row -> pv GEMM -> dequantisation.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -19,6 +20,56 @@ std::vector<std::int8_t> quantize_per_tensor(const RowMatrixXd& x, double* scale
   std::vector<std::int8_t> q(static_cast<std::size_t>(x.size()));
   *scale = quantize_int8_symmetric(std::span<const double>(x.data(), q.size()), std::span<std::int8_t>(q));
   return q;
+}
+
+// One row under group-wise clipping (qattn/key_groups.h): each block's maximum m_j over its visible keys below
+// `limit`, the row's mu, then each block's E by the ISA's index_exp against its anchor (global: min(M_j, m_j + c_j),
+// which clips the same entries as M_j and keeps anchor - a below 2^31; offset: m_j with the LUT shifted by k_j), and
+// one normalisation over the row.
+void grouped_softmax_row(const kernels::KernelVariant& f, const std::int32_t* s, const bool* valid, Eigen::Index limit,
+                         Eigen::Index keys, const IntAttentionConfig& cfg,
+                         const std::vector<kernels::IndexSoftmaxTables>& tables, std::uint8_t* p) {
+  std::fill(p, p + keys, std::uint8_t{0});
+  constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::min();
+  const Eigen::Index kb = cfg.key_block, blocks = (limit + kb - 1) / kb;
+  std::int64_t maxima[64];
+  std::vector<std::int64_t> heap;
+  std::int64_t* m = maxima;
+  if (blocks > 64) {
+    heap.resize(static_cast<std::size_t>(blocks));
+    m = heap.data();
+  }
+  std::int64_t mu = kNone;
+  for (Eigen::Index g = 0; g < blocks; ++g) {
+    std::int64_t mg = kNone;
+    for (Eigen::Index j = g * kb; j < std::min(limit, (g + 1) * kb); ++j)
+      if (!valid || valid[j]) mg = std::max<std::int64_t>(mg, s[j]);
+    m[g] = mg;
+    if (mg != kNone) mu = std::max(mu, cfg.key_ratio[g] * mg);
+  }
+  if (mu == kNone) return;  // nothing visible: zeros, no division
+  std::int64_t sum = 0;
+  for (Eigen::Index g = 0; g < blocks; ++g) {
+    if (m[g] == kNone) continue;
+    const Eigen::Index j0 = g * kb, n = std::min(limit, j0 + kb) - j0;
+    const bool* vg = valid ? valid + j0 : nullptr;
+    const kernels::IndexSoftmaxTables& t = tables[static_cast<std::size_t>(g)];
+    if (cfg.group_max == GroupMax::global) {
+      const std::int64_t anchor = std::min(key_group_anchor(mu, cfg.key_ratio[g]), m[g] + t.c_int);
+      sum += f.index_exp(s + j0, vg, n, static_cast<std::int32_t>(anchor), t, p + j0);
+      continue;
+    }
+    const int shift = key_group_offset(mu - cfg.key_ratio[g] * m[g], cfg.group_offset_scale, cfg.softmax.bits);
+    if (shift == 0) {
+      sum += f.index_exp(s + j0, vg, n, static_cast<std::int32_t>(m[g]), t, p + j0);
+      continue;
+    }
+    kernels::IndexSoftmaxTables shifted = t;  // LUT[min(i + k_j, last)]: the offset reading's index, in the table
+    const int last = (1 << cfg.softmax.bits) - 1;
+    for (int i = 0; i <= last; ++i) shifted.lut[i] = t.lut[std::min(i + shift, last)];
+    sum += f.index_exp(s + j0, vg, n, static_cast<std::int32_t>(m[g]), shifted, p + j0);
+  }
+  kernels::index_normalise_u8(p, limit, sum, cfg.softmax);
 }
 
 }  // namespace
@@ -71,6 +122,18 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
         cfg.c_int > 0 ? cfg.c_int : cint_from_alpha(cfg.softmax.c, q.scale * k.scale * scale, cfg.softmax.cint_rounding);
     tables = kernels::IndexSoftmaxTables::make(cfg.softmax, c_int);
   }
+  // Group-wise clipping: one table per key block (its c_int), shared LUT values.
+  const bool grouped = !quant_only && cfg.key_block > 0;
+  std::vector<kernels::IndexSoftmaxTables> block_tables;
+  if (grouped) {
+    const Eigen::Index key_blocks = (lk + cfg.key_block - 1) / cfg.key_block;
+    if (static_cast<Eigen::Index>(cfg.key_c_int.size()) != key_blocks ||
+        static_cast<Eigen::Index>(cfg.key_ratio.size()) != key_blocks)
+      throw std::invalid_argument("int_attention: " + std::to_string(lk) + " keys in blocks of " +
+                                  std::to_string(cfg.key_block) + " need one c_int and one ratio per block");
+    if (d > 33000) throw std::invalid_argument("int_attention: key blocks need d <= 33000");
+    for (const std::int64_t c : cfg.key_c_int) block_tables.push_back(kernels::IndexSoftmaxTables::make(cfg.softmax, c));
+  }
   const float alpha = static_cast<float>(q.scale * k.scale * scale);  // quant-only: S = fl32(A) * alpha
   const double out_scale = v.scale;
   const int p_scale = quant_only || cfg.softmax.p_format == PFormat::s8 ? 127 : 255;
@@ -94,6 +157,7 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
     const Eigen::Index limit = cfg.causal ? row + lk - lq + 1 : lk;
     const bool* valid = cfg.valid ? cfg.valid + row * lk : nullptr;
     if (quant_only) f.softmax_f32(s_row, valid, limit, lk, alpha, f_scratch, p_row);
+    else if (grouped) grouped_softmax_row(f, s_row, valid, std::clamp<Eigen::Index>(limit, 0, lk), lk, cfg, block_tables, p_row);
     else f.softmax(s_row, valid, limit, lk, tables, e_scratch, p_row);
   };
   auto dequantise = [&](const std::int32_t* acc, Eigen::Index r0, Eigen::Index rows) {

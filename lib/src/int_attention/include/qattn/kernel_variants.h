@@ -21,6 +21,8 @@ struct KernelVariant {
   GemmKernel pv;
   std::string_view softmax_name;  // IndexSoftmax row
   SoftmaxKernel softmax;
+  std::string_view index_exp_name;  // IndexSoftmax steps (2)-(5) of one key block (group-wise clipping)
+  IndexExpKernel index_exp;
   std::string_view softmax_f32_name;  // Quant-Only's float softmax row
   SoftmaxF32Kernel softmax_f32;
   std::string_view mac_loop_name;  // the GEMMs' multiply-accumulate instruction, register-only

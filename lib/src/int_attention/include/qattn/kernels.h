@@ -109,4 +109,27 @@ void index_softmax_s32_u8__neon(const std::int32_t* s, const bool* valid, Index 
                                 const IndexSoftmaxTables& t, std::int32_t* e_scratch, std::uint8_t* p);
 #endif
 
+// Group-wise clipping (qattn/key_groups.h, IntAttention Eq. 16-18): a row's key blocks run steps (2)-(5) one block at
+// a time against an anchor the caller derives from the row's maximum, then one normalisation over the row.
+// index_exp: E_j = LUT[clamp(index_rule(min(anchor - s_j, c_int)), 0, 2^b - 1)] for the n entries of one block into
+// e[0, n) as bytes (0 where `valid` is false), and returns sum E. Requires anchor >= every visible s_j and
+// anchor - s_j < 2^31. The offset reading passes a table whose LUT is shifted by the block's offset.
+using IndexExpKernel = std::int64_t (*)(const std::int32_t* s, const bool* valid, Index n, std::int32_t anchor,
+                                        const IndexSoftmaxTables& t, std::uint8_t* e);
+std::int64_t index_exp_s32_u8__scalar(const std::int32_t* s, const bool* valid, Index n, std::int32_t anchor,
+                                      const IndexSoftmaxTables& t, std::uint8_t* e);
+#if defined(QATTN_HAVE_X86_KERNELS)
+std::int64_t index_exp_s32_u8__avx2(const std::int32_t* s, const bool* valid, Index n, std::int32_t anchor,
+                                    const IndexSoftmaxTables& t, std::uint8_t* e);
+std::int64_t index_exp_s32_u8__avx512(const std::int32_t* s, const bool* valid, Index n, std::int32_t anchor,
+                                      const IndexSoftmaxTables& t, std::uint8_t* e);
+#endif
+#if defined(QATTN_HAVE_ARM_KERNELS)
+std::int64_t index_exp_s32_u8__neon(const std::int32_t* s, const bool* valid, Index n, std::int32_t anchor,
+                                    const IndexSoftmaxTables& t, std::uint8_t* e);
+#endif
+// Step (6) on a row whose E (bytes) fill p[0, n), in place, with S = sum E >= 1: the scalar spec's normalisation
+// (FloorDivider16 for floor). Every ISA's group-wise rows use this one.
+void index_normalise_u8(std::uint8_t* p, Index n, std::int64_t sum, const IndexSoftmaxParams& params);
+
 }  // namespace qattn::kernels
