@@ -1,5 +1,7 @@
 #include "qattn/reference/exaq.h"
 
+#include "qattn/error.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -202,6 +204,12 @@ RowMatrixXd exaq_softmax(const RowMatrixXd& logits, const ExaqParams& p, std::ve
     const Eigen::Index r0 = p.scope == ExaqScope::tensor ? 0 : sc, r1 = p.scope == ExaqScope::tensor ? logits.rows() : sc + 1;
     ExaqStats st = exaq_stats(x, r0, r1);
     if (st.count == 0) continue;  // fully masked
+    // Finite logits whose spread is beyond ~1e154 overflow the variance in float64: sigma, and with it the clip and
+    // every code, would be undefined. Refused (OverflowRule::refuse, docs/non-finite.md).
+    if (!std::isfinite(st.sigma) || !std::isfinite(st.sigma_laplace) || !std::isfinite(st.min))
+      throw InputError("logits", "sigma", "the standard deviation of the softmax input (rows " + std::to_string(r0) +
+                                              " to " + std::to_string(r1 - 1) +
+                                              ") overflows float64, so EXAQ's clip is undefined (docs/non-finite.md)");
     double clip = 0;
     switch (p.clip) {
       case ExaqClip::gauss: clip = *exaq_table_clip(ExaqClip::gauss, p.bits, st.sigma); break;
@@ -220,6 +228,9 @@ RowMatrixXd exaq_softmax(const RowMatrixXd& logits, const ExaqParams& p, std::ve
       case ExaqClip::fixed: clip = p.fixed_c; break;
       case ExaqClip::none: clip = p.grid == ExaqGrid::upstream ? st.min : std::min(st.min, -1e-9); break;
     }
+    if (!std::isfinite(clip))
+      throw InputError("logits", "clip", "EXAQ's clip for sigma = " + std::to_string(st.sigma) +
+                                         " is not finite (docs/non-finite.md)");
     if (calibrator) std::tie(clip, st.min) = calibrator->use(clip, st.min);
     if (c_used) c_used->push_back(clip);
     const std::vector<double> levels = exaq_levels(p, clip, st.min);

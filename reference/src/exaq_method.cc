@@ -75,7 +75,9 @@ void register_exaq_method(Registry& registry) {
     return std::make_unique<ExaqMethod>(p, calib);
   };
   e.overflow = OverflowRule::refuse;
-  e.overflow_note = "logits scale * q k^T in float64; logits beyond its range (+inf) are refused";
+  e.overflow_note =
+      "logits scale * q k^T in float64; logits beyond its range (+inf), or spread so wide (~1e154) that their "
+      "standard deviation overflows, are refused";
   e.kind = MethodKind::softmax_model;
   e.doc = "docs/methods/exaq.md";
   // sigma=tensor (and calib) take sigma and min over the whole call: rows then depend on each other, and a masked

@@ -195,3 +195,19 @@ TEST_CASE("Eq. 14 as printed: the closed form against quadrature, and its soluti
   const RowMatrixXd p = reference_registry().create("exaq:clip=eq14")->softmax_rows(x);
   CHECK(p.sum() == Approx(1.0).margin(1e-9));
 }
+
+TEST_CASE("EXAQ refuses finite logits whose standard deviation overflows float64, under every preset", "[exaq]") {
+  // Row spread 2e300: (x - mean)^2 overflows, so sigma, the clip and every code would be undefined (this crashed
+  // before: a NaN code indexed the table).
+  RowMatrixXd x(2, 8);
+  for (Eigen::Index j = 0; j < 8; ++j) x(0, j) = j % 2 ? 1e300 : -1e300, x(1, j) = static_cast<double>(j);
+  for (const std::string spec : {"exaq", "exaq@paper", "exaq:sigma=row", "exaq:clip=optimal", "exaq:clip=eq14"}) {
+    INFO(spec);
+    CHECK_THROWS_WITH(reference_registry().create(parse_method_spec(spec))->softmax_rows(x), Catch::Contains("overflows float64"));
+  }
+  // Wide but representable spreads still run: 1e150 gives sigma ~1e150, finite.
+  RowMatrixXd w = x;
+  w.row(0) *= 1e-150;
+  const RowMatrixXd p = reference_registry().create("exaq")->softmax_rows(w);
+  CHECK(p.allFinite());
+}
