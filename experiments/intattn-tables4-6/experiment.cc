@@ -1,0 +1,86 @@
+// Experiment intattn-tables4-6: IntAttention Tables 4-6 as an attention-level proxy: IndexSoftmax against EXAQ at
+// INT2 and INT3 (the softmax replaced alone, attention around it in fp64), with FP16 and the Quant-Only / IntAttention
+// pipelines for reference. See README.md; `qattn reproduce intattn-tables4-6` runs it.
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine_setting.h"
+#include "experiment.h"
+#include "qattn/parallel.h"
+
+namespace qattn::cli {
+namespace {
+
+std::string run_tables4_6(const ExperimentContext& ctx) {
+  struct Row {
+    std::string label, spec;
+  };
+  // The claim's rows first: IndexSoftmax (paper rules), EXAQ INT3 and INT2 under both EXAQ presets.
+  const std::vector<Row> rows = {
+      {"IndexSoftmax (b = 5, c = 6.6, paper rules)", "index@paper"},
+      {"EXAQ INT3, official code", "exaq@upstream:bits=3"},
+      {"EXAQ INT3, as printed", "exaq@paper:bits=3"},
+      {"EXAQ INT2, official code", "exaq@upstream:bits=2"},
+      {"EXAQ INT2, as printed", "exaq@paper:bits=2"},
+      {"FP16", "fp16"},
+      {"IndexSoftmax, rounding rules", "index@upstream-neon"},
+      {"Quant-Only INT8 pipeline", "quant-only"},
+      {"IntAttention pipeline (paper rules)", "intattention@paper"},
+  };
+  const int L = ctx.fast ? 256 : 2048;
+  struct Source {
+    std::string name;
+    std::vector<DumpLayer> dump;
+  };
+  std::vector<Source> sources;
+  sources.push_back({"USE-Lite", load_dump(ctx.tensors)});
+  sources.push_back({"synthetic", synthetic_outlier_dump(4, 512, 128, 7)});
+  sources.push_back({"long", synthetic_outlier_dump(2, L, 64, 21)});
+  std::vector<Summary> results(rows.size() * sources.size());
+  parallel_for(results.size(), ctx.threads, [&](std::size_t i) {
+    const Row& row = rows[i / sources.size()];
+    results[i] = summarise(evaluate(sources[i % sources.size()].dump, *make_method(row.spec), row.spec));
+  });
+  auto cos = [&](std::size_t row, std::size_t s) { return results[row * sources.size() + s].mean.o_cossim; };
+  std::ostringstream r;
+  r << "intattn-tables4-6: the softmax replaced alone inside fp64 attention (the pipelines for reference), mean O "
+       "CosSim and relative L1 vs the fp64 reference\n"
+    << "paper (Tables 4-6, task accuracy and perplexity): IndexSoftmax stays at FP16 (Llama-3.2-1B avg 59.75 % vs "
+       "59.76 %), above EXAQ INT3 (58.33 %) and INT2 (54.21 %); on long context and reasoning (Table 6) EXAQ INT2 "
+       "collapses (GSM8K 5.99 vs 35.02)\n"
+    << "measurable claim (ours), on every source: IndexSoftmax > EXAQ INT3 > EXAQ INT2 in mean O CosSim, under both "
+       "EXAQ presets\n"
+    << "sources: USE-Lite (the dump, L = 128); synthetic: 4 heads, L = 512, d = 128, channel-wise K outliers (seed 7); "
+       "long: 2 heads, L = " << L << ", d = 64, the same structure (seed 21)\n\n";
+  Table t{{"softmax / pipeline", "spec"}, {}};
+  for (const Source& s : sources) t.header.push_back(s.name + " O CosSim"), t.header.push_back(s.name + " O rel L1");
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    std::vector<std::string> cells = {rows[i].label, rows[i].spec};
+    for (std::size_t s = 0; s < sources.size(); ++s)
+      cells.push_back(fmt_sim(cos(i, s))), cells.push_back(fmt_err(results[i * sources.size() + s].mean.o_rel_l1));
+    t.rows.push_back(cells);
+  }
+  r << t.markdown() << "\n";
+  std::size_t holds = 0;
+  for (std::size_t s = 0; s < sources.size(); ++s) {
+    // rows 1, 2: INT3 (official, printed); rows 3, 4: INT2 (official, printed)
+    const bool index_first = cos(0, s) > cos(1, s) && cos(0, s) > cos(2, s);
+    const bool int3_over_int2 = cos(1, s) > cos(3, s) && cos(2, s) > cos(4, s);
+    holds += index_first && int3_over_int2;
+    r << sources[s].name << ": IndexSoftmax > EXAQ INT3: " << (index_first ? "HOLDS" : "DOES NOT HOLD")
+      << "; EXAQ INT3 > INT2 (each preset): " << (int3_over_int2 ? "HOLDS" : "DOES NOT HOLD") << "\n";
+  }
+  r << "verdict: " << (holds == sources.size() ? "REPRODUCED" : holds > 0 ? "PARTLY REPRODUCED" : "NOT REPRODUCED")
+    << " (the ordering, on " << holds << " of " << sources.size() << " sources)\n";
+  return r.str();
+}
+
+}  // namespace
+
+void register_experiment_intattn_tables4_6(ExperimentList& list) {
+  list.add({"intattn-tables4-6", "IndexSoftmax keeps FP16's accuracy, above EXAQ INT3 and INT2 (softmax replaced alone)",
+            "IntAttention Tables 4-6", "qattn reproduce intattn-tables4-6 [--fast]", run_tables4_6});
+}
+
+}  // namespace qattn::cli
