@@ -105,8 +105,12 @@ TEST_CASE("the group-wise bound adds the carried-maximum terms to the per-tensor
   const IndexSoftmaxBound per_tensor = IndexSoftmaxBound::make(paper, 0.066, 100);
   const IndexSoftmaxBound global = IndexSoftmaxBound::make_grouped(paper, clip, alpha, 1000);
   CHECK(global.theta == Approx(per_tensor.theta + 0.066 * (0.5 + 1000.0 / std::ldexp(1.0, 30))).epsilon(1e-12));
+  CHECK(global.theta == Approx(0.24590).margin(5e-6));  // the contract table's row
+  CHECK(global.eta == 1.0);
   clip.rule = GroupMax::offset;
   const IndexSoftmaxBound offset = IndexSoftmaxBound::make_grouped(paper, clip, alpha, 1000);
   CHECK(offset.theta == Approx(per_tensor.theta + 6.6 / 31 / 2 + 1000 * 0.066 / std::ldexp(1.0, 30)).epsilon(1e-12));
+  CHECK(offset.theta == Approx(0.31935).margin(5e-6));
+  CHECK(offset.eta == 1.0);
   CHECK(offset.nu == per_tensor.nu);
 }
