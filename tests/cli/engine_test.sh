@@ -39,9 +39,12 @@ expect 0 "intattention:.*: fused kernels \(.*qk_s8s8_s32__" "--verbose names the
   "${att[@]}" --method intattention --verbose --out "$tmp/v.npy"
 expect 0 "q-group=4,k-group=0,group-max=global,v-group=tensor,qround=rne: reference model \(q-group=4" "--verbose names the fallback and why" -- \
   "${att[@]}" --method intattention:q-group=4 --verbose --out "$tmp/v.npy"
+expect 0 "k-group=32,.*: fused kernels \(.*index_exp_s32_u8__[a-z0-9_]+ per key block \+ index_normalise_u8" \
+  "--verbose names the group-wise kernels" -- "${att[@]}" --method intattention:k-group=32 --engine fast --verbose --out "$tmp/v.npy"
 
 # attention: O and raw P, causal, both batch entries: fast == reference byte for byte, on every ISA.
-for spec in intattention@upstream-neon intattention@upstream-sim intattention@paper:p=s8 quant-only:softmax=lanes16; do
+for spec in intattention@upstream-neon intattention@upstream-sim intattention@paper:p=s8 quant-only:softmax=lanes16 \
+    intattention:k-group=32,group-max=offset; do
   q "${att[@]}" --method "$spec" --causal --engine reference --out "$tmp/ref_o.npy" --probs "$tmp/ref_p.npy" --raw
   for isa in $isas; do
     rm -f "$tmp/o.npy" "$tmp/p.npy"

@@ -79,7 +79,10 @@ struct IntAttentionConfig {
 struct IntAttentionKernels {
   std::string qk, softmax, pv;
 };
-IntAttentionKernels int_attention_kernels(Isa isa, IntPipeline pipeline = IntPipeline::intattention);
+// With key_groups (IntAttentionConfig::key_block > 0) the softmax is the per-key-block kernel and the shared
+// normalisation ("index_exp_s32_u8__avx512 per key block + index_normalise_u8").
+IntAttentionKernels int_attention_kernels(Isa isa, IntPipeline pipeline = IntPipeline::intattention,
+                                          bool key_groups = false);
 
 // The softmax row kernel the fused pipeline runs between its GEMMs, alone, over `rows` rows of S [rows, keys]
 // (int32, row-major, every key visible), writing P [rows, keys] (u8): IndexSoftmax with `softmax` and c_int for

@@ -213,7 +213,7 @@ BuiltMethod build_method(const MethodSpec& spec, const EngineOptions& options) {
       throw SpecError(e.what());
     }
   }
-  const IntAttentionKernels k = int_attention_kernels(isa, plan.pipeline);
+  const IntAttentionKernels k = int_attention_kernels(isa, plan.pipeline, plan.key_block > 0);
   built.path = "fused kernels (" + std::string(isa_name(isa)) + ": " + k.qk + ", " + k.softmax + ", " + k.pv + ")";
   built.fast = true;
   built.method = std::make_unique<FusedMethod>(std::move(plan), std::move(built.method), isa, options.threads, options.probs);

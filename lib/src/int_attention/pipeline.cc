@@ -74,10 +74,12 @@ void grouped_softmax_row(const kernels::KernelVariant& f, const std::int32_t* s,
 
 }  // namespace
 
-IntAttentionKernels int_attention_kernels(Isa isa, IntPipeline pipeline) {
+IntAttentionKernels int_attention_kernels(Isa isa, IntPipeline pipeline, bool key_groups) {
   const kernels::KernelVariant& v = kernels::kernel_variant(isa);
-  return {std::string(v.qk_name), std::string(pipeline == IntPipeline::quant_only ? v.softmax_f32_name : v.softmax_name),
-          std::string(v.pv_name)};
+  std::string softmax(pipeline == IntPipeline::quant_only ? v.softmax_f32_name : v.softmax_name);
+  if (pipeline == IntPipeline::intattention && key_groups)
+    softmax = std::string(v.index_exp_name) + " per key block + index_normalise_u8";
+  return {std::string(v.qk_name), softmax, std::string(v.pv_name)};
 }
 
 void int_attention_softmax_rows(Isa isa, IntPipeline pipeline, const IndexSoftmaxParams& softmax, std::int64_t c_int,
