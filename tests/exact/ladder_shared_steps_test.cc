@@ -3,7 +3,9 @@
 // exact arithmetic:
 //   - the per-tensor INT8 quantiser (qattn/quantize.h): here, against the exact real-number codes;
 //   - c_int (cint_from_alpha): tests/exact/certify_index_test.cc, against the exact quotient;
-//   - exp_f32_poly and the 16-lane sum (qattn/exp_f32.h): tests/unit/exp_f32_test.cc, against e^x.
+//   - exp_f32_poly and the 16-lane sum (qattn/exp_f32.h): tests/unit/exp_f32_test.cc, against e^x;
+//   - the key-group steps (qattn/key_groups.h): here, the scale ratios against the exact quotient and the anchor
+//     and the offset against their defining inequalities in exact integers.
 #include <boost/multiprecision/cpp_int.hpp>
 #include <catch2/catch.hpp>
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include <random>
 #include <vector>
 
+#include "qattn/key_groups.h"
 #include "qattn/quantize.h"
 
 namespace {
@@ -98,4 +101,46 @@ TEST_CASE("ladder: the shared INT8 quantiser against the exact real-number codes
   qattn::quantize_int8_symmetric(std::span<const double>(f), std::span<std::int8_t>(q_rne));
   CHECK(q_floor == std::vector<std::int8_t>{-127, -1, 62, 126, 127});
   CHECK(q_rne == std::vector<std::int8_t>{-127, 0, 62, 127, 127});
+}
+
+TEST_CASE("ladder: the shared key-group steps against exact arithmetic", "[ladder][certify][groups]") {
+  std::mt19937_64 g(1605);
+  // rho_j = RNE(2^30 s_j / s_max) through one double quotient: within 1/2 + 2^-22 of the exact 2^30 s_j / s_max.
+  std::uniform_real_distribution<double> log_scale(-20, 5);
+  std::size_t ratio_cases = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::vector<double> s(1 + trial % 7);
+    for (double& x : s) x = std::exp(log_scale(g) * (trial % 3 == 0 ? 0.01 : 1.0));
+    const double s_max = *std::max_element(s.begin(), s.end());
+    if (std::any_of(s.begin(), s.end(), [&](double x) { return x / s_max < 0x1p-31; })) continue;
+    const std::vector<std::int64_t> rho = qattn::key_group_ratios(s);
+    for (std::size_t j = 0; j < s.size(); ++j, ++ratio_cases) {
+      const cpp_rational truth = exact(s[j]) * cpp_rational(cpp_int(1) << 30) / exact(s_max);
+      const cpp_rational err = cpp_rational(rho[j]) - truth;
+      CHECK(abs(err) <= cpp_rational(1, 2) + cpp_rational(1, 1 << 22));
+    }
+  }
+  CHECK(ratio_cases > 5000);
+  // M_j = key_group_anchor(mu, rho): the unique integer with 2 M rho <= 2 mu + rho < 2 (M + 1) rho (mu / rho rounded
+  // half up), checked in 128-bit integers over the whole range the row can reach (|mu| <= 2^61, rho in [1, 2^30]).
+  std::uniform_int_distribution<std::int64_t> mu_dist(-(std::int64_t{1} << 61), std::int64_t{1} << 61);
+  std::uniform_int_distribution<std::int64_t> rho_dist(1, std::int64_t{1} << 30);
+  for (int trial = 0; trial < 200000; ++trial) {
+    const std::int64_t mu = trial % 4 == 0 ? mu_dist(g) % 100000 : mu_dist(g);
+    const std::int64_t rho = trial % 5 == 0 ? 1 + rho_dist(g) % 7 : rho_dist(g);
+    const __int128 m = qattn::key_group_anchor(mu, rho);
+    const __int128 lhs = 2 * m * rho, mid = 2 * static_cast<__int128>(mu) + rho;
+    INFO("mu " << mu << " rho " << rho);
+    REQUIRE(lhs <= mid);
+    REQUIRE(mid < lhs + 2 * static_cast<__int128>(rho));
+  }
+  // k_j = min(RNE(gap kappa), 2^b - 1): within 1/2 of the double product, and clamped.
+  for (int trial = 0; trial < 10000; ++trial) {
+    const std::int64_t gap = std::uniform_int_distribution<std::int64_t>(0, std::int64_t{1} << 50)(g);
+    const double kappa = std::exp(log_scale(g) - 20);
+    const int bits = 1 + trial % 8, k = qattn::key_group_offset(gap, kappa, bits);
+    const double x = static_cast<double>(gap) * kappa, last = (1 << bits) - 1;
+    if (x >= last + 0.5) CHECK(k == last);
+    else CHECK(std::fabs(k - x) <= 0.5);
+  }
 }
