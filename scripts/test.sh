@@ -2,7 +2,7 @@
 # README command 2: installs what is needed and runs the whole test suite on three targets.
 #   1. aarch64 cross build, every test under qemu-aarch64 twice: -cpu max (dotprod+i8mm), -cpu neoverse-n1 (dotprod)
 #   2. ASan+UBSan build and every test
-#   3. native Release build and every test, including the installed-package consumer test
+#   3. native Release build and every test, including the installed-package consumer test and the Python package
 # Builds go to build-aarch64/, build-asan/, build-release/. The output ends with CTest's closing line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +32,7 @@ stage "ASan+UBSan tests"
 QATTN_TEST_SCALE=0.25 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build-asan
 
 stage "native Release build"
-cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DQATTN_BUILD_TESTS=ON >/dev/null
+cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DQATTN_BUILD_TESTS=ON -DQATTN_PYTHON=ON >/dev/null
 ninja -C build-release
 stage "native Release tests"
 ctest --test-dir build-release

@@ -1,0 +1,281 @@
+// qattn's Python binding (_qattn): the method registry, softmax and attention through the engine (fused kernels
+// where a method has them), the error metrics, and tensor files. python/qattn/__init__.py documents each function;
+// python/README.md says what is exposed and how inputs are converted.
+//
+// Inputs are NumPy arrays of float32 or float64 (any layout): they are converted once to float64, exactly, because
+// every method takes its inputs in float64 (qattn/method.h). Outputs are new float64 arrays (integer P as int32).
+// The GIL is released around every computation.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "qattn/engine.h"
+#include "qattn/error.h"
+#include "qattn/metrics.h"
+#include "qattn/reference/registry.h"
+#include "qattn/tensor_io.h"
+
+namespace py = pybind11;
+
+namespace qattn::python {
+namespace {
+
+using Array = py::array;
+
+// A float32 or float64 array as float64 values in C order, with its shape. TypeError names the argument otherwise.
+struct Input {
+  std::vector<Eigen::Index> shape;
+  std::vector<double> values;
+};
+
+Input read_float_array(const py::handle& object, const char* name) {
+  if (!py::isinstance<py::array>(object))
+    throw py::type_error(std::string(name) + ": expected a NumPy array of float32 or float64, got " +
+                         std::string(py::str(py::type::of(object))));
+  const Array a = py::reinterpret_borrow<Array>(object);
+  const bool f32 = a.dtype().is(py::dtype::of<float>()), f64 = a.dtype().is(py::dtype::of<double>());
+  if (!f32 && !f64)
+    throw py::type_error(std::string(name) + ": expected dtype float32 or float64, got " +
+                         std::string(py::str(a.dtype())));
+  Input in;
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) in.shape.push_back(a.shape(i));
+  const auto c = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(a);  // exact for float32
+  in.values.assign(c.data(), c.data() + c.size());
+  return in;
+}
+
+std::string shape_string(const std::vector<Eigen::Index>& s) {
+  std::string r = "(";
+  for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + (s.size() == 1 ? ",)" : ")");
+}
+
+RowMatrixXd matrix_at(const Input& in, std::size_t batch, Eigen::Index rows, Eigen::Index cols) {
+  RowMatrixXd m(rows, cols);
+  std::copy_n(in.values.data() + batch * rows * cols, rows * cols, m.data());
+  return m;
+}
+
+py::array_t<double> to_array(const std::vector<double>& values, const std::vector<Eigen::Index>& shape) {
+  std::vector<py::ssize_t> s(shape.begin(), shape.end());
+  py::array_t<double> out(s);
+  std::copy(values.begin(), values.end(), out.mutable_data());
+  return out;
+}
+
+EngineOptions engine_options(const std::string& engine, int threads, bool probs) {
+  EngineOptions o;
+  o.engine = parse_engine(engine);
+  if (threads < 1) throw py::value_error("threads: must be >= 1, got " + std::to_string(threads));
+  o.threads = threads;
+  o.probs = probs;
+  return o;
+}
+
+// softmax(logits, method): rows over the last axis.
+py::array_t<double> softmax(const py::handle& logits, const std::string& method, const std::string& engine) {
+  const Input in = read_float_array(logits, "logits");
+  if (in.shape.empty()) throw py::value_error("logits: expected at least one axis, got a scalar");
+  const Eigen::Index cols = in.shape.back(), rows = cols ? static_cast<Eigen::Index>(in.values.size()) / cols : 0;
+  std::vector<double> out(in.values.size());
+  {
+    py::gil_scoped_release release;
+    const BuiltMethod built = build_method(method, engine_options(engine, 1, true));
+    const RowMatrixXd p = built.method->softmax_rows(matrix_at(in, 0, rows, cols));
+    std::copy_n(p.data(), p.size(), out.data());
+  }
+  return to_array(out, in.shape);
+}
+
+// attention(q, k, v, method, ...): [..., L, d]; the axis before L (when there is one) is the heads of one call.
+py::object attention(const py::handle& q_obj, const py::handle& k_obj, const py::handle& v_obj, const std::string& method,
+                     std::optional<double> scale, bool causal, const std::optional<py::array>& mask, bool return_probs,
+                     const std::string& engine, int threads) {
+  const Input q = read_float_array(q_obj, "q"), k = read_float_array(k_obj, "k"), v = read_float_array(v_obj, "v");
+  if (q.shape.size() < 2 || q.shape.size() != k.shape.size() || q.shape.size() != v.shape.size())
+    throw py::value_error("q, k, v: expected arrays [..., L, d] of the same rank, got " + shape_string(q.shape) + ", " +
+                          shape_string(k.shape) + ", " + shape_string(v.shape));
+  const std::size_t n = q.shape.size();
+  const bool batch_ok = std::equal(q.shape.begin(), q.shape.end() - 2, k.shape.begin()) &&
+                        std::equal(q.shape.begin(), q.shape.end() - 2, v.shape.begin());
+  const Eigen::Index lq = q.shape[n - 2], d = q.shape[n - 1], lk = k.shape[n - 2], dv = v.shape[n - 1];
+  if (!batch_ok || k.shape[n - 1] != d || v.shape[n - 2] != lk)
+    throw py::value_error("q, k, v: shapes " + shape_string(q.shape) + ", " + shape_string(k.shape) + ", " +
+                          shape_string(v.shape) + " do not fit [..., L_q, d], [..., L_k, d], [..., L_k, d_v]");
+  AttentionMask m;
+  m.causal = causal;
+  if (mask) {
+    if (!mask->dtype().is(py::dtype::of<bool>()) || mask->ndim() != 2 || mask->shape(0) != lq || mask->shape(1) != lk)
+      throw py::value_error("mask: expected a bool array of shape (" + std::to_string(lq) + ", " + std::to_string(lk) +
+                            ") (True = visible)");
+    const auto c = py::array_t<bool, py::array::c_style | py::array::forcecast>::ensure(*mask);
+    m.valid = Eigen::Map<const RowMatrixXb>(c.data(), lq, lk);
+  }
+  const double s = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(d));
+  const std::size_t heads = n >= 3 ? static_cast<std::size_t>(q.shape[n - 3]) : 1;
+  std::size_t calls = 1;
+  for (std::size_t i = 0; i + 3 < n; ++i) calls *= static_cast<std::size_t>(q.shape[i]);  // the axes before heads
+  std::vector<double> o(calls * heads * lq * dv), p(return_probs ? calls * heads * lq * lk : 0);
+  bool have_p = true;
+  {
+    py::gil_scoped_release release;
+    const BuiltMethod built = build_method(method, engine_options(engine, threads, return_probs));
+    for (std::size_t c = 0; c < calls; ++c) {
+      std::vector<RowMatrixXd> qh, kh, vh;
+      for (std::size_t h = 0; h < heads; ++h) {
+        qh.push_back(matrix_at(q, c * heads + h, lq, d));
+        kh.push_back(matrix_at(k, c * heads + h, lk, d));
+        vh.push_back(matrix_at(v, c * heads + h, lk, dv));
+      }
+      const std::vector<AttentionResult> r = built.method->attention_heads(qh, kh, vh, s, m);
+      for (std::size_t h = 0; h < heads; ++h) {
+        std::copy_n(r[h].o.data(), r[h].o.size(), o.data() + (c * heads + h) * lq * dv);
+        if (!return_probs) continue;
+        if (r[h].p.size() != lq * lk) have_p = false;
+        else std::copy_n(r[h].p.data(), r[h].p.size(), p.data() + (c * heads + h) * lq * lk);
+      }
+    }
+  }
+  std::vector<Eigen::Index> o_shape(q.shape.begin(), q.shape.end() - 1);
+  o_shape.push_back(dv);
+  py::array_t<double> o_array = to_array(o, o_shape);
+  if (!return_probs) return o_array;
+  if (!have_p) throw py::value_error(method + ": this method does not materialise P; call with return_probs=False");
+  std::vector<Eigen::Index> p_shape(q.shape.begin(), q.shape.end() - 1);
+  p_shape.push_back(lk);
+  return py::make_tuple(o_array, to_array(p, p_shape));
+}
+
+py::dict compare(const py::handle& out, const py::handle& ref) {
+  const Input a = read_float_array(out, "a"), b = read_float_array(ref, "b");
+  if (a.shape != b.shape) throw py::value_error("a, b: shapes differ: " + shape_string(a.shape) + " vs " + shape_string(b.shape));
+  ErrorStats e;
+  {
+    py::gil_scoped_release release;
+    e = qattn::compare(a.values, b.values);
+  }
+  py::dict r;
+  r["count"] = e.count;
+  r["nonfinite"] = e.nonfinite;
+  r["cossim"] = e.cossim;
+  r["rel_l1"] = e.rel_l1;
+  r["rmse"] = e.rmse;
+  r["max_abs"] = e.max_abs;
+  r["bias"] = e.bias;
+  r["median_abs"] = e.median_abs;
+  return r;
+}
+
+py::list methods() {
+  py::list out;
+  for (const MethodEntry& e : ref::reference_registry().entries()) {
+    py::list params, presets;
+    for (const ParamInfo& p : e.params) {
+      py::dict d;
+      d["key"] = p.key;
+      d["default"] = p.default_value;
+      d["doc"] = p.doc;
+      d["choices"] = p.choices;
+      params.append(d);
+    }
+    for (const PresetInfo& p : e.presets) {
+      py::dict d;
+      d["name"] = p.name;
+      d["values"] = p.values;
+      d["doc"] = p.doc;
+      presets.append(d);
+    }
+    py::dict m;
+    m["name"] = e.name;
+    m["summary"] = e.summary;
+    m["kind"] = std::string(method_kind_name(e.kind));
+    m["doc"] = e.doc;
+    m["params"] = params;
+    m["presets"] = presets;
+    out.append(m);
+  }
+  return out;
+}
+
+std::string canonical(const std::string& spec) {
+  const Registry& r = ref::reference_registry();
+  return r.canonical(parse_method_spec(spec));
+}
+
+py::array tensor_to_array(const Tensor& t) {
+  std::vector<py::ssize_t> shape(t.shape.begin(), t.shape.end());
+  auto raw = [&](auto tag) {
+    using T = decltype(tag);
+    py::array_t<T> a(shape);
+    std::memcpy(a.mutable_data(), t.bytes.data(), t.bytes.size());
+    return py::array(a);
+  };
+  switch (t.dtype) {
+    case DType::f64: return raw(double{});
+    case DType::f32: return raw(float{});
+    case DType::i8: return raw(std::int8_t{});
+    case DType::u8: return raw(std::uint8_t{});
+    case DType::i16: return raw(std::int16_t{});
+    case DType::i32: return raw(std::int32_t{});
+    case DType::i64: return raw(std::int64_t{});
+    default: {  // f16, bf16: widened exactly to float32
+      const Eigen::ArrayXd v = t.to_double();
+      py::array_t<float> a(shape);
+      for (Eigen::Index i = 0; i < v.size(); ++i) a.mutable_data()[i] = static_cast<float>(v[i]);
+      return py::array(a);
+    }
+  }
+}
+
+py::dict load(const std::string& path) {
+  std::vector<NamedTensor> tensors;
+  {
+    py::gil_scoped_release release;
+    tensors = read_tensor_file(path);
+  }
+  py::dict out;
+  for (const NamedTensor& t : tensors) out[py::str(t.name)] = tensor_to_array(t.tensor);
+  return out;
+}
+
+void save(const std::string& path, const py::dict& arrays) {
+  std::vector<NamedTensor> tensors;
+  for (const auto& [key, value] : arrays) {
+    const std::string name = py::str(key);
+    const Input in = read_float_array(value, ("arrays['" + name + "']").c_str());
+    std::vector<std::int64_t> shape(in.shape.begin(), in.shape.end());
+    const bool f32 = py::reinterpret_borrow<py::array>(value).dtype().is(py::dtype::of<float>());
+    tensors.push_back({name, Tensor::from_double(f32 ? DType::f32 : DType::f64, shape, in.values)});
+  }
+  py::gil_scoped_release release;
+  write_tensor_file(path, tensors);
+}
+
+}  // namespace
+}  // namespace qattn::python
+
+PYBIND11_MODULE(_qattn, m) {
+  using namespace qattn::python;
+  m.doc() = "qattn: quantized softmax and attention, verified with exact arithmetic (native part)";
+  // The library's input errors carry file, field and reason: Python sees them as ValueError with that message.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const qattn::InputError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+  m.def("methods", &methods);
+  m.def("canonical", &canonical, py::arg("spec"));
+  m.def("softmax", &softmax, py::arg("logits"), py::arg("method"), py::arg("engine") = "auto");
+  m.def("attention", &attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("method"),
+        py::arg("scale") = py::none(), py::arg("causal") = false, py::arg("mask") = py::none(),
+        py::arg("return_probs") = false, py::arg("engine") = "auto", py::arg("threads") = 1);
+  m.def("compare", &compare, py::arg("a"), py::arg("b"));
+  m.def("load", &load, py::arg("path"));
+  m.def("save", &save, py::arg("path"), py::arg("arrays"));
+}

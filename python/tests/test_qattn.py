@@ -1,0 +1,197 @@
+"""Tests of the Python package qattn: every function, its errors, and bit-equality with the CLI on the embedded
+USE-Lite sample. Run by CTest (python_package) with PYTHONPATH set to the build tree's package, QATTN_CLI to the
+qattn program and QATTN_SOURCE to the repository."""
+import json
+import os
+import resource
+import subprocess
+import threading
+
+import numpy as np
+import pytest
+
+import qattn
+
+CLI = os.environ.get("QATTN_CLI", "qattn")
+SAMPLE = os.path.join(os.environ.get("QATTN_SOURCE", "."), "experiments", "data", "use-lite")
+
+
+def sample(name):
+    return np.load(os.path.join(SAMPLE, name))
+
+
+def cli(*args):
+    subprocess.run([CLI, *args], check=True, capture_output=True)
+
+
+def test_methods_match_the_cli_registry():
+    listed = json.loads(subprocess.run([CLI, "methods", "--format", "json"], check=True, capture_output=True,
+                                       text=True).stdout)
+    cli_names = [e["name"] for e in listed if "kind" in e]
+    ours = qattn.methods()
+    assert [m["name"] for m in ours] == cli_names
+    intattention = next(m for m in ours if m["name"] == "intattention")
+    keys = [p["key"] for p in intattention["params"]]
+    assert "k-group" in keys and "group-max" in keys
+    assert {p["name"] for p in intattention["presets"]} >= {"paper", "upstream-sim", "upstream-neon"}
+    assert intattention["kind"] == "attention pipeline"
+
+
+def test_canonical_spells_out_every_parameter_and_refuses_bad_specs():
+    c = qattn.canonical("intattention@upstream-neon:k-group=64")
+    assert c.startswith("intattention:") and "k-group=64" in c and "index=q26-round" in c
+    with pytest.raises(ValueError, match="unknown method 'nope'"):
+        qattn.canonical("nope")
+    with pytest.raises(ValueError, match="k-group"):
+        qattn.canonical("intattention:k-group=-1")
+
+
+@pytest.mark.parametrize("method", ["intattention@upstream-neon", "intattention:k-group=32,group-max=offset",
+                                    "quant-only", "fp32", "sage2@8b", "turbo", "index@paper"])
+def test_attention_equals_the_cli_bit_for_bit(tmp_path, method):
+    names = [os.path.join(SAMPLE, "layer1_head2_" + t + ".npy") for t in "qkv"]
+    q, k, v = (np.load(n) for n in names)  # [2, 128, 64] float32: two sentences
+    cli("attention", "--q", names[0], "--k", names[1], "--v", names[2], "--method", method, "--causal",
+        "--out", str(tmp_path / "o.npy"), "--probs", str(tmp_path / "p.npy"))
+    expect_o, expect_p = np.load(tmp_path / "o.npy"), np.load(tmp_path / "p.npy")
+    for b in range(q.shape[0]):  # the CLI runs each sentence as its own call
+        o, p = qattn.attention(q[b], k[b], v[b], method, causal=True, return_probs=True)
+        assert np.array_equal(o.astype(np.float32), expect_o[b])
+        assert np.array_equal(p, expect_p[b])
+
+
+def test_softmax_equals_the_cli_bit_for_bit(tmp_path):
+    path = os.path.join(SAMPLE, "layer0_head1_logits.npy")
+    for method in ["index@upstream-neon", "exaq@paper:bits=3", "sas", "fp16"]:
+        cli("softmax", "--in", path, "--method", method, "--out", str(tmp_path / "p.npy"))
+        assert np.array_equal(qattn.softmax(np.load(path), method), np.load(tmp_path / "p.npy")), method
+
+
+def test_engines_agree_and_fast_refuses_what_it_cannot_run():
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((3, 4, 33, 16)) for _ in range(3))
+    mask = rng.random((33, 33)) < 0.8
+    for method in ["intattention@paper", "intattention:k-group=8"]:
+        fast = qattn.attention(q, k, v, method, mask=mask, causal=True, engine="fast", threads=2)
+        ref = qattn.attention(q, k, v, method, mask=mask, causal=True, engine="reference")
+        assert np.array_equal(fast, ref)
+    with pytest.raises(ValueError, match="engine=fast"):
+        qattn.attention(q, k, v, "fp64", engine="fast")
+    with pytest.raises(ValueError, match="unknown engine"):
+        qattn.attention(q, k, v, "fp64", engine="bogus")
+    with pytest.raises(ValueError, match="threads"):
+        qattn.attention(q, k, v, "fp64", threads=0)
+
+
+def test_attention_shapes_heads_and_defaults():
+    rng = np.random.default_rng(4)
+    q, k, v = rng.standard_normal((5, 8)), rng.standard_normal((7, 8)), rng.standard_normal((7, 3))
+    o = qattn.attention(q, k, v, "fp64")
+    s = q @ k.T / np.sqrt(8)
+    p = np.exp(s - s.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    assert o.shape == (5, 3) and np.allclose(o, p @ v, rtol=0, atol=1e-12)
+    assert np.allclose(qattn.attention(q, k, v, "fp64", scale=0.5), qattn.attention(q * 0.5 * np.sqrt(8), k, v, "fp64"))
+    # Leading axes: [batch, heads, L, d] is the same as one call per (batch, head) for a head-independent method.
+    q4, k4, v4 = (rng.standard_normal((2, 3, 6, 4)) for _ in range(3))
+    o4 = qattn.attention(q4, k4, v4, "intattention")
+    for b in range(2):
+        for h in range(3):
+            assert np.array_equal(o4[b, h], qattn.attention(q4[b, h], k4[b, h], v4[b, h], "intattention"))
+    # Any layout and float32 are accepted (converted exactly): a transposed view equals its contiguous copy.
+    kt = np.asfortranarray(k)
+    assert np.array_equal(qattn.attention(q, kt, v, "intattention"), qattn.attention(q, k.copy(), v, "intattention"))
+    assert np.array_equal(qattn.attention(q.astype(np.float32), k, v, "fp64"),
+                          qattn.attention(q.astype(np.float32).astype(np.float64), k, v, "fp64"))
+
+
+def test_bad_inputs_name_the_argument():
+    q = np.zeros((4, 8))
+    with pytest.raises(TypeError, match="k: expected dtype float32 or float64, got int32"):
+        qattn.attention(q, q.astype(np.int32), q, "fp64")
+    with pytest.raises(TypeError, match="q: expected a NumPy array"):
+        qattn.attention([[1.0]], q, q, "fp64")
+    with pytest.raises(ValueError, match="do not fit"):
+        qattn.attention(q, np.zeros((4, 7)), q, "fp64")
+    with pytest.raises(ValueError, match="same rank"):
+        qattn.attention(q, q[None], q, "fp64")
+    with pytest.raises(ValueError, match="mask: expected a bool array of shape \\(4, 4\\)"):
+        qattn.attention(q, q, q, "fp64", mask=np.ones((4, 4)))
+    with pytest.raises(ValueError, match="is NaN"):
+        qattn.attention(q + np.nan, q, q, "fp64")
+    with pytest.raises(ValueError, match="NaN"):
+        qattn.softmax(np.array([[0.0, np.nan]]), "fp64")
+    with pytest.raises(ValueError, match="scalar"):
+        qattn.softmax(np.zeros(()), "fp64")
+    with pytest.raises(ValueError, match="softmax-only form"):
+        qattn.softmax(np.zeros((2, 3)), "intattention")
+
+
+def test_masked_rows_and_entries():
+    x = np.array([[0.0, -np.inf, 1.0], [-np.inf, -np.inf, -np.inf]])
+    p = qattn.softmax(x, "fp64")
+    assert p[0, 1] == 0 and np.isclose(p[0].sum(), 1) and not p[1].any()
+
+
+def test_compare_matches_its_definitions():
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal(1000), rng.standard_normal(1000)
+    m = qattn.compare(a, b)
+    assert m["count"] == 1000 and m["nonfinite"] == 0
+    assert np.isclose(m["cossim"], a @ b / np.linalg.norm(a) / np.linalg.norm(b), rtol=1e-12)
+    assert np.isclose(m["rel_l1"], np.abs(a - b).sum() / np.abs(b).sum(), rtol=1e-12)
+    assert np.isclose(m["rmse"], np.sqrt(np.mean((a - b) ** 2)), rtol=1e-12)
+    assert np.isclose(m["max_abs"], np.abs(a - b).max(), rtol=1e-12)
+    with pytest.raises(ValueError, match="shapes differ"):
+        qattn.compare(a, b[:10])
+
+
+def test_tensor_files_round_trip(tmp_path):
+    q = sample("layer0_head0_q.npy")
+    loaded = qattn.load(os.path.join(SAMPLE, "layer0_head0_q.npy"))
+    assert list(loaded) == ["layer0_head0_q"] and loaded["layer0_head0_q"].dtype == q.dtype
+    assert np.array_equal(loaded["layer0_head0_q"], q)
+    arrays = {"a": q, "b": np.arange(6, dtype=np.float64).reshape(2, 3)}
+    for name in ["t.npz", "t.safetensors"]:
+        qattn.save(str(tmp_path / name), arrays)
+        back = qattn.load(str(tmp_path / name))
+        assert set(back) == {"a", "b"}
+        for key in arrays:
+            assert back[key].dtype == arrays[key].dtype and np.array_equal(back[key], arrays[key])
+    qattn.save(str(tmp_path / "one.npy"), {"x": q})
+    assert np.array_equal(np.load(tmp_path / "one.npy"), q)
+    with pytest.raises(ValueError):
+        qattn.save(str(tmp_path / "two.npy"), arrays)  # .npy holds exactly one tensor
+    with pytest.raises(ValueError, match="missing.npy"):
+        qattn.load(str(tmp_path / "missing.npy"))
+    assert not (tmp_path / "two.npy").exists()
+
+
+def test_threads_may_call_concurrently():
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.standard_normal((64, 32)) for _ in range(3))
+    expect = qattn.attention(q, k, v, "intattention")
+    results = [None] * 4
+
+    def work(i):
+        results[i] = qattn.attention(q, k, v, "intattention")
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(np.array_equal(r, expect) for r in results)
+
+
+def test_no_memory_growth_over_1000_calls():
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((32, 16)) for _ in range(3))
+    for _ in range(50):
+        qattn.attention(q, k, v, "intattention", return_probs=True)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for _ in range(1000):
+        qattn.attention(q, k, v, "intattention", return_probs=True)
+        qattn.softmax(q, "index")
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kib < 8 * 1024, grown_kib
