@@ -9,7 +9,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
