@@ -486,13 +486,6 @@ void run_attention(const AttentionOptions& o) {
 }
 
 
-struct AnalyzeOptions {
-  std::string tensors = default_tensors();
-  std::string q, k, v, logits;
-  std::vector<std::string> specs;
-  std::string format = "md", out, reference = "fp64", kv, weights;
-  bool softmax_only = false;
-};
 
 // The registry's methods with a softmax form, for messages: "fp64, fp32, ..., sas".
 std::string softmax_form_names() {
@@ -500,6 +493,24 @@ std::string softmax_form_names() {
   for (const auto& e : registry().entries())
     if (e.has_softmax_form()) s += (s.empty() ? "" : ", ") + e.name;
   return s;
+}
+
+// The option checks of `qattn analyze` that CLI11 cannot express: CLI::ValidationError naming the option.
+void check_analyze_options(const AnalyzeOptions& o) {
+  check_format(o.format, {"md", "csv", "latex", "json"});
+  SoftmaxReference reference;
+  try {
+    reference = parse_softmax_reference(o.reference);
+  } catch (const SpecError& e) {
+    throw CLI::ValidationError("--reference", e.what());
+  }
+  const int given = !o.q.empty() + !o.k.empty() + !o.v.empty();
+  if (given != 0 && given != 3) throw CLI::ValidationError("--q/--k/--v", "give all three or none");
+  if (given && o.softmax_only)
+    throw CLI::ValidationError("--softmax-only", "analyses logits; give --logits or --tensors, not --q/--k/--v");
+  if (reference == SoftmaxReference::exact && !o.softmax_only && o.logits.empty())
+    throw CLI::ValidationError("--reference", "exact applies to softmax-only analysis (--softmax-only or --logits); "
+                                              "attention is compared with fp64");
 }
 
 // What `qattn analyze` runs, resolved and validated from its options before any tensor is read.
@@ -622,7 +633,10 @@ std::string describe_analysis(const AnalyzePlan& plan, const AnalyzeOptions& o, 
          "entries of a head; bias = mean signed error; worst = min CosSim, max error, largest |bias| over heads)";
 }
 
-void run_analyze(const AnalyzeOptions& o) {
+}  // namespace
+
+std::string analyze_report(const AnalyzeOptions& o) {
+  check_analyze_options(o);
   const bool explicit_files = !o.q.empty() || !o.logits.empty();
   require_distinct_files({{"--tensors", explicit_files ? "" : o.tensors}, {"--q", o.q}, {"--k", o.k}, {"--v", o.v},
                           {"--logits", o.logits}},
@@ -692,10 +706,8 @@ void run_analyze(const AnalyzeOptions& o) {
   else if (o.format == "csv") text = t.csv();
   else if (o.format == "latex") text = t.latex(what, {summary_start});
   else text = what + "\n\n" + t.markdown();
-  emit(text, o.out);
+  return text;
 }
-
-}  // namespace
 
 void add_info(CLI::App& app) {
   auto* sub = app.add_subcommand("info", "Print dtype, shape, min/max/mean/std and NaN/Inf counts of tensor files");
@@ -805,23 +817,7 @@ void add_analyze(CLI::App& app) {
   sub->add_option("--format", o->format, "md|csv|latex|json (latex: a booktabs table)")->capture_default_str();
   sub->add_option("--out", o->out, "Write the table here instead of stdout");
   add_engine_options(sub);
-  sub->callback([=] {
-    check_format(o->format, {"md", "csv", "latex", "json"});
-    SoftmaxReference reference;
-    try {
-      reference = parse_softmax_reference(o->reference);
-    } catch (const SpecError& e) {
-      throw CLI::ValidationError("--reference", e.what());
-    }
-    const int given = !o->q.empty() + !o->k.empty() + !o->v.empty();
-    if (given != 0 && given != 3) throw CLI::ValidationError("--q/--k/--v", "give all three or none");
-    if (given && o->softmax_only)
-      throw CLI::ValidationError("--softmax-only", "analyses logits; give --logits or --tensors, not --q/--k/--v");
-    if (reference == SoftmaxReference::exact && !o->softmax_only && o->logits.empty())
-      throw CLI::ValidationError("--reference", "exact applies to softmax-only analysis (--softmax-only or --logits); "
-                                                "attention is compared with fp64");
-    run_analyze(*o);
-  });
+  sub->callback([=] { emit(analyze_report(*o), o->out); });
 }
 
 }  // namespace qattn::cli

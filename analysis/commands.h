@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <cstddef>
 
+#include "data_paths.h"
 #include "qattn/tensor_io.h"
 #include <string>
 #include <utility>
@@ -31,6 +32,18 @@ void add_bench(CLI::App& app);
 void add_sweep(CLI::App& app);
 void add_reproduce(CLI::App& app);
 void add_plot(CLI::App& app);
+
+// The options of `qattn analyze`, and its report (the table in `format`) as text. Throws CLI::ValidationError for
+// options that do not fit together, SpecError for a bad spec and InputError for a bad dump. The Python package's
+// qattn.analyze calls it with format "json".
+struct AnalyzeOptions {
+  std::string tensors = default_tensors();
+  std::string q, k, v, logits;
+  std::vector<std::string> specs;
+  std::string format = "md", out, reference = "fp64", kv, weights;
+  bool softmax_only = false;
+};
+std::string analyze_report(const AnalyzeOptions& o);
 
 // Thrown by a subcommand that has already reported its failure (e.g. a child process did): main exits with `code`.
 struct ExitCode {

@@ -25,7 +25,7 @@ std::vector<DumpLayer> key_block_outlier_dump(int heads, int L, int d, std::uint
   DumpLayer l;
   for (int h = 0; h < heads; ++h) {
     RowMatrixXd q(L, d), k(L, d), v(L, d);
-    std::vector<double> gain((L + 63) / 64);
+    std::vector<double> gain(static_cast<std::size_t>(std::max(L, 0) + 63) / 64);
     for (double& g : gain) g = std::exp(std::log(8.0) * 0.5 * (1 + std::erf(n() / std::sqrt(2.0))));  // U(0,1) by Phi
     for (int t = 0; t < L; ++t)
       for (int c = 0; c < d; ++c) q(t, c) = n(), k(t, c) = gain[t / 64] * n(), v(t, c) = n();

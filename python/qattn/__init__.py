@@ -7,9 +7,12 @@ files. Method specs are the CLI's: ``"intattention@upstream-neon:k-group=64"``.
 Inputs are NumPy arrays of float32 or float64; they are converted once to float64, exactly, because every method
 takes float64 inputs. Outputs are new float64 arrays. The GIL is released while qattn computes.
 """
+import json as _json
+
 from . import _qattn
 
-__all__ = ["methods", "canonical", "softmax", "attention", "compare", "load", "save"]
+__all__ = ["methods", "quantizers", "canonical", "softmax", "softmax_integer", "exact_softmax", "attention",
+           "quantize_kv", "quantize_weights", "compare", "analyze", "load", "save"]
 
 
 def methods():
@@ -64,7 +67,8 @@ def softmax(logits, method, engine="auto"):
     return _qattn.softmax(logits, method, engine)
 
 
-def attention(q, k, v, method, scale=None, causal=False, mask=None, return_probs=False, engine="auto", threads=1):
+def attention(q, k, v, method, scale=None, causal=False, mask=None, return_probs=False, engine="auto", threads=1,
+              kv=None, raw=False):
     """``softmax(scale q k^T) v`` by ``method``, for every batch entry and head.
 
     Parameters
@@ -89,14 +93,188 @@ def attention(q, k, v, method, scale=None, causal=False, mask=None, return_probs
         refuses a method without fused kernels; ``reference`` always runs the reference model.
     threads : int
         Threads of one fused call; every count gives the same bits.
+    kv : str, optional
+        A KV-cache quantizer spec (``qattn.quantizers()["kv"]``, e.g. ``"turboquant:bits=3"``) applied to the K and
+        V of every call before the method, as ``qattn analyze --kv`` does: Q is rotated where the quantizer rotates
+        K, and O rotated back where it rotates V. The reference engine runs it.
+    raw : bool
+        With ``return_probs``: P in the method's integer dtype (uint8 P x 255 or int8 P x 127) instead of float64.
+        ``ValueError`` for a method without an integer P.
 
     Returns
     -------
     o : ndarray of float64, shape (..., L_q, d_v)
-    p : ndarray of float64, shape (..., L_q, L_k)
+    p : ndarray of float64 (uint8 or int8 with ``raw``), shape (..., L_q, L_k)
         Only with ``return_probs``.
     """
-    return _qattn.attention(q, k, v, method, scale, causal, mask, return_probs, engine, threads)
+    return _qattn.attention(q, k, v, method, scale, causal, mask, return_probs, engine, threads, kv or "", raw)
+
+
+def softmax_integer(logits, method, cint=None, alpha=None):
+    """Softmax of integer logits (e.g. the INT32 ``Q K^T`` of an integer pipeline) by an integer method.
+
+    Parameters
+    ----------
+    logits : ndarray of int8, int16 or int32, shape (..., L)
+    method : str
+        A method with an integer form: today ``index`` (IndexSoftmax, docs/methods/index-softmax.md).
+    cint : int, optional
+        The clip of the integer logits, used as given (IndexSoftmax's ``c_int``).
+    alpha : float, optional
+        The scale of the logits (real logit = alpha * integer); the method derives its own clip from it. Give
+        exactly one of ``cint`` and ``alpha``.
+
+    Returns
+    -------
+    p : ndarray of float64, shape (..., L)
+        The probabilities (raw / raw_scale where the method has an integer P).
+    raw : ndarray of uint8 or int8, shape (..., L), or None
+        The integer P, for methods that produce one (``qattn softmax --raw``).
+    raw_scale : float
+        ``p == raw / raw_scale`` (255 for UINT8 P, 127 for INT8 P).
+
+    Raises
+    ------
+    TypeError
+        For a float or 64-bit array.
+    ValueError
+        For both or neither of ``cint`` and ``alpha``, or a method without an integer form.
+    """
+    return _qattn.softmax_integer(logits, method, cint, alpha)
+
+
+def exact_softmax(logits, decimal=False):
+    """The exact softmax of every row (the last axis), in 50 significant digits (Boost.Multiprecision).
+
+    The reference of ``qattn analyze --reference exact`` (docs/softmax-reference.md): exp and the sum carried out in
+    ``cpp_bin_float_50``, each probability rounded once at the end.
+
+    Parameters
+    ----------
+    logits : ndarray of float32 or float64, shape (..., L)
+        ``-inf`` masks an entry; NaN and ``+inf`` are refused.
+    decimal : bool
+        Return ``decimal.Decimal`` objects with all 50 digits instead of float64 (each rounded once).
+
+    Returns
+    -------
+    ndarray of float64 (or of object, holding Decimal), shape (..., L)
+    """
+    return _qattn.exact_softmax(logits, decimal)
+
+
+def quantize_kv(k, v, spec):
+    """Apply a KV-cache quantizer to the K and V of the heads of one layer.
+
+    Parameters
+    ----------
+    k : ndarray of float32 or float64, shape (heads, L, d) or (L, d)
+    v : ndarray of float32 or float64, shape (heads, L, d_v) or (L, d_v)
+    spec : str
+        ``qattn.quantizers()["kv"]``: ``rtn``, ``kivi``, ``flashq``, ``turboquant``, ``saw`` with parameters, e.g.
+        ``"kivi:bits=2"``.
+
+    Returns
+    -------
+    dict
+        ``k``, ``v`` (dequantized, float64, the input shapes), ``rotation`` (the orthonormal [d, d] matrix K is
+        expressed in, or None: attention must then use ``q @ rotation``), ``v_rotated`` (V too: the output is then
+        ``o @ rotation.T``), ``k_bits`` and ``v_bits`` (bits per stored element, scales included).
+    """
+    return _qattn.quantize_kv(k, v, spec)
+
+
+def quantize_weights(w, x, spec):
+    """Quantize projection weights ``W`` [in, out] (``y = x W + b``) with calibration inputs ``X`` [n, in].
+
+    Parameters
+    ----------
+    w : ndarray of float32 or float64, shape (in, out)
+    x : ndarray of float32 or float64, shape (n, in)
+    spec : str
+        ``qattn.quantizers()["weights"]``: ``rtn``, ``gptq``, ``awq`` with parameters, e.g. ``"gptq:bits=3"``.
+
+    Returns
+    -------
+    ndarray of float64, shape (in, out)
+        The dequantized weights.
+    """
+    return _qattn.quantize_weights(w, x, spec)
+
+
+def quantizers():
+    """List the KV-cache and weight quantizers.
+
+    Returns
+    -------
+    dict
+        ``{"kv": [...], "weights": [...]}``, each entry as in ``qattn.methods()``.
+    """
+    return _qattn.quantizers()
+
+
+def analyze(dump, methods=None, kv=None, weights=None, softmax_only=False, reference="fp64", engine="auto",
+            as_frame=None):
+    """Error of each method against the fp64 (or exact) reference over a dump, as ``qattn analyze`` reports it.
+
+    Parameters
+    ----------
+    dump : str or os.PathLike
+        A directory of ``layer{L}_head{H}_{q,k,v}.npy`` (or ``_logits.npy``), or one .npz / .safetensors file.
+    methods : list of str, optional
+        Method specs; default every registered method but fp64 (the softmax models with ``softmax_only``).
+    kv, weights : str, optional
+        A KV-cache or weight quantizer applied first (``qattn analyze --kv`` / ``--weights``).
+    softmax_only : bool
+        Evaluate the softmax models on the dump's logits instead of attention.
+    reference : {"fp64", "exact"}
+        The softmax-only reference.
+    engine : {"auto", "fast", "reference"}
+    as_frame : bool, optional
+        Return a pandas DataFrame. Default: when pandas can be imported. pandas is never required.
+
+    Returns
+    -------
+    list of dict, or pandas.DataFrame
+        One record per layer, head and method: ``layer``, ``head``, ``method``, ``O_cossim``, ``O_rel_l1``,
+        ``O_rmse``, ``P_cossim``, ``P_rel_l1``, ``P_rmse``, ``P_max_abs``, ``P_bias``, ``P_kl_mean``, ``K_bits``,
+        ``V_bits`` (the O columns are absent for softmax-only analysis). ``records.summary`` (or
+        ``frame.attrs["summary"]``) holds the mean and worst rows of each method.
+    """
+    import os
+    text = _qattn.analyze_json(os.fspath(dump), list(methods or []), kv or "", weights or "", softmax_only,
+                               reference, engine)
+    report = _json.loads(text)
+    records = []
+    for h in report["heads"]:
+        r = {"layer": h["layer"], "head": h["head"], "method": h["method"]}
+        if not softmax_only:
+            r.update(O_cossim=h["O"]["cossim"], O_rel_l1=h["O"]["rel_l1"], O_rmse=h["O"]["rmse"])
+        r.update(P_cossim=h["P"]["cossim"], P_rel_l1=h["P"]["rel_l1"], P_rmse=h["P"]["rmse"],
+                 P_max_abs=h["P"]["max_abs"], P_bias=h["P"]["bias"], P_kl_mean=h["P_kl_mean"],
+                 K_bits=h["K_bits"], V_bits=h["V_bits"])
+        records.append({k: (float("nan") if v is None and k not in ("layer", "head", "method") else v)
+                        for k, v in r.items()})
+    if as_frame is None:
+        try:
+            import pandas  # noqa: F401
+            as_frame = True
+        except ImportError:
+            as_frame = False
+    if as_frame:
+        import pandas
+        frame = pandas.DataFrame.from_records(records)
+        frame.attrs["summary"] = report["summary"]
+        return frame
+    return _Records(records, report["summary"])
+
+
+class _Records(list):
+    """The per-head records of ``analyze``, with ``summary``: the mean and worst rows of each method."""
+
+    def __init__(self, records, summary):
+        super().__init__(records)
+        self.summary = summary
 
 
 def compare(a, b):

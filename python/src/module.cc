@@ -9,17 +9,26 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
+#include <mutex>
 #include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "commands.h"
+#include "engine_setting.h"
 #include "qattn/engine.h"
 #include "qattn/error.h"
 #include "qattn/metrics.h"
+#include "qattn/reference/kv_quant.h"
 #include "qattn/reference/registry.h"
+#include "qattn/reference/softmax.h"
+#include "qattn/reference/weight_quant.h"
 #include "qattn/tensor_io.h"
 
 namespace py = pybind11;
@@ -70,6 +79,8 @@ py::array_t<double> to_array(const std::vector<double>& values, const std::vecto
   return out;
 }
 
+py::array tensor_to_array(const Tensor& t);
+
 EngineOptions engine_options(const std::string& engine, int threads, bool probs) {
   EngineOptions o;
   o.engine = parse_engine(engine);
@@ -97,7 +108,8 @@ py::array_t<double> softmax(const py::handle& logits, const std::string& method,
 // attention(q, k, v, method, ...): [..., L, d]; the axis before L (when there is one) is the heads of one call.
 py::object attention(const py::handle& q_obj, const py::handle& k_obj, const py::handle& v_obj, const std::string& method,
                      std::optional<double> scale, bool causal, const std::optional<py::array>& mask, bool return_probs,
-                     const std::string& engine, int threads) {
+                     const std::string& engine, int threads, const std::string& kv, bool raw) {
+  if (raw && !return_probs) throw py::value_error("raw: applies to P; give return_probs=True with it");
   const Input q = read_float_array(q_obj, "q"), k = read_float_array(k_obj, "k"), v = read_float_array(v_obj, "v");
   if (q.shape.size() < 2 || q.shape.size() != k.shape.size() || q.shape.size() != v.shape.size())
     throw py::value_error("q, k, v: expected arrays [..., L, d] of the same rank, got " + shape_string(q.shape) + ", " +
@@ -123,10 +135,13 @@ py::object attention(const py::handle& q_obj, const py::handle& k_obj, const py:
   std::size_t calls = 1;
   for (std::size_t i = 0; i + 3 < n; ++i) calls *= static_cast<std::size_t>(q.shape[i]);  // the axes before heads
   std::vector<double> o(calls * heads * lq * dv), p(return_probs ? calls * heads * lq * lk : 0);
+  std::vector<std::int32_t> p_int(raw ? calls * heads * lq * lk : 0);
+  DType p_dtype = DType::u8;
   bool have_p = true;
   {
     py::gil_scoped_release release;
     const BuiltMethod built = build_method(method, engine_options(engine, threads, return_probs));
+    const std::unique_ptr<ref::KvQuantizer> kvq = kv.empty() ? nullptr : ref::kv_registry().create(kv);
     for (std::size_t c = 0; c < calls; ++c) {
       std::vector<RowMatrixXd> qh, kh, vh;
       for (std::size_t h = 0; h < heads; ++h) {
@@ -134,12 +149,19 @@ py::object attention(const py::handle& q_obj, const py::handle& k_obj, const py:
         kh.push_back(matrix_at(k, c * heads + h, lk, d));
         vh.push_back(matrix_at(v, c * heads + h, lk, dv));
       }
-      const std::vector<AttentionResult> r = built.method->attention_heads(qh, kh, vh, s, m);
+      const std::vector<AttentionResult> r = kvq ? ref::attention_with_kv(*built.method, *kvq, qh, kh, vh, s, m)
+                                                 : built.method->attention_heads(qh, kh, vh, s, m);
       for (std::size_t h = 0; h < heads; ++h) {
         std::copy_n(r[h].o.data(), r[h].o.size(), o.data() + (c * heads + h) * lq * dv);
         if (!return_probs) continue;
-        if (r[h].p.size() != lq * lk) have_p = false;
-        else std::copy_n(r[h].p.data(), r[h].p.size(), p.data() + (c * heads + h) * lq * lk);
+        if (r[h].p.size() != lq * lk || (raw && r[h].p_int.size() != lq * lk)) {
+          have_p = false;
+          continue;
+        }
+        std::copy_n(r[h].p.data(), r[h].p.size(), p.data() + (c * heads + h) * lq * lk);
+        if (!raw) continue;
+        std::copy_n(r[h].p_int.data(), r[h].p_int.size(), p_int.data() + (c * heads + h) * lq * lk);
+        p_dtype = r[h].p_dtype;
       }
     }
   }
@@ -147,10 +169,214 @@ py::object attention(const py::handle& q_obj, const py::handle& k_obj, const py:
   o_shape.push_back(dv);
   py::array_t<double> o_array = to_array(o, o_shape);
   if (!return_probs) return o_array;
-  if (!have_p) throw py::value_error(method + ": this method does not materialise P; call with return_probs=False");
+  if (!have_p)
+    throw py::value_error(method + (raw ? ": this method has no integer P; call with raw=False"
+                                        : ": this method does not materialise P; call with return_probs=False"));
   std::vector<Eigen::Index> p_shape(q.shape.begin(), q.shape.end() - 1);
   p_shape.push_back(lk);
-  return py::make_tuple(o_array, to_array(p, p_shape));
+  if (!raw) return py::make_tuple(o_array, to_array(p, p_shape));
+  std::vector<std::int64_t> t_shape(p_shape.begin(), p_shape.end());
+  std::vector<double> widened(p_int.begin(), p_int.end());
+  return py::make_tuple(o_array, tensor_to_array(Tensor::from_double(p_dtype, t_shape, widened)));
+}
+
+
+// An int8, int16 or int32 array as int32 values in C order (exact). TypeError names the argument otherwise.
+struct IntInput {
+  std::vector<Eigen::Index> shape;
+  RowMatrixXi32 rows;  // [prod(leading), last axis]
+};
+
+IntInput read_int_array(const py::handle& object, const char* name) {
+  if (!py::isinstance<py::array>(object))
+    throw py::type_error(std::string(name) + ": expected a NumPy array of int8, int16 or int32, got " +
+                         std::string(py::str(py::type::of(object))));
+  const Array a = py::reinterpret_borrow<Array>(object);
+  const bool ok = a.dtype().is(py::dtype::of<std::int8_t>()) || a.dtype().is(py::dtype::of<std::int16_t>()) ||
+                  a.dtype().is(py::dtype::of<std::int32_t>());
+  if (!ok)
+    throw py::type_error(std::string(name) + ": expected dtype int8, int16 or int32 (integer logits), got " +
+                         std::string(py::str(a.dtype())));
+  if (a.ndim() < 1) throw py::value_error(std::string(name) + ": expected at least one axis, got a scalar");
+  IntInput in;
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) in.shape.push_back(a.shape(i));
+  const auto c = py::array_t<std::int32_t, py::array::c_style | py::array::forcecast>::ensure(a);  // exact widening
+  const Eigen::Index cols = in.shape.back(), rows = cols ? static_cast<Eigen::Index>(c.size()) / cols : 0;
+  in.rows = Eigen::Map<const RowMatrixXi32>(c.data(), rows, cols);
+  return in;
+}
+
+// softmax_integer(logits, method, cint=None, alpha=None): (probabilities, raw P or None, raw scale).
+py::tuple softmax_integer(const py::handle& logits, const std::string& method, std::optional<std::int64_t> cint,
+                          std::optional<double> alpha) {
+  IntInput in = read_int_array(logits, "logits");
+  if (cint.has_value() == alpha.has_value())
+    throw py::value_error("cint, alpha: give exactly one: the clip of the integer logits (cint) or their scale (alpha)");
+  if (cint && (*cint < 1 || *cint > std::numeric_limits<std::int32_t>::max()))
+    throw py::value_error("cint: must be in [1, 2^31 - 1], got " + std::to_string(*cint));
+  if (alpha && !(std::isfinite(*alpha) && *alpha > 0))
+    throw py::value_error("alpha: must be finite and > 0, got " + std::to_string(*alpha));
+  IntegerSoftmaxResult r;
+  {
+    py::gil_scoped_release release;
+    const BuiltMethod built = build_method(method, engine_options("reference", 1, true));
+    r = built.method->softmax_integer(IntegerLogits{std::move(in.rows), cint, alpha});
+  }
+  std::vector<double> p(r.probabilities.data(), r.probabilities.data() + r.probabilities.size());
+  py::object raw = py::none();
+  if (r.raw) {
+    r.raw->shape.assign(in.shape.begin(), in.shape.end());
+    raw = tensor_to_array(*r.raw);
+  }
+  return py::make_tuple(to_array(p, in.shape), raw, r.raw_scale);
+}
+
+// exact_softmax(logits, decimal): the 50-digit softmax of every row, rounded once to float64, or as decimal strings.
+py::object exact_softmax(const py::handle& logits, bool decimal) {
+  const Input in = read_float_array(logits, "logits");
+  if (in.shape.empty()) throw py::value_error("logits: expected at least one axis, got a scalar");
+  const Eigen::Index cols = in.shape.back(), rows = cols ? static_cast<Eigen::Index>(in.values.size()) / cols : 0;
+  RowMatrixXd x = matrix_at(in, 0, rows, cols);
+  std::vector<double> out(in.values.size());
+  std::vector<std::string> digits(decimal ? in.values.size() : 0);
+  {
+    py::gil_scoped_release release;
+    require_softmax_logits(x, "logits");
+    for (Eigen::Index r = 0; r < rows; ++r) {
+      const std::vector<ref::Exact50> e =
+          ref::softmax_exact(std::span<const double>(x.row(r).data(), static_cast<std::size_t>(cols)));
+      for (Eigen::Index j = 0; j < cols; ++j) {
+        const std::size_t i = static_cast<std::size_t>(r * cols + j);
+        out[i] = static_cast<double>(e[j]);
+        if (decimal) digits[i] = e[j].str(50, std::ios_base::scientific);
+      }
+    }
+  }
+  if (!decimal) return to_array(out, in.shape);
+  py::object Decimal = py::module_::import("decimal").attr("Decimal");
+  std::vector<py::ssize_t> s(in.shape.begin(), in.shape.end());
+  py::array result(py::dtype("O"), s);
+  py::object flat = result.attr("reshape")(-1);
+  for (std::size_t i = 0; i < digits.size(); ++i) flat[py::int_(i)] = Decimal(digits[i]);
+  return result;
+}
+
+// Heads [H, L, d] (or one head [L, d]) as matrices.
+std::vector<RowMatrixXd> heads_of(const Input& in, const char* name) {
+  if (in.shape.size() != 2 && in.shape.size() != 3)
+    throw py::value_error(std::string(name) + ": expected [L, d] or [heads, L, d], got " + shape_string(in.shape));
+  const std::size_t h = in.shape.size() == 3 ? static_cast<std::size_t>(in.shape[0]) : 1;
+  const Eigen::Index l = in.shape[in.shape.size() - 2], d = in.shape.back();
+  std::vector<RowMatrixXd> out;
+  for (std::size_t i = 0; i < h; ++i) out.push_back(matrix_at(in, i, l, d));
+  return out;
+}
+
+py::array_t<double> stack_heads(const std::vector<RowMatrixXd>& m, const std::vector<Eigen::Index>& like) {
+  std::vector<double> values;
+  for (const RowMatrixXd& x : m) values.insert(values.end(), x.data(), x.data() + x.size());
+  std::vector<Eigen::Index> shape = like;
+  shape[shape.size() - 2] = m.empty() ? 0 : m[0].rows();
+  shape.back() = m.empty() ? 0 : m[0].cols();
+  return to_array(values, shape);
+}
+
+// quantize_kv(k, v, spec): what attention reads after the KV quantizer, as a dict.
+py::dict quantize_kv(const py::handle& k_obj, const py::handle& v_obj, const std::string& spec) {
+  const Input k = read_float_array(k_obj, "k"), v = read_float_array(v_obj, "v");
+  const std::vector<RowMatrixXd> kh = heads_of(k, "k"), vh = heads_of(v, "v");
+  if (k.shape.size() != v.shape.size() || kh.size() != vh.size() || kh[0].rows() != vh[0].rows())
+    throw py::value_error("k, v: shapes " + shape_string(k.shape) + ", " + shape_string(v.shape) +
+                          " do not fit [heads, L, d], [heads, L, d_v]");
+  ref::KvQuantized r;
+  {
+    py::gil_scoped_release release;
+    const std::unique_ptr<ref::KvQuantizer> q = ref::kv_registry().create(spec);
+    for (std::size_t h = 0; h < kh.size(); ++h) {
+      require_finite(kh[h], "K");
+      require_finite(vh[h], "V");
+    }
+    r = q->apply(kh, vh);
+  }
+  py::dict out;
+  out["k"] = stack_heads(r.k, k.shape);
+  out["v"] = stack_heads(r.v, v.shape);
+  out["rotation"] = r.rotation.size() ? py::object(stack_heads({r.rotation}, {r.rotation.rows(), r.rotation.cols()}))
+                                      : py::object(py::none());
+  out["v_rotated"] = r.v_rotated;
+  out["k_bits"] = r.k_bits;
+  out["v_bits"] = r.v_bits;
+  return out;
+}
+
+// quantize_weights(w, x, spec): W^ [in, out] from W [in, out] and the calibration inputs X [n, in].
+py::array_t<double> quantize_weights(const py::handle& w_obj, const py::handle& x_obj, const std::string& spec) {
+  const Input w = read_float_array(w_obj, "w"), x = read_float_array(x_obj, "x");
+  if (w.shape.size() != 2 || x.shape.size() != 2 || x.shape[1] != w.shape[0])
+    throw py::value_error("w, x: expected W [in, out] and X [n, in], got " + shape_string(w.shape) + ", " +
+                          shape_string(x.shape));
+  RowMatrixXd result;
+  {
+    py::gil_scoped_release release;
+    const RowMatrixXd wm = matrix_at(w, 0, w.shape[0], w.shape[1]), xm = matrix_at(x, 0, x.shape[0], x.shape[1]);
+    require_finite(wm, "W");
+    require_finite(xm, "X");
+    result = ref::weight_registry().create(spec)->apply(wm, xm);
+  }
+  return stack_heads({result}, w.shape);
+}
+
+// The KV and weight quantizers with their parameters and presets, as methods() lists methods.
+py::dict quantizers() {
+  auto list = [](const auto& registry, const char* kind) {
+    py::list out;
+    for (const MethodEntry& e : registry.params().entries()) {
+      py::list params, presets;
+      for (const ParamInfo& p : e.params) {
+        py::dict d;
+        d["key"] = p.key, d["default"] = p.default_value, d["doc"] = p.doc, d["choices"] = p.choices;
+        params.append(d);
+      }
+      for (const PresetInfo& p : e.presets) {
+        py::dict d;
+        d["name"] = p.name, d["values"] = p.values, d["doc"] = p.doc;
+        presets.append(d);
+      }
+      py::dict m;
+      m["name"] = e.name, m["summary"] = e.summary, m["kind"] = kind, m["doc"] = e.doc;
+      m["params"] = params, m["presets"] = presets;
+      out.append(m);
+    }
+    return out;
+  };
+  py::dict d;
+  d["kv"] = list(ref::kv_registry(), "kv quantizer");
+  d["weights"] = list(ref::weight_registry(), "weight quantizer");
+  return d;
+}
+
+// analyze(...): `qattn analyze --format json` over a dump, as its JSON text.
+std::string analyze_json(const std::string& tensors, const std::vector<std::string>& specs, const std::string& kv,
+                         const std::string& weights, bool softmax_only, const std::string& reference,
+                         const std::string& engine) {
+  cli::AnalyzeOptions o;
+  o.tensors = tensors;
+  o.specs = specs;
+  o.kv = kv;
+  o.weights = weights;
+  o.softmax_only = softmax_only;
+  o.reference = reference;
+  o.format = "json";
+  const Engine chosen = parse_engine(engine);
+  py::gil_scoped_release release;
+  static std::mutex one_at_a_time;  // the engine setting is the process's, as in the CLI
+  const std::lock_guard<std::mutex> lock(one_at_a_time);
+  cli::engine_setting().engine = chosen;
+  try {
+    return cli::analyze_report(o);
+  } catch (const CLI::Error& e) {  // options that do not fit together: the CLI's message, as a ValueError
+    throw std::invalid_argument(e.get_name() + ": " + e.what());
+  }
 }
 
 py::dict compare(const py::handle& out, const py::handle& ref) {
@@ -277,8 +503,17 @@ PYBIND11_MODULE(_qattn, m) {
   m.def("softmax", &softmax, py::arg("logits"), py::arg("method"), py::arg("engine") = "auto");
   m.def("attention", &attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("method"),
         py::arg("scale") = py::none(), py::arg("causal") = false, py::arg("mask") = py::none(),
-        py::arg("return_probs") = false, py::arg("engine") = "auto", py::arg("threads") = 1);
+        py::arg("return_probs") = false, py::arg("engine") = "auto", py::arg("threads") = 1, py::arg("kv") = "",
+        py::arg("raw") = false);
   m.def("compare", &compare, py::arg("a"), py::arg("b"));
+  m.def("softmax_integer", &softmax_integer, py::arg("logits"), py::arg("method"), py::arg("cint") = py::none(),
+        py::arg("alpha") = py::none());
+  m.def("exact_softmax", &exact_softmax, py::arg("logits"), py::arg("decimal") = false);
+  m.def("quantize_kv", &quantize_kv, py::arg("k"), py::arg("v"), py::arg("spec"));
+  m.def("quantize_weights", &quantize_weights, py::arg("w"), py::arg("x"), py::arg("spec"));
+  m.def("quantizers", &quantizers);
+  m.def("analyze_json", &analyze_json, py::arg("tensors"), py::arg("methods"), py::arg("kv"), py::arg("weights"),
+        py::arg("softmax_only"), py::arg("reference"), py::arg("engine"));
   m.def("load", &load, py::arg("path"));
   m.def("save", &save, py::arg("path"), py::arg("arrays"));
 }
