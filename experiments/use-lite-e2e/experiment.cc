@@ -1,0 +1,69 @@
+// Experiment use-lite-e2e: every attention method and KV quantizer inside Universal Sentence Encoder Lite, end to
+// end. The experiment is the Python module qattn.e2e (python/qattn/e2e.py; it needs the package, built with
+// -DQATTN_PYTHON=ON, and the model weights that scripts/fetch-model.sh downloads); this registers it with
+// `qattn reproduce` and runs it with the context's options, its stdout being the report. See README.md.
+#include <sys/wait.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include "commands.h"
+#include "experiment.h"
+#include "qattn/error.h"
+
+namespace qattn::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string quoted(const std::string& s) {
+  std::string r = "'";
+  for (char c : s) r += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return r + "'";
+}
+
+std::string run_e2e(const ExperimentContext& ctx) {
+  // The package next to this program in a build tree (<build>/python, made with -DQATTN_PYTHON=ON); installed, the
+  // interpreter finds it in dist-packages.
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  std::string env;
+  if (!ec && fs::is_directory(self.parent_path() / "python" / "qattn", ec)) {
+    const char* old = std::getenv("PYTHONPATH");
+    env = "PYTHONPATH=" + quoted((self.parent_path() / "python").string() + (old && *old ? ":" + std::string(old) : "")) + " ";
+  }
+  const char* python = std::getenv("QATTN_PYTHON");
+  std::string command = env + quoted(python && *python ? python : "/usr/bin/python3") + " -m qattn.e2e --out-dir " +
+                        quoted(ctx.out_dir.string()) + " --tensors " + quoted(ctx.tensors);
+  if (ctx.fast) command += " --fast";
+  if (!ctx.plots) command += " --no-plots";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) throw InputError("python3", "use-lite-e2e", std::string("cannot start: ") + std::strerror(errno));
+  std::string report;
+  char buffer[4096];
+  for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) report.append(buffer, n);
+  const int status = pclose(pipe);
+  if (status != 0) {
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+    if (code == 1 && report.empty())
+      throw InputError("python3 -m qattn.e2e", "use-lite-e2e",
+                       "failed (is the Python package built, -DQATTN_PYTHON=ON, and importable? its message is above)");
+    throw ExitCode{code == 0 ? 1 : code};
+  }
+  return report;
+}
+
+}  // namespace
+
+void register_experiment_use_lite_e2e(ExperimentList& list) {
+  list.add({"use-lite-e2e",
+            "Every attention method and KV quantizer swapped into USE-Lite: does the attention-level leaderboard "
+            "predict the sentence-embedding ranking?",
+            "qattn (end to end)", "qattn reproduce use-lite-e2e [--fast]", run_e2e, ""});
+}
+
+}  // namespace qattn::cli
