@@ -17,6 +17,20 @@ step(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
 step(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/build -G ${GENERATOR} -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
 step(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 step(${WORK_DIR}/build/consumer)
+# The worked example of qattn/testing.h (examples/own-index-softmax): a user's kernel property-tested against the
+# installed package; it exits 0 only if its correct kernels pass and the harness catches both deliberate bugs.
+if(EXAMPLE_DIR)
+  step(${CMAKE_COMMAND} -S ${EXAMPLE_DIR} -B ${WORK_DIR}/example -G ${GENERATOR} -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
+  step(${CMAKE_COMMAND} --build ${WORK_DIR}/example)
+  step(${WORK_DIR}/example/own_index_softmax_test)
+  foreach(line "ok: the integer kernel is bit-exact to index@paper" "ok: the harness catches the off-by-one index rounding"
+               "ok: the harness catches the missing max subtraction" "first difference at index")
+    string(FIND "${step_output}" "${line}" at)
+    if(at EQUAL -1)
+      message(FATAL_ERROR "the example's output lacks \"${line}\":\n${step_output}")
+    endif()
+  endforeach()
+endif()
 
 if(NOT EXISTS ${WORK_DIR}/prefix/bin/qattn)
   message(STATUS "no qattn program installed (QATTN_BUILD_CLI=OFF): the CLI steps are skipped")

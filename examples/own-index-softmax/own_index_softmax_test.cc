@@ -1,0 +1,47 @@
+// Property tests of the kernels in own_index_softmax.h with qattn/testing.h, and proof that the harness catches
+// their deliberate bugs. Exit status 0 when the correct kernels pass and both wrong ones are caught.
+#include <cstdio>
+
+#include "own_index_softmax.h"
+#include "qattn/testing.h"
+
+namespace qt = qattn::testing;
+
+int main() {
+  int failures = 0;
+  auto expect = [&](bool ok, const char* what) {
+    std::printf("%s: %s\n", ok ? "ok" : "FAILED", what);
+    failures += !ok;
+  };
+
+  // 1. My integer kernel is bit-exact to the reference model of the paper's rules, on rows whose clip saturates.
+  expect(rc::check("mine::index_softmax == index@paper",
+                   [](const qt::IntegerRow& row) {
+                     qt::expect_bit_exact([](auto a, auto c) { return mine::index_softmax(a, c); }, "index@paper", row);
+                   }),
+         "the integer kernel is bit-exact to index@paper");
+
+  // 2. My float kernel stays within 4 ulps-ish of the exact softmax on every row family.
+  expect(rc::check("mine::softmax within contract of the exact softmax",
+                   [](const qt::LogitRow& row) {
+                     qt::expect_within_contract([](auto x) { return mine::softmax(x); }, "exact",
+                                                {.element = 1e-15, .row_l1 = 1e-13}, row);
+                   }),
+         "the float kernel is within its contract against the exact softmax");
+
+  // 3. The deliberately wrong variants must be caught: rc::check returns false and prints the shrunk counterexample.
+  std::printf("--- the next two checks must fail (deliberate bugs):\n");
+  expect(!rc::check("mine::index_softmax with a rounded index == index@paper",
+                    [](const qt::IntegerRow& row) {
+                      qt::expect_bit_exact([](auto a, auto c) { return mine::index_softmax(a, c, /*round_index=*/true); },
+                                           "index@paper", row);
+                    }),
+         "the harness catches the off-by-one index rounding");
+  expect(!rc::check("mine::softmax without max subtraction within contract",
+                    [](const qt::LogitRow& row) {
+                      qt::expect_within_contract([](auto x) { return mine::softmax(x, /*skip_max=*/true); }, "exact",
+                                                 {.element = 1e-15, .row_l1 = 1e-13}, row);
+                    }),
+         "the harness catches the missing max subtraction");
+  return failures == 0 ? 0 : 1;
+}
