@@ -84,9 +84,9 @@ TEST_CASE("the checkers pass the reference itself and catch a mutation", "[testi
         },
         "index@upstream-neon", row);
   }));
-  CHECK(rc::check("fp64 is within 1e-15 of the exact softmax", [](const qt::LogitRow& row) {
+  CHECK(rc::check("fp64 is within its declared contract of the exact softmax", [](const qt::LogitRow& row) {
     qt::expect_within_contract([](std::span<const double> x) { return reference_softmax(x, "fp64"); }, "exact",
-                               {.element = 1e-15, .row_l1 = 1e-13}, row);
+                               qt::fp64_contract(), row);
   }));
   // Mutations: fp32 claimed to be fp64; bf16 within fp64's contract. Both must be falsified.
   CHECK_FALSE(rc::check("fp32 is not bit-exact to fp64 (must fail)", [](const qt::LogitRow& row) {
@@ -95,6 +95,10 @@ TEST_CASE("the checkers pass the reference itself and catch a mutation", "[testi
   CHECK_FALSE(rc::check("bf16 is not within 1e-6 of the exact softmax (must fail)", [](const qt::LogitRow& row) {
     qt::expect_within_contract([](std::span<const double> x) { return reference_softmax(x, "bf16"); }, "exact",
                                {.element = 1e-6}, row);
+  }));
+  CHECK_FALSE(rc::check("fp32 is not within fp64's contract (must fail)", [](const qt::LogitRow& row) {
+    qt::expect_within_contract([](std::span<const double> x) { return reference_softmax(x, "fp32"); }, "exact",
+                               qt::fp64_contract(), row);
   }));
   CHECK_THROWS_AS(qt::expect_within_contract([](std::span<const double> x) { return std::vector<double>(x.size()); },
                                              "fp16", {}, qt::LogitRow{"one", {0.0}}),

@@ -21,6 +21,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <iomanip>
 #include <limits>
 #include <memory>
@@ -78,10 +79,17 @@ inline rc::Gen<int> lengths_around_widths() {
 
 namespace detail {
 
+// Uniform on [a, b) whatever RapidCheck's current size: inRange alone scales with the size, which starts at 0, so
+// that the first cases of every property would all be the family's base row. Shrinking still moves toward a.
+template <class T>
+rc::Gen<T> any_in(T a, T b) {
+  return rc::gen::resize(100, rc::gen::inRange(a, b));
+}
+
 // A row of `length` values f(u), u uniform on 0..1000 (RapidCheck shrinks u toward 0, so rows shrink toward f(0)).
 template <class F>
 rc::Gen<std::vector<double>> row_of(int length, F f) {
-  return rc::gen::map(rc::gen::container<std::vector<int>>(static_cast<std::size_t>(length), rc::gen::inRange(0, 1001)),
+  return rc::gen::map(rc::gen::container<std::vector<int>>(static_cast<std::size_t>(length), detail::any_in(0, 1001)),
                       [f](const std::vector<int>& u) {
                         std::vector<double> x(u.size());
                         std::transform(u.begin(), u.end(), x.begin(), f);
@@ -108,8 +116,8 @@ inline double normal_quantile(int u) {
 inline rc::Gen<LogitRow> gaussian_rows(rc::Gen<int> length = lengths_around_widths()) {
   return rc::gen::exec([length] {
     const int n = *length;
-    const double mu = *rc::gen::inRange(-500, 501) / 10.0;
-    const double sigma = 0.5 * std::pow(24.0, *rc::gen::inRange(0, 101) / 100.0);
+    const double mu = *detail::any_in(-500, 501) / 10.0;
+    const double sigma = 0.5 * std::pow(24.0, *detail::any_in(0, 101) / 100.0);
     return LogitRow{"gaussian", *detail::row_of(n, [=](int u) { return mu + sigma * detail::normal_quantile(u); })};
   });
 }
@@ -119,8 +127,8 @@ inline rc::Gen<LogitRow> gaussian_rows(rc::Gen<int> length = lengths_around_widt
 inline rc::Gen<LogitRow> heavy_tailed_rows(rc::Gen<int> length = lengths_around_widths()) {
   return rc::gen::exec([length] {
     const int n = *length;
-    const int nu = *rc::gen::inRange(1, 4);
-    const double scale = *rc::gen::inRange(1, 9);
+    const int nu = *detail::any_in(1, 4);
+    const double scale = *detail::any_in(1, 9);
     auto t = [=](int u) {  // quantile of Student's t by its tan / normal-mixture form for nu = 1, 2, 3
       const double p = (u + 0.5) / 1001.0;
       if (nu == 1) return scale * std::tan(std::numbers::pi * (p - 0.5));
@@ -138,8 +146,8 @@ inline rc::Gen<LogitRow> skyscraper_rows(rc::Gen<int> length = lengths_around_wi
   return rc::gen::exec([length] {
     const int n = *length;
     std::vector<double> x = *detail::row_of(n, [](int u) { return detail::normal_quantile(u); });
-    const int at = *rc::gen::inRange(0, n);
-    x[static_cast<std::size_t>(at)] += 20.0 * std::pow(500.0, *rc::gen::inRange(0, 101) / 100.0);
+    const int at = *detail::any_in(0, n);
+    x[static_cast<std::size_t>(at)] += 20.0 * std::pow(500.0, *detail::any_in(0, 101) / 100.0);
     return LogitRow{"skyscraper", x};
   });
 }
@@ -149,7 +157,7 @@ inline rc::Gen<LogitRow> skyscraper_rows(rc::Gen<int> length = lengths_around_wi
 inline rc::Gen<LogitRow> tied_rows(rc::Gen<int> length = lengths_around_widths()) {
   return rc::gen::exec([length] {
     const int n = *length;
-    const int k = *rc::gen::inRange(1, 5);
+    const int k = *detail::any_in(1, 5);
     return LogitRow{"ties (" + std::to_string(k) + " values)", *detail::row_of(n, [k](int u) { return 0.25 * (u % k); })};
   });
 }
@@ -159,9 +167,9 @@ inline rc::Gen<LogitRow> tied_rows(rc::Gen<int> length = lengths_around_widths()
 inline rc::Gen<LogitRow> masked_rows(rc::Gen<int> length = lengths_around_widths()) {
   return rc::gen::exec([length] {
     LogitRow r = *gaussian_rows(length);
-    const bool all = *rc::gen::inRange(0, 10) == 0;
-    const int keep_in_4 = *rc::gen::inRange(1, 4);
-    const std::vector<int> pick = *rc::gen::container<std::vector<int>>(r.logits.size(), rc::gen::inRange(0, 4));
+    const bool all = *detail::any_in(0, 10) == 0;
+    const int keep_in_4 = *detail::any_in(1, 4);
+    const std::vector<int> pick = *rc::gen::container<std::vector<int>>(r.logits.size(), detail::any_in(0, 4));
     for (std::size_t i = 0; i < r.logits.size(); ++i)
       if (all || pick[i] >= keep_in_4) r.logits[i] = -std::numeric_limits<double>::infinity();
     r.family = all ? "fully masked" : "masked";
@@ -173,16 +181,17 @@ inline rc::Gen<LogitRow> masked_rows(rc::Gen<int> length = lengths_around_widths
 // wraps at 258 entries), tiling over L, and error growth with L.
 inline rc::Gen<LogitRow> huge_rows() {
   return rc::gen::exec([] {
-    LogitRow r = *gaussian_rows(rc::gen::just(4096 << *rc::gen::inRange(0, 5)));
+    LogitRow r = *gaussian_rows(rc::gen::just(4096 << *detail::any_in(0, 5)));
     r.family = "huge L";
     return r;
   });
 }
 
-// Any of the float families (huge rows one time in twenty).
+// Any of the float families but huge rows, which a property asks for on its own (`*huge_rows()`): a failing huge
+// row shrinks through thousands of long candidates, each checked again, which is slow against the exact softmax.
 inline rc::Gen<LogitRow> any_rows() {
   return rc::gen::weightedOneOf<LogitRow>({{4, gaussian_rows()}, {4, heavy_tailed_rows()}, {3, skyscraper_rows()},
-                                           {3, tied_rows()}, {5, masked_rows()}, {1, huge_rows()}});
+                                           {3, tied_rows()}, {5, masked_rows()}});
 }
 
 // Integer rows with a saturating clip: c_int log-uniform in [1, 2^20], entries spread over 0 to 4 c_int below the
@@ -193,9 +202,9 @@ inline rc::Gen<LogitRow> any_rows() {
 inline rc::Gen<IntegerRow> saturating_integer_rows(rc::Gen<int> length = lengths_around_widths()) {
   return rc::gen::exec([length] {
     const int n = *length;
-    const std::int64_t c_int = static_cast<std::int64_t>(std::llround(std::pow(2.0, *rc::gen::inRange(0, 201) / 10.0)));
-    const std::int64_t top = *rc::gen::inRange(-1000000, 1000001);
-    const std::vector<int> u = *rc::gen::container<std::vector<int>>(static_cast<std::size_t>(n), rc::gen::inRange(0, 1001));
+    const std::int64_t c_int = static_cast<std::int64_t>(std::llround(std::pow(2.0, *detail::any_in(0, 201) / 10.0)));
+    const std::int64_t top = *detail::any_in(-1000000, 1000001);
+    const std::vector<int> u = *rc::gen::container<std::vector<int>>(static_cast<std::size_t>(n), detail::any_in(0, 1001));
     IntegerRow r{"saturating integer", std::vector<std::int32_t>(u.size()), c_int};
     for (std::size_t i = 0; i < u.size(); ++i) {
       const std::int64_t below = u[i] % 7 == 3 ? c_int : (4 * c_int * u[i]) / 1000;  // every 7th value: the boundary
@@ -203,7 +212,7 @@ inline rc::Gen<IntegerRow> saturating_integer_rows(rc::Gen<int> length = lengths
     }
     // Whatever the draws (and however far they shrink): the top value is in the row, and with two entries or more
     // one lies beyond the clip, one step past it.
-    const int at = *rc::gen::inRange(0, n);
+    const int at = *detail::any_in(0, n);
     r.logits[static_cast<std::size_t>(at)] = static_cast<std::int32_t>(top);
     if (n >= 2) r.logits[static_cast<std::size_t>((at + 1) % n)] = static_cast<std::int32_t>(top - c_int - 1);
     return r;
@@ -274,11 +283,20 @@ void expect_bit_exact(Kernel&& kernel, const std::string& spec, const IntegerRow
 }
 
 // A declared error bound against a reference softmax: |kernel_j - p_j| <= element for every entry, and
-// sum_j |kernel_j - p_j| <= row_l1 for the row (infinite: not checked).
+// sum_j |kernel_j - p_j| <= row_l1 for the row (infinite: not checked). `element_of`, when set, bounds each entry by a
+// function of its reference probability p and the row's number of valid (unmasked) entries L, and the tighter of it
+// and `element` applies.
 struct Bound {
   double element = std::numeric_limits<double>::infinity();
   double row_l1 = std::numeric_limits<double>::infinity();
+  std::function<double(double p, Eigen::Index valid)> element_of = {};
 };
+
+// The declared contract of qattn's own double-precision softmax against the exact one (docs/softmax-reference.md
+// section 4): |p^ - p| <= u (ln(1/p) + ln L + h(L) + 6) p + 4 denorm_min, h(L) the depth of its pairwise sum.
+inline Bound fp64_contract() {
+  return Bound{.element_of = [](double p, Eigen::Index valid) { return ref::SoftmaxRefContract<double>::bound(p, valid); }};
+}
 
 // A float-row kernel against the fp64 softmax ("fp64") or the 50-digit exact softmax rounded once to double
 // ("exact"), within `bound`. Masked entries (-inf) must give exactly 0.
@@ -298,14 +316,18 @@ void expect_within_contract(Kernel&& kernel, const std::string& reference, const
     want.assign(p.data(), p.data() + p.size());
   }
   if (got.size() != want.size()) RC_FAIL("kernel returned " + std::to_string(got.size()) + " values for a row of " + std::to_string(want.size()));
+  const auto valid = static_cast<Eigen::Index>(
+      std::count_if(row.logits.begin(), row.logits.end(), [](double x) { return x != -std::numeric_limits<double>::infinity(); }));
   double l1 = 0;
   for (std::size_t i = 0; i < want.size(); ++i) {
     const double err = std::abs(got[i] - want[i]);
     const bool masked = row.logits[i] == -std::numeric_limits<double>::infinity();
-    if ((masked && got[i] != 0) || !(err <= bound.element)) {
+    const double limit = bound.element_of ? std::min(bound.element, bound.element_of(want[i], valid)) : bound.element;
+    if ((masked && got[i] != 0) || !(err <= limit)) {
       std::ostringstream d;
-      d << std::setprecision(6) << ", " << (masked ? "masked entry not 0" : "|error| " + std::to_string(err)) << " > element bound "
-        << bound.element;
+      d << std::setprecision(6) << ", ";
+      if (masked) d << "masked entry not 0";
+      else d << "|error| " << err << " > bound " << limit;
       detail::fail("kernel outside its contract against " + reference, row.family, i, want.size(), got, want, d.str());
     }
     l1 += err;
