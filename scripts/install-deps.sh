@@ -32,7 +32,7 @@ native_pkgs=(
   libmpfr-dev libgmp-dev nlohmann-json3-dev libzip-dev libcli11-dev
   clang libclang-rt-14-dev
   python3-numpy python3-matplotlib
-  pybind11-dev python3-dev python3-pytest
+  pybind11-dev python3-dev python3-pytest python3-hypothesis
   libdnnl-dev
 )
 cross_pkgs=(qemu-user g++-aarch64-linux-gnu)
