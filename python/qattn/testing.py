@@ -19,9 +19,9 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 from hypothesis import strategies as st
 
-from . import exact_softmax, softmax, softmax_integer
+from . import attention, exact_softmax, softmax, softmax_integer
 
-__all__ = ["LogitRow", "IntegerRow", "Bound", "fp64_contract", "lengths_around_widths", "gaussian_rows",
+__all__ = ["LogitRow", "IntegerRow", "AttentionInput", "attention_inputs", "Bound", "fp64_contract", "lengths_around_widths", "gaussian_rows",
            "heavy_tailed_rows", "skyscraper_rows", "tied_rows", "masked_rows", "huge_rows", "any_rows",
            "saturating_integer_rows", "assert_bit_exact", "assert_within_contract"]
 
@@ -37,6 +37,16 @@ class IntegerRow(NamedTuple):
     family: str
     logits: np.ndarray
     c_int: int
+
+
+class AttentionInput(NamedTuple):
+    """One attention call: q [L, d], k [L, d], v [L, d] (float64), the logit scale, causal or not."""
+    family: str
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    scale: float
+    causal: bool
 
 
 # ---- strategies ------------------------------------------------------------------------------------------------
@@ -167,6 +177,23 @@ def saturating_integer_rows(length=None):
     return make()
 
 
+def attention_inputs(length=None):
+    """Heads like real ones: L from lengths_around_widths(), d in {16, 32, 64, 128}, Q and V ~ N(0, 1), K with a
+    per-channel offset of std 0 to 4 shared by all keys, scale 1/sqrt(d), causal one time in three. INT8 scales,
+    channel outliers, integer dot products and their clip. The values come from a drawn seed (they do not shrink)."""
+    @st.composite
+    def make(draw):
+        n = draw(_sized(length))
+        d = draw(st.sampled_from([16, 32, 64, 128]))
+        offset = draw(st.integers(0, 40)) / 10.0
+        g = np.random.default_rng(draw(st.integers(0, 2 ** 32 - 1)))
+        q, k, v = (g.standard_normal((n, d)) for _ in range(3))
+        k = k + offset * g.standard_normal((1, d))
+        return AttentionInput(f"gaussian heads, K channel offset {offset}", q, k, v, 1 / math.sqrt(d),
+                              draw(st.integers(0, 2)) == 0)
+    return make()
+
+
 # ---- checkers ---------------------------------------------------------------------------------------------------
 
 class Bound(NamedTuple):
@@ -215,11 +242,18 @@ def _fail(what, family, n, i, got, want, detail=""):
 def assert_bit_exact(fn, method, row):
     """``fn`` against ``method`` bit for bit on one row.
 
-    For a ``LogitRow``, ``fn(logits) -> probabilities`` (float64 array) is compared with ``qattn.softmax(logits,
+    For an ``AttentionInput``, ``fn(q, k, v, scale, causal) -> O`` is compared with ``qattn.attention``. For a
+    ``LogitRow``, ``fn(logits) -> probabilities`` (float64 array) is compared with ``qattn.softmax(logits,
     method)``; for an ``IntegerRow``, ``fn(logits, c_int) -> raw integer P`` with ``qattn.softmax_integer(logits,
     method, cint=c_int)``. ``fn`` may take and return NumPy arrays or torch tensors.
     """
-    if isinstance(row, IntegerRow):
+    if isinstance(row, AttentionInput):
+        got = _numpy(fn(row.q, row.k, row.v, row.scale, row.causal)).astype(np.float64, copy=False).ravel()
+        want = attention(row.q, row.k, row.v, method, scale=row.scale, causal=row.causal).ravel()
+        detail = f", O of {row.q.shape[0]} x {row.v.shape[1]} (flat index)"
+        same = (got.view(np.uint64) == want.view(np.uint64)) | (np.isnan(got) & np.isnan(want)) \
+            if got.shape == want.shape else None
+    elif isinstance(row, IntegerRow):
         got = _numpy(fn(row.logits, row.c_int)).astype(np.int64)
         _, raw, _ = softmax_integer(row.logits, method, cint=row.c_int)
         want = raw.astype(np.int64)

@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import qattn
 import qattn.testing as qt
@@ -95,3 +96,14 @@ def test_the_strategies_make_what_they_document(masked, integer, tied, sky, n):
     s = np.sort(sky.logits)
     assert len(s) == 1 or s[-1] - s[-2] >= 20 - 2 * 3.3
     assert n in WIDTHS and len(sky.logits) in WIDTHS
+
+
+@FIXED
+@given(qt.attention_inputs(st.sampled_from([7, 16, 33])))  # L = 1: every method gives O = V
+def test_attention_kernels_are_checked_against_methods(a):
+    qt.assert_bit_exact(lambda q, k, v, s, c: qattn.attention(q, k, v, "intattention@upstream-neon", scale=s,
+                                                              causal=c, engine="fast"),
+                        "intattention@upstream-neon", a)
+    with pytest.raises(AssertionError, match="kernel != intattention@upstream-neon"):
+        qt.assert_bit_exact(lambda q, k, v, s, c: qattn.attention(q, k, v, "quant-only", scale=s, causal=c),
+                            "intattention@upstream-neon", a)

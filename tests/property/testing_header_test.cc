@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "qattn/engine.h"
 #include "qattn/reference/index_softmax.h"
 #include "qattn/reference/registry.h"
 #include "qattn/testing.h"
@@ -83,6 +84,18 @@ TEST_CASE("the checkers pass the reference itself and catch a mutation", "[testi
           return std::vector<std::int32_t>(r.data(), r.data() + r.size());
         },
         "index@upstream-neon", row);
+  }));
+  CHECK(rc::check("the engine's fused kernels are bit-exact to intattention@upstream-neon", [] {
+    const qt::AttentionInput in = *qt::attention_inputs(rc::gen::element(1, 7, 16, 33, 65));
+    const auto fused = qattn::build_method("intattention@upstream-neon");
+    qt::expect_bit_exact([&](const qt::AttentionInput& a) { return fused.method->attention(a.q, a.k, a.v, a.scale, a.mask).o; },
+                         "intattention@upstream-neon", in);
+  }));
+  CHECK_FALSE(rc::check("quant-only is not intattention (must fail)", [] {
+    const qt::AttentionInput in = *qt::attention_inputs(rc::gen::element(3, 9, 17));
+    const auto other = qattn::ref::reference_registry().create("quant-only");
+    qt::expect_bit_exact([&](const qt::AttentionInput& a) { return other->attention(a.q, a.k, a.v, a.scale, a.mask).o; },
+                         "intattention@upstream-neon", in);
   }));
   CHECK(rc::check("fp64 is within its declared contract of the exact softmax", [](const qt::LogitRow& row) {
     qt::expect_within_contract([](std::span<const double> x) { return reference_softmax(x, "fp64"); }, "exact",

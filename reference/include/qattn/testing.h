@@ -52,6 +52,20 @@ struct IntegerRow {
   std::int64_t c_int = 1;
 };
 
+// One attention call: q [L_q, d], k [L_k, d], v [L_k, d_v], the logit scale and the mask.
+struct AttentionInput {
+  std::string family;
+  RowMatrixXd q, k, v;
+  double scale = 1;
+  AttentionMask mask;
+};
+
+inline void showValue(const AttentionInput& a, std::ostream& os) {
+  os << a.family << ": L_q " << a.q.rows() << ", L_k " << a.k.rows() << ", d " << a.q.cols() << ", d_v " << a.v.cols()
+     << ", scale " << std::setprecision(17) << a.scale << (a.mask.causal ? ", causal" : "") << "\n  q row 0: "
+     << a.q.row(0) << "\n  k row 0: " << a.k.row(0);
+}
+
 inline void showValue(const LogitRow& r, std::ostream& os) {
   os << r.family << " row of " << r.logits.size() << ": [";
   for (std::size_t i = 0; i < r.logits.size(); ++i) os << (i ? ", " : "") << std::setprecision(17) << r.logits[i];
@@ -219,6 +233,32 @@ inline rc::Gen<IntegerRow> saturating_integer_rows(rc::Gen<int> length = lengths
   });
 }
 
+// Attention inputs shaped like real heads: L_q = L_k from lengths_around_widths(), d in {16, 32, 64, 128}, d_v = d,
+// Q ~ N(0, 1) and K with a per-channel offset of std 0 to 4 shared by all keys (the channel-wise bias of real K, 27-62 %
+// of its energy in the USE-Lite dump), V ~ N(0, 1), scale 1/sqrt(d), causal one time in three. Target: INT8
+// quantisation scales, per-channel outliers, the integer dot products and their clip, tails in L and d.
+inline rc::Gen<AttentionInput> attention_inputs(rc::Gen<int> length = lengths_around_widths()) {
+  return rc::gen::exec([length] {
+    const int n = *length;
+    const int d = *rc::gen::element(16, 32, 64, 128);
+    const double offset = *detail::any_in(0, 41) / 10.0;
+    auto normals = [&](int rows, int cols) {
+      // Not shrunk element by element (a head holds up to 257 x 128 values per matrix): L, d, the offset and the
+      // mask shrink, and the values are redrawn.
+      const std::vector<double> x = *rc::gen::noShrink(detail::row_of(rows * cols, [](int u) { return detail::normal_quantile(u); }));
+      RowMatrixXd m(rows, cols);
+      std::copy(x.begin(), x.end(), m.data());
+      return m;
+    };
+    AttentionInput a{"gaussian heads, K channel offset " + std::to_string(offset), normals(n, d), normals(n, d),
+                     normals(n, d), 1.0 / std::sqrt(static_cast<double>(d)), {}};
+    const RowMatrixXd bias = normals(1, d) * offset;
+    a.k.rowwise() += bias.row(0);
+    a.mask.causal = *detail::any_in(0, 3) == 0;
+    return a;
+  });
+}
+
 // ---- checkers ------------------------------------------------------------------------------------------------
 
 namespace detail {
@@ -280,6 +320,23 @@ void expect_bit_exact(Kernel&& kernel, const std::string& spec, const IntegerRow
   for (std::size_t i = 0; i < want.size(); ++i)
     if (got[i] != want[i])
       detail::fail("kernel != " + spec, row.family, i, want.size(), got, want, ", c_int " + std::to_string(row.c_int));
+}
+
+// An attention kernel, RowMatrixXd(const AttentionInput&) returning O [L_q, d_v], against `spec`'s attention (any
+// registered method, e.g. "intattention@upstream-neon"), bit for bit.
+template <class Kernel>
+void expect_bit_exact(Kernel&& kernel, const std::string& spec, const AttentionInput& in) {
+  const RowMatrixXd got_m = kernel(in);
+  const RowMatrixXd want_m = detail::method(spec)->attention(in.q, in.k, in.v, in.scale, in.mask).o;
+  if (got_m.rows() != want_m.rows() || got_m.cols() != want_m.cols())
+    RC_FAIL("kernel returned O of " + std::to_string(got_m.rows()) + " x " + std::to_string(got_m.cols()) + ", the method " +
+            std::to_string(want_m.rows()) + " x " + std::to_string(want_m.cols()));
+  const std::vector<double> got(got_m.data(), got_m.data() + got_m.size()), want(want_m.data(), want_m.data() + want_m.size());
+  for (std::size_t i = 0; i < want.size(); ++i)
+    if (std::bit_cast<std::uint64_t>(got[i]) != std::bit_cast<std::uint64_t>(want[i]) && !(std::isnan(got[i]) && std::isnan(want[i])))
+      detail::fail("kernel O != " + spec, in.family, i, want.size(), got, want,
+                   " (O element [" + std::to_string(i / static_cast<std::size_t>(want_m.cols())) + ", " +
+                       std::to_string(i % static_cast<std::size_t>(want_m.cols())) + "])");
 }
 
 // A declared error bound against a reference softmax: |kernel_j - p_j| <= element for every entry, and
@@ -347,6 +404,10 @@ namespace rc {
 template <>
 struct Arbitrary<qattn::testing::LogitRow> {
   static Gen<qattn::testing::LogitRow> arbitrary() { return qattn::testing::any_rows(); }
+};
+template <>
+struct Arbitrary<qattn::testing::AttentionInput> {
+  static Gen<qattn::testing::AttentionInput> arbitrary() { return qattn::testing::attention_inputs(); }
 };
 template <>
 struct Arbitrary<qattn::testing::IntegerRow> {
