@@ -28,6 +28,7 @@
 #include "qattn/tensor_io.h"
 #include "engine_setting.h"
 #include "evaluate.h"
+#include "shard.h"
 #include "table.h"
 
 namespace qattn::cli {
@@ -612,28 +613,109 @@ MethodSummary summarise_method(const std::vector<HeadResult>& mine) {
 }
 
 // The sentence above the table: what was compared with what, on which tensors.
-std::string describe_analysis(const AnalyzePlan& plan, const AnalyzeOptions& o, std::size_t n_heads) {
-  const std::string heads = std::to_string(n_heads) + " heads";
-  if (plan.softmax)
-    return "Softmax error vs the " +
-           std::string(plan.reference == SoftmaxReference::exact ? "exact (50-digit)" : "fp64") +
-           " softmax of the dumped logits on " + plan.tensors + " (" + heads +
+std::string describe_analysis(const AnalyzeView& v) {
+  const std::string heads = std::to_string(v.n_heads) + " heads";
+  if (v.softmax)
+    return "Softmax error vs the " + std::string(v.reference == "exact" ? "exact (50-digit)" : "fp64") +
+           " softmax of the dumped logits on " + v.tensors + " (" + heads +
            "; P flattened over all batch entries of a head; bias = mean signed error; worst = min CosSim, max error, "
            "largest |bias| over heads)";
-  std::string what = "Attention error vs the fp64 reference on " + plan.tensors;
-  if (plan.kv)
-    what += ", K and V through the KV quantizer " + ref::kv_registry().canonical(o.kv) +
-            " (bits per element include scales and zero points)";
-  if (plan.wq)
-    what += ", Q, K and V projected from layer{L}_attn_input with weights quantized by " +
-            ref::weight_registry().canonical(o.weights) +
+  std::string what = "Attention error vs the fp64 reference on " + v.tensors;
+  if (!v.kv.empty())
+    what += ", K and V through the KV quantizer " + v.kv + " (bits per element include scales and zero points)";
+  if (!v.weights.empty())
+    what += ", Q, K and V projected from layer{L}_attn_input with weights quantized by " + v.weights +
             " (calibrated on the same inputs; reference: fp64 attention of the unquantized projections)";
   return what + " (" + heads +
          "; O = softmax(scale QK^T)V, scale 1/sqrt(d) unless manifest.json sets it; O and P flattened over all batch "
          "entries of a head; bias = mean signed error; worst = min CosSim, max error, largest |bias| over heads)";
 }
 
+AnalyzeView view_of(const AnalyzePlan& plan, const AnalyzeOptions& o, std::size_t n_heads) {
+  AnalyzeView v;
+  v.tensors = plan.tensors;
+  v.softmax = plan.softmax;
+  v.reference = softmax_reference_name(plan.softmax ? plan.reference : SoftmaxReference::fp64);
+  if (plan.kv) v.kv = ref::kv_registry().canonical(o.kv);
+  if (plan.wq) v.weights = ref::weight_registry().canonical(o.weights);
+  v.specs = plan.specs;
+  v.n_heads = n_heads;
+  return v;
+}
+
+// The partial result of `analyze --shard K/N`: the block of (layer, head) pairs the shard owns (in (layer, head)
+// order), evaluated with every method. Only the heads it owns are read, unless a method or quantizer looks across
+// the heads of a layer (MethodTraits::heads_independent false, --kv, --weights): then it reads and evaluates the
+// whole layers its heads are in, and keeps its own heads' rows.
+std::string analyze_partial(const AnalyzeOptions& o, const AnalyzePlan& plan) {
+  if (!o.q.empty() || !o.logits.empty())
+    throw CLI::ValidationError("--shard", "splits a dump's (layer, head) pairs: give --tensors, not --q/--k/--v or --logits");
+  const Shard shard = parse_shard(o.shard);
+  const DumpTarget target = plan.softmax ? DumpTarget::softmax : DumpTarget::attention;
+  const DumpListing listing = list_dump(o.tensors, target);
+  std::vector<std::pair<int, int>> units = listing.units;
+  auto input_file = [&](int layer, const std::string& suffix) { return "layer" + std::to_string(layer) + "_" + suffix; };
+  if (plan.wq) {  // layers without an attention input are left out of a weight analysis, as in the unsharded run
+    std::erase_if(units, [&](const auto& u) { return !listing.files.count(input_file(u.first, "attn_input.npy")); });
+    std::vector<DumpLayer> none;
+    if (units.empty()) quantize_projections(none, o.tensors, *plan.wq);  // throws the unsharded run's error
+  }
+  const auto [begin, end] = shard_block(units.size(), shard);
+  const std::set<std::pair<int, int>> owned(units.begin() + static_cast<std::ptrdiff_t>(begin),
+                                            units.begin() + static_cast<std::ptrdiff_t>(end));
+  std::set<int> owned_layers;
+  for (const auto& [layer, head] : owned) owned_layers.insert(layer);
+  bool whole_layers = plan.kv || plan.wq;
+  for (const std::string& spec : plan.specs)
+    whole_layers = whole_layers || !registry().traits(parse_method_spec(spec)).heads_independent;
+  Provenance prov;
+  DumpFilter filter;
+  filter.keep = [&](int layer, int head) { return whole_layers ? owned_layers.count(layer) > 0 : owned.count({layer, head}) > 0; };
+  filter.listing = &listing;
+  filter.files_read = &prov.inputs;
+  std::vector<HeadResult> results;
+  if (!owned.empty()) {
+    std::vector<DumpLayer> dump = load_dump(o.tensors, target, plan.reference, &filter);
+    if (plan.wq) {
+      quantize_projections(dump, o.tensors, *plan.wq);
+      for (int layer : owned_layers)
+        for (const char* f : {"attn_input", "wq", "wk", "wv", "bq", "bk", "bv"})
+          prov.inputs.push_back((fs::path(o.tensors) / input_file(layer, std::string(f) + ".npy")).string());
+    }
+    results = evaluate_plan(dump, plan);
+    std::erase_if(results, [&](const HeadResult& r) { return !owned.count({r.layer, r.head}); });
+  }
+  prov.command = "analyze";
+  prov.options = {{"tensors", o.tensors}, {"method", plan.specs},   {"reference", o.reference},
+                  {"kv", o.kv},           {"weights", o.weights}, {"softmax_only", o.softmax_only}};
+  prov.dump = {{"source", o.tensors}, {"files", listing.files}};
+  prov.units = units.size();
+  prov.shard = shard;
+  json rows = json::array();
+  for (const HeadResult& r : results) rows.push_back(head_result_json(r));
+  json doc = partial_document(prov, {{"view", analyze_view_json(view_of(plan, o, units.size()))}, {"rows", rows}});
+  doc["format"] = o.format;
+  return doc.dump(1) + "\n";
+}
+
 }  // namespace
+
+json analyze_view_json(const AnalyzeView& v) {
+  return {{"tensors", v.tensors}, {"softmax", v.softmax}, {"reference", v.reference}, {"kv", v.kv},
+          {"weights", v.weights}, {"specs", v.specs},     {"n_heads", v.n_heads}};
+}
+
+AnalyzeView analyze_view_from_json(const json& j) {
+  AnalyzeView v;
+  v.tensors = j.at("tensors").get<std::string>();
+  v.softmax = j.at("softmax").get<bool>();
+  v.reference = j.at("reference").get<std::string>();
+  v.kv = j.at("kv").get<std::string>();
+  v.weights = j.at("weights").get<std::string>();
+  v.specs = j.at("specs").get<std::vector<std::string>>();
+  v.n_heads = j.at("n_heads").get<std::size_t>();
+  return v;
+}
 
 std::string analyze_report(const AnalyzeOptions& o) {
   check_analyze_options(o);
@@ -642,32 +724,42 @@ std::string analyze_report(const AnalyzeOptions& o) {
                           {"--logits", o.logits}},
                          {{"--out", o.out}});
   const AnalyzePlan plan = plan_analyze(o);
+  if (!o.shard.empty()) return analyze_partial(o, plan);
   std::vector<DumpLayer> dump =
       !o.q.empty()        ? load_explicit(o.q, o.k, o.v)
       : !o.logits.empty() ? load_explicit_logits(o.logits, plan.reference)
                           : load_dump(o.tensors, plan.softmax ? DumpTarget::softmax : DumpTarget::attention, plan.reference);
   if (plan.wq) quantize_projections(dump, o.tensors, *plan.wq);
-  const std::vector<HeadResult> results = evaluate_plan(dump, plan);
+  std::size_t n_heads = 0;
+  for (const DumpLayer& l : dump) n_heads += l.heads.size();
+  return render_analyze(view_of(plan, o, n_heads), evaluate_plan(dump, plan), o.format);
+}
 
+std::string render_analyze(const AnalyzeView& view, std::vector<HeadResult> results, const std::string& format) {
+  check_format(format, {"md", "csv", "latex", "json"});
+  std::stable_sort(results.begin(), results.end(), [](const HeadResult& a, const HeadResult& b) {
+    return std::make_pair(a.layer, a.head) < std::make_pair(b.layer, b.head);
+  });
+  const bool softmax = view.softmax, kv = !view.kv.empty();
   Table t{{"layer", "head", "method", "O CosSim", "O rel L1", "O RMSE", "P CosSim", "P rel L1", "P RMSE", "P max abs",
            "P bias", "P KL"},
           {}};
-  if (plan.softmax) t.header.erase(t.header.begin() + 3, t.header.begin() + 6);
-  if (plan.kv) t.header.insert(t.header.begin() + 3, {"K bits", "V bits"});
+  if (softmax) t.header.erase(t.header.begin() + 3, t.header.begin() + 6);
+  if (kv) t.header.insert(t.header.begin() + 3, {"K bits", "V bits"});
   auto row = [&](const std::string& l, const std::string& h, const std::string& m, double k_bits, double v_bits,
                  const Metrics& v, double p_max_abs, double p_bias) {
     std::vector<std::string> cells = {l, h, m, fmt_sim(v.o_cossim), fmt_err(v.o_rel_l1), fmt_err(v.o_rmse),
                                       fmt_sim(v.p_cossim), fmt_err(v.p_rel_l1), fmt_err(v.p_rmse), fmt_err(p_max_abs),
                                       fmt_err(p_bias), fmt_err(v.p_kl)};
-    if (plan.softmax) cells.erase(cells.begin() + 3, cells.begin() + 6);
-    if (plan.kv) cells.insert(cells.begin() + 3, {fmt_bits(k_bits), fmt_bits(v_bits)});
+    if (softmax) cells.erase(cells.begin() + 3, cells.begin() + 6);
+    if (kv) cells.insert(cells.begin() + 3, {fmt_bits(k_bits), fmt_bits(v_bits)});
     t.rows.push_back(std::move(cells));
   };
-  json j = {{"tensors", plan.tensors},
-            {"target", plan.softmax ? "softmax" : "attention"},
-            {"reference", softmax_reference_name(plan.softmax ? plan.reference : SoftmaxReference::fp64)},
-            {"kv", plan.kv ? json(ref::kv_registry().canonical(o.kv)) : json(nullptr)},
-            {"weights", plan.wq ? json(ref::weight_registry().canonical(o.weights)) : json(nullptr)},
+  json j = {{"tensors", view.tensors},
+            {"target", softmax ? "softmax" : "attention"},
+            {"reference", view.reference},
+            {"kv", kv ? json(view.kv) : json(nullptr)},
+            {"weights", view.weights.empty() ? json(nullptr) : json(view.weights)},
             {"heads", json::array()},
             {"summary", json::array()}};
   for (const auto& r : results) {
@@ -678,7 +770,7 @@ std::string analyze_report(const AnalyzeOptions& o) {
                           {"K_bits", r.k_bits}, {"V_bits", r.v_bits}});
   }
   const std::size_t summary_start = t.rows.size();
-  for (const auto& spec : plan.specs) {
+  for (const auto& spec : view.specs) {
     std::vector<HeadResult> mine;
     for (const auto& r : results)
       if (r.method == spec) mine.push_back(r);
@@ -698,13 +790,11 @@ std::string analyze_report(const AnalyzeOptions& o) {
     j["summary"].push_back({{"method", spec}, {"canonical", registry().canonical(parse_method_spec(spec))},
                             {"mean", mean}, {"worst", worst}, {"first_nonfinite_head", nonfinite_head}});
   }
-  std::size_t n_heads = 0;
-  for (const DumpLayer& l : dump) n_heads += l.heads.size();
-  const std::string what = describe_analysis(plan, o, n_heads);
+  const std::string what = describe_analysis(view);
   std::string text;
-  if (o.format == "json") text = j.dump(2) + "\n";
-  else if (o.format == "csv") text = t.csv();
-  else if (o.format == "latex") text = t.latex(what, {summary_start});
+  if (format == "json") text = j.dump(2) + "\n";
+  else if (format == "csv") text = t.csv();
+  else if (format == "latex") text = t.latex(what, {summary_start});
   else text = what + "\n\n" + t.markdown();
   return text;
 }
@@ -816,6 +906,9 @@ void add_analyze(CLI::App& app) {
                   "--softmax-only, fp64 included with --reference exact)");
   sub->add_option("--format", o->format, "md|csv|latex|json (latex: a booktabs table)")->capture_default_str();
   sub->add_option("--out", o->out, "Write the table here instead of stdout");
+  sub->add_option("--shard", o->shard,
+                  "K/N: evaluate only block K (0-based) of N of the dump's (layer, head) pairs and write a partial "
+                  "result (JSON) for `qattn merge` (docs/scale-out.md)");
   add_engine_options(sub);
   sub->callback([=] { emit(analyze_report(*o), o->out); });
 }

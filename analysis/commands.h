@@ -5,6 +5,8 @@
 #include <cstddef>
 
 #include "data_paths.h"
+#include "evaluate.h"
+#include <nlohmann/json.hpp>
 #include "qattn/tensor_io.h"
 #include <string>
 #include <utility>
@@ -42,8 +44,23 @@ struct AnalyzeOptions {
   std::vector<std::string> specs;
   std::string format = "md", out, reference = "fp64", kv, weights;
   bool softmax_only = false;
+  std::string shard;  // "K/N": write the partial result of shard K of N (docs/scale-out.md)
 };
 std::string analyze_report(const AnalyzeOptions& o);
+
+// What the analyze report says besides the per-head rows: the source, the target and reference, the quantizers
+// (canonical specs, empty if none), the methods in order and the number of heads. A sharded run stores it in each
+// part, and `qattn merge` renders the parts' rows with it (render_analyze: CLI::ValidationError for a bad format).
+struct AnalyzeView {
+  std::string tensors, reference = "fp64", kv, weights;
+  bool softmax = false;
+  std::vector<std::string> specs;
+  std::size_t n_heads = 0;
+};
+nlohmann::json analyze_view_json(const AnalyzeView& v);
+AnalyzeView analyze_view_from_json(const nlohmann::json& j);
+// `results` in any order of shards: they are put in (layer, head) order, each head's methods in the order given.
+std::string render_analyze(const AnalyzeView& view, std::vector<HeadResult> results, const std::string& format);
 
 // Thrown by a subcommand that has already reported its failure (e.g. a child process did): main exits with `code`.
 struct ExitCode {

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -65,7 +66,7 @@ bool parse_head_name(const std::string& name, const std::string& suffix, int* la
 
 // A directory of layer{L}_head{H}_{q,k,v,logits}.npy, or one .npz / .safetensors file holding tensors of those
 // names (".npy" suffixes inside an .npz are accepted). Keeps the kinds `target` needs.
-std::vector<HeadTensors> read_heads(const fs::path& source, DumpTarget target) {
+std::vector<HeadTensors> read_heads(const fs::path& source, DumpTarget target, const DumpFilter* filter = nullptr) {
   std::error_code ec;
   std::map<std::pair<int, int>, HeadTensors> found;
   bool other_kind = false;  // files of the other target were seen (for the hint in the error)
@@ -89,17 +90,21 @@ std::vector<HeadTensors> read_heads(const fs::path& source, DumpTarget target) {
           other_kind = true;
           continue;
         }
+        if (filter && !filter->keep(layer, head)) continue;
         HeadTensors& h = slot(layer, head);
         h.where[kind] = f.string();
         h.t[kind] = read_npy(f);
+        if (filter && filter->files_read) filter->files_read->push_back(f.string());
       }
   } else if (fs::is_regular_file(source, ec)) {
+    if (filter && filter->files_read) filter->files_read->push_back(source.string());
     for (NamedTensor& nt : read_tensor_file(source))
       if (parse_head_name(nt.name, "", &layer, &head, &kind) || parse_head_name(nt.name, ".npy", &layer, &head, &kind)) {
         if (!wanted(kind)) {
           other_kind = true;
           continue;
         }
+        if (filter && !filter->keep(layer, head)) continue;
         HeadTensors& h = slot(layer, head);
         h.where[kind] = source.string() + ":" + nt.name;
         h.t[kind] = std::move(nt.tensor);
@@ -107,7 +112,7 @@ std::vector<HeadTensors> read_heads(const fs::path& source, DumpTarget target) {
   } else {
     throw InputError(source.string(), "--tensors", "is neither a directory nor a file");
   }
-  if (found.empty()) {
+  if (found.empty() && !filter) {
     std::string what = directory ? "no " + names + ".npy files found"
                                  : "is not a dump directory and holds no tensors named " + names;
     if (other_kind)
@@ -340,8 +345,11 @@ void add_attention_head(DumpLayer& l, const HeadTensors& ht, const LayerManifest
 
 // Groups heads (in (layer, head) order) into layers, checks shapes against each other and the manifest, computes
 // the reference.
+// With `listing` (a shard), the manifest is checked against the whole dump's layers and heads, not the ones read.
 std::vector<DumpLayer> build_layers(std::vector<HeadTensors> heads, DumpTarget target, SoftmaxReference ref_kind,
-                                    const std::map<int, LayerManifest>& manifest, const std::string& manifest_path) {
+                                    const std::map<int, LayerManifest>& manifest, const std::string& manifest_path,
+                                    const DumpListing* listing = nullptr) {
+  const std::map<int, int> listed = listing ? listing->heads_per_layer() : std::map<int, int>{};
   const auto reference = ref::reference_registry().create("fp64");
   std::vector<DumpLayer> layers;
   for (std::size_t h0 = 0; h0 < heads.size();) {
@@ -355,9 +363,10 @@ std::vector<DumpLayer> build_layers(std::vector<HeadTensors> heads, DumpTarget t
     if (m && m->scale) l.scale = *m->scale;
     if (m && m->causal) l.causal = *m->causal;
     const std::string field = "layers[" + std::to_string(l.layer) + "]";
-    if (m && m->num_heads && *m->num_heads != static_cast<int>(h1 - h0))
+    const int n_heads = listing ? listed.at(l.layer) : static_cast<int>(h1 - h0);
+    if (m && m->num_heads && *m->num_heads != n_heads)
       throw InputError(manifest_path, field + ".num_heads",
-                       "says " + std::to_string(*m->num_heads) + " heads, the dump has " + std::to_string(h1 - h0));
+                       "says " + std::to_string(*m->num_heads) + " heads, the dump has " + std::to_string(n_heads));
     const AttentionMask mask{RowMatrixXb(), l.causal};
     for (std::size_t h = h0; h < h1; ++h) {
       l.heads.push_back(heads[h].head);
@@ -368,11 +377,17 @@ std::vector<DumpLayer> build_layers(std::vector<HeadTensors> heads, DumpTarget t
     layers.push_back(std::move(l));
     h0 = h1;
   }
+  std::vector<int> present_layers;
+  for (const DumpLayer& l : layers) present_layers.push_back(l.layer);
+  if (listing) {
+    present_layers.clear();
+    for (const auto& [layer, n] : listed) present_layers.push_back(layer);
+  }
   for (const auto& [layer, m] : manifest) {
     if (layer < 0) continue;
-    if (std::none_of(layers.begin(), layers.end(), [&](const DumpLayer& l) { return l.layer == layer; })) {
+    if (std::find(present_layers.begin(), present_layers.end(), layer) == present_layers.end()) {
       std::string present;
-      for (const DumpLayer& l : layers) present += (present.empty() ? "" : ", ") + std::to_string(l.layer);
+      for (int l : present_layers) present += (present.empty() ? "" : ", ") + std::to_string(l);
       throw InputError(manifest_path, "layers[" + std::to_string(layer) + "]",
                        "describes a layer that has no files in the dump (layers present: " + present + ")");
     }
@@ -394,9 +409,44 @@ double DumpLayer::logit_scale() const {
   return 1.0 / std::sqrt(static_cast<double>(d));
 }
 
-std::vector<DumpLayer> load_dump(const fs::path& source, DumpTarget target, SoftmaxReference reference) {
+std::vector<DumpLayer> load_dump(const fs::path& source, DumpTarget target, SoftmaxReference reference,
+                                 const DumpFilter* filter) {
   const auto manifest = read_manifest(source);  // before the tensors: a bad manifest fails fast
-  return build_layers(read_heads(source, target), target, reference, manifest, (source / "manifest.json").string());
+  if (filter && filter->files_read && !manifest.empty()) filter->files_read->push_back((source / "manifest.json").string());
+  return build_layers(read_heads(source, target, filter), target, reference, manifest,
+                      (source / "manifest.json").string(), filter ? filter->listing : nullptr);
+}
+
+std::map<int, int> DumpListing::heads_per_layer() const {
+  std::map<int, int> n;
+  for (const auto& [layer, head] : units) ++n[layer];
+  return n;
+}
+
+DumpListing list_dump(const fs::path& source, DumpTarget target) {
+  DumpListing out;
+  std::error_code ec;
+  std::set<std::pair<int, int>> units;
+  int layer = 0, head = 0, kind = 0;
+  auto wanted = [&](int k) { return target == DumpTarget::softmax ? k == 3 : k < 3; };
+  out.directory = fs::is_directory(source, ec);
+  if (out.directory) {
+    for (const auto& entry : fs::directory_iterator(source)) {
+      if (!entry.is_regular_file(ec)) continue;
+      const std::string name = entry.path().filename().string();
+      out.files[name] = entry.file_size(ec);
+      if (parse_head_name(name, ".npy", &layer, &head, &kind) && wanted(kind)) units.insert({layer, head});
+    }
+  } else if (fs::is_regular_file(source, ec)) {
+    out.files[source.filename().string()] = fs::file_size(source, ec);
+    for (const NamedTensor& nt : read_tensor_file(source))
+      if ((parse_head_name(nt.name, "", &layer, &head, &kind) || parse_head_name(nt.name, ".npy", &layer, &head, &kind)) &&
+          wanted(kind))
+        units.insert({layer, head});
+  }
+  if (units.empty()) read_heads(source, target);  // throws the unsharded run's error, with its hints
+  out.units.assign(units.begin(), units.end());
+  return out;
 }
 
 std::vector<DumpLayer> load_explicit(const std::string& q, const std::string& k, const std::string& v) {

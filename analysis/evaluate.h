@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -61,13 +62,34 @@ struct DumpLayer {
   bool softmax_only() const { return !logits.empty(); }
 };
 
+// What a dump holds, without reading its tensors (a directory is listed; a single file is read for its names):
+// every (layer, head) pair the target needs, in (layer, head) order, and every regular file of the source with its
+// size in bytes (names relative to the directory; the file's own name for a single file).
+struct DumpListing {
+  std::vector<std::pair<int, int>> units;
+  std::map<std::string, std::uintmax_t> files;
+  bool directory = false;
+  std::map<int, int> heads_per_layer() const;
+};
+DumpListing list_dump(const std::filesystem::path& source, DumpTarget target);
+
 // Reads a dump and computes its reference: a directory of layer{L}_head{H}_{q,k,v}.npy (softmax target:
 // layer{L}_head{H}_logits.npy), or one .npz or .safetensors file holding tensors of those names. A directory's
 // optional manifest.json may set each layer's "scale" and "causal" (docs/dumping.md). Throws InputError naming the
 // file (or file:tensor), field and reason for a missing tensor, a non-float dtype, a bad shape, batch sizes that
 // differ or a manifest that contradicts the files.
+//
+// With a filter (a shard of the dump, docs/scale-out.md), only the (layer, head) pairs it keeps are read (from a
+// directory; a single file is read whole and the rest dropped) and given a reference; the manifest's num_heads and
+// layers are checked against the whole dump's listing, and the files read are listed in files_read.
+struct DumpFilter {
+  std::function<bool(int layer, int head)> keep;
+  const DumpListing* listing = nullptr;          // the whole dump (list_dump)
+  std::vector<std::string>* files_read = nullptr;  // appended: every file whose bytes were read
+};
 std::vector<DumpLayer> load_dump(const std::filesystem::path& source, DumpTarget target = DumpTarget::attention,
-                                 SoftmaxReference reference = SoftmaxReference::fp64);
+                                 SoftmaxReference reference = SoftmaxReference::fp64, const DumpFilter* filter = nullptr);
+
 // One head from three tensor files (.npy, or .npz/.safetensors holding exactly one tensor), [..., L, d] each.
 std::vector<DumpLayer> load_explicit(const std::string& q, const std::string& k, const std::string& v);
 // One head's logits [..., L_q, L_k] from one tensor file, for softmax-only analysis.

@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "engine_setting.h"
+#include "shard.h"
 #include "qattn/error.h"
 
 int main(int argc, char** argv) {
@@ -15,6 +16,7 @@ int main(int argc, char** argv) {
   CLI::App app{"qattn: quantized softmax and attention, measured against exact references"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Help for every subcommand");
+  app.set_version_flag("--version", "qattn " QATTN_VERSION);
   add_info(app);
   add_methods(app);
   add_softmax(app);
@@ -25,6 +27,7 @@ int main(int argc, char** argv) {
   add_sweep(app);
   add_reproduce(app);
   add_plot(app);
+  add_merge(app);
   try {
     check_isa_environment();  // QATTN_ISA holds for every command: a bad value is exit 2 before any work
     app.parse(argc, argv);
@@ -33,6 +36,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     app.exit(e);

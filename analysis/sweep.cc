@@ -9,6 +9,7 @@
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <unistd.h>
@@ -18,6 +19,7 @@
 #include "evaluate.h"
 #include "qattn/error.h"
 #include "qattn/reference/registry.h"
+#include "shard.h"
 #include "sweep.h"
 #include "engine_setting.h"
 #include "table.h"
@@ -30,6 +32,7 @@ struct SweepOptions {
   std::vector<std::string> grids;
   int threads = 0;
   long long max_points = kDefaultMaxSweepPoints;
+  std::string shard;
 };
 
 // Every grid point (the axes' values in order, last axis fastest) and its spec, validated before anything runs: a
@@ -114,28 +117,70 @@ void run_sweep(const SweepOptions& o) {
   require_range("--threads", o.threads, 0, kMaxThreads);
   require_range("--max-points", o.max_points, 1, kMaxSweepPointsLimit);
   require_distinct_files({{"--tensors", o.tensors}}, {{"--out", o.out}});
+  const std::optional<Shard> shard = o.shard.empty() ? std::nullopt : std::optional<Shard>(parse_shard(o.shard));
   const auto [points, specs] = grid_points(o, axes);
-  const std::vector<DumpLayer> dump = load_dump(o.tensors);
-  const std::vector<Summary> summaries = evaluate_points(dump, specs, o);
+  // A shard evaluates its block of grid points on the whole dump.
+  const auto [begin, end] = shard ? shard_block(specs.size(), *shard) : std::pair<std::size_t, std::size_t>{0, specs.size()};
+  Provenance prov;
+  DumpListing listing;
+  std::vector<DumpLayer> dump;
   std::size_t heads = 0;
-  for (const DumpLayer& l : dump) heads += l.heads.size();
-
-  Table t{{}, {}};
-  for (const auto& a : axes) t.header.push_back(a.key);
-  for (const char* h : {"target", "metric", "mean", "worst", "heads", "method"}) t.header.push_back(h);
-  const Metric metric = info->metric;
-  const bool sim = info->lower_is_worse;  // the CosSims, printed as similarities
-  for (std::size_t i = 0; i < specs.size(); ++i) {
-    std::vector<std::string> row = points[i];
-    row.insert(row.end(), {o.target, o.metric, sim ? fmt_sim(summaries[i].mean[metric]) : fmt_err(summaries[i].mean[metric]),
-                           sim ? fmt_sim(summaries[i].worst[metric]) : fmt_err(summaries[i].worst[metric]),
-                           std::to_string(heads), ref::reference_registry().canonical(specs[i])});
-    t.rows.push_back(std::move(row));
+  if (shard) {
+    listing = list_dump(o.tensors, DumpTarget::attention);
+    heads = listing.units.size();
+    DumpFilter filter;
+    filter.keep = [](int, int) { return true; };
+    filter.listing = &listing;
+    filter.files_read = &prov.inputs;
+    if (begin < end) dump = load_dump(o.tensors, DumpTarget::attention, SoftmaxReference::fp64, &filter);
+  } else {
+    dump = load_dump(o.tensors);
+    for (const DumpLayer& l : dump) heads += l.heads.size();
   }
-  emit(o.format == "md" ? t.markdown() : t.csv(), o.out);
+  const std::vector<MethodSpec> mine(specs.begin() + static_cast<std::ptrdiff_t>(begin),
+                                     specs.begin() + static_cast<std::ptrdiff_t>(end));
+  const std::vector<Summary> summaries = mine.empty() ? std::vector<Summary>{} : evaluate_points(dump, mine, o);
+
+  nlohmann::json header = {{"keys", nlohmann::json::array()}, {"target", o.target}, {"metric", o.metric}, {"heads", heads}};
+  for (const auto& a : axes) header["keys"].push_back(a.key);
+  std::vector<nlohmann::json> rows;
+  for (std::size_t i = 0; i < mine.size(); ++i)
+    rows.push_back({{"values", points[begin + i]},
+                    {"method", ref::reference_registry().canonical(mine[i])},
+                    {"mean", exact_number(summaries[i].mean[info->metric])},
+                    {"worst", exact_number(summaries[i].worst[info->metric])}});
+  if (!shard) return emit(render_sweep(header, rows, o.format), o.out);
+  prov.command = "sweep";
+  prov.options = {{"method", o.spec}, {"grid", o.grids}, {"tensors", o.tensors}, {"metric", o.metric},
+                  {"target", o.target}};
+  prov.dump = {{"source", o.tensors}, {"files", listing.files}};
+  prov.units = specs.size();
+  prov.shard = *shard;
+  nlohmann::json result = header;
+  result["rows"] = rows;
+  nlohmann::json doc = partial_document(prov, result);
+  doc["format"] = o.format;
+  emit(doc.dump(1) + "\n", o.out);
 }
 
 }  // namespace
+
+std::string render_sweep(const nlohmann::json& header, const std::vector<nlohmann::json>& rows, const std::string& format) {
+  if (format != "csv" && format != "md") throw CLI::ValidationError("--format", "'" + format + "' is not one of csv|md");
+  const std::string target = header.at("target").get<std::string>(), metric = header.at("metric").get<std::string>();
+  const bool sim = metric == "cossim";  // the CosSims are printed as similarities, the errors in %.3e
+  Table t{header.at("keys").get<std::vector<std::string>>(), {}};
+  for (const char* h : {"target", "metric", "mean", "worst", "heads", "method"}) t.header.push_back(h);
+  const std::string heads = std::to_string(header.at("heads").get<std::size_t>());
+  for (const nlohmann::json& r : rows) {
+    std::vector<std::string> row = r.at("values").get<std::vector<std::string>>();
+    const double mean = exact_number(r.at("mean")), worst = exact_number(r.at("worst"));
+    row.insert(row.end(), {target, metric, sim ? fmt_sim(mean) : fmt_err(mean), sim ? fmt_sim(worst) : fmt_err(worst),
+                           heads, r.at("method").get<std::string>()});
+    t.rows.push_back(std::move(row));
+  }
+  return format == "md" ? t.markdown() : t.csv();
+}
 
 void add_sweep(CLI::App& app) {
   auto* sub = app.add_subcommand("sweep", "One method over a grid of its parameters, mean and worst over all heads, as CSV");
@@ -158,6 +203,9 @@ void add_sweep(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--format", o->format, "csv|md")->check(CLI::IsMember({"csv", "md"}))->capture_default_str();
   sub->add_option("--out", o->out, "Write here (atomically) instead of stdout");
+  sub->add_option("--shard", o->shard,
+                  "K/N: evaluate only block K (0-based) of N of the grid points and write a partial result (JSON) for "
+                  "`qattn merge` (docs/scale-out.md)");
   sub->callback([o] { run_sweep(*o); });
 }
 

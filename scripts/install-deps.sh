@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs every build, test and analysis dependency of qattn from Debian 12's apt (libdnnl-dev: oneDNN, only for
-# the anchor rows of `qattn bench`; the library never links it).
+# the anchor rows of `qattn bench`; the library never links it. parallel, slurm*, munge: the scale-out tests).
 # Idempotent: packages already present are skipped by apt; the arm64 architecture is added once.
 #
 #   scripts/install-deps.sh            native build, tests, analysis (Python plots)
@@ -33,7 +33,8 @@ native_pkgs=(
   clang libclang-rt-14-dev
   python3-numpy python3-matplotlib
   pybind11-dev python3-dev python3-pytest python3-hypothesis
-  libdnnl-dev
+  libdnnl-dev libssl-dev
+  parallel slurmctld slurmd slurm-client munge
 )
 cross_pkgs=(qemu-user g++-aarch64-linux-gnu)
 torch_pkgs=(python3-torch libopenblas0-openmp)

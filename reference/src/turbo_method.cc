@@ -96,9 +96,11 @@ void register_turbo_method(Registry& registry) {
   e.doc = "docs/pipelines/turbo.md";
   // FlashQ scales per block of B_c keys: reordering keys regroups them. Prefill holds K and V in INT8 blocks,
   // decode in the compressed cache.
+  // With nh > 0 its head-wise KV precision ranks the heads of a layer: a head's bits depend on the others.
   e.traits = [](const ParamMap& m) {
     return MethodTraits{false, false, std::nullopt, false,
-                        choice_value(m, "mode", kModes) == TurboMode::decode ? static_cast<double>(m.integer("kv")) : 8};
+                        choice_value(m, "mode", kModes) == TurboMode::decode ? static_cast<double>(m.integer("kv")) : 8,
+                        m.integer("nh") == 0};
   };
   registry.add(std::move(e));
 }

@@ -11,6 +11,7 @@
 //                         masked rows give P = 0 and O = 0 exactly; masking a key = dropping it where
 //                         masked_keys_dropped
 //   shapes                L_q != L_k: O [L_q, d_v], P [L_q, L_k], both finite
+//   heads                 attention_heads == attention per head, bit for bit, where heads_independent
 //
 // Inputs are seeded (the seed is in each INFO) and small: the suite runs every configuration the registry has.
 #include <catch2/catch.hpp>
@@ -209,6 +210,28 @@ TEST_CASE("registry: masking a key for every query equals dropping it, where dec
     const RowMatrixXd masked = m->attention(q, k, v, 0.3, mask).o;
     const RowMatrixXd dropped = m->attention(q, k.topRows(8), v.topRows(8), 0.3, {}).o;
     CHECK(max_abs(masked - dropped) <= *c.traits.key_order_tolerance * max_abs(v.topRows(8)));
+  }
+}
+
+TEST_CASE("registry: heads evaluated together equal heads evaluated alone, where declared", "[registry]") {
+  std::mt19937_64 g(108);
+  std::vector<RowMatrixXd> q, k, v;
+  for (int h = 0; h < 3; ++h) {  // heads of different spread, so that a ranking across them has something to rank
+    const double s = 0.5 + h;
+    q.push_back(random_matrix(7, 16, s, g)), k.push_back(random_matrix(10, 16, s, g)), v.push_back(random_matrix(10, 4, s, g));
+  }
+  for (const Config& c : all_configs()) {
+    if (!c.traits.heads_independent) continue;
+    INFO(c.spec << " (seed 108)");
+    const auto m = ref::reference_registry().create(c.spec);
+    const std::vector<AttentionResult> together = m->attention_heads(q, k, v, 0.25, {});
+    REQUIRE(together.size() == 3);
+    for (std::size_t h = 0; h < 3; ++h) {
+      const AttentionResult alone = m->attention(q[h], k[h], v[h], 0.25, {});
+      CHECK(together[h].o == alone.o);
+      CHECK(together[h].p == alone.p);
+      CHECK(together[h].p_int == alone.p_int);
+    }
   }
 }
 

@@ -337,3 +337,23 @@ TEST_CASE("turbo: head-wise precision gives the n_h lowest-priority heads 2 bits
   CHECK(r[2].o == turbo_attention(q[2], k[2], v[2], 0.3, {}, p, 4).o);
   CHECK(r[0].o != turbo_attention(q[0], k[0], v[0], 0.3, {}, p, 4).o);
 }
+
+TEST_CASE("turbo with nh > 0 declares its heads dependent, and they are: a head's O changes with its neighbours",
+          "[turbo]") {
+  const Registry& r = ref::reference_registry();
+  CHECK(r.traits(parse_method_spec("turbo:mode=decode")).heads_independent);
+  REQUIRE_FALSE(r.traits(parse_method_spec("turbo:mode=decode,nh=1")).heads_independent);
+  // decode at 4 bits: the head of least priority (smallest spread) drops to 2 bits when evaluated with the others
+  std::mt19937_64 g(109);
+  std::vector<RowMatrixXd> q, k, v;
+  for (int h = 0; h < 3; ++h) {
+    const double s = 0.25 + h;
+    q.push_back(qattn::test::random_matrix(4, 16, s, g)), k.push_back(qattn::test::random_matrix(40, 16, s, g));
+    v.push_back(qattn::test::random_matrix(40, 8, s, g));
+  }
+  const auto m = r.create("turbo:mode=decode,nh=1");
+  const std::vector<AttentionResult> together = m->attention_heads(q, k, v, 0.25, {});
+  bool some_head_differs = false;
+  for (std::size_t h = 0; h < 3; ++h) some_head_differs |= together[h].o != m->attention(q[h], k[h], v[h], 0.25, {}).o;
+  CHECK(some_head_differs);
+}

@@ -209,6 +209,10 @@ struct MethodTraits {
   // Nominal bits per element in which the method holds K and V during attention (scales and zero points excluded);
   // 0 for the softmax models, which leave Q, K, V and P V in fp64.
   double kv_bits = 0;
+  // attention_heads(q, k, v) == attention(q[h], k[h], v[h]) for every head h, bit for bit: nothing the method
+  // chooses looks across the heads of a layer. False for TurboAttention's head-wise KV precision. A sharded
+  // `qattn analyze` (docs/scale-out.md) evaluates single heads of such methods only with their whole layer.
+  bool heads_independent = true;
 };
 
 struct MethodEntry {

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Sharded analyze and sweep, and qattn merge (docs/scale-out.md): the GNU parallel one-liners of the doc on the
+# embedded sample give the unsharded tables byte for byte, in every format; sets with a shard missing, given twice,
+# from another run or read from inputs that changed are refused, and nothing is written.
+#
+#   scale_out_test.sh QATTN_BINARY REPO_ROOT
+source "$(dirname "$0")/lib.sh"
+
+command -v parallel >/dev/null || { echo "FAIL: GNU parallel is not installed (scripts/install-deps.sh installs it)"; exit 1; }
+
+# shards NAME N ARGS...: runs `qattn ARGS --shard K/N` for K = 0..N-1 with GNU parallel (as docs/scale-out.md does),
+# parts in $tmp/NAME/
+shards() {
+  local name=$1 n=$2
+  shift 2
+  mkdir -p "$tmp/$name"
+  parallel --halt now,fail=1 -j 4 "$bin" "$@" --shard '{}'/"$n" --out "$tmp/$name/part-{}.json" ::: $(seq 0 $((n - 1))) \
+    </dev/null 2>"$tmp/$name.log" || { echo "FAIL: $name: a shard failed"; cat "$tmp/$name.log"; fail=$((fail + 1)); return 1; }
+}
+# same NAME FULL_FILE [MERGE_OPTIONS...]: merges $tmp/NAME/part-*.json and compares with FULL_FILE byte for byte
+same() {
+  local name=$1 full=$2
+  shift 2
+  if ! q merge "$tmp/$name"/part-*.json --out "$tmp/$name.merged" "$@" 2>>"$tmp/$name.log"; then
+    echo "FAIL: $name: merge failed"; cat "$tmp/$name.log"; fail=$((fail + 1)); return
+  fi
+  check "$name $*: merged table equals the unsharded one byte for byte" cmp "$full" "$tmp/$name.merged"
+}
+
+# --- the doc's one-liners: 4 shards of a sweep and of an analyze -------------------------------------------------
+q sweep --method index@paper --grid b=4:8 --grid c=6:2:12 >"$tmp/sweep.csv" 2>/dev/null
+shards sweep 4 sweep --method index@paper --grid b=4:8 --grid c=6:2:12 && same sweep "$tmp/sweep.csv"
+q sweep --method index@paper --grid b=4:8 --grid c=6:2:12 --format md >"$tmp/sweep.md" 2>/dev/null
+same sweep "$tmp/sweep.md" --format md
+q sweep --method exaq --grid bits=2,3 --metric kl --target P >"$tmp/sweep-kl.csv" 2>/dev/null
+shards sweep-kl 3 sweep --method exaq --grid bits=2,3 --metric kl --target P && same sweep-kl "$tmp/sweep-kl.csv"  # one shard empty
+
+methods=(--method index@paper --method exaq --method intattention --method fp16)
+q analyze "${methods[@]}" >"$tmp/analyze.md" 2>/dev/null
+shards analyze 4 analyze "${methods[@]}" && same analyze "$tmp/analyze.md"
+for f in csv latex json; do
+  q analyze "${methods[@]}" --format "$f" >"$tmp/analyze.$f" 2>/dev/null
+  same analyze "$tmp/analyze.$f" --format "$f"
+done
+
+# Blocks that cut layers in two, with methods and quantizers that look across a layer's heads (their shards read
+# whole layers), softmax-only dumps, and more shards than heads (some shards empty).
+for args in "3|--method turbo:nh=1 --method turbo" "3|--kv kivi --method intattention" \
+            "5|--softmax-only --reference exact --method index@paper --method fp64" "11|--method sas --format csv" \
+            "3|--weights rtn:bits=4 --method fp32"; do
+  n=${args%%|*}
+  read -ra a <<<"${args#*|}"
+  name="analyze-$n-${a[1]//[^a-z0-9]/}"
+  q analyze "${a[@]}" >"$tmp/$name.full" 2>/dev/null
+  shards "$name" "$n" analyze "${a[@]}" && same "$name" "$tmp/$name.full"
+done
+
+# --- what a part records ---------------------------------------------------------------------------------------
+part="$tmp/analyze/part-1.json"
+version=$(q --version | awk '{print $2}')
+check "a part records the qattn version" grep -q "\"version\": \"$version\"" "$part"
+check "a part records shard 1 of 4" /usr/bin/python3 -c "
+import json, sys; d = json.load(open(sys.argv[1])); s = d['provenance']['shard']; sys.exit(s != {'index': 1, 'count': 4})" "$part"
+check "a part records the SHA-256 of every file it read, and reads only its own heads (and the manifest)" /usr/bin/python3 -c "
+import hashlib, json, os, sys
+d = json.load(open(sys.argv[1]))
+inputs = d['provenance']['inputs']
+names = sorted(os.path.basename(f) for f in inputs)
+ok = all(hashlib.sha256(open(f, 'rb').read()).hexdigest() == h for f, h in inputs.items())
+sys.exit(not (ok and names == ['layer0_head2_k.npy', 'layer0_head2_q.npy', 'layer0_head2_v.npy',
+                               'layer0_head3_k.npy', 'layer0_head3_q.npy', 'layer0_head3_v.npy', 'manifest.json']))" "$part"
+
+# --- refused sets: exit 3, the missing or foreign part named, nothing written ------------------------------------
+p=("$tmp"/analyze/part-{0,1,2,3}.json)
+expect 3 "incomplete: 1 of 4 shards missing \(2/4\)" "a missing shard is named" -- merge "${p[0]}" "${p[1]}" "${p[3]}" --out "$tmp/no.md"
+expect 3 "shard 1/4 is given twice" "a shard given twice is refused" -- merge "${p[@]}" "${p[1]}" --out "$tmp/no.md"
+cp "${p[1]}" "$tmp/copy-of-1.json"
+expect 3 "shard 1/4 is given twice \(also .*part-1.json\)" "the same shard under two names is refused" -- \
+  merge "${p[@]}" "$tmp/copy-of-1.json" --out "$tmp/no.md"
+expect 3 "sweep-kl/part-0.json: provenance.command: foreign part" "a part of another command is named" -- \
+  merge "${p[@]}" "$tmp/sweep-kl/part-0.json" --out "$tmp/no.md"
+q analyze --method index@paper --method exaq --method intattention --method fp32 --shard 2/4 --out "$tmp/other.json" 2>/dev/null
+expect 3 "other.json: provenance.options.method\[3\]: foreign part: \"fp32\" here, \"fp16\"" \
+  "a part of a run with other methods is named, with the option that differs" -- \
+  merge "${p[0]}" "${p[1]}" "$tmp/other.json" "${p[3]}" --out "$tmp/no.md"
+q analyze "${methods[@]}" --shard 0/3 --out "$tmp/of-three.json" 2>/dev/null
+expect 3 "of-three.json: provenance.shard.count: foreign part: 3 here, 4" "parts of different shard counts are refused" -- \
+  merge "${p[@]}" "$tmp/of-three.json" --out "$tmp/no.md"
+echo '{"rows": []}' >"$tmp/not-a-part.json"
+expect 3 "not-a-part.json: qattn_partial: is not a partial result" "a JSON file that is not a part is refused" -- \
+  merge "$tmp/not-a-part.json" --out "$tmp/no.md"
+printf 'not json' >"$tmp/garbage.json"
+expect 3 "garbage.json: json: is not JSON" "a file that is not JSON is refused" -- merge "$tmp/garbage.json" --out "$tmp/no.md"
+expect 3 "analyze: file: is not a regular file" "a directory given as a part is refused" -- merge "$tmp/analyze" --out "$tmp/no.md"
+check "no output is left by a refused merge" test ! -e "$tmp/no.md"
+
+# An input that changes between shards (same size, other bytes): every sweep shard reads the whole dump.
+cp -r "$root/experiments/data/use-lite" "$tmp/dump"
+q sweep --method exaq --grid bits=2,3 --tensors "$tmp/dump" --shard 0/2 --out "$tmp/changed-0.json" 2>/dev/null
+/usr/bin/python3 -c "
+import numpy as np, sys
+a = np.load(sys.argv[1]); a.flat[0] += 1; np.save(sys.argv[1], a)" "$tmp/dump/layer1_head3_v.npy"
+q sweep --method exaq --grid bits=2,3 --tensors "$tmp/dump" --shard 1/2 --out "$tmp/changed-1.json" 2>/dev/null
+expect 3 "changed-1.json: provenance.inputs.*layer1_head3_v.npy: foreign part: it read .* with SHA-256 [0-9a-f]{64}, .*changed-0.json read it with [0-9a-f]{64}" \
+  "an input that changed between shards is named, with both hashes" -- merge "$tmp/changed-0.json" "$tmp/changed-1.json"
+
+# --- bad --shard values: exit 2 before any work ------------------------------------------------------------------
+expect 2 "K counts from 0 and must be below N" "--shard 4/4 is refused" -- analyze --shard 4/4
+expect 2 "is not K/N" "--shard 1-4 is refused" -- sweep --method exaq --grid bits=2,3 --shard 1-4
+expect 2 "N must be in \[1, 1000000\]" "--shard 0/0 is refused" -- analyze --shard 0/0
+expect 2 "give --tensors, not --q/--k/--v" "--shard of explicit files is refused" -- \
+  analyze --q "$root/experiments/data/use-lite/layer0_head0_q.npy" --k "$root/experiments/data/use-lite/layer0_head0_k.npy" \
+  --v "$root/experiments/data/use-lite/layer0_head0_v.npy" --shard 0/2
+expect 2 "'latex' is not one of csv\|md" "merge --format of a table the command does not write is refused" -- \
+  merge "$tmp"/sweep/part-*.json --format latex --out "$tmp/no.md"
+check "no output is left by a refused format" test ! -e "$tmp/no.md"
+
+echo "scale-out tests: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
