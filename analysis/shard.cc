@@ -275,10 +275,34 @@ void run_merge(const MergeOptions& o) {
       for (const json& h : p->doc.at("result").at("rows")) results.push_back(head_result_from_json(h));
     text = render_analyze(analyze_view_from_json(first.doc.at("result").at("view")), results, format);
   } else if (command == "sweep") {
-    std::vector<json> rows;
+    // every point's heads from all parts, in (layer, head) order, summarised as the unsharded run does
+    const json& header = first.doc.at("result");
+    const std::string name = (header.at("target") == "P" ? "P_" : "O_") + header.at("metric").get<std::string>();
+    const auto info = std::find_if(std::begin(kMetrics), std::end(kMetrics), [&](const MetricInfo& m) { return name == m.name; });
+    if (info == std::end(kMetrics)) throw InputError(first.file, "result.metric", "'" + name + "' is not a metric");
+    std::map<std::size_t, std::pair<json, std::vector<HeadResult>>> points;
     for (const auto& [k, p] : by_index)
-      for (const json& r : p->doc.at("result").at("rows")) rows.push_back(r);
-    text = render_sweep(first.doc.at("result"), rows, format);
+      for (const json& r : p->doc.at("result").at("rows")) {
+        auto& [row, heads] = points[r.at("point").get<std::size_t>()];
+        if (row.is_null()) row = {{"values", r.at("values")}, {"method", r.at("method")}};
+        heads.push_back(head_result_from_json(r.at("head")));
+      }
+    std::vector<json> rows;
+    for (auto& [point, entry] : points) {
+      auto& [row, heads] = entry;
+      if (heads.size() != header.at("heads").get<std::size_t>())
+        throw InputError(first.file, "result.rows", "grid point " + std::to_string(point) + " has " +
+                                                        std::to_string(heads.size()) + " heads in the parts, the dump " +
+                                                        header.at("heads").dump());
+      std::stable_sort(heads.begin(), heads.end(), [](const HeadResult& a, const HeadResult& b) {
+        return std::make_pair(a.layer, a.head) < std::make_pair(b.layer, b.head);
+      });
+      const Summary sum = summarise(heads);
+      row["mean"] = exact_number(sum.mean[info->metric]);
+      row["worst"] = exact_number(sum.worst[info->metric]);
+      rows.push_back(row);
+    }
+    text = render_sweep(header, rows, format);
   } else {
     throw InputError(first.file, "provenance.command", "'" + command + "' is not a command that shards");
   }

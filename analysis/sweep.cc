@@ -9,7 +9,10 @@
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <functional>
+#include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <unistd.h>
@@ -69,9 +72,11 @@ std::pair<std::vector<std::vector<std::string>>, std::vector<MethodSpec>> grid_p
   return {points, specs};
 }
 
-// The summary of every point over the dump, threaded over points, with progress on stderr.
-std::vector<Summary> evaluate_points(const std::vector<DumpLayer>& dump, const std::vector<MethodSpec>& specs,
-                                     const SweepOptions& o) {
+// Every point evaluated over the dump, threaded over points, with progress on stderr: sink(i, per-head results of
+// point i) is called from the worker threads, once per point.
+void evaluate_points(const std::vector<DumpLayer>& dump, const std::vector<MethodSpec>& specs, const SweepOptions& o,
+                     const std::function<void(std::size_t, std::vector<HeadResult>)>& sink) {
+  if (specs.empty()) return;
   const auto start = std::chrono::steady_clock::now();
   std::size_t heads = 0;
   for (const DumpLayer& l : dump) heads += l.heads.size();
@@ -80,14 +85,13 @@ std::vector<Summary> evaluate_points(const std::vector<DumpLayer>& dump, const s
   if (specs.size() * heads >= 1000 || isatty(STDERR_FILENO))
     std::cerr << "qattn sweep: " << specs.size() << " points x " << heads << " heads = " << specs.size() * heads
               << " head evaluations on " << threads << " thread" << (threads == 1 ? "" : "s") << "\n";
-  std::vector<Summary> summaries(specs.size());
   std::atomic<std::size_t> done{0};
   std::mutex progress_mutex;
   double last_report = 0;
   parallel_for(specs.size(), threads, [&](std::size_t i) {
     try {
       const auto method = make_method(specs[i]);
-      summaries[i] = summarise(evaluate(dump, *method, o.spec));
+      sink(i, evaluate(dump, *method, o.spec));
     } catch (const InputError& e) {
       throw InputError("sweep point " + ref::reference_registry().canonical(specs[i]) + ": " + e.source(), e.field(),
                        e.reason());
@@ -102,7 +106,62 @@ std::vector<Summary> evaluate_points(const std::vector<DumpLayer>& dump, const s
                 << (d < specs.size() ? ", about " + std::to_string(static_cast<int>(eta)) + " s left" : std::string()) << "\n";
     }
   });
-  return summaries;
+}
+
+// The partial result of `sweep --shard K/N`. The units are the (grid point, head) pairs in point-major order
+// (point i, head j is unit i H + j for the H heads of the dump in (layer, head) order): when N divides the number of
+// points every shard owns whole points, and with more shards than points a shard owns part of a point's heads, so a
+// shard reads only the heads its block touches (whole layers where a point's method looks across heads). Its rows are
+// the per-head metrics of each (point, head) it owns; `qattn merge` summarises each point over all its heads.
+std::string sweep_partial(const SweepOptions& o, Shard shard, const std::vector<std::vector<std::string>>& points,
+                          const std::vector<MethodSpec>& specs, nlohmann::json header) {
+  const DumpListing listing = list_dump(o.tensors, DumpTarget::attention);
+  const std::size_t n_heads = listing.units.size();
+  const auto [begin, end] = shard_block(specs.size() * n_heads, shard);
+  std::map<std::size_t, std::set<std::pair<int, int>>> owned;  // point -> its heads this shard owns
+  std::set<std::pair<int, int>> heads_read;
+  std::set<int> layers_read;
+  bool whole_layers = false;
+  for (std::size_t u = begin; u < end; ++u) {
+    owned[u / n_heads].insert(listing.units[u % n_heads]);
+    heads_read.insert(listing.units[u % n_heads]);
+    layers_read.insert(listing.units[u % n_heads].first);
+  }
+  for (const auto& [point, heads] : owned)
+    whole_layers = whole_layers || !ref::reference_registry().traits(specs[point]).heads_independent;
+  Provenance prov;
+  DumpFilter filter;
+  filter.keep = [&](int layer, int head) {
+    return whole_layers ? layers_read.count(layer) > 0 : heads_read.count({layer, head}) > 0;
+  };
+  filter.listing = &listing;
+  filter.files_read = &prov.inputs;
+  std::vector<DumpLayer> dump;
+  if (begin < end) dump = load_dump(o.tensors, DumpTarget::attention, SoftmaxReference::fp64, &filter);
+  std::vector<std::size_t> my_points;
+  std::vector<MethodSpec> my_specs;
+  for (const auto& [point, heads] : owned) my_points.push_back(point), my_specs.push_back(specs[point]);
+  std::vector<std::vector<HeadResult>> results(my_specs.size());
+  evaluate_points(dump, my_specs, o, [&](std::size_t i, std::vector<HeadResult> r) { results[i] = std::move(r); });
+  nlohmann::json rows = nlohmann::json::array();
+  for (std::size_t i = 0; i < my_points.size(); ++i)
+    for (const HeadResult& r : results[i])
+      if (owned[my_points[i]].count({r.layer, r.head}))
+        rows.push_back({{"point", my_points[i]},
+                        {"values", points[my_points[i]]},
+                        {"method", ref::reference_registry().canonical(specs[my_points[i]])},
+                        {"head", head_result_json(r)}});
+  header["heads"] = n_heads;
+  header["rows"] = rows;
+  prov.command = "sweep";
+  prov.options = {{"method", o.spec}, {"grid", o.grids}, {"tensors", o.tensors}, {"metric", o.metric},
+                  {"target", o.target}};
+  prov.dump = {{"source", o.tensors}, {"files", listing.files}};
+  prov.units = specs.size() * n_heads;
+  prov.shard = shard;
+  nlohmann::json doc = partial_document(prov, header);
+  doc["format"] = o.format;
+  return doc.dump(1) + "\n";
 }
 
 void run_sweep(const SweepOptions& o) {
@@ -119,49 +178,24 @@ void run_sweep(const SweepOptions& o) {
   require_distinct_files({{"--tensors", o.tensors}}, {{"--out", o.out}});
   const std::optional<Shard> shard = o.shard.empty() ? std::nullopt : std::optional<Shard>(parse_shard(o.shard));
   const auto [points, specs] = grid_points(o, axes);
-  // A shard evaluates its block of grid points on the whole dump.
-  const auto [begin, end] = shard ? shard_block(specs.size(), *shard) : std::pair<std::size_t, std::size_t>{0, specs.size()};
-  Provenance prov;
-  DumpListing listing;
-  std::vector<DumpLayer> dump;
-  std::size_t heads = 0;
-  if (shard) {
-    listing = list_dump(o.tensors, DumpTarget::attention);
-    heads = listing.units.size();
-    DumpFilter filter;
-    filter.keep = [](int, int) { return true; };
-    filter.listing = &listing;
-    filter.files_read = &prov.inputs;
-    if (begin < end) dump = load_dump(o.tensors, DumpTarget::attention, SoftmaxReference::fp64, &filter);
-  } else {
-    dump = load_dump(o.tensors);
-    for (const DumpLayer& l : dump) heads += l.heads.size();
-  }
-  const std::vector<MethodSpec> mine(specs.begin() + static_cast<std::ptrdiff_t>(begin),
-                                     specs.begin() + static_cast<std::ptrdiff_t>(end));
-  const std::vector<Summary> summaries = mine.empty() ? std::vector<Summary>{} : evaluate_points(dump, mine, o);
-
-  nlohmann::json header = {{"keys", nlohmann::json::array()}, {"target", o.target}, {"metric", o.metric}, {"heads", heads}};
+  nlohmann::json header = {{"keys", nlohmann::json::array()}, {"target", o.target}, {"metric", o.metric}};
   for (const auto& a : axes) header["keys"].push_back(a.key);
+  if (shard) return emit(sweep_partial(o, *shard, points, specs, header), o.out);
+  const std::vector<DumpLayer> dump = load_dump(o.tensors);
+  std::vector<Summary> summaries(specs.size());
+  evaluate_points(dump, specs, o, [&](std::size_t i, std::vector<HeadResult> r) { summaries[i] = summarise(r); });
+  std::size_t heads = 0;
+  for (const DumpLayer& l : dump) heads += l.heads.size();
+  header["heads"] = heads;
   std::vector<nlohmann::json> rows;
-  for (std::size_t i = 0; i < mine.size(); ++i)
-    rows.push_back({{"values", points[begin + i]},
-                    {"method", ref::reference_registry().canonical(mine[i])},
+  for (std::size_t i = 0; i < specs.size(); ++i)
+    rows.push_back({{"values", points[i]},
+                    {"method", ref::reference_registry().canonical(specs[i])},
                     {"mean", exact_number(summaries[i].mean[info->metric])},
                     {"worst", exact_number(summaries[i].worst[info->metric])}});
-  if (!shard) return emit(render_sweep(header, rows, o.format), o.out);
-  prov.command = "sweep";
-  prov.options = {{"method", o.spec}, {"grid", o.grids}, {"tensors", o.tensors}, {"metric", o.metric},
-                  {"target", o.target}};
-  prov.dump = {{"source", o.tensors}, {"files", listing.files}};
-  prov.units = specs.size();
-  prov.shard = *shard;
-  nlohmann::json result = header;
-  result["rows"] = rows;
-  nlohmann::json doc = partial_document(prov, result);
-  doc["format"] = o.format;
-  emit(doc.dump(1) + "\n", o.out);
+  emit(render_sweep(header, rows, o.format), o.out);
 }
+
 
 }  // namespace
 

@@ -33,7 +33,19 @@ shards sweep 4 sweep --method index@paper --grid b=4:8 --grid c=6:2:12 && same s
 q sweep --method index@paper --grid b=4:8 --grid c=6:2:12 --format md >"$tmp/sweep.md" 2>/dev/null
 same sweep "$tmp/sweep.md" --format md
 q sweep --method exaq --grid bits=2,3 --metric kl --target P >"$tmp/sweep-kl.csv" 2>/dev/null
-shards sweep-kl 3 sweep --method exaq --grid bits=2,3 --metric kl --target P && same sweep-kl "$tmp/sweep-kl.csv"  # one shard empty
+shards sweep-kl 3 sweep --method exaq --grid bits=2,3 --metric kl --target P && same sweep-kl "$tmp/sweep-kl.csv"
+# More shards than points: shards own part of a point's heads (and read only those), some own nothing; a method that
+# ranks a layer's heads makes its shards read whole layers.
+shards sweep-kl-7 7 sweep --method exaq --grid bits=2,3 --metric kl --target P && same sweep-kl-7 "$tmp/sweep-kl.csv"
+shards sweep-kl-23 23 sweep --method exaq --grid bits=2,3 --metric kl --target P && same sweep-kl-23 "$tmp/sweep-kl.csv"
+check "sweep shard 3/7 (heads 6, 7 of point 0 and head 0 of point 1) reads only those heads and the manifest" /usr/bin/python3 -c "
+import json, os, sys
+d = json.load(open(sys.argv[1]))
+names = sorted(os.path.basename(f) for f in d['provenance']['inputs'])
+heads = sorted({(r['head']['layer'], r['head']['head']) for r in d['result']['rows']})
+sys.exit(not (heads == [(0, 0), (1, 2), (1, 3)] and len(names) == 10))" "$tmp/sweep-kl-7/part-3.json"  # units 6..8 of 16
+q sweep --method turbo:mode=decode,nh=1 --grid kv=2,4 >"$tmp/sweep-turbo.csv" 2>/dev/null
+shards sweep-turbo 5 sweep --method turbo:mode=decode,nh=1 --grid kv=2,4 && same sweep-turbo "$tmp/sweep-turbo.csv"
 
 methods=(--method index@paper --method exaq --method intattention --method fp16)
 q analyze "${methods[@]}" >"$tmp/analyze.md" 2>/dev/null
@@ -94,7 +106,7 @@ expect 3 "garbage.json: json: is not JSON" "a file that is not JSON is refused" 
 expect 3 "analyze: file: is not a regular file" "a directory given as a part is refused" -- merge "$tmp/analyze" --out "$tmp/no.md"
 check "no output is left by a refused merge" test ! -e "$tmp/no.md"
 
-# An input that changes between shards (same size, other bytes): every sweep shard reads the whole dump.
+# An input that changes between shards (same size, other bytes): 2 shards of 2 points each read the whole dump.
 cp -r "$root/experiments/data/use-lite" "$tmp/dump"
 q sweep --method exaq --grid bits=2,3 --tensors "$tmp/dump" --shard 0/2 --out "$tmp/changed-0.json" 2>/dev/null
 /usr/bin/python3 -c "
