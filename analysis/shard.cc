@@ -1,6 +1,8 @@
 #include "shard.h"
 
+#if QATTN_HAVE_OPENSSL
 #include <openssl/evp.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -30,6 +32,10 @@ Shard parse_shard(const std::string& text) {
     throw CLI::ValidationError("--shard", "'" + text + "' is not K/N (shard K of N, 0 <= K < N)");
   if (s.count < 1 || s.count > kMaxShards)
     throw CLI::ValidationError("--shard", "'" + text + "': N must be in [1, " + std::to_string(kMaxShards) + "]");
+#if !QATTN_HAVE_OPENSSL
+  throw CLI::ValidationError("--shard", "this qattn was built without OpenSSL's libcrypto (libssl-dev), which hashes "
+                                        "the inputs every part records; rebuild with it to run shards");
+#endif
   if (s.index >= s.count)
     throw CLI::ValidationError("--shard", "'" + text + "': K counts from 0 and must be below N (0.." +
                                               std::to_string(s.count - 1) + ")");
@@ -42,6 +48,7 @@ std::pair<std::size_t, std::size_t> shard_block(std::size_t n, Shard s) {
 }
 
 std::string sha256_file(const fs::path& path) {
+#if QATTN_HAVE_OPENSSL
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path.string(), "file", "cannot be read to hash it");
   std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
@@ -60,6 +67,9 @@ std::string sha256_file(const fs::path& path) {
   char two[3];
   for (unsigned int i = 0; i < len; ++i) std::snprintf(two, sizeof two, "%02x", md[i]), hex += two;
   return hex;
+#else
+  throw InputError(path.string(), "file", "cannot be hashed: built without OpenSSL's libcrypto");
+#endif
 }
 
 json partial_document(const Provenance& p, json result) {

@@ -4,7 +4,7 @@
 # Idempotent: packages already present are skipped by apt; the arm64 architecture is added once.
 #
 #   scripts/install-deps.sh            native build, tests, analysis (Python plots)
-#   scripts/install-deps.sh --cross    also the aarch64 cross toolchain, qemu-user, arm64 RapidCheck and OpenSSL
+#   scripts/install-deps.sh --cross    also the aarch64 cross toolchain, qemu-user and arm64 RapidCheck
 #   scripts/install-deps.sh --torch    also PyTorch and OpenBLAS (the dump-writer test, experiments/bench-vs-torch)
 set -euo pipefail
 
@@ -57,7 +57,7 @@ if [ "$want_cross" -eq 1 ] && ! dpkg --print-foreign-architectures | grep -qx ar
   "${sudo_cmd[@]}" dpkg --add-architecture arm64
 fi
 if [ "$want_cross" -eq 1 ]; then
-  todo+=($(missing librapidcheck-dev:arm64 libssl-dev:arm64))
+  todo+=($(missing librapidcheck-dev:arm64))
 fi
 
 if [ "${#todo[@]}" -eq 0 ]; then
