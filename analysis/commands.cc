@@ -456,7 +456,7 @@ void run_attention(const AttentionOptions& o) {
     const std::string where =
         o.q + (heads == 1 ? " (batch entry " + std::to_string(b0) : " (batch entries " + std::to_string(b0) + " to " +
                                                                        std::to_string(b0 + heads - 1)) + ")";
-    for (AttentionResult& r : with_source(where, o.spec, [&] { return method->attention_heads(q, k, v, scale, mask); }))
+    for (AttentionResult& r : with_source(where, o.spec, [&] { return method->attention_heads(views(q), views(k), views(v), scale, mask); }))
       results.push_back(std::move(r));
   }
   for (const AttentionResult& r : results) {

@@ -497,7 +497,7 @@ std::vector<HeadResult> evaluate(const std::vector<DumpLayer>& dump, const Metho
     std::vector<std::vector<AttentionResult>> res(nh);  // [head][batch]
     double k_bits = 0, v_bits = 0;
     for (std::size_t b = 0; b < batch; ++b) {
-      std::vector<RowMatrixXd> q, k, v;
+      std::vector<MatrixView> q, k, v;
       for (std::size_t h = 0; h < nh; ++h) q.push_back(l.q[h][b]), k.push_back(l.k[h][b]), v.push_back(l.v[h][b]);
       ref::KvQuantized used;
       const std::string where = "layer " + std::to_string(l.layer) + " (" + l.q_paths.front().string() + " and its " +

@@ -45,11 +45,11 @@ std::vector<Call> measure(const std::vector<DumpLayer>& dump, int threads) {
     for (std::size_t h = 0; h < l.q.size(); ++h) q.push_back(l.q[h][b]), k.push_back(l.k[h][b]), v.push_back(l.v[h][b]);
     Call& c = calls[i];
     for (const auto& [spec, out] : {std::pair{"turbo@decode:kv=4", &c.e4}, std::pair{"turbo@decode:kv=2", &c.e2}}) {
-      const std::vector<AttentionResult> r = make_method(spec)->attention_heads(q, k, v, l.logit_scale(), {});
+      const std::vector<AttentionResult> r = make_method(spec)->attention_heads(views(q), views(k), views(v), l.logit_scale(), {});
       for (std::size_t h = 0; h < r.size(); ++h) out->push_back(rel_l1(r[h].o, l.reference[h][b].o));
     }
     const std::string half = "turbo@decode:nh=" + std::to_string(q.size() / 2);
-    const std::vector<AttentionResult> r = make_method(half)->attention_heads(q, k, v, l.logit_scale(), {});
+    const std::vector<AttentionResult> r = make_method(half)->attention_heads(views(q), views(k), views(v), l.logit_scale(), {});
     for (std::size_t h = 0; h < r.size(); ++h) c.e_half.push_back(rel_l1(r[h].o, l.reference[h][b].o));
     c.priority.resize(3);
     for (std::size_t h = 0; h < k.size(); ++h) {

@@ -4,8 +4,9 @@ The Python face of the C++ library: the method registry, softmax and attention w
 fused integer kernels where a method has them, bit for bit the reference model), the error metrics, and tensor
 files. Method specs are the CLI's: ``"intattention@upstream-neon:k-group=64"``.
 
-Inputs are NumPy arrays of float32 or float64; they are converted once to float64, exactly, because every method
-takes float64 inputs. Outputs are new float64 arrays. The GIL is released while qattn computes.
+Inputs are NumPy arrays of float32 or float64. A C-contiguous, aligned float64 array is read in place, without a
+copy; any other array (float32, another layout) is converted once to float64, exactly, because every method computes
+from float64 inputs. Outputs are new float64 arrays. The GIL is released while qattn computes.
 """
 import json as _json
 

@@ -2,9 +2,10 @@
 // where a method has them), the error metrics, and tensor files. python/qattn/__init__.py documents each function;
 // python/README.md says what is exposed and how inputs are converted.
 //
-// Inputs are NumPy arrays of float32 or float64 (any layout): they are converted once to float64, exactly, because
-// every method takes its inputs in float64 (qattn/method.h). Outputs are new float64 arrays (integer P as int32).
-// The GIL is released around every computation.
+// Inputs are NumPy arrays of float32 or float64 in any layout. A C-contiguous, aligned float64 array is read in
+// place: the methods get a view of its buffer (MatrixView, qattn/tensor.h), no copy. Anything else is converted once
+// to float64 in C order, exactly, because every method computes from float64 inputs. Outputs are new arrays, written
+// by the methods' results directly (float64; integer P as uint8/int8). The GIL is released around every computation.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -41,7 +42,12 @@ using Array = py::array;
 // A float32 or float64 array as float64 values in C order, with its shape. TypeError names the argument otherwise.
 struct Input {
   std::vector<Eigen::Index> shape;
-  std::vector<double> values;
+  py::array array;                // holds the caller's array (and so its buffer) while the values are read
+  std::vector<double> converted;  // the values widened or reordered, when the buffer cannot be read in place
+  const double* data = nullptr;   // the values in C order: the caller's buffer, or `converted`
+  std::size_t size = 0;
+  std::span<const double> values() const { return {data, size}; }
+  bool borrowed() const { return converted.empty() && size > 0; }
 };
 
 Input read_float_array(const py::handle& object, const char* name) {
@@ -55,8 +61,16 @@ Input read_float_array(const py::handle& object, const char* name) {
                          std::string(py::str(a.dtype())));
   Input in;
   for (py::ssize_t i = 0; i < a.ndim(); ++i) in.shape.push_back(a.shape(i));
+  in.array = a;
+  in.size = static_cast<std::size_t>(a.size());
+  constexpr int kInPlace = py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_ | py::detail::npy_api::NPY_ARRAY_ALIGNED_;
+  if (f64 && (a.flags() & kInPlace) == kInPlace) {
+    in.data = static_cast<const double*>(a.data());
+    return in;
+  }
   const auto c = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(a);  // exact for float32
-  in.values.assign(c.data(), c.data() + c.size());
+  in.converted.assign(c.data(), c.data() + c.size());
+  in.data = in.converted.data();
   return in;
 }
 
@@ -66,10 +80,9 @@ std::string shape_string(const std::vector<Eigen::Index>& s) {
   return r + (s.size() == 1 ? ",)" : ")");
 }
 
-RowMatrixXd matrix_at(const Input& in, std::size_t batch, Eigen::Index rows, Eigen::Index cols) {
-  RowMatrixXd m(rows, cols);
-  std::copy_n(in.values.data() + batch * rows * cols, rows * cols, m.data());
-  return m;
+// Matrix `batch` of the [..., rows, cols] values, in place.
+MatrixView matrix_at(const Input& in, std::size_t batch, Eigen::Index rows, Eigen::Index cols) {
+  return Eigen::Map<const RowMatrixXd>(in.data + batch * rows * cols, rows, cols);
 }
 
 py::array_t<double> to_array(const std::vector<double>& values, const std::vector<Eigen::Index>& shape) {
@@ -94,15 +107,16 @@ EngineOptions engine_options(const std::string& engine, int threads, bool probs)
 py::array_t<double> softmax(const py::handle& logits, const std::string& method, const std::string& engine) {
   const Input in = read_float_array(logits, "logits");
   if (in.shape.empty()) throw py::value_error("logits: expected at least one axis, got a scalar");
-  const Eigen::Index cols = in.shape.back(), rows = cols ? static_cast<Eigen::Index>(in.values.size()) / cols : 0;
-  std::vector<double> out(in.values.size());
+  const Eigen::Index cols = in.shape.back(), rows = cols ? static_cast<Eigen::Index>(in.size) / cols : 0;
+  py::array_t<double> out(std::vector<py::ssize_t>(in.shape.begin(), in.shape.end()));
+  double* const out_data = out.mutable_data();
   {
     py::gil_scoped_release release;
     const BuiltMethod built = build_method(method, engine_options(engine, 1, true));
     const RowMatrixXd p = built.method->softmax_rows(matrix_at(in, 0, rows, cols));
-    std::copy_n(p.data(), p.size(), out.data());
+    std::copy_n(p.data(), p.size(), out_data);
   }
-  return to_array(out, in.shape);
+  return out;
 }
 
 // attention(q, k, v, method, ...): [..., L, d]; the axis before L (when there is one) is the heads of one call.
@@ -143,7 +157,7 @@ py::object attention(const py::handle& q_obj, const py::handle& k_obj, const py:
     const BuiltMethod built = build_method(method, engine_options(engine, threads, return_probs));
     const std::unique_ptr<ref::KvQuantizer> kvq = kv.empty() ? nullptr : ref::kv_registry().create(kv);
     for (std::size_t c = 0; c < calls; ++c) {
-      std::vector<RowMatrixXd> qh, kh, vh;
+      std::vector<MatrixView> qh, kh, vh;
       for (std::size_t h = 0; h < heads; ++h) {
         qh.push_back(matrix_at(q, c * heads + h, lq, d));
         kh.push_back(matrix_at(k, c * heads + h, lk, d));
@@ -235,10 +249,10 @@ py::tuple softmax_integer(const py::handle& logits, const std::string& method, s
 py::object exact_softmax(const py::handle& logits, bool decimal) {
   const Input in = read_float_array(logits, "logits");
   if (in.shape.empty()) throw py::value_error("logits: expected at least one axis, got a scalar");
-  const Eigen::Index cols = in.shape.back(), rows = cols ? static_cast<Eigen::Index>(in.values.size()) / cols : 0;
-  RowMatrixXd x = matrix_at(in, 0, rows, cols);
-  std::vector<double> out(in.values.size());
-  std::vector<std::string> digits(decimal ? in.values.size() : 0);
+  const Eigen::Index cols = in.shape.back(), rows = cols ? static_cast<Eigen::Index>(in.size) / cols : 0;
+  const MatrixView x = matrix_at(in, 0, rows, cols);
+  std::vector<double> out(in.size);
+  std::vector<std::string> digits(decimal ? in.size : 0);
   {
     py::gil_scoped_release release;
     require_softmax_logits(x, "logits");
@@ -262,12 +276,12 @@ py::object exact_softmax(const py::handle& logits, bool decimal) {
 }
 
 // Heads [H, L, d] (or one head [L, d]) as matrices.
-std::vector<RowMatrixXd> heads_of(const Input& in, const char* name) {
+std::vector<MatrixView> heads_of(const Input& in, const char* name) {
   if (in.shape.size() != 2 && in.shape.size() != 3)
     throw py::value_error(std::string(name) + ": expected [L, d] or [heads, L, d], got " + shape_string(in.shape));
   const std::size_t h = in.shape.size() == 3 ? static_cast<std::size_t>(in.shape[0]) : 1;
   const Eigen::Index l = in.shape[in.shape.size() - 2], d = in.shape.back();
-  std::vector<RowMatrixXd> out;
+  std::vector<MatrixView> out;
   for (std::size_t i = 0; i < h; ++i) out.push_back(matrix_at(in, i, l, d));
   return out;
 }
@@ -284,7 +298,7 @@ py::array_t<double> stack_heads(const std::vector<RowMatrixXd>& m, const std::ve
 // quantize_kv(k, v, spec): what attention reads after the KV quantizer, as a dict.
 py::dict quantize_kv(const py::handle& k_obj, const py::handle& v_obj, const std::string& spec) {
   const Input k = read_float_array(k_obj, "k"), v = read_float_array(v_obj, "v");
-  const std::vector<RowMatrixXd> kh = heads_of(k, "k"), vh = heads_of(v, "v");
+  const std::vector<MatrixView> kh = heads_of(k, "k"), vh = heads_of(v, "v");
   if (k.shape.size() != v.shape.size() || kh.size() != vh.size() || kh[0].rows() != vh[0].rows())
     throw py::value_error("k, v: shapes " + shape_string(k.shape) + ", " + shape_string(v.shape) +
                           " do not fit [heads, L, d], [heads, L, d_v]");
@@ -318,7 +332,7 @@ py::array_t<double> quantize_weights(const py::handle& w_obj, const py::handle& 
   RowMatrixXd result;
   {
     py::gil_scoped_release release;
-    const RowMatrixXd wm = matrix_at(w, 0, w.shape[0], w.shape[1]), xm = matrix_at(x, 0, x.shape[0], x.shape[1]);
+    const MatrixView wm = matrix_at(w, 0, w.shape[0], w.shape[1]), xm = matrix_at(x, 0, x.shape[0], x.shape[1]);
     require_finite(wm, "W");
     require_finite(xm, "X");
     result = ref::weight_registry().create(spec)->apply(wm, xm);
@@ -385,7 +399,7 @@ py::dict compare(const py::handle& out, const py::handle& ref) {
   ErrorStats e;
   {
     py::gil_scoped_release release;
-    e = qattn::compare(a.values, b.values);
+    e = qattn::compare(a.values(), b.values());
   }
   py::dict r;
   r["count"] = e.count;
@@ -471,6 +485,12 @@ py::dict load(const std::string& path) {
   return out;
 }
 
+// _input_address(a): the address of the float64 values the methods read for the array `a`, for the tests that show
+// which arrays are read in place (the address is a.ctypes.data) and which are converted.
+std::uintptr_t input_address(const py::handle& a) {
+  return reinterpret_cast<std::uintptr_t>(read_float_array(a, "a").data);
+}
+
 void save(const std::string& path, const py::dict& arrays) {
   std::vector<NamedTensor> tensors;
   for (const auto& [key, value] : arrays) {
@@ -478,7 +498,7 @@ void save(const std::string& path, const py::dict& arrays) {
     const Input in = read_float_array(value, ("arrays['" + name + "']").c_str());
     std::vector<std::int64_t> shape(in.shape.begin(), in.shape.end());
     const bool f32 = py::reinterpret_borrow<py::array>(value).dtype().is(py::dtype::of<float>());
-    tensors.push_back({name, Tensor::from_double(f32 ? DType::f32 : DType::f64, shape, in.values)});
+    tensors.push_back({name, Tensor::from_double(f32 ? DType::f32 : DType::f64, shape, in.values())});
   }
   py::gil_scoped_release release;
   write_tensor_file(path, tensors);
@@ -506,6 +526,7 @@ PYBIND11_MODULE(_qattn, m) {
         py::arg("return_probs") = false, py::arg("engine") = "auto", py::arg("threads") = 1, py::arg("kv") = "",
         py::arg("raw") = false);
   m.def("compare", &compare, py::arg("a"), py::arg("b"));
+  m.def("_input_address", &input_address, py::arg("a"));
   m.def("softmax_integer", &softmax_integer, py::arg("logits"), py::arg("method"), py::arg("cint") = py::none(),
         py::arg("alpha") = py::none());
   m.def("exact_softmax", &exact_softmax, py::arg("logits"), py::arg("decimal") = false);

@@ -5,6 +5,7 @@ import json
 import os
 import resource
 import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -103,6 +104,36 @@ def test_attention_shapes_heads_and_defaults():
     assert np.array_equal(qattn.attention(q, kt, v, "intattention"), qattn.attention(q, k.copy(), v, "intattention"))
     assert np.array_equal(qattn.attention(q.astype(np.float32), k, v, "fp64"),
                           qattn.attention(q.astype(np.float32).astype(np.float64), k, v, "fp64"))
+
+
+def test_c_contiguous_float64_is_read_in_place_and_the_rest_converted_once():
+    address = qattn._qattn._input_address
+    a = np.random.default_rng(9).standard_normal((3, 16, 8))
+    assert address(a) == a.ctypes.data
+    assert address(a[1]) == a[1].ctypes.data == a.ctypes.data + 16 * 8 * 8  # a contiguous slice of heads too
+    unaligned = np.frombuffer(np.zeros(16 * 8 * 8 + 1, np.uint8)[1:].data, np.float64).reshape(16, 8)
+    assert not unaligned.flags.aligned
+    for converted in (a.astype(np.float32), np.asfortranarray(a), a[:, ::2], a.transpose(0, 2, 1), unaligned):
+        assert address(converted) != converted.ctypes.data
+    # The same values give the same bits whichever way they were read.
+    q, k, v = a
+    for view in (np.asfortranarray(k), k[::-1][::-1], np.concatenate([k, k], 1)[:, :8]):
+        assert np.array_equal(qattn.attention(q, view, v, "intattention"), qattn.attention(q, k, v, "intattention"))
+
+
+def test_reading_in_place_adds_no_copy_of_the_inputs(tmp_path):
+    # K and V of 128 MiB each against one query: the call's peak memory stays far below one more copy of them.
+    script = """
+import resource, numpy as np, qattn
+k = np.ones((1 << 21, 8)); v = np.ones((1 << 21, 8)); q = np.ones((1, 8))
+statm = open('/proc/self/statm').read().split()
+before = int(statm[1]) * resource.getpagesize() // 1024
+qattn.attention(q, k, v, "fp64")
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+"""
+    grown_kib = int(subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True,
+                                   env=dict(os.environ)).stdout)
+    assert grown_kib < 96 * 1024, f"peak grew by {grown_kib} KiB during the call; a copy of K is 131072 KiB"
 
 
 def test_bad_inputs_name_the_argument():

@@ -57,7 +57,7 @@ double exaq_eq14_clip(const ExaqParams& p, double sigma, int n) {
   return exaq_solve_clip_eq14(sigma, -sigma * cached_expected_max(std::max(1, n)), p.bits);
 }
 
-ExaqStats exaq_stats(const RowMatrixXd& x, Eigen::Index row_begin, Eigen::Index row_end) {
+ExaqStats exaq_stats(const MatrixView& x, Eigen::Index row_begin, Eigen::Index row_end) {
   ExaqStats s;
   double sum = 0;
   s.min = 0;
@@ -185,7 +185,7 @@ std::pair<double, double> ExaqCalibrator::use(double c_measured, double lo_measu
   return {c_sum_ / calls_, lo_sum_ / calls_};
 }
 
-RowMatrixXd exaq_softmax(const RowMatrixXd& logits, const ExaqParams& p, std::vector<double>* c_used,
+RowMatrixXd exaq_softmax(const MatrixView& logits, const ExaqParams& p, std::vector<double>* c_used,
                          ExaqCalibrator* calibrator) {
   if (calibrator && p.scope != ExaqScope::tensor) throw std::invalid_argument("EXAQ: calibration needs sigma scope 'tensor'");
   if (p.bits < 2 || p.bits > 4) throw std::invalid_argument("EXAQ: bits must be 2, 3 or 4");

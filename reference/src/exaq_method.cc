@@ -12,7 +12,7 @@ namespace {
 class ExaqMethod final : public SoftmaxModelMethod {
  public:
   ExaqMethod(ExaqParams p, int calib_calls) : p_(p), calibrator_(calib_calls), calibrate_(calib_calls > 0) {}
-  RowMatrixXd softmax_rows_impl(const RowMatrixXd& logits) const override {
+  RowMatrixXd softmax_rows_impl(const MatrixView& logits) const override {
     if (!calibrate_) return exaq_softmax(logits, p_);
     std::lock_guard<std::mutex> lock(mu_);  // calibration state is shared by the calls of this instance
     return exaq_softmax(logits, p_, nullptr, &calibrator_);

@@ -18,17 +18,19 @@ double population_std(const Eigen::ArrayXd& a) {
 }
 
 // gap x std of one tensor under the rule (flashq.h); 0 for an empty matrix.
-double gap_times_std(const RowMatrixXd& x, HeadPriority rule) {
+double gap_times_std(const MatrixView& x, HeadPriority rule) {
   if (x.size() == 0) return 0;
   const double gap = x.maxCoeff() - x.minCoeff();
-  if (rule == HeadPriority::entries) return gap * population_std(Eigen::Map<const Eigen::ArrayXd>(x.data(), x.size()));
+  RowMatrixXd storage;
+  if (rule == HeadPriority::entries)
+    return gap * population_std(Eigen::Map<const Eigen::ArrayXd>(packed_rows(x, storage), x.size()));
   const Eigen::ArrayXd channel_gaps = (x.colwise().maxCoeff() - x.colwise().minCoeff()).transpose().array();
   return gap * population_std(channel_gaps);
 }
 
 }  // namespace
 
-FlashQBlock flashq_quantize_block(const RowMatrixXd& x, int range) {
+FlashQBlock flashq_quantize_block(const MatrixView& x, int range) {
   const double amax = x.size() ? x.cwiseAbs().maxCoeff() : 0.0;
   if (!std::isfinite(amax)) throw std::invalid_argument("FlashQ: non-finite input");
   FlashQBlock b;
@@ -37,14 +39,16 @@ FlashQBlock flashq_quantize_block(const RowMatrixXd& x, int range) {
   return b;
 }
 
-RowMatrixXi32 flashq_quantize_with_scale(const RowMatrixXd& x, double scale, Eigen::Index* clamped, int range) {
+RowMatrixXi32 flashq_quantize_with_scale(const MatrixView& x, double scale, Eigen::Index* clamped, int range) {
   if (!(scale > 0) || !std::isfinite(scale)) throw std::invalid_argument("FlashQ: scale must be finite and > 0");
   if (range < 1 || range > 127) throw std::invalid_argument("FlashQ: INT8 range must be in 1..127");
   RowMatrixXi32 q(x.rows(), x.cols());
   Eigen::Index n = 0;
+  RowMatrixXd storage;
+  const double* xd = packed_rows(x, storage);
   for (Eigen::Index i = 0; i < x.size(); ++i) {
-    if (!std::isfinite(x.data()[i])) throw std::invalid_argument("FlashQ: non-finite input");
-    const double r = std::nearbyint(x.data()[i] / scale);  // half-even in the default rounding mode
+    if (!std::isfinite(xd[i])) throw std::invalid_argument("FlashQ: non-finite input");
+    const double r = std::nearbyint(xd[i] / scale);  // half-even in the default rounding mode
     n += std::abs(r) > range;
     q.data()[i] = clamp_i32(r, -range, range);
   }
@@ -88,7 +92,7 @@ RowMatrixXi32 flashq_decompress(const ProgressiveBlock& b, Eigen::Index* saturat
   return q;
 }
 
-double flashq_head_priority(const RowMatrixXd& k, const RowMatrixXd& v, HeadPriority rule) {
+double flashq_head_priority(const MatrixView& k, const MatrixView& v, HeadPriority rule) {
   return gap_times_std(k, rule) + gap_times_std(v, rule);
 }
 

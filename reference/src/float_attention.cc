@@ -26,16 +26,18 @@ void round_in_place(RowMatrixXf& m, FloatPrecision p) {
   for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = static_cast<float>(round_to_format(m.data()[i], *f));
 }
 
-RowMatrixXf to_storage_float(const RowMatrixXd& m, FloatPrecision p) {
+RowMatrixXf to_storage_float(const MatrixView& m, FloatPrecision p) {
   // double -> float rounds once; for fp16/bf16 round from double directly so that no value is rounded twice.
   const FloatFormat* f = storage_format(p);
   RowMatrixXf out(m.rows(), m.cols());
+  RowMatrixXd storage;
+  const double* md = packed_rows(m, storage);
   for (Eigen::Index i = 0; i < m.size(); ++i)
-    out.data()[i] = f ? static_cast<float>(round_to_format(m.data()[i], *f)) : static_cast<float>(m.data()[i]);
+    out.data()[i] = f ? static_cast<float>(round_to_format(md[i], *f)) : static_cast<float>(md[i]);
   return out;
 }
 
-void check_shapes(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v) {
+void check_shapes(const MatrixView& q, const MatrixView& k, const MatrixView& v) {
   if (q.cols() != k.cols())
     throw std::invalid_argument("attention: q has d=" + std::to_string(q.cols()) + " but k has d=" + std::to_string(k.cols()));
   if (k.rows() != v.rows())
@@ -54,12 +56,12 @@ std::string_view precision_name(FloatPrecision p) {
   return "?";
 }
 
-RowMatrixXd round_to_storage(const RowMatrixXd& m, FloatPrecision p) {
+RowMatrixXd round_to_storage(const MatrixView& m, FloatPrecision p) {
   if (p == FloatPrecision::fp64) return m;
   return to_storage_float(m, p).cast<double>();
 }
 
-RowMatrixXd float_softmax_rows(const RowMatrixXd& logits, FloatPrecision p) {
+RowMatrixXd float_softmax_rows(const MatrixView& logits, FloatPrecision p) {
   if (p == FloatPrecision::fp64) return softmax_ref_rows(logits);
   const RowMatrixXf x = to_storage_float(logits, p);   // R1
   RowMatrixXf prob = softmax_ref_rows(x);              // float arithmetic
@@ -67,7 +69,7 @@ RowMatrixXd float_softmax_rows(const RowMatrixXd& logits, FloatPrecision p) {
   return prob.cast<double>();
 }
 
-AttentionResult float_attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+AttentionResult float_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                 FloatPrecision p, const AttentionMask& mask) {
   check_shapes(q, k, v);
   if (p == FloatPrecision::fp64) {

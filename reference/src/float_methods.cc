@@ -8,8 +8,8 @@ namespace {
 class FloatMethod final : public Method {
  public:
   explicit FloatMethod(FloatPrecision p) : p_(p) {}
-  RowMatrixXd softmax_rows_impl(const RowMatrixXd& logits) const override { return float_softmax_rows(logits, p_); }
-  AttentionResult attention_impl(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+  RowMatrixXd softmax_rows_impl(const MatrixView& logits) const override { return float_softmax_rows(logits, p_); }
+  AttentionResult attention_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                  const AttentionMask& mask) const override {
     return float_attention(q, k, v, scale, p_, mask);
   }

@@ -97,7 +97,7 @@ std::int64_t ibert_softmax_row(std::span<const std::int64_t> q, std::span<const 
   return sum;
 }
 
-RowMatrixXd ibert_softmax_rows(const RowMatrixXd& logits, const IbertParams& p) {
+RowMatrixXd ibert_softmax_rows(const MatrixView& logits, const IbertParams& p) {
   RowMatrixXd probs = RowMatrixXd::Zero(logits.rows(), logits.cols());
   const std::size_t n = static_cast<std::size_t>(logits.cols());
   const double levels = std::ldexp(1.0, p.in_bits - 1) - 1;
@@ -132,7 +132,7 @@ namespace {
 class IbertMethod final : public SoftmaxModelMethod {
  public:
   explicit IbertMethod(IbertParams p) : p_(p) {}
-  RowMatrixXd softmax_rows_impl(const RowMatrixXd& logits) const override { return ibert_softmax_rows(logits, p_); }
+  RowMatrixXd softmax_rows_impl(const MatrixView& logits) const override { return ibert_softmax_rows(logits, p_); }
 
  private:
   IbertParams p_;

@@ -35,7 +35,7 @@ class IndexMethod final : public SoftmaxModelMethod {
   explicit IndexMethod(IndexSoftmaxParams p) : p_(p) {}
 
   // Floating-point logits: the IndexSoftmaxOnly variant (clamp and index in double, FP normalisation).
-  RowMatrixXd softmax_rows_impl(const RowMatrixXd& logits) const override { return index_softmax_fp(logits, p_); }
+  RowMatrixXd softmax_rows_impl(const MatrixView& logits) const override { return index_softmax_fp(logits, p_); }
 
   IntegerSoftmaxResult softmax_integer_impl(const IntegerLogits& in) const override {
     const std::int64_t c_int = in.cint ? *in.cint : cint_from_alpha(p_.c, *in.alpha, p_.cint_rounding);

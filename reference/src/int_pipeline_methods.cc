@@ -9,7 +9,7 @@ namespace {
 // Attention pipelines have no softmax-only form: the softmax is the "index" method.
 class PipelineMethod : public Method {
  public:
-  RowMatrixXd softmax_rows_impl(const RowMatrixXd&) const override {
+  RowMatrixXd softmax_rows_impl(const MatrixView&) const override {
     throw SpecError("an attention pipeline has no softmax-only form; use the softmax model (e.g. 'index', 'fp32')");
   }
 };
@@ -17,7 +17,7 @@ class PipelineMethod : public Method {
 class QuantOnlyMethod final : public PipelineMethod {
  public:
   explicit QuantOnlyMethod(QuantOnlySoftmax s) : softmax_(s) {}
-  AttentionResult attention_impl(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+  AttentionResult attention_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                             const AttentionMask& mask) const override {
     return quant_only_attention(q, k, v, scale, mask, softmax_);
   }
@@ -29,7 +29,7 @@ class QuantOnlyMethod final : public PipelineMethod {
 class IntAttentionMethod final : public PipelineMethod {
  public:
   explicit IntAttentionMethod(IntAttentionSettings s) : p_(s.softmax), eval_(s.cint_eval), groups_(s.groups), qround_(s.qround) {}
-  AttentionResult attention_impl(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+  AttentionResult attention_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                             const AttentionMask& mask) const override {
     return int_attention(q, k, v, scale, mask, p_, eval_, groups_, qround_);
   }

@@ -17,7 +17,7 @@ namespace {
 
 using RowMatrixXf = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
-void check_shapes(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v) {
+void check_shapes(const MatrixView& q, const MatrixView& k, const MatrixView& v) {
   if (q.cols() != k.cols() || k.rows() != v.rows())
     throw std::invalid_argument("attention: shapes q [" + std::to_string(q.rows()) + ", " + std::to_string(q.cols()) +
                                 "], k [" + std::to_string(k.rows()) + ", " + std::to_string(k.cols()) + "], v [" +
@@ -25,19 +25,23 @@ void check_shapes(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd&
 }
 
 // O = fl32(PV * s_v / p_scale), the product in double.
-RowMatrixXd dequantize_output(const RowMatrixXd& pv, double s_v, int p_scale) {
+RowMatrixXd dequantize_output(const MatrixView& pv, double s_v, int p_scale) {
   RowMatrixXd o(pv.rows(), pv.cols());
+  RowMatrixXd storage;
+  const double* pvd = packed_rows(pv, storage);
   for (Eigen::Index i = 0; i < pv.size(); ++i)
-    o.data()[i] = static_cast<float>(pv.data()[i] * s_v / p_scale);
+    o.data()[i] = static_cast<float>(pvd[i] * s_v / p_scale);
   return o;
 }
 
 }  // namespace
 
-Int8Matrix quantize_symmetric_int8(const RowMatrixXd& x, Int8Rounding rounding) {
+Int8Matrix quantize_symmetric_int8(const MatrixView& x, Int8Rounding rounding) {
   Int8Matrix r;
   std::vector<std::int8_t> q(static_cast<std::size_t>(x.size()));
-  r.scale = quantize_int8_symmetric(std::span<const double>(x.data(), q.size()), std::span<std::int8_t>(q), rounding);
+  RowMatrixXd storage;
+  r.scale = quantize_int8_symmetric(std::span<const double>(packed_rows(x, storage), q.size()), std::span<std::int8_t>(q),
+                                    rounding);
   r.values.resize(x.rows(), x.cols());
   for (Eigen::Index i = 0; i < x.size(); ++i) r.values.data()[i] = q[static_cast<std::size_t>(i)];
   return r;
@@ -67,7 +71,7 @@ RowMatrixXd int_matmul_ab(const RowMatrixXi32& a, const RowMatrixXi32& b) {
   return c;
 }
 
-AttentionResult quant_only_attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+AttentionResult quant_only_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                      const AttentionMask& mask, QuantOnlySoftmax softmax) {
   check_shapes(q, k, v);
   const Int8Matrix qi = quantize_symmetric_int8(q), ki = quantize_symmetric_int8(k), vi = quantize_symmetric_int8(v);
@@ -117,7 +121,7 @@ std::int64_t intattention_cint(double s_q, double s_k, double scale, const Index
   return cint_from_alpha(static_cast<double>(x), 1.0, params.cint_rounding);
 }
 
-KeyBlocks quantize_key_blocks(const RowMatrixXd& k, Eigen::Index rows, Int8Rounding rounding) {
+KeyBlocks quantize_key_blocks(const MatrixView& k, Eigen::Index rows, Int8Rounding rounding) {
   if (rows < 1) throw std::invalid_argument("int_attention: k-group must be >= 1 keys");
   KeyBlocks b;
   b.codes.values.resize(k.rows(), k.cols());
@@ -146,7 +150,7 @@ KeyGroupClip key_group_clip(const KeyBlocks& k, Eigen::Index rows, double s_q, d
   return clip;
 }
 
-AttentionResult int_attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+AttentionResult int_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                               const AttentionMask& mask, const IndexSoftmaxParams& params, CintEvaluation cint_eval,
                               const IntAttentionGroups& groups, Int8Rounding qround) {
   check_shapes(q, k, v);

@@ -119,7 +119,7 @@ double nearest(const std::vector<double>& c, double y) {
 
 }  // namespace
 
-Eigen::VectorXd turboquant_mse(const Eigen::VectorXd& x, const RowMatrixXd& rotation, int bits) {
+Eigen::VectorXd turboquant_mse(const Eigen::VectorXd& x, const MatrixView& rotation, int bits) {
   const Eigen::Index d = x.size();
   if (bits == 0) return Eigen::VectorXd::Zero(d);
   const double n = x.norm();
@@ -130,7 +130,7 @@ Eigen::VectorXd turboquant_mse(const Eigen::VectorXd& x, const RowMatrixXd& rota
   return n * (rotation.transpose() * y);
 }
 
-Eigen::VectorXd turboquant_prod(const Eigen::VectorXd& x, const RowMatrixXd& rotation, const RowMatrixXd& s, int bits) {
+Eigen::VectorXd turboquant_prod(const Eigen::VectorXd& x, const MatrixView& rotation, const MatrixView& s, int bits) {
   const Eigen::Index d = x.size();
   const Eigen::VectorXd xm = turboquant_mse(x, rotation, bits - 1);
   const Eigen::VectorXd r = x - xm;
@@ -144,10 +144,12 @@ Eigen::VectorXd turboquant_prod(const Eigen::VectorXd& x, const RowMatrixXd& rot
 
 namespace {
 
-RowMatrixXd round_fp16(const RowMatrixXd& x) {
+RowMatrixXd round_fp16(const MatrixView& x) {
   RowMatrixXd out(x.rows(), x.cols());
+  RowMatrixXd storage;
+  const double* xd = packed_rows(x, storage);
   for (Eigen::Index i = 0; i < x.size(); ++i)
-    out.data()[i] = lowp_round(x.data()[i], fp16_binary16(), LowpRounding::rne, LowpOverflow::saturate);
+    out.data()[i] = lowp_round(xd[i], fp16_binary16(), LowpRounding::rne, LowpOverflow::saturate);
   return out;
 }
 
@@ -161,7 +163,7 @@ constexpr Choice<bool> kSawV[] = {{"int4", true}, {"fp16", false}};  // true: V 
 constexpr Choice<HeadPriority> kPriorities[] = {{"channel-gaps", HeadPriority::channel_gaps},
                                                 {"entries", HeadPriority::entries}};
 
-void check_heads(const std::vector<RowMatrixXd>& k, const std::vector<RowMatrixXd>& v) {
+void check_heads(const std::vector<MatrixView>& k, const std::vector<MatrixView>& v) {
   if (k.size() != v.size() || k.empty()) throw std::invalid_argument("KV quantizer: k and v need the same, nonzero, head count");
   for (std::size_t h = 0; h < k.size(); ++h)
     if (k[h].rows() != v[h].rows()) throw std::invalid_argument("KV quantizer: k and v of a head differ in tokens");
@@ -173,7 +175,7 @@ class RtnKv final : public KvQuantizer {
       : bits_(static_cast<int>(p.integer("bits"))), group_(p.integer("g")),
         k_gran_(choice_value(p, "k", kGranularities)), v_gran_(choice_value(p, "v", kGranularities)),
         sym_(choice_value(p, "mode", kRtnModes)) {}
-  KvQuantized apply(const std::vector<RowMatrixXd>& k, const std::vector<RowMatrixXd>& v) const override {
+  KvQuantized apply(const std::vector<MatrixView>& k, const std::vector<MatrixView>& v) const override {
     check_heads(k, v);
     const QuantGrid grid = sym_ ? QuantGrid::symmetric_bits(bits_) : QuantGrid::unsigned_bits(bits_, QuantMode::asymmetric);
     KvQuantized out;
@@ -199,7 +201,7 @@ class KiviKv final : public KvQuantizer {
  public:
   explicit KiviKv(const ParamMap& p)
       : bits_(static_cast<int>(p.integer("bits"))), group_(p.integer("g")), residual_(p.integer("nb")) {}
-  KvQuantized apply(const std::vector<RowMatrixXd>& k, const std::vector<RowMatrixXd>& v) const override {
+  KvQuantized apply(const std::vector<MatrixView>& k, const std::vector<MatrixView>& v) const override {
     check_heads(k, v);
     const QuantGrid grid = QuantGrid::unsigned_bits(bits_, QuantMode::min_offset);
     KvQuantized out;
@@ -238,7 +240,7 @@ class FlashQKv final : public KvQuantizer {
         priority_(choice_value(p, "priority", kPriorities)), int8_max_(choice_value(p, "int8-max", kInt8Max)) {
     if (bits_ != 8 && bits_ != 4 && bits_ != 2) throw SpecError("flashq: bits must be 8, 4 or 2");
   }
-  KvQuantized apply(const std::vector<RowMatrixXd>& k, const std::vector<RowMatrixXd>& v) const override {
+  KvQuantized apply(const std::vector<MatrixView>& k, const std::vector<MatrixView>& v) const override {
     check_heads(k, v);
     std::vector<double> priority;
     for (std::size_t h = 0; h < k.size(); ++h) priority.push_back(flashq_head_priority(k[h], v[h], priority_));
@@ -259,7 +261,7 @@ class FlashQKv final : public KvQuantizer {
   // bits per element (codes, the block's fp32 scale, an INT8 scale and zero point per channel of the block).
   // With a decode buffer of n_b tokens, the last n_b tokens are the buffer as a decode step sees it when full: INT8
   // under the universal scale s_u = the largest scale of the compressed blocks, new outliers clamped to +-119.
-  RowMatrixXd compress(const RowMatrixXd& x, int bits, double* bits_out) const {
+  RowMatrixXd compress(const MatrixView& x, int bits, double* bits_out) const {
     RowMatrixXd out(x.rows(), x.cols());
     double total = 0, s_u = 0;
     const Eigen::Index buffered = std::min(buffer_, x.rows() - 1 > 0 ? x.rows() - 1 : 0);  // >= 1 compressed token
@@ -299,7 +301,7 @@ class TurboQuantKv final : public KvQuantizer {
         seed_(static_cast<std::uint64_t>(p.integer("seed"))) {
     if (prod_ && bits_ < 1) throw SpecError("turboquant: the prod variant needs bits >= 1");
   }
-  KvQuantized apply(const std::vector<RowMatrixXd>& k, const std::vector<RowMatrixXd>& v) const override {
+  KvQuantized apply(const std::vector<MatrixView>& k, const std::vector<MatrixView>& v) const override {
     check_heads(k, v);
     KvQuantized out;
     for (std::size_t h = 0; h < k.size(); ++h) {
@@ -323,7 +325,7 @@ class TurboQuantKv final : public KvQuantizer {
   }
 
  private:
-  RowMatrixXd rows(const RowMatrixXd& x, bool prod) const {
+  RowMatrixXd rows(const MatrixView& x, bool prod) const {
     const Eigen::Index d = x.cols(), n = padded(d);
     // One rotation (and sketch) per dimension, shared by all heads and tokens; the seed fixes them.
     const RowMatrixXd rot = randomized_hadamard(n, seed_);
@@ -348,7 +350,7 @@ class SawKv final : public KvQuantizer {
       : block_(p.integer("block")), rotate_v_(p.boolean("rotate-v")), v_int4_(choice_value(p, "v", kSawV)) {
     if (rotate_v_ && !v_int4_) throw SpecError("saw: rotate-v=true needs v=int4 (a rotated V is stored in INT4)");
   }
-  KvQuantized apply(const std::vector<RowMatrixXd>& k, const std::vector<RowMatrixXd>& v) const override {
+  KvQuantized apply(const std::vector<MatrixView>& k, const std::vector<MatrixView>& v) const override {
     check_heads(k, v);
     KvQuantized out;
     const Eigen::Index d = k.front().cols(), dv = v.front().cols();
@@ -364,7 +366,7 @@ class SawKv final : public KvQuantizer {
         out.v_bits += 16.0 / k.size();
         continue;
       }
-      out.v.push_back(int4_tokens(rotate_v_ ? RowMatrixXd(v[h] * out.rotation) : v[h]));  // store_kv: V always INT4
+      out.v.push_back(int4_tokens(rotate_v_ ? RowMatrixXd(v[h] * out.rotation) : RowMatrixXd(v[h])));  // store_kv: V always INT4
       out.v_bits += (4 + 64.0 / dv) / k.size();
     }
     return out;
@@ -373,7 +375,7 @@ class SawKv final : public KvQuantizer {
  private:
   // Per token: scale = max(max - min, 1e-8) / 15, zero = -min / scale, code = clamp(round(x / scale + zero), 0, 15)
   // (round half to even, as torch.round), packed two per byte; x^ = (code - zero) scale.
-  static RowMatrixXd int4_tokens(const RowMatrixXd& x) {
+  static RowMatrixXd int4_tokens(const MatrixView& x) {
     RowMatrixXd out(x.rows(), x.cols());
     std::vector<std::int32_t> codes(static_cast<std::size_t>(x.cols()));
     for (Eigen::Index t = 0; t < x.rows(); ++t) {
@@ -450,14 +452,15 @@ const KvRegistry& kv_registry() {
 }
 
 std::vector<AttentionResult> attention_with_kv(const Method& method, const KvQuantizer& kv,
-                                               const std::vector<RowMatrixXd>& q, const std::vector<RowMatrixXd>& k,
-                                               const std::vector<RowMatrixXd>& v, double scale,
+                                               const std::vector<MatrixView>& q, const std::vector<MatrixView>& k,
+                                               const std::vector<MatrixView>& v, double scale,
                                                const AttentionMask& mask, KvQuantized* used) {
   KvQuantized c = kv.apply(k, v);
-  std::vector<RowMatrixXd> qr = q;
+  std::vector<RowMatrixXd> qr;  // Q rotated as K was; unrotated, the caller's Q is passed through as it is
   if (c.rotation.size() > 0)
-    for (RowMatrixXd& x : qr) x = x * c.rotation;
-  std::vector<AttentionResult> r = method.attention_heads(qr, c.k, c.v, scale, mask);
+    for (const MatrixView& x : q) qr.push_back(x * c.rotation);
+  std::vector<AttentionResult> r =
+      method.attention_heads(qr.empty() ? q : views(qr), views(c.k), views(c.v), scale, mask);
   if (c.v_rotated)
     for (AttentionResult& a : r) a.o = a.o * c.rotation.transpose();
   if (used) *used = std::move(c);

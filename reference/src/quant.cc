@@ -46,7 +46,7 @@ Eigen::Index tile_count(Eigen::Index tile, Eigen::Index n) {
 
 }  // namespace
 
-QuantizedMatrix quantize(const RowMatrixXd& x, const QuantGrid& g, Tiling tiling) {
+QuantizedMatrix quantize(const MatrixView& x, const QuantGrid& g, Tiling tiling) {
   if (g.q_min >= g.q_max) throw std::invalid_argument("quantize: q_min must be < q_max");
   for (double v : x.reshaped())
     if (!std::isfinite(v)) throw std::invalid_argument("quantize: non-finite input");

@@ -40,14 +40,14 @@ float p_range(SagePFormat f) {
   return 1.0f;
 }
 
-RowMatrixXd column_mean(const RowMatrixXd& x) { return x.colwise().mean(); }
+RowMatrixXd column_mean(const MatrixView& x) { return x.colwise().mean(); }
 
 }  // namespace
 
 // One function of about 100 lines on purpose: it follows the paper's Algorithm 1 step by step (smoothing, per-thread
 // quantisation, the block loop with its online softmax, FP8 P and V, the FP22 accumulator), so each line can be read
 // against the equation it models (docs/pipelines/sage2.md).
-AttentionResult sage2_attention(const RowMatrixXd& q_in, const RowMatrixXd& k_in, const RowMatrixXd& v_in, double scale,
+AttentionResult sage2_attention(const MatrixView& q_in, const MatrixView& k_in, const MatrixView& v_in, double scale,
                                 const AttentionMask& mask, const Sage2Params& p) {
   if (q_in.cols() != k_in.cols() || k_in.rows() != v_in.rows())
     throw std::invalid_argument("sage2: shapes of q, k, v do not fit");

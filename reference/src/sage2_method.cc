@@ -9,10 +9,10 @@ namespace {
 class Sage2Method final : public Method {
  public:
   explicit Sage2Method(Sage2Params p) : p_(p) {}
-  RowMatrixXd softmax_rows_impl(const RowMatrixXd&) const override {
+  RowMatrixXd softmax_rows_impl(const MatrixView&) const override {
     throw SpecError("sage2 is an attention pipeline; it has no softmax-only form");
   }
-  AttentionResult attention_impl(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+  AttentionResult attention_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                             const AttentionMask& mask) const override {
     return sage2_attention(q, k, v, scale, mask, p_);
   }

@@ -21,7 +21,7 @@ int sage_group_of(int n, bool is_query, SageGranularity g, const SageGroupSizes&
   return 0;
 }
 
-SageQuantized sage_quantize(const RowMatrixXd& x, bool is_query, SageGranularity g, int bits, SageRounding r,
+SageQuantized sage_quantize(const MatrixView& x, bool is_query, SageGranularity g, int bits, SageRounding r,
                             const SageGroupSizes& sizes) {
   if (bits != 4 && bits != 8) throw std::invalid_argument("sage_quantize: bits must be 4 or 8");
   const double qmax = bits == 8 ? 127 : 7;

@@ -34,7 +34,7 @@ double sas_exp(double y, const SasParams& p) {
   return h(h(std::exp(-i)) * poly_half(p.poly, f));
 }
 
-RowMatrixXd sas_softmax_rows(const RowMatrixXd& logits, const SasParams& p) {
+RowMatrixXd sas_softmax_rows(const MatrixView& logits, const SasParams& p) {
   RowMatrixXd out = RowMatrixXd::Zero(logits.rows(), logits.cols());
   for (Eigen::Index r = 0; r < logits.rows(); ++r) {
     double m = -std::numeric_limits<double>::infinity();

@@ -8,7 +8,7 @@ namespace {
 class SasMethod final : public SoftmaxModelMethod {
  public:
   explicit SasMethod(SasParams p) : p_(p) {}
-  RowMatrixXd softmax_rows_impl(const RowMatrixXd& logits) const override { return sas_softmax_rows(logits, p_); }
+  RowMatrixXd softmax_rows_impl(const MatrixView& logits) const override { return sas_softmax_rows(logits, p_); }
 
  private:
   SasParams p_;

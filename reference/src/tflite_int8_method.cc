@@ -179,11 +179,13 @@ struct Quantization {
 };
 
 // The input scale and zero point for the visible logits of `block` (a row, or the whole call).
-Quantization calibrate(const RowMatrixXd& block, const Int8SoftmaxParams& p) {
+Quantization calibrate(const MatrixView& block, const Int8SoftmaxParams& p) {
   if (p.calibration == Calibration::fixed) return {static_cast<float>(p.fixed_scale), 0};
   double lo = 0, hi = 0;  // the range always holds 0, as TFLite's activation ranges do
+  RowMatrixXd storage;
+  const double* data = packed_rows(block, storage);
   for (Eigen::Index i = 0; i < block.size(); ++i) {
-    const double x = block.data()[i];
+    const double x = data[i];
     if (std::isinf(x)) continue;  // -inf: masked
     lo = std::min(lo, x), hi = std::max(hi, x);
   }
@@ -197,7 +199,7 @@ Quantization calibrate(const RowMatrixXd& block, const Int8SoftmaxParams& p) {
   return {static_cast<float>(scale), static_cast<std::int32_t>(std::clamp(zero_point, -128.0, 127.0))};
 }
 
-void softmax_block(const RowMatrixXd& logits, Eigen::Index r0, Eigen::Index rows, const Int8SoftmaxParams& p,
+void softmax_block(const MatrixView& logits, Eigen::Index r0, Eigen::Index rows, const Int8SoftmaxParams& p,
                    RowMatrixXd& probs) {
   const Quantization qz = calibrate(logits.middleRows(r0, rows), p);
   const SoftmaxParams params = prepare_softmax(p.beta, qz.scale);
@@ -220,7 +222,7 @@ void softmax_block(const RowMatrixXd& logits, Eigen::Index r0, Eigen::Index rows
 
 }  // namespace
 
-RowMatrixXd tflite_int8_softmax_rows(const RowMatrixXd& logits, const Int8SoftmaxParams& p) {
+RowMatrixXd tflite_int8_softmax_rows(const MatrixView& logits, const Int8SoftmaxParams& p) {
   RowMatrixXd probs(logits.rows(), logits.cols());
   if (logits.size() == 0) return probs;
   if (p.scope == CalibrationScope::tensor || p.calibration == Calibration::fixed)
@@ -238,7 +240,7 @@ namespace {
 class TfliteInt8Method final : public SoftmaxModelMethod {
  public:
   explicit TfliteInt8Method(tflite::Int8SoftmaxParams p) : p_(p) {}
-  RowMatrixXd softmax_rows_impl(const RowMatrixXd& logits) const override {
+  RowMatrixXd softmax_rows_impl(const MatrixView& logits) const override {
     return tflite::tflite_int8_softmax_rows(logits, p_);
   }
 

@@ -107,7 +107,7 @@ void attend_rows(const RowMatrixXi32& q8, double s_q, Eigen::Index r0, const Key
 }
 
 // INT8 blocks of B_c rows of x over [0, n) (prefill), each with its own scale.
-void prefill_blocks(const RowMatrixXd& x, Eigen::Index n, Eigen::Index bc, int range, RowMatrixXi32& q8,
+void prefill_blocks(const MatrixView& x, Eigen::Index n, Eigen::Index bc, int range, RowMatrixXi32& q8,
                     std::vector<double>& scales) {
   for (Eigen::Index b0 = 0; b0 < n; b0 += bc) {
     const Eigen::Index m = std::min(bc, n - b0);
@@ -138,7 +138,7 @@ Eigen::Index turbo_prefill_len(const TurboParams& p, Eigen::Index lk) {
   return std::min(lk, p.block_c * std::max<Eigen::Index>(1, lk / (2 * p.block_c)));
 }
 
-AttentionResult turbo_attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+AttentionResult turbo_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                 const AttentionMask& mask, const TurboParams& p, int kv_bits, TurboStats* stats) {
   check_params(p, kv_bits);
   if (q.cols() != k.cols() || k.rows() != v.rows()) throw std::invalid_argument("turbo: shapes of q, k, v do not fit");
@@ -215,8 +215,8 @@ AttentionResult turbo_attention(const RowMatrixXd& q, const RowMatrixXd& k, cons
   return r;
 }
 
-std::vector<AttentionResult> turbo_attention_heads(const std::vector<RowMatrixXd>& q, const std::vector<RowMatrixXd>& k,
-                                                   const std::vector<RowMatrixXd>& v, double scale,
+std::vector<AttentionResult> turbo_attention_heads(const std::vector<MatrixView>& q, const std::vector<MatrixView>& k,
+                                                   const std::vector<MatrixView>& v, double scale,
                                                    const AttentionMask& mask, const TurboParams& p) {
   if (q.size() != k.size() || k.size() != v.size()) throw std::invalid_argument("turbo: head counts of q, k, v differ");
   std::vector<double> priority;

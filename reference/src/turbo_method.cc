@@ -9,15 +9,15 @@ namespace {
 class TurboMethod final : public Method {
  public:
   explicit TurboMethod(TurboParams p) : p_(p) {}
-  RowMatrixXd softmax_rows_impl(const RowMatrixXd&) const override {
+  RowMatrixXd softmax_rows_impl(const MatrixView&) const override {
     throw SpecError("turbo is an attention pipeline; its softmax alone is the method 'sas'");
   }
-  AttentionResult attention_impl(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+  AttentionResult attention_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                             const AttentionMask& mask) const override {
     return turbo_attention(q, k, v, scale, mask, p_, p_.kv_bits);
   }
-  std::vector<AttentionResult> attention_heads_impl(const std::vector<RowMatrixXd>& q, const std::vector<RowMatrixXd>& k,
-                                               const std::vector<RowMatrixXd>& v, double scale,
+  std::vector<AttentionResult> attention_heads_impl(const std::vector<MatrixView>& q, const std::vector<MatrixView>& k,
+                                               const std::vector<MatrixView>& v, double scale,
                                                const AttentionMask& mask) const override {
     return turbo_attention_heads(q, k, v, scale, mask, p_);
   }

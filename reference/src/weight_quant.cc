@@ -17,7 +17,7 @@ QuantGrid weight_grid(const WeightQuantConfig& c) {
   return QuantGrid::unsigned_bits(c.bits, QuantMode::asymmetric);
 }
 
-void check_shapes(const RowMatrixXd& w, const RowMatrixXd& x) {
+void check_shapes(const MatrixView& w, const MatrixView& x) {
   if (x.cols() != w.rows())
     throw std::invalid_argument("X has " + std::to_string(x.cols()) + " features, W has " + std::to_string(w.rows()) +
                                 " input rows");
@@ -25,11 +25,11 @@ void check_shapes(const RowMatrixXd& w, const RowMatrixXd& x) {
 
 }  // namespace
 
-RowMatrixXd rtn_weights(const RowMatrixXd& w, const WeightQuantConfig& c) {
+RowMatrixXd rtn_weights(const MatrixView& w, const WeightQuantConfig& c) {
   return quantize(w, weight_grid(c), Tiling{c.group, 1}).dequantize();
 }
 
-RowMatrixXd gptq_weights(const RowMatrixXd& w_in, const RowMatrixXd& x, const WeightQuantConfig& c, GptqOptions o) {
+RowMatrixXd gptq_weights(const MatrixView& w_in, const MatrixView& x, const WeightQuantConfig& c, GptqOptions o) {
   check_shapes(w_in, x);
   const QuantGrid grid = weight_grid(c);
   const Eigen::Index n = w_in.rows(), out = w_in.cols();
@@ -67,7 +67,7 @@ RowMatrixXd gptq_weights(const RowMatrixXd& w_in, const RowMatrixXd& x, const We
   return q;
 }
 
-AwqResult awq_weights(const RowMatrixXd& w, const RowMatrixXd& x, const WeightQuantConfig& c, int grid,
+AwqResult awq_weights(const MatrixView& w, const MatrixView& x, const WeightQuantConfig& c, int grid,
                       AwqGrid spacing) {
   check_shapes(w, x);
   if (grid < 1) throw std::invalid_argument("AWQ: grid must be >= 1");
@@ -91,7 +91,7 @@ AwqResult awq_weights(const RowMatrixXd& w, const RowMatrixXd& x, const WeightQu
   return best;
 }
 
-double relative_output_error(const RowMatrixXd& x, const RowMatrixXd& w, const RowMatrixXd& w_hat) {
+double relative_output_error(const MatrixView& x, const MatrixView& w, const MatrixView& w_hat) {
   const RowMatrixXd y = x * w;
   return (x * w_hat - y).norm() / y.norm();
 }
@@ -108,7 +108,7 @@ class RegisteredWeightQuantizer final : public WeightQuantizer {
     if (kind == Kind::gptq) gptq_.block = p.integer("block"), gptq_.damp = p.real("damp");
     if (kind == Kind::awq) grid_ = static_cast<int>(p.integer("grid")), spacing_ = choice_value(p, "alphas", kAwqGrids);
   }
-  RowMatrixXd apply(const RowMatrixXd& w, const RowMatrixXd& x) const override {
+  RowMatrixXd apply(const MatrixView& w, const MatrixView& x) const override {
     switch (kind_) {
       case Kind::rtn: return rtn_weights(w, config_);
       case Kind::gptq: return gptq_weights(w, x, config_, gptq_);

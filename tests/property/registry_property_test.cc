@@ -224,7 +224,7 @@ TEST_CASE("registry: heads evaluated together equal heads evaluated alone, where
     if (!c.traits.heads_independent) continue;
     INFO(c.spec << " (seed 108)");
     const auto m = ref::reference_registry().create(c.spec);
-    const std::vector<AttentionResult> together = m->attention_heads(q, k, v, 0.25, {});
+    const std::vector<AttentionResult> together = m->attention_heads(views(q), views(k), views(v), 0.25, {});
     REQUIRE(together.size() == 3);
     for (std::size_t h = 0; h < 3; ++h) {
       const AttentionResult alone = m->attention(q[h], k[h], v[h], 0.25, {});

@@ -1,6 +1,7 @@
 // The method-spec parser and the registry: syntax, defaults, presets, overrides, and the error messages.
 #include <catch2/catch.hpp>
 
+#include "qattn/engine.h"
 #include "qattn/error.h"
 #include "qattn/method.h"
 #include "qattn/reference/registry.h"
@@ -13,10 +14,10 @@ namespace {
 class EchoMethod final : public Method {
  public:
   explicit EchoMethod(ParamMap p) : p_(std::move(p)) {}
-  RowMatrixXd softmax_rows_impl(const RowMatrixXd& x) const override {
+  RowMatrixXd softmax_rows_impl(const MatrixView& x) const override {
     return RowMatrixXd::Constant(x.rows(), x.cols(), p_.real("c") * static_cast<double>(p_.integer("b")));
   }
-  AttentionResult attention_impl(const RowMatrixXd&, const RowMatrixXd&, const RowMatrixXd&, double,
+  AttentionResult attention_impl(const MatrixView&, const MatrixView&, const MatrixView&, double,
                             const AttentionMask&) const override {
     return {};
   }
@@ -93,4 +94,72 @@ TEST_CASE("the reference registry lists the FP methods", "[method]") {
   const Registry& r = ref::reference_registry();
   for (const char* name : {"fp64", "fp32", "fp16", "bf16"}) CHECK(r.find(name) != nullptr);
   CHECK_THROWS_WITH(r.create("fp16:b=3"), Contains("takes no parameters"));
+}
+
+namespace {
+
+// Records where its inputs live, to show that Method's public calls hand a caller's buffer through unchanged.
+class AddressMethod final : public Method {
+ public:
+  mutable std::vector<const double*> seen;
+
+ protected:
+  RowMatrixXd softmax_rows_impl(const MatrixView& x) const override {
+    seen.push_back(x.data());
+    return RowMatrixXd::Zero(x.rows(), x.cols());
+  }
+  AttentionResult attention_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v, double,
+                                 const AttentionMask&) const override {
+    seen.insert(seen.end(), {q.data(), k.data(), v.data()});
+    return {};
+  }
+};
+
+}  // namespace
+
+TEST_CASE("methods read a caller's buffer in place: no copy between the caller and the method", "[method]") {
+  // Memory the caller owns (as a NumPy array would be), mapped without a copy.
+  std::vector<double> buffer(3 * 4 * 8, 0.25);
+  const Eigen::Map<const RowMatrixXd> q(buffer.data(), 4, 8), k(buffer.data() + 32, 4, 8), v(buffer.data() + 64, 4, 8);
+  const AddressMethod m;
+  m.softmax_rows(q);
+  m.attention(q, k, v, 0.5, {});
+  m.attention_heads({q, k}, {k, v}, {v, q}, 0.5, {});
+  const std::vector<const double*> expected = {q.data(), q.data(), k.data(), v.data(),
+                                               q.data(), k.data(), v.data(), k.data(), v.data(), q.data()};
+  CHECK(m.seen == expected);
+  // Whole-row blocks are views too; a block of some columns is not packed, and packed_rows packs it.
+  RowMatrixXd storage;
+  const RowMatrixXd x = RowMatrixXd::NullaryExpr(5, 6, [](Eigen::Index i, Eigen::Index j) { return 10.0 * i + j; });
+  const MatrixView rows = x.middleRows(1, 3);
+  CHECK(rows.data() == x.data() + 6);
+  CHECK(packed_rows(rows, storage) == rows.data());
+  const MatrixView cols = x.middleCols(2, 3);
+  REQUIRE(cols.outerStride() == 6);
+  const double* packed = packed_rows(cols, storage);
+  CHECK(packed == storage.data());
+  CHECK(std::vector<double>(packed, packed + 9) == std::vector<double>{2, 3, 4, 12, 13, 14, 22, 23, 24});
+}
+
+TEST_CASE("every registered method gives the same bits on a view of some columns as on a packed copy", "[method]") {
+  // A view whose rows are not packed (row stride 12, 8 columns) must be read as its rows, not as memory.
+  const RowMatrixXd wide = RowMatrixXd::NullaryExpr(
+      16, 12, [](Eigen::Index i, Eigen::Index j) { return std::sin(1.7 * static_cast<double>(i * 12 + j)); });
+  const RowMatrixXd q = wide.leftCols(8), k = wide.rightCols(8), v = wide.middleCols(2, 8);
+  for (const auto& entry : ref::reference_registry().entries()) {
+    INFO(entry.name);
+    const auto m = ref::reference_registry().create(entry.name);
+    const AttentionResult packed = m->attention(q, k, v, 0.3, {});
+    const AttentionResult strided = m->attention(wide.leftCols(8), wide.rightCols(8), wide.middleCols(2, 8), 0.3, {});
+    CHECK(packed.o == strided.o);
+    CHECK(packed.p == strided.p);
+  }
+  for (const char* spec : {"intattention", "quant-only:softmax=lanes16"}) {  // and the fused kernels
+    INFO(spec);
+    const BuiltMethod m = build_method(spec, {.engine = Engine::fast});
+    const AttentionResult packed = m.method->attention(q, k, v, 0.3, {});
+    const AttentionResult strided = m.method->attention(wide.leftCols(8), wide.rightCols(8), wide.middleCols(2, 8), 0.3, {});
+    CHECK(packed.o == strided.o);
+    CHECK(packed.p == strided.p);
+  }
 }

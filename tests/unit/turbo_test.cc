@@ -326,7 +326,7 @@ TEST_CASE("turbo: head-wise precision gives the n_h lowest-priority heads 2 bits
     v.push_back(random_matrix(70, 3, 1.0, g));
   }
   const auto m = reference_registry().create("turbo@decode:nh=1,bc=16,prefill-len=48");
-  const std::vector<AttentionResult> r = m->attention_heads(q, k, v, 0.3, {});
+  const std::vector<AttentionResult> r = m->attention_heads(views(q), views(k), views(v), 0.3, {});
   TurboParams p;
   p.mode = TurboMode::decode;
   p.block_c = 16;
@@ -352,7 +352,7 @@ TEST_CASE("turbo with nh > 0 declares its heads dependent, and they are: a head'
     v.push_back(qattn::test::random_matrix(40, 8, s, g));
   }
   const auto m = r.create("turbo:mode=decode,nh=1");
-  const std::vector<AttentionResult> together = m->attention_heads(q, k, v, 0.25, {});
+  const std::vector<AttentionResult> together = m->attention_heads(views(q), views(k), views(v), 0.25, {});
   bool some_head_differs = false;
   for (std::size_t h = 0; h < 3; ++h) some_head_differs |= together[h].o != m->attention(q[h], k[h], v[h], 0.25, {}).o;
   CHECK(some_head_differs);

@@ -103,7 +103,7 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
 
 // The float entry point: per-tensor symmetric INT8 of Q, K and V (s = max|x| / 127, 1 for an all-zero tensor,
 // round half to even, clamp +-127), then int_attention_fused. Returns O [L_q, d_v].
-RowMatrixXd int_attention_fused(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+RowMatrixXd int_attention_fused(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                 const IntAttentionConfig& config);
 
 }  // namespace qattn

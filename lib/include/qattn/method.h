@@ -140,37 +140,40 @@ struct AttentionResult {
 //    OverflowRule, declared in its registry entry.
 // The public calls below check their inputs under this policy and then call the protected *_impl a method
 // implements, so no method can skip the checks.
+// Inputs are MatrixViews (qattn/tensor.h): a caller's RowMatrixXd, a block of whole rows or a mapped buffer reaches
+// the method without a copy. A view may be a block of some columns, so a method reads it by row and column, or
+// through packed_rows() where it walks data(); tests/unit/method_spec_test.cc runs every method on such a view.
 class Method {
  public:
   virtual ~Method() = default;
   // Row-wise softmax of logits [rows, L] as this method computes it, returned as probabilities.
-  RowMatrixXd softmax_rows(const RowMatrixXd& logits) const;
+  RowMatrixXd softmax_rows(const MatrixView& logits) const;
   // Softmax of integer logits. Methods without an integer form keep the default, which throws SpecError.
   IntegerSoftmaxResult softmax_integer(const IntegerLogits& logits) const { return softmax_integer_impl(logits); }
   // softmax(scale * q k^T) v as this method computes it. q [L_q, d], k [L_k, d], v [L_k, d_v]; scale finite, > 0.
-  AttentionResult attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+  AttentionResult attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                             const AttentionMask& mask) const;
   // The heads of one layer, one attention call each (q[h], k[h], v[h]). Methods whose choices look across heads
   // (TurboAttention's head-wise KV precision) override the _impl; the default calls attention() per head.
-  std::vector<AttentionResult> attention_heads(const std::vector<RowMatrixXd>& q, const std::vector<RowMatrixXd>& k,
-                                               const std::vector<RowMatrixXd>& v, double scale,
+  std::vector<AttentionResult> attention_heads(const std::vector<MatrixView>& q, const std::vector<MatrixView>& k,
+                                               const std::vector<MatrixView>& v, double scale,
                                                const AttentionMask& mask) const;
 
  protected:
-  virtual RowMatrixXd softmax_rows_impl(const RowMatrixXd& logits) const = 0;
+  virtual RowMatrixXd softmax_rows_impl(const MatrixView& logits) const = 0;
   virtual IntegerSoftmaxResult softmax_integer_impl(const IntegerLogits& logits) const;
-  virtual AttentionResult attention_impl(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v,
+  virtual AttentionResult attention_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v,
                                          double scale, const AttentionMask& mask) const = 0;
-  virtual std::vector<AttentionResult> attention_heads_impl(const std::vector<RowMatrixXd>& q,
-                                                            const std::vector<RowMatrixXd>& k,
-                                                            const std::vector<RowMatrixXd>& v, double scale,
+  virtual std::vector<AttentionResult> attention_heads_impl(const std::vector<MatrixView>& q,
+                                                            const std::vector<MatrixView>& k,
+                                                            const std::vector<MatrixView>& v, double scale,
                                                             const AttentionMask& mask) const;
 };
 
 // The input checks of the policy above, for code that takes tensors from users outside a Method. `tensor` names
 // the tensor in the InputError ("Q", "logits", or a file name); the field is the first bad index, "[row, col]".
-void require_finite(const RowMatrixXd& x, const std::string& tensor);
-void require_softmax_logits(const RowMatrixXd& x, const std::string& tensor);  // -inf allowed (masked)
+void require_finite(const MatrixView& x, const std::string& tensor);
+void require_softmax_logits(const MatrixView& x, const std::string& tensor);  // -inf allowed (masked)
 
 // The InputError of a method under OverflowRule::refuse whose logit (row i, key j) does not fit `format`.
 [[noreturn]] void throw_logit_overflow(const std::string& method, const std::string& format, Eigen::Index i,

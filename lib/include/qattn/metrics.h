@@ -45,9 +45,9 @@ struct KlStats {
   double mean = 0;  // over rows
   double max = 0;
 };
-KlStats kl_rows(const RowMatrixXd& p_ref, const RowMatrixXd& p);
+KlStats kl_rows(const MatrixView& p_ref, const MatrixView& p);
 
 // True when every entry is finite and >= 0 and every row sums to 1 within `tolerance`.
-bool looks_like_probability_rows(const RowMatrixXd& m, double tolerance = 1e-2);
+bool looks_like_probability_rows(const MatrixView& m, double tolerance = 1e-2);
 
 }  // namespace qattn

@@ -19,6 +19,19 @@ using RowMatrixXd = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen:
 using RowMatrixXi32 = Eigen::Matrix<std::int32_t, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using RowMatrixXb = Eigen::Matrix<bool, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
+// A read-only view of a row-major float64 matrix: a RowMatrixXd, a block of whole rows, or a buffer that someone else
+// owns, such as a C-contiguous NumPy array mapped with Eigen::Map. Methods take their inputs as views, so a caller's
+// buffer reaches them without a copy (an Eigen expression is evaluated once into storage the view owns). Rows are
+// contiguous (inner stride 1); the row stride is outerStride(), which equals cols() for everything but a block of
+// some columns: code that walks data() uses packed_rows() to be sure.
+using MatrixView = Eigen::Ref<const RowMatrixXd>;
+
+// x's data() as packed rows (row stride = cols): x itself, or a packed copy of it in `storage`.
+const double* packed_rows(const MatrixView& x, RowMatrixXd& storage);
+
+// Views of each matrix of `m` (the heads of one layer), which must outlive them.
+std::vector<MatrixView> views(const std::vector<RowMatrixXd>& m);
+
 struct Tensor {
   DType dtype = DType::f32;
   std::vector<std::int64_t> shape;   // empty shape = scalar (one element)

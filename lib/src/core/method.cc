@@ -153,7 +153,7 @@ namespace {
 
 // The first entry of x that `bad` rejects, as an InputError naming `tensor`, the index and the value.
 template <class Bad>
-void check_entries(const RowMatrixXd& x, const std::string& tensor, Bad bad) {
+void check_entries(const MatrixView& x, const std::string& tensor, Bad bad) {
   for (Eigen::Index i = 0; i < x.rows(); ++i)
     for (Eigen::Index j = 0; j < x.cols(); ++j) {
       const double v = x(i, j);
@@ -166,19 +166,19 @@ void check_entries(const RowMatrixXd& x, const std::string& tensor, Bad bad) {
 
 }  // namespace
 
-void require_finite(const RowMatrixXd& x, const std::string& tensor) {
+void require_finite(const MatrixView& x, const std::string& tensor) {
   if (x.allFinite()) return;
   check_entries(x, tensor, [](double v) { return !std::isfinite(v); });
 }
 
-void require_softmax_logits(const RowMatrixXd& x, const std::string& tensor) {
+void require_softmax_logits(const MatrixView& x, const std::string& tensor) {
   if (x.allFinite()) return;
   check_entries(x, tensor, [](double v) { return std::isnan(v) || v == std::numeric_limits<double>::infinity(); });
 }
 
 namespace {
 
-void require_attention_inputs(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale) {
+void require_attention_inputs(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale) {
   require_finite(q, "Q");
   require_finite(k, "K");
   require_finite(v, "V");
@@ -194,28 +194,28 @@ void throw_logit_overflow(const std::string& method, const std::string& format, 
                        " forms its logits; the inputs are too large for this method (docs/non-finite.md)");
 }
 
-RowMatrixXd Method::softmax_rows(const RowMatrixXd& logits) const {
+RowMatrixXd Method::softmax_rows(const MatrixView& logits) const {
   require_softmax_logits(logits, "logits");
   return softmax_rows_impl(logits);
 }
 
-AttentionResult Method::attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+AttentionResult Method::attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                   const AttentionMask& mask) const {
   require_attention_inputs(q, k, v, scale);
   return attention_impl(q, k, v, scale, mask);
 }
 
-std::vector<AttentionResult> Method::attention_heads(const std::vector<RowMatrixXd>& q, const std::vector<RowMatrixXd>& k,
-                                                     const std::vector<RowMatrixXd>& v, double scale,
+std::vector<AttentionResult> Method::attention_heads(const std::vector<MatrixView>& q, const std::vector<MatrixView>& k,
+                                                     const std::vector<MatrixView>& v, double scale,
                                                      const AttentionMask& mask) const {
   if (q.size() != k.size() || k.size() != v.size()) throw std::invalid_argument("attention_heads: head counts of q, k, v differ");
   for (std::size_t h = 0; h < q.size(); ++h) require_attention_inputs(q[h], k[h], v[h], scale);
   return attention_heads_impl(q, k, v, scale, mask);
 }
 
-std::vector<AttentionResult> Method::attention_heads_impl(const std::vector<RowMatrixXd>& q,
-                                                          const std::vector<RowMatrixXd>& k,
-                                                          const std::vector<RowMatrixXd>& v, double scale,
+std::vector<AttentionResult> Method::attention_heads_impl(const std::vector<MatrixView>& q,
+                                                          const std::vector<MatrixView>& k,
+                                                          const std::vector<MatrixView>& v, double scale,
                                                           const AttentionMask& mask) const {
   std::vector<AttentionResult> out;
   out.reserve(q.size());

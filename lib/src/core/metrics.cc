@@ -95,7 +95,7 @@ ErrorStats compare(std::span<const double> out, std::span<const double> ref) {
   return s;
 }
 
-KlStats kl_rows(const RowMatrixXd& p_ref, const RowMatrixXd& p) {
+KlStats kl_rows(const MatrixView& p_ref, const MatrixView& p) {
   if (p_ref.rows() != p.rows() || p_ref.cols() != p.cols())
     throw std::invalid_argument("kl_rows: shapes differ");
   KlStats k;
@@ -120,7 +120,7 @@ KlStats kl_rows(const RowMatrixXd& p_ref, const RowMatrixXd& p) {
   return k;
 }
 
-bool looks_like_probability_rows(const RowMatrixXd& m, double tolerance) {
+bool looks_like_probability_rows(const MatrixView& m, double tolerance) {
   for (Eigen::Index i = 0; i < m.rows(); ++i) {
     CompensatedSum s;
     for (Eigen::Index j = 0; j < m.cols(); ++j) {

@@ -107,6 +107,16 @@ Eigen::ArrayXd Tensor::to_double() const {
   return out;
 }
 
+std::vector<MatrixView> views(const std::vector<RowMatrixXd>& m) {
+  return {m.begin(), m.end()};
+}
+
+const double* packed_rows(const MatrixView& x, RowMatrixXd& storage) {
+  if (x.outerStride() == x.cols() || x.rows() <= 1) return x.data();
+  storage = x;
+  return storage.data();
+}
+
 RowMatrixXd Tensor::as_rows() const {
   const std::int64_t cols = shape.empty() ? 1 : shape.back();
   const std::int64_t n = element_count();

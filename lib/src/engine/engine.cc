@@ -83,12 +83,12 @@ class FusedMethod final : public Method {
       : plan_(std::move(plan)), reference_(std::move(reference)), isa_(isa), threads_(threads), probs_(probs) {}
 
  protected:
-  RowMatrixXd softmax_rows_impl(const RowMatrixXd& logits) const override { return reference_->softmax_rows(logits); }
+  RowMatrixXd softmax_rows_impl(const MatrixView& logits) const override { return reference_->softmax_rows(logits); }
   IntegerSoftmaxResult softmax_integer_impl(const IntegerLogits& logits) const override {
     return reference_->softmax_integer(logits);
   }
 
-  AttentionResult attention_impl(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+  AttentionResult attention_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                  const AttentionMask& mask) const override {
     const Eigen::Index lq = q.rows(), lk = k.rows(), d = q.cols(), dv = v.cols();
     const bool mask_fits = mask.valid.size() == 0 || (mask.valid.rows() == lq && mask.valid.cols() == lk);
@@ -98,7 +98,7 @@ class FusedMethod final : public Method {
       std::vector<std::int8_t> values;
       double scale;
     };
-    const auto quantize = [&](const RowMatrixXd& x) {
+    const auto quantize = [&](const MatrixView& x) {
       const ref::Int8Matrix m = ref::quantize_symmetric_int8(x, plan_.qround);
       return Quantized{narrow_int8(m.values), m.scale};
     };

@@ -16,9 +16,10 @@ namespace {
 
 Eigen::Index round_up(Eigen::Index x, Eigen::Index m) { return (x + m - 1) / m * m; }
 
-std::vector<std::int8_t> quantize_per_tensor(const RowMatrixXd& x, double* scale) {
+std::vector<std::int8_t> quantize_per_tensor(const MatrixView& x, double* scale) {
   std::vector<std::int8_t> q(static_cast<std::size_t>(x.size()));
-  *scale = quantize_int8_symmetric(std::span<const double>(x.data(), q.size()), std::span<std::int8_t>(q));
+  RowMatrixXd storage;
+  *scale = quantize_int8_symmetric(std::span<const double>(packed_rows(x, storage), q.size()), std::span<std::int8_t>(q));
   return q;
 }
 
@@ -222,7 +223,7 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
   });
 }
 
-RowMatrixXd int_attention_fused(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+RowMatrixXd int_attention_fused(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                 const IntAttentionConfig& config) {
   double sq, sk, sv;
   const std::vector<std::int8_t> qi = quantize_per_tensor(q, &sq), ki = quantize_per_tensor(k, &sk),

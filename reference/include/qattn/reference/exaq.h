@@ -54,7 +54,7 @@ struct ExaqStats {
   double sigma = 0, sigma_laplace = 0, min = 0;
   long count = 0;
 };
-ExaqStats exaq_stats(const RowMatrixXd& x_max_subtracted, Eigen::Index row_begin, Eigen::Index row_end);
+ExaqStats exaq_stats(const MatrixView& x_max_subtracted, Eigen::Index row_begin, Eigen::Index row_end);
 
 // The 2^b reconstruction levels x^[q] for a scope with clip C and data minimum lo_data.
 std::vector<double> exaq_levels(const ExaqParams& p, double clip, double lo_data);
@@ -72,7 +72,7 @@ class ExaqCalibrator;
 // The whole method on one call. Returns probabilities. `c_used` (optional) receives the clip of each scope. With a
 // calibrator (tensor scope only), the (C, lo_data) of this call pass through it: recorded during its first calls,
 // replaced by their means afterwards.
-RowMatrixXd exaq_softmax(const RowMatrixXd& logits, const ExaqParams& p, std::vector<double>* c_used = nullptr,
+RowMatrixXd exaq_softmax(const MatrixView& logits, const ExaqParams& p, std::vector<double>* c_used = nullptr,
                          ExaqCalibrator* calibrator = nullptr);
 
 // Declared contract (docs/methods/exaq.md §5) for one scope whose grid spans [lo, 0] with step D (upstream:

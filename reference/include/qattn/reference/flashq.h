@@ -29,11 +29,11 @@ struct FlashQBlock {
 };
 
 // (1) on a whole block. Throws std::invalid_argument on a non-finite entry.
-FlashQBlock flashq_quantize_block(const RowMatrixXd& x, int range = kFlashQRange);
+FlashQBlock flashq_quantize_block(const MatrixView& x, int range = kFlashQRange);
 
 // (1) with a given scale (the decode buffer's universal scale): entries beyond +-119 s clamp; *clamped (if given)
 // receives how many did.
-RowMatrixXi32 flashq_quantize_with_scale(const RowMatrixXd& x, double scale, Eigen::Index* clamped = nullptr,
+RowMatrixXi32 flashq_quantize_with_scale(const MatrixView& x, double scale, Eigen::Index* clamped = nullptr,
                                          int range = kFlashQRange);
 
 enum class IntScaleRounding { round, ceil };
@@ -57,7 +57,7 @@ RowMatrixXi32 flashq_decompress(const ProgressiveBlock& b, Eigen::Index* saturat
 //                deviation of the channel-wise gaps g_c = max_t x(t, c) - min_t x(t, c);
 //   entries      (qattn's earlier reading): gap as above, std = the population standard deviation of all entries.
 enum class HeadPriority { channel_gaps, entries };
-double flashq_head_priority(const RowMatrixXd& k, const RowMatrixXd& v, HeadPriority rule = HeadPriority::channel_gaps);
+double flashq_head_priority(const MatrixView& k, const MatrixView& v, HeadPriority rule = HeadPriority::channel_gaps);
 
 // Bits per head: the n_h heads of lowest priority get low_bits, the rest high_bits; ties go to the lower head
 // index first (a stable order). n_h is clamped to [0, heads].

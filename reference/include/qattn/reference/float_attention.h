@@ -23,11 +23,11 @@ enum class FloatPrecision { fp64, fp32, fp16, bf16 };
 std::string_view precision_name(FloatPrecision p);
 
 // Every entry rounded to the storage format of `p` (identity for fp64), returned as the exact double value.
-RowMatrixXd round_to_storage(const RowMatrixXd& m, FloatPrecision p);
+RowMatrixXd round_to_storage(const MatrixView& m, FloatPrecision p);
 
-RowMatrixXd float_softmax_rows(const RowMatrixXd& logits, FloatPrecision p);
+RowMatrixXd float_softmax_rows(const MatrixView& logits, FloatPrecision p);
 // Masked pairs get logit -inf before the softmax (after R2), so they contribute exactly 0.
-AttentionResult float_attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+AttentionResult float_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                 FloatPrecision p, const AttentionMask& mask = {});
 
 }  // namespace qattn::ref

@@ -47,6 +47,6 @@ std::int64_t ibert_softmax_row(std::span<const std::int64_t> q, std::span<const 
                                const IbertParams& p, std::span<std::int64_t> p_int);
 
 // Row-wise softmax of float logits [rows, L]: P = P_int / 2^out_bits.
-RowMatrixXd ibert_softmax_rows(const RowMatrixXd& logits, const IbertParams& p);
+RowMatrixXd ibert_softmax_rows(const MatrixView& logits, const IbertParams& p);
 
 }  // namespace qattn::ref

@@ -16,7 +16,7 @@ struct Int8Matrix {
 
 // Symmetric per-tensor INT8: s = max|x| / 127 (s = 1 for an all-zero tensor, so every code is 0),
 // q = clamp(round_half_even(x / s), -127, 127), all in double.
-Int8Matrix quantize_symmetric_int8(const RowMatrixXd& x, Int8Rounding rounding = Int8Rounding::rne);
+Int8Matrix quantize_symmetric_int8(const MatrixView& x, Int8Rounding rounding = Int8Rounding::rne);
 
 // a b^T with exact int64 accumulation; throws std::overflow_error if a result leaves int32.
 RowMatrixXi32 int_matmul_abt(const RowMatrixXi32& a, const RowMatrixXi32& b);
@@ -29,7 +29,7 @@ enum class QuantOnlySoftmax { reference, lanes16 };
 
 // Quant-Only INT8 (IntAttention's baseline): INT8 Q, K, V; INT32 Q K^T; S = fl32(A) * fl32(sQ sK scale);
 // P = softmax(S) in float; P8 = round_half_even(fl32(127 P)) as INT8; INT32 P8 V; O = fl32(P8 V * sV / 127).
-AttentionResult quant_only_attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+AttentionResult quant_only_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                      const AttentionMask& mask,
                                      QuantOnlySoftmax softmax = QuantOnlySoftmax::reference);
 
@@ -67,7 +67,7 @@ struct KeyBlocks {
 };
 // K in blocks of `rows` keys, each quantised like quantize_symmetric_int8. Throws std::invalid_argument on rows < 1
 // and, as key_group_ratios does, on a block scale too small next to the largest.
-KeyBlocks quantize_key_blocks(const RowMatrixXd& k, Eigen::Index rows, Int8Rounding rounding);
+KeyBlocks quantize_key_blocks(const MatrixView& k, Eigen::Index rows, Int8Rounding rounding);
 // The KeyGroupClip of a query group with scale s_q: c_int^(j) = intattention_cint(s_q, s_K^(j), ...) (Eq. 16 with
 // the `cint` rule, so that equal block scales give the per-tensor c_int), and kappa for the offset reading.
 KeyGroupClip key_group_clip(const KeyBlocks& k, Eigen::Index rows, double s_q, double scale,
@@ -77,7 +77,7 @@ KeyGroupClip key_group_clip(const KeyBlocks& k, Eigen::Index rows, double s_q, d
 // even); INT32 A = Q K^T; c_int from alpha = sQ sK scale (per Q group); IndexSoftmax of A with the mask; INT32 P V;
 // O = fl32(P V * sV / s_P) (sV of the channel's group). With groups.k_rows > 0, K is quantised per block of keys and
 // IndexSoftmax clips per block (index_softmax_grouped).
-AttentionResult int_attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+AttentionResult int_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                               const AttentionMask& mask, const IndexSoftmaxParams& params, CintEvaluation cint_eval,
                               const IntAttentionGroups& groups = {}, Int8Rounding qround = Int8Rounding::rne);
 

@@ -39,7 +39,7 @@ class KvQuantizer {
  public:
   virtual ~KvQuantizer() = default;
   // All heads of one layer: k[h] [L, d], v[h] [L, d_v]. Throws SpecError if the shapes do not suit the quantizer.
-  virtual KvQuantized apply(const std::vector<RowMatrixXd>& k, const std::vector<RowMatrixXd>& v) const = 0;
+  virtual KvQuantized apply(const std::vector<MatrixView>& k, const std::vector<MatrixView>& v) const = 0;
 };
 
 // The KV quantizer registry: the same spec syntax and parameter handling as the method registry.
@@ -48,8 +48,8 @@ const KvRegistry& kv_registry();
 
 // Attention of one method over KV-quantized heads: Q rotated as the quantizer requires, O rotated back.
 std::vector<AttentionResult> attention_with_kv(const Method& method, const KvQuantizer& kv,
-                                               const std::vector<RowMatrixXd>& q, const std::vector<RowMatrixXd>& k,
-                                               const std::vector<RowMatrixXd>& v, double scale,
+                                               const std::vector<MatrixView>& q, const std::vector<MatrixView>& k,
+                                               const std::vector<MatrixView>& v, double scale,
                                                const AttentionMask& mask, KvQuantized* used = nullptr);
 
 // ---- building blocks, exposed for the tests --------------------------------------------------------------------
@@ -72,8 +72,8 @@ const std::vector<double>& lloyd_max_codebook(int d, int bits);
 //   prod: x^ = mse with bits - 1 (0 bits: x^ = 0), r = x - x^, gamma = |r|, z = sign(S r) (sign(0) = +1),
 //         x~ = x^ + sqrt(pi/2) / d * gamma * S^T z, S [d, d] with i.i.d. N(0, 1) entries
 // The prod estimator <y, x~> is unbiased for <y, x> over S.
-Eigen::VectorXd turboquant_mse(const Eigen::VectorXd& x, const RowMatrixXd& rotation, int bits);
-Eigen::VectorXd turboquant_prod(const Eigen::VectorXd& x, const RowMatrixXd& rotation, const RowMatrixXd& s, int bits);
+Eigen::VectorXd turboquant_mse(const Eigen::VectorXd& x, const MatrixView& rotation, int bits);
+Eigen::VectorXd turboquant_prod(const Eigen::VectorXd& x, const MatrixView& rotation, const MatrixView& s, int bits);
 // The Gaussian sketch matrix of the prod variant, seeded.
 RowMatrixXd gaussian_matrix(Eigen::Index d, std::uint64_t seed);
 

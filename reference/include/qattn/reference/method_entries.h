@@ -14,7 +14,7 @@ namespace qattn::ref {
 // attention table of such a method isolates its softmax approximation.
 class SoftmaxModelMethod : public Method {
  public:
-  AttentionResult attention_impl(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+  AttentionResult attention_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                             const AttentionMask& mask) const override {
     AttentionResult r;
     RowMatrixXd s = (q * k.transpose()) * scale;

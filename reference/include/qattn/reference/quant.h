@@ -72,7 +72,7 @@ struct QuantizedMatrix {
 };
 
 // Throws std::invalid_argument on a non-finite entry or q_min >= q_max.
-QuantizedMatrix quantize(const RowMatrixXd& x, const QuantGrid& grid, Tiling tiling);
+QuantizedMatrix quantize(const MatrixView& x, const QuantGrid& grid, Tiling tiling);
 
 // Storage of a quantized matrix in bits per element: the codes' bits plus each tile's scale and zero point
 // (32-bit float scale; an integer zero point in the codes' width; a 32-bit float offset for min-offset).

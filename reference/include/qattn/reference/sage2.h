@@ -32,7 +32,7 @@ struct Sage2Params {
   SageGroupSizes groups;
 };
 
-AttentionResult sage2_attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+AttentionResult sage2_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                 const AttentionMask& mask, const Sage2Params& p);
 
 }  // namespace qattn::ref

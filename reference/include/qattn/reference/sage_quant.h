@@ -40,7 +40,7 @@ struct SageQuantized {
   double dequantized(Eigen::Index n, Eigen::Index c) const { return values(n, c) * scales[group[n]]; }
 };
 
-SageQuantized sage_quantize(const RowMatrixXd& x, bool is_query, SageGranularity g, int bits, SageRounding r,
+SageQuantized sage_quantize(const MatrixView& x, bool is_query, SageGranularity g, int bits, SageRounding r,
                             const SageGroupSizes& sizes = {});
 
 }  // namespace qattn::ref

@@ -29,7 +29,7 @@ struct SasParams {
 // e_j for one distance y = m - x >= 0 (before normalisation).
 double sas_exp(double y, const SasParams& p);
 
-RowMatrixXd sas_softmax_rows(const RowMatrixXd& logits, const SasParams& p);
+RowMatrixXd sas_softmax_rows(const MatrixView& logits, const SasParams& p);
 
 // The continuous least-squares cubic for e^{-x} on [0, 1]: minimises the integral of (POLY - e^{-x})^2, from the
 // 4x4 Hilbert normal equations solved in 50-digit arithmetic. The moments are int_0^1 x^k e^{-x} dx =

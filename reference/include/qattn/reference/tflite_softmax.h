@@ -84,6 +84,6 @@ struct Int8SoftmaxParams {
 std::int8_t quantize_int8(double x, float scale, std::int32_t zero_point);
 
 // Row-wise softmax of float logits [rows, L] through the int8 kernel; probabilities (out + 128) / 256.
-RowMatrixXd tflite_int8_softmax_rows(const RowMatrixXd& logits, const Int8SoftmaxParams& p);
+RowMatrixXd tflite_int8_softmax_rows(const MatrixView& logits, const Int8SoftmaxParams& p);
 
 }  // namespace qattn::ref::tflite

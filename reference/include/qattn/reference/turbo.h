@@ -48,12 +48,12 @@ struct TurboStats {
 };
 
 // kv_bits overrides p.kv_bits for this head (the mixed-precision assignment passes it).
-AttentionResult turbo_attention(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale,
+AttentionResult turbo_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                 const AttentionMask& mask, const TurboParams& p, int kv_bits, TurboStats* stats = nullptr);
 
 // All heads of one layer: kv bits per head from flashq_head_bits(priority of each head, p.heads_2bit, 2, p.kv_bits).
-std::vector<AttentionResult> turbo_attention_heads(const std::vector<RowMatrixXd>& q, const std::vector<RowMatrixXd>& k,
-                                                   const std::vector<RowMatrixXd>& v, double scale,
+std::vector<AttentionResult> turbo_attention_heads(const std::vector<MatrixView>& q, const std::vector<MatrixView>& k,
+                                                   const std::vector<MatrixView>& v, double scale,
                                                    const AttentionMask& mask, const TurboParams& p);
 
 // The resolved decode prefill length P for L_k keys.

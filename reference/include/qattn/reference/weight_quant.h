@@ -23,13 +23,13 @@ struct WeightQuantConfig {
   Eigen::Index group = 128;  // input rows sharing a scale and zero point (0 = the whole column)
 };
 
-RowMatrixXd rtn_weights(const RowMatrixXd& w, const WeightQuantConfig& c);
+RowMatrixXd rtn_weights(const MatrixView& w, const WeightQuantConfig& c);
 
 struct GptqOptions {
   double damp = 0.01;
   Eigen::Index block = 128;
 };
-RowMatrixXd gptq_weights(const RowMatrixXd& w, const RowMatrixXd& x, const WeightQuantConfig& c, GptqOptions o = {});
+RowMatrixXd gptq_weights(const MatrixView& w, const MatrixView& x, const WeightQuantConfig& c, GptqOptions o = {});
 
 struct AwqResult {
   RowMatrixXd w;
@@ -38,17 +38,17 @@ struct AwqResult {
 // The alphas searched: linspace(0, 1, grid) = r / (grid - 1) as the primer writes it (alpha = 1 included; a grid of
 // 1 is alpha = 0 alone), or r / grid for r = 0 .. grid - 1 as the official AWQ code steps (alpha = 1 never tried).
 enum class AwqGrid { linspace, official };
-AwqResult awq_weights(const RowMatrixXd& w, const RowMatrixXd& x, const WeightQuantConfig& c, int grid = 20,
+AwqResult awq_weights(const MatrixView& w, const MatrixView& x, const WeightQuantConfig& c, int grid = 20,
                       AwqGrid spacing = AwqGrid::linspace);
 
 // |X W^ - X W|_F / |X W|_F.
-double relative_output_error(const RowMatrixXd& x, const RowMatrixXd& w, const RowMatrixXd& w_hat);
+double relative_output_error(const MatrixView& x, const MatrixView& w, const MatrixView& w_hat);
 
 // A weight quantizer from the registry: W^ from W [in, out] and the calibration inputs X [n, in].
 class WeightQuantizer {
  public:
   virtual ~WeightQuantizer() = default;
-  virtual RowMatrixXd apply(const RowMatrixXd& w, const RowMatrixXd& x) const = 0;
+  virtual RowMatrixXd apply(const MatrixView& w, const MatrixView& x) const = 0;
 };
 
 // rtn, gptq and awq with their parameters (`qattn methods` lists them; `qattn analyze --weights SPEC`).
