@@ -344,13 +344,14 @@ void run_softmax(const SoftmaxOptions& o) {
     if (!o.cint && !o.alpha)
       throw CLI::ValidationError("--cint/--alpha", o.in + " holds integer logits (" + std::string(dtype_name(logits.dtype)) +
                                                       "): give their clip --cint N or their scale --alpha A");
-    IntegerLogits il{RowMatrixXi32(rows.rows(), rows.cols()), o.cint, o.alpha};
+    RowMatrixXi32 values(rows.rows(), rows.cols());
     for (Eigen::Index i = 0; i < rows.size(); ++i) {
       const double v = rows.data()[i];
       if (v < INT32_MIN || v > INT32_MAX)
         throw InputError(o.in, "values", "integer logit " + std::to_string(v) + " does not fit int32");
-      il.values.data()[i] = static_cast<std::int32_t>(v);
+      values.data()[i] = static_cast<std::int32_t>(v);
     }
+    const IntegerLogits il{values, o.cint, o.alpha};
     IntegerSoftmaxResult r = with_source(o.in, o.spec, [&] { return method->softmax_integer(il); });
     p = std::move(r.probabilities);
     raw = std::move(r.raw);

@@ -80,6 +80,26 @@ std::string shape_string(const std::vector<Eigen::Index>& s) {
   return r + (s.size() == 1 ? ",)" : ")");
 }
 
+// The policy of docs/non-finite.md on a whole array, so that the error names the entry by its index in the caller's
+// array ("Q: [1, 2, 3, 5]: is NaN"), not in the matrix of one head: NaN and +inf are refused, and -inf too unless
+// `masks` (softmax logits, where -inf means masked). The methods check again, per matrix; this check comes first.
+void require_finite_array(const Input& in, const std::string& tensor, bool masks = false) {
+  const std::span<const double> x = in.values();
+  const auto bad = [&](double v) { return std::isnan(v) || (std::isinf(v) && !(masks && v < 0)); };
+  const auto it = std::find_if(x.begin(), x.end(), bad);
+  if (it == x.end()) return;
+  std::size_t flat = static_cast<std::size_t>(it - x.begin());
+  std::vector<std::size_t> index(in.shape.size());
+  for (std::size_t a = in.shape.size(); a-- > 0;) {
+    index[a] = flat % static_cast<std::size_t>(in.shape[a]);
+    flat /= static_cast<std::size_t>(in.shape[a]);
+  }
+  std::string field = "[";
+  for (std::size_t a = 0; a < index.size(); ++a) field += (a ? ", " : "") + std::to_string(index[a]);
+  const std::string what = std::isnan(*it) ? "NaN" : *it > 0 ? "+inf" : "-inf";
+  throw InputError(tensor, field + "]", "is " + what + "; non-finite input is refused (docs/non-finite.md)");
+}
+
 // Matrix `batch` of the [..., rows, cols] values, in place.
 MatrixView matrix_at(const Input& in, std::size_t batch, Eigen::Index rows, Eigen::Index cols) {
   return Eigen::Map<const RowMatrixXd>(in.data + batch * rows * cols, rows, cols);
@@ -112,6 +132,7 @@ py::array_t<double> softmax(const py::handle& logits, const std::string& method,
   double* const out_data = out.mutable_data();
   {
     py::gil_scoped_release release;
+    require_finite_array(in, "logits", true);
     const BuiltMethod built = build_method(method, engine_options(engine, 1, true));
     const RowMatrixXd p = built.method->softmax_rows(matrix_at(in, 0, rows, cols));
     std::copy_n(p.data(), p.size(), out_data);
@@ -154,6 +175,7 @@ py::object attention(const py::handle& q_obj, const py::handle& k_obj, const py:
   bool have_p = true;
   {
     py::gil_scoped_release release;
+    require_finite_array(q, "Q"), require_finite_array(k, "K"), require_finite_array(v, "V");
     const BuiltMethod built = build_method(method, engine_options(engine, threads, return_probs));
     const std::unique_ptr<ref::KvQuantizer> kvq = kv.empty() ? nullptr : ref::kv_registry().create(kv);
     for (std::size_t c = 0; c < calls; ++c) {
@@ -195,10 +217,13 @@ py::object attention(const py::handle& q_obj, const py::handle& k_obj, const py:
 }
 
 
-// An int8, int16 or int32 array as int32 values in C order (exact). TypeError names the argument otherwise.
+// An int8, int16 or int32 array as int32 values in C order (exact): a C-contiguous, aligned int32 array is read in
+// place, anything else converted once. TypeError names the argument otherwise.
 struct IntInput {
   std::vector<Eigen::Index> shape;
-  RowMatrixXi32 rows;  // [prod(leading), last axis]
+  py::array_t<std::int32_t> values;  // the caller's array itself, or its int32 copy in C order
+  Eigen::Index rows = 0, cols = 0;   // [prod(leading), last axis]
+  IntMatrixView view() const { return {values.data(), rows, cols}; }
 };
 
 IntInput read_int_array(const py::handle& object, const char* name) {
@@ -214,9 +239,10 @@ IntInput read_int_array(const py::handle& object, const char* name) {
   if (a.ndim() < 1) throw py::value_error(std::string(name) + ": expected at least one axis, got a scalar");
   IntInput in;
   for (py::ssize_t i = 0; i < a.ndim(); ++i) in.shape.push_back(a.shape(i));
-  const auto c = py::array_t<std::int32_t, py::array::c_style | py::array::forcecast>::ensure(a);  // exact widening
-  const Eigen::Index cols = in.shape.back(), rows = cols ? static_cast<Eigen::Index>(c.size()) / cols : 0;
-  in.rows = Eigen::Map<const RowMatrixXi32>(c.data(), rows, cols);
+  // NumPy returns the array itself when it already is C-contiguous, aligned int32; otherwise an exact widening copy.
+  in.values = py::array_t<std::int32_t, py::array::c_style | py::array::forcecast>::ensure(a);
+  in.cols = in.shape.back();
+  in.rows = in.cols ? static_cast<Eigen::Index>(in.values.size()) / in.cols : 0;
   return in;
 }
 
@@ -234,7 +260,7 @@ py::tuple softmax_integer(const py::handle& logits, const std::string& method, s
   {
     py::gil_scoped_release release;
     const BuiltMethod built = build_method(method, engine_options("reference", 1, true));
-    r = built.method->softmax_integer(IntegerLogits{std::move(in.rows), cint, alpha});
+    r = built.method->softmax_integer(IntegerLogits{in.view(), cint, alpha});
   }
   std::vector<double> p(r.probabilities.data(), r.probabilities.data() + r.probabilities.size());
   py::object raw = py::none();
@@ -255,7 +281,7 @@ py::object exact_softmax(const py::handle& logits, bool decimal) {
   std::vector<std::string> digits(decimal ? in.size : 0);
   {
     py::gil_scoped_release release;
-    require_softmax_logits(x, "logits");
+    require_finite_array(in, "logits", true);
     for (Eigen::Index r = 0; r < rows; ++r) {
       const std::vector<ref::Exact50> e =
           ref::softmax_exact(std::span<const double>(x.row(r).data(), static_cast<std::size_t>(cols)));
@@ -306,10 +332,7 @@ py::dict quantize_kv(const py::handle& k_obj, const py::handle& v_obj, const std
   {
     py::gil_scoped_release release;
     const std::unique_ptr<ref::KvQuantizer> q = ref::kv_registry().create(spec);
-    for (std::size_t h = 0; h < kh.size(); ++h) {
-      require_finite(kh[h], "K");
-      require_finite(vh[h], "V");
-    }
+    require_finite_array(k, "K"), require_finite_array(v, "V");
     r = q->apply(kh, vh);
   }
   py::dict out;
@@ -333,8 +356,7 @@ py::array_t<double> quantize_weights(const py::handle& w_obj, const py::handle& 
   {
     py::gil_scoped_release release;
     const MatrixView wm = matrix_at(w, 0, w.shape[0], w.shape[1]), xm = matrix_at(x, 0, x.shape[0], x.shape[1]);
-    require_finite(wm, "W");
-    require_finite(xm, "X");
+    require_finite_array(w, "W"), require_finite_array(x, "X");
     result = ref::weight_registry().create(spec)->apply(wm, xm);
   }
   return stack_heads({result}, w.shape);
@@ -488,6 +510,8 @@ py::dict load(const std::string& path) {
 // _input_address(a): the address of the float64 values the methods read for the array `a`, for the tests that show
 // which arrays are read in place (the address is a.ctypes.data) and which are converted.
 std::uintptr_t input_address(const py::handle& a) {
+  if (py::isinstance<py::array>(a) && py::reinterpret_borrow<py::array>(a).dtype().kind() == 'i')
+    return reinterpret_cast<std::uintptr_t>(read_int_array(a, "a").view().data());
   return reinterpret_cast<std::uintptr_t>(read_float_array(a, "a").data);
 }
 

@@ -115,6 +115,14 @@ def test_c_contiguous_float64_is_read_in_place_and_the_rest_converted_once():
     assert not unaligned.flags.aligned
     for converted in (a.astype(np.float32), np.asfortranarray(a), a[:, ::2], a.transpose(0, 2, 1), unaligned):
         assert address(converted) != converted.ctypes.data
+    # Integer logits: int32 in place, int8 widened once; the results agree.
+    logits = np.random.default_rng(3).integers(-120, 0, (4, 32)).astype(np.int32)
+    assert address(logits) == logits.ctypes.data
+    for converted in (logits.astype(np.int8), np.asfortranarray(logits)):  # named: alive while its address is compared
+        assert address(converted) != converted.ctypes.data
+    p32 = qattn.softmax_integer(logits, "index", cint=100)[0]
+    assert np.array_equal(p32, qattn.softmax_integer(np.asfortranarray(logits), "index", cint=100)[0])
+    assert np.array_equal(p32, qattn.softmax_integer(logits.astype(np.int8), "index", cint=100)[0])
     # The same values give the same bits whichever way they were read.
     q, k, v = a
     for view in (np.asfortranarray(k), k[::-1][::-1], np.concatenate([k, k], 1)[:, :8]):
@@ -152,6 +160,17 @@ def test_bad_inputs_name_the_argument():
         qattn.attention(q + np.nan, q, q, "fp64")
     with pytest.raises(ValueError, match="NaN"):
         qattn.softmax(np.array([[0.0, np.nan]]), "fp64")
+    # The entry is named by its index in the caller's array, not in the matrix of one head.
+    q4 = np.zeros((2, 3, 4, 8))
+    q4[1, 2, 3, 5] = np.nan
+    with pytest.raises(ValueError, match=r"^Q: \[1, 2, 3, 5\]: is NaN"):
+        qattn.attention(q4, np.zeros_like(q4), np.zeros_like(q4), "intattention")
+    with pytest.raises(ValueError, match=r"^V: \[1, 2, 3, 5\]: is \+inf"):
+        qattn.attention(np.zeros_like(q4), np.zeros_like(q4), np.where(np.isnan(q4), np.inf, 0).astype(np.float32), "fp64")
+    with pytest.raises(ValueError, match=r"^logits: \[1, 2, 3, 5\]: is NaN"):
+        qattn.softmax(q4, "fp64")
+    with pytest.raises(ValueError, match=r"^K: \[2, 3, 5\]: is NaN"):
+        qattn.quantize_kv(q4[1], np.zeros((3, 4, 8)), "kivi")
     with pytest.raises(ValueError, match="scalar"):
         qattn.softmax(np.zeros(()), "fp64")
     with pytest.raises(ValueError, match="softmax-only form"):

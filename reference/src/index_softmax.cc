@@ -108,7 +108,7 @@ void index_softmax_row(const std::int32_t* logits, const bool* valid, Eigen::Ind
   }
 }
 
-RowMatrixXi32 index_softmax(const RowMatrixXi32& logits, std::int64_t c_int, const IndexSoftmaxParams& params,
+RowMatrixXi32 index_softmax(const Eigen::Ref<const RowMatrixXi32>& logits, std::int64_t c_int, const IndexSoftmaxParams& params,
                             const RowMatrixXb& valid) {
   if (valid.size() != 0 && (valid.rows() != logits.rows() || valid.cols() != logits.cols()))
     throw std::invalid_argument("index_softmax: mask shape differs from logits");
@@ -163,7 +163,7 @@ void index_softmax_grouped_row(const std::int32_t* logits, const bool* valid, Ei
   for (Eigen::Index j = 0; j < length; ++j) p_out[j] = normalize(e[j], s, params.p_scale(), params.normalization);
 }
 
-RowMatrixXi32 index_softmax_grouped(const RowMatrixXi32& logits, const KeyGroupClip& clip,
+RowMatrixXi32 index_softmax_grouped(const Eigen::Ref<const RowMatrixXi32>& logits, const KeyGroupClip& clip,
                                     const IndexSoftmaxParams& params, const RowMatrixXb& valid) {
   if (valid.size() != 0 && (valid.rows() != logits.rows() || valid.cols() != logits.cols()))
     throw std::invalid_argument("index_softmax: mask shape differs from logits");

@@ -161,8 +161,9 @@ TEST_CASE("the index method in the registry: presets, integer and FP paths", "[i
   CHECK(r.canonical(parse_method_spec("index@upstream-sim")) ==
         "index:b=5,c=6.6,cint=trunc,lut=round,index=floor-f32,norm=f32-rne,p=u8");
   CHECK_THROWS_AS(r.create("index:p=s8,norm=q8-reciprocal"), SpecError);
-  IntegerLogits in{RowMatrixXi32(1, 6), std::int64_t{100}, std::nullopt};
-  for (int j = 0; j < 6; ++j) in.values(0, j) = kGoldenRow[j];
+  RowMatrixXi32 golden(1, 6);
+  for (int j = 0; j < 6; ++j) golden(0, j) = kGoldenRow[j];
+  const IntegerLogits in{golden, std::int64_t{100}, std::nullopt};
   const IntegerSoftmaxResult sim = r.create("index@upstream-sim")->softmax_integer(in);
   REQUIRE(sim.raw);
   CHECK(sim.raw->dtype == DType::u8);

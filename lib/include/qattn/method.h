@@ -92,9 +92,10 @@ Enum choice_value(const ParamMap& params, const std::string& key, const Choice<E
 }
 
 // Integer logits a with real logits alpha * a (INT32 Q K^T). Exactly one of cint / alpha is set: cint is the
-// method's integer clip given directly, alpha lets the method derive its own.
+// method's integer clip given directly, alpha lets the method derive its own. `values` views the caller's matrix,
+// which must outlive the call.
 struct IntegerLogits {
-  RowMatrixXi32 values;
+  IntMatrixView values;
   std::optional<std::int64_t> cint;
   std::optional<double> alpha;
 };

@@ -29,6 +29,17 @@ using MatrixView = Eigen::Ref<const RowMatrixXd>;
 // x's data() as packed rows (row stride = cols): x itself, or a packed copy of it in `storage`.
 const double* packed_rows(const MatrixView& x, RowMatrixXd& storage);
 
+// A read-only view of packed row-major int32 values that someone else owns (IntegerLogits::values): a RowMatrixXi32
+// that outlives the view, or a buffer mapped with its shape (a C-contiguous NumPy int32 array). It cannot be made from
+// a temporary matrix, which would leave it dangling.
+class IntMatrixView : public Eigen::Map<const RowMatrixXi32> {
+ public:
+  using Base = Eigen::Map<const RowMatrixXi32>;
+  IntMatrixView(const RowMatrixXi32& m) : Base(m.data(), m.rows(), m.cols()) {}  // NOLINT(google-explicit-constructor)
+  IntMatrixView(RowMatrixXi32&& m) = delete;
+  IntMatrixView(const std::int32_t* data, Eigen::Index rows, Eigen::Index cols) : Base(data, rows, cols) {}
+};
+
 // Views of each matrix of `m` (the heads of one layer), which must outlive them.
 std::vector<MatrixView> views(const std::vector<RowMatrixXd>& m);
 

@@ -310,8 +310,7 @@ void expect_bit_exact(Kernel&& kernel, const std::string& spec, const LogitRow& 
 template <class Kernel>
 void expect_bit_exact(Kernel&& kernel, const std::string& spec, const IntegerRow& row) {
   const std::vector<std::int32_t> got = kernel(std::span<const std::int32_t>(row.logits), row.c_int);
-  IntegerLogits in{RowMatrixXi32(1, static_cast<Eigen::Index>(row.logits.size())), row.c_int, std::nullopt};
-  std::copy(row.logits.begin(), row.logits.end(), in.values.data());
+  const IntegerLogits in{{row.logits.data(), 1, static_cast<Eigen::Index>(row.logits.size())}, row.c_int, std::nullopt};
   const IntegerSoftmaxResult r = detail::method(spec)->softmax_integer(in);
   const Eigen::ArrayXd raw = r.raw->to_double();
   std::vector<std::int32_t> want(static_cast<std::size_t>(raw.size()));

@@ -66,7 +66,7 @@ void index_softmax_row(const std::int32_t* logits, const bool* valid, Eigen::Ind
                        IndexSoftmaxTrace* trace = nullptr);
 
 // Row-wise over [rows, L]. `valid` is empty (no mask) or of the same shape. Returns integer P in [0, s_P].
-RowMatrixXi32 index_softmax(const RowMatrixXi32& logits, std::int64_t c_int, const IndexSoftmaxParams& params,
+RowMatrixXi32 index_softmax(const Eigen::Ref<const RowMatrixXi32>& logits, std::int64_t c_int, const IndexSoftmaxParams& params,
                             const RowMatrixXb& valid = {});
 
 // Group-wise clipping (IntAttention Eq. 16-18) over blocks of `block` keys (the last may be shorter): block j has
@@ -83,7 +83,7 @@ struct KeyGroupClip {
 void index_softmax_grouped_row(const std::int32_t* logits, const bool* valid, Eigen::Index length,
                                const KeyGroupClip& clip, const IndexSoftmaxParams& params,
                                const std::vector<std::uint8_t>& lut, std::int32_t* p_out);
-RowMatrixXi32 index_softmax_grouped(const RowMatrixXi32& logits, const KeyGroupClip& clip,
+RowMatrixXi32 index_softmax_grouped(const Eigen::Ref<const RowMatrixXi32>& logits, const KeyGroupClip& clip,
                                     const IndexSoftmaxParams& params, const RowMatrixXb& valid = {});
 
 // IndexSoftmaxOnly (the upstream baseline on FP logits): Δ = min(rowmax - x, c) in double, idx = trunc(Δ (T-1) / c),
