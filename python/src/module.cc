@@ -4,8 +4,8 @@
 //
 // Inputs are NumPy arrays of float32 or float64 in any layout. A C-contiguous, aligned float64 array is read in
 // place: the methods get a view of its buffer (MatrixView, qattn/tensor.h), no copy. Anything else is converted once
-// to float64 in C order, exactly, because every method computes from float64 inputs. Outputs are new arrays, written
-// by the methods' results directly (float64; integer P as uint8/int8). The GIL is released around every computation.
+// to float64 in C order, exactly, because every method computes from float64 inputs. Outputs are new arrays (float64;
+// integer P as uint8/int8). The GIL is released around every computation.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -47,7 +47,6 @@ struct Input {
   const double* data = nullptr;   // the values in C order: the caller's buffer, or `converted`
   std::size_t size = 0;
   std::span<const double> values() const { return {data, size}; }
-  bool borrowed() const { return converted.empty() && size > 0; }
 };
 
 Input read_float_array(const py::handle& object, const char* name) {
