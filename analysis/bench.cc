@@ -35,7 +35,6 @@ constexpr int kMaxBenchL = 32768, kMaxBenchD = 1024, kMaxBenchReps = 1000;
 
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
-using RowMatrixXf = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 // "AMD EPYC (family 25, model 17)" on x86, "implementer 0x41, part 0xd0b" on Arm: the model name alone does not tell
 // Zen 4 (one 512-bit vpdpbusd per cycle) from Zen 5 (two), and every ratio depends on which it was.

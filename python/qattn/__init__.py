@@ -5,8 +5,9 @@ fused integer kernels where a method has them, bit for bit the reference model),
 files. Method specs are the CLI's: ``"intattention@upstream-neon:k-group=64"``.
 
 Inputs are NumPy arrays of float32 or float64. A C-contiguous, aligned float64 array is read in place, without a
-copy; any other array (float32, another layout) is converted once to float64, exactly, because every method computes
-from float64 inputs. Outputs are new float64 arrays. The GIL is released while qattn computes.
+copy; so are C-contiguous, aligned float32 ``q``, ``k`` and ``v`` of ``attention`` and int8 / int16 / int32 integer
+logits of ``softmax_integer``. Any other array is converted once to float64 (int32 for integer logits), exactly.
+Outputs are new arrays. The GIL is released while qattn computes. python/README.md says which method copies what.
 """
 import json as _json
 
@@ -78,7 +79,10 @@ def attention(q, k, v, method, scale=None, causal=False, mask=None, return_probs
     k : ndarray of float32 or float64, shape (..., L_k, d)
     v : ndarray of float32 or float64, shape (..., L_k, d_v)
         Leading axes must match. With three or more axes, the axis before L is the heads of one layer: methods
-        that treat heads together (TurboAttention's head-wise KV bits) see them in one call.
+        that treat heads together (TurboAttention's head-wise KV bits) see them in one call. C-contiguous float64
+        arrays, and C-contiguous float32 q, k and v together, are read in place: the fused kernels quantise float32
+        straight from your buffer; reference models widen one call's heads to float64. The bits are the same either
+        way (float32 widens exactly).
     method : str
         Any registered method spec.
     scale : float, optional
@@ -117,6 +121,7 @@ def softmax_integer(logits, method, cint=None, alpha=None):
     Parameters
     ----------
     logits : ndarray of int8, int16 or int32, shape (..., L)
+        Read in place when C-contiguous (the model widens one row at a time to int32); else converted once.
     method : str
         A method with an integer form: today ``index`` (IndexSoftmax, docs/methods/index-softmax.md).
     cint : int, optional

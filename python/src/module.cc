@@ -3,8 +3,9 @@
 // python/README.md says what is exposed and how inputs are converted.
 //
 // Inputs are NumPy arrays of float32 or float64 in any layout. A C-contiguous, aligned float64 array is read in
-// place: the methods get a view of its buffer (MatrixView, qattn/tensor.h), no copy. Anything else is converted once
-// to float64 in C order, exactly, because every method computes from float64 inputs. Outputs are new arrays (float64;
+// place: the methods get a view of its buffer (MatrixView, qattn/tensor.h), no copy. So is a C-contiguous, aligned
+// float32 q, k and v of attention (MatrixViewF, Method::attention_heads's float32 entry). Anything else is converted
+// once to float64 in C order, exactly. Outputs are new arrays (float64;
 // integer P as uint8/int8). The GIL is released around every computation.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -40,16 +41,26 @@ namespace {
 using Array = py::array;
 
 // A float32 or float64 array as float64 values in C order, with its shape. TypeError names the argument otherwise.
+// With `float32_in_place` (attention), a C-contiguous, aligned float32 array is kept as it is in `f32`, for
+// Method::attention_heads's float32 entry; widen() makes it float64 when the call cannot take float32.
 struct Input {
   std::vector<Eigen::Index> shape;
   py::array array;                // holds the caller's array (and so its buffer) while the values are read
   std::vector<double> converted;  // the values widened or reordered, when the buffer cannot be read in place
-  const double* data = nullptr;   // the values in C order: the caller's buffer, or `converted`
+  const double* data = nullptr;   // the values in C order: the caller's buffer, or `converted`; null while f32 is set
+  const float* f32 = nullptr;     // a float32 buffer read in place
   std::size_t size = 0;
   std::span<const double> values() const { return {data, size}; }
+
+  void widen() {
+    if (!f32) return;
+    converted.assign(f32, f32 + size);  // exact
+    data = converted.data();
+    f32 = nullptr;
+  }
 };
 
-Input read_float_array(const py::handle& object, const char* name) {
+Input read_float_array(const py::handle& object, const char* name, bool float32_in_place = false) {
   if (!py::isinstance<py::array>(object))
     throw py::type_error(std::string(name) + ": expected a NumPy array of float32 or float64, got " +
                          std::string(py::str(py::type::of(object))));
@@ -63,8 +74,13 @@ Input read_float_array(const py::handle& object, const char* name) {
   in.array = a;
   in.size = static_cast<std::size_t>(a.size());
   constexpr int kInPlace = py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_ | py::detail::npy_api::NPY_ARRAY_ALIGNED_;
-  if (f64 && (a.flags() & kInPlace) == kInPlace) {
+  const bool in_place = (a.flags() & kInPlace) == kInPlace;
+  if (f64 && in_place) {
     in.data = static_cast<const double*>(a.data());
+    return in;
+  }
+  if (f32 && in_place && float32_in_place) {
+    in.f32 = static_cast<const float*>(a.data());
     return in;
   }
   const auto c = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(a);  // exact for float32
@@ -82,16 +98,17 @@ std::string shape_string(const std::vector<Eigen::Index>& s) {
 // The policy of docs/non-finite.md on a whole array, so that the error names the entry by its index in the caller's
 // array ("Q: [1, 2, 3, 5]: is NaN"), not in the matrix of one head: NaN and +inf are refused, and -inf too unless
 // `masks` (softmax logits, where -inf means masked). The methods check again, per matrix; this check comes first.
-void require_finite_array(const Input& in, const std::string& tensor, bool masks = false) {
-  const std::span<const double> x = in.values();
-  const auto bad = [&](double v) { return std::isnan(v) || (std::isinf(v) && !(masks && v < 0)); };
+template <class T>
+void require_finite_values(std::span<const T> x, const std::vector<Eigen::Index>& shape, const std::string& tensor,
+                           bool masks) {
+  const auto bad = [&](T v) { return std::isnan(v) || (std::isinf(v) && !(masks && v < 0)); };
   const auto it = std::find_if(x.begin(), x.end(), bad);
   if (it == x.end()) return;
   std::size_t flat = static_cast<std::size_t>(it - x.begin());
-  std::vector<std::size_t> index(in.shape.size());
-  for (std::size_t a = in.shape.size(); a-- > 0;) {
-    index[a] = flat % static_cast<std::size_t>(in.shape[a]);
-    flat /= static_cast<std::size_t>(in.shape[a]);
+  std::vector<std::size_t> index(shape.size());
+  for (std::size_t a = shape.size(); a-- > 0;) {
+    index[a] = flat % static_cast<std::size_t>(shape[a]);
+    flat /= static_cast<std::size_t>(shape[a]);
   }
   std::string field = "[";
   for (std::size_t a = 0; a < index.size(); ++a) field += (a ? ", " : "") + std::to_string(index[a]);
@@ -99,9 +116,17 @@ void require_finite_array(const Input& in, const std::string& tensor, bool masks
   throw InputError(tensor, field + "]", "is " + what + "; non-finite input is refused (docs/non-finite.md)");
 }
 
+void require_finite_array(const Input& in, const std::string& tensor, bool masks = false) {
+  if (in.f32) return require_finite_values(std::span<const float>(in.f32, in.size), in.shape, tensor, masks);
+  require_finite_values(in.values(), in.shape, tensor, masks);
+}
+
 // Matrix `batch` of the [..., rows, cols] values, in place.
 MatrixView matrix_at(const Input& in, std::size_t batch, Eigen::Index rows, Eigen::Index cols) {
   return Eigen::Map<const RowMatrixXd>(in.data + batch * rows * cols, rows, cols);
+}
+MatrixViewF matrix_at_f32(const Input& in, std::size_t batch, Eigen::Index rows, Eigen::Index cols) {
+  return Eigen::Map<const RowMatrixXf>(in.f32 + batch * rows * cols, rows, cols);
 }
 
 py::array_t<double> to_array(const std::vector<double>& values, const std::vector<Eigen::Index>& shape) {
@@ -144,7 +169,12 @@ py::object attention(const py::handle& q_obj, const py::handle& k_obj, const py:
                      std::optional<double> scale, bool causal, const std::optional<py::array>& mask, bool return_probs,
                      const std::string& engine, int threads, const std::string& kv, bool raw) {
   if (raw && !return_probs) throw py::value_error("raw: applies to P; give return_probs=True with it");
-  const Input q = read_float_array(q_obj, "q"), k = read_float_array(k_obj, "k"), v = read_float_array(v_obj, "v");
+  // float32 q, k and v read in place go to the float32 entry; a float32 array next to a float64 one, or with a KV
+  // quantizer (which takes float64), is widened.
+  Input q = read_float_array(q_obj, "q", true), k = read_float_array(k_obj, "k", true),
+        v = read_float_array(v_obj, "v", true);
+  const bool f32 = q.f32 && k.f32 && v.f32 && kv.empty();
+  if (!f32) q.widen(), k.widen(), v.widen();
   if (q.shape.size() < 2 || q.shape.size() != k.shape.size() || q.shape.size() != v.shape.size())
     throw py::value_error("q, k, v: expected arrays [..., L, d] of the same rank, got " + shape_string(q.shape) + ", " +
                           shape_string(k.shape) + ", " + shape_string(v.shape));
@@ -179,13 +209,19 @@ py::object attention(const py::handle& q_obj, const py::handle& k_obj, const py:
     const std::unique_ptr<ref::KvQuantizer> kvq = kv.empty() ? nullptr : ref::kv_registry().create(kv);
     for (std::size_t c = 0; c < calls; ++c) {
       std::vector<MatrixView> qh, kh, vh;
+      std::vector<MatrixViewF> qf, kf, vf;
       for (std::size_t h = 0; h < heads; ++h) {
-        qh.push_back(matrix_at(q, c * heads + h, lq, d));
-        kh.push_back(matrix_at(k, c * heads + h, lk, d));
-        vh.push_back(matrix_at(v, c * heads + h, lk, dv));
+        const std::size_t b = c * heads + h;
+        if (f32) {
+          qf.push_back(matrix_at_f32(q, b, lq, d)), kf.push_back(matrix_at_f32(k, b, lk, d));
+          vf.push_back(matrix_at_f32(v, b, lk, dv));
+        } else {
+          qh.push_back(matrix_at(q, b, lq, d)), kh.push_back(matrix_at(k, b, lk, d)), vh.push_back(matrix_at(v, b, lk, dv));
+        }
       }
-      const std::vector<AttentionResult> r = kvq ? ref::attention_with_kv(*built.method, *kvq, qh, kh, vh, s, m)
-                                                 : built.method->attention_heads(qh, kh, vh, s, m);
+      const std::vector<AttentionResult> r = kvq   ? ref::attention_with_kv(*built.method, *kvq, qh, kh, vh, s, m)
+                                             : f32 ? built.method->attention_heads(qf, kf, vf, s, m)
+                                                   : built.method->attention_heads(qh, kh, vh, s, m);
       for (std::size_t h = 0; h < heads; ++h) {
         std::copy_n(r[h].o.data(), r[h].o.size(), o.data() + (c * heads + h) * lq * dv);
         if (!return_probs) continue;
@@ -216,13 +252,17 @@ py::object attention(const py::handle& q_obj, const py::handle& k_obj, const py:
 }
 
 
-// An int8, int16 or int32 array as int32 values in C order (exact): a C-contiguous, aligned int32 array is read in
-// place, anything else converted once. TypeError names the argument otherwise.
+// An int8, int16 or int32 array of integer logits: read in place when it is C-contiguous and aligned (the model
+// widens one row at a time), else converted once to int32 in C order (exact). TypeError names the argument otherwise.
 struct IntInput {
   std::vector<Eigen::Index> shape;
-  py::array_t<std::int32_t> values;  // the caller's array itself, or its int32 copy in C order
+  py::array values;                  // the caller's array itself, or its int32 copy in C order
   Eigen::Index rows = 0, cols = 0;   // [prod(leading), last axis]
-  IntMatrixView view() const { return {values.data(), rows, cols}; }
+  IntMatrixView view() const {
+    if (values.dtype().is(py::dtype::of<std::int8_t>())) return {static_cast<const std::int8_t*>(values.data()), rows, cols};
+    if (values.dtype().is(py::dtype::of<std::int16_t>())) return {static_cast<const std::int16_t*>(values.data()), rows, cols};
+    return {static_cast<const std::int32_t*>(values.data()), rows, cols};
+  }
 };
 
 IntInput read_int_array(const py::handle& object, const char* name) {
@@ -238,8 +278,11 @@ IntInput read_int_array(const py::handle& object, const char* name) {
   if (a.ndim() < 1) throw py::value_error(std::string(name) + ": expected at least one axis, got a scalar");
   IntInput in;
   for (py::ssize_t i = 0; i < a.ndim(); ++i) in.shape.push_back(a.shape(i));
-  // NumPy returns the array itself when it already is C-contiguous, aligned int32; otherwise an exact widening copy.
-  in.values = py::array_t<std::int32_t, py::array::c_style | py::array::forcecast>::ensure(a);
+  constexpr int kInPlace = py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_ | py::detail::npy_api::NPY_ARRAY_ALIGNED_;
+  if ((a.flags() & kInPlace) == kInPlace)
+    in.values = a;
+  else
+    in.values = py::array_t<std::int32_t, py::array::c_style | py::array::forcecast>::ensure(a);
   in.cols = in.shape.back();
   in.rows = in.cols ? static_cast<Eigen::Index>(in.values.size()) / in.cols : 0;
   return in;
@@ -506,12 +549,15 @@ py::dict load(const std::string& path) {
   return out;
 }
 
-// _input_address(a): the address of the float64 values the methods read for the array `a`, for the tests that show
-// which arrays are read in place (the address is a.ctypes.data) and which are converted.
-std::uintptr_t input_address(const py::handle& a) {
+// _input_address(a, call): the address of the values the methods read for the array `a` given to `call` ("softmax",
+// "attention"), for the tests that show which arrays are read in place (the address is a.ctypes.data) and which are
+// converted. Integer arrays answer for softmax_integer.
+std::uintptr_t input_address(const py::handle& a, const std::string& call) {
   if (py::isinstance<py::array>(a) && py::reinterpret_borrow<py::array>(a).dtype().kind() == 'i')
     return reinterpret_cast<std::uintptr_t>(read_int_array(a, "a").view().data());
-  return reinterpret_cast<std::uintptr_t>(read_float_array(a, "a").data);
+  if (call != "softmax" && call != "attention") throw py::value_error("call: 'softmax' or 'attention', got " + call);
+  const Input in = read_float_array(a, "a", call == "attention");
+  return in.f32 ? reinterpret_cast<std::uintptr_t>(in.f32) : reinterpret_cast<std::uintptr_t>(in.data);
 }
 
 void save(const std::string& path, const py::dict& arrays) {
@@ -549,7 +595,7 @@ PYBIND11_MODULE(_qattn, m) {
         py::arg("return_probs") = false, py::arg("engine") = "auto", py::arg("threads") = 1, py::arg("kv") = "",
         py::arg("raw") = false);
   m.def("compare", &compare, py::arg("a"), py::arg("b"));
-  m.def("_input_address", &input_address, py::arg("a"));
+  m.def("_input_address", &input_address, py::arg("a"), py::arg("call") = "softmax");
   m.def("softmax_integer", &softmax_integer, py::arg("logits"), py::arg("method"), py::arg("cint") = py::none(),
         py::arg("alpha") = py::none());
   m.def("exact_softmax", &exact_softmax, py::arg("logits"), py::arg("decimal") = false);

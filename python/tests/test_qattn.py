@@ -109,39 +109,85 @@ def test_attention_shapes_heads_and_defaults():
 def test_c_contiguous_float64_is_read_in_place_and_the_rest_converted_once():
     address = qattn._qattn._input_address
     a = np.random.default_rng(9).standard_normal((3, 16, 8))
-    assert address(a) == a.ctypes.data
-    assert address(a[1]) == a[1].ctypes.data == a.ctypes.data + 16 * 8 * 8  # a contiguous slice of heads too
+    for call in ("softmax", "attention"):
+        assert address(a, call) == a.ctypes.data
+        assert address(a[1], call) == a[1].ctypes.data == a.ctypes.data + 16 * 8 * 8  # a contiguous slice of heads too
     unaligned = np.frombuffer(np.zeros(16 * 8 * 8 + 1, np.uint8)[1:].data, np.float64).reshape(16, 8)
     assert not unaligned.flags.aligned
     for converted in (a.astype(np.float32), np.asfortranarray(a), a[:, ::2], a.transpose(0, 2, 1), unaligned):
         assert address(converted) != converted.ctypes.data
-    # Integer logits: int32 in place, int8 widened once; the results agree.
+    # float32 q, k, v of attention are read in place too; softmax widens float32 logits.
+    a32 = a.astype(np.float32)
+    assert address(a32, "attention") == a32.ctypes.data
+    assert address(a32[2], "attention") == a32.ctypes.data + 2 * 16 * 8 * 4
+    for converted in (np.asfortranarray(a32), a32[:, ::2]):
+        assert address(converted, "attention") != converted.ctypes.data
+    with pytest.raises(ValueError, match="call: 'softmax' or 'attention'"):
+        address(a, "analyze")
+    # Integer logits: int32, int16 and int8 in place (the model widens one row at a time); other layouts converted.
     logits = np.random.default_rng(3).integers(-120, 0, (4, 32)).astype(np.int32)
-    assert address(logits) == logits.ctypes.data
-    for converted in (logits.astype(np.int8), np.asfortranarray(logits)):  # named: alive while its address is compared
-        assert address(converted) != converted.ctypes.data
-    p32 = qattn.softmax_integer(logits, "index", cint=100)[0]
-    assert np.array_equal(p32, qattn.softmax_integer(np.asfortranarray(logits), "index", cint=100)[0])
-    assert np.array_equal(p32, qattn.softmax_integer(logits.astype(np.int8), "index", cint=100)[0])
+    narrow = [logits.astype(np.int16), logits.astype(np.int8)]  # named: alive while their addresses are compared
+    for in_place in [logits] + narrow:
+        assert address(in_place) == in_place.ctypes.data
+    fortran = np.asfortranarray(logits)
+    assert address(fortran) != fortran.ctypes.data
+    p32 = qattn.softmax_integer(logits, "index", cint=100)
+    for other in [fortran] + narrow + [np.asfortranarray(narrow[1])]:
+        p = qattn.softmax_integer(other, "index", cint=100)
+        assert np.array_equal(p32[0], p[0]) and np.array_equal(p32[1], p[1])
     # The same values give the same bits whichever way they were read.
     q, k, v = a
     for view in (np.asfortranarray(k), k[::-1][::-1], np.concatenate([k, k], 1)[:, :8]):
         assert np.array_equal(qattn.attention(q, view, v, "intattention"), qattn.attention(q, k, v, "intattention"))
 
 
-def test_reading_in_place_adds_no_copy_of_the_inputs(tmp_path):
-    # K and V of 128 MiB each against one query: the call's peak memory stays far below one more copy of them.
-    script = """
+def test_float32_attention_read_in_place_gives_the_bits_of_its_float64_values():
+    # float32 widens to float64 exactly, so the float32 entry must give the float64 entry's bits: on the fused kernels
+    # (which quantise the float32 buffer directly) and on reference models (which widen it), over batch and heads,
+    # with masks, P and raw P.
+    rng = np.random.default_rng(17)
+    q, k, v = (rng.standard_normal((2, 3, 24, 16)).astype(np.float32) * 3 for _ in range(3))
+    k[..., 5] += 6  # a channel offset, as in real K
+    wide = [x.astype(np.float64) for x in (q, k, v)]
+    for spec in ("intattention", "intattention@paper", "intattention:k-group=8", "quant-only:softmax=lanes16",
+                 "fp64", "fp16", "turbo@decode:nh=1", "sage2"):
+        for causal in (False, True):
+            got = qattn.attention(q, k, v, spec, causal=causal)
+            assert got.dtype == np.float64
+            assert np.array_equal(got, qattn.attention(*wide, spec, causal=causal)), (spec, causal)
+    o32, p32 = qattn.attention(q, k, v, "intattention", return_probs=True, raw=True, engine="fast")
+    o64, p64 = qattn.attention(*wide, "intattention", return_probs=True, raw=True, engine="fast")
+    assert np.array_equal(o32, o64) and np.array_equal(p32, p64) and p32.dtype == np.uint8
+    # float32 next to float64, and a KV quantizer, widen: still the same bits.
+    assert np.array_equal(qattn.attention(q, wide[1], v, "intattention"), qattn.attention(*wide, "intattention"))
+    assert np.array_equal(qattn.attention(q, k, v, "fp64", kv="kivi:bits=4"),
+                          qattn.attention(*wide, "fp64", kv="kivi:bits=4"))
+    # The policy holds on the float32 entry, naming the entry in the caller's array.
+    bad = k.copy()
+    bad[1, 2, 3, 4] = np.inf
+    with pytest.raises(ValueError, match=r"K: \[1, 2, 3, 4\]: is \+inf"):
+        qattn.attention(q, bad, v, "intattention")
+
+
+@pytest.mark.parametrize("dtype, method, limit_kib", [
+    # float64 K and V of 128 MiB each against one query, on a reference model: far below one more copy of K.
+    ("float64", "fp64", 96 * 1024),
+    # float32 K and V of 64 MiB each on the fused kernels: their own INT8 codes and packed copies (about 100 MiB at
+    # d = 8, where packing pads V to 16 columns) but no float64 copy, which alone would be 256 MiB.
+    ("float32", "intattention", 192 * 1024),
+])
+def test_reading_in_place_adds_no_copy_of_the_inputs(dtype, method, limit_kib):
+    script = f"""
 import resource, numpy as np, qattn
-k = np.ones((1 << 21, 8)); v = np.ones((1 << 21, 8)); q = np.ones((1, 8))
+k = np.ones((1 << 21, 8), np.{dtype}); v = np.ones((1 << 21, 8), np.{dtype}); q = np.ones((1, 8), np.{dtype})
 statm = open('/proc/self/statm').read().split()
 before = int(statm[1]) * resource.getpagesize() // 1024
-qattn.attention(q, k, v, "fp64")
+qattn.attention(q, k, v, "{method}")
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
 """
     grown_kib = int(subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True,
                                    env=dict(os.environ)).stdout)
-    assert grown_kib < 96 * 1024, f"peak grew by {grown_kib} KiB during the call; a copy of K is 131072 KiB"
+    assert grown_kib < limit_kib, f"peak grew by {grown_kib} KiB during the call (limit {limit_kib} KiB)"
 
 
 def test_bad_inputs_name_the_argument():

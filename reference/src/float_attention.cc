@@ -9,8 +9,6 @@
 namespace qattn::ref {
 namespace {
 
-using RowMatrixXf = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-
 const FloatFormat* storage_format(FloatPrecision p) {
   switch (p) {
     case FloatPrecision::fp16: return &kBinary16;

@@ -44,7 +44,12 @@ class IndexMethod final : public SoftmaxModelMethod {
     } catch (const std::invalid_argument& e) {
       throw SpecError(e.what());
     }
-    const RowMatrixXi32 p = index_softmax(in.values, c_int, p_);
+    // Row by row from the caller's buffer: an int8 or int16 row is widened into `row` (exact), one at a time.
+    const std::vector<std::uint8_t> lut = index_lut(p_.bits, p_.c, p_.lut_rounding);
+    RowMatrixXi32 p(in.values.rows(), in.values.cols());
+    std::vector<std::int32_t> row;
+    for (Eigen::Index r = 0; r < p.rows(); ++r)
+      index_softmax_row(in.values.row(r, row), nullptr, p.cols(), c_int, p_, lut, p.row(r).data());
     IntegerSoftmaxResult r;
     r.raw_scale = p_.p_scale();
     r.probabilities = p.cast<double>() / r.raw_scale;

@@ -15,8 +15,6 @@
 namespace qattn::ref {
 namespace {
 
-using RowMatrixXf = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-
 void check_shapes(const MatrixView& q, const MatrixView& k, const MatrixView& v) {
   if (q.cols() != k.cols() || k.rows() != v.rows())
     throw std::invalid_argument("attention: shapes q [" + std::to_string(q.rows()) + ", " + std::to_string(q.cols()) +
@@ -36,16 +34,40 @@ RowMatrixXd dequantize_output(const MatrixView& pv, double s_v, int p_scale) {
 
 }  // namespace
 
-Int8Matrix quantize_symmetric_int8(const MatrixView& x, Int8Rounding rounding) {
+namespace {
+
+template <class View>
+Int8Matrix quantize_view(const View& x, Int8Rounding rounding) {
+  using Scalar = typename View::Scalar;
   Int8Matrix r;
   std::vector<std::int8_t> q(static_cast<std::size_t>(x.size()));
-  RowMatrixXd storage;
-  r.scale = quantize_int8_symmetric(std::span<const double>(packed_rows(x, storage), q.size()), std::span<std::int8_t>(q),
+  Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> storage;
+  r.scale = quantize_int8_symmetric(std::span<const Scalar>(packed_rows(x, storage), q.size()), std::span<std::int8_t>(q),
                                     rounding);
   r.values.resize(x.rows(), x.cols());
   for (Eigen::Index i = 0; i < x.size(); ++i) r.values.data()[i] = q[static_cast<std::size_t>(i)];
   return r;
 }
+
+template <class View>
+KeyBlocks quantize_blocks(const View& k, Eigen::Index rows, Int8Rounding rounding) {
+  if (rows < 1) throw std::invalid_argument("int_attention: k-group must be >= 1 keys");
+  KeyBlocks b;
+  b.codes.values.resize(k.rows(), k.cols());
+  for (Eigen::Index r0 = 0; r0 < k.rows(); r0 += rows) {
+    const Eigen::Index n = std::min(rows, k.rows() - r0);
+    const Int8Matrix block = quantize_view(View(k.middleRows(r0, n)), rounding);
+    b.codes.values.middleRows(r0, n) = block.values;
+    b.scales.push_back(block.scale);
+  }
+  b.ratios = key_group_ratios(b.scales);
+  return b;
+}
+
+}  // namespace
+
+Int8Matrix quantize_symmetric_int8(const MatrixView& x, Int8Rounding rounding) { return quantize_view(x, rounding); }
+Int8Matrix quantize_symmetric_int8(const MatrixViewF& x, Int8Rounding rounding) { return quantize_view(x, rounding); }
 
 RowMatrixXi32 int_matmul_abt(const RowMatrixXi32& a, const RowMatrixXi32& b) {
   RowMatrixXi32 c(a.rows(), b.rows());
@@ -122,17 +144,10 @@ std::int64_t intattention_cint(double s_q, double s_k, double scale, const Index
 }
 
 KeyBlocks quantize_key_blocks(const MatrixView& k, Eigen::Index rows, Int8Rounding rounding) {
-  if (rows < 1) throw std::invalid_argument("int_attention: k-group must be >= 1 keys");
-  KeyBlocks b;
-  b.codes.values.resize(k.rows(), k.cols());
-  for (Eigen::Index r0 = 0; r0 < k.rows(); r0 += rows) {
-    const Eigen::Index n = std::min(rows, k.rows() - r0);
-    const Int8Matrix block = quantize_symmetric_int8(k.middleRows(r0, n), rounding);
-    b.codes.values.middleRows(r0, n) = block.values;
-    b.scales.push_back(block.scale);
-  }
-  b.ratios = key_group_ratios(b.scales);
-  return b;
+  return quantize_blocks(k, rows, rounding);
+}
+KeyBlocks quantize_key_blocks(const MatrixViewF& k, Eigen::Index rows, Int8Rounding rounding) {
+  return quantize_blocks(k, rows, rounding);
 }
 
 KeyGroupClip key_group_clip(const KeyBlocks& k, Eigen::Index rows, double s_q, double scale,

@@ -179,6 +179,25 @@ TEST_CASE("the index method in the registry: presets, integer and FP paths", "[i
   const IntegerSoftmaxResult s8 = r.create("index:p=s8")->softmax_integer(in);
   CHECK(s8.raw->dtype == DType::i8);
   CHECK(s8.raw_scale == 127);
+  // int16 and int8 buffers are read as they are, row by row: the same bits as their int32 values. Two rows (the
+  // golden row and the same row less 400, which fits int8) so that a wrong row stride shows.
+  RowMatrixXi32 two(2, 6);
+  two.row(0) = golden.row(0);
+  two.row(1) = golden.row(0).array() - 400;
+  std::vector<std::int16_t> w16(two.data(), two.data() + two.size());
+  const std::vector<std::int8_t> w8 = {100, 80, 50, 20, 0, -100, 100, 80, 50, 20, 0, -100};
+  const IntegerLogits in16{{w16.data(), 2, 6}, std::int64_t{100}, std::nullopt};
+  const IntegerLogits in8{{w8.data(), 2, 6}, std::int64_t{100}, std::nullopt};
+  CHECK(in16.values.dtype() == DType::i16);
+  CHECK(in16.values.to_int32() == two);
+  CHECK(in8.values(1, 5) == -100);
+  const IntegerSoftmaxResult p32 = r.create("index@upstream-neon")->softmax_integer(IntegerLogits{two, std::int64_t{100}, std::nullopt});
+  CHECK(p32.probabilities.row(0) == p32.probabilities.row(1));  // shift-invariant: the check below compares real rows
+  for (const IntegerLogits* narrow : {&in16, &in8}) {
+    const IntegerSoftmaxResult pn = r.create("index@upstream-neon")->softmax_integer(*narrow);
+    CHECK(pn.probabilities == p32.probabilities);
+    CHECK(pn.raw->bytes == p32.raw->bytes);
+  }
   // FP logits: IndexSoftmaxOnly. Logits 0.066 * a reproduce the upstream-sim indices with c = 6.6 in double.
   RowMatrixXd x(1, 6);
   for (int j = 0; j < 6; ++j) x(0, j) = 0.066 * kGoldenRow[j];

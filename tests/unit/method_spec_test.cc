@@ -1,6 +1,9 @@
 // The method-spec parser and the registry: syntax, defaults, presets, overrides, and the error messages.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <limits>
+
 #include "qattn/engine.h"
 #include "qattn/error.h"
 #include "qattn/method.h"
@@ -162,4 +165,54 @@ TEST_CASE("every registered method gives the same bits on a view of some columns
     CHECK(packed.o == strided.o);
     CHECK(packed.p == strided.p);
   }
+}
+
+TEST_CASE("the float32 entry gives the float64 entry's bits, for every registered method and the fused kernels",
+          "[method]") {
+  // float32 values widen to float64 exactly, so both entries see the same numbers. Two heads (TurboAttention looks
+  // across them), a causal mask, and float32 views of some columns (row stride 12) as well as packed ones.
+  const RowMatrixXf wide = RowMatrixXf::NullaryExpr(16, 12, [](Eigen::Index i, Eigen::Index j) {
+    return static_cast<float>(2.5 * std::sin(1.7 * static_cast<double>(i * 12 + j)) + (j == 3 ? 4.0 : 0.0));
+  });
+  const std::vector<RowMatrixXf> q32 = {wide.leftCols(8), wide.middleCols(1, 8)};
+  const std::vector<RowMatrixXf> k32 = {wide.rightCols(8), wide.middleCols(3, 8)};
+  const std::vector<RowMatrixXf> v32 = {wide.middleCols(2, 8), wide.leftCols(8)};
+  const auto widen = [](const std::vector<RowMatrixXf>& x) {
+    std::vector<RowMatrixXd> out;
+    for (const RowMatrixXf& m : x) out.emplace_back(m.cast<double>());
+    return out;
+  };
+  const std::vector<RowMatrixXd> q64 = widen(q32), k64 = widen(k32), v64 = widen(v32);
+  const std::vector<MatrixViewF> qs = {wide.leftCols(8), wide.middleCols(1, 8)};
+  const std::vector<MatrixViewF> ks = {wide.rightCols(8), wide.middleCols(3, 8)};
+  const std::vector<MatrixViewF> vs = {wide.middleCols(2, 8), wide.leftCols(8)};
+  REQUIRE(qs[0].outerStride() == 12);
+  AttentionMask causal;
+  causal.causal = true;
+  const auto same = [&](const Method& m) {
+    const std::vector<AttentionResult> want = m.attention_heads(views(q64), views(k64), views(v64), 0.3, causal);
+    for (const auto& got : {m.attention_heads(views(q32), views(k32), views(v32), 0.3, causal),
+                            m.attention_heads(qs, ks, vs, 0.3, causal)}) {
+      REQUIRE(got.size() == 2);
+      for (std::size_t h = 0; h < 2; ++h) {
+        CHECK(got[h].o == want[h].o);
+        CHECK(got[h].p == want[h].p);
+        CHECK(got[h].p_int == want[h].p_int);
+      }
+    }
+  };
+  for (const auto& entry : ref::reference_registry().entries()) {
+    INFO(entry.name);
+    same(*ref::reference_registry().create(entry.name));
+  }
+  for (const char* spec : {"intattention", "intattention@paper", "intattention:k-group=4", "quant-only:softmax=lanes16"}) {
+    INFO(spec);
+    same(*build_method(spec, {.engine = Engine::fast}).method);
+  }
+  // The policy holds on the float32 entry: K's +inf is named.
+  std::vector<RowMatrixXf> bad = k32;
+  bad[1](2, 5) = std::numeric_limits<float>::infinity();
+  const BuiltMethod fused = build_method("intattention", {.engine = Engine::fast});
+  CHECK_THROWS_WITH(fused.method->attention_heads(views(q32), views(bad), views(v32), 0.3, {}),
+                    Contains("K") && Contains("[2, 5]") && Contains("+inf"));
 }

@@ -36,7 +36,7 @@ struct EngineOptions {
   Engine engine = Engine::automatic;
   std::optional<Isa> isa;  // unset: default_isa() (QATTN_ISA, else the best this build and CPU run)
   int threads = 1;         // threads of one fused call (rows are independent: every count gives the same bits)
-  bool probs = true;       // false: attention() leaves P empty, so memory stays O(B_r L_k) per thread
+  bool probs = true;       // false: attention() leaves P empty, so memory stays O(min(B_r, L_q) L_k) per thread
 };
 
 struct BuiltMethod {

@@ -159,6 +159,14 @@ class Method {
   std::vector<AttentionResult> attention_heads(const std::vector<MatrixView>& q, const std::vector<MatrixView>& k,
                                                const std::vector<MatrixView>& v, double scale,
                                                const AttentionMask& mask) const;
+  // The same call on float32 inputs (MatrixViewF: a caller's float32 buffer). Same policy, and the same bits as the
+  // float64 entry on the widened values, which float32 widens to exactly. Methods whose first step quantises their
+  // inputs read the float32 buffer as it is (the fused kernels of qattn/engine.h: no float64 copy is made); the
+  // others widen the heads of this one call to float64 (a copy the size of their inputs, next to their own [L_q, L_k]
+  // float64 logits and P) and run the float64 entry.
+  std::vector<AttentionResult> attention_heads(const std::vector<MatrixViewF>& q, const std::vector<MatrixViewF>& k,
+                                               const std::vector<MatrixViewF>& v, double scale,
+                                               const AttentionMask& mask) const;
 
  protected:
   virtual RowMatrixXd softmax_rows_impl(const MatrixView& logits) const = 0;
@@ -169,11 +177,17 @@ class Method {
                                                             const std::vector<MatrixView>& k,
                                                             const std::vector<MatrixView>& v, double scale,
                                                             const AttentionMask& mask) const;
+  // Default: widens the heads to float64 and calls attention_heads_impl.
+  virtual std::vector<AttentionResult> attention_heads_f32_impl(const std::vector<MatrixViewF>& q,
+                                                                const std::vector<MatrixViewF>& k,
+                                                                const std::vector<MatrixViewF>& v, double scale,
+                                                                const AttentionMask& mask) const;
 };
 
 // The input checks of the policy above, for code that takes tensors from users outside a Method. `tensor` names
 // the tensor in the InputError ("Q", "logits", or a file name); the field is the first bad index, "[row, col]".
 void require_finite(const MatrixView& x, const std::string& tensor);
+void require_finite(const MatrixViewF& x, const std::string& tensor);
 void require_softmax_logits(const MatrixView& x, const std::string& tensor);  // -inf allowed (masked)
 
 // The InputError of a method under OverflowRule::refuse whose logit (row i, key j) does not fit `format`.

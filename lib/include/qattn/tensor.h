@@ -16,6 +16,7 @@ namespace qattn {
 
 // Row-major dynamic matrix of doubles: the layout used for rows of logits and probabilities.
 using RowMatrixXd = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using RowMatrixXf = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using RowMatrixXi32 = Eigen::Matrix<std::int32_t, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using RowMatrixXb = Eigen::Matrix<bool, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
@@ -26,22 +27,48 @@ using RowMatrixXb = Eigen::Matrix<bool, Eigen::Dynamic, Eigen::Dynamic, Eigen::R
 // some columns: code that walks data() uses packed_rows() to be sure.
 using MatrixView = Eigen::Ref<const RowMatrixXd>;
 
+// The same for float32 inputs: a caller's float32 buffer, read in place by Method::attention_heads's float32 entry
+// (qattn/method.h says which methods read float32 as it is and which widen it).
+using MatrixViewF = Eigen::Ref<const RowMatrixXf>;
+
 // x's data() as packed rows (row stride = cols): x itself, or a packed copy of it in `storage`.
 const double* packed_rows(const MatrixView& x, RowMatrixXd& storage);
+const float* packed_rows(const MatrixViewF& x, RowMatrixXf& storage);
 
-// A read-only view of packed row-major int32 values that someone else owns (IntegerLogits::values): a RowMatrixXi32
-// that outlives the view, or a buffer mapped with its shape (a C-contiguous NumPy int32 array). It cannot be made from
-// a temporary matrix, which would leave it dangling.
-class IntMatrixView : public Eigen::Map<const RowMatrixXi32> {
+// A read-only view of packed row-major integer logits that someone else owns (IntegerLogits::values): int32, int16 or
+// int8, so that a caller's buffer of any of them is read as it is (a C-contiguous NumPy array mapped with its shape,
+// or a RowMatrixXi32 that outlives the view). It cannot be made from a temporary matrix, which would leave it
+// dangling. The integer models compute on int32 rows: row() hands them the caller's row itself when it holds int32,
+// else that one row widened (exactly) into a buffer the caller gives.
+class IntMatrixView {
  public:
-  using Base = Eigen::Map<const RowMatrixXi32>;
-  IntMatrixView(const RowMatrixXi32& m) : Base(m.data(), m.rows(), m.cols()) {}  // NOLINT(google-explicit-constructor)
+  IntMatrixView(const RowMatrixXi32& m) : IntMatrixView(m.data(), m.rows(), m.cols()) {}  // NOLINT(google-explicit-constructor)
   IntMatrixView(RowMatrixXi32&& m) = delete;
-  IntMatrixView(const std::int32_t* data, Eigen::Index rows, Eigen::Index cols) : Base(data, rows, cols) {}
+  IntMatrixView(const std::int32_t* data, Eigen::Index rows, Eigen::Index cols) : IntMatrixView(DType::i32, data, rows, cols) {}
+  IntMatrixView(const std::int16_t* data, Eigen::Index rows, Eigen::Index cols) : IntMatrixView(DType::i16, data, rows, cols) {}
+  IntMatrixView(const std::int8_t* data, Eigen::Index rows, Eigen::Index cols) : IntMatrixView(DType::i8, data, rows, cols) {}
+
+  Eigen::Index rows() const { return rows_; }
+  Eigen::Index cols() const { return cols_; }
+  DType dtype() const { return dtype_; }   // i32, i16 or i8
+  const void* data() const { return data_; }
+  std::int32_t operator()(Eigen::Index r, Eigen::Index c) const;
+  // Row r as int32 values: a pointer into the viewed buffer (int32), or into `scratch`, resized and filled.
+  const std::int32_t* row(Eigen::Index r, std::vector<std::int32_t>& scratch) const;
+  // Every value as int32 (a copy; for tests and small inputs).
+  RowMatrixXi32 to_int32() const;
+
+ private:
+  IntMatrixView(DType dtype, const void* data, Eigen::Index rows, Eigen::Index cols)
+      : dtype_(dtype), data_(data), rows_(rows), cols_(cols) {}
+  DType dtype_;
+  const void* data_;
+  Eigen::Index rows_, cols_;
 };
 
 // Views of each matrix of `m` (the heads of one layer), which must outlive them.
 std::vector<MatrixView> views(const std::vector<RowMatrixXd>& m);
+std::vector<MatrixViewF> views(const std::vector<RowMatrixXf>& m);
 
 struct Tensor {
   DType dtype = DType::f32;

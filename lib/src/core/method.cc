@@ -152,8 +152,8 @@ void AttentionMask::apply_to_logits(RowMatrixXd& logits) const {
 namespace {
 
 // The first entry of x that `bad` rejects, as an InputError naming `tensor`, the index and the value.
-template <class Bad>
-void check_entries(const MatrixView& x, const std::string& tensor, Bad bad) {
+template <class View, class Bad>
+void check_entries(const View& x, const std::string& tensor, Bad bad) {
   for (Eigen::Index i = 0; i < x.rows(); ++i)
     for (Eigen::Index j = 0; j < x.cols(); ++j) {
       const double v = x(i, j);
@@ -171,6 +171,11 @@ void require_finite(const MatrixView& x, const std::string& tensor) {
   check_entries(x, tensor, [](double v) { return !std::isfinite(v); });
 }
 
+void require_finite(const MatrixViewF& x, const std::string& tensor) {
+  if (x.allFinite()) return;
+  check_entries(x, tensor, [](double v) { return !std::isfinite(v); });
+}
+
 void require_softmax_logits(const MatrixView& x, const std::string& tensor) {
   if (x.allFinite()) return;
   check_entries(x, tensor, [](double v) { return std::isnan(v) || v == std::numeric_limits<double>::infinity(); });
@@ -178,12 +183,19 @@ void require_softmax_logits(const MatrixView& x, const std::string& tensor) {
 
 namespace {
 
-void require_attention_inputs(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale) {
+template <class View>
+void require_attention_inputs(const View& q, const View& k, const View& v, double scale) {
   require_finite(q, "Q");
   require_finite(k, "K");
   require_finite(v, "V");
   if (!(std::isfinite(scale) && scale > 0))
     throw InputError("scale", "value", std::to_string(scale) + " is not a finite number > 0");
+}
+
+template <class View>
+void require_heads(const std::vector<View>& q, const std::vector<View>& k, const std::vector<View>& v, double scale) {
+  if (q.size() != k.size() || k.size() != v.size()) throw std::invalid_argument("attention_heads: head counts of q, k, v differ");
+  for (std::size_t h = 0; h < q.size(); ++h) require_attention_inputs(q[h], k[h], v[h], scale);
 }
 
 }  // namespace
@@ -208,8 +220,7 @@ AttentionResult Method::attention(const MatrixView& q, const MatrixView& k, cons
 std::vector<AttentionResult> Method::attention_heads(const std::vector<MatrixView>& q, const std::vector<MatrixView>& k,
                                                      const std::vector<MatrixView>& v, double scale,
                                                      const AttentionMask& mask) const {
-  if (q.size() != k.size() || k.size() != v.size()) throw std::invalid_argument("attention_heads: head counts of q, k, v differ");
-  for (std::size_t h = 0; h < q.size(); ++h) require_attention_inputs(q[h], k[h], v[h], scale);
+  require_heads(q, k, v, scale);
   return attention_heads_impl(q, k, v, scale, mask);
 }
 
@@ -221,6 +232,28 @@ std::vector<AttentionResult> Method::attention_heads_impl(const std::vector<Matr
   out.reserve(q.size());
   for (std::size_t h = 0; h < q.size(); ++h) out.push_back(attention_impl(q[h], k[h], v[h], scale, mask));
   return out;
+}
+
+std::vector<AttentionResult> Method::attention_heads(const std::vector<MatrixViewF>& q,
+                                                     const std::vector<MatrixViewF>& k,
+                                                     const std::vector<MatrixViewF>& v, double scale,
+                                                     const AttentionMask& mask) const {
+  require_heads(q, k, v, scale);
+  return attention_heads_f32_impl(q, k, v, scale, mask);
+}
+
+std::vector<AttentionResult> Method::attention_heads_f32_impl(const std::vector<MatrixViewF>& q,
+                                                              const std::vector<MatrixViewF>& k,
+                                                              const std::vector<MatrixViewF>& v, double scale,
+                                                              const AttentionMask& mask) const {
+  const auto widen = [](const std::vector<MatrixViewF>& x) {
+    std::vector<RowMatrixXd> out;
+    out.reserve(x.size());
+    for (const MatrixViewF& m : x) out.emplace_back(m.cast<double>());
+    return out;
+  };
+  const std::vector<RowMatrixXd> qd = widen(q), kd = widen(k), vd = widen(v);
+  return attention_heads_impl(views(qd), views(kd), views(vd), scale, mask);
 }
 
 IntegerSoftmaxResult Method::softmax_integer_impl(const IntegerLogits&) const {

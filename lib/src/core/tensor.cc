@@ -107,15 +107,50 @@ Eigen::ArrayXd Tensor::to_double() const {
   return out;
 }
 
+std::int32_t IntMatrixView::operator()(Eigen::Index r, Eigen::Index c) const {
+  const Eigen::Index i = r * cols_ + c;
+  switch (dtype_) {
+    case DType::i8: return static_cast<const std::int8_t*>(data_)[i];
+    case DType::i16: return static_cast<const std::int16_t*>(data_)[i];
+    default: return static_cast<const std::int32_t*>(data_)[i];
+  }
+}
+
+const std::int32_t* IntMatrixView::row(Eigen::Index r, std::vector<std::int32_t>& scratch) const {
+  if (dtype_ == DType::i32) return static_cast<const std::int32_t*>(data_) + r * cols_;
+  scratch.resize(static_cast<std::size_t>(cols_));
+  for (Eigen::Index c = 0; c < cols_; ++c) scratch[static_cast<std::size_t>(c)] = (*this)(r, c);
+  return scratch.data();
+}
+
+RowMatrixXi32 IntMatrixView::to_int32() const {
+  RowMatrixXi32 m(rows_, cols_);
+  for (Eigen::Index r = 0; r < rows_; ++r)
+    for (Eigen::Index c = 0; c < cols_; ++c) m(r, c) = (*this)(r, c);
+  return m;
+}
+
 std::vector<MatrixView> views(const std::vector<RowMatrixXd>& m) {
   return {m.begin(), m.end()};
 }
 
-const double* packed_rows(const MatrixView& x, RowMatrixXd& storage) {
+std::vector<MatrixViewF> views(const std::vector<RowMatrixXf>& m) {
+  return {m.begin(), m.end()};
+}
+
+namespace {
+
+template <class View, class Matrix>
+const typename Matrix::Scalar* packed(const View& x, Matrix& storage) {
   if (x.outerStride() == x.cols() || x.rows() <= 1) return x.data();
   storage = x;
   return storage.data();
 }
+
+}  // namespace
+
+const double* packed_rows(const MatrixView& x, RowMatrixXd& storage) { return packed(x, storage); }
+const float* packed_rows(const MatrixViewF& x, RowMatrixXf& storage) { return packed(x, storage); }
 
 RowMatrixXd Tensor::as_rows() const {
   const std::int64_t cols = shape.empty() ? 1 : shape.back();

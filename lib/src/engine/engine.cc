@@ -5,18 +5,18 @@
 #include <cmath>
 #include <functional>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <vector>
 
 #include "qattn/error.h"
+#include "qattn/quantize.h"
 #include "qattn/reference/int_pipelines.h"
 #include "qattn/reference/method_entries.h"
 #include "qattn/reference/registry.h"
 
 namespace qattn {
 namespace {
-
-using RowMatrixXf = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 // How the fused kernels run one resolved spec, or why they do not.
 struct FusedPlan {
@@ -72,11 +72,17 @@ std::vector<std::int8_t> narrow_int8(const RowMatrixXi32& values) {
   return out;
 }
 
-// A pipeline on the fused kernels. It quantises with the reference's quantize_symmetric_int8 and derives c_int with
-// the reference's intattention_cint, so those steps are shared by construction; the GEMMs, IndexSoftmax and the
-// dequantisation are the kernels' own, tested bit-exact against the reference model. The reference method answers
-// what the kernels do not compute: shapes or masks that do not fit (its errors), softmax-only calls, and Quant-Only
-// calls whose float32 logits could overflow (it names the entry it refuses).
+// A float32 view as the float64 matrix the reference model takes (exact); a float64 view as it is.
+RowMatrixXd widened(const MatrixViewF& x) { return x.cast<double>(); }
+const MatrixView& widened(const MatrixView& x) { return x; }
+
+// A pipeline on the fused kernels. It quantises with the library's quantize_int8_symmetric, which the reference's
+// quantize_symmetric_int8 calls, and derives c_int with the reference's intattention_cint, so those steps are shared
+// by construction; the GEMMs, IndexSoftmax and the dequantisation are the kernels' own, tested bit-exact against the
+// reference model. It reads float64 and float32 inputs as they are: the codes come straight from the caller's buffer
+// (exact widening of each float32 value), with no float64 copy. The reference method answers what the kernels do not
+// compute: shapes or masks that do not fit (its errors), softmax-only calls, and Quant-Only calls whose float32
+// logits could overflow (it names the entry it refuses).
 class FusedMethod final : public Method {
  public:
   FusedMethod(FusedPlan plan, std::unique_ptr<Method> reference, Isa isa, int threads, bool probs)
@@ -90,20 +96,45 @@ class FusedMethod final : public Method {
 
   AttentionResult attention_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                  const AttentionMask& mask) const override {
+    return fused(q, k, v, scale, mask);
+  }
+
+  // Head by head (the fused pipelines look at one head at a time), each read in place.
+  std::vector<AttentionResult> attention_heads_f32_impl(const std::vector<MatrixViewF>& q,
+                                                        const std::vector<MatrixViewF>& k,
+                                                        const std::vector<MatrixViewF>& v, double scale,
+                                                        const AttentionMask& mask) const override {
+    std::vector<AttentionResult> out;
+    out.reserve(q.size());
+    for (std::size_t h = 0; h < q.size(); ++h) out.push_back(fused(q[h], k[h], v[h], scale, mask));
+    return out;
+  }
+
+ private:
+  struct Quantized {
+    std::vector<std::int8_t> values;
+    double scale;
+  };
+
+  // The codes of x, written as bytes at once (no int32 codes, no float64 copy).
+  template <class View>
+  Quantized quantize(const View& x) const {
+    using Scalar = typename View::Scalar;
+    Quantized r{std::vector<std::int8_t>(static_cast<std::size_t>(x.size())), 1};
+    Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> storage;
+    r.scale = quantize_int8_symmetric(std::span<const Scalar>(packed_rows(x, storage), r.values.size()),
+                                      std::span<std::int8_t>(r.values), plan_.qround);
+    return r;
+  }
+
+  template <class View>
+  AttentionResult fused(const View& q, const View& k, const View& v, double scale, const AttentionMask& mask) const {
     const Eigen::Index lq = q.rows(), lk = k.rows(), d = q.cols(), dv = v.cols();
     const bool mask_fits = mask.valid.size() == 0 || (mask.valid.rows() == lq && mask.valid.cols() == lk);
-    if (q.cols() != k.cols() || k.rows() != v.rows() || !mask_fits) return reference_->attention(q, k, v, scale, mask);
-    // The reference's quantiser, narrowed to bytes at once (its int32 codes are freed before the next tensor).
-    struct Quantized {
-      std::vector<std::int8_t> values;
-      double scale;
-    };
-    const auto quantize = [&](const MatrixView& x) {
-      const ref::Int8Matrix m = ref::quantize_symmetric_int8(x, plan_.qround);
-      return Quantized{narrow_int8(m.values), m.scale};
-    };
+    const auto on_reference = [&] { return reference_->attention(widened(q), widened(k), widened(v), scale, mask); };
+    if (q.cols() != k.cols() || k.rows() != v.rows() || !mask_fits) return on_reference();
     const bool key_blocks = plan_.key_block > 0 && lk > 0;
-    if (key_blocks && d > 33000) return reference_->attention(q, k, v, scale, mask);  // the kernels' anchor bound
+    if (key_blocks && d > 33000) return on_reference();  // the kernels' anchor bound
     std::optional<ref::KeyBlocks> kb;
     if (key_blocks) kb = ref::quantize_key_blocks(k, plan_.key_block, plan_.qround);
     const Quantized qi = quantize(q), vi = quantize(v);
@@ -134,8 +165,7 @@ class FusedMethod final : public Method {
       // |A| <= 127^2 d, so |fl32(A) alpha| <= fl32(127^2 d) alpha (rounding is monotone): finite means no entry of
       // the float32 logits overflows.
       const float alpha = static_cast<float>(qi.scale * ki.scale * scale);
-      if (!std::isfinite(static_cast<float>(127.0 * 127.0 * static_cast<double>(d)) * alpha))
-        return reference_->attention(q, k, v, scale, mask);
+      if (!std::isfinite(static_cast<float>(127.0 * 127.0 * static_cast<double>(d)) * alpha)) return on_reference();
     }
     std::vector<std::uint8_t> p;
     if (probs_) {
@@ -158,7 +188,6 @@ class FusedMethod final : public Method {
     return r;
   }
 
- private:
   FusedPlan plan_;
   std::unique_ptr<Method> reference_;
   Isa isa_;

@@ -193,7 +193,8 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
     });
     return;
   }
-  // Each worker's blocks reuse its buffers: Q block (zero-padded to d4), S, P (zero-padded to lk16), accumulators.
+  // Each worker's blocks reuse its buffers: Q block (zero-padded to d4), S, P (zero-padded to lk16), accumulators,
+  // each of min(B_r, L_q) rows: a call with fewer queries than a block (decoding) holds only the rows it has.
   struct Scratch {
     std::vector<std::int8_t> qb;
     std::vector<std::int32_t> s, acc;
@@ -204,10 +205,11 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
   parallel_for_workers(static_cast<std::size_t>(blocks), threads, [&](std::size_t block, int worker) {
     Scratch& w = scratch[static_cast<std::size_t>(worker)];
     if (w.s.empty()) {
-      w.qb.assign(static_cast<std::size_t>(br * d4), 0);
-      w.s.resize(static_cast<std::size_t>(br * lk16));
-      w.acc.resize(static_cast<std::size_t>(br * dv16));
-      w.p.assign(static_cast<std::size_t>(br * lk16), 0);
+      const Eigen::Index rows_max = std::min(br, lq);
+      w.qb.assign(static_cast<std::size_t>(rows_max * d4), 0);
+      w.s.resize(static_cast<std::size_t>(rows_max * lk16));
+      w.acc.resize(static_cast<std::size_t>(rows_max * dv16));
+      w.p.assign(static_cast<std::size_t>(rows_max * lk16), 0);
       w.f.resize(quant_only ? static_cast<std::size_t>(lk16) : 0);
     }
     const Eigen::Index r0 = static_cast<Eigen::Index>(block) * br, rows = std::min(br, lq - r0);
