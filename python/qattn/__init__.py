@@ -5,8 +5,9 @@ fused integer kernels where a method has them, bit for bit the reference model),
 files. Method specs are the CLI's: ``"intattention@upstream-neon:k-group=64"``.
 
 Inputs are NumPy arrays of float32 or float64. A C-contiguous, aligned float64 array is read in place, without a
-copy; so are C-contiguous, aligned float32 ``q``, ``k`` and ``v`` of ``attention`` and int8 / int16 / int32 integer
-logits of ``softmax_integer``. Any other array is converted once to float64 (int32 for integer logits), exactly.
+copy; so are C-contiguous, aligned float32 arrays given to ``softmax``, ``attention`` (q, k, v all float32) and
+``compare``, and int8 / int16 / int32 integer logits of ``softmax_integer``. Any other array is converted once to
+float64 (int32 for integer logits), exactly.
 Outputs are new arrays. The GIL is released while qattn computes. python/README.md says which method copies what.
 """
 import json as _json

@@ -4,9 +4,9 @@
 //
 // Inputs are NumPy arrays of float32 or float64 in any layout. A C-contiguous, aligned float64 array is read in
 // place: the methods get a view of its buffer (MatrixView, qattn/tensor.h), no copy. So is a C-contiguous, aligned
-// float32 q, k and v of attention (MatrixViewF, Method::attention_heads's float32 entry). Anything else is converted
-// once to float64 in C order, exactly. Outputs are new arrays (float64;
-// integer P as uint8/int8). The GIL is released around every computation.
+// float32 array given to softmax, attention (q, k and v all float32) or compare (both float32): MatrixViewF, the
+// float32 entries of Method. Anything else is converted once to float64 in C order, exactly. Outputs are new arrays
+// (float64; integer P as uint8/int8). The GIL is released around every computation.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -149,7 +149,7 @@ EngineOptions engine_options(const std::string& engine, int threads, bool probs)
 
 // softmax(logits, method): rows over the last axis.
 py::array_t<double> softmax(const py::handle& logits, const std::string& method, const std::string& engine) {
-  const Input in = read_float_array(logits, "logits");
+  const Input in = read_float_array(logits, "logits", true);
   if (in.shape.empty()) throw py::value_error("logits: expected at least one axis, got a scalar");
   const Eigen::Index cols = in.shape.back(), rows = cols ? static_cast<Eigen::Index>(in.size) / cols : 0;
   py::array_t<double> out(std::vector<py::ssize_t>(in.shape.begin(), in.shape.end()));
@@ -158,7 +158,8 @@ py::array_t<double> softmax(const py::handle& logits, const std::string& method,
     py::gil_scoped_release release;
     require_finite_array(in, "logits", true);
     const BuiltMethod built = build_method(method, engine_options(engine, 1, true));
-    const RowMatrixXd p = built.method->softmax_rows(matrix_at(in, 0, rows, cols));
+    const RowMatrixXd p = in.f32 ? built.method->softmax_rows(matrix_at_f32(in, 0, rows, cols))
+                                 : built.method->softmax_rows(matrix_at(in, 0, rows, cols));
     std::copy_n(p.data(), p.size(), out_data);
   }
   return out;
@@ -458,12 +459,14 @@ std::string analyze_json(const std::string& tensors, const std::vector<std::stri
 }
 
 py::dict compare(const py::handle& out, const py::handle& ref) {
-  const Input a = read_float_array(out, "a"), b = read_float_array(ref, "b");
+  Input a = read_float_array(out, "a", true), b = read_float_array(ref, "b", true);
   if (a.shape != b.shape) throw py::value_error("a, b: shapes differ: " + shape_string(a.shape) + " vs " + shape_string(b.shape));
+  if (!(a.f32 && b.f32)) a.widen(), b.widen();  // float32 next to float64: both as float64
   ErrorStats e;
   {
     py::gil_scoped_release release;
-    e = qattn::compare(a.values(), b.values());
+    e = a.f32 ? qattn::compare(std::span<const float>(a.f32, a.size), std::span<const float>(b.f32, b.size))
+              : qattn::compare(a.values(), b.values());
   }
   py::dict r;
   r["count"] = e.count;
@@ -549,14 +552,14 @@ py::dict load(const std::string& path) {
   return out;
 }
 
-// _input_address(a, call): the address of the values the methods read for the array `a` given to `call` ("softmax",
-// "attention"), for the tests that show which arrays are read in place (the address is a.ctypes.data) and which are
-// converted. Integer arrays answer for softmax_integer.
+// _input_address(a, call): the address of the values the methods read for the array `a` given to `call` ("softmax"
+// or "attention"; compare reads as they do), for the tests that show which arrays are read in place (the address is
+// a.ctypes.data) and which are converted. Integer arrays answer for softmax_integer.
 std::uintptr_t input_address(const py::handle& a, const std::string& call) {
   if (py::isinstance<py::array>(a) && py::reinterpret_borrow<py::array>(a).dtype().kind() == 'i')
     return reinterpret_cast<std::uintptr_t>(read_int_array(a, "a").view().data());
   if (call != "softmax" && call != "attention") throw py::value_error("call: 'softmax' or 'attention', got " + call);
-  const Input in = read_float_array(a, "a", call == "attention");
+  const Input in = read_float_array(a, "a", true);
   return in.f32 ? reinterpret_cast<std::uintptr_t>(in.f32) : reinterpret_cast<std::uintptr_t>(in.data);
 }
 

@@ -114,14 +114,15 @@ def test_c_contiguous_float64_is_read_in_place_and_the_rest_converted_once():
         assert address(a[1], call) == a[1].ctypes.data == a.ctypes.data + 16 * 8 * 8  # a contiguous slice of heads too
     unaligned = np.frombuffer(np.zeros(16 * 8 * 8 + 1, np.uint8)[1:].data, np.float64).reshape(16, 8)
     assert not unaligned.flags.aligned
-    for converted in (a.astype(np.float32), np.asfortranarray(a), a[:, ::2], a.transpose(0, 2, 1), unaligned):
+    for converted in (np.asfortranarray(a), a[:, ::2], a.transpose(0, 2, 1), unaligned):
         assert address(converted) != converted.ctypes.data
-    # float32 q, k, v of attention are read in place too; softmax widens float32 logits.
+    # C-contiguous float32 is read in place too; other float32 layouts are converted.
     a32 = a.astype(np.float32)
-    assert address(a32, "attention") == a32.ctypes.data
-    assert address(a32[2], "attention") == a32.ctypes.data + 2 * 16 * 8 * 4
-    for converted in (np.asfortranarray(a32), a32[:, ::2]):
-        assert address(converted, "attention") != converted.ctypes.data
+    for call in ("softmax", "attention"):
+        assert address(a32, call) == a32.ctypes.data
+        assert address(a32[2], call) == a32.ctypes.data + 2 * 16 * 8 * 4
+        for converted in (np.asfortranarray(a32), a32[:, ::2]):
+            assert address(converted, call) != converted.ctypes.data
     with pytest.raises(ValueError, match="call: 'softmax' or 'attention'"):
         address(a, "analyze")
     # Integer logits: int32, int16 and int8 in place (the model widens one row at a time); other layouts converted.
@@ -139,6 +140,25 @@ def test_c_contiguous_float64_is_read_in_place_and_the_rest_converted_once():
     q, k, v = a
     for view in (np.asfortranarray(k), k[::-1][::-1], np.concatenate([k, k], 1)[:, :8]):
         assert np.array_equal(qattn.attention(q, view, v, "intattention"), qattn.attention(q, k, v, "intattention"))
+
+
+def test_float32_softmax_and_compare_give_the_bits_of_their_float64_values():
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((3, 5, 40)) * 4).astype(np.float32)
+    x[1, 2, 3] = -np.inf  # masked
+    wide = x.astype(np.float64)
+    for spec in ("fp64", "fp32", "fp16", "bf16", "exaq", "exaq@paper", "index", "index@upstream-sim", "sas", "ibert",
+                 "tflite-int8"):
+        assert np.array_equal(qattn.softmax(x, spec), qattn.softmax(wide, spec)), spec
+    with pytest.raises(ValueError, match=r"logits: \[2, 0, 1\]: is NaN"):
+        bad = x.copy()
+        bad[2, 0, 1] = np.nan
+        qattn.softmax(bad, "fp32")
+    out = qattn.softmax(x, "fp16").astype(np.float32)
+    ref = qattn.softmax(x, "fp64").astype(np.float32)
+    got, want = qattn.compare(out, ref), qattn.compare(out.astype(np.float64), ref.astype(np.float64))
+    assert got == want and 0 < got["rmse"] < 1e-3
+    assert qattn.compare(out, ref.astype(np.float64)) == want  # float32 next to float64: both widened
 
 
 def test_float32_attention_read_in_place_gives_the_bits_of_its_float64_values():

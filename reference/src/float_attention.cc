@@ -24,15 +24,28 @@ void round_in_place(RowMatrixXf& m, FloatPrecision p) {
   for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = static_cast<float>(round_to_format(m.data()[i], *f));
 }
 
-RowMatrixXf to_storage_float(const MatrixView& m, FloatPrecision p) {
-  // double -> float rounds once; for fp16/bf16 round from double directly so that no value is rounded twice.
+// A float64 or float32 view rounded to the storage format of p.
+template <class View>
+RowMatrixXf to_storage_float(const View& m, FloatPrecision p) {
+  // double -> float rounds once; for fp16/bf16 round from double directly so that no value is rounded twice. A
+  // float32 input widens exactly, so it rounds as its float64 value does.
   const FloatFormat* f = storage_format(p);
   RowMatrixXf out(m.rows(), m.cols());
-  RowMatrixXd storage;
-  const double* md = packed_rows(m, storage);
-  for (Eigen::Index i = 0; i < m.size(); ++i)
-    out.data()[i] = f ? static_cast<float>(round_to_format(md[i], *f)) : static_cast<float>(md[i]);
+  Eigen::Matrix<typename View::Scalar, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> storage;
+  const auto* md = packed_rows(m, storage);
+  for (Eigen::Index i = 0; i < m.size(); ++i) {
+    const double x = md[i];
+    out.data()[i] = f ? static_cast<float>(round_to_format(x, *f)) : static_cast<float>(x);
+  }
   return out;
+}
+
+template <class View>
+RowMatrixXd storage_softmax_rows(const View& logits, FloatPrecision p) {
+  const RowMatrixXf x = to_storage_float(logits, p);   // R1
+  RowMatrixXf prob = softmax_ref_rows(x);              // float arithmetic
+  round_in_place(prob, p);                             // R3
+  return prob.cast<double>();
 }
 
 void check_shapes(const MatrixView& q, const MatrixView& k, const MatrixView& v) {
@@ -61,10 +74,12 @@ RowMatrixXd round_to_storage(const MatrixView& m, FloatPrecision p) {
 
 RowMatrixXd float_softmax_rows(const MatrixView& logits, FloatPrecision p) {
   if (p == FloatPrecision::fp64) return softmax_ref_rows(logits);
-  const RowMatrixXf x = to_storage_float(logits, p);   // R1
-  RowMatrixXf prob = softmax_ref_rows(x);              // float arithmetic
-  round_in_place(prob, p);                             // R3
-  return prob.cast<double>();
+  return storage_softmax_rows(logits, p);
+}
+
+RowMatrixXd float_softmax_rows(const MatrixViewF& logits, FloatPrecision p) {
+  if (p == FloatPrecision::fp64) return softmax_ref_rows(RowMatrixXd(logits.cast<double>()));
+  return storage_softmax_rows(logits, p);
 }
 
 AttentionResult float_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,

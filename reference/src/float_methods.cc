@@ -9,6 +9,7 @@ class FloatMethod final : public Method {
  public:
   explicit FloatMethod(FloatPrecision p) : p_(p) {}
   RowMatrixXd softmax_rows_impl(const MatrixView& logits) const override { return float_softmax_rows(logits, p_); }
+  RowMatrixXd softmax_rows_f32_impl(const MatrixViewF& logits) const override { return float_softmax_rows(logits, p_); }
   AttentionResult attention_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                  const AttentionMask& mask) const override {
     return float_attention(q, k, v, scale, p_, mask);

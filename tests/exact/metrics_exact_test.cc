@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <random>
+#include <span>
 
 #include "qattn/metrics.h"
 #include "support/test_scale.h"
@@ -119,4 +120,28 @@ TEST_CASE("KL over probability rows", "[metrics]") {
   CHECK(looks_like_probability_rows(ref));
   CHECK_FALSE(looks_like_probability_rows(p));
   CHECK_THROWS_AS(kl_rows(ref, RowMatrixXd::Zero(1, 3)), std::invalid_argument);
+}
+
+TEST_CASE("float32 values give the statistics of their float64 values", "[metrics]") {
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> n(0.0f, 3.0f);
+  std::vector<float> o(257), r(257);
+  for (std::size_t i = 0; i < o.size(); ++i) r[i] = n(rng), o[i] = r[i] + 1e-3f * n(rng);
+  o[5] = r[5];  // one exact match
+  const auto widened = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
+  const auto same = [](const ErrorStats& a, const ErrorStats& b) {
+    CHECK(a.count == b.count);
+    CHECK(a.nonfinite == b.nonfinite);
+    CHECK(a.zero_errors == b.zero_errors);
+    CHECK(a.log2_histogram == b.log2_histogram);
+    for (const auto& [x, y] : {std::pair{a.cossim, b.cossim}, {a.rel_l1, b.rel_l1}, {a.rmse, b.rmse},
+                               {a.max_abs, b.max_abs}, {a.bias, b.bias}, {a.median_abs, b.median_abs}})
+      CHECK((x == y || (std::isnan(x) && std::isnan(y))));
+  };
+  const ErrorStats f = compare(std::span<const float>(o), std::span<const float>(r));
+  CHECK(f.zero_errors == 1);
+  CHECK(f.cossim < 1.0);
+  same(f, compare(widened(o), widened(r)));
+  o[9] = NAN;
+  same(compare(std::span<const float>(o), std::span<const float>(r)), compare(widened(o), widened(r)));
 }

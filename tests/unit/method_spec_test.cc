@@ -201,9 +201,29 @@ TEST_CASE("the float32 entry gives the float64 entry's bits, for every registere
       }
     }
   };
+  // Softmax: float32 logits with masked (-inf) entries, as the same view types.
+  RowMatrixXf logits32 = wide * 3.0f;
+  logits32(4, 2) = logits32(9, 7) = -std::numeric_limits<float>::infinity();
+  const RowMatrixXd logits64 = logits32.cast<double>();
+  const auto same_softmax = [&](const Method& m) {
+    RowMatrixXd want;
+    try {
+      want = m.softmax_rows(logits64);
+    } catch (const std::exception& e) {  // a method without a softmax form refuses both entries alike
+      CHECK_THROWS_WITH(m.softmax_rows(MatrixViewF(logits32)), e.what());
+      return;
+    }
+    CHECK(m.softmax_rows(MatrixViewF(logits32)) == want);
+    CHECK(m.softmax_rows(MatrixViewF(logits32.leftCols(9))) == m.softmax_rows(logits64.leftCols(9)));
+  };
   for (const auto& entry : ref::reference_registry().entries()) {
     INFO(entry.name);
     same(*ref::reference_registry().create(entry.name));
+    same_softmax(*ref::reference_registry().create(entry.name));
+    for (const auto& preset : entry.presets) {
+      INFO(preset.name);
+      same_softmax(*ref::reference_registry().create(entry.name + "@" + preset.name));
+    }
   }
   for (const char* spec : {"intattention", "intattention@paper", "intattention:k-group=4", "quant-only:softmax=lanes16"}) {
     INFO(spec);

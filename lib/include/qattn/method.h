@@ -149,6 +149,9 @@ class Method {
   virtual ~Method() = default;
   // Row-wise softmax of logits [rows, L] as this method computes it, returned as probabilities.
   RowMatrixXd softmax_rows(const MatrixView& logits) const;
+  // The same on float32 logits (a caller's float32 buffer): the float64 entry's bits on the widened values. Every
+  // softmax model computes from float64, so the default widens the logits and calls softmax_rows_impl.
+  RowMatrixXd softmax_rows(const MatrixViewF& logits) const;
   // Softmax of integer logits. Methods without an integer form keep the default, which throws SpecError.
   IntegerSoftmaxResult softmax_integer(const IntegerLogits& logits) const { return softmax_integer_impl(logits); }
   // softmax(scale * q k^T) v as this method computes it. q [L_q, d], k [L_k, d], v [L_k, d_v]; scale finite, > 0.
@@ -170,6 +173,7 @@ class Method {
 
  protected:
   virtual RowMatrixXd softmax_rows_impl(const MatrixView& logits) const = 0;
+  virtual RowMatrixXd softmax_rows_f32_impl(const MatrixViewF& logits) const;
   virtual IntegerSoftmaxResult softmax_integer_impl(const IntegerLogits& logits) const;
   virtual AttentionResult attention_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v,
                                          double scale, const AttentionMask& mask) const = 0;
@@ -189,6 +193,7 @@ class Method {
 void require_finite(const MatrixView& x, const std::string& tensor);
 void require_finite(const MatrixViewF& x, const std::string& tensor);
 void require_softmax_logits(const MatrixView& x, const std::string& tensor);  // -inf allowed (masked)
+void require_softmax_logits(const MatrixViewF& x, const std::string& tensor);
 
 // The InputError of a method under OverflowRule::refuse whose logit (row i, key j) does not fit `format`.
 [[noreturn]] void throw_logit_overflow(const std::string& method, const std::string& format, Eigen::Index i,

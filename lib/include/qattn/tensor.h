@@ -42,11 +42,15 @@ const float* packed_rows(const MatrixViewF& x, RowMatrixXf& storage);
 // else that one row widened (exactly) into a buffer the caller gives.
 class IntMatrixView {
  public:
-  IntMatrixView(const RowMatrixXi32& m) : IntMatrixView(m.data(), m.rows(), m.cols()) {}  // NOLINT(google-explicit-constructor)
+  // NOLINTNEXTLINE(google-explicit-constructor)
+  IntMatrixView(const RowMatrixXi32& m) : IntMatrixView(m.data(), m.rows(), m.cols()) {}
   IntMatrixView(RowMatrixXi32&& m) = delete;
-  IntMatrixView(const std::int32_t* data, Eigen::Index rows, Eigen::Index cols) : IntMatrixView(DType::i32, data, rows, cols) {}
-  IntMatrixView(const std::int16_t* data, Eigen::Index rows, Eigen::Index cols) : IntMatrixView(DType::i16, data, rows, cols) {}
-  IntMatrixView(const std::int8_t* data, Eigen::Index rows, Eigen::Index cols) : IntMatrixView(DType::i8, data, rows, cols) {}
+  IntMatrixView(const std::int32_t* data, Eigen::Index rows, Eigen::Index cols)
+      : IntMatrixView(DType::i32, data, rows, cols) {}
+  IntMatrixView(const std::int16_t* data, Eigen::Index rows, Eigen::Index cols)
+      : IntMatrixView(DType::i16, data, rows, cols) {}
+  IntMatrixView(const std::int8_t* data, Eigen::Index rows, Eigen::Index cols)
+      : IntMatrixView(DType::i8, data, rows, cols) {}
 
   Eigen::Index rows() const { return rows_; }
   Eigen::Index cols() const { return cols_; }

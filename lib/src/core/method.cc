@@ -181,6 +181,11 @@ void require_softmax_logits(const MatrixView& x, const std::string& tensor) {
   check_entries(x, tensor, [](double v) { return std::isnan(v) || v == std::numeric_limits<double>::infinity(); });
 }
 
+void require_softmax_logits(const MatrixViewF& x, const std::string& tensor) {
+  if (x.allFinite()) return;
+  check_entries(x, tensor, [](double v) { return std::isnan(v) || v == std::numeric_limits<double>::infinity(); });
+}
+
 namespace {
 
 template <class View>
@@ -209,6 +214,16 @@ void throw_logit_overflow(const std::string& method, const std::string& format, 
 RowMatrixXd Method::softmax_rows(const MatrixView& logits) const {
   require_softmax_logits(logits, "logits");
   return softmax_rows_impl(logits);
+}
+
+RowMatrixXd Method::softmax_rows(const MatrixViewF& logits) const {
+  require_softmax_logits(logits, "logits");
+  return softmax_rows_f32_impl(logits);
+}
+
+RowMatrixXd Method::softmax_rows_f32_impl(const MatrixViewF& logits) const {
+  const RowMatrixXd widened = logits.cast<double>();
+  return softmax_rows_impl(widened);
 }
 
 AttentionResult Method::attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,

@@ -33,42 +33,45 @@ class CompensatedSum {
 // 2^k with 2^k <= max|x| (or 1 for all zeros): dividing by it is exact and keeps squares in range.
 double power_of_two_scale(double max_abs) { return max_abs > 0 && std::isfinite(max_abs) ? std::ldexp(1.0, std::ilogb(max_abs)) : 1.0; }
 
-}  // namespace
-
-ErrorStats compare(std::span<const double> out, std::span<const double> ref) {
-  if (out.size() != ref.size())
-    throw std::invalid_argument("compare: sizes differ (" + std::to_string(out.size()) + " vs " +
-                                std::to_string(ref.size()) + ")");
+template <class T>
+ErrorStats compare_values(std::span<const T> out_values, std::span<const T> ref_values) {
+  // Every access widens to double, so both element types compute the same statistics of the same numbers.
+  const auto out = [&](std::size_t i) { return static_cast<double>(out_values[i]); };
+  const auto ref = [&](std::size_t i) { return static_cast<double>(ref_values[i]); };
+  const std::size_t size = out_values.size();
+  if (size != ref_values.size())
+    throw std::invalid_argument("compare: sizes differ (" + std::to_string(size) + " vs " +
+                                std::to_string(ref_values.size()) + ")");
   ErrorStats s;
-  s.count = static_cast<std::int64_t>(out.size());
-  for (std::size_t i = 0; i < out.size(); ++i)
-    if (!std::isfinite(out[i]) || !std::isfinite(ref[i])) ++s.nonfinite;
+  s.count = static_cast<std::int64_t>(size);
+  for (std::size_t i = 0; i < size; ++i)
+    if (!std::isfinite(out(i)) || !std::isfinite(ref(i))) ++s.nonfinite;
   if (s.count == 0 || s.nonfinite > 0) {
     // The distances are undefined, but which elements agree is not: equal values, or NaN in both.
-    for (std::size_t i = 0; i < out.size(); ++i)
-      if (out[i] == ref[i] || (std::isnan(out[i]) && std::isnan(ref[i]))) ++s.zero_errors;
+    for (std::size_t i = 0; i < size; ++i)
+      if (out(i) == ref(i) || (std::isnan(out(i)) && std::isnan(ref(i)))) ++s.zero_errors;
     s.cossim = s.rel_l1 = s.rmse = s.max_abs = s.bias = s.median_abs = kNaN;
     return s;
   }
   double max_o = 0, max_r = 0, max_e = 0;
-  std::vector<double> abs_err(out.size());
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    max_o = std::max(max_o, std::fabs(out[i]));
-    max_r = std::max(max_r, std::fabs(ref[i]));
-    abs_err[i] = std::fabs(out[i] - ref[i]);  // +inf only if |o - r| > DBL_MAX: then rmse and max_abs are +inf
+  std::vector<double> abs_err(size);
+  for (std::size_t i = 0; i < size; ++i) {
+    max_o = std::max(max_o, std::fabs(out(i)));
+    max_r = std::max(max_r, std::fabs(ref(i)));
+    abs_err[i] = std::fabs(out(i) - ref(i));  // +inf only if |o - r| > DBL_MAX: then rmse and max_abs are +inf
     max_e = std::max(max_e, abs_err[i]);
   }
   const double so = power_of_two_scale(max_o), sr = power_of_two_scale(max_r), se = power_of_two_scale(max_e);
   CompensatedSum dot, oo, rr, l1, r1, sq, signed_err;
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    const double o = out[i] / so, r = ref[i] / sr, e = abs_err[i] / se;
+  for (std::size_t i = 0; i < size; ++i) {
+    const double o = out(i) / so, r = ref(i) / sr, e = abs_err[i] / se;
     dot.add(o * r);
     oo.add(o * o);
     rr.add(r * r);
     l1.add(abs_err[i]);
-    r1.add(std::fabs(ref[i]));
+    r1.add(std::fabs(ref(i)));
     sq.add(e * e);
-    signed_err.add(out[i] - ref[i]);
+    signed_err.add(out(i) - ref(i));
   }
   const double n = static_cast<double>(s.count);
   if (max_o == 0 && max_r == 0) s.cossim = 1.0;
@@ -94,6 +97,11 @@ ErrorStats compare(std::span<const double> out, std::span<const double> ref) {
   }
   return s;
 }
+
+}  // namespace
+
+ErrorStats compare(std::span<const double> out, std::span<const double> ref) { return compare_values(out, ref); }
+ErrorStats compare(std::span<const float> out, std::span<const float> ref) { return compare_values(out, ref); }
 
 KlStats kl_rows(const MatrixView& p_ref, const MatrixView& p) {
   if (p_ref.rows() != p.rows() || p_ref.cols() != p.cols())

@@ -26,6 +26,9 @@ std::string_view precision_name(FloatPrecision p);
 RowMatrixXd round_to_storage(const MatrixView& m, FloatPrecision p);
 
 RowMatrixXd float_softmax_rows(const MatrixView& logits, FloatPrecision p);
+// The same on float32 logits, read as they are: fp32, fp16 and bf16 round them to storage (R1) straight from float32,
+// fp64 widens them first. The bits of the float64 overload on the widened values, which float32 widens to exactly.
+RowMatrixXd float_softmax_rows(const MatrixViewF& logits, FloatPrecision p);
 // Masked pairs get logit -inf before the softmax (after R2), so they contribute exactly 0.
 AttentionResult float_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                 FloatPrecision p, const AttentionMask& mask = {});
