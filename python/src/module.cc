@@ -41,8 +41,8 @@ namespace {
 using Array = py::array;
 
 // A float32 or float64 array as float64 values in C order, with its shape. TypeError names the argument otherwise.
-// With `float32_in_place` (attention), a C-contiguous, aligned float32 array is kept as it is in `f32`, for
-// Method::attention_heads's float32 entry; widen() makes it float64 when the call cannot take float32.
+// With `float32_in_place` (softmax, attention, compare), a C-contiguous, aligned float32 array is kept as it is in
+// `f32`, for the float32 entries of Method and compare; widen() makes it float64 when the call cannot take float32.
 struct Input {
   std::vector<Eigen::Index> shape;
   py::array array;                // holds the caller's array (and so its buffer) while the values are read
@@ -552,13 +552,12 @@ py::dict load(const std::string& path) {
   return out;
 }
 
-// _input_address(a, call): the address of the values the methods read for the array `a` given to `call` ("softmax"
-// or "attention"; compare reads as they do), for the tests that show which arrays are read in place (the address is
-// a.ctypes.data) and which are converted. Integer arrays answer for softmax_integer.
-std::uintptr_t input_address(const py::handle& a, const std::string& call) {
+// _input_address(a): the address of the values that softmax, attention and compare (float arrays) or softmax_integer
+// (integer arrays) read for the array `a`, for the tests that show which arrays are read in place (the address is
+// a.ctypes.data) and which are converted.
+std::uintptr_t input_address(const py::handle& a) {
   if (py::isinstance<py::array>(a) && py::reinterpret_borrow<py::array>(a).dtype().kind() == 'i')
     return reinterpret_cast<std::uintptr_t>(read_int_array(a, "a").view().data());
-  if (call != "softmax" && call != "attention") throw py::value_error("call: 'softmax' or 'attention', got " + call);
   const Input in = read_float_array(a, "a", true);
   return in.f32 ? reinterpret_cast<std::uintptr_t>(in.f32) : reinterpret_cast<std::uintptr_t>(in.data);
 }
@@ -598,7 +597,7 @@ PYBIND11_MODULE(_qattn, m) {
         py::arg("return_probs") = false, py::arg("engine") = "auto", py::arg("threads") = 1, py::arg("kv") = "",
         py::arg("raw") = false);
   m.def("compare", &compare, py::arg("a"), py::arg("b"));
-  m.def("_input_address", &input_address, py::arg("a"), py::arg("call") = "softmax");
+  m.def("_input_address", &input_address, py::arg("a"));
   m.def("softmax_integer", &softmax_integer, py::arg("logits"), py::arg("method"), py::arg("cint") = py::none(),
         py::arg("alpha") = py::none());
   m.def("exact_softmax", &exact_softmax, py::arg("logits"), py::arg("decimal") = false);

@@ -109,22 +109,18 @@ def test_attention_shapes_heads_and_defaults():
 def test_c_contiguous_float64_is_read_in_place_and_the_rest_converted_once():
     address = qattn._qattn._input_address
     a = np.random.default_rng(9).standard_normal((3, 16, 8))
-    for call in ("softmax", "attention"):
-        assert address(a, call) == a.ctypes.data
-        assert address(a[1], call) == a[1].ctypes.data == a.ctypes.data + 16 * 8 * 8  # a contiguous slice of heads too
+    assert address(a) == a.ctypes.data
+    assert address(a[1]) == a[1].ctypes.data == a.ctypes.data + 16 * 8 * 8  # a contiguous slice of heads too
     unaligned = np.frombuffer(np.zeros(16 * 8 * 8 + 1, np.uint8)[1:].data, np.float64).reshape(16, 8)
     assert not unaligned.flags.aligned
     for converted in (np.asfortranarray(a), a[:, ::2], a.transpose(0, 2, 1), unaligned):
         assert address(converted) != converted.ctypes.data
     # C-contiguous float32 is read in place too; other float32 layouts are converted.
     a32 = a.astype(np.float32)
-    for call in ("softmax", "attention"):
-        assert address(a32, call) == a32.ctypes.data
-        assert address(a32[2], call) == a32.ctypes.data + 2 * 16 * 8 * 4
-        for converted in (np.asfortranarray(a32), a32[:, ::2]):
-            assert address(converted, call) != converted.ctypes.data
-    with pytest.raises(ValueError, match="call: 'softmax' or 'attention'"):
-        address(a, "analyze")
+    assert address(a32) == a32.ctypes.data
+    assert address(a32[2]) == a32.ctypes.data + 2 * 16 * 8 * 4
+    for converted in (np.asfortranarray(a32), a32[:, ::2]):
+        assert address(converted) != converted.ctypes.data
     # Integer logits: int32, int16 and int8 in place (the model widens one row at a time); other layouts converted.
     logits = np.random.default_rng(3).integers(-120, 0, (4, 32)).astype(np.int32)
     narrow = [logits.astype(np.int16), logits.astype(np.int8)]  # named: alive while their addresses are compared

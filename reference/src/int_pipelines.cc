@@ -67,7 +67,6 @@ KeyBlocks quantize_blocks(const View& k, Eigen::Index rows, Int8Rounding roundin
 }  // namespace
 
 Int8Matrix quantize_symmetric_int8(const MatrixView& x, Int8Rounding rounding) { return quantize_view(x, rounding); }
-Int8Matrix quantize_symmetric_int8(const MatrixViewF& x, Int8Rounding rounding) { return quantize_view(x, rounding); }
 
 RowMatrixXi32 int_matmul_abt(const RowMatrixXi32& a, const RowMatrixXi32& b) {
   RowMatrixXi32 c(a.rows(), b.rows());

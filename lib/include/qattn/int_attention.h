@@ -4,8 +4,8 @@
 //   (2) P = IndexSoftmax(S) per row    u8 (x255) or s8-format (x127) P, every IndexSoftmaxParams choice
 //   (3) O_blk = P V                    u8 x s8 -> s32, exact (|O| <= 127 sum_j P_j, far inside int32)
 //   (4) O = fl32(O_int * s_V / s_P)    the product and quotient in double, one rounding to float32
-// Memory is O(min(B_r, L_q) L_k) per thread. Rows are independent, so every thread count gives the same bits. Every ISA
-// variant is bit-exact to the scalar spec, and the scalar spec to the reference model (reference/int_pipelines.h).
+// Memory is O(min(B_r, L_q) L_k) per thread. Rows are independent, so every thread count gives the same bits. Every
+// ISA variant is bit-exact to the scalar spec, and the scalar spec to the reference model (reference/int_pipelines.h).
 #pragma once
 
 #include <cstdint>

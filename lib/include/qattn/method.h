@@ -149,8 +149,9 @@ class Method {
   virtual ~Method() = default;
   // Row-wise softmax of logits [rows, L] as this method computes it, returned as probabilities.
   RowMatrixXd softmax_rows(const MatrixView& logits) const;
-  // The same on float32 logits (a caller's float32 buffer): the float64 entry's bits on the widened values. Every
-  // softmax model computes from float64, so the default widens the logits and calls softmax_rows_impl.
+  // The same on float32 logits (a caller's float32 buffer): the float64 entry's bits on the widened values. fp32,
+  // fp16 and bf16 round them to storage from the buffer; the default, for models that compute from float64, widens
+  // the logits and calls softmax_rows_impl.
   RowMatrixXd softmax_rows(const MatrixViewF& logits) const;
   // Softmax of integer logits. Methods without an integer form keep the default, which throws SpecError.
   IntegerSoftmaxResult softmax_integer(const IntegerLogits& logits) const { return softmax_integer_impl(logits); }

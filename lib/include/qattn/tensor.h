@@ -27,8 +27,8 @@ using RowMatrixXb = Eigen::Matrix<bool, Eigen::Dynamic, Eigen::Dynamic, Eigen::R
 // some columns: code that walks data() uses packed_rows() to be sure.
 using MatrixView = Eigen::Ref<const RowMatrixXd>;
 
-// The same for float32 inputs: a caller's float32 buffer, read in place by Method::attention_heads's float32 entry
-// (qattn/method.h says which methods read float32 as it is and which widen it).
+// The same for float32 inputs: a caller's float32 buffer, given to the float32 entries of Method (softmax_rows,
+// attention_heads; qattn/method.h says which methods read float32 as it is and which widen it).
 using MatrixViewF = Eigen::Ref<const RowMatrixXf>;
 
 // x's data() as packed rows (row stride = cols): x itself, or a packed copy of it in `storage`.
@@ -59,8 +59,6 @@ class IntMatrixView {
   std::int32_t operator()(Eigen::Index r, Eigen::Index c) const;
   // Row r as int32 values: a pointer into the viewed buffer (int32), or into `scratch`, resized and filled.
   const std::int32_t* row(Eigen::Index r, std::vector<std::int32_t>& scratch) const;
-  // Every value as int32 (a copy; for tests and small inputs).
-  RowMatrixXi32 to_int32() const;
 
  private:
   IntMatrixView(DType dtype, const void* data, Eigen::Index rows, Eigen::Index cols)

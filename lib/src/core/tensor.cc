@@ -123,13 +123,6 @@ const std::int32_t* IntMatrixView::row(Eigen::Index r, std::vector<std::int32_t>
   return scratch.data();
 }
 
-RowMatrixXi32 IntMatrixView::to_int32() const {
-  RowMatrixXi32 m(rows_, cols_);
-  for (Eigen::Index r = 0; r < rows_; ++r)
-    for (Eigen::Index c = 0; c < cols_; ++c) m(r, c) = (*this)(r, c);
-  return m;
-}
-
 std::vector<MatrixView> views(const std::vector<RowMatrixXd>& m) {
   return {m.begin(), m.end()};
 }

@@ -16,10 +16,7 @@ struct Int8Matrix {
 
 // Symmetric per-tensor INT8: s = max|x| / 127 (s = 1 for an all-zero tensor, so every code is 0),
 // q = clamp(round_half_even(x / s), -127, 127), all in double.
-// The float32 overloads give the same codes and scale as the float64 ones on the widened values (the fused engine
-// quantises a caller's float32 buffer with them).
 Int8Matrix quantize_symmetric_int8(const MatrixView& x, Int8Rounding rounding = Int8Rounding::rne);
-Int8Matrix quantize_symmetric_int8(const MatrixViewF& x, Int8Rounding rounding = Int8Rounding::rne);
 
 // a b^T with exact int64 accumulation; throws std::overflow_error if a result leaves int32.
 RowMatrixXi32 int_matmul_abt(const RowMatrixXi32& a, const RowMatrixXi32& b);
@@ -70,6 +67,8 @@ struct KeyBlocks {
 };
 // K in blocks of `rows` keys, each quantised like quantize_symmetric_int8. Throws std::invalid_argument on rows < 1
 // and, as key_group_ratios does, on a block scale too small next to the largest.
+// The float32 overload gives the float64 one's codes and scales on the widened values (the fused engine quantises a
+// caller's float32 K with it).
 KeyBlocks quantize_key_blocks(const MatrixView& k, Eigen::Index rows, Int8Rounding rounding);
 KeyBlocks quantize_key_blocks(const MatrixViewF& k, Eigen::Index rows, Int8Rounding rounding);
 // The KeyGroupClip of a query group with scale s_q: c_int^(j) = intattention_cint(s_q, s_K^(j), ...) (Eq. 16 with
