@@ -329,7 +329,8 @@ TEST_CASE("fused IntAttention equals the reference model on every ISA, thread co
   for (const char* preset : {"@paper", "@upstream-sim", "@upstream-neon", ":p=s8", ":b=2", ":b=8,index=round,norm=f32-rne", "@upstream-neon:b=3,index=q26-floor"})
     for (const Eigen::Index d : {64, 80, 96, 128, 256})
       IntAttentionTester().preset(preset).d(d).dv(d).lq(19).lk(37).Test();
-  for (const Eigen::Index lk : {1, 15, 16, 17, 64, 65, 200})
+  // 256 and 500: the key stride n (pipeline.cc's key_stride) gets 16 zero columns past round_up(L_k, 16) = 256, 512.
+  for (const Eigen::Index lk : {1, 15, 16, 17, 64, 65, 200, 256, 500})
     for (const bool causal : {false, true})
       IntAttentionTester().lq(23).lk(lk).d(80).dv(33).causal(causal).block_rows(8).Test();
   IntAttentionTester().lq(40).lk(31).d(64).dv(16).causal(true).padding(true).block_rows(16).Test();

@@ -16,32 +16,134 @@ namespace {
 // stack buffer, XORed group by group in the loop (a scalar load, xor and a GPR -> zmm broadcast per group).
 enum class AMode { u8, s8_biased_copy, s8_xor_in_loop };
 
-// One R x (16 V) tile of C over k in [k0, k0 + kc): starts from 0 on the first k block, else from the partial sums
-// already in C; the qk bias -128 B_sum is subtracted once, on the last k block.
-template <AMode kA, int R, int V>
-inline void tile(const GemmArgs& g, Index i0, Index n0, Index k0, Index kc, bool first, bool last) {
-  const std::uint8_t* a = static_cast<const std::uint8_t*>(g.a);
-  __m512i acc[R][V];
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < V; ++v)
-      acc[r][v] = first ? _mm512_setzero_si512() : _mm512_loadu_si512(g.c + (i0 + r) * g.n + n0 + v * 16);
-  const std::int8_t* b = g.b_packed + (k0 / 4) * g.n * 4 + n0 * 4;
-  for (Index k4 = k0 / 4; k4 < (k0 + kc) / 4; ++k4, b += g.n * 4) {
-    __m512i bv[V];
-    for (int v = 0; v < V; ++v) bv[v] = _mm512_loadu_si512(b + v * 64);
+// The k loop of a 4 x (16 V) tile in inline assembly, its accumulators fixed in zmm16..zmm27 (row r, vector v in
+// zmm(16 + 3 r + v)): A groups broadcast from memory (rows a0, a0 + lda, a0 + 2 lda, a3 = a0 + 3 lda) into zmm3, V
+// vectors of B loaded into zmm0..zmm2 per group of 4 k, 4 V vpdpbusd; the sums are stored to `out` [4][16 V]. Written
+// by hand because GCC 12 compiles the intrinsics loop with a register-to-register copy of every accumulator per
+// step (24 vmovdqa per 12 vpdpbusd), which held the Q.K^T tile near 60 % of the peak;
+// tests/kernels/peak_loop_codegen.py checks this loop's code.
+#define QATTN_ACC(r, v) "%%zmm" QATTN_STR(QATTN_REG_##r##v)
+#define QATTN_STR2(x) #x
+#define QATTN_STR(x) QATTN_STR2(x)
+#define QATTN_REG_00 16
+#define QATTN_REG_01 17
+#define QATTN_REG_02 18
+#define QATTN_REG_10 19
+#define QATTN_REG_11 20
+#define QATTN_REG_12 21
+#define QATTN_REG_20 22
+#define QATTN_REG_21 23
+#define QATTN_REG_22 24
+#define QATTN_REG_30 25
+#define QATTN_REG_31 26
+#define QATTN_REG_32 27
+#define QATTN_DP(r, v) "vpdpbusd %%zmm" #v ", %%zmm3, " QATTN_ACC(r, v) "\n\t"
+#define QATTN_ROW1(addr, r) "vpbroadcastd " addr ", %%zmm3\n\t" QATTN_DP(r, 0)
+#define QATTN_ROW2(addr, r) QATTN_ROW1(addr, r) QATTN_DP(r, 1)
+#define QATTN_ROW3(addr, r) QATTN_ROW2(addr, r) QATTN_DP(r, 2)
+#define QATTN_ROWS(ROW) ROW("(%[a0])", 0) ROW("(%[a0],%[lda],1)", 1) ROW("(%[a0],%[lda],2)", 2) ROW("(%[a3])", 3)
+#define QATTN_LOAD(v) "vmovdqu64 " #v "*64(%[b]), %%zmm" #v "\n\t"
+#define QATTN_ZERO(r, v) "vpxord " QATTN_ACC(r, v) ", " QATTN_ACC(r, v) ", " QATTN_ACC(r, v) "\n\t"
+#define QATTN_STORE(r, v, V) "vmovdqu64 " QATTN_ACC(r, v) ", (" #r " * " #V " + " #v ") * 64(%[out])\n\t"
+#define QATTN_TILE(ZERO, LOADS, ROW, STORE)                                                                   \
+  ZERO(0) ZERO(1) ZERO(2) ZERO(3)                                                                              \
+  "1:\n\t" LOADS "add %[bs], %[b]\n\t" QATTN_ROWS(ROW)                                                        \
+  "add $4, %[a0]\n\t"                                                                                          \
+  "add $4, %[a3]\n\t"                                                                                          \
+  "dec %[n]\n\t"                                                                                               \
+  "jnz 1b\n\t" STORE(0) STORE(1) STORE(2) STORE(3)
+#define QATTN_ZERO3(r) QATTN_ZERO(r, 0) QATTN_ZERO(r, 1) QATTN_ZERO(r, 2)
+#define QATTN_ZERO2(r) QATTN_ZERO(r, 0) QATTN_ZERO(r, 1)
+#define QATTN_ZERO1(r) QATTN_ZERO(r, 0)
+#define QATTN_STORE3(r) QATTN_STORE(r, 0, 3) QATTN_STORE(r, 1, 3) QATTN_STORE(r, 2, 3)
+#define QATTN_STORE2(r) QATTN_STORE(r, 0, 2) QATTN_STORE(r, 1, 2)
+#define QATTN_STORE1(r) QATTN_STORE(r, 0, 1)
+#define QATTN_CLOBBERS                                                                                         \
+  "xmm0", "xmm1", "xmm2", "xmm3", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", \
+      "xmm25", "xmm26", "xmm27", "cc", "memory"
+
+template <int V>
+inline void k_loop_4rows(const std::uint8_t* a0, Index lda, const std::int8_t* b, Index bs, Index steps,
+                         std::int32_t* out) {
+  const std::uint8_t* a3 = a0 + 3 * lda;
+  if constexpr (V == 3) {
+    asm volatile(QATTN_TILE(QATTN_ZERO3, QATTN_LOAD(0) QATTN_LOAD(1) QATTN_LOAD(2), QATTN_ROW3, QATTN_STORE3)
+                 : [a0] "+r"(a0), [a3] "+r"(a3), [b] "+r"(b), [n] "+r"(steps)
+                 : [lda] "r"(lda), [bs] "r"(bs), [out] "r"(out)
+                 : QATTN_CLOBBERS);
+  } else if constexpr (V == 2) {
+    asm volatile(QATTN_TILE(QATTN_ZERO2, QATTN_LOAD(0) QATTN_LOAD(1), QATTN_ROW2, QATTN_STORE2)
+                 : [a0] "+r"(a0), [a3] "+r"(a3), [b] "+r"(b), [n] "+r"(steps)
+                 : [lda] "r"(lda), [bs] "r"(bs), [out] "r"(out)
+                 : QATTN_CLOBBERS);
+  } else {
+    static_assert(V == 1);
+    asm volatile(QATTN_TILE(QATTN_ZERO1, QATTN_LOAD(0), QATTN_ROW1, QATTN_STORE1)
+                 : [a0] "+r"(a0), [a3] "+r"(a3), [b] "+r"(b), [n] "+r"(steps)
+                 : [lda] "r"(lda), [bs] "r"(bs), [out] "r"(out)
+                 : QATTN_CLOBBERS);
+  }
+}
+#undef QATTN_CLOBBERS
+#undef QATTN_STORE1
+#undef QATTN_STORE2
+#undef QATTN_STORE3
+#undef QATTN_ZERO1
+#undef QATTN_ZERO2
+#undef QATTN_ZERO3
+#undef QATTN_TILE
+#undef QATTN_STORE
+#undef QATTN_ZERO
+#undef QATTN_LOAD
+#undef QATTN_ROWS
+#undef QATTN_ROW3
+#undef QATTN_ROW2
+#undef QATTN_ROW1
+#undef QATTN_DP
+
+// C's columns [n0, n0 + 16 V) of rows i0..i0 + R - 1 from this k block's sums: the qk bias -128 B_sum is subtracted
+// on the last k block, and the partial sums already in C are added on every block but the first. (Integer adds wrap,
+// so the order of these terms does not change C's bits.)
+template <AMode kA, int R, int V, typename Sum>
+inline void store_tile(const GemmArgs& g, Index i0, Index n0, bool first, bool last, Sum sum) {
+  for (int v = 0; v < V; ++v) {
+    const __m512i bias = kA != AMode::u8 && last ? _mm512_slli_epi32(_mm512_loadu_si512(g.b_sum + n0 + v * 16), 7)
+                                                 : _mm512_setzero_si512();
     for (int r = 0; r < R; ++r) {
-      std::int32_t group;
-      __builtin_memcpy(&group, a + (i0 + r) * g.k + k4 * 4, 4);
-      if (kA == AMode::s8_xor_in_loop) group ^= static_cast<std::int32_t>(0x80808080u);
-      const __m512i av = _mm512_set1_epi32(group);
-      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], av, bv[v]);
+      std::int32_t* c = g.c + (i0 + r) * g.n + n0 + v * 16;
+      __m512i x = _mm512_sub_epi32(sum(r, v), bias);
+      if (!first) x = _mm512_add_epi32(x, _mm512_loadu_si512(c));
+      _mm512_storeu_si512(c, x);
     }
   }
-  for (int v = 0; v < V; ++v) {
-    const __m512i bias = kA != AMode::u8 && last ? _mm512_mullo_epi32(_mm512_loadu_si512(g.b_sum + n0 + v * 16), _mm512_set1_epi32(128))
-                                          : _mm512_setzero_si512();
+}
+
+// One R x (16 V) tile of C over k in [k0, k0 + kc).
+template <AMode kA, int R, int V>
+inline void tile(const GemmArgs& g, Index i0, Index n0, Index k0, Index kc, bool first, bool last) {
+  const std::uint8_t* a = static_cast<const std::uint8_t*>(g.a) + i0 * g.k + k0;
+  const std::int8_t* b = g.b_packed + (k0 / 4) * g.n * 4 + n0 * 4;
+  if constexpr (R == 4 && kA != AMode::s8_xor_in_loop) {
+    alignas(64) std::int32_t sums[R][V * 16];
+    if (kc >= 4) k_loop_4rows<V>(a, g.k, b, g.n * 4, kc / 4, &sums[0][0]);
+    else std::fill(&sums[0][0], &sums[0][0] + R * V * 16, 0);
+    store_tile<kA, R, V>(g, i0, n0, first, last, [&](int r, int v) { return _mm512_load_si512(&sums[r][v * 16]); });
+  } else {
+    __m512i acc[R][V];
     for (int r = 0; r < R; ++r)
-      _mm512_storeu_si512(g.c + (i0 + r) * g.n + n0 + v * 16, _mm512_sub_epi32(acc[r][v], bias));
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_si512();
+    for (Index k4 = 0; k4 < kc / 4; ++k4, b += g.n * 4) {
+      __m512i bv[V];
+      for (int v = 0; v < V; ++v) bv[v] = _mm512_loadu_si512(b + v * 64);
+      for (int r = 0; r < R; ++r) {
+        std::int32_t group;
+        __builtin_memcpy(&group, a + r * g.k + k4 * 4, 4);
+        if (kA == AMode::s8_xor_in_loop) group ^= static_cast<std::int32_t>(0x80808080u);
+        const __m512i av = _mm512_set1_epi32(group);
+        for (int v = 0; v < V; ++v) acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], av, bv[v]);
+      }
+    }
+    store_tile<kA, R, V>(g, i0, n0, first, last, [&](int r, int v) { return acc[r][v]; });
   }
 }
 

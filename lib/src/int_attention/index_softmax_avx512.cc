@@ -110,16 +110,19 @@ inline __m512i index_of(__m512i delta, const IndexSoftmaxTables& t) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(halves[0]), halves[1], 1);
 }
 
+// 16 bytes of E, zero-extended to int32 lanes (lanes past the mask read 0).
+inline __m512i load_e(const std::uint8_t* e, __mmask16 k) { return _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(k, e)); }
+
 }  // namespace
 
 void index_softmax_s32_u8__avx512(const std::int32_t* s, const bool* valid, Index limit, Index keys,
-                                  const IndexSoftmaxTables& t, std::int32_t* e_scratch, std::uint8_t* p) {
+                                  const IndexSoftmaxTables& t, std::int32_t* /*e_scratch*/, std::uint8_t* p) {
   if (valid || t.params.index_rule == IndexRule::floor_f32) {
     index_softmax_s32_u8__scalar(s, valid, limit, keys, t, p);
     return;
   }
-  std::memset(p, 0, static_cast<std::size_t>(keys));
   limit = std::clamp<Index>(limit, 0, keys);
+  std::memset(p + limit, 0, static_cast<std::size_t>(keys - limit));
   if (limit == 0) return;
   // (1) the maximum
   __m512i vmax = _mm512_set1_epi32(std::numeric_limits<std::int32_t>::min());
@@ -147,7 +150,7 @@ void index_softmax_s32_u8__avx512(const std::int32_t* s, const bool* valid, Inde
     const __m512i e = small_lut ? _mm512_maskz_permutex2var_epi32(k, lut_lo, idx, lut_hi)
                                 : _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, idx, lut32, 4);
     vsum = _mm512_add_epi32(vsum, e);
-    _mm512_mask_storeu_epi32(e_scratch + j, k, e);
+    _mm_mask_storeu_epi8(p + j, k, _mm512_cvtepi32_epi8(e));  // E <= 255: held in P's bytes until (6)
   }
   _mm512_store_si512(lanes, vsum);
   std::int64_t sum = 0;
@@ -160,7 +163,7 @@ void index_softmax_s32_u8__avx512(const std::int32_t* s, const bool* valid, Inde
     const __m512i mul = _mm512_set1_epi64(static_cast<long long>(div.multiplier));
     const __m128i shift = _mm_cvtsi32_si128(div.shift);
     for (Index j = 0; j < limit; j += 16) {
-      const __m512i n = _mm512_mullo_epi32(_mm512_maskz_loadu_epi32(tail_mask(j, limit), e_scratch + j), vps);
+      const __m512i n = _mm512_mullo_epi32(load_e(p + j, tail_mask(j, limit)), vps);
       const __m512i lo = _mm512_srl_epi64(_mm512_mul_epu32(_mm512_cvtepu32_epi64(_mm512_castsi512_si256(n)), mul), shift);
       const __m512i hi =
           _mm512_srl_epi64(_mm512_mul_epu32(_mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(n, 1)), mul), shift);
@@ -170,7 +173,7 @@ void index_softmax_s32_u8__avx512(const std::int32_t* s, const bool* valid, Inde
   } else if (t.params.normalization == Normalization::f32_rne) {
     const __m512 fs = _mm512_set1_ps(static_cast<float>(sum));
     for (Index j = 0; j < limit; j += 16) {
-      const __m512 x = _mm512_cvtepi32_ps(_mm512_mullo_epi32(_mm512_maskz_loadu_epi32(tail_mask(j, limit), e_scratch + j), vps));  // < 2^16: exact
+      const __m512 x = _mm512_cvtepi32_ps(_mm512_mullo_epi32(load_e(p + j, tail_mask(j, limit)), vps));  // < 2^16: exact
       const __m512i q = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_div_ps(x, fs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
       _mm_mask_storeu_epi8(p + j, tail_mask(j, limit), _mm512_cvtepi32_epi8(q));
     }
@@ -179,7 +182,7 @@ void index_softmax_s32_u8__avx512(const std::int32_t* s, const bool* valid, Inde
     const __m512i ns = _mm512_set1_epi32(identity ? 256 : static_cast<std::int32_t>((512 * std::int64_t{ps} + sum) / (2 * sum)));
     const __m512i half = _mm512_set1_epi32(identity ? 0 : 128);
     for (Index j = 0; j < limit; j += 16) {
-      const __m512i q = _mm512_srli_epi32(_mm512_add_epi32(_mm512_mullo_epi32(_mm512_maskz_loadu_epi32(tail_mask(j, limit), e_scratch + j), ns), half), 8);
+      const __m512i q = _mm512_srli_epi32(_mm512_add_epi32(_mm512_mullo_epi32(load_e(p + j, tail_mask(j, limit)), ns), half), 8);
       _mm_mask_storeu_epi8(p + j, tail_mask(j, limit), _mm512_cvtepi32_epi8(q));
     }
   }
