@@ -4,6 +4,10 @@ hot loop (the backward branch enclosing the most multiply-accumulate instruction
 no instruction with a memory operand, i.e. no accumulator is spilled or reloaded, so the bench's peak is the
 register-only rate of the instruction the GEMMs use.
 
+It also checks the AVX-512 GEMM tiles' k loops (gemm_avx512vnni.cc, inline assembly): every innermost loop that
+encloses at least 4 vpdpbusd outside the peak loops must broadcast its A groups from memory and hold no vector register copy
+(vmovdqa/vmovdqu between two registers) and no store: the accumulators stay in their registers for the whole loop.
+
     peak_loop_codegen.py OBJDUMP LIBRARY.a
 """
 import re
@@ -29,6 +33,43 @@ def functions(text):
             body.append((int(ins.group(1), 16), ins.group(2).strip()))
     if name:
         yield name, body
+
+
+VMOVE = re.compile(r"^vmovdq[au](8|16|32|64)?\s+%[xyz]mm\d+,\s*%[xyz]mm\d+$")
+STORE = re.compile(r"^v?mov\S*\s+%\S+,\s*\S*\(")
+
+
+def innermost_loops(body):
+    """Every loop closed by a backward branch that encloses no other backward branch."""
+    back = [(int(m.group(2), 16), addr) for addr, ins in body
+            for m in [BRANCH.match(ins)] if m and int(m.group(2), 16) < addr]
+    for start, end in back:
+        if any(start <= s and e < end for s, e in back if (s, e) != (start, end)):
+            continue
+        yield [x for x in body if start <= x[0] <= end]
+
+
+def check_tile_loops(text):
+    checked, failures = 0, []
+    for name, body in functions(text):
+        if "mac_loop__" in name:
+            continue
+        for loop in innermost_loops(body):
+            ins = [x for _, x in loop]
+            dps = sum(1 for x in ins if x.startswith("vpdpbusd"))
+            if dps < 4:
+                continue
+            checked += 1
+            copies = [x for x in ins if VMOVE.match(x)]
+            stores = [x for x in ins if STORE.match(x)]
+            broadcasts = [x for x in ins if x.startswith("vpbroadcastd") and "(" in x]
+            print(f"{name[:90]}: tile loop of {len(ins)} instructions, {dps} vpdpbusd, {len(copies)} register copies, "
+                  f"{len(stores)} stores")
+            if copies or stores:
+                failures.append(f"{name}: {copies[:3] + stores[:3]} in a tile loop")
+            if len(broadcasts) * 3 < dps:
+                failures.append(f"{name}: {len(broadcasts)} memory broadcasts for {dps} vpdpbusd")
+    return checked, failures
 
 
 def main():
@@ -61,6 +102,11 @@ def main():
             failures.append(f"{name}: memory operands in the loop: {spills[:4]}")
     if checked == 0:
         failures.append("no mac_loop__ function found in " + library)
+    if "mac_loop__avx512vnni" in text:
+        tiles, tile_failures = check_tile_loops(text)
+        failures += tile_failures
+        if tiles < 3:  # the 4 x 48, 4 x 32 and 4 x 16 tiles
+            failures.append(f"only {tiles} AVX-512 GEMM tile loops found")
     for f in failures:
         print("FAIL: " + f)
     print(f"peak_loop_codegen: {checked} loops checked, {len(failures)} failures")

@@ -1,20 +1,21 @@
 // AVX-512 VNNI variants of the GEMM families: vpdpbusd (u8 x s8, four products summed into each s32 lane), tiles of
 // 4 rows x 48 columns (12 zmm accumulators), the A group of 4 bytes broadcast to every lane.
-// qk: A = Q is s8; a ^ 0x80 = a + 128 as u8 (biased once per call into a stack copy), so the lanes hold sum (a + 128) b and 128 B_sum[n] is subtracted at the
+// qk: A = Q is s8; a ^ 0x80 = a + 128 as u8 (biased once per call into a thread-local copy), so the lanes hold sum (a + 128) b and 128 B_sum[n] is subtracted at the
 // end (|sum| <= 255 * 127 * k: exact in int32 for k < 66000). pv: A = P is u8, native.
 #include <immintrin.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "qattn/kernels.h"
 
 namespace qattn::kernels {
 namespace {
 
-// How A reaches vpdpbusd (u8 x s8): P is u8 already; Q is s8 and enters as the u8 q + 128 = q ^ 0x80, either from a
-// copy biased once per call (the group then broadcasts straight from memory) or, where that copy would not fit its
-// stack buffer, XORed group by group in the loop (a scalar load, xor and a GPR -> zmm broadcast per group).
-enum class AMode { u8, s8_biased_copy, s8_xor_in_loop };
+// How A reaches vpdpbusd (u8 x s8): P is u8 already; Q is s8 and enters as the u8 q + 128 = q ^ 0x80, from a copy
+// biased once per call (thread-local: 64 KiB, or a vector grown for larger Q blocks), so every group broadcasts
+// straight from memory.
+enum class AMode { u8, s8_biased };
 
 // The k loop of a 4 x (16 V) tile in inline assembly, its accumulators fixed in zmm16..zmm27 (row r, vector v in
 // zmm(16 + 3 r + v)): A groups broadcast from memory (rows a0, a0 + lda, a0 + 2 lda, a3 = a0 + 3 lda) into zmm3, V
@@ -123,7 +124,7 @@ template <AMode kA, int R, int V>
 inline void tile(const GemmArgs& g, Index i0, Index n0, Index k0, Index kc, bool first, bool last) {
   const std::uint8_t* a = static_cast<const std::uint8_t*>(g.a) + i0 * g.k + k0;
   const std::int8_t* b = g.b_packed + (k0 / 4) * g.n * 4 + n0 * 4;
-  if constexpr (R == 4 && kA != AMode::s8_xor_in_loop) {
+  if constexpr (R == 4) {
     alignas(64) std::int32_t sums[R][V * 16];
     if (kc >= 4) k_loop_4rows<V>(a, g.k, b, g.n * 4, kc / 4, &sums[0][0]);
     else std::fill(&sums[0][0], &sums[0][0] + R * V * 16, 0);
@@ -138,7 +139,6 @@ inline void tile(const GemmArgs& g, Index i0, Index n0, Index k0, Index kc, bool
       for (int r = 0; r < R; ++r) {
         std::int32_t group;
         __builtin_memcpy(&group, a + r * g.k + k4 * 4, 4);
-        if (kA == AMode::s8_xor_in_loop) group ^= static_cast<std::int32_t>(0x80808080u);
         const __m512i av = _mm512_set1_epi32(group);
         for (int v = 0; v < V; ++v) acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], av, bv[v]);
       }
@@ -154,9 +154,10 @@ inline void column_panel(const GemmArgs& g, Index n0, Index k0, Index kc, bool f
   for (; i0 < g.rows; ++i0) tile<kA, 1, V>(g, i0, n0, k0, kc, first, last);
 }
 
-// k blocks of kKc, then columns, then rows: within one k block the B panel (48 columns x kKc bytes = 12 KiB) and the
-// A block (rows x kKc bytes) stay in L1 while every row passes over the panel. Without the k blocks a long k (P V
-// has k = L_k) streamed a B panel of 48 L_k bytes from L2 for every 4 rows. Partial sums wait in C between k blocks:
+// k blocks of kKc, then columns, then rows: within one k block the B panel (48 columns x kKc bytes = 48 KiB) and the
+// A block (rows x kKc bytes) stay in L2 while every row passes over the panel (k blocks of 256, whose panel fits L1,
+// measured no faster). Without the k blocks a long k (P V has k = L_k) streamed a B panel of 48 L_k bytes from L3
+// for every 4 rows. Partial sums wait in C between k blocks:
 // each is a sum of a subset of the final sum's products, so the overflow bound of the whole sum covers it.
 // 4 rows x 3 vectors = 12 accumulators, enough independent vpdpbusd chains to cover its latency.
 constexpr Index kKc = 1024;
@@ -174,20 +175,25 @@ void gemm_blocks(const GemmArgs& g) {
   }
 }
 
-constexpr Index kBiasedCopyBytes = Index{1} << 16;  // 64 rows of d = 1024; a stack buffer, no allocation
+constexpr Index kBiasedCopyBytes = Index{1} << 16;  // 64 rows of d = 1024
 
 void qk_gemm(const GemmArgs& g) {
-  if (g.rows * g.k > kBiasedCopyBytes) return gemm_blocks<AMode::s8_xor_in_loop>(g);
-  alignas(64) static thread_local std::uint8_t biased[kBiasedCopyBytes];
-  const std::uint8_t* a = static_cast<const std::uint8_t*>(g.a);
+  alignas(64) static thread_local std::uint8_t small[kBiasedCopyBytes];
+  static thread_local std::vector<std::uint8_t> large;  // a larger Q block (B_r d > 2^16), grown once per thread
   const Index n = g.rows * g.k;
+  std::uint8_t* biased = small;
+  if (n > kBiasedCopyBytes) {
+    if (static_cast<Index>(large.size()) < n) large.resize(static_cast<std::size_t>(n));
+    biased = large.data();
+  }
+  const std::uint8_t* a = static_cast<const std::uint8_t*>(g.a);
   Index i = 0;
   for (; i + 64 <= n; i += 64)
-    _mm512_store_si512(biased + i, _mm512_xor_si512(_mm512_loadu_si512(a + i), _mm512_set1_epi8(static_cast<char>(0x80))));
+    _mm512_storeu_si512(biased + i, _mm512_xor_si512(_mm512_loadu_si512(a + i), _mm512_set1_epi8(static_cast<char>(0x80))));
   for (; i < n; ++i) biased[i] = a[i] ^ 0x80;
   GemmArgs h = g;
   h.a = biased;
-  gemm_blocks<AMode::s8_biased_copy>(h);
+  gemm_blocks<AMode::s8_biased>(h);
 }
 
 }  // namespace
