@@ -5,7 +5,9 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <vector>
+#include <cstdlib>
+#include <cstring>
+#include <new>
 
 #include "qattn/kernels.h"
 
@@ -127,7 +129,7 @@ inline void tile(const GemmArgs& g, Index i0, Index n0, Index k0, Index kc, bool
   if constexpr (R == 4) {
     alignas(64) std::int32_t sums[R][V * 16];
     if (kc >= 4) k_loop_4rows<V>(a, g.k, b, g.n * 4, kc / 4, &sums[0][0]);
-    else std::fill(&sums[0][0], &sums[0][0] + R * V * 16, 0);
+    else std::memset(sums, 0, sizeof sums);
     store_tile<kA, R, V>(g, i0, n0, first, last, [&](int r, int v) { return _mm512_load_si512(&sums[r][v * 16]); });
   } else {
     __m512i acc[R][V];
@@ -177,15 +179,27 @@ void gemm_blocks(const GemmArgs& g) {
 
 constexpr Index kBiasedCopyBytes = Index{1} << 16;  // 64 rows of d = 1024
 
+// A Q block larger than the 64 KiB copy (B_r d > 2^16): a buffer per thread, grown with malloc. A type with internal
+// linkage and no std:: container, so no inline library code is compiled here with AVX-512 flags (docs/kernels.md).
+struct LargeCopy {
+  std::uint8_t* data = nullptr;
+  Index size = 0;
+  ~LargeCopy() { std::free(data); }
+  std::uint8_t* reserve(Index n) {
+    if (n > size) {
+      void* grown = std::realloc(data, static_cast<std::size_t>(n));
+      if (!grown) throw std::bad_alloc();
+      data = static_cast<std::uint8_t*>(grown), size = n;
+    }
+    return data;
+  }
+};
+
 void qk_gemm(const GemmArgs& g) {
   alignas(64) static thread_local std::uint8_t small[kBiasedCopyBytes];
-  static thread_local std::vector<std::uint8_t> large;  // a larger Q block (B_r d > 2^16), grown once per thread
+  static thread_local LargeCopy large;
   const Index n = g.rows * g.k;
-  std::uint8_t* biased = small;
-  if (n > kBiasedCopyBytes) {
-    if (static_cast<Index>(large.size()) < n) large.resize(static_cast<std::size_t>(n));
-    biased = large.data();
-  }
+  std::uint8_t* biased = n > kBiasedCopyBytes ? large.reserve(n) : small;
   const std::uint8_t* a = static_cast<const std::uint8_t*>(g.a);
   Index i = 0;
   for (; i + 64 <= n; i += 64)
