@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -203,8 +205,8 @@ TEST_CASE("qk and pv GEMM variants equal the triple loop around their tiles", "[
       for (const Eigen::Index k : {1, 3, 4, 5, 64, 67, 128})
         for (const Eigen::Index n : {1, 15, 16, 17, 32, 33, 48, 70, 100})
           GemmTester().rows(rows).k(k).n(n).seed(static_cast<unsigned>(rows * 1000 + k * 10 + n)).Test(pv);
-  // The AVX-512 tiles' k blocks (1024) and their Q copy (biased once while rows k <= 2^16, XORed in the loop above):
-  // k across several blocks with a tail, and a Q block past the copy's size.
+  // The AVX-512 tiles' k blocks (1024) and their biased Q copy (a per-thread buffer that grows to any block):
+  // k across several blocks with a tail, and Q blocks at and past 2^16 bytes.
   for (const bool pv : {false, true}) {
     GemmTester().rows(5).k(2052).n(33).seed(7).Test(pv);
     GemmTester().rows(70).k(1024).n(48).seed(8).Test(pv);
@@ -213,8 +215,9 @@ TEST_CASE("qk and pv GEMM variants equal the triple loop around their tiles", "[
 }
 
 TEST_CASE("IndexSoftmax row variants equal the scalar spec for every rule, length and clip", "[kernels]") {
-  for (const Eigen::Index keys : {1, 7, 8, 9, 15, 16, 17, 31, 33, 64, 100})
+  for (const Eigen::Index keys : {1, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 100, 128, 129, 200})
     SoftmaxRowTester().keys(keys).limit(keys).Test();
+  SoftmaxRowTester().keys(200).limit(150).Test();           // the 64-logit steps with a causal limit
   SoftmaxRowTester().keys(48).limit(37).Test();             // a causal limit inside the row
   SoftmaxRowTester().keys(48).limit(0).Test();              // nothing visible
   SoftmaxRowTester().keys(40).limit(40).padding(true).Test();
@@ -295,6 +298,54 @@ TEST_CASE("float softmax row variants equal the scalar spec byte for byte", "[ke
   }
 }
 
+TEST_CASE("dequantise variants equal the scalar spec bit for bit", "[kernels]") {
+  // Accumulators across int32 (the extremes included), scales whose products round (a ratio of primes, a tiny and a
+  // huge one), both P scales, column counts around every vector width, strides wider than the row.
+  std::mt19937_64 g(2417);
+  std::uniform_int_distribution<std::int32_t> any;
+  for (const Eigen::Index cols : {1, 7, 8, 9, 15, 16, 17, 64, 100})
+    for (const double out_scale : {1.0 / 3.0, 0.0123456789, 3.7e-300, 1.9e300})
+      for (const int p_scale : {127, 255}) {
+        const Eigen::Index rows = 3, acc_stride = cols + 5, o_stride = cols + 3;
+        std::vector<std::int32_t> acc(static_cast<std::size_t>(rows * acc_stride));
+        for (auto& x : acc) x = any(g);
+        acc[0] = std::numeric_limits<std::int32_t>::min();
+        acc[1 % cols] = std::numeric_limits<std::int32_t>::max();
+        std::vector<float> expect(static_cast<std::size_t>(rows * o_stride), -1.0f);
+        kernels::dequantise_s32_f32__scalar(acc.data(), rows, cols, acc_stride, out_scale, p_scale, expect.data(), o_stride);
+        for (const kernels::KernelVariant& v : kernels::kernel_variants()) {
+          if (!isa_available(v.isa)) continue;
+          std::vector<float> o(expect.size(), -1.0f);
+          v.dequantise(acc.data(), rows, cols, acc_stride, out_scale, p_scale, o.data(), o_stride);
+          INFO(v.dequantise_name << " cols " << cols << " out_scale " << out_scale << " p_scale " << p_scale);
+          CHECK(std::memcmp(o.data(), expect.data(), o.size() * sizeof(float)) == 0);  // bits, and -1 past each row
+        }
+      }
+  // Quotients within a few double ulps of a float rounding midpoint, where a rounding left out or taken in another
+  // order (acc * (out_scale / p_scale), an FMA, float arithmetic) shows in the float result: out_scale =
+  // m p_scale / acc for a midpoint m between two floats.
+  for (const int p_scale : {127, 255}) {
+    const Eigen::Index cols = 64;
+    std::vector<std::int32_t> acc(cols);
+    std::vector<float> expect(cols), o(cols);
+    std::uniform_int_distribution<std::int32_t> magnitude(1, 1 << 24);
+    std::uniform_real_distribution<float> value(0.001f, 1000.0f);
+    for (int trial = 0; trial < 64; ++trial) {
+      for (auto& x : acc) x = magnitude(g) * (any(g) < 0 ? -1 : 1);
+      const float f = value(g);
+      const double midpoint = (static_cast<double>(f) + std::nextafter(f, 2000.0f)) / 2;
+      const double out_scale = midpoint * p_scale / std::abs(static_cast<double>(acc[0]));
+      kernels::dequantise_s32_f32__scalar(acc.data(), 1, cols, cols, out_scale, p_scale, expect.data(), cols);
+      for (const kernels::KernelVariant& v : kernels::kernel_variants()) {
+        if (!isa_available(v.isa)) continue;
+        v.dequantise(acc.data(), 1, cols, cols, out_scale, p_scale, o.data(), cols);
+        INFO(v.dequantise_name << " near a midpoint, out_scale " << out_scale << " p_scale " << p_scale);
+        CHECK(std::memcmp(o.data(), expect.data(), o.size() * sizeof(float)) == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("the kernel variant table: one row per ISA, names by family, MAC loops that run", "[kernels]") {
   std::vector<Isa> seen;
   for (const kernels::KernelVariant& v : kernels::kernel_variants()) {
@@ -306,8 +357,9 @@ TEST_CASE("the kernel variant table: one row per ISA, names by family, MAC loops
     CHECK(v.softmax_name.rfind("index_softmax_s32_u8__", 0) == 0);
     CHECK(v.index_exp_name.rfind("index_exp_s32_u8__", 0) == 0);
     CHECK(v.softmax_f32_name.rfind("softmax_s32_f32_u8__", 0) == 0);
+    CHECK(v.dequantise_name.rfind("dequantise_s32_f32__", 0) == 0);
     CHECK(v.mac_loop_name.rfind("mac_loop__", 0) == 0);
-    CHECK((v.qk && v.pv && v.softmax && v.index_exp && v.softmax_f32 && v.mac_loop));
+    CHECK((v.qk && v.pv && v.softmax && v.index_exp && v.softmax_f32 && v.dequantise && v.mac_loop));
     CHECK(&kernels::kernel_variant(v.isa) == &v);
     if (!isa_available(v.isa)) continue;
     std::int32_t c1 = -1, c2 = -2;

@@ -1,4 +1,10 @@
-// AVX-512 IndexSoftmax row, 16 logits per step, the same integers as index_softmax_s32_u8__scalar:
+// AVX-512 IndexSoftmax row, the same integers as index_softmax_s32_u8__scalar. The maximum in four chains, then:
+// b <= 5 on an integer index path (the presets' case), 64 logits per step (SmallLutRow):
+//   idx as below, packed to bytes (vpackusdw, vpackuswb, vpermd) and held in P's bytes
+//   E = LUT[idx] by a 32-entry byte table (two vpshufb and a blend on bit 4), S = sum E by vpsadbw in int64 lanes
+//   P = T[idx] with T[i] = N(LUT[i]): the normalisation below applied once to the 32 entries. N is a function of E
+//   alone for a given S, so this is N(E) element for element.
+// Otherwise 16 logits per step:
 //   Δ' = min(m - a, c_int)               int32 (|m - a| <= 2 127^2 d < 2^31 for d < 66000)
 //   idx by the index rule in int32        where the bounds below hold (every c_int < 2^22 at the floor and round
 //                                         rules; c_int q26 + 2^25 < 2^32 at the Q26 rules, every c_int for b <= 5):
@@ -74,15 +80,20 @@ struct IntIndex {
   }
 };
 
+// The index of 16 clipped differences; kClamp = false leaves out the final min with 2^b - 1: the Q26 quotient is then
+// <= 63 (a uint32 shifted right by 26) and the exact floor quotient <= 2^b - 1, so a caller that clamps bytes may.
+template <bool kClamp = true>
 inline __m512i index_of_int(__m512i delta, const IntIndex& k) {
-  if (k.path == IntIndexPath::q26)  // uint32 arithmetic: no wrap under the bound
-    return _mm512_min_epu32(_mm512_srli_epi32(_mm512_add_epi32(_mm512_mullo_epi32(delta, k.q26), k.q26_add), 26), k.last);
+  if (k.path == IntIndexPath::q26) {  // uint32 arithmetic: no wrap under the bound
+    const __m512i q = _mm512_srli_epi32(_mm512_add_epi32(_mm512_mullo_epi32(delta, k.q26), k.q26_add), 26);
+    return kClamp ? _mm512_min_epu32(q, k.last) : q;
+  }
   const __m512i n = _mm512_add_epi32(_mm512_mullo_epi32(delta, k.numerator_scale), k.numerator_add);
   __m512i q = _mm512_cvttps_epi32(_mm512_mul_ps(_mm512_cvtepi32_ps(n), k.reciprocal));
   const __m512i r = _mm512_sub_epi32(n, _mm512_mullo_epi32(q, k.divisor));
   q = _mm512_mask_sub_epi32(q, _mm512_cmplt_epi32_mask(r, _mm512_setzero_si512()), q, _mm512_set1_epi32(1));
   q = _mm512_mask_add_epi32(q, _mm512_cmpge_epi32_mask(r, k.divisor), q, _mm512_set1_epi32(1));
-  return _mm512_min_epi32(q, k.last);
+  return kClamp ? _mm512_min_epi32(q, k.last) : q;
 }
 
 inline __m512i index_of(__m512i delta, const IndexSoftmaxTables& t) {
@@ -113,6 +124,128 @@ inline __m512i index_of(__m512i delta, const IndexSoftmaxTables& t) {
 // 16 bytes of E, zero-extended to int32 lanes (lanes past the mask read 0).
 inline __m512i load_e(const std::uint8_t* e, __mmask16 k) { return _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(k, e)); }
 
+
+// The row maximum, four chains of 16 lanes.
+std::int32_t row_max(const std::int32_t* s, Index limit) {
+  const __m512i lowest = _mm512_set1_epi32(std::numeric_limits<std::int32_t>::min());
+  __m512i m0 = lowest, m1 = lowest, m2 = lowest, m3 = lowest;
+  Index j = 0;
+  for (; j + 64 <= limit; j += 64) {
+    m0 = _mm512_max_epi32(m0, _mm512_loadu_si512(s + j));
+    m1 = _mm512_max_epi32(m1, _mm512_loadu_si512(s + j + 16));
+    m2 = _mm512_max_epi32(m2, _mm512_loadu_si512(s + j + 32));
+    m3 = _mm512_max_epi32(m3, _mm512_loadu_si512(s + j + 48));
+  }
+  for (; j < limit; j += 16) m0 = _mm512_mask_max_epi32(m0, tail_mask(j, limit), m0, _mm512_maskz_loadu_epi32(tail_mask(j, limit), s + j));
+  return _mm512_reduce_max_epi32(_mm512_max_epi32(_mm512_max_epi32(m0, m1), _mm512_max_epi32(m2, m3)));
+}
+
+// (6) on n bytes of E in place: P = N(E), the row's normalisation with S = sum.
+void normalise(std::uint8_t* p, Index n, std::int64_t sum, const IndexSoftmaxParams& params) {
+  const int ps = params.p_format == PFormat::u8 ? 255 : 127;
+  const __m512i vps = _mm512_set1_epi32(ps);
+  if (params.normalization == Normalization::floor) {
+    const FloorDivider16 div = FloorDivider16::make(static_cast<std::uint64_t>(sum));
+    const __m512i mul = _mm512_set1_epi64(static_cast<long long>(div.multiplier));
+    const __m128i shift = _mm_cvtsi32_si128(div.shift);
+    for (Index j = 0; j < n; j += 16) {
+      const __m512i x = _mm512_mullo_epi32(load_e(p + j, tail_mask(j, n)), vps);
+      const __m512i lo = _mm512_srl_epi64(_mm512_mul_epu32(_mm512_cvtepu32_epi64(_mm512_castsi512_si256(x)), mul), shift);
+      const __m512i hi =
+          _mm512_srl_epi64(_mm512_mul_epu32(_mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(x, 1)), mul), shift);
+      const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(lo)), _mm512_cvtepi64_epi32(hi), 1);
+      _mm_mask_storeu_epi8(p + j, tail_mask(j, n), _mm512_cvtepi32_epi8(q));
+    }
+  } else if (params.normalization == Normalization::f32_rne) {
+    const __m512 fs = _mm512_set1_ps(static_cast<float>(sum));
+    for (Index j = 0; j < n; j += 16) {
+      const __m512 x = _mm512_cvtepi32_ps(_mm512_mullo_epi32(load_e(p + j, tail_mask(j, n)), vps));  // < 2^16: exact
+      const __m512i q = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_div_ps(x, fs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      _mm_mask_storeu_epi8(p + j, tail_mask(j, n), _mm512_cvtepi32_epi8(q));
+    }
+  } else {  // q8 reciprocal
+    const bool identity = sum == ps;
+    const __m512i ns = _mm512_set1_epi32(identity ? 256 : static_cast<std::int32_t>((512 * std::int64_t{ps} + sum) / (2 * sum)));
+    const __m512i half = _mm512_set1_epi32(identity ? 0 : 128);
+    for (Index j = 0; j < n; j += 16) {
+      const __m512i q = _mm512_srli_epi32(_mm512_add_epi32(_mm512_mullo_epi32(load_e(p + j, tail_mask(j, n)), ns), half), 8);
+      _mm_mask_storeu_epi8(p + j, tail_mask(j, n), _mm512_cvtepi32_epi8(q));
+    }
+  }
+}
+
+// A 32-entry byte table, looked up 64 bytes at a time with two vpshufb (AVX512BW; no VBMI needed).
+struct ByteTable32 {
+  __m512i lo, hi;  // entries 0-15 and 16-31, in every 128-bit lane
+  static ByteTable32 make(const std::uint8_t* t) {
+    return {_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t))),
+            _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16)))};
+  }
+  __m512i lookup(__m512i idx) const {  // bytes in [0, 31]: bit 7 clear, bit 4 picks the half
+    const __mmask64 high = _mm512_test_epi8_mask(idx, _mm512_set1_epi8(16));
+    return _mm512_mask_blend_epi8(high, _mm512_shuffle_epi8(lo, idx), _mm512_shuffle_epi8(hi, idx));
+  }
+};
+
+// Steps (2)-(6) for b <= 5 on an integer index path, 64 logits per step. The indices (<= 31) are packed to bytes and
+// held in P's bytes; S sums E = LUT[idx] (a byte table) with vpsadbw; then each byte becomes T[idx], where
+// T[i] = N(LUT[i]) is the row's normalisation applied by normalise() to the 32 entries: P = N(E) as in (6).
+class SmallLutRow {
+ public:
+  SmallLutRow(std::int32_t m, const IndexSoftmaxTables& t)
+      : t_(t), k_(IntIndex::make(t)), vm_(_mm512_set1_epi32(m)), vc_(_mm512_set1_epi32(static_cast<std::int32_t>(t.c_int))) {
+    const int last = (1 << t.params.bits) - 1;
+    for (int i = 0; i < 32; ++i) lut_[i] = i <= last ? t.lut[i] : 0;
+    last_ = _mm512_set1_epi8(static_cast<char>(last));
+    e_table_ = ByteTable32::make(lut_);
+  }
+
+  void run(const std::int32_t* s, Index limit, std::uint8_t* p) const {
+    __m512i vsum = _mm512_setzero_si512();
+    Index j = 0;
+    for (; j + 64 <= limit; j += 64) {
+      const __m512i idx = indices(s + j, 4 * 16);
+      vsum = _mm512_add_epi64(vsum, _mm512_sad_epu8(e_table_.lookup(idx), _mm512_setzero_si512()));
+      _mm512_storeu_si512(p + j, idx);
+    }
+    if (j < limit) {
+      const __mmask64 k = limit - j == 64 ? ~__mmask64{0} : (__mmask64{1} << (limit - j)) - 1;
+      const __m512i idx = indices(s + j, limit - j);
+      vsum = _mm512_add_epi64(vsum, _mm512_sad_epu8(_mm512_maskz_mov_epi8(k, e_table_.lookup(idx)), _mm512_setzero_si512()));
+      _mm512_mask_storeu_epi8(p + j, k, idx);
+    }
+    alignas(64) std::uint8_t normalised[32];
+    std::memcpy(normalised, lut_, 32);
+    normalise(normalised, 32, _mm512_reduce_add_epi64(vsum), t_.params);
+    const ByteTable32 p_table = ByteTable32::make(normalised);
+    for (j = 0; j + 64 <= limit; j += 64) _mm512_storeu_si512(p + j, p_table.lookup(_mm512_loadu_si512(p + j)));
+    if (j < limit) {
+      const __mmask64 k = (__mmask64{1} << (limit - j)) - 1;
+      _mm512_mask_storeu_epi8(p + j, k, p_table.lookup(_mm512_maskz_loadu_epi8(k, p + j)));
+    }
+  }
+
+ private:
+  // The indices of n <= 64 logits as bytes in order (lanes past n: whatever the zeros read give; masked by the caller).
+  __m512i indices(const std::int32_t* s, Index n) const {
+    __m512i idx[4];
+    for (int v = 0; v < 4; ++v) {
+      const __m512i a = n >= 16 * (v + 1) ? _mm512_loadu_si512(s + 16 * v) : _mm512_maskz_loadu_epi32(tail_mask(16 * v, n), s + 16 * v);
+      idx[v] = index_of_int<false>(_mm512_min_epi32(_mm512_sub_epi32(vm_, a), vc_), k_);
+    }
+    // packus interleaves the four vectors by 128-bit lane (lane L holds elements 4L..4L+3 of each); vpermd undoes it.
+    const __m512i packed = _mm512_packus_epi16(_mm512_packus_epi32(idx[0], idx[1]), _mm512_packus_epi32(idx[2], idx[3]));
+    return _mm512_min_epu8(_mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), packed),
+                           last_);
+  }
+
+  const IndexSoftmaxTables& t_;
+  IntIndex k_;
+  __m512i vm_, vc_, last_;
+  alignas(16) std::uint8_t lut_[32];
+  ByteTable32 e_table_;
+};
+
 }  // namespace
 
 void index_softmax_s32_u8__avx512(const std::int32_t* s, const bool* valid, Index limit, Index keys,
@@ -125,22 +258,20 @@ void index_softmax_s32_u8__avx512(const std::int32_t* s, const bool* valid, Inde
   std::memset(p + limit, 0, static_cast<std::size_t>(keys - limit));
   if (limit == 0) return;
   // (1) the maximum
-  __m512i vmax = _mm512_set1_epi32(std::numeric_limits<std::int32_t>::min());
-  for (Index j = 0; j < limit; j += 16)
-    vmax = _mm512_mask_max_epi32(vmax, tail_mask(j, limit), vmax, _mm512_maskz_loadu_epi32(tail_mask(j, limit), s + j));
-  alignas(64) std::int32_t lanes[16];
-  _mm512_store_si512(lanes, vmax);
-  std::int32_t m = lanes[0];
-  for (const std::int32_t x : lanes) m = x > m ? x : m;
+  const std::int32_t m = row_max(s, limit);
+  const IntIndex int_index = IntIndex::make(t);
+  const bool integer_index = int_index.path != IntIndexPath::none;
+  const bool small_lut = t.params.bits <= 5;
+  if (small_lut && integer_index) {
+    SmallLutRow(m, t).run(s, limit, p);
+    return;
+  }
   // (2)-(5) Δ', index, E, the sum
   const __m512i vm = _mm512_set1_epi32(m), vc = _mm512_set1_epi32(static_cast<std::int32_t>(t.c_int));
-  const bool small_lut = t.params.bits <= 5;
   alignas(64) std::int32_t lut32[256];
   for (int i = 0; i < 256; ++i) lut32[i] = t.lut[i];
   const __m512i lut_lo = _mm512_load_si512(lut32), lut_hi = _mm512_load_si512(lut32 + 16);
   __m512i vsum = _mm512_setzero_si512();
-  const IntIndex int_index = IntIndex::make(t);
-  const bool integer_index = int_index.path != IntIndexPath::none;
   for (Index j = 0; j < limit; j += 16) {
     const __mmask16 k = tail_mask(j, limit);
     const __m512i a = _mm512_maskz_loadu_epi32(k, s + j);
@@ -152,40 +283,12 @@ void index_softmax_s32_u8__avx512(const std::int32_t* s, const bool* valid, Inde
     vsum = _mm512_add_epi32(vsum, e);
     _mm_mask_storeu_epi8(p + j, k, _mm512_cvtepi32_epi8(e));  // E <= 255: held in P's bytes until (6)
   }
+  // (6) normalisation
+  alignas(64) std::int32_t lanes[16];
   _mm512_store_si512(lanes, vsum);
   std::int64_t sum = 0;
   for (const std::int32_t x : lanes) sum += x;
-  // (6) normalisation
-  const int ps = t.params.p_format == PFormat::u8 ? 255 : 127;
-  const __m512i vps = _mm512_set1_epi32(ps);
-  if (t.params.normalization == Normalization::floor) {
-    const FloorDivider16 div = FloorDivider16::make(static_cast<std::uint64_t>(sum));
-    const __m512i mul = _mm512_set1_epi64(static_cast<long long>(div.multiplier));
-    const __m128i shift = _mm_cvtsi32_si128(div.shift);
-    for (Index j = 0; j < limit; j += 16) {
-      const __m512i n = _mm512_mullo_epi32(load_e(p + j, tail_mask(j, limit)), vps);
-      const __m512i lo = _mm512_srl_epi64(_mm512_mul_epu32(_mm512_cvtepu32_epi64(_mm512_castsi512_si256(n)), mul), shift);
-      const __m512i hi =
-          _mm512_srl_epi64(_mm512_mul_epu32(_mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(n, 1)), mul), shift);
-      const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(lo)), _mm512_cvtepi64_epi32(hi), 1);
-      _mm_mask_storeu_epi8(p + j, tail_mask(j, limit), _mm512_cvtepi32_epi8(q));
-    }
-  } else if (t.params.normalization == Normalization::f32_rne) {
-    const __m512 fs = _mm512_set1_ps(static_cast<float>(sum));
-    for (Index j = 0; j < limit; j += 16) {
-      const __m512 x = _mm512_cvtepi32_ps(_mm512_mullo_epi32(load_e(p + j, tail_mask(j, limit)), vps));  // < 2^16: exact
-      const __m512i q = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_div_ps(x, fs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-      _mm_mask_storeu_epi8(p + j, tail_mask(j, limit), _mm512_cvtepi32_epi8(q));
-    }
-  } else {  // q8 reciprocal
-    const bool identity = sum == ps;
-    const __m512i ns = _mm512_set1_epi32(identity ? 256 : static_cast<std::int32_t>((512 * std::int64_t{ps} + sum) / (2 * sum)));
-    const __m512i half = _mm512_set1_epi32(identity ? 0 : 128);
-    for (Index j = 0; j < limit; j += 16) {
-      const __m512i q = _mm512_srli_epi32(_mm512_add_epi32(_mm512_mullo_epi32(load_e(p + j, tail_mask(j, limit)), ns), half), 8);
-      _mm_mask_storeu_epi8(p + j, tail_mask(j, limit), _mm512_cvtepi32_epi8(q));
-    }
-  }
+  normalise(p, limit, sum, t.params);
 }
 
 std::int64_t index_exp_s32_u8__avx512(const std::int32_t* s, const bool* valid, Index n, std::int32_t anchor,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
@@ -175,9 +176,7 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
     else f.softmax(s_row, valid, limit, lk, tables, e_scratch, p_row);
   };
   auto dequantise = [&](const std::int32_t* acc, Eigen::Index r0, Eigen::Index rows) {
-    for (Eigen::Index i = 0; i < rows; ++i)
-      for (Eigen::Index c = 0; c < dv; ++c)
-        o[(r0 + i) * dv + c] = static_cast<float>(static_cast<double>(acc[i * dv16 + c]) * out_scale / p_scale);
+    f.dequantise(acc, rows, dv, dv16, out_scale, p_scale, o + r0 * dv, dv);
   };
   if (cfg.materialise) {
     std::vector<std::int32_t> s_all(static_cast<std::size_t>(lq * lk_stride));
@@ -206,33 +205,37 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
   }
   // Each worker's blocks reuse its buffers: Q block (zero-padded to d4), S, P (zero-padded to lk_stride), accumulators,
   // each of min(B_r, L_q) rows: a call with fewer queries than a block (decoding) holds only the rows it has.
+  // S and the accumulators are written whole before they are read, so they are left uninitialised; P's columns past
+  // L_k must be zero for P.V, so P is zeroed once. A one-stage run holds only its stage's buffers.
   struct Scratch {
+    bool ready = false;
     std::vector<std::int8_t> qb;
-    std::vector<std::int32_t> s, acc;
+    std::unique_ptr<std::int32_t[]> s, acc;
     std::vector<std::uint8_t> p;
     std::vector<float> f;
   };
   std::vector<Scratch> scratch(static_cast<std::size_t>(parallel_workers(static_cast<std::size_t>(blocks), threads)));
   parallel_for_workers(static_cast<std::size_t>(blocks), threads, [&](std::size_t block, int worker) {
     Scratch& w = scratch[static_cast<std::size_t>(worker)];
-    if (w.s.empty()) {
+    if (!w.ready) {
       const Eigen::Index rows_max = std::min(br, lq);
-      w.qb.assign(static_cast<std::size_t>(rows_max * d4), 0);
-      w.s.resize(static_cast<std::size_t>(rows_max * lk_stride));
-      w.acc.resize(static_cast<std::size_t>(rows_max * dv16));
+      if (run_qk) w.qb.assign(static_cast<std::size_t>(rows_max * d4), 0);
+      if (run_qk) w.s.reset(new std::int32_t[static_cast<std::size_t>(rows_max * lk_stride)]);
+      if (run_pv) w.acc.reset(new std::int32_t[static_cast<std::size_t>(rows_max * dv16)]);
       w.p.assign(static_cast<std::size_t>(rows_max * lk_stride), 0);
       w.f.resize(quant_only ? static_cast<std::size_t>(lk_stride) : 0);
+      w.ready = true;
     }
     const Eigen::Index r0 = static_cast<Eigen::Index>(block) * br, rows = std::min(br, lq - r0);
-    for (Eigen::Index i = 0; i < rows; ++i) std::copy_n(q.values + (r0 + i) * d, d, w.qb.data() + i * d4);
-    if (run_qk) f.qk({w.qb.data(), rows, d4, k_packed.data(), k_sum.data(), lk_stride, w.s.data()});
+    for (Eigen::Index i = 0; run_qk && i < rows; ++i) std::copy_n(q.values + (r0 + i) * d, d, w.qb.data() + i * d4);
+    if (run_qk) f.qk({w.qb.data(), rows, d4, k_packed.data(), k_sum.data(), lk_stride, w.s.get()});
     for (Eigen::Index i = 0; run_softmax && i < rows; ++i) {
-      softmax_row(w.s.data() + i * lk_stride, w.s.data() + i * lk_stride, w.f.data(), r0 + i, w.p.data() + i * lk_stride);
+      softmax_row(w.s.get() + i * lk_stride, w.s.get() + i * lk_stride, w.f.data(), r0 + i, w.p.data() + i * lk_stride);
       if (cfg.p_out) std::copy_n(w.p.data() + i * lk_stride, lk, cfg.p_out + (r0 + i) * lk);
     }
     if (!run_pv) return;
-    f.pv({w.p.data(), rows, lk_stride, v_packed.data(), v_sum.data(), dv16, w.acc.data()});
-    dequantise(w.acc.data(), r0, rows);
+    f.pv({w.p.data(), rows, lk_stride, v_packed.data(), v_sum.data(), dv16, w.acc.get()});
+    dequantise(w.acc.get(), r0, rows);
   });
 }
 

@@ -25,6 +25,8 @@ struct KernelVariant {
   IndexExpKernel index_exp;
   std::string_view softmax_f32_name;  // Quant-Only's float softmax row
   SoftmaxF32Kernel softmax_f32;
+  std::string_view dequantise_name;  // O = acc * out_scale / p_scale, in double, to float
+  DequantiseKernel dequantise;
   std::string_view mac_loop_name;  // the GEMMs' multiply-accumulate instruction, register-only
   MacLoop mac_loop;
 };

@@ -110,6 +110,18 @@ void index_softmax_s32_u8__neon(const std::int32_t* s, const bool* valid, Index 
                                 const IndexSoftmaxTables& t, std::int32_t* e_scratch, std::uint8_t* p);
 #endif
 
+// O from the P.V accumulators, the reference model's rounding: o[i, c] = fl32(fl64(fl64(acc[i, c]) * out_scale) /
+// p_scale) for rows [0, rows) and columns [0, cols) (acc rows acc_stride apart, o rows o_stride apart). Three roundings
+// to nearest, in this order; a vector variant does the same three per lane (cvtdq2pd is exact).
+using DequantiseKernel = void (*)(const std::int32_t* acc, Index rows, Index cols, Index acc_stride, double out_scale,
+                                  int p_scale, float* o, Index o_stride);
+void dequantise_s32_f32__scalar(const std::int32_t* acc, Index rows, Index cols, Index acc_stride, double out_scale,
+                                int p_scale, float* o, Index o_stride);
+#if defined(QATTN_HAVE_X86_KERNELS)
+void dequantise_s32_f32__avx512(const std::int32_t* acc, Index rows, Index cols, Index acc_stride, double out_scale,
+                                int p_scale, float* o, Index o_stride);
+#endif
+
 // Group-wise clipping (qattn/key_groups.h, IntAttention Eq. 16-18): a row's key blocks run steps (2)-(5) one block at
 // a time against an anchor the caller derives from the row's maximum, then one normalisation over the row.
 // index_exp: E_j = LUT[clamp(index_rule(min(anchor - s_j, c_int)), 0, 2^b - 1)] for the n entries of one block into
