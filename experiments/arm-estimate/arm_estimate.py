@@ -8,7 +8,7 @@ CPU model. The simulated cycles per iteration become:
   GEMM loops:      MACs per cycle (sdot / usdot .4s: 16 MACs each) and GMAC/s at the assumed clock;
   IndexSoftmax:    cycles per logit (16 logits per iteration of the index / table loop).
 Then a whole-head estimate at L = 4096, d = 128, one core: the two GEMMs at the loop rate plus the softmax loop over
-L^2 logits (the normalisation pass, the maximum and the packing are left out: a lower bound on time).
+L^2 logits (the normalisation pass, the maximum, the packing and P.V's flip of P are left out: a lower bound on time).
 
 These are estimates from LLVM's scheduling models, not measurements: no cache misses, no front-end stalls beyond
 the model, and LLVM 14's model for a given -mcpu may be a stand-in (the script prints whether two CPUs' models give
@@ -30,8 +30,9 @@ SRC = os.path.join(ROOT, "lib", "src", "int_attention")
 KERNELS = [
     ("qk_s8s8_s32__neon_dotprod_4x16 (4-row tile)", "gemm_neon_dotprod.cc", "armv8.2-a+dotprod", "sdot", "mac",
      lambda body: count(body, "eor") == 0),
-    ("pv_u8s8_s32__neon_dotprod_4x16 (4-row tile, A ^ 0x80)", "gemm_neon_dotprod.cc", "armv8.2-a+dotprod", "sdot",
-     "mac", lambda body: count(body, "eor") > 0),
+    # P is flipped to s8 once per call (P ^ 0x80, 1 eor per 16 bytes, outside the tile), so P.V runs Q.K^T's loop.
+    ("pv_u8s8_s32__neon_dotprod_4x16 (4-row tile, P flipped once per call)", "gemm_neon_dotprod.cc",
+     "armv8.2-a+dotprod", "sdot", "mac", lambda body: count(body, "eor") == 0),
     ("mac_loop__neon_dotprod (the bench's peak loop: 16 independent sdot, registers only)", "gemm_neon_dotprod.cc",
      "armv8.2-a+dotprod", "sdot", "mac", lambda body: count(body, "sdot") == 16 and count(body, "ldr") == 0),
     ("index_softmax_s32_u8__neon E pass, Q26 index rules (@upstream-neon)", "index_softmax_neon.cc", "armv8-a", "tbl",

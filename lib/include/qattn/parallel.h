@@ -1,8 +1,8 @@
 // The one thread pool of the library and the CLI.
 //
 // parallel_for_workers(n, threads, body) runs body(i, worker) for every i in [0, n) on min(threads, n) workers: the
-// calling thread is worker 0, the others are started here and joined before it returns, so `worker` indexes
-// per-worker scratch. Items are handed out in increasing order from a shared counter (a slow item does not hold back
+// calling thread is worker 0, the others are threads kept parked between calls (a nested or concurrent call starts
+// and joins its own), and all are done before it returns, so `worker` indexes per-worker scratch. Items are handed out in increasing order from a shared counter (a slow item does not hold back
 // the rest). Once a body throws, no further item starts; when every worker has stopped, the first exception is
 // rethrown in the caller. threads <= 0 means one worker per hardware thread. Which worker runs an item is not
 // deterministic, so results must not depend on it: every caller writes item i's output to its own place.

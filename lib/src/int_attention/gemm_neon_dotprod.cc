@@ -2,12 +2,14 @@
 // 4 rows x 16 columns (16 q accumulators). The main loop takes 16 bytes of each A row at once and uses sdot by
 // element (for the 4-row tile in inline assembly, qattn/neon_tile.h); the last k / 4 mod 4 groups duplicate the A
 // group of 4 bytes into every lane.
-// qk: A = Q is s8, native. pv: A = P is u8 and sdot has no u8 x s8 form: a ^ 0x80 = a - 128 as s8, the lanes hold
-// sum (a - 128) b, and 128 B_sum[n] is added at the end (|sum| <= 128 * 127 * k, exact in int32).
+// qk: A = Q is s8, native. pv: A = P is u8 and sdot has no u8 x s8 form: a ^ 0x80 = a - 128 as s8, flipped once per
+// call into a per-thread copy (so the tile loops are Q.K^T's, with no eor), the lanes hold sum (a - 128) b, and
+// 128 B_sum[n] is added at the end (|sum| <= 128 * 127 * k, exact in int32).
 #include <arm_neon.h>
 
 #include "qattn/kernels.h"
 #include "qattn/neon_tile.h"
+#include "qattn/thread_buffer.h"
 
 namespace qattn::kernels {
 namespace {
@@ -21,7 +23,8 @@ inline void lane_step(int32x4_t (&acc)[R][4], const int8x16_t (&av)[R], const st
     for (int v = 0; v < 4; ++v) acc[r][v] = vdotq_laneq_s32(acc[r][v], bv[v], av[r], kLane);
 }
 
-template <bool kUnsignedA, int R>
+// kFlippedA: A holds u8 values as a ^ 0x80 (s8 a - 128); the tile adds 128 B_sum back.
+template <bool kFlippedA, int R>
 inline void tile(const GemmArgs& g, Index i0, Index n0) {
   const std::uint8_t* a = static_cast<const std::uint8_t*>(g.a);
   int32x4_t acc[R][4];
@@ -33,8 +36,7 @@ inline void tile(const GemmArgs& g, Index i0, Index n0) {
     const Index iterations = g.k / 16;
     if (iterations > 0) {
       const std::uint8_t* a_rows = a + i0 * g.k;
-      neon::tile_4x16_main_loop<kUnsignedA ? neon::TileDot::kSdotFlipA : neon::TileDot::kSdot>(
-          acc, a_rows, g.k, b, g.n * 4, iterations);
+      neon::tile_4x16_main_loop<neon::TileDot::kSdot>(acc, a_rows, g.k, b, g.n * 4, iterations);
       k4 = iterations * 4;
     }
   }
@@ -42,10 +44,7 @@ inline void tile(const GemmArgs& g, Index i0, Index n0) {
   // (lane kk picks the group), so no broadcast is issued per group.
   for (; k4 + 4 <= g.k / 4; k4 += 4) {
     int8x16_t av[R];
-    for (int r = 0; r < R; ++r) {
-      const uint8x16_t raw = vld1q_u8(a + (i0 + r) * g.k + k4 * 4);
-      av[r] = vreinterpretq_s8_u8(kUnsignedA ? veorq_u8(raw, vdupq_n_u8(0x80)) : raw);
-    }
+    for (int r = 0; r < R; ++r) av[r] = vreinterpretq_s8_u8(vld1q_u8(a + (i0 + r) * g.k + k4 * 4));
     lane_step<0, R>(acc, av, b);
     lane_step<1, R>(acc, av, b + g.n * 4);
     lane_step<2, R>(acc, av, b + g.n * 8);
@@ -58,30 +57,41 @@ inline void tile(const GemmArgs& g, Index i0, Index n0) {
     for (int r = 0; r < R; ++r) {
       std::int32_t group;
       __builtin_memcpy(&group, a + (i0 + r) * g.k + k4 * 4, 4);
-      if (kUnsignedA) group ^= static_cast<std::int32_t>(0x80808080u);
       const int8x16_t av = vreinterpretq_s8_s32(vdupq_n_s32(group));
       for (int v = 0; v < 4; ++v) acc[r][v] = vdotq_s32(acc[r][v], bv[v], av);
     }
   }
   for (int v = 0; v < 4; ++v) {
-    const int32x4_t bias = kUnsignedA ? vshlq_n_s32(vld1q_s32(g.b_sum + n0 + v * 4), 7) : vdupq_n_s32(0);
+    const int32x4_t bias = kFlippedA ? vshlq_n_s32(vld1q_s32(g.b_sum + n0 + v * 4), 7) : vdupq_n_s32(0);
     for (int r = 0; r < R; ++r) vst1q_s32(g.c + (i0 + r) * g.n + n0 + v * 4, vaddq_s32(acc[r][v], bias));
   }
 }
 
-template <bool kUnsignedA>
+template <bool kFlippedA>
 void gemm(const GemmArgs& g) {
   for (Index n0 = 0; n0 < g.n; n0 += 16) {  // n is a multiple of 16
     Index i0 = 0;
-    for (; i0 + 4 <= g.rows; i0 += 4) tile<kUnsignedA, 4>(g, i0, n0);
-    for (; i0 < g.rows; ++i0) tile<kUnsignedA, 1>(g, i0, n0);
+    for (; i0 + 4 <= g.rows; i0 += 4) tile<kFlippedA, 4>(g, i0, n0);
+    for (; i0 < g.rows; ++i0) tile<kFlippedA, 1>(g, i0, n0);
   }
 }
 
 }  // namespace
 
 void qk_s8s8_s32__neon_dotprod_4x16(const GemmArgs& args) { gemm<false>(args); }
-void pv_u8s8_s32__neon_dotprod_4x16(const GemmArgs& args) { gemm<true>(args); }
+
+void pv_u8s8_s32__neon_dotprod_4x16(const GemmArgs& args) {
+  static thread_local ThreadBuffer copy;  // grows to the largest P block this thread has seen
+  const Index n = args.rows * args.k;
+  std::uint8_t* flipped = copy.reserve(n);
+  const std::uint8_t* p = static_cast<const std::uint8_t*>(args.a);
+  Index i = 0;
+  for (; i + 16 <= n; i += 16) vst1q_u8(flipped + i, veorq_u8(vld1q_u8(p + i), vdupq_n_u8(0x80)));
+  for (; i < n; ++i) flipped[i] = p[i] ^ 0x80;
+  GemmArgs h = args;
+  h.a = flipped;
+  gemm<true>(h);
+}
 
 }  // namespace qattn::kernels
 

@@ -23,8 +23,7 @@ namespace qattn::kernels::neon {
 
 // Which dot product the tile issues.
 enum class TileDot {
-  kSdot,         // s8 A x s8 B (qk)
-  kSdotFlipA,    // u8 A as s8 after a ^ 0x80, x s8 B (pv on dotprod; the caller adds 128 B_sum)
+  kSdot,         // s8 A x s8 B (qk; pv on dotprod, whose P the caller flipped to s8 once per call)
   kSudotUnsignedA,  // u8 A x s8 B with sudot by element (pv on i8mm: s8 vector x u8 lane)
 };
 
@@ -51,12 +50,7 @@ enum class TileDot {
   "ldr q2, [%[a], %[lda2]]\n\t"       \
   "ldr q3, [%[a], %[lda3]]\n\t"       \
   "add %[a], %[a], #16\n\t"
-#define QATTN_NEON_FLIP_A                   \
-  "eor v0.16b, v0.16b, %[flip].16b\n\t"   \
-  "eor v1.16b, v1.16b, %[flip].16b\n\t"   \
-  "eor v2.16b, v2.16b, %[flip].16b\n\t"   \
-  "eor v3.16b, v3.16b, %[flip].16b\n\t"
-#define QATTN_NEON_TILE_BODY(op, a_fixup)                   \
+#define QATTN_NEON_TILE_BODY(op)                            \
   "movi v16.4s, #0\n\t"                                     \
   "movi v17.4s, #0\n\t"                                     \
   "movi v18.4s, #0\n\t"                                     \
@@ -74,7 +68,7 @@ enum class TileDot {
   "movi v30.4s, #0\n\t"                                     \
   "movi v31.4s, #0\n\t"                                     \
   "1:\n\t"                                                  \
-  QATTN_NEON_LOAD_A a_fixup                                 \
+  QATTN_NEON_LOAD_A                                         \
   QATTN_NEON_LOAD_B("q4", "q5", "q6", "q7")                 \
   QATTN_NEON_LOAD_B("q8", "q9", "q10", "q11")               \
   QATTN_NEON_DOT_GROUP(op, 0, "v4", "v5", "v6", "v7")       \
@@ -95,8 +89,7 @@ enum class TileDot {
   "stp q30, q31, [%[c], #224]\n\t"
 #define QATTN_NEON_TILE_OPERANDS                                                                                 \
   : [a] "+r"(a), [b] "+r"(b), [n] "+r"(iterations)                                                              \
-  : [c] "r"(&c[0][0]), [lda1] "r"(lda), [lda2] "r"(2 * lda), [lda3] "r"(3 * lda), [group_bytes] "r"(group_bytes), \
-    [flip] "w"(flip)                                                                                             \
+  : [c] "r"(&c[0][0]), [lda1] "r"(lda), [lda2] "r"(2 * lda), [lda3] "r"(3 * lda), [group_bytes] "r"(group_bytes)  \
   : "v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v11", "v16", "v17", "v18", "v19", "v20", \
     "v21", "v22", "v23", "v24", "v25", "v26", "v27", "v28", "v29", "v30", "v31", "cc", "memory"
 
@@ -106,13 +99,10 @@ enum class TileDot {
 template <TileDot kDot>
 inline void tile_4x16_main_loop(int32x4_t (&c)[4][4], const std::uint8_t*& a, Index lda, const std::int8_t*& b,
                                 Index group_bytes, Index iterations) {
-  const uint8x16_t flip = vdupq_n_u8(0x80);
   if constexpr (kDot == TileDot::kSdot) {
-    asm volatile(QATTN_NEON_TILE_BODY("sdot", "") QATTN_NEON_TILE_OPERANDS);
-  } else if constexpr (kDot == TileDot::kSdotFlipA) {
-    asm volatile(QATTN_NEON_TILE_BODY("sdot", QATTN_NEON_FLIP_A) QATTN_NEON_TILE_OPERANDS);
+    asm volatile(QATTN_NEON_TILE_BODY("sdot") QATTN_NEON_TILE_OPERANDS);
   } else {
-    asm volatile(QATTN_NEON_TILE_BODY("sudot", "") QATTN_NEON_TILE_OPERANDS);
+    asm volatile(QATTN_NEON_TILE_BODY("sudot") QATTN_NEON_TILE_OPERANDS);
   }
 }
 
@@ -120,7 +110,6 @@ inline void tile_4x16_main_loop(int32x4_t (&c)[4][4], const std::uint8_t*& a, In
 #undef QATTN_NEON_DOT_GROUP
 #undef QATTN_NEON_LOAD_B
 #undef QATTN_NEON_LOAD_A
-#undef QATTN_NEON_FLIP_A
 #undef QATTN_NEON_TILE_BODY
 #undef QATTN_NEON_TILE_OPERANDS
 
