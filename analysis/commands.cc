@@ -432,7 +432,16 @@ void run_attention(const AttentionOptions& o) {
   require_finite_tensor(tq, o.q, "Q");
   require_finite_tensor(tk, o.k, "K");
   require_finite_tensor(tv, o.v, "V");
-  const auto qs = split_batch(tq, o.q), ks = split_batch(tk, o.k), vs = split_batch(tv, o.v);
+  // Float32 Q, K and V (what dumps hold) are read in place through the methods' float32 entry, which gives the same
+  // bits as the float64 one (qattn/method.h): no float64 copy of the inputs is made. Other float dtypes are widened.
+  const bool in_place = tq.dtype == DType::f32 && tk.dtype == DType::f32 && tv.dtype == DType::f32;
+  std::vector<RowMatrixXd> qs, ks, vs;
+  if (in_place) {
+    batch_entries(tq, o.q), batch_entries(tk, o.k), batch_entries(tv, o.v);
+  } else {
+    qs = split_batch(tq, o.q), ks = split_batch(tk, o.k), vs = split_batch(tv, o.v);
+  }
+  const std::int64_t entries = batch_entries(tq, o.q);
   if (leading(tq) != leading(tk) || leading(tk) != leading(tv))
     throw InputError(o.k, "shape", "leading (batch) dimensions of q " + tq.shape_string() + ", k " + tk.shape_string() +
                                        " and v " + tv.shape_string() + " differ");
@@ -445,23 +454,39 @@ void run_attention(const AttentionOptions& o) {
   const double scale = o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(tq.shape.back()));
   AttentionMask mask;
   mask.causal = o.causal;
-  std::vector<double> o_all, p_all;
+  std::vector<double> p_all;
   DType p_dtype = DType::f64;
   // [..., H, L, d] with 4 or more axes: the axis before L is the heads of one layer, handed over together (turbo's
   // head-wise KV precision ranks them); with 3 axes every matrix is its own call.
   const std::size_t heads = tq.shape.size() >= 4 ? static_cast<std::size_t>(tq.shape[tq.shape.size() - 3]) : 1;
   std::vector<AttentionResult> results;
-  for (std::size_t b0 = 0; b0 < qs.size(); b0 += heads) {
-    const std::vector<RowMatrixXd> q(qs.begin() + b0, qs.begin() + b0 + heads), k(ks.begin() + b0, ks.begin() + b0 + heads),
-        v(vs.begin() + b0, vs.begin() + b0 + heads);
+  const auto entry_views = [&](const std::vector<RowMatrixXd>& m, std::size_t b0) {
+    return std::vector<MatrixView>(m.begin() + static_cast<std::ptrdiff_t>(b0), m.begin() + static_cast<std::ptrdiff_t>(b0 + heads));
+  };
+  for (std::size_t b0 = 0; b0 < static_cast<std::size_t>(entries); b0 += heads) {
     const std::string where =
         o.q + (heads == 1 ? " (batch entry " + std::to_string(b0) : " (batch entries " + std::to_string(b0) + " to " +
                                                                        std::to_string(b0 + heads - 1)) + ")";
-    for (AttentionResult& r : with_source(where, o.spec, [&] { return method->attention_heads(views(q), views(k), views(v), scale, mask); }))
+    const auto n = static_cast<std::int64_t>(heads), first = static_cast<std::int64_t>(b0);
+    for (AttentionResult& r : with_source(where, o.spec, [&] {
+           return in_place ? method->attention_heads(batch_views_f32(tq, o.q, first, n), batch_views_f32(tk, o.k, first, n),
+                                                     batch_views_f32(tv, o.v, first, n), scale, mask)
+                           : method->attention_heads(entry_views(qs, b0), entry_views(ks, b0), entry_views(vs, b0), scale, mask);
+         }))
       results.push_back(std::move(r));
   }
+  std::vector<std::int64_t> o_shape = leading(tq), p_shape = leading(tq);
+  o_shape.push_back(tq.shape[tq.shape.size() - 2]);
+  o_shape.push_back(tv.shape.back());
+  p_shape.push_back(tq.shape[tq.shape.size() - 2]);
+  p_shape.push_back(tk.shape[tk.shape.size() - 2]);
+  // O is float32 by definition of every method: written straight into the output tensor, each value rounded to
+  // nearest as Tensor::from_double would (exact for the fused path, whose O is float32 already).
+  Tensor o_tensor{DType::f32, o_shape, {}};
+  o_tensor.bytes.resize(static_cast<std::size_t>(o_tensor.element_count()) * sizeof(float));
+  float* o_next = reinterpret_cast<float*>(o_tensor.bytes.data());
   for (const AttentionResult& r : results) {
-    o_all.insert(o_all.end(), r.o.data(), r.o.data() + r.o.size());
+    o_next = std::transform(r.o.data(), r.o.data() + r.o.size(), o_next, [](double x) { return static_cast<float>(x); });
     if (o.probs.empty()) continue;
     if (o.raw) {
       if (r.p_int.size() == 0) throw CLI::ValidationError("--raw", "method '" + o.spec + "' has no integer P; drop --raw");
@@ -471,16 +496,9 @@ void run_attention(const AttentionOptions& o) {
       p_all.insert(p_all.end(), r.p.data(), r.p.data() + r.p.size());
     }
   }
-  std::vector<std::int64_t> o_shape = leading(tq), p_shape = leading(tq);
-  o_shape.push_back(tq.shape[tq.shape.size() - 2]);
-  o_shape.push_back(tv.shape.back());
-  p_shape.push_back(tq.shape[tq.shape.size() - 2]);
-  p_shape.push_back(tk.shape[tk.shape.size() - 2]);
-  // O is float32 by definition of every method. Both files are prepared before either is put in place, so a
-  // failure leaves both destinations as they were.
+  // Both files are prepared before either is put in place, so a failure leaves both destinations as they were.
   std::vector<std::unique_ptr<PendingFile>> files;
-  files.push_back(std::make_unique<PendingFile>(
-      o.out, encode_output(o.out, {{"o", Tensor::from_double(DType::f32, o_shape, o_all)}})));
+  files.push_back(std::make_unique<PendingFile>(o.out, encode_output(o.out, {{"o", std::move(o_tensor)}})));
   if (!o.probs.empty())
     files.push_back(std::make_unique<PendingFile>(
         o.probs, encode_output(o.probs, {{"p", Tensor::from_double(p_dtype, p_shape, p_all)}})));

@@ -216,7 +216,7 @@ std::map<int, LayerManifest> read_manifest(const fs::path& dir) {
 }  // namespace
 
 // [..., L, d] -> batch of [L, d] matrices (leading axes flattened).
-std::vector<RowMatrixXd> split_batch(const Tensor& t, const fs::path& path) {
+std::int64_t batch_entries(const Tensor& t, const fs::path& path) {
   if (t.shape.size() < 2) throw InputError(path.string(), "shape", "expected [..., L, d], got " + t.shape_string());
   if (!dtype_is_float(t.dtype))
     throw InputError(path.string(), "dtype", std::string(dtype_name(t.dtype)) + " given, analyze expects float Q/K/V");
@@ -225,6 +225,23 @@ std::vector<RowMatrixXd> split_batch(const Tensor& t, const fs::path& path) {
   if (t.element_count() == 0)
     throw InputError(path.string(), "shape", "a leading (batch) axis has length 0 in " + t.shape_string() +
                                                  ": there is nothing to evaluate");
+  return t.element_count() / (L * d);
+}
+
+std::vector<MatrixViewF> batch_views_f32(const Tensor& t, const fs::path& path, std::int64_t first, std::int64_t count) {
+  batch_entries(t, path);
+  if (t.dtype != DType::f32) throw std::logic_error("batch_views_f32 on a " + std::string(dtype_name(t.dtype)) + " tensor");
+  const Eigen::Index L = t.shape[t.shape.size() - 2], d = t.shape.back();
+  const float* base = reinterpret_cast<const float*>(t.bytes.data());
+  std::vector<MatrixViewF> out;
+  for (std::int64_t b = first; b < first + count; ++b)
+    out.emplace_back(Eigen::Map<const RowMatrixXf>(base + b * L * d, L, d));
+  return out;
+}
+
+std::vector<RowMatrixXd> split_batch(const Tensor& t, const fs::path& path) {
+  batch_entries(t, path);
+  const std::int64_t L = t.shape[t.shape.size() - 2];
   RowMatrixXd rows = t.as_rows();
   std::vector<RowMatrixXd> out;
   if (rows.rows() == L) {  // one matrix: handed over, not copied

@@ -27,6 +27,11 @@ namespace qattn::cli {
 // [..., L, d] -> batch of [L, d] matrices (leading axes flattened); InputError naming `path` otherwise, also for a
 // batch of size 0 (a leading axis of length 0: nothing to evaluate).
 std::vector<RowMatrixXd> split_batch(const Tensor& t, const std::filesystem::path& path);
+// The checks of split_batch without the copy: the number of [L, d] matrices in t.
+std::int64_t batch_entries(const Tensor& t, const std::filesystem::path& path);
+// Entries [first, first + count) of a float32 tensor as views of its own bytes (no copy; t must outlive them).
+std::vector<MatrixViewF> batch_views_f32(const Tensor& t, const std::filesystem::path& path, std::int64_t first,
+                                         std::int64_t count);
 
 // The registry's non-finite policy applied to a tensor read from `where`: NaN and +inf are refused, and -inf too
 // unless `masked_ok` (logits, where -inf means masked). The InputError names the file, the tensor `role` ("Q",

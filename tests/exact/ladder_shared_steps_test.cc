@@ -101,6 +101,31 @@ TEST_CASE("ladder: the shared INT8 quantiser against the exact real-number codes
   qattn::quantize_int8_symmetric(std::span<const double>(f), std::span<std::int8_t>(q_rne));
   CHECK(q_floor == std::vector<std::int8_t>{-127, -1, 62, 126, 127});
   CHECK(q_rne == std::vector<std::int8_t>{-127, 0, 62, 127, 127});
+  // The rounding by adding and subtracting 1.5 2^52 equals std::nearbyint on every code, ties and their neighbours
+  // (one ulp either side) included, for float and double inputs.
+  std::mt19937_64 h(77);
+  std::uniform_int_distribution<int> code(-127, 126);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<double> x(257);
+    const double amax = std::ldexp(1.0, trial % 40 - 20) * 3.1;
+    const double s = amax / 127;
+    x[0] = amax;
+    for (std::size_t i = 1; i < x.size(); ++i) {
+      const double tie = (code(h) + 0.5) * s;
+      x[i] = i % 3 == 0 ? tie : std::nextafter(tie, i % 3 == 1 ? 0.0 : 2 * tie);
+    }
+    std::vector<float> xf(x.begin(), x.end());
+    for (const bool as_float : {false, true}) {
+      std::vector<std::int8_t> q(x.size()), want(x.size());
+      const double scale = as_float ? qattn::quantize_int8_symmetric(std::span<const float>(xf), std::span<std::int8_t>(q))
+                                    : qattn::quantize_int8_symmetric(std::span<const double>(x), std::span<std::int8_t>(q));
+      for (std::size_t i = 0; i < x.size(); ++i)
+        want[i] = static_cast<std::int8_t>(std::clamp(
+            std::nearbyint((as_float ? static_cast<double>(xf[i]) : x[i]) / scale), -127.0, 127.0));
+      INFO("trial " << trial << " float " << as_float);
+      CHECK(q == want);
+    }
+  }
 }
 
 TEST_CASE("ladder: the shared key-group steps against exact arithmetic", "[ladder][certify][groups]") {

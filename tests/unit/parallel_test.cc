@@ -1,8 +1,14 @@
-// parallel_for (qattn/parallel.h): every item exactly once on any thread count, worker ids below the worker count,
-// the first exception rethrown in the caller and no item started after it.
+// parallel_for (qattn/parallel.h): every item exactly once on any thread count, worker ids below the worker count and
+// never in use twice at once, the first exception rethrown in the caller and no item started after it; nested,
+// concurrent and post-fork calls.
 #include <catch2/catch.hpp>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <chrono>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "qattn/parallel.h"
@@ -41,4 +47,53 @@ TEST_CASE("parallel_for rethrows the first exception and starts nothing after it
     // may still run (how many depends on scheduling).
     if (threads == 1) CHECK(started == 4);
   }
+}
+
+TEST_CASE("parallel_for: a worker id is never in use twice at once, over many calls of changing width", "[parallel]") {
+  // The per-worker scratch contract, across calls that reuse the pool's threads with 2, 3 and 5 workers.
+  std::atomic<int> clashes{0}, items{0};
+  for (int call = 0; call < 60; ++call) {
+    const int threads = 2 + call % 4;
+    std::vector<std::atomic<bool>> in_use(static_cast<std::size_t>(threads));
+    parallel_for_workers(12, threads, [&](std::size_t, int worker) {
+      if (in_use[static_cast<std::size_t>(worker)].exchange(true)) ++clashes;
+      if (worker % 2) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      in_use[static_cast<std::size_t>(worker)] = false;
+      ++items;
+    });
+  }
+  CHECK(clashes == 0);
+  CHECK(items == 60 * 12);
+}
+
+TEST_CASE("parallel_for: nested and concurrent calls each run every item once", "[parallel]") {
+  std::vector<std::atomic<int>> hits(8 * 16);
+  parallel_for(8, 2, [&](std::size_t i) {  // a body that calls parallel_for: it gets threads of its own
+    parallel_for(16, 2, [&](std::size_t j) { ++hits[i * 16 + j]; });
+  });
+  for (const auto& h : hits) CHECK(h == 1);
+  std::vector<std::atomic<int>> a(500), b(500);
+  std::thread other([&] {
+    for (int r = 0; r < 20; ++r) parallel_for(25, 2, [&](std::size_t i) { ++b[static_cast<std::size_t>(r) * 25 + i]; });
+  });
+  for (int r = 0; r < 20; ++r) parallel_for(25, 2, [&](std::size_t i) { ++a[static_cast<std::size_t>(r) * 25 + i]; });
+  other.join();
+  for (std::size_t i = 0; i < 500; ++i) CHECK((a[i] == 1 && b[i] == 1));
+}
+
+TEST_CASE("parallel_for works in a forked child after the parent used its threads", "[parallel]") {
+  std::atomic<int> n{0};
+  parallel_for(10, 2, [&](std::size_t) { ++n; });  // the parent's pool now has a helper thread
+  REQUIRE(n == 10);
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {  // the child has none of the parent's threads: a call must not wait for them
+    std::atomic<int> m{0};
+    parallel_for(10, 2, [&](std::size_t) { ++m; });
+    _exit(m == 10 ? 0 : 3);
+  }
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
 }

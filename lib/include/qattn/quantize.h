@@ -5,8 +5,10 @@
 //   q = clamp(round-half-even(x / s), -127, 127)      (-128 is never used: the grid is symmetric; floor instead of
 //                                                     round-half-even with Int8Rounding::floor, Eq. 3 as printed)
 //
-// x / s is a double division (float inputs are widened exactly first); round-half-even is std::nearbyint in the
-// default rounding mode; the clamp only matters for values that round past 127 by the division's rounding.
+// x / s is a double division (float inputs are widened exactly first); round-half-even is that of the default
+// rounding mode, computed as (t + 1.5 2^52) - 1.5 2^52: for |t| < 2^51 the sum's rounding to an integer is the one
+// rounding, so this equals std::nearbyint(t) (a library call on baseline x86-64) bit for bit; |t| <= 127 (1 + 2^-52)
+// here. The clamp only matters for values that round past 127 by the division's rounding.
 #pragma once
 
 #include <algorithm>
@@ -30,7 +32,8 @@ double quantize_int8_symmetric(std::span<const T> x, std::span<std::int8_t> q, I
   const double scale = amax > 0 ? amax / 127 : 1.0;
   for (std::size_t i = 0; i < x.size(); ++i) {
     const double t = static_cast<double>(x[i]) / scale;
-    q[i] = static_cast<std::int8_t>(std::clamp(rounding == Int8Rounding::rne ? std::nearbyint(t) : std::floor(t), -127.0, 127.0));
+    constexpr double kRound = 0x1.8p52;  // needs IEEE evaluation: no -ffast-math (CMakeLists.txt sets none)
+    q[i] = static_cast<std::int8_t>(std::clamp(rounding == Int8Rounding::rne ? (t + kRound) - kRound : std::floor(t), -127.0, 127.0));
   }
   return scale;
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "qattn/error.h"
+#include "qattn/parallel.h"
 #include "qattn/quantize.h"
 #include "qattn/reference/int_pipelines.h"
 #include "qattn/reference/method_entries.h"
@@ -113,7 +114,7 @@ class FusedMethod final : public Method {
  private:
   struct Quantized {
     std::vector<std::int8_t> values;
-    double scale;
+    double scale = 1;
   };
 
   // The codes of x, written as bytes at once (no int32 codes, no float64 copy).
@@ -137,8 +138,14 @@ class FusedMethod final : public Method {
     if (key_blocks && d > 33000) return on_reference();  // the kernels' anchor bound
     std::optional<ref::KeyBlocks> kb;
     if (key_blocks) kb = ref::quantize_key_blocks(k, plan_.key_block, plan_.qround);
-    const Quantized qi = quantize(q), vi = quantize(v);
-    const Quantized ki = key_blocks ? Quantized{narrow_int8(kb->codes.values), kb->scales.front()} : quantize(k);
+    // Q, V and K are quantised side by side on the call's threads (each tensor's codes do not depend on the others).
+    Quantized qi, vi, ki;
+    parallel_for(key_blocks ? 2 : 3, threads_, [&](std::size_t i) {
+      if (i == 0) qi = quantize(q);
+      else if (i == 1) vi = quantize(v);
+      else ki = quantize(k);
+    });
+    if (key_blocks) ki = Quantized{narrow_int8(kb->codes.values), kb->scales.front()};
     IntAttentionConfig cfg;
     cfg.pipeline = plan_.pipeline;
     cfg.isa = isa_;
