@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <limits>
 
 #include "qattn/kernels.h"
 #include "qattn/thread_buffer.h"
@@ -107,41 +106,31 @@ inline void k_loop_4rows(const std::uint8_t* a0, Index lda, const std::int8_t* b
 
 // C's columns [n0, n0 + 16 V) of rows i0..i0 + R - 1 from this k block's sums: the qk bias -128 B_sum is subtracted
 // on the last k block, and the partial sums already in C are added on every block but the first. (Integer adds wrap,
-// so the order of these terms does not change C's bits.) On the last k block with g.row_max set, the final values of
-// columns < row_max_cols also enter the rows' 16-lane running maxima `lane_max` (reduced by gemm_blocks).
+// so the order of these terms does not change C's bits.)
 template <AMode kA, int R, int V, typename Sum>
-inline void store_tile(const GemmArgs& g, Index i0, Index n0, bool first, bool last, std::int32_t* lane_max, Sum sum) {
-  const bool track = kA != AMode::u8 && last && lane_max != nullptr;
-  __m512i running[R];
-  if (track)
-    for (int r = 0; r < R; ++r) running[r] = _mm512_load_si512(lane_max + (i0 + r) * 16);
+inline void store_tile(const GemmArgs& g, Index i0, Index n0, bool first, bool last, Sum sum) {
   for (int v = 0; v < V; ++v) {
     const __m512i bias = kA != AMode::u8 && last ? _mm512_slli_epi32(_mm512_loadu_si512(g.b_sum + n0 + v * 16), 7)
                                                  : _mm512_setzero_si512();
-    const Index visible = track ? std::clamp<Index>(g.row_max_cols - (n0 + v * 16), 0, 16) : 0;
-    const __mmask16 counted = static_cast<__mmask16>((1u << visible) - 1u);
     for (int r = 0; r < R; ++r) {
       std::int32_t* c = g.c + (i0 + r) * g.n + n0 + v * 16;
       __m512i x = _mm512_sub_epi32(sum(r, v), bias);
       if (!first) x = _mm512_add_epi32(x, _mm512_loadu_si512(c));
       _mm512_storeu_si512(c, x);
-      if (track) running[r] = _mm512_mask_max_epi32(running[r], counted, running[r], x);
     }
   }
-  if (track)
-    for (int r = 0; r < R; ++r) _mm512_store_si512(lane_max + (i0 + r) * 16, running[r]);
 }
 
 // One R x (16 V) tile of C over k in [k0, k0 + kc).
 template <AMode kA, int R, int V>
-inline void tile(const GemmArgs& g, Index i0, Index n0, Index k0, Index kc, bool first, bool last, std::int32_t* lane_max) {
+inline void tile(const GemmArgs& g, Index i0, Index n0, Index k0, Index kc, bool first, bool last) {
   const std::uint8_t* a = static_cast<const std::uint8_t*>(g.a) + i0 * g.k + k0;
   const std::int8_t* b = g.b_packed + (k0 / 4) * g.n * 4 + n0 * 4;
   if constexpr (R == 4) {
     alignas(64) std::int32_t sums[R][V * 16];
     if (kc >= 4) k_loop_4rows<V>(a, g.k, b, g.n * 4, kc / 4, &sums[0][0]);
     else std::memset(sums, 0, sizeof sums);
-    store_tile<kA, R, V>(g, i0, n0, first, last, lane_max, [&](int r, int v) { return _mm512_load_si512(&sums[r][v * 16]); });
+    store_tile<kA, R, V>(g, i0, n0, first, last, [&](int r, int v) { return _mm512_load_si512(&sums[r][v * 16]); });
   } else {
     __m512i acc[R][V];
     for (int r = 0; r < R; ++r)
@@ -156,15 +145,15 @@ inline void tile(const GemmArgs& g, Index i0, Index n0, Index k0, Index kc, bool
         for (int v = 0; v < V; ++v) acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], av, bv[v]);
       }
     }
-    store_tile<kA, R, V>(g, i0, n0, first, last, lane_max, [&](int r, int v) { return acc[r][v]; });
+    store_tile<kA, R, V>(g, i0, n0, first, last, [&](int r, int v) { return acc[r][v]; });
   }
 }
 
 template <AMode kA, int V>
-inline void column_panel(const GemmArgs& g, Index n0, Index k0, Index kc, bool first, bool last, std::int32_t* lane_max) {
+inline void column_panel(const GemmArgs& g, Index n0, Index k0, Index kc, bool first, bool last) {
   Index i0 = 0;
-  for (; i0 + 4 <= g.rows; i0 += 4) tile<kA, 4, V>(g, i0, n0, k0, kc, first, last, lane_max);
-  for (; i0 < g.rows; ++i0) tile<kA, 1, V>(g, i0, n0, k0, kc, first, last, lane_max);
+  for (; i0 + 4 <= g.rows; i0 += 4) tile<kA, 4, V>(g, i0, n0, k0, kc, first, last);
+  for (; i0 < g.rows; ++i0) tile<kA, 1, V>(g, i0, n0, k0, kc, first, last);
 }
 
 // k blocks of kKc, then columns, then rows: within one k block the B panel (48 columns x kKc bytes = 48 KiB) and the
@@ -175,16 +164,15 @@ inline void column_panel(const GemmArgs& g, Index n0, Index k0, Index kc, bool f
 // 4 rows x 3 vectors = 12 accumulators, enough independent vpdpbusd chains to cover its latency.
 constexpr Index kKc = 1024;
 
-// lane_max: null, or 16 int32 per row (64-byte aligned) for the running maxima of qk's row_max.
 template <AMode kA>
-void gemm_blocks(const GemmArgs& g, std::int32_t* lane_max) {
+void gemm_blocks(const GemmArgs& g) {
   for (Index k0 = 0; k0 < g.k || k0 == 0; k0 += kKc) {
     const Index kc = std::min(kKc, g.k - k0);
     const bool first = k0 == 0, last = k0 + kc >= g.k;
     Index n0 = 0;
-    for (; n0 + 48 <= g.n; n0 += 48) column_panel<kA, 3>(g, n0, k0, kc, first, last, lane_max);
-    if (n0 + 32 <= g.n) column_panel<kA, 2>(g, n0, k0, kc, first, last, lane_max), n0 += 32;
-    if (n0 < g.n) column_panel<kA, 1>(g, n0, k0, kc, first, last, lane_max);  // n is a multiple of 16
+    for (; n0 + 48 <= g.n; n0 += 48) column_panel<kA, 3>(g, n0, k0, kc, first, last);
+    if (n0 + 32 <= g.n) column_panel<kA, 2>(g, n0, k0, kc, first, last), n0 += 32;
+    if (n0 < g.n) column_panel<kA, 1>(g, n0, k0, kc, first, last);  // n is a multiple of 16
     if (g.k == 0) break;
   }
 }
@@ -200,22 +188,13 @@ void qk_gemm(const GemmArgs& g) {
   for (; i < n; ++i) biased[i] = a[i] ^ 0x80;
   GemmArgs h = g;
   h.a = biased;
-  if (!g.row_max || g.row_max_cols < 1) {
-    gemm_blocks<AMode::s8_biased>(h, nullptr);
-    return;
-  }
-  static thread_local ThreadBuffer lanes;
-  std::int32_t* lane_max = reinterpret_cast<std::int32_t*>(lanes.reserve(g.rows * 64));
-  const __m512i lowest = _mm512_set1_epi32(std::numeric_limits<std::int32_t>::min());
-  for (Index i = 0; i < g.rows; ++i) _mm512_store_si512(lane_max + i * 16, lowest);
-  gemm_blocks<AMode::s8_biased>(h, lane_max);
-  for (Index i = 0; i < g.rows; ++i) g.row_max[i] = _mm512_reduce_max_epi32(_mm512_load_si512(lane_max + i * 16));
+  gemm_blocks<AMode::s8_biased>(h);
 }
 
 }  // namespace
 
 void qk_s8s8_s32__avx512vnni_4x48(const GemmArgs& args) { qk_gemm(args); }
-void pv_u8s8_s32__avx512vnni_4x48(const GemmArgs& args) { gemm_blocks<AMode::u8>(args, nullptr); }
+void pv_u8s8_s32__avx512vnni_4x48(const GemmArgs& args) { gemm_blocks<AMode::u8>(args); }
 
 }  // namespace qattn::kernels
 

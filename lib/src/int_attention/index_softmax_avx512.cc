@@ -249,8 +249,7 @@ class SmallLutRow {
 }  // namespace
 
 void index_softmax_s32_u8__avx512(const std::int32_t* s, const bool* valid, Index limit, Index keys,
-                                  const IndexSoftmaxTables& t, const std::int32_t* known_max,
-                                  std::int32_t* /*e_scratch*/, std::uint8_t* p) {
+                                  const IndexSoftmaxTables& t, std::int32_t* /*e_scratch*/, std::uint8_t* p) {
   if (valid || t.params.index_rule == IndexRule::floor_f32) {
     index_softmax_s32_u8__scalar(s, valid, limit, keys, t, p);
     return;
@@ -258,8 +257,8 @@ void index_softmax_s32_u8__avx512(const std::int32_t* s, const bool* valid, Inde
   limit = std::clamp<Index>(limit, 0, keys);
   std::memset(p + limit, 0, static_cast<std::size_t>(keys - limit));
   if (limit == 0) return;
-  // (1) the maximum, unless the Q.K^T epilogue found it
-  const std::int32_t m = known_max ? *known_max : row_max(s, limit);
+  // (1) the maximum
+  const std::int32_t m = row_max(s, limit);
   const IntIndex int_index = IntIndex::make(t);
   const bool integer_index = int_index.path != IntIndexPath::none;
   const bool small_lut = t.params.bits <= 5;

@@ -124,8 +124,7 @@ inline void normalise_chunks(std::uint8_t* p, Index body, std::uint32_t ps, Quot
 }  // namespace
 
 void index_softmax_s32_u8__neon(const std::int32_t* s, const bool* valid, Index limit, Index keys,
-                                const IndexSoftmaxTables& t, const std::int32_t* /*known_max*/, std::int32_t*,
-                                std::uint8_t* p) {
+                                const IndexSoftmaxTables& t, std::int32_t*, std::uint8_t* p) {
   if (valid || t.params.index_rule == IndexRule::floor_f32) {
     index_softmax_s32_u8__scalar(s, valid, limit, keys, t, p);
     return;

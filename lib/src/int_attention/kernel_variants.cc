@@ -6,9 +6,9 @@
 namespace qattn::kernels {
 namespace {
 
-// The scalar IndexSoftmax row needs no scratch and finds its own maximum; this gives it the row kernels' signature.
+// The scalar IndexSoftmax row needs no scratch; this gives it the row kernels' signature.
 void index_softmax_s32_u8__scalar_row(const std::int32_t* s, const bool* valid, Index limit, Index keys,
-                                      const IndexSoftmaxTables& t, const std::int32_t*, std::int32_t*, std::uint8_t* p) {
+                                      const IndexSoftmaxTables& t, std::int32_t*, std::uint8_t* p) {
   index_softmax_s32_u8__scalar(s, valid, limit, keys, t, p);
 }
 
@@ -26,7 +26,7 @@ constexpr KernelVariant kVariants[] = {
     {Isa::avx512vnni, QATTN_KERNEL(qk_s8s8_s32__avx512vnni_4x48), QATTN_KERNEL(pv_u8s8_s32__avx512vnni_4x48),
      QATTN_KERNEL(index_softmax_s32_u8__avx512), QATTN_KERNEL(index_exp_s32_u8__avx512),
      QATTN_KERNEL(softmax_s32_f32_u8__avx512), QATTN_KERNEL(dequantise_s32_f32__avx512),
-     QATTN_KERNEL(mac_loop__avx512vnni), /*qk_row_max=*/true},
+     QATTN_KERNEL(mac_loop__avx512vnni)},
 #endif
 #if defined(QATTN_HAVE_ARM_KERNELS)
     {Isa::neon_dotprod, QATTN_KERNEL(qk_s8s8_s32__neon_dotprod_4x16), QATTN_KERNEL(pv_u8s8_s32__neon_dotprod_4x16),

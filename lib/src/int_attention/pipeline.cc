@@ -106,7 +106,7 @@ void int_attention_softmax_rows(Isa isa, IntPipeline pipeline, const IndexSoftma
   std::vector<float> scratch(static_cast<std::size_t>(keys));
   for (Eigen::Index i = 0; i < rows; ++i) {
     if (pipeline == IntPipeline::quant_only) f.softmax_f32(s + i * keys, nullptr, keys, keys, alpha, scratch.data(), p + i * keys);
-    else f.softmax(s + i * keys, nullptr, keys, keys, tables, nullptr, e.data(), p + i * keys);
+    else f.softmax(s + i * keys, nullptr, keys, keys, tables, e.data(), p + i * keys);
   }
 }
 
@@ -167,17 +167,13 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
   auto parallel_blocks = [&](auto&& body) {
     parallel_for(static_cast<std::size_t>(blocks), threads, [&](std::size_t b) { body(static_cast<Eigen::Index>(b)); });
   };
-  // The fused path takes each row's maximum from the Q.K^T epilogue where the variant computes it and every row sees
-  // all L_k keys (no causal limit, no padding mask, one clip per row). The max is a softmax step moved into the GEMM,
-  // so a run without the softmax (the bench's gemm-only and Q.K^T rows) times the plain GEMM.
-  const bool epilogue_max = f.qk_row_max && run_softmax && !quant_only && !grouped && !cfg.causal && !cfg.valid;
-  auto softmax_row = [&](const std::int32_t* s_row, const std::int32_t* known_max, std::int32_t* e_scratch,
-                         float* f_scratch, Eigen::Index row, std::uint8_t* p_row) {
+  auto softmax_row = [&](const std::int32_t* s_row, std::int32_t* e_scratch, float* f_scratch, Eigen::Index row,
+                         std::uint8_t* p_row) {
     const Eigen::Index limit = cfg.causal ? row + lk - lq + 1 : lk;
     const bool* valid = cfg.valid ? cfg.valid + row * lk : nullptr;
     if (quant_only) f.softmax_f32(s_row, valid, limit, lk, alpha, f_scratch, p_row);
     else if (grouped) grouped_softmax_row(f, s_row, valid, std::clamp<Eigen::Index>(limit, 0, lk), lk, cfg, block_tables, p_row);
-    else f.softmax(s_row, valid, limit, lk, tables, known_max, e_scratch, p_row);
+    else f.softmax(s_row, valid, limit, lk, tables, e_scratch, p_row);
   };
   auto dequantise = [&](const std::int32_t* acc, Eigen::Index r0, Eigen::Index rows) {
     f.dequantise(acc, rows, dv, dv16, out_scale, p_scale, o + r0 * dv, dv);
@@ -194,8 +190,7 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
     parallel_blocks([&](Eigen::Index b) {  // pass 2: P = softmax(S), row by row
       std::vector<float> scratch(quant_only ? static_cast<std::size_t>(lk_stride) : 0);
       for (Eigen::Index row = b * br; run_softmax && row < std::min(lq, (b + 1) * br); ++row) {
-        softmax_row(s_all.data() + row * lk_stride, nullptr, s_all.data() + row * lk_stride, scratch.data(), row,
-                    p_all.data() + row * lk_stride);
+        softmax_row(s_all.data() + row * lk_stride, s_all.data() + row * lk_stride, scratch.data(), row, p_all.data() + row * lk_stride);
         if (cfg.p_out) std::copy_n(p_all.data() + row * lk_stride, lk, cfg.p_out + row * lk);
       }
     });
@@ -216,7 +211,6 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
     bool ready = false;
     std::vector<std::int8_t> qb;
     std::unique_ptr<std::int32_t[]> s, acc;
-    std::vector<std::int32_t> row_max;
     std::vector<std::uint8_t> p;
     std::vector<float> f;
   };
@@ -227,7 +221,6 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
       const Eigen::Index rows_max = std::min(br, lq);
       if (run_qk) w.qb.assign(static_cast<std::size_t>(rows_max * d4), 0);
       if (run_qk) w.s.reset(new std::int32_t[static_cast<std::size_t>(rows_max * lk_stride)]);
-      if (run_qk && epilogue_max) w.row_max.resize(static_cast<std::size_t>(rows_max));
       if (run_pv) w.acc.reset(new std::int32_t[static_cast<std::size_t>(rows_max * dv16)]);
       w.p.assign(static_cast<std::size_t>(rows_max * lk_stride), 0);
       w.f.resize(quant_only ? static_cast<std::size_t>(lk_stride) : 0);
@@ -235,12 +228,9 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
     }
     const Eigen::Index r0 = static_cast<Eigen::Index>(block) * br, rows = std::min(br, lq - r0);
     for (Eigen::Index i = 0; run_qk && i < rows; ++i) std::copy_n(q.values + (r0 + i) * d, d, w.qb.data() + i * d4);
-    if (run_qk)
-      f.qk({w.qb.data(), rows, d4, k_packed.data(), k_sum.data(), lk_stride, w.s.get(),
-            epilogue_max ? w.row_max.data() : nullptr, lk});
+    if (run_qk) f.qk({w.qb.data(), rows, d4, k_packed.data(), k_sum.data(), lk_stride, w.s.get()});
     for (Eigen::Index i = 0; run_softmax && i < rows; ++i) {
-      softmax_row(w.s.get() + i * lk_stride, epilogue_max ? &w.row_max[static_cast<std::size_t>(i)] : nullptr,
-                  w.s.get() + i * lk_stride, w.f.data(), r0 + i, w.p.data() + i * lk_stride);
+      softmax_row(w.s.get() + i * lk_stride, w.s.get() + i * lk_stride, w.f.data(), r0 + i, w.p.data() + i * lk_stride);
       if (cfg.p_out) std::copy_n(w.p.data() + i * lk_stride, lk, cfg.p_out + (r0 + i) * lk);
     }
     if (!run_pv) return;

@@ -29,7 +29,6 @@ struct KernelVariant {
   DequantiseKernel dequantise;
   std::string_view mac_loop_name;  // the GEMMs' multiply-accumulate instruction, register-only
   MacLoop mac_loop;
-  bool qk_row_max = false;  // qk writes GemmArgs::row_max from its tile epilogue (the fused path then hands it over)
 };
 
 // Every variant compiled into this build, one per ISA, scalar first and then in order of preference; isa_available

@@ -32,10 +32,6 @@ struct GemmArgs {
   const std::int32_t* b_sum = nullptr;
   Index n = 0;       // multiple of 16
   std::int32_t* c = nullptr;  // [rows, n] row-major
-  // qk, optional: row_max[i] = max of C[i, j] over j < row_max_cols (1 <= row_max_cols <= n), computed in the tile
-  // epilogue while C is in registers. Only variants whose table row sets qk_row_max write it; the others ignore it.
-  std::int32_t* row_max = nullptr;
-  Index row_max_cols = 0;
 };
 using GemmKernel = void (*)(const GemmArgs&);
 
@@ -99,25 +95,19 @@ struct IndexSoftmaxTables {
 std::int64_t index_softmax_index(std::int64_t delta, const IndexSoftmaxTables& t);
 void index_softmax_s32_u8__scalar(const std::int32_t* s, const bool* valid, Index limit, Index keys,
                                   const IndexSoftmaxTables& t, std::uint8_t* p);
-// The same with a scratch row of `keys` int32 for E (it may alias s: each chunk is read before it is written; the
-// AVX-512 variant does not use it: E <= 255 waits in p's bytes between the sum and the normalisation), and
-// `known_max`: null, or the maximum of s[0, limit) when valid is null and limit >= 1 (the fused path's Q.K^T
-// epilogue computes it); a variant may take it instead of reading the row for step (1).
+// The same with a scratch row of `keys` int32 for E (it may alias s: each chunk is read before it is written). The
+// AVX-512 variant does not use it: E <= 255 waits in p's bytes between the sum and the normalisation.
 using SoftmaxKernel = void (*)(const std::int32_t* s, const bool* valid, Index limit, Index keys,
-                               const IndexSoftmaxTables& t, const std::int32_t* known_max, std::int32_t* e_scratch,
-                               std::uint8_t* p);
+                               const IndexSoftmaxTables& t, std::int32_t* e_scratch, std::uint8_t* p);
 #if defined(QATTN_HAVE_X86_KERNELS)
 void index_softmax_s32_u8__avx2(const std::int32_t* s, const bool* valid, Index limit, Index keys,
-                                const IndexSoftmaxTables& t, const std::int32_t* known_max, std::int32_t* e_scratch,
-                                std::uint8_t* p);
+                                const IndexSoftmaxTables& t, std::int32_t* e_scratch, std::uint8_t* p);
 void index_softmax_s32_u8__avx512(const std::int32_t* s, const bool* valid, Index limit, Index keys,
-                                  const IndexSoftmaxTables& t, const std::int32_t* known_max, std::int32_t* e_scratch,
-                                  std::uint8_t* p);
+                                  const IndexSoftmaxTables& t, std::int32_t* e_scratch, std::uint8_t* p);
 #endif
 #if defined(QATTN_HAVE_ARM_KERNELS)
 void index_softmax_s32_u8__neon(const std::int32_t* s, const bool* valid, Index limit, Index keys,
-                                const IndexSoftmaxTables& t, const std::int32_t* known_max, std::int32_t* e_scratch,
-                                std::uint8_t* p);
+                                const IndexSoftmaxTables& t, std::int32_t* e_scratch, std::uint8_t* p);
 #endif
 
 // O from the P.V accumulators, the reference model's rounding: o[i, c] = fl32(fl64(fl64(acc[i, c]) * out_scale) /
