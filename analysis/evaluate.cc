@@ -255,9 +255,17 @@ std::vector<RowMatrixXd> split_batch(const Tensor& t, const fs::path& path) {
 
 void require_finite_tensor(const Tensor& t, const std::string& where, const std::string& role, bool masked_ok) {
   if (!dtype_is_float(t.dtype)) return;  // integers are always finite
-  const Eigen::ArrayXd v = t.to_double();
-  for (Eigen::Index i = 0; i < v.size(); ++i) {
-    const double x = v[i];
+  // float32 and float64 are read in place; the 16-bit formats through to_double (exact).
+  Eigen::ArrayXd widened;
+  const auto count = static_cast<Eigen::Index>(t.element_count());
+  if (t.dtype != DType::f32 && t.dtype != DType::f64) widened = t.to_double();
+  const auto value = [&](Eigen::Index i) -> double {
+    if (t.dtype == DType::f32) return reinterpret_cast<const float*>(t.bytes.data())[i];
+    if (t.dtype == DType::f64) return reinterpret_cast<const double*>(t.bytes.data())[i];
+    return widened[i];
+  };
+  for (Eigen::Index i = 0; i < count; ++i) {
+    const double x = value(i);
     if (std::isfinite(x) || (masked_ok && x == -INFINITY)) continue;
     std::string index;  // i as an index into t.shape, C order
     std::int64_t rest = i;

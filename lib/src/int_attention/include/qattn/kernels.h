@@ -96,7 +96,7 @@ std::int64_t index_softmax_index(std::int64_t delta, const IndexSoftmaxTables& t
 void index_softmax_s32_u8__scalar(const std::int32_t* s, const bool* valid, Index limit, Index keys,
                                   const IndexSoftmaxTables& t, std::uint8_t* p);
 // The same with a scratch row of `keys` int32 for E (it may alias s: each chunk is read before it is written). The
-// AVX-512 variant does not use it: E <= 255 waits in p's bytes between the sum and the normalisation.
+// AVX-512 variant does not use it: its indices or E (<= 255) wait in p's bytes between the sum and the normalisation.
 using SoftmaxKernel = void (*)(const std::int32_t* s, const bool* valid, Index limit, Index keys,
                                const IndexSoftmaxTables& t, std::int32_t* e_scratch, std::uint8_t* p);
 #if defined(QATTN_HAVE_X86_KERNELS)
