@@ -81,7 +81,7 @@ TEST_CASE("parallel_for: nested and concurrent calls each run every item once", 
   for (std::size_t i = 0; i < 500; ++i) CHECK((a[i] == 1 && b[i] == 1));
 }
 
-TEST_CASE("parallel_for works in a forked child after the parent used its threads", "[parallel]") {
+TEST_CASE("parallel_for works in a forked child after the parent used its threads", "[parallel][fork]") {
   std::atomic<int> n{0};
   parallel_for(10, 2, [&](std::size_t) { ++n; });  // the parent's pool now has a helper thread
   REQUIRE(n == 10);
