@@ -201,14 +201,19 @@ class IntAttentionTester {
 
 TEST_CASE("qk and pv GEMM variants equal the triple loop around their tiles", "[kernels]") {
   for (const bool pv : {false, true})
-    for (const Eigen::Index rows : {1, 2, 3, 4, 5, 9})
-      for (const Eigen::Index k : {1, 3, 4, 5, 64, 67, 128})
+    for (const Eigen::Index rows : {1, 2, 3, 4, 5, 8, 9, 12, 17})
+      for (const Eigen::Index k : {0, 1, 3, 4, 5, 64, 67, 128})
         for (const Eigen::Index n : {1, 15, 16, 17, 32, 33, 48, 70, 100})
           GemmTester().rows(rows).k(k).n(n).seed(static_cast<unsigned>(rows * 1000 + k * 10 + n)).Test(pv);
-  // The AVX-512 tiles' k blocks (1024) and their biased Q copy (a per-thread buffer that grows to any block):
-  // k across several blocks with a tail, and Q blocks at and past 2^16 bytes.
+  // The AVX-512 tiles' k blocks (256) and their biased Q copy (a per-thread buffer that grows to any block):
+  // k across several blocks with a tail, under the 8-, 4- and 1-row tiles and the 48-, 32- and 16-column panels
+  // (P.V's 8-row tiles add each block's products to C's partial sums in their own loop), and Q blocks at and past
+  // 2^16 bytes.
   for (const bool pv : {false, true}) {
     GemmTester().rows(5).k(2052).n(33).seed(7).Test(pv);
+    GemmTester().rows(17).k(1028).n(100).seed(10).Test(pv);  // 8 + 8 + 1 rows; panels 48, 48, 16
+    GemmTester().rows(16).k(260).n(32).seed(11).Test(pv);
+    GemmTester().rows(12).k(516).n(16).seed(12).Test(pv);  // 8 + 4 rows
     GemmTester().rows(70).k(1024).n(48).seed(8).Test(pv);
     GemmTester().rows(64).k(1024).n(17).seed(9).Test(pv);  // exactly 2^16 bytes of Q: the copy
   }

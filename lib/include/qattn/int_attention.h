@@ -75,7 +75,7 @@ struct IntAttentionConfig {
   bool materialise = false;
 };
 
-// Names of the kernels a call with this ISA runs, for reports ("qk_s8s8_s32__avx512vnni_4x48", ...).
+// Names of the kernels a call with this ISA runs, for reports ("qk_s8s8_s32__avx512vnni_8x48", ...).
 struct IntAttentionKernels {
   std::string qk, softmax, pv;
 };

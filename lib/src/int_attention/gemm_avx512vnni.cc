@@ -1,5 +1,6 @@
 // AVX-512 VNNI variants of the GEMM families: vpdpbusd (u8 x s8, four products summed into each s32 lane), tiles of
-// 4 rows x 48 columns (12 zmm accumulators), the A group of 4 bytes broadcast to every lane.
+// 8 rows x 48 columns (24 zmm accumulators; 4-row and 1-row tiles for the rows left over), the A group of 4 bytes
+// broadcast to every lane.
 // qk: A = Q is s8; a ^ 0x80 = a + 128 as u8 (biased once per call into a thread-local copy), so the lanes hold sum (a + 128) b and 128 B_sum[n] is subtracted at the
 // end (|sum| <= 255 * 127 * k: exact in int32 for k < 66000). pv: A = P is u8, native.
 #include <immintrin.h>
@@ -87,6 +88,99 @@ inline void k_loop_4rows(const std::uint8_t* a0, Index lda, const std::int8_t* b
                  : QATTN_CLOBBERS);
   }
 }
+
+// The k loop of an 8 x 48 tile: accumulators in zmm4..zmm27 (row r, vector v in zmm(4 + 3 r + v)), V vectors of B in
+// zmm0..zmm2, the A group in zmm3. Rows by three bases: a0 (rows 0, 1, 2, 4 as a0 + {0, 1, 2, 4} lda), a3 (rows 3,
+// 5, 7 as a3 + {0, 2, 4} lda) and a6 (row 6). Per group of 4 k: 3 loads of B, 8 broadcasts, 24 vpdpbusd, so half
+// the bytes of B per product of the 4-row tile.
+#define QATTN8_REG_00 4
+#define QATTN8_REG_01 5
+#define QATTN8_REG_02 6
+#define QATTN8_REG_10 7
+#define QATTN8_REG_11 8
+#define QATTN8_REG_12 9
+#define QATTN8_REG_20 10
+#define QATTN8_REG_21 11
+#define QATTN8_REG_22 12
+#define QATTN8_REG_30 13
+#define QATTN8_REG_31 14
+#define QATTN8_REG_32 15
+#define QATTN8_REG_40 16
+#define QATTN8_REG_41 17
+#define QATTN8_REG_42 18
+#define QATTN8_REG_50 19
+#define QATTN8_REG_51 20
+#define QATTN8_REG_52 21
+#define QATTN8_REG_60 22
+#define QATTN8_REG_61 23
+#define QATTN8_REG_62 24
+#define QATTN8_REG_70 25
+#define QATTN8_REG_71 26
+#define QATTN8_REG_72 27
+#define QATTN8_ACC(r, v) "%%zmm" QATTN_STR(QATTN8_REG_##r##v)
+#define QATTN8_DP(r, v) "vpdpbusd %%zmm" #v ", %%zmm3, " QATTN8_ACC(r, v) "\n\t"
+#define QATTN8_ROW1(addr, r) "vpbroadcastd " addr ", %%zmm3\n\t" QATTN8_DP(r, 0)
+#define QATTN8_ROW2(addr, r) QATTN8_ROW1(addr, r) QATTN8_DP(r, 1)
+#define QATTN8_ROW3(addr, r) QATTN8_ROW2(addr, r) QATTN8_DP(r, 2)
+#define QATTN8_INIT(r, v) "vmovdqu64 " #v "*64(%[init]), " QATTN8_ACC(r, v) "\n\t"
+#define QATTN8_INIT1(r) QATTN8_INIT(r, 0) "add %[ldi], %[init]\n\t"
+#define QATTN8_INIT2(r) QATTN8_INIT(r, 0) QATTN8_INIT(r, 1) "add %[ldi], %[init]\n\t"
+#define QATTN8_INIT3(r) QATTN8_INIT(r, 0) QATTN8_INIT(r, 1) QATTN8_INIT(r, 2) "add %[ldi], %[init]\n\t"
+#define QATTN8_STORE(r, v) "vmovdqu64 " QATTN8_ACC(r, v) ", " #v "*64(%[out])\n\t"
+#define QATTN8_STORE1(r) QATTN8_STORE(r, 0) "add %[ldo], %[out]\n\t"
+#define QATTN8_STORE2(r) QATTN8_STORE(r, 0) QATTN8_STORE(r, 1) "add %[ldo], %[out]\n\t"
+#define QATTN8_STORE3(r) QATTN8_STORE(r, 0) QATTN8_STORE(r, 1) QATTN8_STORE(r, 2) "add %[ldo], %[out]\n\t"
+#define QATTN8_ALL(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#define QATTN8_TILE(ZERO, LOADS, ROW, STORE)                                                                       \
+  QATTN8_ALL(ZERO)                                                                                                 \
+  "1:\n\t" LOADS "add %[bs], %[b]\n\t"                                                                             \
+  ROW("(%[a0])", 0) ROW("(%[a0],%[lda],1)", 1) ROW("(%[a0],%[lda],2)", 2) ROW("(%[a3])", 3)                        \
+  ROW("(%[a0],%[lda],4)", 4) ROW("(%[a3],%[lda],2)", 5) ROW("(%[a6])", 6) ROW("(%[a3],%[lda],4)", 7)               \
+  "add $4, %[a0]\n\t"                                                                                              \
+  "add $4, %[a3]\n\t"                                                                                              \
+  "add $4, %[a6]\n\t"                                                                                              \
+  "dec %[n]\n\t"                                                                                                   \
+  "jnz 1b\n\t" QATTN8_ALL(STORE)
+#define QATTN8_OPERANDS                                                                                           \
+  : [a0] "+r"(a0), [a3] "+r"(a3), [a6] "+r"(a6), [b] "+r"(b), [n] "+r"(steps), [init] "+r"(init), [out] "+r"(out) \
+  : [lda] "r"(lda), [bs] "r"(bs), [ldi] "r"(ldi), [ldo] "r"(ldo)                                                  \
+  : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12",       \
+    "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24",     \
+    "xmm25", "xmm26", "xmm27", "cc", "memory"
+
+// The accumulators start from `init` (rows ldi bytes apart: 0 repeats one row, e.g. zeros) and end in `out` (rows ldo
+// bytes apart), so a k block after the first adds its products to C's partial sums with no copy in between.
+template <int V>
+inline void k_loop_8rows(const std::uint8_t* a0, Index lda, const std::int8_t* b, Index bs, Index steps,
+                         const std::int32_t* init, Index ldi, std::int32_t* out, Index ldo) {
+  const std::uint8_t* a3 = a0 + 3 * lda;
+  const std::uint8_t* a6 = a0 + 6 * lda;
+  if constexpr (V == 3) {
+    asm volatile(QATTN8_TILE(QATTN8_INIT3, QATTN_LOAD(0) QATTN_LOAD(1) QATTN_LOAD(2), QATTN8_ROW3, QATTN8_STORE3)
+                 QATTN8_OPERANDS);
+  } else if constexpr (V == 2) {
+    asm volatile(QATTN8_TILE(QATTN8_INIT2, QATTN_LOAD(0) QATTN_LOAD(1), QATTN8_ROW2, QATTN8_STORE2) QATTN8_OPERANDS);
+  } else {
+    static_assert(V == 1);
+    asm volatile(QATTN8_TILE(QATTN8_INIT1, QATTN_LOAD(0), QATTN8_ROW1, QATTN8_STORE1) QATTN8_OPERANDS);
+  }
+}
+#undef QATTN8_OPERANDS
+#undef QATTN8_TILE
+#undef QATTN8_ALL
+#undef QATTN8_STORE3
+#undef QATTN8_STORE2
+#undef QATTN8_STORE1
+#undef QATTN8_STORE
+#undef QATTN8_INIT3
+#undef QATTN8_INIT2
+#undef QATTN8_INIT1
+#undef QATTN8_INIT
+#undef QATTN8_ROW3
+#undef QATTN8_ROW2
+#undef QATTN8_ROW1
+#undef QATTN8_DP
+#undef QATTN8_ACC
 #undef QATTN_CLOBBERS
 #undef QATTN_STORE1
 #undef QATTN_STORE2
@@ -126,7 +220,22 @@ template <AMode kA, int R, int V>
 inline void tile(const GemmArgs& g, Index i0, Index n0, Index k0, Index kc, bool first, bool last) {
   const std::uint8_t* a = static_cast<const std::uint8_t*>(g.a) + i0 * g.k + k0;
   const std::int8_t* b = g.b_packed + (k0 / 4) * g.n * 4 + n0 * 4;
-  if constexpr (R == 4) {
+  if constexpr (R == 8) {
+    alignas(64) static constexpr std::int32_t kZeros[V * 16] = {};
+    if (kc < 4) {  // k = 0: the loop below runs at least once
+      store_tile<kA, R, V>(g, i0, n0, first, last, [](int, int) { return _mm512_setzero_si512(); });
+      return;
+    }
+    if constexpr (kA == AMode::u8) {  // C += this block's sums, in the loop's own loads and stores
+      std::int32_t* c = g.c + i0 * g.n + n0;
+      const Index ldc = g.n * static_cast<Index>(sizeof(std::int32_t));
+      k_loop_8rows<V>(a, g.k, b, g.n * 4, kc / 4, first ? kZeros : c, first ? 0 : ldc, c, ldc);
+    } else {  // the bias of the biased Q rows is subtracted on the last block
+      alignas(64) std::int32_t sums[R][V * 16];
+      k_loop_8rows<V>(a, g.k, b, g.n * 4, kc / 4, kZeros, 0, &sums[0][0], V * 64);
+      store_tile<kA, R, V>(g, i0, n0, first, last, [&](int r, int v) { return _mm512_load_si512(&sums[r][v * 16]); });
+    }
+  } else if constexpr (R == 4) {
     alignas(64) std::int32_t sums[R][V * 16];
     if (kc >= 4) k_loop_4rows<V>(a, g.k, b, g.n * 4, kc / 4, &sums[0][0]);
     else std::memset(sums, 0, sizeof sums);
@@ -152,17 +261,19 @@ inline void tile(const GemmArgs& g, Index i0, Index n0, Index k0, Index kc, bool
 template <AMode kA, int V>
 inline void column_panel(const GemmArgs& g, Index n0, Index k0, Index kc, bool first, bool last) {
   Index i0 = 0;
+  for (; i0 + 8 <= g.rows; i0 += 8) tile<kA, 8, V>(g, i0, n0, k0, kc, first, last);
   for (; i0 + 4 <= g.rows; i0 += 4) tile<kA, 4, V>(g, i0, n0, k0, kc, first, last);
   for (; i0 < g.rows; ++i0) tile<kA, 1, V>(g, i0, n0, k0, kc, first, last);
 }
 
-// k blocks of kKc, then columns, then rows: within one k block the B panel (48 columns x kKc bytes = 48 KiB) and the
-// A block (rows x kKc bytes) stay in L2 while every row passes over the panel (k blocks of 256, whose panel fits L1,
-// measured no faster). Without the k blocks a long k (P V has k = L_k) streamed a B panel of 48 L_k bytes from L3
-// for every 4 rows. Partial sums wait in C between k blocks:
-// each is a sum of a subset of the final sum's products, so the overflow bound of the whole sum covers it.
-// 4 rows x 3 vectors = 12 accumulators, enough independent vpdpbusd chains to cover its latency.
-constexpr Index kKc = 1024;
+// k blocks of kKc, then columns, then rows: within one k block the B panel (48 columns x kKc bytes = 12 KiB) stays in
+// L1 while every row passes over it. Without the k blocks a long k (P V has k = L_k) streamed a B panel of 48 L_k
+// bytes from L3 for every tile. On Zen 5 (two vpdpbusd per cycle) a 4-row tile needs 32 bytes of B per cycle and an
+// 8-row one 16: with 4-row tiles, blocks of 1024 (a 48 KiB panel) held P.V at 1.41-1.51 x oneDNN's time there, 256
+// at 1.14-1.22; 8-row tiles that add to C in their own loop brought it to 1.00-1.12, with blocks of 256 or 512 alike
+// (256 leaves room in Zen 4's 32 KiB L1). Partial sums wait in C between k blocks: each is a sum of a subset of the
+// final sum's products, so the overflow bound of the whole sum covers it.
+constexpr Index kKc = 256;
 
 template <AMode kA>
 void gemm_blocks(const GemmArgs& g) {
@@ -193,8 +304,8 @@ void qk_gemm(const GemmArgs& g) {
 
 }  // namespace
 
-void qk_s8s8_s32__avx512vnni_4x48(const GemmArgs& args) { qk_gemm(args); }
-void pv_u8s8_s32__avx512vnni_4x48(const GemmArgs& args) { gemm_blocks<AMode::u8>(args); }
+void qk_s8s8_s32__avx512vnni_8x48(const GemmArgs& args) { qk_gemm(args); }
+void pv_u8s8_s32__avx512vnni_8x48(const GemmArgs& args) { gemm_blocks<AMode::u8>(args); }
 
 }  // namespace qattn::kernels
 

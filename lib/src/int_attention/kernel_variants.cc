@@ -23,7 +23,7 @@ constexpr KernelVariant kVariants[] = {
     {Isa::avx2, QATTN_KERNEL(qk_s8s8_s32__avx2_2x16), QATTN_KERNEL(pv_u8s8_s32__avx2_2x16),
      QATTN_KERNEL(index_softmax_s32_u8__avx2), QATTN_KERNEL(index_exp_s32_u8__avx2),
      QATTN_KERNEL(softmax_s32_f32_u8__scalar), QATTN_KERNEL(dequantise_s32_f32__scalar), QATTN_KERNEL(mac_loop__avx2)},
-    {Isa::avx512vnni, QATTN_KERNEL(qk_s8s8_s32__avx512vnni_4x48), QATTN_KERNEL(pv_u8s8_s32__avx512vnni_4x48),
+    {Isa::avx512vnni, QATTN_KERNEL(qk_s8s8_s32__avx512vnni_8x48), QATTN_KERNEL(pv_u8s8_s32__avx512vnni_8x48),
      QATTN_KERNEL(index_softmax_s32_u8__avx512), QATTN_KERNEL(index_exp_s32_u8__avx512),
      QATTN_KERNEL(softmax_s32_f32_u8__avx512), QATTN_KERNEL(dequantise_s32_f32__avx512),
      QATTN_KERNEL(mac_loop__avx512vnni)},

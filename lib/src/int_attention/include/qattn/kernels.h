@@ -40,8 +40,8 @@ void pv_u8s8_s32__scalar(const GemmArgs& args);
 #if defined(QATTN_HAVE_X86_KERNELS)
 void qk_s8s8_s32__avx2_2x16(const GemmArgs& args);
 void pv_u8s8_s32__avx2_2x16(const GemmArgs& args);
-void qk_s8s8_s32__avx512vnni_4x48(const GemmArgs& args);
-void pv_u8s8_s32__avx512vnni_4x48(const GemmArgs& args);
+void qk_s8s8_s32__avx512vnni_8x48(const GemmArgs& args);
+void pv_u8s8_s32__avx512vnni_8x48(const GemmArgs& args);
 #endif
 #if defined(QATTN_HAVE_ARM_KERNELS)
 void qk_s8s8_s32__neon_dotprod_4x16(const GemmArgs& args);
