@@ -45,8 +45,9 @@ class GemmTester {
       for (Eigen::Index t = 0; t < k_; ++t) a[i * k4 + t] = static_cast<std::uint8_t>(pv ? u8(g) : s8(g));
     for (auto& x : src) x = static_cast<std::int8_t>(s8(g));
     if (rows_ > 0 && k_ > 0) a[0] = pv ? 255 : 0x80, src[0] = -128;  // the extremes
-    std::vector<std::int8_t> packed(k4 * n16);
-    std::vector<std::int32_t> sum(n16);
+    // Garbage where the packers must write: every padding byte and sum is theirs to set.
+    std::vector<std::int8_t> packed(k4 * n16, std::int8_t{0x55});
+    std::vector<std::int32_t> sum(n16, 12345);
     if (pv) kernels::pack_v(src.data(), k_, n_, k4, n16, packed.data(), sum.data());
     else kernels::pack_k_transposed(src.data(), n_, k_, k4, n16, packed.data(), sum.data());
     std::vector<std::int32_t> expect(rows_ * n16, 0);
