@@ -86,13 +86,14 @@ class SoftmaxRowTester {
   SoftmaxRowTester& limit(Eigen::Index n) { limit_ = n; return *this; }
   SoftmaxRowTester& c_int(std::int64_t c) { c_int_ = c; return *this; }
   SoftmaxRowTester& spread(std::int64_t s) { spread_ = s; return *this; }
+  SoftmaxRowTester& offset(std::int64_t o) { offset_ = o; return *this; }
   SoftmaxRowTester& padding(bool p) { padding_ = p; return *this; }
 
   void Test() const {
     std::mt19937_64 g(static_cast<std::uint64_t>(keys_ * 7919 + limit_ * 31 + c_int_));
     std::uniform_int_distribution<std::int64_t> logit(-spread_, spread_);
     std::vector<std::int32_t> row(keys_);
-    for (auto& x : row) x = static_cast<std::int32_t>(logit(g));
+    for (auto& x : row) x = static_cast<std::int32_t>(offset_ + logit(g));
     if (keys_ > 2) row[keys_ - 1] = row[0];  // a tie, wherever the maximum is
     std::bernoulli_distribution keep(0.7);
     std::unique_ptr<bool[]> valid(new bool[std::max<Eigen::Index>(keys_, 1)]);
@@ -132,7 +133,7 @@ class SoftmaxRowTester {
 
  private:
   Eigen::Index keys_ = 16, limit_ = 16;
-  std::int64_t c_int_ = 1000, spread_ = 2000;
+  std::int64_t c_int_ = 1000, spread_ = 2000, offset_ = 0;
   bool padding_ = false;
 };
 
@@ -230,6 +231,9 @@ TEST_CASE("IndexSoftmax row variants equal the scalar spec for every rule, lengt
   SoftmaxRowTester().keys(40).limit(40).c_int(1).Test();    // every non-maximum clips to the last entry
   SoftmaxRowTester().keys(40).limit(40).c_int(std::int64_t{1} << 30).spread((std::int64_t{1} << 30) - 1).Test();  // c_int 2^30, |m - a| < 2^31
   SoftmaxRowTester().keys(40).limit(40).c_int(2048383).spread(2048383).Test();  // 127^2 d at d = 127
+  // Logits near INT32_MIN with c_int 2^30: m - c_int is below INT32_MIN (the AVX-512 Q26 path's lower bound saturates).
+  SoftmaxRowTester().keys(70).limit(70).c_int(std::int64_t{1} << 30).spread(std::int64_t{1} << 28)
+      .offset(std::numeric_limits<std::int32_t>::min() + (std::int64_t{1} << 28) + 2).Test();
   SoftmaxRowTester().keys(33).limit(33).c_int(5).spread(0).Test();  // all ties: E = 255 everywhere
   // The edges of the AVX-512 integer index paths (index_softmax_avx512.cc): the quotient path holds for c_int < 2^22
   // (2 c_int (T-1) + c_int < 2^31 at b = 8), the Q26 path while c_int q26 + 2^25 < 2^32 (at b = 6 until c_int ~ 2^26).

@@ -1,6 +1,9 @@
 // AVX-512 IndexSoftmax row, the same integers as index_softmax_s32_u8__scalar. The maximum in four chains, then:
 // b <= 5 on an integer index path (the presets' case), 64 logits per step (SmallLutRow):
-//   idx as below, packed to bytes (vpackusdw, vpackuswb, vpermd) and held in P's bytes
+//   idx as below; on the Q26 rules (K - max(a, m - c_int) q26) >> 26 in uint32 with K = m q26 [+ 2^25], one
+//   instruction fewer than Δ' first (SmallLutRow's constructor says why it is exact)
+//   packed to bytes (vpackusdw, vpackuswb, vpermd; vpminub to 2^b - 1 only where an index can pass 31, the table
+//   repeating its last entry above 2^b - 1) and held in P's bytes
 //   E = LUT[idx] by a 32-entry byte table (two vpshufb and a blend on bit 4), S = sum E by vpsadbw in int64 lanes
 //   P = T[idx] with T[i] = N(LUT[i]): the normalisation below applied once to the 32 entries. N is a function of E
 //   alone for a given S, so this is N(E) element for element.
@@ -195,9 +198,22 @@ class SmallLutRow {
   SmallLutRow(std::int32_t m, const IndexSoftmaxTables& t)
       : t_(t), k_(IntIndex::make(t)), vm_(_mm512_set1_epi32(m)), vc_(_mm512_set1_epi32(static_cast<std::int32_t>(t.c_int))) {
     const int last = (1 << t.params.bits) - 1;
-    for (int i = 0; i < 32; ++i) lut_[i] = i <= last ? t.lut[i] : 0;
+    // Entries past 2^b - 1 repeat the last one: an index up to 31 needs no clamp to 2^b - 1 before the table.
+    for (int i = 0; i < 32; ++i) lut_[i] = t.lut[std::min(i, last)];
     last_ = _mm512_set1_epi8(static_cast<char>(last));
     e_table_ = ByteTable32::make(lut_);
+    if (k_.path == IntIndexPath::q26) {
+      // (Δ' q26 + h) >> 26 with Δ' = min(m - a, c) = m - max(a, m - c): (K - max(a, lo) q26) >> 26 with
+      // K = m q26 + h, all in uint32. The true value is < 2^32 (the path's bound) and the uint32 result is congruent
+      // to it mod 2^32, so they are equal. lo = m - c, or INT32_MIN where that is below it (then max(a, lo) = a and
+      // m - a < c). Its largest index, at Δ' = c, decides whether the bytes need a clamp to 31.
+      const std::uint32_t q26 = static_cast<std::uint32_t>(t.q26);
+      const std::uint32_t h = t.params.index_rule == IndexRule::q26_round ? 1u << 25 : 0u;
+      q26_k_ = _mm512_set1_epi32(static_cast<std::int32_t>(static_cast<std::uint32_t>(m) * q26 + h));
+      q26_lo_ = _mm512_set1_epi32(static_cast<std::int32_t>(
+          std::max<std::int64_t>(std::int64_t{m} - t.c_int, std::numeric_limits<std::int32_t>::min())));
+      clamp_ = ((t.c_int * t.q26 + h) >> 26) > 31;
+    }
   }
 
   void run(const std::int32_t* s, Index limit, std::uint8_t* p) const {
@@ -229,19 +245,24 @@ class SmallLutRow {
   // The indices of n <= 64 logits as bytes in order (lanes past n: whatever the zeros read give; masked by the caller).
   __m512i indices(const std::int32_t* s, Index n) const {
     __m512i idx[4];
+    const bool q26 = k_.path == IntIndexPath::q26;
     for (int v = 0; v < 4; ++v) {
       const __m512i a = n >= 16 * (v + 1) ? _mm512_loadu_si512(s + 16 * v) : _mm512_maskz_loadu_epi32(tail_mask(16 * v, n), s + 16 * v);
-      idx[v] = index_of_int<false>(_mm512_min_epi32(_mm512_sub_epi32(vm_, a), vc_), k_);
+      idx[v] = q26 ? _mm512_srli_epi32(_mm512_sub_epi32(q26_k_, _mm512_mullo_epi32(_mm512_max_epi32(a, q26_lo_), k_.q26)), 26)
+                   : index_of_int<false>(_mm512_min_epi32(_mm512_sub_epi32(vm_, a), vc_), k_);
     }
     // packus interleaves the four vectors by 128-bit lane (lane L holds elements 4L..4L+3 of each); vpermd undoes it.
     const __m512i packed = _mm512_packus_epi16(_mm512_packus_epi32(idx[0], idx[1]), _mm512_packus_epi32(idx[2], idx[3]));
-    return _mm512_min_epu8(_mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), packed),
-                           last_);
+    const __m512i ordered =
+        _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), packed);
+    // The exact floor quotient is <= 2^b - 1 <= 31; a Q26 index is <= 31 unless clamp_ says otherwise.
+    return clamp_ ? _mm512_min_epu8(ordered, last_) : ordered;
   }
 
   const IndexSoftmaxTables& t_;
   IntIndex k_;
-  __m512i vm_, vc_, last_;
+  __m512i vm_, vc_, last_, q26_k_ = _mm512_setzero_si512(), q26_lo_ = _mm512_setzero_si512();
+  bool clamp_ = false;
   alignas(16) std::uint8_t lut_[32];
   ByteTable32 e_table_;
 };
