@@ -5,7 +5,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
+#include <future>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -75,6 +77,27 @@ std::vector<std::byte> encode_output(const std::string& path, const std::vector<
   const std::string ext = fs::path(path).extension().string();
   if (ext != ".npy" && ext != ".npz" && ext != ".safetensors" && tensors.size() == 1) return encode_npy(tensors.front().tensor);
   return encode_tensor_file(path, tensors);
+}
+
+std::unique_ptr<PendingFile> prepare_output(const std::string& path, const std::string& name, DType dtype,
+                                            std::vector<std::int64_t> shape, std::span<const std::span<const std::byte>> pieces) {
+  Tensor t{dtype, std::move(shape), {}};
+  std::size_t bytes = 0;
+  for (const auto& piece : pieces) bytes += piece.size();
+  if (bytes != static_cast<std::size_t>(t.element_count()) * dtype_size(dtype))
+    throw std::logic_error("prepare_output: " + std::to_string(bytes) + " bytes for shape " + t.shape_string());
+  const std::string ext = fs::path(path).extension().string();
+  if (ext == ".npz" || ext == ".safetensors") {
+    t.bytes.reserve(bytes);
+    for (const auto& piece : pieces) t.bytes.insert(t.bytes.end(), piece.begin(), piece.end());
+    std::vector<NamedTensor> one;
+    one.push_back({name, std::move(t)});
+    return std::make_unique<PendingFile>(path, encode_tensor_file(path, one));
+  }
+  const std::vector<std::byte> header = encode_npy_header(t);
+  std::vector<std::span<const std::byte>> parts{header};
+  parts.insert(parts.end(), pieces.begin(), pieces.end());
+  return std::make_unique<PendingFile>(path, std::span<const std::span<const std::byte>>(parts));
 }
 
 namespace {
@@ -423,15 +446,33 @@ void run_attention(const AttentionOptions& o) {
   require_range("--threads", o.threads, 0, kMaxThreads);
   const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   // Without --probs the fused kernels never hold P: memory O(B_r L_k) per thread instead of O(L_q L_k).
-  const auto method = make_method(parse_method_spec(o.spec), threads, !o.probs.empty());
+  // O is written as float32: the fused path hands it over as float32 (AttentionResult::o_f32), with no float64 copy.
+  const auto method = make_method(parse_method_spec(o.spec), threads, !o.probs.empty(), /*o_float32=*/true);
   require_tensor_extension("--out", o.out);
   if (!o.probs.empty()) require_tensor_extension("--probs", o.probs);
   require_distinct_files({{"--q", o.q}, {"--k", o.k}, {"--v", o.v}}, {{"--out", o.out}, {"--probs", o.probs}});
   if (o.scale && !(std::isfinite(*o.scale) && *o.scale > 0)) throw CLI::ValidationError("--scale", "must be finite and > 0");
-  const Tensor tq = pick_tensor(o.q, ""), tk = pick_tensor(o.k, ""), tv = pick_tensor(o.v, "");
-  require_finite_tensor(tq, o.q, "Q");
-  require_finite_tensor(tk, o.k, "K");
-  require_finite_tensor(tv, o.v, "V");
+  // Each tensor is read and checked for finiteness (while it is still in cache); with more than one thread K and V on
+  // their own threads while this one takes Q, since most of a large read is first touches of fresh memory, which
+  // overlap across cores. The first error in the order Q, K, V is the one reported.
+  const auto load = [](const std::string& path, const std::string& role) {
+    Tensor t = pick_tensor(path, "");
+    require_finite_tensor(t, path, role);
+    return t;
+  };
+  const auto policy = threads > 1 ? std::launch::async : std::launch::deferred;  // --threads 1: one thread throughout
+  auto k_load = std::async(policy, [&] { return load(o.k, "K"); });
+  auto v_load = std::async(policy, [&] { return load(o.v, "V"); });
+  std::optional<Tensor> q_load;
+  std::exception_ptr q_error;
+  try {
+    q_load = load(o.q, "Q");
+  } catch (...) {
+    q_error = std::current_exception();
+  }
+  k_load.wait(), v_load.wait();
+  if (q_error) std::rethrow_exception(q_error);
+  const Tensor tq = std::move(*q_load), tk = k_load.get(), tv = v_load.get();
   // Float32 Q, K and V (what dumps hold) are read in place through the methods' float32 entry, which gives the same
   // bits as the float64 one (qattn/method.h): no float64 copy of the inputs is made. Other float dtypes are widened.
   const bool in_place = tq.dtype == DType::f32 && tk.dtype == DType::f32 && tv.dtype == DType::f32;
@@ -480,13 +521,12 @@ void run_attention(const AttentionOptions& o) {
   o_shape.push_back(tv.shape.back());
   p_shape.push_back(tq.shape[tq.shape.size() - 2]);
   p_shape.push_back(tk.shape[tk.shape.size() - 2]);
-  // O is float32 by definition of every method: written straight into the output tensor, each value rounded to
-  // nearest as Tensor::from_double would (exact for the fused path, whose O is float32 already).
-  Tensor o_tensor{DType::f32, o_shape, {}};
-  o_tensor.bytes.resize(static_cast<std::size_t>(o_tensor.element_count()) * sizeof(float));
-  float* o_next = reinterpret_cast<float*>(o_tensor.bytes.data());
-  for (const AttentionResult& r : results) {
-    o_next = std::transform(r.o.data(), r.o.data() + r.o.size(), o_next, [](double x) { return static_cast<float>(x); });
+  // O is float32 by definition of every method: each entry's O as float32 (the fused path's already is; a float64 O
+  // is rounded to nearest, as Tensor::from_double would), written after the header one entry after another.
+  std::vector<std::span<const std::byte>> o_pieces;
+  for (AttentionResult& r : results) {
+    if (r.o_f32.size() == 0 && r.o.size() != 0) r.o_f32 = r.o.cast<float>();
+    o_pieces.push_back(std::as_bytes(std::span(r.o_f32.data(), static_cast<std::size_t>(r.o_f32.size()))));
     if (o.probs.empty()) continue;
     if (o.raw) {
       if (r.p_int.size() == 0) throw CLI::ValidationError("--raw", "method '" + o.spec + "' has no integer P; drop --raw");
@@ -498,7 +538,7 @@ void run_attention(const AttentionOptions& o) {
   }
   // Both files are prepared before either is put in place, so a failure leaves both destinations as they were.
   std::vector<std::unique_ptr<PendingFile>> files;
-  files.push_back(std::make_unique<PendingFile>(o.out, encode_output(o.out, {{"o", std::move(o_tensor)}})));
+  files.push_back(prepare_output(o.out, "o", DType::f32, o_shape, o_pieces));
   if (!o.probs.empty())
     files.push_back(std::make_unique<PendingFile>(
         o.probs, encode_output(o.probs, {{"p", Tensor::from_double(p_dtype, p_shape, p_all)}})));

@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstddef>
+#include <memory>
 
 #include "data_paths.h"
 #include "evaluate.h"
@@ -88,5 +89,12 @@ int flush_stdout();
 
 // The bytes of an output tensor file: the format its extension names, or .npy for a device or FIFO.
 std::vector<std::byte> encode_output(const std::string& path, const std::vector<qattn::NamedTensor>& tensors);
+// The same file for one tensor of `dtype` and `shape` whose bytes (C order) are `pieces` one after another, prepared
+// and not yet in place. Where it is .npy the pieces are written as they are after the header, so a large output is
+// never joined into one copy first; nothing needs to outlive the call (the bytes are in the temporary, or for a
+// device in the PendingFile, when it returns).
+std::unique_ptr<qattn::PendingFile> prepare_output(const std::string& path, const std::string& name, qattn::DType dtype,
+                                                   std::vector<std::int64_t> shape,
+                                                   std::span<const std::span<const std::byte>> pieces);
 
 }  // namespace qattn::cli

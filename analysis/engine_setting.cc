@@ -25,8 +25,9 @@ void add_engine_options(CLI::App* sub) {
                          "say on stderr which path (fused kernels or reference model) runs each method");
 }
 
-std::unique_ptr<Method> make_method(const MethodSpec& spec, int threads, bool probs) {
+std::unique_ptr<Method> make_method(const MethodSpec& spec, int threads, bool probs, bool o_float32) {
   EngineOptions options;
+  options.o_float32 = o_float32;
   options.engine = engine_setting().engine;
   options.threads = threads;
   options.probs = probs;

@@ -19,8 +19,9 @@ EngineSetting& engine_setting();
 // Adds --engine auto|fast|reference and --verbose to a subcommand.
 void add_engine_options(CLI::App* sub);
 
-// The method `spec` names, on the selected engine. `threads` and `probs` as in EngineOptions. Thread-safe.
-std::unique_ptr<Method> make_method(const MethodSpec& spec, int threads = 1, bool probs = true);
+// The method `spec` names, on the selected engine. `threads`, `probs` and `o_float32` as in EngineOptions.
+// Thread-safe.
+std::unique_ptr<Method> make_method(const MethodSpec& spec, int threads = 1, bool probs = true, bool o_float32 = false);
 std::unique_ptr<Method> make_method(const std::string& spec, int threads = 1, bool probs = true);
 
 // Exit 2 with the valid values when QATTN_ISA names an ISA that is unknown or that this build or CPU cannot run;

@@ -252,12 +252,17 @@ std::vector<RowMatrixXd> split_batch(const Tensor& t, const fs::path& path) {
   return out;
 }
 
-
 void require_finite_tensor(const Tensor& t, const std::string& where, const std::string& role, bool masked_ok) {
   if (!dtype_is_float(t.dtype)) return;  // integers are always finite
+  const auto count = static_cast<Eigen::Index>(t.element_count());
+  const auto all_finite = [&](const auto* data) {
+    return finite_prefix(std::span(data, static_cast<std::size_t>(count))) == static_cast<std::size_t>(count);
+  };
+  if (t.dtype == DType::f32 && all_finite(reinterpret_cast<const float*>(t.bytes.data()))) return;
+  if (t.dtype == DType::f64 && all_finite(reinterpret_cast<const double*>(t.bytes.data()))) return;
+  // Something is not finite (or the dtype is a 16-bit format): find the first refused entry.
   // float32 and float64 are read in place; the 16-bit formats through to_double (exact).
   Eigen::ArrayXd widened;
-  const auto count = static_cast<Eigen::Index>(t.element_count());
   if (t.dtype != DType::f32 && t.dtype != DType::f64) widened = t.to_double();
   const auto value = [&](Eigen::Index i) -> double {
     if (t.dtype == DType::f32) return reinterpret_cast<const float*>(t.bytes.data())[i];

@@ -138,6 +138,16 @@ expect 3 "overflows float64 in the fp64 reference" "analyze when the fp64 refere
 expect 3 "qnan.npy: Q\[0, 3, 2\]: is NaN" "sage2 refuses NaN in Q, naming file, tensor and index" -- \
   attention --q qnan.npy --k k.npy --v v.npy --method sage2 --out o.npy
 expect 3 "kinf.npy: K\[0, 5, 1\]: is \+inf" "+inf in K" -- attention --q q.npy --k kinf.npy --v v.npy --method fp32 --out o.npy
+# Q, K and V are read (and checked) side by side with more than one thread: the error reported is still the first in
+# the order Q, K, V, whatever finishes first, and the same as with one thread.
+for t in 1 2; do
+  expect 3 "qnan.npy: Q\[0, 3, 2\]: is NaN" "NaN in Q before a missing K, $t thread(s)" -- \
+    attention --q qnan.npy --k absent.npy --v v.npy --method intattention --threads $t --out o.npy
+  expect 3 "absent.npy: file: cannot open" "a missing Q before +inf in K, $t thread(s)" -- \
+    attention --q absent.npy --k kinf.npy --v v.npy --method intattention --threads $t --out o.npy
+  expect 3 "kinf.npy: K\[0, 5, 1\]: is \+inf" "+inf in K before a missing V, $t thread(s)" -- \
+    attention --q q.npy --k kinf.npy --v absent.npy --method intattention --threads $t --out o.npy
+done
 expect 3 "lognan.npy: logits\[1, 4\]: is NaN" "exaq refuses NaN logits, naming the file" -- \
   softmax --in lognan.npy --method exaq --out o.npy
 expect 0 "" "-inf logits mean masked" -- softmax --in logmask.npy --method exaq --out pm.npy

@@ -59,6 +59,13 @@ void check_same(const std::string& spec, const Case& c, std::mt19937_64& g) {
       const AttentionResult no_p = build_method(spec, fast).method->attention(q, k, v, scale, mask);
       CHECK(no_p.o == expect.o);
       CHECK(no_p.p.size() == 0);
+      CHECK(no_p.o_f32.size() == 0);
+      // O handed over as float32 (what `qattn attention` writes): the same values, with no float64 copy.
+      fast.o_float32 = true;
+      const AttentionResult f32 = build_method(spec, fast).method->attention(q, k, v, scale, mask);
+      CHECK(f32.o.size() == 0);
+      CHECK(f32.o_f32.rows() == expect.o.rows());
+      CHECK(f32.o_f32.cast<double>() == expect.o);
     }
 }
 
@@ -96,6 +103,14 @@ TEST_CASE("engine: auto falls back to the reference model, fast refuses, for wha
     EngineOptions fast;
     fast.engine = Engine::fast;
     CHECK_THROWS_AS(build_method(spec, fast), SpecError);
+    // o_float32 concerns the fused path only: the reference model still fills o.
+    EngineOptions f32;
+    f32.o_float32 = true;
+    std::mt19937_64 g(5);
+    const RowMatrixXd q = random_matrix(4, 8, 1.0, g), k = random_matrix(6, 8, 1.0, g), v = random_matrix(6, 8, 1.0, g);
+    const AttentionResult r = build_method(spec, f32).method->attention(q, k, v, 0.35, {});
+    CHECK(r.o.rows() == 4);
+    CHECK(r.o_f32.size() == 0);
   }
   EngineOptions reference;
   reference.engine = Engine::reference;

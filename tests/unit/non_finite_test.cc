@@ -9,10 +9,13 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "qattn/error.h"
 #include "qattn/reference/registry.h"
+#include "qattn/tensor.h"
 #include "support/random_matrix.h"
 
 using namespace qattn;
@@ -52,6 +55,37 @@ void require_input_error(F&& f, const std::string& source, const std::string& fi
 }
 
 }  // namespace
+
+// finite_prefix finds the first non-finite entry wherever it sits: at each position of arrays that end at, before and
+// after its 256-entry blocks and 16 lanes, for NaN (quiet, signalling, negative), +-inf, next to the extremes of the
+// finite range (largest, smallest normal and subnormal, -0), in float and double.
+template <class T>
+void check_finite_prefix() {
+  using L = std::numeric_limits<T>;
+  const T finite[] = {T(0), -T(0), L::max(), -L::max(), L::min(), L::denorm_min(), -L::denorm_min(), T(1.5)};
+  const T bad[] = {L::quiet_NaN(), -L::quiet_NaN(), L::signaling_NaN(), L::infinity(), -L::infinity()};
+  std::mt19937_64 g(9);
+  std::uniform_int_distribution<int> pick(0, 7);
+  for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{15}, std::size_t{16}, std::size_t{17},
+                              std::size_t{255}, std::size_t{256}, std::size_t{257}, std::size_t{600}}) {
+    std::vector<T> x(n);
+    for (T& v : x) v = finite[pick(g)];
+    CHECK(finite_prefix(std::span<const T>(x)) == n);
+    for (std::size_t i = 0; i < n; ++i)
+      for (const T b : bad) {
+        std::vector<T> y = x;
+        y[i] = b;
+        if (i + 1 < n) y[n - 1] = L::infinity();  // a later one does not hide the first
+        INFO("n " << n << " at " << i << " value " << b);
+        CHECK(finite_prefix(std::span<const T>(y)) == i);
+      }
+  }
+}
+
+TEST_CASE("finite_prefix: the index of the first NaN or +-inf in float and double", "[non-finite]") {
+  check_finite_prefix<float>();
+  check_finite_prefix<double>();
+}
 
 TEST_CASE("every method refuses NaN and +-inf in Q, K and V, naming the tensor and index", "[non-finite]") {
   std::mt19937_64 g(11);

@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "qattn/error.h"
+#include "qattn/quantize.h"
 #include "qattn/reference/flashq.h"
 #include "qattn/reference/kv_quant.h"
 #include "qattn/reference/quant.h"
@@ -104,6 +105,60 @@ TEST_CASE("an all-zero tile quantizes to exact zeros; non-finite input is refuse
   RowMatrixXd bad = z;
   bad(1, 2) = NAN;
   CHECK_THROWS_AS(quantize(bad, QuantGrid::symmetric_bits(8), Tiling{}), std::invalid_argument);
+}
+
+// max_abs works on bit patterns with 16 running maxima: the largest magnitude wherever it sits (each position of
+// lengths around the lanes), -0 and subnormals included, and NaN or +-inf anywhere make it non-finite.
+template <class T>
+void check_max_abs() {
+  std::mt19937_64 g(31);
+  std::uniform_real_distribution<T> u(-1, 1);
+  for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{15}, std::size_t{16}, std::size_t{17}, std::size_t{40}}) {
+    std::vector<T> x(n);
+    for (T& v : x) v = u(g) * std::numeric_limits<T>::denorm_min() * 1000;  // subnormal magnitudes
+    for (std::size_t i = 0; i < n; ++i) {
+      std::vector<T> y = x;
+      y[i] = i % 2 ? T(-3) : T(2.5);
+      double want = 0;
+      for (const T v : y) want = std::max(want, std::abs(static_cast<double>(v)));
+      INFO("n " << n << " at " << i);
+      CHECK(max_abs(std::span<const T>(y)) == want);
+      y[(i + 5) % n] = std::numeric_limits<T>::quiet_NaN();
+      CHECK(std::isnan(max_abs(std::span<const T>(y))));
+      y[(i + 5) % n] = -std::numeric_limits<T>::infinity();
+      CHECK(max_abs(std::span<const T>(y)) == std::numeric_limits<double>::infinity());
+    }
+    if (n) CHECK(max_abs(std::span<const T>(std::vector<T>(n, -T(0)))) == 0.0);
+  }
+}
+
+TEST_CASE("max_abs: the largest magnitude from the bit patterns and a non-finite one for NaN or +-inf") {
+  check_max_abs<float>();
+  check_max_abs<double>();
+  // NaN is refused by the quantiser too (a floating-point max would have skipped it).
+  const std::vector<float> nan = {1.0f, std::numeric_limits<float>::quiet_NaN(), 2.0f};
+  std::vector<std::int8_t> q(3);
+  CHECK_THROWS_AS(quantize_int8_symmetric(std::span<const float>(nan), std::span<std::int8_t>(q)), std::invalid_argument);
+}
+
+TEST_CASE("quantize_int8_symmetric with a subnormal or zero s (float64 inputs below 127 2^-1022): codes clamped in double") {
+  const double tiny = std::numeric_limits<double>::denorm_min();
+  // s = amax / 127 underflows to 0: x / s is +-inf, and the codes are the clamp of it, +-127 (not an integer overflow).
+  const std::vector<double> zero_s = {tiny, -tiny, 0.0};
+  std::vector<std::int8_t> q(3);
+  CHECK(quantize_int8_symmetric(std::span<const double>(zero_s), std::span<std::int8_t>(q)) == 0.0);
+  CHECK(q == std::vector<std::int8_t>{127, -127, 0});
+  // A subnormal s, inexact: every code is clamp(round-half-even(x / s)) in double, in both rounding modes.
+  const std::vector<double> sub = {1e-310, -1e-310, 3.3e-311, -7.7e-312, 4e-313};
+  for (const Int8Rounding r : {Int8Rounding::rne, Int8Rounding::floor}) {
+    std::vector<std::int8_t> codes(sub.size());
+    const double s = quantize_int8_symmetric(std::span<const double>(sub), std::span<std::int8_t>(codes), r);
+    CHECK(s < std::numeric_limits<double>::min());
+    for (std::size_t i = 0; i < sub.size(); ++i) {
+      const double t = sub[i] / s;
+      CHECK(codes[i] == static_cast<std::int8_t>(std::clamp(r == Int8Rounding::rne ? std::nearbyint(t) : std::floor(t), -127.0, 127.0)));
+    }
+  }
 }
 
 TEST_CASE("INT4 and INT2 packing: byte layout, round trip over every code, out-of-range codes refused") {

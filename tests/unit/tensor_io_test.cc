@@ -165,6 +165,42 @@ TEST_CASE("every dtype round-trips bit-exactly through npy, npz and safetensors"
   fs::remove_all(dir);
 }
 
+TEST_CASE("read_npy takes the file payload as the tensor storage and a header with pieces writes the same file", "[io]") {
+  std::mt19937_64 gen(17);
+  const fs::path dir = scratch_dir("pieces");
+  // Payloads around the reader's 4 KiB probe and of a few MB, so the file ends exactly at, just past and well past
+  // a probe's boundary; the Fortran-order and big-endian fixtures go through the same in-place path.
+  for (const std::int64_t n : {std::int64_t{0}, std::int64_t{1}, std::int64_t{992}, std::int64_t{1024},
+                               std::int64_t{1025}, std::int64_t{3} << 20}) {
+    INFO("n " << n);
+    const Tensor x = random_tensor(DType::f32, {n}, gen);
+    const std::vector<std::byte> whole = encode_npy(x), header = encode_npy_header(x);
+    REQUIRE(whole.size() == header.size() + x.bytes.size());
+    CHECK(std::equal(header.begin(), header.end(), whole.begin()));
+    // The file as a header and the payload in three pieces, through PendingFile, is byte for byte encode_npy's.
+    const std::size_t third = x.bytes.size() / 3;
+    const std::span<const std::byte> payload(x.bytes);
+    const std::span<const std::byte> parts[] = {header, payload.first(third), payload.subspan(third, third),
+                                                payload.subspan(2 * third)};
+    PendingFile(dir / "x.npy", std::span<const std::span<const std::byte>>(parts)).commit();
+    CHECK(read_file_bytes(dir / "x.npy") == whole);
+    const Tensor y = read_npy(dir / "x.npy");
+    CHECK(y.shape == x.shape);
+    CHECK(y.bytes == x.bytes);
+    const std::vector<NamedTensor> named = read_tensor_file(dir / "x.npy");
+    REQUIRE(named.size() == 1);
+    CHECK(named.front().tensor.bytes == x.bytes);
+  }
+  for (const char* fixture : {"f64_fortran.npy", "i16_fortran_big_endian.npy", "f32_big_endian.npy"}) {
+    INFO(fixture);
+    const std::vector<std::byte> bytes = read_file_bytes(kFixtures / fixture);
+    const Tensor from_file = read_npy(kFixtures / fixture), from_bytes = parse_npy(bytes, fixture);
+    CHECK(from_file.shape == from_bytes.shape);
+    CHECK(from_file.bytes == from_bytes.bytes);
+  }
+  fs::remove_all(dir);
+}
+
 TEST_CASE("rank 32 (numpy's maximum) round-trips; rank 33 is refused", "[io]") {
   Tensor x{DType::u8, std::vector<std::int64_t>(32, 1), {std::byte{9}}};
   const auto bytes = encode_npy(x);

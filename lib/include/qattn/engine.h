@@ -37,6 +37,8 @@ struct EngineOptions {
   std::optional<Isa> isa;  // unset: default_isa() (QATTN_ISA, else the best this build and CPU run)
   int threads = 1;         // threads of one fused call (rows are independent: every count gives the same bits)
   bool probs = true;       // false: attention() leaves P empty, so memory stays O(min(B_r, L_q) L_k) per thread
+  bool o_float32 = false;  // true: the fused path returns O in AttentionResult::o_f32 and leaves o empty (the
+                           // reference path fills o as always); a caller that writes float32 O skips two copies
 };
 
 struct BuiltMethod {

@@ -130,6 +130,10 @@ struct AttentionResult {
   RowMatrixXi32 p_int;  // the integer P of integer pipelines (empty otherwise); p = p_int / p_scale
   int p_scale = 0;
   DType p_dtype = DType::u8;
+  // O in float32 in place of o, from a method built with EngineOptions::o_float32 that runs on the fused kernels
+  // (their O is float32 already, so no float64 copy is made and o stays empty); empty otherwise. Where it is set,
+  // o_f32.cast<double>() is exactly what o would hold.
+  RowMatrixXf o_f32;
 };
 
 // The non-finite policy of the whole registry (docs/non-finite.md has the table, method by method):

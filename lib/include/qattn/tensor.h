@@ -97,4 +97,12 @@ float f16_bits_to_f32(std::uint16_t h);
 std::uint16_t f32_to_bf16_bits(float x);
 float bf16_bits_to_f32(std::uint16_t h);
 
+// How many leading entries of x are finite: x.size() when all are. A float is finite iff its exponent field is not
+// all ones, that is iff (bits & 0x7fff'ffff) < 0x7f80'0000 (0x7fff'ffff'ffff'ffff and 0x7ff0'0000'0000'0000 for
+// double); the scan takes the integer maximum of those masked bits over blocks of 256 entries, 16 running maxima that
+// the compiler vectorises at the baseline ISA, and looks for the index only inside a block that fails. It reads each
+// entry once, so it runs at memory speed (the inputs of every attention call pass through it).
+std::size_t finite_prefix(std::span<const float> x);
+std::size_t finite_prefix(std::span<const double> x);
+
 }  // namespace qattn

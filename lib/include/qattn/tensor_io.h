@@ -39,6 +39,9 @@ Tensor parse_npy(std::span<const std::byte> data, const std::string& source);
 // Little-endian, C order; format version 1.0 unless the header needs more than 65535 bytes (then 2.0).
 // bfloat16 is written with descr '<V2' (see docs/tensor-io.md).
 std::vector<std::byte> encode_npy(const Tensor& t);
+// The bytes encode_npy(t) puts before t.bytes (magic, version, header): a writer can send them and t.bytes as two
+// parts (PendingFile) instead of building one copy of a large tensor.
+std::vector<std::byte> encode_npy_header(const Tensor& t);
 Tensor read_npy(const std::filesystem::path& path);
 // The total byte size (preamble, header and data) that the .npy header at the start of `prefix` declares, or
 // nullopt while `prefix` ends before the header does. Throws InputError for a malformed header. Lets a reader of a
@@ -81,6 +84,8 @@ void write_file_atomic(const std::filesystem::path& path, std::span<const std::b
 class PendingFile {
  public:
   PendingFile(const std::filesystem::path& path, std::span<const std::byte> bytes);
+  // The file's bytes are `parts` one after another (a header and a tensor's own bytes, with no joined copy).
+  PendingFile(const std::filesystem::path& path, std::span<const std::span<const std::byte>> parts);
   ~PendingFile();
   PendingFile(const PendingFile&) = delete;
   PendingFile& operator=(const PendingFile&) = delete;

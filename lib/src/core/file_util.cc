@@ -65,18 +65,23 @@ std::vector<std::byte> read_file_bytes(const fs::path& path) {
                      "is not a regular file (a FIFO, device or socket); inputs are read from regular files only");
   const int flags = ::fcntl(f.fd, F_GETFL);
   if (flags >= 0) ::fcntl(f.fd, F_SETFL, flags & ~O_NONBLOCK);
-  std::vector<std::byte> bytes;
-  bytes.reserve(static_cast<std::size_t>(st.st_size));  // the file's real size, not a header's claim
-  std::byte buf[1 << 16];
+  // Straight into the result, sized by the file's real size (not a header's claim); a file that grows meanwhile is
+  // read to its end, one that shrinks is cut where it ends.
+  std::vector<std::byte> bytes(static_cast<std::size_t>(st.st_size));
+  std::size_t filled = 0;
+  std::byte probe[1 << 12];  // past the expected end: reads 0 at the end of the file, so the vector never regrows
   for (;;) {
-    const ssize_t n = ::read(f.fd, buf, sizeof buf);
+    const bool full = filled == bytes.size();
+    const ssize_t n = full ? ::read(f.fd, probe, sizeof probe) : ::read(f.fd, bytes.data() + filled, bytes.size() - filled);
     if (n < 0) {
       if (errno == EINTR) continue;
       throw InputError(path.string(), "file", "read error: " + os_reason(errno));
     }
     if (n == 0) break;
-    bytes.insert(bytes.end(), buf, buf + n);
+    if (full) bytes.insert(bytes.end(), probe, probe + n);
+    filled += static_cast<std::size_t>(n);
   }
+  bytes.resize(filled);
   return bytes;
 }
 
@@ -93,7 +98,10 @@ fs::path resolve_output_path(const fs::path& path) {
   throw InputError(path.string(), "file", "too many levels of symbolic links");
 }
 
-PendingFile::PendingFile(const fs::path& path, std::span<const std::byte> bytes) : path_(path) {
+PendingFile::PendingFile(const fs::path& path, std::span<const std::byte> bytes)
+    : PendingFile(path, std::span<const std::span<const std::byte>>(&bytes, 1)) {}
+
+PendingFile::PendingFile(const fs::path& path, std::span<const std::span<const std::byte>> parts) : path_(path) {
   if (path.empty()) throw InputError("(empty path)", "file", "no output file name given");
   target_ = resolve_output_path(path);
   struct stat st {};
@@ -102,7 +110,7 @@ PendingFile::PendingFile(const fs::path& path, std::span<const std::byte> bytes)
   if (exists && !S_ISREG(st.st_mode)) {
     if (S_ISSOCK(st.st_mode)) throw InputError(path.string(), "file", "is a socket; cannot write to it");
     // A character or block device or a FIFO: written to in place at commit (like a shell redirection), never replaced.
-    in_place_.assign(bytes.begin(), bytes.end());
+    for (const auto& bytes : parts) in_place_.insert(in_place_.end(), bytes.begin(), bytes.end());
     device_ = true;
     return;
   }
@@ -125,7 +133,8 @@ PendingFile::PendingFile(const fs::path& path, std::span<const std::byte> bytes)
   // the file it replaces.
   const mode_t mode = exists ? (st.st_mode & 07777) : (0666 & ~current_umask());
   if (::fchmod(f.fd, mode) != 0) fail("cannot set the file mode: " + os_reason(errno));
-  if (const int err = write_all(f.fd, bytes)) fail("write failed: " + os_reason(err) + " (nothing was written)");
+  for (const auto& bytes : parts)
+    if (const int err = write_all(f.fd, bytes)) fail("write failed: " + os_reason(err) + " (nothing was written)");
   const int fd = f.fd;
   f.fd = -1;
   if (::close(fd) != 0) fail("write failed: " + os_reason(errno) + " (nothing was written)");

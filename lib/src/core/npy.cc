@@ -254,7 +254,12 @@ std::optional<std::uint64_t> npy_declared_size(std::span<const std::byte> prefix
   return h->data_start + h->nbytes;
 }
 
-Tensor parse_npy(std::span<const std::byte> data, const std::string& source) {
+namespace {
+
+// The checks and the tensor of parse_npy. With `buffer` (the file's bytes, `data` viewing them) the payload is slid
+// to the front of that buffer and the buffer becomes the tensor's storage: no second copy of a large file in fresh
+// memory, which costs more than the copy itself (every new page is a fault).
+Tensor npy_tensor(std::span<const std::byte> data, const std::string& source, std::vector<std::byte>* buffer) {
   NpyHeader h = *parse_npy_header(data, source, /*partial=*/false);
   const std::size_t width = dtype_size(h.descr.dtype);
   const std::size_t present = data.size() - h.data_start;
@@ -266,15 +271,24 @@ Tensor parse_npy(std::span<const std::byte> data, const std::string& source) {
   Tensor t;
   t.dtype = h.descr.dtype;
   t.shape = std::move(h.shape);
-  const auto payload = data.subspan(h.data_start);
-  t.bytes.assign(payload.begin(), payload.end());
+  if (buffer) {
+    buffer->erase(buffer->begin(), buffer->begin() + static_cast<std::ptrdiff_t>(h.data_start));
+    t.bytes = std::move(*buffer);
+  } else {
+    const auto payload = data.subspan(h.data_start);
+    t.bytes.assign(payload.begin(), payload.end());
+  }
   if (h.descr.big_endian)
     for (std::size_t i = 0; i < t.bytes.size(); i += width) std::reverse(t.bytes.begin() + i, t.bytes.begin() + i + width);
   if (h.fortran && t.shape.size() > 1) t.bytes = fortran_to_c(t.bytes, t.shape, width);
   return t;
 }
 
-std::vector<std::byte> encode_npy(const Tensor& t) {
+}  // namespace
+
+Tensor parse_npy(std::span<const std::byte> data, const std::string& source) { return npy_tensor(data, source, nullptr); }
+
+std::vector<std::byte> encode_npy_header(const Tensor& t) {
   const std::string header =
       "{'descr': '" + descr_of(t.dtype) + "', 'fortran_order': False, 'shape': " + t.shape_string() + ", }";
   // Pad with spaces so that the data starts at a multiple of 64 bytes, then a newline (as numpy does).
@@ -292,7 +306,7 @@ std::vector<std::byte> encode_npy(const Tensor& t) {
     major = 2;
   }
   std::vector<std::byte> out;
-  out.reserve(12 + h.size() + t.bytes.size());
+  out.reserve(12 + h.size());
   auto put = [&](const void* p, std::size_t n) {
     const auto* b = static_cast<const std::byte*>(p);
     out.insert(out.end(), b, b + n);
@@ -303,11 +317,20 @@ std::vector<std::byte> encode_npy(const Tensor& t) {
   const std::uint32_t len = static_cast<std::uint32_t>(h.size());
   put(&len, major == 1 ? 2 : 4);  // little-endian host
   put(h.data(), h.size());
-  put(t.bytes.data(), t.bytes.size());
   return out;
 }
 
-Tensor read_npy(const std::filesystem::path& path) { return parse_npy(read_file_bytes(path), path.string()); }
+std::vector<std::byte> encode_npy(const Tensor& t) {
+  std::vector<std::byte> out = encode_npy_header(t);
+  out.insert(out.end(), t.bytes.begin(), t.bytes.end());
+  return out;
+}
+
+Tensor read_npy(const std::filesystem::path& path) {
+  std::vector<std::byte> bytes = read_file_bytes(path);
+  const std::span<const std::byte> data(bytes);
+  return npy_tensor(data, path.string(), &bytes);
+}
 
 void write_npy(const std::filesystem::path& path, const Tensor& t) { write_file_atomic(path, encode_npy(t)); }
 

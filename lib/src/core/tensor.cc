@@ -1,5 +1,6 @@
 #include "qattn/tensor.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -60,6 +61,35 @@ std::int64_t Tensor::element_count() const {
   for (std::int64_t d : shape) n *= d;
   return n;
 }
+
+namespace {
+
+// Bits is the signed integer of T's width: with the sign bit cleared every pattern is non-negative.
+template <class Bits, class T>
+std::size_t finite_prefix_of(std::span<const T> x) {
+  static_assert(sizeof(Bits) == sizeof(T));
+  constexpr Bits kMagnitude = std::numeric_limits<Bits>::max();                       // all but the sign
+  constexpr Bits kExponent = std::bit_cast<Bits>(std::numeric_limits<T>::infinity());  // exponent all ones
+  constexpr std::size_t kBlock = 256, kLanes = 16;  // 16 independent maxima: not one dependency chain
+  for (std::size_t b = 0; b < x.size(); b += kBlock) {
+    const std::size_t n = std::min(kBlock, x.size() - b);
+    Bits top[kLanes] = {};
+    std::size_t i = 0;
+    for (; i + kLanes <= n; i += kLanes)
+      for (std::size_t l = 0; l < kLanes; ++l)
+        top[l] = std::max(top[l], static_cast<Bits>(std::bit_cast<Bits>(x[b + i + l]) & kMagnitude));
+    for (; i < n; ++i) top[0] = std::max(top[0], static_cast<Bits>(std::bit_cast<Bits>(x[b + i]) & kMagnitude));
+    if (*std::max_element(top, top + kLanes) < kExponent) continue;
+    for (std::size_t i = 0; i < n; ++i)
+      if (!std::isfinite(x[b + i])) return b + i;
+  }
+  return x.size();
+}
+
+}  // namespace
+
+std::size_t finite_prefix(std::span<const float> x) { return finite_prefix_of<std::int32_t>(x); }
+std::size_t finite_prefix(std::span<const double> x) { return finite_prefix_of<std::int64_t>(x); }
 
 namespace {
 

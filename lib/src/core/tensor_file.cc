@@ -5,7 +5,11 @@ namespace qattn {
 
 std::vector<NamedTensor> read_tensor_file(const std::filesystem::path& path) {
   const std::string ext = path.extension().string();
-  if (ext == ".npy") return {{path.stem().string(), read_npy(path)}};
+  if (ext == ".npy") {  // not {{name, read_npy(path)}}: an initializer list would copy the tensor
+    std::vector<NamedTensor> one;
+    one.push_back({path.stem().string(), read_npy(path)});
+    return one;
+  }
   if (ext == ".npz") return read_npz(path);
   if (ext == ".safetensors") return read_safetensors(path);
   throw InputError(path.string(), "extension", "unknown tensor format '" + ext + "' (expected .npy, .npz or .safetensors)");

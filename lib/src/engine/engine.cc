@@ -86,8 +86,13 @@ const MatrixView& widened(const MatrixView& x) { return x; }
 // logits could overflow (it names the entry it refuses).
 class FusedMethod final : public Method {
  public:
-  FusedMethod(FusedPlan plan, std::unique_ptr<Method> reference, Isa isa, int threads, bool probs)
-      : plan_(std::move(plan)), reference_(std::move(reference)), isa_(isa), threads_(threads), probs_(probs) {}
+  FusedMethod(FusedPlan plan, std::unique_ptr<Method> reference, Isa isa, const EngineOptions& options)
+      : plan_(std::move(plan)),
+        reference_(std::move(reference)),
+        isa_(isa),
+        threads_(options.threads),
+        probs_(options.probs),
+        o_float32_(options.o_float32) {}
 
  protected:
   RowMatrixXd softmax_rows_impl(const MatrixView& logits) const override { return reference_->softmax_rows(logits); }
@@ -179,12 +184,14 @@ class FusedMethod final : public Method {
       p.assign(static_cast<std::size_t>(lq * lk), 0);
       cfg.p_out = p.data();
     }
-    std::vector<float> o(static_cast<std::size_t>(lq * dv));
-    int_attention_fused({qi.values.data(), lq, d, qi.scale}, {ki.values.data(), lk, d, ki.scale},
-                        {vi.values.data(), lk, dv, vi.scale},
-                        scale, cfg, o.data());
     AttentionResult r;
-    r.o = Eigen::Map<const RowMatrixXf>(o.data(), lq, dv).cast<double>();
+    r.o_f32.resize(lq, dv);
+    int_attention_fused({qi.values.data(), lq, d, qi.scale}, {ki.values.data(), lk, d, ki.scale},
+                        {vi.values.data(), lk, dv, vi.scale}, scale, cfg, r.o_f32.data());
+    if (!o_float32_) {
+      r.o = r.o_f32.cast<double>();
+      r.o_f32.resize(0, 0);
+    }
     r.p_scale = p_scale;
     r.p_dtype = p_scale == 255 ? DType::u8 : DType::i8;
     if (probs_) {
@@ -200,6 +207,7 @@ class FusedMethod final : public Method {
   Isa isa_;
   int threads_;
   bool probs_;
+  bool o_float32_;
 };
 
 }  // namespace
@@ -252,7 +260,7 @@ BuiltMethod build_method(const MethodSpec& spec, const EngineOptions& options) {
   const IntAttentionKernels k = int_attention_kernels(isa, plan.pipeline, plan.key_block > 0);
   built.path = "fused kernels (" + std::string(isa_name(isa)) + ": " + k.qk + ", " + k.softmax + ", " + k.pv + ")";
   built.fast = true;
-  built.method = std::make_unique<FusedMethod>(std::move(plan), std::move(built.method), isa, options.threads, options.probs);
+  built.method = std::make_unique<FusedMethod>(std::move(plan), std::move(built.method), isa, options);
   return built;
 }
 
