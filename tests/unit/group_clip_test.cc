@@ -121,7 +121,7 @@ TEST_CASE("global anchor and offset: the fixed-point steps", "[pipelines][groups
   CHECK(key_group_offset(std::int64_t{1} << 40, 1.0, 5) == 31);  // clamped to the last entry
 }
 
-TEST_CASE("k-group: keys permute with their scales; masks; refusals", "[pipelines][groups]") {
+TEST_CASE("k-group: keys permute with their scales, masks, refusals", "[pipelines][groups]") {
   std::mt19937_64 g(1602);
   const Eigen::Index lq = 9, lk = 64, d = 16, block = 16;
   const RowMatrixXd q = random_matrix(lq, d, 1.0, g), v = random_matrix(lk, 8, 1.0, g);

@@ -97,7 +97,7 @@ TEST_CASE("granularities: each tile's scale comes from its own entries only, err
   CHECK(choice_names(kGranularities) == std::vector<std::string>{"tensor", "channel", "token", "group", "block"});
 }
 
-TEST_CASE("an all-zero tile quantizes to exact zeros; non-finite input is refused") {
+TEST_CASE("an all-zero tile quantizes to exact zeros, non-finite input is refused") {
   const RowMatrixXd z = RowMatrixXd::Zero(3, 4);
   for (const QuantGrid& g : {QuantGrid::symmetric_bits(8), QuantGrid::unsigned_bits(4, QuantMode::asymmetric),
                              QuantGrid::unsigned_bits(2, QuantMode::min_offset)})
@@ -201,7 +201,7 @@ TEST_CASE("bits per element count the codes and each tile's scale and zero point
         2 + 64 * 64.0 / 512);
 }
 
-TEST_CASE("Hadamard: Sylvester order n has H H^T = n I; the block-diagonal normalized one is exactly orthonormal") {
+TEST_CASE("Hadamard: Sylvester order n has H H^T = n I, the block-diagonal normalized one is exactly orthonormal") {
   for (Eigen::Index n : {1, 2, 16, 64}) {
     const RowMatrixXd h = hadamard(n);
     CHECK(h * h.transpose() == static_cast<double>(n) * RowMatrixXd::Identity(n, n));
@@ -341,7 +341,7 @@ TEST_CASE("TurboQuant prod: the inner-product estimator is unbiased over the QJL
   }
 }
 
-TEST_CASE("KIVI: the n_b most recent tokens and a partial group stay fp16; K per channel, V per token groups") {
+TEST_CASE("KIVI: the n_b most recent tokens and a partial group stay fp16, K per channel, V per token groups") {
   const RowMatrixXd k = normals(100, 16, 31, 2.0), v = normals(100, 16, 32, 2.0);
   const KvQuantized c = kv_registry().create("kivi:bits=2,g=16,nb=20")->apply({k}, {v});
   // 100 - 20 = 80 tokens = 5 whole groups quantized; tokens 80..99 in fp16
@@ -362,7 +362,7 @@ TEST_CASE("KIVI: the n_b most recent tokens and a partial group stay fp16; K per
   CHECK(c.k_bits == Approx((80 * 16 * 2.0 + 5 * 16 * 64 + 20 * 16 * 16) / 1600).epsilon(1e-12));
 }
 
-TEST_CASE("FlashQ cache: blocks through flashq_quantize_block/compress/decompress; n_h heads at 2 bits") {
+TEST_CASE("FlashQ cache: blocks through flashq_quantize_block/compress/decompress, n_h heads at 2 bits") {
   const RowMatrixXd k0 = normals(96, 16, 41), k1 = normals(96, 16, 42, 4.0);
   const KvQuantized c = kv_registry().create("flashq:bits=4,bc=64")->apply({k0, k1}, {k0, k1});
   for (Eigen::Index r0 : {0, 64}) {
@@ -395,7 +395,7 @@ TEST_CASE("FlashQ cache with a decode buffer: the last n_b tokens in INT8 under 
   CHECK(c.k_bits == Approx((3 * (32 + 16 * 8.0) + 80 * 8 * 4 + 20 * 8 * 8 + 32) / 800).epsilon(1e-12));
 }
 
-TEST_CASE("KV registry: every quantizer builds from its defaults; bad keys and shapes are refused") {
+TEST_CASE("KV registry: every quantizer builds from its defaults, bad keys and shapes are refused") {
   for (const auto& e : kv_registry().params().entries()) {
     INFO(e.name);
     const auto q = kv_registry().create(e.name);
@@ -451,7 +451,7 @@ TEST_CASE("GPTQ equals RTN when the inputs are uncorrelated (diagonal H), and be
   }
 }
 
-TEST_CASE("AWQ: alpha = 0 is RTN, so AWQ never does worse; with salient channels it does better") {
+TEST_CASE("AWQ: alpha = 0 is RTN, so AWQ never does worse, with salient channels it does better") {
   const RowMatrixXd w = normals(64, 24, 71, 0.1);
   RowMatrixXd x = normals(256, 64, 72);
   for (Eigen::Index j = 0; j < 64; j += 8) x.col(j) *= 20;  // a few channels carry large activations

@@ -105,7 +105,7 @@ TEST_CASE("two-level FP22 accumulation beats one FP22 accumulator on long rows",
   CHECK(err[1] * 2 < err[2]);
 }
 
-TEST_CASE("INT4 Q/K costs more than INT8, E5M2 P~ more than E4M3; every variant is deterministic", "[sage2]") {
+TEST_CASE("INT4 Q/K costs more than INT8, E5M2 P~ more than E4M3, every variant is deterministic", "[sage2]") {
   std::mt19937_64 g(4);
   const RowMatrixXd q = random_matrix(64, 64, 0, 1, g), k = random_matrix(128, 64, 0, 1, g), v = random_matrix(128, 32, 0, 1, g);
   const RowMatrixXd ref = float_attention(q, k, v, 0.125, FloatPrecision::fp64).o;

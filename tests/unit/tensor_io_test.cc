@@ -201,7 +201,7 @@ TEST_CASE("read_npy takes the file payload as the tensor storage and a header wi
   fs::remove_all(dir);
 }
 
-TEST_CASE("rank 32 (numpy's maximum) round-trips; rank 33 is refused", "[io]") {
+TEST_CASE("rank 32 (numpy's maximum) round-trips, rank 33 is refused", "[io]") {
   Tensor x{DType::u8, std::vector<std::int64_t>(32, 1), {std::byte{9}}};
   const auto bytes = encode_npy(x);
   CHECK(static_cast<int>(bytes[6]) == 1);  // every header qattn writes fits format 1.0
