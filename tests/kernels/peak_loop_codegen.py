@@ -4,9 +4,11 @@ hot loop (the backward branch enclosing the most multiply-accumulate instruction
 no instruction with a memory operand, i.e. no accumulator is spilled or reloaded, so the bench's peak is the
 register-only rate of the instruction the GEMMs use.
 
-It also checks the AVX-512 GEMM tiles' k loops (gemm_avx512vnni.cc, inline assembly): every innermost loop that
-encloses at least 4 vpdpbusd outside the peak loops must broadcast its A groups from memory and hold no vector register copy
-(vmovdqa/vmovdqu between two registers) and no store: the accumulators stay in their registers for the whole loop.
+It also checks the AVX-512 and AVX-VNNI GEMM tiles' k loops (gemm_avx512vnni.cc, gemm_avxvnni.cc, inline assembly):
+every innermost loop that encloses at least 4 vpdpbusd outside the peak loops must broadcast its A groups from memory
+and hold no vector register copy (vmovdqa/vmovdqu between two registers) and no store: the accumulators stay in their
+registers for the whole loop. Every vpdpbusd of an AVX-VNNI function must be VEX-encoded (objdump's "{vex}"): the
+EVEX form needs AVX512-VL, which the CPUs this variant is for do not have.
 
     peak_loop_codegen.py OBJDUMP LIBRARY.a
 """
@@ -17,6 +19,11 @@ import sys
 MAC = re.compile(r"^(vpdpbusd|vpmaddwd|imul|sdot|usdot|madd)\b")
 BRANCH = re.compile(r"^(j[a-z]+|b\.[a-z]+|b|cbnz|cbz|tbnz|tbz)\s+([0-9a-f]+)\b")
 MEMORY = re.compile(r"\(|\[")  # AT&T (%reg) / Arm [xN]
+
+
+def instruction(text):
+    """The instruction without objdump's encoding pseudo-prefix ({vex}, {evex})."""
+    return re.sub(r"^\{[a-z0-9]+\}\s*", "", text)
 
 
 def functions(text):
@@ -30,7 +37,7 @@ def functions(text):
             continue
         ins = re.match(r"^\s*([0-9a-f]+):\s+(.*)$", line)
         if name and ins:
-            body.append((int(ins.group(1), 16), ins.group(2).strip()))
+            body.append((int(ins.group(1), 16), instruction(ins.group(2).strip())))
     if name:
         yield name, body
 
@@ -107,6 +114,20 @@ def main():
         failures += tile_failures
         if tiles < 3:  # the 4 x 48, 4 x 32 and 4 x 16 tiles
             failures.append(f"only {tiles} AVX-512 GEMM tile loops found")
+    # The archive member of the AVX-VNNI file: objdump heads each member with "NAME.o:     file format ...".
+    member = re.search(r"^\S*gemm_avxvnni\S*\.o:\s+file format.*?(?=^\S+\.o:\s+file format|\Z)", text, re.S | re.M)
+    if "mac_loop__avxvnni" in text:
+        if not member:
+            failures.append("mac_loop__avxvnni found but no gemm_avxvnni object")
+        else:
+            evex = [line.strip() for line in member.group(0).splitlines() if "vpdpbusd" in line and "{vex}" not in line]
+            if evex:
+                failures.append(f"gemm_avxvnni: vpdpbusd without the VEX encoding: {evex[:2]}")
+            vnni_tiles = sum(1 for name, body in functions(member.group(0)) if "mac_loop__" not in name
+                             for loop in innermost_loops(body) if sum(1 for _, x in loop if x.startswith("vpdpbusd")) >= 4)
+            print(f"gemm_avxvnni: {vnni_tiles} tile loops of at least 4 vpdpbusd, {len(evex)} vpdpbusd not VEX-encoded")
+            if vnni_tiles < 3:  # at least the 6-, 4- and 2-row tiles
+                failures.append(f"only {vnni_tiles} AVX-VNNI GEMM tile loops found")
     for f in failures:
         print("FAIL: " + f)
     print(f"peak_loop_codegen: {checked} loops checked, {len(failures)} failures")

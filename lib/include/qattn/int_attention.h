@@ -20,10 +20,10 @@
 namespace qattn {
 
 // Instruction-set variants of the kernels. Only those the build and the CPU have can run.
-enum class Isa { scalar, avx2, avx512vnni, neon_dotprod, neon_i8mm };
+enum class Isa { scalar, avx2, avxvnni, avx512vnni, neon_dotprod, neon_i8mm };
 
 std::string_view isa_name(Isa isa);
-// Parses "scalar", "avx2", "avx512", "avx512vnni", "neon-dotprod", "neon-i8mm"; throws std::invalid_argument.
+// Parses "scalar", "avx2", "avxvnni", "avx512", "avx512vnni", "neon-dotprod", "neon-i8mm"; throws std::invalid_argument.
 Isa parse_isa(std::string_view name);
 // Compiled into this build and supported by this CPU (cpuid on x86, getauxval(AT_HWCAP) on Arm).
 bool isa_available(Isa isa);

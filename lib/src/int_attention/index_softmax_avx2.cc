@@ -1,9 +1,12 @@
 // AVX2 IndexSoftmax row, 8 logits per step, the same integers as index_softmax_s32_u8__scalar:
 //   Δ' = min(m - a, c_int)               int32 (|m - a| <= 2 127^2 d < 2^31 for d < 66000)
-//   idx by the index rule in double       two __m256d of 4 lanes; the exactness argument of index_softmax_avx512.cc
-//                                         holds unchanged (integer numerators < 2^41, divisors < 2^31, Q26 products
-//                                         < 2^53)
-//   E = LUT[idx]                          vpgatherdd from the table widened to int32
+//   idx on the Q26 rules where c_int q26 + 2^25 < 2^32 (every c_int for b <= 5): (Δ' q26 [+ 2^25]) >> 26 with
+//                                         vpmulld, exact in uint32 under that bound
+//   idx by the index rule in double       otherwise: two __m256d of 4 lanes; the exactness argument of
+//                                         index_softmax_avx512.cc holds unchanged (integer numerators < 2^41,
+//                                         divisors < 2^31, Q26 products < 2^53)
+//   E = LUT[idx]                          vpgatherdd from the table widened to int32, stored as bytes in P (E <= 255)
+//                                         by index_exp_s32_u8__avx2, which the row calls with its maximum
 //   S = sum E                             int32 lanes (255 L / 8 each), reduced to int64
 //   P: floor by FloorDivider16 with vpmuludq on the even and the odd lanes (n = s_P E < 2^16, multiplier <= 2^17 + 1:
 //      exact 64-bit products); f32-rne by vdivps and vcvtps2dq (round to nearest even, the default MXCSR mode);
@@ -58,13 +61,13 @@ inline void store_bytes8(std::uint8_t* p, __m256i q) {
 }  // namespace
 
 void index_softmax_s32_u8__avx2(const std::int32_t* s, const bool* valid, Index limit, Index keys,
-                                const IndexSoftmaxTables& t, std::int32_t* e_scratch, std::uint8_t* p) {
+                                const IndexSoftmaxTables& t, std::uint8_t* p) {
   if (valid || t.params.index_rule == IndexRule::floor_f32) {
     index_softmax_s32_u8__scalar(s, valid, limit, keys, t, p);
     return;
   }
-  std::memset(p, 0, static_cast<std::size_t>(keys));
   limit = limit < 0 ? 0 : (limit > keys ? keys : limit);
+  std::memset(p + limit, 0, static_cast<std::size_t>(keys - limit));
   if (limit == 0) return;
   const Index body = limit / 8 * 8;
   // (1) the maximum
@@ -76,59 +79,34 @@ void index_softmax_s32_u8__avx2(const std::int32_t* s, const bool* valid, Index 
   std::int32_t m = lanes[0];
   for (const std::int32_t x : lanes) m = x > m ? x : m;
   for (Index j = body; j < limit; ++j) m = s[j] > m ? s[j] : m;
-  // (2)-(5) Δ', index, E, the sum
-  const __m256i vm = _mm256_set1_epi32(m), vc = _mm256_set1_epi32(static_cast<std::int32_t>(t.c_int));
-  alignas(32) std::int32_t lut32[256];
-  for (int i = 0; i < 256; ++i) lut32[i] = t.lut[i];
-  __m256i vsum = _mm256_setzero_si256();
-  for (Index j = 0; j < body; j += 8) {
-    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + j));
-    const __m256i delta = _mm256_min_epi32(_mm256_sub_epi32(vm, a), vc);
-    const __m256i idx = _mm256_set_m128i(index_quad(_mm256_extracti128_si256(delta, 1), t),
-                                         index_quad(_mm256_castsi256_si128(delta), t));
-    const __m256i e = _mm256_i32gather_epi32(lut32, idx, 4);
-    vsum = _mm256_add_epi32(vsum, e);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(e_scratch + j), e);
-  }
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), vsum);
-  std::int64_t sum = 0;
-  for (const std::int32_t x : lanes) sum += x;
-  const std::int64_t last = (1 << t.params.bits) - 1;
-  for (Index j = body; j < limit; ++j) {
-    const std::int64_t delta = std::int64_t{m} - s[j];
-    std::int64_t idx = index_softmax_index(delta < t.c_int ? delta : t.c_int, t);
-    idx = idx < 0 ? 0 : (idx > last ? last : idx);
-    e_scratch[j] = t.lut[idx];
-    sum += e_scratch[j];
-  }
-  // (6) normalisation
+  // (2)-(5) Δ', index, E (held in P's bytes, E <= 255), the sum
+  const std::int64_t sum = index_exp_s32_u8__avx2(s, nullptr, limit, m, t, p);
+  // (6) normalisation of the bytes in place
   const std::uint32_t ps = t.params.p_format == PFormat::u8 ? 255 : 127;
   const __m256i vps = _mm256_set1_epi32(static_cast<std::int32_t>(ps));
+  const auto e8 = [p](Index j) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + j))); };
   switch (t.params.normalization) {
     case Normalization::floor: {
       const FloorDivider16 div = FloorDivider16::make(static_cast<std::uint64_t>(sum));
       const __m256i mul = _mm256_set1_epi64x(static_cast<long long>(div.multiplier));
       const __m128i shift = _mm_cvtsi32_si128(div.shift);
       for (Index j = 0; j < body; j += 8) {
-        const __m256i n = _mm256_mullo_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(e_scratch + j)), vps);
+        const __m256i n = _mm256_mullo_epi32(e8(j), vps);
         const __m256i even = _mm256_srl_epi64(_mm256_mul_epu32(n, mul), shift);                         // lanes 0 2 4 6
         const __m256i odd = _mm256_srl_epi64(_mm256_mul_epu32(_mm256_srli_epi64(n, 32), mul), shift);  // lanes 1 3 5 7
         store_bytes8(p + j, _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA));
       }
-      for (Index j = body; j < limit; ++j)
-        p[j] = static_cast<std::uint8_t>((std::uint64_t{ps} * static_cast<std::uint32_t>(e_scratch[j]) * div.multiplier) >> div.shift);
+      for (Index j = body; j < limit; ++j) p[j] = static_cast<std::uint8_t>((std::uint64_t{ps} * p[j] * div.multiplier) >> div.shift);
       break;
     }
     case Normalization::f32_rne: {
       const float fs = static_cast<float>(sum);
       const __m256 vfs = _mm256_set1_ps(fs);
       for (Index j = 0; j < body; j += 8) {
-        const __m256 x = _mm256_cvtepi32_ps(
-            _mm256_mullo_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(e_scratch + j)), vps));  // < 2^16: exact
+        const __m256 x = _mm256_cvtepi32_ps(_mm256_mullo_epi32(e8(j), vps));  // < 2^16: exact
         store_bytes8(p + j, _mm256_cvtps_epi32(_mm256_div_ps(x, vfs)));
       }
-      for (Index j = body; j < limit; ++j)
-        p[j] = static_cast<std::uint8_t>(std::nearbyint(static_cast<float>(ps * static_cast<std::uint32_t>(e_scratch[j])) / fs));
+      for (Index j = body; j < limit; ++j) p[j] = static_cast<std::uint8_t>(std::nearbyint(static_cast<float>(ps * p[j]) / fs));
       break;
     }
     case Normalization::q8_reciprocal: {
@@ -136,11 +114,9 @@ void index_softmax_s32_u8__avx2(const std::int32_t* s, const bool* valid, Index 
       const std::int32_t ns = identity ? 256 : static_cast<std::int32_t>((512 * std::int64_t{ps} + sum) / (2 * sum));
       const std::int32_t half = identity ? 0 : 128;
       const __m256i vns = _mm256_set1_epi32(ns), vhalf = _mm256_set1_epi32(half);
-      for (Index j = 0; j < body; j += 8) {
-        const __m256i e = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(e_scratch + j));
-        store_bytes8(p + j, _mm256_srli_epi32(_mm256_add_epi32(_mm256_mullo_epi32(e, vns), vhalf), 8));
-      }
-      for (Index j = body; j < limit; ++j) p[j] = static_cast<std::uint8_t>((e_scratch[j] * ns + half) >> 8);
+      for (Index j = 0; j < body; j += 8)
+        store_bytes8(p + j, _mm256_srli_epi32(_mm256_add_epi32(_mm256_mullo_epi32(e8(j), vns), vhalf), 8));
+      for (Index j = body; j < limit; ++j) p[j] = static_cast<std::uint8_t>((p[j] * ns + half) >> 8);
       break;
     }
   }
@@ -149,17 +125,25 @@ void index_softmax_s32_u8__avx2(const std::int32_t* s, const bool* valid, Index 
 std::int64_t index_exp_s32_u8__avx2(const std::int32_t* s, const bool* valid, Index n, std::int32_t anchor,
                                     const IndexSoftmaxTables& t, std::uint8_t* e) {
   if (valid || t.params.index_rule == IndexRule::floor_f32) return index_exp_s32_u8__scalar(s, valid, n, anchor, t, e);
-  // Steps (2)-(5) of the row kernel above with the caller's anchor for m; E stored as bytes.
+  // Steps (2)-(5) with `anchor` for m; E stored as bytes. The Q26 rules take the integer path where its bound holds.
   const Index body = n / 8 * 8;
   const __m256i vm = _mm256_set1_epi32(anchor), vc = _mm256_set1_epi32(static_cast<std::int32_t>(t.c_int));
+  const bool q26_rule = t.params.index_rule == IndexRule::q26_round || t.params.index_rule == IndexRule::q26_floor;
+  const std::int64_t h = t.params.index_rule == IndexRule::q26_round ? std::int64_t{1} << 25 : 0;
+  const bool q26_int = q26_rule && t.c_int * t.q26 + h < (std::int64_t{1} << 32);
+  const __m256i vq26 = _mm256_set1_epi32(static_cast<std::int32_t>(static_cast<std::uint32_t>(t.q26)));
+  const __m256i vh = _mm256_set1_epi32(static_cast<std::int32_t>(h));
+  const __m256i vlast = _mm256_set1_epi32((1 << t.params.bits) - 1);
   alignas(32) std::int32_t lut32[256];
   for (int i = 0; i < 256; ++i) lut32[i] = t.lut[i];
   __m256i vsum = _mm256_setzero_si256();
   for (Index j = 0; j < body; j += 8) {
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + j));
     const __m256i delta = _mm256_min_epi32(_mm256_sub_epi32(vm, a), vc);
-    const __m256i idx = _mm256_set_m128i(index_quad(_mm256_extracti128_si256(delta, 1), t),
-                                         index_quad(_mm256_castsi256_si128(delta), t));
+    // Integer Q26: Δ' q26 + h < 2^32 (0 <= Δ' <= c_int), so the low 32 bits of vpmulld, read as uint32, are exact.
+    const __m256i idx = q26_int ? _mm256_min_epu32(_mm256_srli_epi32(_mm256_add_epi32(_mm256_mullo_epi32(delta, vq26), vh), 26), vlast)
+                                : _mm256_set_m128i(index_quad(_mm256_extracti128_si256(delta, 1), t),
+                                                   index_quad(_mm256_castsi256_si128(delta), t));
     const __m256i ev = _mm256_i32gather_epi32(lut32, idx, 4);
     vsum = _mm256_add_epi32(vsum, ev);
     store_bytes8(e + j, ev);

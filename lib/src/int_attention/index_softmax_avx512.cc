@@ -270,7 +270,7 @@ class SmallLutRow {
 }  // namespace
 
 void index_softmax_s32_u8__avx512(const std::int32_t* s, const bool* valid, Index limit, Index keys,
-                                  const IndexSoftmaxTables& t, std::int32_t* /*e_scratch*/, std::uint8_t* p) {
+                                  const IndexSoftmaxTables& t, std::uint8_t* p) {
   if (valid || t.params.index_rule == IndexRule::floor_f32) {
     index_softmax_s32_u8__scalar(s, valid, limit, keys, t, p);
     return;

@@ -10,7 +10,7 @@
 //   S = sum E                             u8 -> u16 -> u32 pairwise adds, reduced to int64
 //   P: floor by FloorDivider16 with umull (n = s_P E < 2^16, multiplier <= 2^17 + 1: exact 64-bit products) and a
 //      variable right shift; f32-rne by fdiv and fcvtns (round to nearest, ties to even); q8 (E ns + 128) >> 8.
-// E is kept in p between the passes (E <= 255), so the scratch row is unused. The row's tail (fewer than 16
+// E is kept in p between the passes (E <= 255). The row's tail (fewer than 16
 // entries), rows with a padding mask and the float32 index rule (floor-f32) run the scalar spec's arithmetic.
 #include <arm_neon.h>
 
@@ -124,7 +124,7 @@ inline void normalise_chunks(std::uint8_t* p, Index body, std::uint32_t ps, Quot
 }  // namespace
 
 void index_softmax_s32_u8__neon(const std::int32_t* s, const bool* valid, Index limit, Index keys,
-                                const IndexSoftmaxTables& t, std::int32_t*, std::uint8_t* p) {
+                                const IndexSoftmaxTables& t, std::uint8_t* p) {
   if (valid || t.params.index_rule == IndexRule::floor_f32) {
     index_softmax_s32_u8__scalar(s, valid, limit, keys, t, p);
     return;

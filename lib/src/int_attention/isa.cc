@@ -22,6 +22,7 @@ std::string_view isa_name(Isa isa) {
   switch (isa) {
     case Isa::scalar: return "scalar";
     case Isa::avx2: return "avx2";
+    case Isa::avxvnni: return "avxvnni";
     case Isa::avx512vnni: return "avx512vnni";
     case Isa::neon_dotprod: return "neon-dotprod";
     case Isa::neon_i8mm: return "neon-i8mm";
@@ -32,11 +33,12 @@ std::string_view isa_name(Isa isa) {
 Isa parse_isa(std::string_view name) {
   if (name == "scalar") return Isa::scalar;
   if (name == "avx2") return Isa::avx2;
+  if (name == "avxvnni") return Isa::avxvnni;
   if (name == "avx512" || name == "avx512vnni") return Isa::avx512vnni;
   if (name == "neon-dotprod") return Isa::neon_dotprod;
   if (name == "neon-i8mm") return Isa::neon_i8mm;
   throw std::invalid_argument("unknown ISA '" + std::string(name) +
-                              "' (scalar, avx2, avx512, neon-dotprod, neon-i8mm)");
+                              "' (scalar, avx2, avxvnni, avx512, neon-dotprod, neon-i8mm)");
 }
 
 bool isa_available(Isa isa) {
@@ -44,6 +46,7 @@ bool isa_available(Isa isa) {
     case Isa::scalar: return true;
 #if defined(QATTN_HAVE_X86_KERNELS)
     case Isa::avx2: return __builtin_cpu_supports("avx2");
+    case Isa::avxvnni: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avxvnni");
     case Isa::avx512vnni:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&

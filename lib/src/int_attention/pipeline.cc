@@ -102,11 +102,10 @@ void int_attention_softmax_rows(Isa isa, IntPipeline pipeline, const IndexSoftma
   const kernels::KernelVariant& f = kernels::kernel_variant(isa);
   const kernels::IndexSoftmaxTables tables =
       pipeline == IntPipeline::intattention ? kernels::IndexSoftmaxTables::make(softmax, c_int) : kernels::IndexSoftmaxTables{};
-  std::vector<std::int32_t> e(static_cast<std::size_t>(keys));
   std::vector<float> scratch(static_cast<std::size_t>(keys));
   for (Eigen::Index i = 0; i < rows; ++i) {
     if (pipeline == IntPipeline::quant_only) f.softmax_f32(s + i * keys, nullptr, keys, keys, alpha, scratch.data(), p + i * keys);
-    else f.softmax(s + i * keys, nullptr, keys, keys, tables, e.data(), p + i * keys);
+    else f.softmax(s + i * keys, nullptr, keys, keys, tables, p + i * keys);
   }
 }
 
@@ -167,13 +166,12 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
   auto parallel_blocks = [&](auto&& body) {
     parallel_for(static_cast<std::size_t>(blocks), threads, [&](std::size_t b) { body(static_cast<Eigen::Index>(b)); });
   };
-  auto softmax_row = [&](const std::int32_t* s_row, std::int32_t* e_scratch, float* f_scratch, Eigen::Index row,
-                         std::uint8_t* p_row) {
+  auto softmax_row = [&](const std::int32_t* s_row, float* f_scratch, Eigen::Index row, std::uint8_t* p_row) {
     const Eigen::Index limit = cfg.causal ? row + lk - lq + 1 : lk;
     const bool* valid = cfg.valid ? cfg.valid + row * lk : nullptr;
     if (quant_only) f.softmax_f32(s_row, valid, limit, lk, alpha, f_scratch, p_row);
     else if (grouped) grouped_softmax_row(f, s_row, valid, std::clamp<Eigen::Index>(limit, 0, lk), lk, cfg, block_tables, p_row);
-    else f.softmax(s_row, valid, limit, lk, tables, e_scratch, p_row);
+    else f.softmax(s_row, valid, limit, lk, tables, p_row);
   };
   auto dequantise = [&](const std::int32_t* acc, Eigen::Index r0, Eigen::Index rows) {
     f.dequantise(acc, rows, dv, dv16, out_scale, p_scale, o + r0 * dv, dv);
@@ -190,7 +188,7 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
     parallel_blocks([&](Eigen::Index b) {  // pass 2: P = softmax(S), row by row
       std::vector<float> scratch(quant_only ? static_cast<std::size_t>(lk_stride) : 0);
       for (Eigen::Index row = b * br; run_softmax && row < std::min(lq, (b + 1) * br); ++row) {
-        softmax_row(s_all.data() + row * lk_stride, s_all.data() + row * lk_stride, scratch.data(), row, p_all.data() + row * lk_stride);
+        softmax_row(s_all.data() + row * lk_stride, scratch.data(), row, p_all.data() + row * lk_stride);
         if (cfg.p_out) std::copy_n(p_all.data() + row * lk_stride, lk, cfg.p_out + row * lk);
       }
     });
@@ -230,7 +228,7 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
     for (Eigen::Index i = 0; run_qk && i < rows; ++i) std::copy_n(q.values + (r0 + i) * d, d, w.qb.data() + i * d4);
     if (run_qk) f.qk({w.qb.data(), rows, d4, k_packed.data(), k_sum.data(), lk_stride, w.s.get()});
     for (Eigen::Index i = 0; run_softmax && i < rows; ++i) {
-      softmax_row(w.s.get() + i * lk_stride, w.s.get() + i * lk_stride, w.f.data(), r0 + i, w.p.data() + i * lk_stride);
+      softmax_row(w.s.get() + i * lk_stride, w.f.data(), r0 + i, w.p.data() + i * lk_stride);
       if (cfg.p_out) std::copy_n(w.p.data() + i * lk_stride, lk, cfg.p_out + (r0 + i) * lk);
     }
     if (!run_pv) return;

@@ -40,6 +40,8 @@ void pv_u8s8_s32__scalar(const GemmArgs& args);
 #if defined(QATTN_HAVE_X86_KERNELS)
 void qk_s8s8_s32__avx2_2x16(const GemmArgs& args);
 void pv_u8s8_s32__avx2_2x16(const GemmArgs& args);
+void qk_s8s8_s32__avxvnni_6x16(const GemmArgs& args);
+void pv_u8s8_s32__avxvnni_6x16(const GemmArgs& args);
 void qk_s8s8_s32__avx512vnni_8x48(const GemmArgs& args);
 void pv_u8s8_s32__avx512vnni_8x48(const GemmArgs& args);
 #endif
@@ -67,6 +69,7 @@ using MacLoop = std::int64_t (*)(std::int64_t iterations, std::int32_t* checksum
 std::int64_t mac_loop__scalar(std::int64_t iterations, std::int32_t* checksum);
 #if defined(QATTN_HAVE_X86_KERNELS)
 std::int64_t mac_loop__avx2(std::int64_t iterations, std::int32_t* checksum);
+std::int64_t mac_loop__avxvnni(std::int64_t iterations, std::int32_t* checksum);
 std::int64_t mac_loop__avx512vnni(std::int64_t iterations, std::int32_t* checksum);
 #endif
 #if defined(QATTN_HAVE_ARM_KERNELS)
@@ -95,19 +98,19 @@ struct IndexSoftmaxTables {
 std::int64_t index_softmax_index(std::int64_t delta, const IndexSoftmaxTables& t);
 void index_softmax_s32_u8__scalar(const std::int32_t* s, const bool* valid, Index limit, Index keys,
                                   const IndexSoftmaxTables& t, std::uint8_t* p);
-// The same with a scratch row of `keys` int32 for E (it may alias s: each chunk is read before it is written). The
-// AVX-512 variant does not use it: its indices or E (<= 255) wait in p's bytes between the sum and the normalisation.
+// The row kernels' type: every variant keeps its indices or E (<= 255) in p's bytes between the sum and the
+// normalisation, so none needs a scratch row.
 using SoftmaxKernel = void (*)(const std::int32_t* s, const bool* valid, Index limit, Index keys,
-                               const IndexSoftmaxTables& t, std::int32_t* e_scratch, std::uint8_t* p);
+                               const IndexSoftmaxTables& t, std::uint8_t* p);
 #if defined(QATTN_HAVE_X86_KERNELS)
 void index_softmax_s32_u8__avx2(const std::int32_t* s, const bool* valid, Index limit, Index keys,
-                                const IndexSoftmaxTables& t, std::int32_t* e_scratch, std::uint8_t* p);
+                                const IndexSoftmaxTables& t, std::uint8_t* p);
 void index_softmax_s32_u8__avx512(const std::int32_t* s, const bool* valid, Index limit, Index keys,
-                                  const IndexSoftmaxTables& t, std::int32_t* e_scratch, std::uint8_t* p);
+                                  const IndexSoftmaxTables& t, std::uint8_t* p);
 #endif
 #if defined(QATTN_HAVE_ARM_KERNELS)
 void index_softmax_s32_u8__neon(const std::int32_t* s, const bool* valid, Index limit, Index keys,
-                                const IndexSoftmaxTables& t, std::int32_t* e_scratch, std::uint8_t* p);
+                                const IndexSoftmaxTables& t, std::uint8_t* p);
 #endif
 
 // O from the P.V accumulators, the reference model's rounding: o[i, c] = fl32(fl64(fl64(acc[i, c]) * out_scale) /

@@ -1,0 +1,215 @@
+// AVX-VNNI variants of the GEMM families: the VEX-encoded 256-bit vpdpbusd (u8 x s8, four products summed into each
+// s32 lane) of CPUs that have it without AVX-512 (Intel Alder Lake and later client cores, Sierra Forest) and of those
+// that have both (Zen 5, Sapphire Rapids). Tiles of 6 rows x 16 columns: 12 ymm accumulators, 2 for the B vectors of
+// one group of 4 k, 1 for the broadcast A group, 15 of the 16 ymm registers AVX2 has; 4-, 2- and 1-row tiles take the
+// rows left over. The packed B (pack.cc) holds each group of 4 k for 16 columns in 64 bytes, two ymm loads.
+// qk: A = Q is s8; a ^ 0x80 = a + 128 as u8 (biased once per call into a per-thread copy), so the lanes hold
+// sum (a + 128) b and 128 B_sum[n] is subtracted on the last k block (|sum| <= 255 * 127 * k: exact in int32 for
+// k < 66000). pv: A = P is u8, native. Partial sums wait in C between k blocks, as in gemm_avx512vnni.cc.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "qattn/kernels.h"
+#include "qattn/thread_buffer.h"
+
+namespace qattn::kernels {
+namespace {
+
+enum class AMode { u8, s8_biased };
+
+// k blocks of 256: a B panel of 16 columns is then 4 KiB and stays in L1 while every row passes over it.
+constexpr Index kKc = 256;
+
+// The k loop of an R x 16 tile (R = 6, 4, 2 or 1) in inline assembly: row r's accumulators fixed in ymm(4 + 2 r) and
+// ymm(5 + 2 r), the two B vectors of a group of 4 k in ymm0 and ymm1, the A group broadcast from memory into ymm2.
+// Rows by two bases: a0 (rows 0, 1, 2, 4 as a0 + {0, 1, 2, 4} lda) and a3 (rows 3, 5 as a3 + {0, 2} lda). The sums
+// are stored to `out` [R][16]. Written by hand because GCC 12 compiles the intrinsics loop of the 6-row tile with a
+// register copy and a stack store of most accumulators on every step; tests/kernels/peak_loop_codegen.py checks it.
+#define QATTN_STR2(x) #x
+#define QATTN_STR(x) QATTN_STR2(x)
+#define QATTN_ACC(r, v) "%%ymm" QATTN_STR(QATTN_REG_##r##v)
+#define QATTN_REG_00 4
+#define QATTN_REG_01 5
+#define QATTN_REG_10 6
+#define QATTN_REG_11 7
+#define QATTN_REG_20 8
+#define QATTN_REG_21 9
+#define QATTN_REG_30 10
+#define QATTN_REG_31 11
+#define QATTN_REG_40 12
+#define QATTN_REG_41 13
+#define QATTN_REG_50 14
+#define QATTN_REG_51 15
+#define QATTN_ROW(addr, r)                                                                              \
+  "vpbroadcastd " addr ", %%ymm2\n\t"                                                                   \
+  "%{vex%} vpdpbusd %%ymm0, %%ymm2, " QATTN_ACC(r, 0) "\n\t"                                            \
+  "%{vex%} vpdpbusd %%ymm1, %%ymm2, " QATTN_ACC(r, 1) "\n\t"
+#define QATTN_ROW0 QATTN_ROW("(%[a0])", 0)
+#define QATTN_ROW1 QATTN_ROW("(%[a0],%[lda],1)", 1)
+#define QATTN_ROW2 QATTN_ROW("(%[a0],%[lda],2)", 2)
+#define QATTN_ROW3 QATTN_ROW("(%[a3])", 3)
+#define QATTN_ROW4 QATTN_ROW("(%[a0],%[lda],4)", 4)
+#define QATTN_ROW5 QATTN_ROW("(%[a3],%[lda],2)", 5)
+#define QATTN_ZERO(r) "vpxor " QATTN_ACC(r, 0) ", " QATTN_ACC(r, 0) ", " QATTN_ACC(r, 0) "\n\t" \
+                      "vpxor " QATTN_ACC(r, 1) ", " QATTN_ACC(r, 1) ", " QATTN_ACC(r, 1) "\n\t"
+#define QATTN_STORE(r) "vmovdqu " QATTN_ACC(r, 0) ", " #r "*64(%[out])\n\t" \
+                       "vmovdqu " QATTN_ACC(r, 1) ", " #r "*64+32(%[out])\n\t"
+#define QATTN_LOOP(ZEROS, ROWS, STORES)                                                                 \
+  ZEROS                                                                                                 \
+  "1:\n\t"                                                                                              \
+  "vmovdqu (%[b]), %%ymm0\n\t"                                                                          \
+  "vmovdqu 32(%[b]), %%ymm1\n\t"                                                                        \
+  "add %[bs], %[b]\n\t" ROWS                                                                            \
+  "add $4, %[a0]\n\t"                                                                                   \
+  "add $4, %[a3]\n\t"                                                                                   \
+  "dec %[n]\n\t"                                                                                        \
+  "jnz 1b\n\t" STORES
+#define QATTN_OPERANDS                                                                                  \
+  : [a0] "+r"(a0), [a3] "+r"(a3), [b] "+r"(b), [n] "+r"(steps)                                           \
+  : [lda] "r"(lda), [bs] "r"(bs), [out] "r"(out)                                                         \
+  : "xmm0", "xmm1", "xmm2", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", \
+    "xmm14", "xmm15", "cc", "memory"
+
+template <int R>
+inline void k_loop(const std::uint8_t* a0, Index lda, const std::int8_t* b, Index bs, Index steps, std::int32_t* out) {
+  const std::uint8_t* a3 = a0 + 3 * lda;  // only dereferenced by the 4- and 6-row loops
+  if constexpr (R == 6) {
+    asm volatile(QATTN_LOOP(QATTN_ZERO(0) QATTN_ZERO(1) QATTN_ZERO(2) QATTN_ZERO(3) QATTN_ZERO(4) QATTN_ZERO(5),
+                            QATTN_ROW0 QATTN_ROW1 QATTN_ROW2 QATTN_ROW3 QATTN_ROW4 QATTN_ROW5,
+                            QATTN_STORE(0) QATTN_STORE(1) QATTN_STORE(2) QATTN_STORE(3) QATTN_STORE(4) QATTN_STORE(5))
+                     QATTN_OPERANDS);
+  } else if constexpr (R == 4) {
+    asm volatile(QATTN_LOOP(QATTN_ZERO(0) QATTN_ZERO(1) QATTN_ZERO(2) QATTN_ZERO(3),
+                            QATTN_ROW0 QATTN_ROW1 QATTN_ROW2 QATTN_ROW3,
+                            QATTN_STORE(0) QATTN_STORE(1) QATTN_STORE(2) QATTN_STORE(3)) QATTN_OPERANDS);
+  } else if constexpr (R == 2) {
+    asm volatile(QATTN_LOOP(QATTN_ZERO(0) QATTN_ZERO(1), QATTN_ROW0 QATTN_ROW1, QATTN_STORE(0) QATTN_STORE(1))
+                     QATTN_OPERANDS);
+  } else {
+    static_assert(R == 1);
+    asm volatile(QATTN_LOOP(QATTN_ZERO(0), QATTN_ROW0, QATTN_STORE(0)) QATTN_OPERANDS);
+  }
+}
+#undef QATTN_OPERANDS
+#undef QATTN_LOOP
+#undef QATTN_STORE
+#undef QATTN_ZERO
+#undef QATTN_ROW5
+#undef QATTN_ROW4
+#undef QATTN_ROW3
+#undef QATTN_ROW2
+#undef QATTN_ROW1
+#undef QATTN_ROW0
+#undef QATTN_ROW
+#undef QATTN_ACC
+#undef QATTN_STR
+#undef QATTN_STR2
+
+// One R x 16 tile of C over k in [k0, k0 + kc): the qk bias -128 B_sum is subtracted on the last k block, the partial
+// sums already in C are added on every block but the first (integer adds wrap, so the order does not change C).
+template <AMode kA, int R>
+inline void tile(const GemmArgs& g, Index i0, Index n0, Index k0, Index kc, bool first, bool last) {
+  alignas(32) std::int32_t sums[R][16];
+  if (kc >= 4) {
+    k_loop<R>(static_cast<const std::uint8_t*>(g.a) + i0 * g.k + k0, g.k, g.b_packed + (k0 / 4) * g.n * 4 + n0 * 4,
+              g.n * 4, kc / 4, &sums[0][0]);
+  } else {  // k = 0: the loop runs at least once
+    std::memset(sums, 0, sizeof sums);
+  }
+  for (int v = 0; v < 2; ++v) {
+    const __m256i bias = kA != AMode::u8 && last
+                             ? _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.b_sum + n0 + 8 * v)), 7)
+                             : _mm256_setzero_si256();
+    for (int r = 0; r < R; ++r) {
+      std::int32_t* c = g.c + (i0 + r) * g.n + n0 + 8 * v;
+      __m256i x = _mm256_sub_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(&sums[r][8 * v])), bias);
+      if (!first) x = _mm256_add_epi32(x, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(c), x);
+    }
+  }
+}
+
+// k blocks, then 16-column panels, then rows.
+template <AMode kA>
+void gemm_blocks(const GemmArgs& g) {
+  for (Index k0 = 0; k0 < g.k || k0 == 0; k0 += kKc) {
+    const Index kc = std::min(kKc, g.k - k0);
+    const bool first = k0 == 0, last = k0 + kc >= g.k;
+    for (Index n0 = 0; n0 < g.n; n0 += 16) {  // n is a multiple of 16
+      Index i0 = 0;
+      for (; i0 + 6 <= g.rows; i0 += 6) tile<kA, 6>(g, i0, n0, k0, kc, first, last);
+      for (; i0 + 4 <= g.rows; i0 += 4) tile<kA, 4>(g, i0, n0, k0, kc, first, last);
+      for (; i0 + 2 <= g.rows; i0 += 2) tile<kA, 2>(g, i0, n0, k0, kc, first, last);
+      for (; i0 < g.rows; ++i0) tile<kA, 1>(g, i0, n0, k0, kc, first, last);
+    }
+    if (g.k == 0) break;
+  }
+}
+
+void qk_gemm(const GemmArgs& g) {
+  static thread_local ThreadBuffer copy;  // grows to the largest Q block this thread has seen
+  const Index n = g.rows * g.k;
+  std::uint8_t* biased = copy.reserve(n);
+  const std::uint8_t* a = static_cast<const std::uint8_t*>(g.a);
+  Index i = 0;
+  for (; i + 32 <= n; i += 32)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(biased + i),
+                        _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i)),
+                                         _mm256_set1_epi8(static_cast<char>(0x80))));
+  for (; i < n; ++i) biased[i] = a[i] ^ 0x80;
+  GemmArgs h = g;
+  h.a = biased;
+  gemm_blocks<AMode::s8_biased>(h);
+}
+
+}  // namespace
+
+void qk_s8s8_s32__avxvnni_6x16(const GemmArgs& args) { qk_gemm(args); }
+void pv_u8s8_s32__avxvnni_6x16(const GemmArgs& args) { gemm_blocks<AMode::u8>(args); }
+
+// Register-only inline assembly, so that no compiler can spill an accumulator or hoist an instruction out of the
+// loop: ymm0 / ymm1 hold the operands, ymm2..ymm15 fourteen independent vpdpbusd chains. {vex} (written %{vex%} in an
+// asm template, where braces mark dialect alternatives) asks the assembler for the VEX encoding (AVX-VNNI) rather than
+// the EVEX one (AVX512-VNNI with VL), which a CPU without AVX-512 cannot run.
+// tests/kernels/peak_loop_codegen.py checks the loop body.
+std::int64_t mac_loop__avxvnni(std::int64_t iterations, std::int32_t* checksum) {
+  if (iterations <= 0) {
+    *checksum = 0;
+    return 0;
+  }
+  volatile int seed = 0x01010101;
+  std::int64_t n = iterations;
+  alignas(32) std::int32_t lanes[8];
+#define QATTN_CHAIN(r) "%{vex%} vpdpbusd %%ymm1, %%ymm0, %%ymm" #r "\n\t"
+#define QATTN_CLEAR(r) "vpxor %%ymm" #r ", %%ymm" #r ", %%ymm" #r "\n\t"
+#define QATTN_FOLD(r) "vpaddd %%ymm" #r ", %%ymm2, %%ymm2\n\t"
+#define QATTN_EACH(X) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)
+  asm volatile(
+      "vmovd %k[seed], %%xmm0\n\t"
+      "vpbroadcastd %%xmm0, %%ymm0\n\t"
+      "vpaddb %%ymm0, %%ymm0, %%ymm1\n\t"
+      QATTN_EACH(QATTN_CLEAR)
+      "1:\n\t"
+      QATTN_EACH(QATTN_CHAIN)
+      "dec %[n]\n\t"
+      "jnz 1b\n\t"
+      QATTN_FOLD(3) QATTN_FOLD(4) QATTN_FOLD(5) QATTN_FOLD(6) QATTN_FOLD(7) QATTN_FOLD(8) QATTN_FOLD(9) QATTN_FOLD(10)
+      QATTN_FOLD(11) QATTN_FOLD(12) QATTN_FOLD(13) QATTN_FOLD(14) QATTN_FOLD(15)
+      "vmovdqu %%ymm2, %[lanes]\n\t"
+      : [n] "+r"(n), [lanes] "=m"(lanes)
+      : [seed] "r"(static_cast<int>(seed))
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12",
+        "xmm13", "xmm14", "xmm15", "cc");
+#undef QATTN_EACH
+#undef QATTN_FOLD
+#undef QATTN_CLEAR
+#undef QATTN_CHAIN
+  std::uint32_t t = 0;  // the lanes wrapped over the run (vector adds wrap); sum them the same way, defined
+  for (int r = 0; r < 8; ++r) t += static_cast<std::uint32_t>(lanes[r]);
+  *checksum = static_cast<std::int32_t>(t & 0x7fffffff);
+  return iterations * 14 * 32;  // 32 MACs per 256-bit vpdpbusd
+}
+
+}  // namespace qattn::kernels
