@@ -58,34 +58,13 @@ inline void store_bytes8(std::uint8_t* p, __m256i q) {
   std::memcpy(p + 4, &hi, 4);
 }
 
-}  // namespace
-
-void index_softmax_s32_u8__avx2(const std::int32_t* s, const bool* valid, Index limit, Index keys,
-                                const IndexSoftmaxTables& t, std::uint8_t* p) {
-  if (valid || t.params.index_rule == IndexRule::floor_f32) {
-    index_softmax_s32_u8__scalar(s, valid, limit, keys, t, p);
-    return;
-  }
-  limit = limit < 0 ? 0 : (limit > keys ? keys : limit);
-  std::memset(p + limit, 0, static_cast<std::size_t>(keys - limit));
-  if (limit == 0) return;
-  const Index body = limit / 8 * 8;
-  // (1) the maximum
-  __m256i vmax = _mm256_set1_epi32(std::numeric_limits<std::int32_t>::min());
-  for (Index j = 0; j < body; j += 8)
-    vmax = _mm256_max_epi32(vmax, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + j)));
-  alignas(32) std::int32_t lanes[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), vmax);
-  std::int32_t m = lanes[0];
-  for (const std::int32_t x : lanes) m = x > m ? x : m;
-  for (Index j = body; j < limit; ++j) m = s[j] > m ? s[j] : m;
-  // (2)-(5) Δ', index, E (held in P's bytes, E <= 255), the sum
-  const std::int64_t sum = index_exp_s32_u8__avx2(s, nullptr, limit, m, t, p);
-  // (6) normalisation of the bytes in place
-  const std::uint32_t ps = t.params.p_format == PFormat::u8 ? 255 : 127;
+// (6) on n bytes of E in place: P = N(E), the row's normalisation with S = sum.
+void normalise(std::uint8_t* p, Index n, std::int64_t sum, const IndexSoftmaxParams& params) {
+  const Index body = n / 8 * 8, limit = n;
+  const std::uint32_t ps = params.p_format == PFormat::u8 ? 255 : 127;
   const __m256i vps = _mm256_set1_epi32(static_cast<std::int32_t>(ps));
   const auto e8 = [p](Index j) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + j))); };
-  switch (t.params.normalization) {
+  switch (params.normalization) {
     case Normalization::floor: {
       const FloorDivider16 div = FloorDivider16::make(static_cast<std::uint64_t>(sum));
       const __m256i mul = _mm256_set1_epi64x(static_cast<long long>(div.multiplier));
@@ -120,6 +99,106 @@ void index_softmax_s32_u8__avx2(const std::int32_t* s, const bool* valid, Index 
       break;
     }
   }
+}
+
+// 32 entries as bytes, looked up 32 indices (each <= 31) at a time: vpshufb reads the low 4 bits within each 128-bit
+// lane of a table held in both lanes, and bit 4 of the index (moved to bit 7 by a 16-bit shift, which leaves every
+// byte's bit 7 to that byte's own bit 4) picks the half.
+struct ByteTable32 {
+  __m256i lo, hi;
+  static ByteTable32 make(const std::uint8_t* t) {
+    return {_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t))),
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16)))};
+  }
+  __m256i lookup(__m256i idx) const {
+    return _mm256_blendv_epi8(_mm256_shuffle_epi8(lo, idx), _mm256_shuffle_epi8(hi, idx), _mm256_slli_epi16(idx, 3));
+  }
+};
+
+// Steps (2)-(6) for b <= 5 on the Q26 rules where c_int q26 + 2^25 < 2^32, 32 logits per step (the AVX-512 row's
+// SmallLutRow on 256-bit vectors): idx = (K - max(a, lo) q26) >> 26 in uint32 with K = m q26 + h and lo = m - c_int
+// saturated at INT32_MIN (index_softmax_avx512.cc says why this equals (Δ' q26 + h) >> 26), packed to bytes
+// (vpackusdw, vpackuswb, vpermd undoing their lane interleave; vpminub to 2^b - 1 only where an index can pass 31,
+// the table repeating its last entry above 2^b - 1) and held in P; S = sum LUT[idx] by vpsadbw; then P = T[idx] with
+// T[i] = N(LUT[i]). The last limit mod 32 entries take the scalar index. Indices and the table fit bytes: idx <= 63.
+void small_lut_row(const std::int32_t* s, Index limit, std::int32_t m, const IndexSoftmaxTables& t, std::uint8_t* p) {
+  const int last = (1 << t.params.bits) - 1;
+  alignas(32) std::uint8_t lut[32];
+  for (int i = 0; i < 32; ++i) lut[i] = t.lut[i < last ? i : last];
+  const ByteTable32 e_table = ByteTable32::make(lut);
+  const std::uint32_t q26 = static_cast<std::uint32_t>(t.q26);
+  const std::uint32_t h = t.params.index_rule == IndexRule::q26_round ? 1u << 25 : 0u;
+  const __m256i vk = _mm256_set1_epi32(static_cast<std::int32_t>(static_cast<std::uint32_t>(m) * q26 + h));
+  const __m256i vlo = _mm256_set1_epi32(static_cast<std::int32_t>(
+      std::int64_t{m} - t.c_int < std::numeric_limits<std::int32_t>::min() ? std::numeric_limits<std::int32_t>::min()
+                                                                          : std::int64_t{m} - t.c_int));
+  const __m256i vq26 = _mm256_set1_epi32(static_cast<std::int32_t>(q26));
+  const bool clamp = ((t.c_int * t.q26 + h) >> 26) > 31;
+  const __m256i vlast = _mm256_set1_epi8(static_cast<char>(last));
+  const auto index8 = [&](const std::int32_t* a) {
+    const __m256i x = _mm256_max_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)), vlo);
+    return _mm256_srli_epi32(_mm256_sub_epi32(vk, _mm256_mullo_epi32(x, vq26)), 26);
+  };
+  __m256i vsum = _mm256_setzero_si256();
+  const Index body = limit / 32 * 32;
+  for (Index j = 0; j < body; j += 32) {
+    const __m256i packed = _mm256_packus_epi16(_mm256_packus_epi32(index8(s + j), index8(s + j + 8)),
+                                               _mm256_packus_epi32(index8(s + j + 16), index8(s + j + 24)));
+    __m256i idx = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    if (clamp) idx = _mm256_min_epu8(idx, vlast);
+    vsum = _mm256_add_epi64(vsum, _mm256_sad_epu8(e_table.lookup(idx), _mm256_setzero_si256()));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), idx);
+  }
+  alignas(32) std::int64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), vsum);
+  std::int64_t sum = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+  for (Index j = body; j < limit; ++j) {
+    const std::int64_t delta = std::int64_t{m} - s[j];
+    std::int64_t idx = index_softmax_index(delta < t.c_int ? delta : t.c_int, t);
+    idx = idx < 0 ? 0 : (idx > last ? last : idx);
+    p[j] = static_cast<std::uint8_t>(idx);
+    sum += t.lut[idx];
+  }
+  alignas(32) std::uint8_t table[32];
+  std::memcpy(table, lut, 32);
+  normalise(table, 32, sum, t.params);
+  const ByteTable32 p_table = ByteTable32::make(table);
+  for (Index j = 0; j < body; j += 32) {
+    __m256i* q = reinterpret_cast<__m256i*>(p + j);
+    _mm256_storeu_si256(q, p_table.lookup(_mm256_loadu_si256(q)));
+  }
+  for (Index j = body; j < limit; ++j) p[j] = table[p[j]];
+}
+
+}  // namespace
+
+void index_softmax_s32_u8__avx2(const std::int32_t* s, const bool* valid, Index limit, Index keys,
+                                const IndexSoftmaxTables& t, std::uint8_t* p) {
+  if (valid || t.params.index_rule == IndexRule::floor_f32) {
+    index_softmax_s32_u8__scalar(s, valid, limit, keys, t, p);
+    return;
+  }
+  limit = limit < 0 ? 0 : (limit > keys ? keys : limit);
+  std::memset(p + limit, 0, static_cast<std::size_t>(keys - limit));
+  if (limit == 0) return;
+  const Index body = limit / 8 * 8;
+  // (1) the maximum
+  __m256i vmax = _mm256_set1_epi32(std::numeric_limits<std::int32_t>::min());
+  for (Index j = 0; j < body; j += 8)
+    vmax = _mm256_max_epi32(vmax, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + j)));
+  alignas(32) std::int32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), vmax);
+  std::int32_t m = lanes[0];
+  for (const std::int32_t x : lanes) m = x > m ? x : m;
+  for (Index j = body; j < limit; ++j) m = s[j] > m ? s[j] : m;
+  const bool q26_rule = t.params.index_rule == IndexRule::q26_round || t.params.index_rule == IndexRule::q26_floor;
+  const std::int64_t h = t.params.index_rule == IndexRule::q26_round ? std::int64_t{1} << 25 : 0;
+  if (t.params.bits <= 5 && q26_rule && t.c_int * t.q26 + h < (std::int64_t{1} << 32)) {
+    small_lut_row(s, limit, m, t, p);
+    return;
+  }
+  // (2)-(5) Δ', index, E (held in P's bytes, E <= 255), the sum; (6) the normalisation in place
+  normalise(p, limit, index_exp_s32_u8__avx2(s, nullptr, limit, m, t, p), t.params);
 }
 
 std::int64_t index_exp_s32_u8__avx2(const std::int32_t* s, const bool* valid, Index n, std::int32_t anchor,
