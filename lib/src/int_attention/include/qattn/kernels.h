@@ -59,6 +59,8 @@ using SoftmaxF32Kernel = void (*)(const std::int32_t* s, const bool* valid, Inde
 void softmax_s32_f32_u8__scalar(const std::int32_t* s, const bool* valid, Index limit, Index keys, float alpha,
                                 float* scratch, std::uint8_t* p);
 #if defined(QATTN_HAVE_X86_KERNELS)
+void softmax_s32_f32_u8__avx2(const std::int32_t* s, const bool* valid, Index limit, Index keys, float alpha,
+                              float* scratch, std::uint8_t* p);
 void softmax_s32_f32_u8__avx512(const std::int32_t* s, const bool* valid, Index limit, Index keys, float alpha,
                                 float* scratch, std::uint8_t* p);
 #endif
