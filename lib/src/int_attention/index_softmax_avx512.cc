@@ -143,46 +143,93 @@ std::int32_t row_max(const std::int32_t* s, Index limit) {
   return _mm512_reduce_max_epi32(_mm512_max_epi32(_mm512_max_epi32(m0, m1), _mm512_max_epi32(m2, m3)));
 }
 
-// (6) on n bytes of E in place: P = N(E), the row's normalisation with S = sum.
-void normalise(std::uint8_t* p, Index n, std::int64_t sum, const IndexSoftmaxParams& params) {
-  const int ps = params.p_format == PFormat::u8 ? 255 : 127;
-  const __m512i vps = _mm512_set1_epi32(ps);
-  if (params.normalization == Normalization::floor) {
-    const FloorDivider16 div = FloorDivider16::make(static_cast<std::uint64_t>(sum));
-    const __m512i mul = _mm512_set1_epi64(static_cast<long long>(div.multiplier));
-    const __m128i shift = _mm_cvtsi32_si128(div.shift);
-    for (Index j = 0; j < n; j += 16) {
-      const __m512i x = _mm512_mullo_epi32(load_e(p + j, tail_mask(j, n)), vps);
-      const __m512i lo = _mm512_srl_epi64(_mm512_mul_epu32(_mm512_cvtepu32_epi64(_mm512_castsi512_si256(x)), mul), shift);
-      const __m512i hi =
-          _mm512_srl_epi64(_mm512_mul_epu32(_mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(x, 1)), mul), shift);
-      const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(lo)), _mm512_cvtepi64_epi32(hi), 1);
-      _mm_mask_storeu_epi8(p + j, tail_mask(j, n), _mm512_cvtepi32_epi8(q));
-    }
-  } else if (params.normalization == Normalization::f32_rne) {
-    const __m512 fs = _mm512_set1_ps(static_cast<float>(sum));
-    for (Index j = 0; j < n; j += 16) {
-      const __m512 x = _mm512_cvtepi32_ps(_mm512_mullo_epi32(load_e(p + j, tail_mask(j, n)), vps));  // < 2^16: exact
-      const __m512i q = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_div_ps(x, fs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-      _mm_mask_storeu_epi8(p + j, tail_mask(j, n), _mm512_cvtepi32_epi8(q));
-    }
-  } else {  // q8 reciprocal
-    const bool identity = sum == ps;
-    const __m512i ns = _mm512_set1_epi32(identity ? 256 : static_cast<std::int32_t>((512 * std::int64_t{ps} + sum) / (2 * sum)));
-    const __m512i half = _mm512_set1_epi32(identity ? 0 : 128);
-    for (Index j = 0; j < n; j += 16) {
-      const __m512i q = _mm512_srli_epi32(_mm512_add_epi32(_mm512_mullo_epi32(load_e(p + j, tail_mask(j, n)), ns), half), 8);
-      _mm_mask_storeu_epi8(p + j, tail_mask(j, n), _mm512_cvtepi32_epi8(q));
+// The row's normalisation (6), P = N(E) for a given S: its constants made once per row, then 16 values at a time:
+//   floor by FloorDivider16 with vpmuludq (n = s_P E < 2^16, multiplier < 2^18: exact 64-bit products);
+//   f32-rne by vdivps + round-to-nearest-even; q8 reciprocal (E ns + 128) >> 8 in int32.
+class Normaliser {
+ public:
+  Normaliser(std::int64_t sum, const IndexSoftmaxParams& params) : rule_(params.normalization) {
+    const int ps = params.p_format == PFormat::u8 ? 255 : 127;
+    ps_ = _mm512_set1_epi32(ps);
+    if (rule_ == Normalization::floor) {
+      const FloorDivider16 div = FloorDivider16::make(static_cast<std::uint64_t>(sum));
+      mul_ = _mm512_set1_epi64(static_cast<long long>(div.multiplier));
+      shift_ = _mm_cvtsi32_si128(div.shift);
+    } else if (rule_ == Normalization::f32_rne) {
+      sum_ = _mm512_set1_ps(static_cast<float>(sum));
+    } else {
+      const bool identity = sum == ps;
+      mul_ = _mm512_set1_epi32(identity ? 256 : static_cast<std::int32_t>((512 * std::int64_t{ps} + sum) / (2 * sum)));
+      half_ = _mm512_set1_epi32(identity ? 0 : 128);
     }
   }
+  // N of 16 values of E (int32 lanes, each <= 255) as 16 bytes.
+  __m128i operator()(__m512i e) const {
+    if (rule_ == Normalization::floor) {
+      const __m512i x = _mm512_mullo_epi32(e, ps_);
+      const __m512i lo = _mm512_srl_epi64(_mm512_mul_epu32(_mm512_cvtepu32_epi64(_mm512_castsi512_si256(x)), mul_), shift_);
+      const __m512i hi =
+          _mm512_srl_epi64(_mm512_mul_epu32(_mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(x, 1)), mul_), shift_);
+      return _mm512_cvtepi32_epi8(_mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(lo)), _mm512_cvtepi64_epi32(hi), 1));
+    }
+    if (rule_ == Normalization::f32_rne) {
+      const __m512 x = _mm512_cvtepi32_ps(_mm512_mullo_epi32(e, ps_));  // < 2^16: exact
+      return _mm512_cvtepi32_epi8(
+          _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_div_ps(x, sum_), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+    }
+    return _mm512_cvtepi32_epi8(_mm512_srli_epi32(_mm512_add_epi32(_mm512_mullo_epi32(e, mul_), half_), 8));
+  }
+  // N of 32 table entries (bytes), as 32 bytes.
+  __m256i table(__m256i e) const {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256((*this)(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(e)))),
+                                   (*this)(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(e, 1))), 1);
+  }
+
+ private:
+  Normalization rule_;
+  __m512i ps_, mul_ = _mm512_setzero_si512(), half_ = _mm512_setzero_si512();
+  __m128i shift_ = _mm_setzero_si128();
+  __m512 sum_ = _mm512_setzero_ps();
+};
+
+// (6) on n bytes of E in place: P = N(E), the row's normalisation with S = sum.
+void normalise(std::uint8_t* p, Index n, std::int64_t sum, const IndexSoftmaxParams& params) {
+  const Normaliser normalised(sum, params);
+  for (Index j = 0; j < n; j += 16) _mm_mask_storeu_epi8(p + j, tail_mask(j, n), normalised(load_e(p + j, tail_mask(j, n))));
+}
+
+// The first 32 entries of the LUT as a table that needs no clamp to 2^b - 1: entries past it repeat LUT[2^b - 1].
+__m256i clamped_lut32(const IndexSoftmaxTables& t) {
+  const int last = (1 << t.params.bits) - 1;
+  const __mmask32 kept = last >= 31 ? ~__mmask32{0} : (__mmask32{1} << (last + 1)) - 1;
+  return _mm256_mask_blend_epi8(kept, _mm256_set1_epi8(static_cast<char>(t.lut[last])), _mm256_maskz_loadu_epi8(kept, t.lut));
+}
+
+// The constants of a row's index on the Q26 rules, (K - max(a, lo) q26) >> 26 in uint32 with K = m q26 + h: the
+// same as (Δ' q26 + h) >> 26 with Δ' = min(m - a, c) = m - max(a, m - c). The true value is < 2^32 (the path's bound)
+// and the uint32 result is congruent to it mod 2^32, so they are equal. lo = m - c, or INT32_MIN where that is below
+// it (then max(a, lo) = a and m - a < c).
+struct Q26Row {
+  __m512i k, lo;
+  Q26Row(std::int32_t m, const IndexSoftmaxTables& t) {
+    const std::uint32_t h = t.params.index_rule == IndexRule::q26_round ? 1u << 25 : 0u;
+    k = _mm512_set1_epi32(static_cast<std::int32_t>(static_cast<std::uint32_t>(m) * static_cast<std::uint32_t>(t.q26) + h));
+    lo = _mm512_set1_epi32(static_cast<std::int32_t>(std::max<std::int64_t>(std::int64_t{m} - t.c_int, std::numeric_limits<std::int32_t>::min())));
+  }
+  // (K - max(a, lo) q26) mod 2^32: the index in bits 26-31.
+  __m512i scaled(__m512i a, __m512i q26) const { return _mm512_sub_epi32(k, _mm512_mullo_epi32(_mm512_max_epi32(a, lo), q26)); }
+};
+
+// The largest Q26 index of a table, at Δ' = c_int.
+std::int64_t largest_q26_index(const IndexSoftmaxTables& t) {
+  return (t.c_int * t.q26 + (t.params.index_rule == IndexRule::q26_round ? std::int64_t{1} << 25 : 0)) >> 26;
 }
 
 // A 32-entry byte table, looked up 64 bytes at a time with two vpshufb (AVX512BW; no VBMI needed).
 struct ByteTable32 {
   __m512i lo, hi;  // entries 0-15 and 16-31, in every 128-bit lane
-  static ByteTable32 make(const std::uint8_t* t) {
-    return {_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t))),
-            _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16)))};
+  static ByteTable32 make(__m256i t) {
+    return {_mm512_broadcast_i32x4(_mm256_castsi256_si128(t)), _mm512_broadcast_i32x4(_mm256_extracti128_si256(t, 1))};
   }
   __m512i lookup(__m512i idx) const {  // bytes in [0, 31]: bit 7 clear, bit 4 picks the half
     const __mmask64 high = _mm512_test_epi8_mask(idx, _mm512_set1_epi8(16));
@@ -196,24 +243,12 @@ struct ByteTable32 {
 class SmallLutRow {
  public:
   SmallLutRow(std::int32_t m, const IndexSoftmaxTables& t)
-      : t_(t), k_(IntIndex::make(t)), vm_(_mm512_set1_epi32(m)), vc_(_mm512_set1_epi32(static_cast<std::int32_t>(t.c_int))) {
-    const int last = (1 << t.params.bits) - 1;
-    // Entries past 2^b - 1 repeat the last one: an index up to 31 needs no clamp to 2^b - 1 before the table.
-    for (int i = 0; i < 32; ++i) lut_[i] = t.lut[std::min(i, last)];
-    last_ = _mm512_set1_epi8(static_cast<char>(last));
-    e_table_ = ByteTable32::make(lut_);
-    if (k_.path == IntIndexPath::q26) {
-      // (Δ' q26 + h) >> 26 with Δ' = min(m - a, c) = m - max(a, m - c): (K - max(a, lo) q26) >> 26 with
-      // K = m q26 + h, all in uint32. The true value is < 2^32 (the path's bound) and the uint32 result is congruent
-      // to it mod 2^32, so they are equal. lo = m - c, or INT32_MIN where that is below it (then max(a, lo) = a and
-      // m - a < c). Its largest index, at Δ' = c, decides whether the bytes need a clamp to 31.
-      const std::uint32_t q26 = static_cast<std::uint32_t>(t.q26);
-      const std::uint32_t h = t.params.index_rule == IndexRule::q26_round ? 1u << 25 : 0u;
-      q26_k_ = _mm512_set1_epi32(static_cast<std::int32_t>(static_cast<std::uint32_t>(m) * q26 + h));
-      q26_lo_ = _mm512_set1_epi32(static_cast<std::int32_t>(
-          std::max<std::int64_t>(std::int64_t{m} - t.c_int, std::numeric_limits<std::int32_t>::min())));
-      clamp_ = ((t.c_int * t.q26 + h) >> 26) > 31;
-    }
+      : t_(t), k_(IntIndex::make(t)), vm_(_mm512_set1_epi32(m)), vc_(_mm512_set1_epi32(static_cast<std::int32_t>(t.c_int))),
+        q26_(m, t), lut_(clamped_lut32(t)), last_(_mm512_set1_epi8(static_cast<char>((1 << t.params.bits) - 1))),
+        e_table_(ByteTable32::make(lut_)) {
+    // An index up to 31 needs no clamp to 2^b - 1 (the table repeats its last entry); a Q26 index can pass 31 only
+    // where its largest one, at Δ' = c_int, does.
+    clamp_ = k_.path == IntIndexPath::q26 && largest_q26_index(t) > 31;
   }
 
   void run(const std::int32_t* s, Index limit, std::uint8_t* p) const {
@@ -230,10 +265,7 @@ class SmallLutRow {
       vsum = _mm512_add_epi64(vsum, _mm512_sad_epu8(_mm512_maskz_mov_epi8(k, e_table_.lookup(idx)), _mm512_setzero_si512()));
       _mm512_mask_storeu_epi8(p + j, k, idx);
     }
-    alignas(64) std::uint8_t normalised[32];
-    std::memcpy(normalised, lut_, 32);
-    normalise(normalised, 32, _mm512_reduce_add_epi64(vsum), t_.params);
-    const ByteTable32 p_table = ByteTable32::make(normalised);
+    const ByteTable32 p_table = ByteTable32::make(Normaliser(_mm512_reduce_add_epi64(vsum), t_.params).table(lut_));
     for (j = 0; j + 64 <= limit; j += 64) _mm512_storeu_si512(p + j, p_table.lookup(_mm512_loadu_si512(p + j)));
     if (j < limit) {
       const __mmask64 k = (__mmask64{1} << (limit - j)) - 1;
@@ -248,7 +280,7 @@ class SmallLutRow {
     const bool q26 = k_.path == IntIndexPath::q26;
     for (int v = 0; v < 4; ++v) {
       const __m512i a = n >= 16 * (v + 1) ? _mm512_loadu_si512(s + 16 * v) : _mm512_maskz_loadu_epi32(tail_mask(16 * v, n), s + 16 * v);
-      idx[v] = q26 ? _mm512_srli_epi32(_mm512_sub_epi32(q26_k_, _mm512_mullo_epi32(_mm512_max_epi32(a, q26_lo_), k_.q26)), 26)
+      idx[v] = q26 ? _mm512_srli_epi32(q26_.scaled(a, k_.q26), 26)
                    : index_of_int<false>(_mm512_min_epi32(_mm512_sub_epi32(vm_, a), vc_), k_);
     }
     // packus interleaves the four vectors by 128-bit lane (lane L holds elements 4L..4L+3 of each); vpermd undoes it.
@@ -261,10 +293,12 @@ class SmallLutRow {
 
   const IndexSoftmaxTables& t_;
   IntIndex k_;
-  __m512i vm_, vc_, last_, q26_k_ = _mm512_setzero_si512(), q26_lo_ = _mm512_setzero_si512();
-  bool clamp_ = false;
-  alignas(16) std::uint8_t lut_[32];
+  __m512i vm_, vc_;
+  Q26Row q26_;
+  __m256i lut_;
+  __m512i last_;
   ByteTable32 e_table_;
+  bool clamp_ = false;
 };
 
 }  // namespace
