@@ -58,47 +58,71 @@ inline void store_bytes8(std::uint8_t* p, __m256i q) {
   std::memcpy(p + 4, &hi, 4);
 }
 
-// (6) on n bytes of E in place: P = N(E), the row's normalisation with S = sum.
-void normalise(std::uint8_t* p, Index n, std::int64_t sum, const IndexSoftmaxParams& params) {
-  const Index body = n / 8 * 8, limit = n;
-  const std::uint32_t ps = params.p_format == PFormat::u8 ? 255 : 127;
-  const __m256i vps = _mm256_set1_epi32(static_cast<std::int32_t>(ps));
-  const auto e8 = [p](Index j) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + j))); };
-  switch (params.normalization) {
-    case Normalization::floor: {
-      const FloorDivider16 div = FloorDivider16::make(static_cast<std::uint64_t>(sum));
-      const __m256i mul = _mm256_set1_epi64x(static_cast<long long>(div.multiplier));
-      const __m128i shift = _mm_cvtsi32_si128(div.shift);
-      for (Index j = 0; j < body; j += 8) {
-        const __m256i n = _mm256_mullo_epi32(e8(j), vps);
-        const __m256i even = _mm256_srl_epi64(_mm256_mul_epu32(n, mul), shift);                         // lanes 0 2 4 6
-        const __m256i odd = _mm256_srl_epi64(_mm256_mul_epu32(_mm256_srli_epi64(n, 32), mul), shift);  // lanes 1 3 5 7
-        store_bytes8(p + j, _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA));
-      }
-      for (Index j = body; j < limit; ++j) p[j] = static_cast<std::uint8_t>((std::uint64_t{ps} * p[j] * div.multiplier) >> div.shift);
-      break;
-    }
-    case Normalization::f32_rne: {
-      const float fs = static_cast<float>(sum);
-      const __m256 vfs = _mm256_set1_ps(fs);
-      for (Index j = 0; j < body; j += 8) {
-        const __m256 x = _mm256_cvtepi32_ps(_mm256_mullo_epi32(e8(j), vps));  // < 2^16: exact
-        store_bytes8(p + j, _mm256_cvtps_epi32(_mm256_div_ps(x, vfs)));
-      }
-      for (Index j = body; j < limit; ++j) p[j] = static_cast<std::uint8_t>(std::nearbyint(static_cast<float>(ps * p[j]) / fs));
-      break;
-    }
-    case Normalization::q8_reciprocal: {
-      const bool identity = sum == ps;
-      const std::int32_t ns = identity ? 256 : static_cast<std::int32_t>((512 * std::int64_t{ps} + sum) / (2 * sum));
-      const std::int32_t half = identity ? 0 : 128;
-      const __m256i vns = _mm256_set1_epi32(ns), vhalf = _mm256_set1_epi32(half);
-      for (Index j = 0; j < body; j += 8)
-        store_bytes8(p + j, _mm256_srli_epi32(_mm256_add_epi32(_mm256_mullo_epi32(e8(j), vns), vhalf), 8));
-      for (Index j = body; j < limit; ++j) p[j] = static_cast<std::uint8_t>((p[j] * ns + half) >> 8);
-      break;
+// The row's normalisation (6), P = N(E) for a given S: its constants made once per row, then 8 values at a time or
+// one (the same integers).
+class Normaliser {
+ public:
+  Normaliser(std::int64_t sum, const IndexSoftmaxParams& params)
+      : rule_(params.normalization), ps_(params.p_format == PFormat::u8 ? 255 : 127) {
+    vps_ = _mm256_set1_epi32(static_cast<std::int32_t>(ps_));
+    if (rule_ == Normalization::floor) {
+      div_ = FloorDivider16::make(static_cast<std::uint64_t>(sum));
+      mul_ = _mm256_set1_epi64x(static_cast<long long>(div_.multiplier));
+      shift_ = _mm_cvtsi32_si128(div_.shift);
+    } else if (rule_ == Normalization::f32_rne) {
+      fs_ = static_cast<float>(sum);
+    } else {
+      const bool identity = sum == ps_;
+      ns_ = identity ? 256 : static_cast<std::int32_t>((512 * std::int64_t{ps_} + sum) / (2 * sum));
+      half_ = identity ? 0 : 128;
+      mul_ = _mm256_set1_epi32(ns_);
     }
   }
+  // N of 8 values of E (int32 lanes, each <= 255), in the low byte of each lane.
+  __m256i operator()(__m256i e) const {
+    switch (rule_) {
+      case Normalization::floor: {
+        const __m256i n = _mm256_mullo_epi32(e, vps_);
+        const __m256i even = _mm256_srl_epi64(_mm256_mul_epu32(n, mul_), shift_);                         // lanes 0 2 4 6
+        const __m256i odd = _mm256_srl_epi64(_mm256_mul_epu32(_mm256_srli_epi64(n, 32), mul_), shift_);  // lanes 1 3 5 7
+        return _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+      }
+      case Normalization::f32_rne:  // < 2^16: exact
+        return _mm256_cvtps_epi32(_mm256_div_ps(_mm256_cvtepi32_ps(_mm256_mullo_epi32(e, vps_)), _mm256_set1_ps(fs_)));
+      default: return _mm256_srli_epi32(_mm256_add_epi32(_mm256_mullo_epi32(e, mul_), _mm256_set1_epi32(half_)), 8);
+    }
+  }
+  std::uint8_t operator()(std::uint8_t e) const {
+    switch (rule_) {
+      case Normalization::floor: return static_cast<std::uint8_t>((std::uint64_t{ps_} * e * div_.multiplier) >> div_.shift);
+      case Normalization::f32_rne: return static_cast<std::uint8_t>(std::nearbyint(static_cast<float>(ps_ * e) / fs_));
+      default: return static_cast<std::uint8_t>((e * ns_ + half_) >> 8);
+    }
+  }
+
+ private:
+  Normalization rule_;
+  std::uint32_t ps_;
+  __m256i vps_, mul_ = _mm256_setzero_si256();
+  __m128i shift_ = _mm_setzero_si128();
+  FloorDivider16 div_{};
+  float fs_ = 1;
+  std::int32_t ns_ = 0, half_ = 0;
+};
+
+// (6) on n bytes of E in place: P = N(E), the row's normalisation with S = sum.
+void normalise(std::uint8_t* p, Index n, std::int64_t sum, const IndexSoftmaxParams& params) {
+  const Normaliser normalised(sum, params);
+  const Index body = n / 8 * 8;
+  for (Index j = 0; j < body; j += 8)
+    store_bytes8(p + j, normalised(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + j)))));
+  for (Index j = body; j < n; ++j) p[j] = normalised(p[j]);
+}
+
+// 32 int32 lanes (each in [0, 255]) to 32 bytes in order: packus interleaves by 128-bit lane, vpermd undoes it.
+inline __m256i pack_bytes32(__m256i a, __m256i b, __m256i c, __m256i d) {
+  return _mm256_permutevar8x32_epi32(_mm256_packus_epi16(_mm256_packus_epi32(a, b), _mm256_packus_epi32(c, d)),
+                                     _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
 // 32 entries as bytes, looked up 32 indices (each <= 31) at a time: vpshufb reads the low 4 bits within each 128-bit
@@ -106,10 +130,7 @@ void normalise(std::uint8_t* p, Index n, std::int64_t sum, const IndexSoftmaxPar
 // byte's bit 7 to that byte's own bit 4) picks the half.
 struct ByteTable32 {
   __m256i lo, hi;
-  static ByteTable32 make(const std::uint8_t* t) {
-    return {_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t))),
-            _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16)))};
-  }
+  static ByteTable32 make(__m256i t) { return {_mm256_permute2x128_si256(t, t, 0x00), _mm256_permute2x128_si256(t, t, 0x11)}; }
   __m256i lookup(__m256i idx) const {
     return _mm256_blendv_epi8(_mm256_shuffle_epi8(lo, idx), _mm256_shuffle_epi8(hi, idx), _mm256_slli_epi16(idx, 3));
   }
@@ -123,8 +144,12 @@ struct ByteTable32 {
 // T[i] = N(LUT[i]). The last limit mod 32 entries take the scalar index. Indices and the table fit bytes: idx <= 63.
 void small_lut_row(const std::int32_t* s, Index limit, std::int32_t m, const IndexSoftmaxTables& t, std::uint8_t* p) {
   const int last = (1 << t.params.bits) - 1;
-  alignas(32) std::uint8_t lut[32];
-  for (int i = 0; i < 32; ++i) lut[i] = t.lut[i < last ? i : last];
+  // The first 2^b entries of the LUT (t.lut has 256), then LUT[2^b - 1] repeated.
+  const __m256i kept = _mm256_cmpgt_epi8(_mm256_set1_epi8(static_cast<char>(last + 1)),
+                                         _mm256_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18,
+                                                          19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31));
+  const __m256i lut = _mm256_blendv_epi8(_mm256_set1_epi8(static_cast<char>(t.lut[last])),
+                                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.lut)), kept);
   const ByteTable32 e_table = ByteTable32::make(lut);
   const std::uint32_t q26 = static_cast<std::uint32_t>(t.q26);
   const std::uint32_t h = t.params.index_rule == IndexRule::q26_round ? 1u << 25 : 0u;
@@ -142,9 +167,7 @@ void small_lut_row(const std::int32_t* s, Index limit, std::int32_t m, const Ind
   __m256i vsum = _mm256_setzero_si256();
   const Index body = limit / 32 * 32;
   for (Index j = 0; j < body; j += 32) {
-    const __m256i packed = _mm256_packus_epi16(_mm256_packus_epi32(index8(s + j), index8(s + j + 8)),
-                                               _mm256_packus_epi32(index8(s + j + 16), index8(s + j + 24)));
-    __m256i idx = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    __m256i idx = pack_bytes32(index8(s + j), index8(s + j + 8), index8(s + j + 16), index8(s + j + 24));
     if (clamp) idx = _mm256_min_epu8(idx, vlast);
     vsum = _mm256_add_epi64(vsum, _mm256_sad_epu8(e_table.lookup(idx), _mm256_setzero_si256()));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), idx);
@@ -159,10 +182,14 @@ void small_lut_row(const std::int32_t* s, Index limit, std::int32_t m, const Ind
     p[j] = static_cast<std::uint8_t>(idx);
     sum += t.lut[idx];
   }
+  // T = N(LUT), in registers (and in memory for the scalar tail)
+  const Normaliser normalised(sum, t.params);
+  const __m128i lut_lo = _mm256_castsi256_si128(lut), lut_hi = _mm256_extracti128_si256(lut, 1);
+  const __m256i p32 = pack_bytes32(normalised(_mm256_cvtepu8_epi32(lut_lo)), normalised(_mm256_cvtepu8_epi32(_mm_srli_si128(lut_lo, 8))),
+                                   normalised(_mm256_cvtepu8_epi32(lut_hi)), normalised(_mm256_cvtepu8_epi32(_mm_srli_si128(lut_hi, 8))));
   alignas(32) std::uint8_t table[32];
-  std::memcpy(table, lut, 32);
-  normalise(table, 32, sum, t.params);
-  const ByteTable32 p_table = ByteTable32::make(table);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(table), p32);
+  const ByteTable32 p_table = ByteTable32::make(p32);
   for (Index j = 0; j < body; j += 32) {
     __m256i* q = reinterpret_cast<__m256i*>(p + j);
     _mm256_storeu_si256(q, p_table.lookup(_mm256_loadu_si256(q)));
