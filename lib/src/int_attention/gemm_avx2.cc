@@ -4,36 +4,42 @@
 // Layout per 8 columns n: 32 packed bytes = 8 n x 4 k. The low 16 bytes (n0..n3) and the high 16 (n4..n7) are
 // sign-extended to 16 s16 each; the A group a0..a3 is broadcast as the s16 pattern (a0, a1, a2, a3) x 4. vpmaddwd
 // then gives the lanes (n, k0k1), (n, k2k3) for n = n0..n3 (resp. n4..n7); vphaddd and a 64-bit permute put the
-// eight sums in column order. Tiles of 2 rows x 16 columns.
+// eight sums in column order. Tiles of 2 rows x 16 columns. Each 16-column panel of B is widened once per call into
+// a per-thread buffer (64 s16 per k group: 128 bytes, in the order the tiles read them), so a tile's k step is two
+// broadcast groups, four loads and eight vpmaddwd; widening B in every tile cost four cross-lane vpmovsxbw per eight
+// vpmaddwd, and shuffles issue at most twice per cycle.
 #include <immintrin.h>
 
 #include "qattn/kernels.h"
+#include "qattn/thread_buffer.h"
 
 namespace qattn::kernels {
 namespace {
 
+// The A group a0..a3 as the s16 pattern (a0, a1, a2, a3) x 4: one 4-byte load, a dword broadcast and one widening
+// (GCC 12 built it from four scalar loads, shifts and ors: 16 scalar instructions per row and k group).
 template <bool kSignedA>
 inline __m256i broadcast_group(const std::uint8_t* a) {
-  std::int16_t w[4];
-  for (int t = 0; t < 4; ++t) w[t] = kSignedA ? std::int16_t{static_cast<std::int8_t>(a[t])} : std::int16_t{a[t]};
-  std::int64_t pattern;
-  __builtin_memcpy(&pattern, w, 8);
-  return _mm256_set1_epi64x(pattern);
+  std::int32_t group;
+  __builtin_memcpy(&group, a, 4);
+  const __m128i bytes = _mm_set1_epi32(group);
+  return kSignedA ? _mm256_cvtepi8_epi16(bytes) : _mm256_cvtepu8_epi16(bytes);
 }
 
-template <bool kSignedA, int R, int G>
-inline void tile(const GemmArgs& g, Index i0, Index n0) {
+// One R x 16 tile over the whole k, B from the widened panel (bw: per k group, 16 s16 for columns 0-3, 4-7, 8-11,
+// 12-15 in turn).
+template <bool kSignedA, int R>
+inline void tile(const GemmArgs& g, Index i0, Index n0, const std::int16_t* bw) {
+  constexpr int G = 2;
   const std::uint8_t* a = static_cast<const std::uint8_t*>(g.a);
   __m256i lo[R][G], hi[R][G];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < G; ++v) lo[r][v] = hi[r][v] = _mm256_setzero_si256();
-  const std::int8_t* b = g.b_packed + n0 * 4;
-  for (Index k4 = 0; k4 < g.k / 4; ++k4, b += g.n * 4) {
+  for (Index k4 = 0; k4 < g.k / 4; ++k4, bw += 64) {
     __m256i bl[G], bh[G];
     for (int v = 0; v < G; ++v) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + v * 32));
-      bl[v] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(raw));
-      bh[v] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(raw, 1));
+      bl[v] = _mm256_load_si256(reinterpret_cast<const __m256i*>(bw + v * 32));
+      bh[v] = _mm256_load_si256(reinterpret_cast<const __m256i*>(bw + v * 32 + 16));
     }
     for (int r = 0; r < R; ++r) {
       const __m256i av = broadcast_group<kSignedA>(a + (i0 + r) * g.k + k4 * 4);
@@ -51,13 +57,21 @@ inline void tile(const GemmArgs& g, Index i0, Index n0) {
     }
 }
 
-// Columns outer, rows inner: one panel of B (16 columns x k) stays in L1 while every row of A passes over it.
+// Columns outer, rows inner: one widened panel of B (16 columns x k) stays in cache while every row of A passes over it.
 template <bool kSignedA>
 void gemm(const GemmArgs& g) {
+  static thread_local ThreadBuffer panel;  // grows to the largest k this thread has seen
+  const Index groups = g.k / 4;
+  std::int16_t* bw = reinterpret_cast<std::int16_t*>(panel.reserve(groups * 64 * Index{sizeof(std::int16_t)}));
   for (Index n0 = 0; n0 < g.n; n0 += 16) {  // n is a multiple of 16
+    const std::int8_t* b = g.b_packed + n0 * 4;
+    for (Index k4 = 0; k4 < groups; ++k4, b += g.n * 4)
+      for (int h = 0; h < 4; ++h)
+        _mm256_store_si256(reinterpret_cast<__m256i*>(bw + k4 * 64 + h * 16),
+                           _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + h * 16))));
     Index i0 = 0;
-    for (; i0 + 2 <= g.rows; i0 += 2) tile<kSignedA, 2, 2>(g, i0, n0);
-    for (; i0 < g.rows; ++i0) tile<kSignedA, 1, 2>(g, i0, n0);
+    for (; i0 + 2 <= g.rows; i0 += 2) tile<kSignedA, 2>(g, i0, n0, bw);
+    for (; i0 < g.rows; ++i0) tile<kSignedA, 1>(g, i0, n0, bw);
   }
 }
 
