@@ -4,10 +4,10 @@ hot loop (the backward branch enclosing the most multiply-accumulate instruction
 no instruction with a memory operand, i.e. no accumulator is spilled or reloaded, so the bench's peak is the
 register-only rate of the instruction the GEMMs use.
 
-It also checks the AVX-512 and AVX-VNNI GEMM tiles' k loops (gemm_avx512vnni.cc, gemm_avxvnni.cc, inline assembly):
-every innermost loop that encloses at least 4 vpdpbusd outside the peak loops must broadcast its A groups from memory
-and hold no vector register copy (vmovdqa/vmovdqu between two registers) and no store: the accumulators stay in their
-registers for the whole loop. Every vpdpbusd of an AVX-VNNI function must be VEX-encoded (objdump's "{vex}"): the
+It also checks the AVX-512, AVX-VNNI and AVX2 GEMM tiles' k loops (gemm_avx512vnni.cc, gemm_avxvnni.cc,
+gemm_avx2.cc, inline assembly): every innermost loop that encloses at least 4 vpdpbusd (vpmaddwd in the AVX2 file)
+outside the peak loops must broadcast its A groups from memory and hold no vector register copy (vmovdqa/vmovdqu
+between two registers) and no store: the accumulators stay in their registers for the whole loop. Every vpdpbusd of an AVX-VNNI function must be VEX-encoded (objdump's "{vex}"): the
 EVEX form needs AVX512-VL, which the CPUs this variant is for do not have.
 
     peak_loop_codegen.py OBJDUMP LIBRARY.a
@@ -56,26 +56,26 @@ def innermost_loops(body):
         yield [x for x in body if start <= x[0] <= end]
 
 
-def check_tile_loops(text):
+def check_tile_loops(text, mac="vpdpbusd"):
     checked, failures = 0, []
     for name, body in functions(text):
         if "mac_loop__" in name:
             continue
         for loop in innermost_loops(body):
             ins = [x for _, x in loop]
-            dps = sum(1 for x in ins if x.startswith("vpdpbusd"))
+            dps = sum(1 for x in ins if x.startswith(mac))
             if dps < 4:
                 continue
             checked += 1
             copies = [x for x in ins if VMOVE.match(x)]
             stores = [x for x in ins if STORE.match(x)]
             broadcasts = [x for x in ins if x.startswith("vpbroadcastd") and "(" in x]
-            print(f"{name[:90]}: tile loop of {len(ins)} instructions, {dps} vpdpbusd, {len(copies)} register copies, "
+            print(f"{name[:90]}: tile loop of {len(ins)} instructions, {dps} {mac}, {len(copies)} register copies, "
                   f"{len(stores)} stores")
             if copies or stores:
                 failures.append(f"{name}: {copies[:3] + stores[:3]} in a tile loop")
             if len(broadcasts) * 3 < dps:
-                failures.append(f"{name}: {len(broadcasts)} memory broadcasts for {dps} vpdpbusd")
+                failures.append(f"{name}: {len(broadcasts)} memory broadcasts for {dps} {mac}")
     return checked, failures
 
 
@@ -128,6 +128,17 @@ def main():
             print(f"gemm_avxvnni: {vnni_tiles} tile loops of at least 4 vpdpbusd, {len(evex)} vpdpbusd not VEX-encoded")
             if vnni_tiles < 3:  # at least the 6-, 4- and 2-row tiles
                 failures.append(f"only {vnni_tiles} AVX-VNNI GEMM tile loops found")
+    # The AVX2 tiles (vpmaddwd), in their own archive member: the AVX-512 row kernels use no vpmaddwd loops, but
+    # other files may.
+    member = re.search(r"^\S*gemm_avx2\S*\.o:\s+file format.*?(?=^\S+\.o:\s+file format|\Z)", text, re.S | re.M)
+    if "mac_loop__avx2" in text:
+        if not member:
+            failures.append("mac_loop__avx2 found but no gemm_avx2 object")
+        else:
+            tiles, tile_failures = check_tile_loops(member.group(0), "vpmaddwd")
+            failures += tile_failures
+            if tiles < 4:  # tile<6>, tile<4> and each GEMM's inlined 2-row tile (the 1-row one has 2 vpmaddwd)
+                failures.append(f"only {tiles} AVX2 GEMM tile loops found")
     for f in failures:
         print("FAIL: " + f)
     print(f"peak_loop_codegen: {checked} loops checked, {len(failures)} failures")

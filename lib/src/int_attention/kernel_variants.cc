@@ -14,7 +14,7 @@ constexpr KernelVariant kVariants[] = {
      QATTN_KERNEL(index_exp_s32_u8__scalar), QATTN_KERNEL(softmax_s32_f32_u8__scalar),
      QATTN_KERNEL(dequantise_s32_f32__scalar), QATTN_KERNEL(mac_loop__scalar)},
 #if defined(QATTN_HAVE_X86_KERNELS)
-    {Isa::avx2, QATTN_KERNEL(qk_s8s8_s32__avx2_2x16), QATTN_KERNEL(pv_u8s8_s32__avx2_2x16),
+    {Isa::avx2, QATTN_KERNEL(qk_s8s8_s32__avx2_6x16), QATTN_KERNEL(pv_u8s8_s32__avx2_6x16),
      QATTN_KERNEL(index_softmax_s32_u8__avx2), QATTN_KERNEL(index_exp_s32_u8__avx2),
      QATTN_KERNEL(softmax_s32_f32_u8__avx2), QATTN_KERNEL(dequantise_s32_f32__scalar), QATTN_KERNEL(mac_loop__avx2)},
     {Isa::avxvnni, QATTN_KERNEL(qk_s8s8_s32__avxvnni_6x16), QATTN_KERNEL(pv_u8s8_s32__avxvnni_6x16),

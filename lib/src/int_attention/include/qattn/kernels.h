@@ -38,8 +38,8 @@ using GemmKernel = void (*)(const GemmArgs&);
 void qk_s8s8_s32__scalar(const GemmArgs& args);
 void pv_u8s8_s32__scalar(const GemmArgs& args);
 #if defined(QATTN_HAVE_X86_KERNELS)
-void qk_s8s8_s32__avx2_2x16(const GemmArgs& args);
-void pv_u8s8_s32__avx2_2x16(const GemmArgs& args);
+void qk_s8s8_s32__avx2_6x16(const GemmArgs& args);
+void pv_u8s8_s32__avx2_6x16(const GemmArgs& args);
 void qk_s8s8_s32__avxvnni_6x16(const GemmArgs& args);
 void pv_u8s8_s32__avxvnni_6x16(const GemmArgs& args);
 void qk_s8s8_s32__avx512vnni_8x48(const GemmArgs& args);
