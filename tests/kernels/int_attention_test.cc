@@ -73,6 +73,26 @@ class GemmTester {
       (pv ? v.pv : v.qk)({a.data(), rows_, k4, packed.data(), sum.data(), n16, c.data()});
       INFO((pv ? v.pv_name : v.qk_name) << " rows " << rows_ << " k " << k_ << " n " << n_);
       CHECK(c == expect);
+      if (pv || !v.qk_row_max) continue;
+      // The row maxima of the epilogue: every row sees the true columns (n_, not the padding), or a causal staircase
+      // that starts before the first column, inside the tiles, or past the last.
+      for (const Eigen::Index first : {n_, Eigen::Index{-3}, Eigen::Index{5}, n_ / 2, n_ + 7})
+        for (const Eigen::Index step : {0, 1}) {
+          kernels::GemmArgs args{a.data(), rows_, k4, packed.data(), sum.data(), n16, c.data()};
+          std::vector<std::int32_t> lanes(rows_ * 16, 0x5A5A5A5A);
+          args.row_max = lanes.data();
+          args.visible = first, args.visible_step = step, args.visible_cap = n_;
+          std::fill(c.begin(), c.end(), -1);
+          v.qk(args);
+          CHECK(c == expect);
+          for (Eigen::Index i = 0; i < rows_; ++i) {
+            const Eigen::Index limit = args.limit(i);
+            std::int32_t want = std::numeric_limits<std::int32_t>::min();
+            for (Eigen::Index j = 0; j < limit; ++j) want = std::max(want, expect[i * n16 + j]);
+            INFO("row " << i << " visible " << first << " step " << step << " limit " << limit);
+            CHECK(*std::max_element(lanes.begin() + i * 16, lanes.begin() + (i + 1) * 16) == want);
+          }
+        }
     }
   }
 
@@ -127,6 +147,14 @@ class SoftmaxRowTester {
               INFO(v.softmax_name << " keys " << keys_ << " limit " << limit_ << " c_int " << c_int_ << " spread " << spread_
                           << " padding " << padding_ << " b " << bits << " rule " << static_cast<int>(rule) << " norm "
                           << static_cast<int>(norm) << " p " << static_cast<int>(format));
+              CHECK(p == expect);
+              if (!v.softmax_given_max || mask) continue;
+              // The same row with its maximum handed over (from Q.K^T's epilogue in the fused driver).
+              std::int32_t m = std::numeric_limits<std::int32_t>::min();
+              for (Eigen::Index j = 0; j < std::clamp<Eigen::Index>(limit_, 0, keys_); ++j) m = std::max(m, row[j]);
+              std::fill(p.begin(), p.end(), std::uint8_t{0xCD});
+              v.softmax_given_max(row.data(), limit_, keys_, t, m, p.data());
+              INFO("given the maximum " << m);
               CHECK(p == expect);
             }
           }

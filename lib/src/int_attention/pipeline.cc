@@ -166,6 +166,10 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
   auto parallel_blocks = [&](auto&& body) {
     parallel_for(static_cast<std::size_t>(blocks), threads, [&](std::size_t b) { body(static_cast<Eigen::Index>(b)); });
   };
+  // IntAttention rows with no padding mask or key groups take their maximum from Q.K^T's epilogue where the ISA has
+  // that pair (kernel_variants.h): the GEMM folds each row's visible values into 16 lanes as it stores them, and the
+  // row kernel skips its first pass. The gemm-only stages run the plain GEMM.
+  const bool epilogue_max = f.qk_row_max && f.softmax_given_max && !quant_only && !grouped && !cfg.valid && run_softmax;
   auto softmax_row = [&](const std::int32_t* s_row, float* f_scratch, Eigen::Index row, std::uint8_t* p_row) {
     const Eigen::Index limit = cfg.causal ? row + lk - lq + 1 : lk;
     const bool* valid = cfg.valid ? cfg.valid + row * lk : nullptr;
@@ -208,7 +212,7 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
   struct Scratch {
     bool ready = false;
     std::vector<std::int8_t> qb;
-    std::unique_ptr<std::int32_t[]> s, acc;
+    std::unique_ptr<std::int32_t[]> s, acc, lanes;
     std::vector<std::uint8_t> p;
     std::vector<float> f;
   };
@@ -220,16 +224,31 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
       if (run_qk) w.qb.assign(static_cast<std::size_t>(rows_max * d4), 0);
       if (run_qk) w.s.reset(new std::int32_t[static_cast<std::size_t>(rows_max * lk_stride)]);
       if (run_pv) w.acc.reset(new std::int32_t[static_cast<std::size_t>(rows_max * dv16)]);
+      if (epilogue_max) w.lanes.reset(new std::int32_t[static_cast<std::size_t>(rows_max * 16)]);
       w.p.assign(static_cast<std::size_t>(rows_max * lk_stride), 0);
       w.f.resize(quant_only ? static_cast<std::size_t>(lk_stride) : 0);
       w.ready = true;
     }
     const Eigen::Index r0 = static_cast<Eigen::Index>(block) * br, rows = std::min(br, lq - r0);
     for (Eigen::Index i = 0; run_qk && i < rows; ++i) std::copy_n(q.values + (r0 + i) * d, d, w.qb.data() + i * d4);
-    if (run_qk) f.qk({w.qb.data(), rows, d4, k_packed.data(), k_sum.data(), lk_stride, w.s.get()});
+    kernels::GemmArgs qk{w.qb.data(), rows, d4, k_packed.data(), k_sum.data(), lk_stride, w.s.get()};
+    if (epilogue_max) {
+      qk.row_max = w.lanes.get();
+      qk.visible = cfg.causal ? r0 + lk - lq + 1 : lk;
+      qk.visible_step = cfg.causal ? 1 : 0;
+      qk.visible_cap = lk;
+    }
+    if (run_qk) f.qk(qk);
     for (Eigen::Index i = 0; run_softmax && i < rows; ++i) {
-      softmax_row(w.s.get() + i * lk_stride, w.f.data(), r0 + i, w.p.data() + i * lk_stride);
-      if (cfg.p_out) std::copy_n(w.p.data() + i * lk_stride, lk, cfg.p_out + (r0 + i) * lk);
+      const std::int32_t* s_row = w.s.get() + i * lk_stride;
+      std::uint8_t* p_row = w.p.data() + i * lk_stride;
+      if (epilogue_max) {
+        const std::int32_t* lanes = w.lanes.get() + i * 16;
+        f.softmax_given_max(s_row, qk.limit(i), lk, tables, *std::max_element(lanes, lanes + 16), p_row);
+      } else {
+        softmax_row(s_row, w.f.data(), r0 + i, p_row);
+      }
+      if (cfg.p_out) std::copy_n(p_row, lk, cfg.p_out + (r0 + i) * lk);
     }
     if (!run_pv) return;
     f.pv({w.p.data(), rows, lk_stride, v_packed.data(), v_sum.data(), dv16, w.acc.get()});

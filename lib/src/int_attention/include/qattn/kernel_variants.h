@@ -21,6 +21,10 @@ struct KernelVariant {
   GemmKernel pv;
   std::string_view softmax_name;  // IndexSoftmax row
   SoftmaxKernel softmax;
+  // The pair that moves the row maximum into Q.K^T's epilogue: qk fills GemmArgs::row_max, and the row kernel takes
+  // the maximum; both or neither (false and null where the ISA has no such pair).
+  bool qk_row_max;
+  SoftmaxGivenMaxKernel softmax_given_max;
   std::string_view index_exp_name;  // IndexSoftmax steps (2)-(5) of one key block (group-wise clipping)
   IndexExpKernel index_exp;
   std::string_view softmax_f32_name;  // Quant-Only's float softmax row

@@ -32,6 +32,15 @@ struct GemmArgs {
   const std::int32_t* b_sum = nullptr;
   Index n = 0;       // multiple of 16
   std::int32_t* c = nullptr;  // [rows, n] row-major
+  // Q.K^T, optional, where the variant table says the variant fills it (qk_row_max): each row's maximum of C over
+  // its visible columns j < limit(r) = clamp(visible + r * visible_step, 0, visible_cap), as 16 lanes per row
+  // (row_max[16 r + lane]; the row's maximum is the lanes' maximum; INT32_MIN where nothing is visible).
+  std::int32_t* row_max = nullptr;
+  Index visible = 0, visible_step = 0, visible_cap = 0;
+  Index limit(Index r) const {
+    const Index x = visible + r * visible_step;
+    return x < 0 ? 0 : x > visible_cap ? visible_cap : x;
+  }
 };
 using GemmKernel = void (*)(const GemmArgs&);
 
@@ -104,7 +113,13 @@ void index_softmax_s32_u8__scalar(const std::int32_t* s, const bool* valid, Inde
 // normalisation, so none needs a scratch row.
 using SoftmaxKernel = void (*)(const std::int32_t* s, const bool* valid, Index limit, Index keys,
                                const IndexSoftmaxTables& t, std::uint8_t* p);
+// The row kernel given the row's maximum m over its entries j < limit (GemmArgs::row_max), with no padding mask: the
+// same P as the row kernel, without its first pass.
+using SoftmaxGivenMaxKernel = void (*)(const std::int32_t* s, Index limit, Index keys, const IndexSoftmaxTables& t,
+                                       std::int32_t m, std::uint8_t* p);
 #if defined(QATTN_HAVE_X86_KERNELS)
+void index_softmax_max_s32_u8__avx512(const std::int32_t* s, Index limit, Index keys, const IndexSoftmaxTables& t,
+                                      std::int32_t m, std::uint8_t* p);
 void index_softmax_s32_u8__avx2(const std::int32_t* s, const bool* valid, Index limit, Index keys,
                                 const IndexSoftmaxTables& t, std::uint8_t* p);
 void index_softmax_s32_u8__avx512(const std::int32_t* s, const bool* valid, Index limit, Index keys,
