@@ -507,7 +507,7 @@ void run_bench(const BenchOptions& o) {
        << "fp32 blocks runs Eigen at this build's baseline ISA; peak RSS per row is the process's high-water mark "
        << "while that row ran (inputs included; " << ru.ru_maxrss / 1024 << " MiB for the whole run)\n\n";
   emit(o.format == "json" ? j.dump(2) + "\n"
-                          : head.str() + t.markdown() + anchor_tables(o, cells, names.softmax, qo_softmax) +
+                          : head.str() + t.markdown() + anchor_tables(o, cells, names.softmax_row, qo_softmax) +
                                 "\nTargets (docs/kernels.md):\n" + targets,
        o.out);
 }

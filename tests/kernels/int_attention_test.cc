@@ -434,6 +434,10 @@ TEST_CASE("the kernel variant table: one row per ISA, names by family, MAC loops
     CHECK(v.dequantise_name.rfind("dequantise_s32_f32__", 0) == 0);
     CHECK(v.mac_loop_name.rfind("mac_loop__", 0) == 0);
     CHECK((v.qk && v.pv && v.softmax && v.index_exp && v.softmax_f32 && v.dequantise && v.mac_loop));
+    // The row maximum moves into Q.K^T's epilogue as a pair, or not at all.
+    CHECK(v.qk_row_max == (v.softmax_given_max != nullptr));
+    CHECK((v.softmax_given_max ? v.softmax_given_max_name.rfind("index_softmax_max_s32_u8__", 0) == 0
+                               : v.softmax_given_max_name.empty()));
     CHECK(&kernels::kernel_variant(v.isa) == &v);
     if (!isa_available(v.isa)) continue;
     std::int32_t c1 = -1, c2 = -2;

@@ -78,9 +78,11 @@ struct IntAttentionConfig {
 // Names of the kernels a call with this ISA runs, for reports ("qk_s8s8_s32__avx512vnni_8x48", ...).
 struct IntAttentionKernels {
   std::string qk, softmax, pv;
+  std::string softmax_row;  // the whole row kernel, maximum pass included: what int_attention_softmax_rows times
 };
 // With key_groups (IntAttentionConfig::key_block > 0) the softmax is the per-key-block kernel and the shared
-// normalisation ("index_exp_s32_u8__avx512 per key block + index_normalise_u8").
+// normalisation ("index_exp_s32_u8__avx512 per key block + index_normalise_u8"). Where the ISA moves the row maximum
+// into Q.K^T's epilogue, the softmax names the row kernel that takes it, and the one rows with a padding mask run.
 IntAttentionKernels int_attention_kernels(Isa isa, IntPipeline pipeline = IntPipeline::intattention,
                                           bool key_groups = false);
 

@@ -10,28 +10,28 @@ namespace {
 
 constexpr KernelVariant kVariants[] = {
     {Isa::scalar, QATTN_KERNEL(qk_s8s8_s32__scalar), QATTN_KERNEL(pv_u8s8_s32__scalar),
-     QATTN_KERNEL(index_softmax_s32_u8__scalar), false, nullptr,
+     QATTN_KERNEL(index_softmax_s32_u8__scalar), false, "", nullptr,
      QATTN_KERNEL(index_exp_s32_u8__scalar), QATTN_KERNEL(softmax_s32_f32_u8__scalar),
      QATTN_KERNEL(dequantise_s32_f32__scalar), QATTN_KERNEL(mac_loop__scalar)},
 #if defined(QATTN_HAVE_X86_KERNELS)
     {Isa::avx2, QATTN_KERNEL(qk_s8s8_s32__avx2_6x16), QATTN_KERNEL(pv_u8s8_s32__avx2_6x16),
-     QATTN_KERNEL(index_softmax_s32_u8__avx2), false, nullptr, QATTN_KERNEL(index_exp_s32_u8__avx2),
+     QATTN_KERNEL(index_softmax_s32_u8__avx2), false, "", nullptr, QATTN_KERNEL(index_exp_s32_u8__avx2),
      QATTN_KERNEL(softmax_s32_f32_u8__avx2), QATTN_KERNEL(dequantise_s32_f32__scalar), QATTN_KERNEL(mac_loop__avx2)},
     {Isa::avxvnni, QATTN_KERNEL(qk_s8s8_s32__avxvnni_6x16), QATTN_KERNEL(pv_u8s8_s32__avxvnni_6x16),
-     QATTN_KERNEL(index_softmax_s32_u8__avx2), false, nullptr, QATTN_KERNEL(index_exp_s32_u8__avx2),
+     QATTN_KERNEL(index_softmax_s32_u8__avx2), false, "", nullptr, QATTN_KERNEL(index_exp_s32_u8__avx2),
      QATTN_KERNEL(softmax_s32_f32_u8__avx2), QATTN_KERNEL(dequantise_s32_f32__scalar), QATTN_KERNEL(mac_loop__avxvnni)},
     {Isa::avx512vnni, QATTN_KERNEL(qk_s8s8_s32__avx512vnni_8x48), QATTN_KERNEL(pv_u8s8_s32__avx512vnni_8x48),
-     QATTN_KERNEL(index_softmax_s32_u8__avx512), true, index_softmax_max_s32_u8__avx512, QATTN_KERNEL(index_exp_s32_u8__avx512),
+     QATTN_KERNEL(index_softmax_s32_u8__avx512), true, QATTN_KERNEL(index_softmax_max_s32_u8__avx512), QATTN_KERNEL(index_exp_s32_u8__avx512),
      QATTN_KERNEL(softmax_s32_f32_u8__avx512), QATTN_KERNEL(dequantise_s32_f32__avx512),
      QATTN_KERNEL(mac_loop__avx512vnni)},
 #endif
 #if defined(QATTN_HAVE_ARM_KERNELS)
     {Isa::neon_dotprod, QATTN_KERNEL(qk_s8s8_s32__neon_dotprod_4x16), QATTN_KERNEL(pv_u8s8_s32__neon_dotprod_4x16),
-     QATTN_KERNEL(index_softmax_s32_u8__neon), false, nullptr, QATTN_KERNEL(index_exp_s32_u8__neon),
+     QATTN_KERNEL(index_softmax_s32_u8__neon), false, "", nullptr, QATTN_KERNEL(index_exp_s32_u8__neon),
      QATTN_KERNEL(softmax_s32_f32_u8__scalar), QATTN_KERNEL(dequantise_s32_f32__scalar),
      QATTN_KERNEL(mac_loop__neon_dotprod)},
     {Isa::neon_i8mm, QATTN_KERNEL(qk_s8s8_s32__neon_dotprod_4x16), QATTN_KERNEL(pv_u8s8_s32__neon_i8mm_4x16),
-     QATTN_KERNEL(index_softmax_s32_u8__neon), false, nullptr, QATTN_KERNEL(index_exp_s32_u8__neon),
+     QATTN_KERNEL(index_softmax_s32_u8__neon), false, "", nullptr, QATTN_KERNEL(index_exp_s32_u8__neon),
      QATTN_KERNEL(softmax_s32_f32_u8__scalar), QATTN_KERNEL(dequantise_s32_f32__scalar),
      QATTN_KERNEL(mac_loop__neon_i8mm)},
 #endif

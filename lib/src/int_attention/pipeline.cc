@@ -91,7 +91,10 @@ IntAttentionKernels int_attention_kernels(Isa isa, IntPipeline pipeline, bool ke
   std::string softmax(pipeline == IntPipeline::quant_only ? v.softmax_f32_name : v.softmax_name);
   if (pipeline == IntPipeline::intattention && key_groups)
     softmax = std::string(v.index_exp_name) + " per key block + index_normalise_u8";
-  return {std::string(v.qk_name), softmax, std::string(v.pv_name)};
+  else if (pipeline == IntPipeline::intattention && v.softmax_given_max)  // rows with a padding mask: the row kernel
+    softmax = std::string(v.softmax_given_max_name) + " (maximum from the Q.K^T epilogue; masked rows: " + softmax + ")";
+  const std::string_view row = pipeline == IntPipeline::quant_only ? v.softmax_f32_name : v.softmax_name;
+  return {std::string(v.qk_name), softmax, std::string(v.pv_name), std::string(row)};
 }
 
 void int_attention_softmax_rows(Isa isa, IntPipeline pipeline, const IndexSoftmaxParams& softmax, std::int64_t c_int,

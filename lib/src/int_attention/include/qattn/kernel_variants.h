@@ -24,6 +24,7 @@ struct KernelVariant {
   // The pair that moves the row maximum into Q.K^T's epilogue: qk fills GemmArgs::row_max, and the row kernel takes
   // the maximum; both or neither (false and null where the ISA has no such pair).
   bool qk_row_max;
+  std::string_view softmax_given_max_name;
   SoftmaxGivenMaxKernel softmax_given_max;
   std::string_view index_exp_name;  // IndexSoftmax steps (2)-(5) of one key block (group-wise clipping)
   IndexExpKernel index_exp;
