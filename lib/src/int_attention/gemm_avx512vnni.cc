@@ -135,7 +135,8 @@ inline void k_loop_4rows(const std::uint8_t* a0, Index lda, const std::int8_t* b
 #define QATTN8_MAX3(r) "vpmaxsd " QATTN8_ACC(r, 1) ", " QATTN8_ACC(r, 0) ", %%zmm0\n\t" \
                        "vpmaxsd " QATTN8_ACC(r, 2) ", %%zmm0, %%zmm0\n\t" QATTN8_MAXLANES(r)
 #define QATTN8_MAX2(r) "vpmaxsd " QATTN8_ACC(r, 1) ", " QATTN8_ACC(r, 0) ", %%zmm0\n\t" QATTN8_MAXLANES(r)
-#define QATTN8_MAX1(r) "vpmaxsd " QATTN8_ACC(r, 0) ", " QATTN8_ACC(r, 0) ", %%zmm0\n\t" QATTN8_MAXLANES(r)
+#define QATTN8_MAX1(r) "vpmaxsd " #r "*64(%[init]), " QATTN8_ACC(r, 0) ", %%zmm0\n\t" \
+                       "vmovdqu64 %%zmm0, " #r "*64(%[init])\n\t"
 #define QATTN8_MAXLANES(r) "vpmaxsd " #r "*64(%[init]), %%zmm0, %%zmm0\n\t" \
                            "vmovdqu64 %%zmm0, " #r "*64(%[init])\n\t"
 #define QATTN8_MAXES(MAX) "mov %[lanes], %[init]\n\t" QATTN8_ALL(MAX)

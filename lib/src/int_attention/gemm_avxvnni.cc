@@ -3,9 +3,9 @@
 // that have both (Zen 5, Sapphire Rapids). Tiles of 6 rows x 16 columns: 12 ymm accumulators, 2 for the B vectors of
 // one group of 4 k, 1 for the broadcast A group, 15 of the 16 ymm registers AVX2 has; 4-, 2- and 1-row tiles take the
 // rows left over. The packed B (pack.cc) holds each group of 4 k for 16 columns in 64 bytes, two ymm loads.
-// qk: A = Q is s8; a ^ 0x80 = a + 128 as u8 (biased once per call into a per-thread copy), so the lanes hold
-// sum (a + 128) b and 128 B_sum[n] is subtracted on the last k block (|sum| <= 255 * 127 * k: exact in int32 for
-// k < 66000). pv: A = P is u8, native. Partial sums wait in C between k blocks, as in gemm_avx512vnni.cc.
+// qk: A = Q is s8; a ^ 0x80 = a + 128 as u8 (biased once per call into a per-thread copy), and the lanes start from
+// -128 B_sum[n] and add sum (a + 128) b: wrapping adds of the same terms as S, which fits int32 (docs/kernels.md,
+// overflow bounds). pv: A = P is u8, native. Partial sums wait in C between k blocks, as in gemm_avx512vnni.cc.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -17,16 +17,16 @@
 namespace qattn::kernels {
 namespace {
 
-enum class AMode { u8, s8_biased };
-
 // k blocks of 256: a B panel of 16 columns is then 4 KiB and stays in L1 while every row passes over it.
 constexpr Index kKc = 256;
 
 // The k loop of an R x 16 tile (R = 6, 4, 2 or 1) in inline assembly: row r's accumulators fixed in ymm(4 + 2 r) and
 // ymm(5 + 2 r), the two B vectors of a group of 4 k in ymm0 and ymm1, the A group broadcast from memory into ymm2.
-// Rows by two bases: a0 (rows 0, 1, 2, 4 as a0 + {0, 1, 2, 4} lda) and a3 (rows 3, 5 as a3 + {0, 2} lda). The sums
-// are stored to `out` [R][16]. Written by hand because GCC 12 compiles the intrinsics loop of the 6-row tile with a
-// register copy and a stack store of most accumulators on every step; tests/kernels/peak_loop_codegen.py checks it.
+// Rows by two bases: a0 (rows 0, 1, 2, 4 as a0 + {0, 1, 2, 4} lda) and a3 (rows 3, 5 as a3 + {0, 2} lda). The
+// accumulators start from `init` (rows ldi bytes apart: 0 repeats one row, Q.K^T's bias row or zeros) and end in
+// `out` (rows ldo bytes apart: C), so neither the bias nor C's partial sums need a pass of their own. Written by hand
+// because GCC 12 compiles the intrinsics loop of the 6-row tile with a register copy and a stack store of most
+// accumulators on every step; tests/kernels/peak_loop_codegen.py checks it.
 #define QATTN_STR2(x) #x
 #define QATTN_STR(x) QATTN_STR2(x)
 #define QATTN_ACC(r, v) "%%ymm" QATTN_STR(QATTN_REG_##r##v)
@@ -52,12 +52,14 @@ constexpr Index kKc = 256;
 #define QATTN_ROW3 QATTN_ROW("(%[a3])", 3)
 #define QATTN_ROW4 QATTN_ROW("(%[a0],%[lda],4)", 4)
 #define QATTN_ROW5 QATTN_ROW("(%[a3],%[lda],2)", 5)
-#define QATTN_ZERO(r) "vpxor " QATTN_ACC(r, 0) ", " QATTN_ACC(r, 0) ", " QATTN_ACC(r, 0) "\n\t" \
-                      "vpxor " QATTN_ACC(r, 1) ", " QATTN_ACC(r, 1) ", " QATTN_ACC(r, 1) "\n\t"
-#define QATTN_STORE(r) "vmovdqu " QATTN_ACC(r, 0) ", " #r "*64(%[out])\n\t" \
-                       "vmovdqu " QATTN_ACC(r, 1) ", " #r "*64+32(%[out])\n\t"
-#define QATTN_LOOP(ZEROS, ROWS, STORES)                                                                 \
-  ZEROS                                                                                                 \
+#define QATTN_INIT(r) "vmovdqu (%[init]), " QATTN_ACC(r, 0) "\n\t" \
+                      "vmovdqu 32(%[init]), " QATTN_ACC(r, 1) "\n\t" \
+                      "add %[ldi], %[init]\n\t"
+#define QATTN_STORE(r) "vmovdqu " QATTN_ACC(r, 0) ", (%[out])\n\t" \
+                       "vmovdqu " QATTN_ACC(r, 1) ", 32(%[out])\n\t" \
+                       "add %[ldo], %[out]\n\t"
+#define QATTN_LOOP(INITS, ROWS, STORES)                                                                 \
+  INITS                                                                                                 \
   "1:\n\t"                                                                                              \
   "vmovdqu (%[b]), %%ymm0\n\t"                                                                          \
   "vmovdqu 32(%[b]), %%ymm1\n\t"                                                                        \
@@ -67,35 +69,36 @@ constexpr Index kKc = 256;
   "dec %[n]\n\t"                                                                                        \
   "jnz 1b\n\t" STORES
 #define QATTN_OPERANDS                                                                                  \
-  : [a0] "+r"(a0), [a3] "+r"(a3), [b] "+r"(b), [n] "+r"(steps)                                           \
-  : [lda] "r"(lda), [bs] "r"(bs), [out] "r"(out)                                                         \
+  : [a0] "+r"(a0), [a3] "+r"(a3), [b] "+r"(b), [n] "+r"(steps), [init] "+r"(init), [out] "+r"(out)     \
+  : [lda] "r"(lda), [bs] "r"(bs), [ldi] "r"(ldi), [ldo] "r"(ldo)                                         \
   : "xmm0", "xmm1", "xmm2", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", \
     "xmm14", "xmm15", "cc", "memory"
 
 template <int R>
-inline void k_loop(const std::uint8_t* a0, Index lda, const std::int8_t* b, Index bs, Index steps, std::int32_t* out) {
+inline void k_loop(const std::uint8_t* a0, Index lda, const std::int8_t* b, Index bs, Index steps,
+                   const std::int32_t* init, Index ldi, std::int32_t* out, Index ldo) {
   const std::uint8_t* a3 = a0 + 3 * lda;  // only dereferenced by the 4- and 6-row loops
   if constexpr (R == 6) {
-    asm volatile(QATTN_LOOP(QATTN_ZERO(0) QATTN_ZERO(1) QATTN_ZERO(2) QATTN_ZERO(3) QATTN_ZERO(4) QATTN_ZERO(5),
+    asm volatile(QATTN_LOOP(QATTN_INIT(0) QATTN_INIT(1) QATTN_INIT(2) QATTN_INIT(3) QATTN_INIT(4) QATTN_INIT(5),
                             QATTN_ROW0 QATTN_ROW1 QATTN_ROW2 QATTN_ROW3 QATTN_ROW4 QATTN_ROW5,
                             QATTN_STORE(0) QATTN_STORE(1) QATTN_STORE(2) QATTN_STORE(3) QATTN_STORE(4) QATTN_STORE(5))
                      QATTN_OPERANDS);
   } else if constexpr (R == 4) {
-    asm volatile(QATTN_LOOP(QATTN_ZERO(0) QATTN_ZERO(1) QATTN_ZERO(2) QATTN_ZERO(3),
+    asm volatile(QATTN_LOOP(QATTN_INIT(0) QATTN_INIT(1) QATTN_INIT(2) QATTN_INIT(3),
                             QATTN_ROW0 QATTN_ROW1 QATTN_ROW2 QATTN_ROW3,
                             QATTN_STORE(0) QATTN_STORE(1) QATTN_STORE(2) QATTN_STORE(3)) QATTN_OPERANDS);
   } else if constexpr (R == 2) {
-    asm volatile(QATTN_LOOP(QATTN_ZERO(0) QATTN_ZERO(1), QATTN_ROW0 QATTN_ROW1, QATTN_STORE(0) QATTN_STORE(1))
+    asm volatile(QATTN_LOOP(QATTN_INIT(0) QATTN_INIT(1), QATTN_ROW0 QATTN_ROW1, QATTN_STORE(0) QATTN_STORE(1))
                      QATTN_OPERANDS);
   } else {
     static_assert(R == 1);
-    asm volatile(QATTN_LOOP(QATTN_ZERO(0), QATTN_ROW0, QATTN_STORE(0)) QATTN_OPERANDS);
+    asm volatile(QATTN_LOOP(QATTN_INIT(0), QATTN_ROW0, QATTN_STORE(0)) QATTN_OPERANDS);
   }
 }
 #undef QATTN_OPERANDS
 #undef QATTN_LOOP
 #undef QATTN_STORE
-#undef QATTN_ZERO
+#undef QATTN_INIT
 #undef QATTN_ROW5
 #undef QATTN_ROW4
 #undef QATTN_ROW3
@@ -107,49 +110,40 @@ inline void k_loop(const std::uint8_t* a0, Index lda, const std::int8_t* b, Inde
 #undef QATTN_STR
 #undef QATTN_STR2
 
-// One R x 16 tile of C over k in [k0, k0 + kc): the qk bias -128 B_sum is subtracted on the last k block, the partial
-// sums already in C are added on every block but the first (integer adds wrap, so the order does not change C).
-template <AMode kA, int R>
-inline void tile(const GemmArgs& g, Index i0, Index n0, Index k0, Index kc, bool first, bool last) {
-  alignas(32) std::int32_t sums[R][16];
-  if (kc >= 4) {
-    k_loop<R>(static_cast<const std::uint8_t*>(g.a) + i0 * g.k + k0, g.k, g.b_packed + (k0 / 4) * g.n * 4 + n0 * 4,
-              g.n * 4, kc / 4, &sums[0][0]);
-  } else {  // k = 0: the loop runs at least once
-    std::memset(sums, 0, sizeof sums);
+// One R x 16 tile of C over k in [k0, k0 + kc), from `init_row` (Q.K^T's bias row; null: zeros) on the first k block
+// and from C's partial sums on the others (integer adds wrap, so the order does not change C).
+template <int R>
+inline void tile(const GemmArgs& g, const std::int32_t* init_row, Index i0, Index n0, Index k0, Index kc, bool first) {
+  alignas(32) static constexpr std::int32_t kZeros[16] = {};
+  std::int32_t* c = g.c + i0 * g.n + n0;
+  const Index ldc = g.n * static_cast<Index>(sizeof(std::int32_t));
+  const std::int32_t* init = first ? (init_row ? init_row + n0 : kZeros) : c;
+  if (kc < 4) {  // k = 0: C is its first values (the loop runs at least once)
+    for (int r = 0; r < R; ++r) std::memcpy(c + r * g.n, init, sizeof kZeros);
+    return;
   }
-  for (int v = 0; v < 2; ++v) {
-    const __m256i bias = kA != AMode::u8 && last
-                             ? _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.b_sum + n0 + 8 * v)), 7)
-                             : _mm256_setzero_si256();
-    for (int r = 0; r < R; ++r) {
-      std::int32_t* c = g.c + (i0 + r) * g.n + n0 + 8 * v;
-      __m256i x = _mm256_sub_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(&sums[r][8 * v])), bias);
-      if (!first) x = _mm256_add_epi32(x, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(c), x);
-    }
-  }
+  k_loop<R>(static_cast<const std::uint8_t*>(g.a) + i0 * g.k + k0, g.k, g.b_packed + (k0 / 4) * g.n * 4 + n0 * 4,
+            g.n * 4, kc / 4, init, first ? 0 : ldc, c, ldc);
 }
 
 // k blocks, then 16-column panels, then rows.
-template <AMode kA>
-void gemm_blocks(const GemmArgs& g) {
+void gemm_blocks(const GemmArgs& g, const std::int32_t* init_row) {
   for (Index k0 = 0; k0 < g.k || k0 == 0; k0 += kKc) {
     const Index kc = std::min(kKc, g.k - k0);
-    const bool first = k0 == 0, last = k0 + kc >= g.k;
+    const bool first = k0 == 0;
     for (Index n0 = 0; n0 < g.n; n0 += 16) {  // n is a multiple of 16
       Index i0 = 0;
-      for (; i0 + 6 <= g.rows; i0 += 6) tile<kA, 6>(g, i0, n0, k0, kc, first, last);
-      for (; i0 + 4 <= g.rows; i0 += 4) tile<kA, 4>(g, i0, n0, k0, kc, first, last);
-      for (; i0 + 2 <= g.rows; i0 += 2) tile<kA, 2>(g, i0, n0, k0, kc, first, last);
-      for (; i0 < g.rows; ++i0) tile<kA, 1>(g, i0, n0, k0, kc, first, last);
+      for (; i0 + 6 <= g.rows; i0 += 6) tile<6>(g, init_row, i0, n0, k0, kc, first);
+      for (; i0 + 4 <= g.rows; i0 += 4) tile<4>(g, init_row, i0, n0, k0, kc, first);
+      for (; i0 + 2 <= g.rows; i0 += 2) tile<2>(g, init_row, i0, n0, k0, kc, first);
+      for (; i0 < g.rows; ++i0) tile<1>(g, init_row, i0, n0, k0, kc, first);
     }
     if (g.k == 0) break;
   }
 }
 
 void qk_gemm(const GemmArgs& g) {
-  static thread_local ThreadBuffer copy;  // grows to the largest Q block this thread has seen
+  static thread_local ThreadBuffer copy, bias;  // grow to the largest Q block and n this thread has seen
   const Index n = g.rows * g.k;
   std::uint8_t* biased = copy.reserve(n);
   const std::uint8_t* a = static_cast<const std::uint8_t*>(g.a);
@@ -159,15 +153,21 @@ void qk_gemm(const GemmArgs& g) {
                         _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i)),
                                          _mm256_set1_epi8(static_cast<char>(0x80))));
   for (; i < n; ++i) biased[i] = a[i] ^ 0x80;
+  // C's first values, -128 B_sum[n]: the bias of sum (a + 128) b.
+  std::int32_t* init_row = reinterpret_cast<std::int32_t*>(bias.reserve(g.n * Index{sizeof(std::int32_t)}));
+  for (Index j = 0; j < g.n; j += 8)  // n is a multiple of 16
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(init_row + j),
+                        _mm256_sub_epi32(_mm256_setzero_si256(),
+                                         _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.b_sum + j)), 7)));
   GemmArgs h = g;
   h.a = biased;
-  gemm_blocks<AMode::s8_biased>(h);
+  gemm_blocks(h, init_row);
 }
 
 }  // namespace
 
 void qk_s8s8_s32__avxvnni_6x16(const GemmArgs& args) { qk_gemm(args); }
-void pv_u8s8_s32__avxvnni_6x16(const GemmArgs& args) { gemm_blocks<AMode::u8>(args); }
+void pv_u8s8_s32__avxvnni_6x16(const GemmArgs& args) { gemm_blocks(args, nullptr); }
 
 // Register-only inline assembly, so that no compiler can spill an accumulator or hoist an instruction out of the
 // loop: ymm0 / ymm1 hold the operands, ymm2..ymm15 fourteen independent vpdpbusd chains. {vex} (written %{vex%} in an
