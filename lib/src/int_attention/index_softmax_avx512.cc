@@ -301,42 +301,8 @@ class SmallLutRow {
   bool clamp_ = false;
 };
 
-}  // namespace
-
-namespace {
-
 // The row from step (2) on, with its maximum m over s[0, limit) (limit >= 1, no padding mask, an index rule other than
 // floor-f32).
-void row_from_max(const std::int32_t* s, Index limit, const IndexSoftmaxTables& t, std::int32_t m, std::uint8_t* p);
-
-}  // namespace
-
-void index_softmax_s32_u8__avx512(const std::int32_t* s, const bool* valid, Index limit, Index keys,
-                                  const IndexSoftmaxTables& t, std::uint8_t* p) {
-  if (valid || t.params.index_rule == IndexRule::floor_f32) {
-    index_softmax_s32_u8__scalar(s, valid, limit, keys, t, p);
-    return;
-  }
-  limit = std::clamp<Index>(limit, 0, keys);
-  std::memset(p + limit, 0, static_cast<std::size_t>(keys - limit));
-  if (limit == 0) return;
-  row_from_max(s, limit, t, row_max(s, limit), p);  // (1) the maximum, then (2)-(6)
-}
-
-void index_softmax_max_s32_u8__avx512(const std::int32_t* s, Index limit, Index keys, const IndexSoftmaxTables& t,
-                                      std::int32_t m, std::uint8_t* p) {
-  if (t.params.index_rule == IndexRule::floor_f32) {
-    index_softmax_s32_u8__scalar(s, nullptr, limit, keys, t, p);
-    return;
-  }
-  limit = std::clamp<Index>(limit, 0, keys);
-  std::memset(p + limit, 0, static_cast<std::size_t>(keys - limit));
-  if (limit == 0) return;
-  row_from_max(s, limit, t, m, p);
-}
-
-namespace {
-
 void row_from_max(const std::int32_t* s, Index limit, const IndexSoftmaxTables& t, std::int32_t m, std::uint8_t* p) {
   const IntIndex int_index = IntIndex::make(t);
   const bool integer_index = int_index.path != IntIndexPath::none;
@@ -371,6 +337,31 @@ void row_from_max(const std::int32_t* s, Index limit, const IndexSoftmaxTables& 
 }
 
 }  // namespace
+
+void index_softmax_s32_u8__avx512(const std::int32_t* s, const bool* valid, Index limit, Index keys,
+                                  const IndexSoftmaxTables& t, std::uint8_t* p) {
+  if (valid || t.params.index_rule == IndexRule::floor_f32) {
+    index_softmax_s32_u8__scalar(s, valid, limit, keys, t, p);
+    return;
+  }
+  limit = std::clamp<Index>(limit, 0, keys);
+  std::memset(p + limit, 0, static_cast<std::size_t>(keys - limit));
+  if (limit == 0) return;
+  row_from_max(s, limit, t, row_max(s, limit), p);  // (1) the maximum, then (2)-(6)
+}
+
+void index_softmax_max_s32_u8__avx512(const std::int32_t* s, Index limit, Index keys, const IndexSoftmaxTables& t,
+                                      std::int32_t m, std::uint8_t* p) {
+  if (t.params.index_rule == IndexRule::floor_f32) {
+    index_softmax_s32_u8__scalar(s, nullptr, limit, keys, t, p);
+    return;
+  }
+  limit = std::clamp<Index>(limit, 0, keys);
+  std::memset(p + limit, 0, static_cast<std::size_t>(keys - limit));
+  if (limit == 0) return;
+  row_from_max(s, limit, t, m, p);
+}
+
 
 std::int64_t index_exp_s32_u8__avx512(const std::int32_t* s, const bool* valid, Index n, std::int32_t anchor,
                                       const IndexSoftmaxTables& t, std::uint8_t* e) {
