@@ -521,7 +521,7 @@ void add_bench(CLI::App& app) {
   sub->add_option("--d", o->d, "head dimension")->capture_default_str();
   sub->add_option("--threads", o->threads, "thread counts")->delimiter(',')->capture_default_str();
   sub->add_option("--reps", o->reps, "timed repetitions per cell (median)")->capture_default_str();
-  sub->add_option("--isa", o->isa, "scalar|avx2|avx512|neon-dotprod|neon-i8mm (default: QATTN_ISA or the best)");
+  sub->add_option("--isa", o->isa, "scalar|avx2|avxvnni|avx512|neon-dotprod|neon-i8mm (default: QATTN_ISA or the best)");
   sub->add_option("--index", o->index, "IndexSoftmax spec of the intattention rows")->capture_default_str();
   sub->add_option("--format", o->format, "md|json")->check(CLI::IsMember({"md", "json"}))->capture_default_str();
   sub->add_option("--out", o->out, "write here instead of stdout");
