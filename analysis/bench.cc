@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -67,6 +68,34 @@ double peak_rss_mib() {
   while (std::getline(f, line))
     if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;  // "VmHWM:   1234 kB"
   return -1;
+}
+
+// Medians of several forms timed in turns. Each is first run once alone (the warm-up: first touches, caches; its peak
+// RSS is read then, since every call allocates the same buffers as its first), and the timed repetitions then run
+// round-robin (f0, f1, ..., f0, f1, ...). A drift of the machine's speed during the cell so falls on every form
+// alike, and the ratios between them (fused / gemm-only) compare like with like.
+std::vector<double> interleaved_medians_ms(int reps, const std::vector<std::function<void()>>& forms,
+                                           std::vector<double>* rss_mib = nullptr) {
+  const std::size_t n = forms.size();
+  if (rss_mib) rss_mib->assign(n, -1);
+  for (std::size_t i = 0; i < n; ++i) {
+    reset_peak_rss();
+    forms[i]();
+    if (rss_mib) (*rss_mib)[i] = peak_rss_mib();
+  }
+  std::vector<std::vector<double>> t(n);
+  for (int r = 0; r < reps; ++r)
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto t0 = Clock::now();
+      forms[i]();
+      t[i].push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    }
+  std::vector<double> medians(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    std::sort(t[i].begin(), t[i].end());
+    medians[i] = t[i][t[i].size() / 2];
+  }
+  return medians;
 }
 
 template <typename F>
@@ -321,25 +350,26 @@ std::vector<Row> measure_cell(const BenchOptions& o, const BenchInputs& in, Isa 
   cfg.threads = threads;
   cfg.softmax = index_params;
   using Stages = IntAttentionConfig::Stages;
-  auto run_int = [&](Stages stages, IntPipeline pipeline = IntPipeline::intattention, bool materialise = false,
-                     double* rss = nullptr) {
-    cfg.stages = stages;
-    cfg.pipeline = pipeline;
-    cfg.materialise = materialise;
-    return median_ms(o.reps, [&] {
+  // One form of the fused call, as a function the timer runs.
+  auto int_form = [&](Stages stages, IntPipeline pipeline = IntPipeline::intattention, bool materialise = false) {
+    return std::function<void()>([&, stages, pipeline, materialise] {
+      cfg.stages = stages;
+      cfg.pipeline = pipeline;
+      cfg.materialise = materialise;
       int_attention_fused({in.q8.data(), l, o.d, in.sq}, {in.k8.data(), l, o.d, in.sk}, {in.v8.data(), l, o.d, in.sv},
                           scale, cfg, out.data());
-    }, rss);
+    });
   };
   auto share_of_peak = [&](double m, double ms) { return m / (ms * 1e-3) * 1e-9 / (peak_gmacs * threads) * 100; };
   std::vector<Row> rows;
   if (wants(o, "fused")) {
-    double r_int, r_qo, r_gemm;
-    c.t_int = run_int(Stages::all, IntPipeline::intattention, false, &r_int);
-    c.t_gemm = run_int(Stages::gemms, IntPipeline::intattention, false, &r_gemm);
-    c.t_qo = run_int(Stages::all, IntPipeline::quant_only, false, &r_qo);
-    c.t_qk = run_int(Stages::qk);
-    c.t_pv = run_int(Stages::pv);
+    // The group's five forms in turns: fused / gemm-only and the stage shares come from the same minutes.
+    std::vector<double> rss;
+    const std::vector<double> t = interleaved_medians_ms(
+        o.reps, {int_form(Stages::all), int_form(Stages::gemms), int_form(Stages::all, IntPipeline::quant_only),
+                 int_form(Stages::qk), int_form(Stages::pv)}, &rss);
+    c.t_int = t[0], c.t_gemm = t[1], c.t_qo = t[2], c.t_qk = t[3], c.t_pv = t[4];
+    const double r_int = rss[0], r_gemm = rss[1], r_qo = rss[2];
     c.qk_eff = share_of_peak(macs, c.t_qk);
     c.pv_eff = share_of_peak(macs, c.t_pv);
     c.rss_int = r_int;
@@ -351,9 +381,12 @@ std::vector<Row> measure_cell(const BenchOptions& o, const BenchInputs& in, Isa 
                                 {"gemms_percent_of_peak", share_of_peak(2 * macs, c.t_gemm)}});
   }
   if (wants(o, "materialised")) {
-    double r_int_m, r_qo_m;
-    c.t_int_m = run_int(Stages::all, IntPipeline::intattention, true, &r_int_m);
-    c.t_qo_m = run_int(Stages::all, IntPipeline::quant_only, true, &r_qo_m);
+    std::vector<double> rss;
+    const std::vector<double> t = interleaved_medians_ms(
+        o.reps, {int_form(Stages::all, IntPipeline::intattention, true), int_form(Stages::all, IntPipeline::quant_only, true)},
+        &rss);
+    c.t_int_m = t[0], c.t_qo_m = t[1];
+    const double r_int_m = rss[0], r_qo_m = rss[1];
     rows.push_back({"intattention materialised", c.t_int_m, r_int_m, true});
     rows.push_back({"quant-only materialised", c.t_qo_m, r_qo_m, true});
   }
@@ -503,9 +536,11 @@ void run_bench(const BenchOptions& o) {
        << names.pv << "\n"
        << "IndexSoftmax: " << ref::reference_registry().canonical(index_spec) << "\n"
        << "int8 MAC peak, 1 core (" << isa_name(isa) << " loop, register-only inline assembly): " << peak_gmacs << " GMAC/s\n"
-       << "medians of " << o.reps << " runs after one warm-up; GOP/s counts the two GEMMs (4 L^2 d ops); "
+       << "medians of " << o.reps << " runs after one warm-up; the fused rows with the Q.K^T and P.V stages, and the "
+       << "two materialised rows, are timed in turns (one call of each, then again), so their ratios come from the same "
+       << "minutes; GOP/s counts the two GEMMs (4 L^2 d ops); "
        << "fp32 blocks runs Eigen at this build's baseline ISA; peak RSS per row is the process's high-water mark "
-       << "while that row ran (inputs included; " << ru.ru_maxrss / 1024 << " MiB for the whole run)\n\n";
+       << "while that row's warm-up ran (inputs included; " << ru.ru_maxrss / 1024 << " MiB for the whole run)\n\n";
   emit(o.format == "json" ? j.dump(2) + "\n"
                           : head.str() + t.markdown() + anchor_tables(o, cells, names.softmax_row, qo_softmax) +
                                 "\nTargets (docs/kernels.md):\n" + targets,
