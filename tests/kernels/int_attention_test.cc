@@ -222,7 +222,7 @@ class IntAttentionTester {
   }
 
  private:
-  Eigen::Index lq_ = 8, lk_ = 8, d_ = 64, dv_ = 64, block_rows_ = 64;
+  Eigen::Index lq_ = 8, lk_ = 8, d_ = 64, dv_ = 64, block_rows_ = 0;  // 0: the library's choice
   std::string spec_ = "@upstream-neon";
   bool causal_ = false, padding_ = false, quant_only_ = false;
   double sigma_ = 1.0;
@@ -465,6 +465,9 @@ TEST_CASE("fused IntAttention equals the reference model on every ISA, thread co
       IntAttentionTester().lq(23).lk(lk).d(80).dv(33).causal(causal).block_rows(8).Test();
   IntAttentionTester().lq(40).lk(31).d(64).dv(16).causal(true).padding(true).block_rows(16).Test();
   IntAttentionTester().lq(1).lk(1).d(1).dv(1).Test();
+  // Block rows chosen from L_k: a key stride of 16512 gives 24 rows (S within 2 MiB), so 50 queries are blocks of
+  // 24, 24 and 2.
+  for (const bool causal : {false, true}) IntAttentionTester().lq(50).lk(16500).d(16).dv(16).causal(causal).Test();
   IntAttentionTester().lq(5).lk(9).d(1).dv(3).sigma(30).Test();  // c_int from large scales: small
   IntAttentionTester().lq(5).lk(9).d(8).dv(3).sigma(1e-9).Test();  // tiny scales: c_int saturates at 2^30
 }
@@ -511,4 +514,17 @@ TEST_CASE("ISA names, QATTN_ISA parsing and unavailable variants", "[kernels]") 
       CHECK_THROWS_AS(int_attention_fused(RowMatrixXd::Ones(2, 4), RowMatrixXd::Ones(3, 4), RowMatrixXd::Ones(3, 2), 0.5, cfg),
                       std::invalid_argument);
     }
+}
+
+TEST_CASE("fused IntAttention refuses negative block rows and thread counts below 1", "[kernels]") {
+  IntAttentionConfig cfg;
+  cfg.block_rows = -1;
+  CHECK_THROWS_AS(int_attention_fused(RowMatrixXd::Ones(2, 4), RowMatrixXd::Ones(3, 4), RowMatrixXd::Ones(3, 2), 0.5, cfg),
+                  std::invalid_argument);
+  cfg.block_rows = 0;  // the library's choice
+  cfg.threads = 0;
+  CHECK_THROWS_AS(int_attention_fused(RowMatrixXd::Ones(2, 4), RowMatrixXd::Ones(3, 4), RowMatrixXd::Ones(3, 2), 0.5, cfg),
+                  std::invalid_argument);
+  cfg.threads = 1;
+  CHECK(int_attention_fused(RowMatrixXd::Ones(2, 4), RowMatrixXd::Ones(3, 4), RowMatrixXd::Ones(3, 2), 0.5, cfg).rows() == 2);
 }

@@ -58,7 +58,9 @@ struct IntAttentionConfig {
   std::vector<std::int64_t> key_c_int, key_ratio;
   GroupMax group_max = GroupMax::global;
   double group_offset_scale = 0;
-  Eigen::Index block_rows = 64;
+  // Query rows per block, each thread's unit of work; 0 chooses from L_k: 64, or fewer (a multiple of 8, at least 16)
+  // where 64 rows of S would pass 2 MiB (L_k above 8192; 32 at 16384). docs/kernels.md says why.
+  Eigen::Index block_rows = 0;
   int threads = 1;
   Isa isa = Isa::scalar;      // use default_isa() to pick the best
   bool causal = false;        // bottom-right aligned: query i sees keys j <= i + L_k - L_q

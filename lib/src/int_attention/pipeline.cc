@@ -27,6 +27,15 @@ Eigen::Index key_stride(Eigen::Index lk) {
   return n % 256 == 0 ? n + 16 : n;
 }
 
+// The default rows per block for a key stride n: 64, or as many multiples of 8 (at least 16) as keep a block of S
+// (rows x n int32) within 2 MiB. The row kernels read each row of S back after Q.K^T has written the whole block;
+// past the L2 that read costs more than the arithmetic, and a block of 64 rows is 4 MiB at L_k = 16384. There 32
+// rows ran 2-7 % faster (docs/kernels.md); up to 8192 (64 rows, 2 MiB) fewer rows gained nothing.
+Eigen::Index auto_block_rows(Eigen::Index n) {
+  const Eigen::Index fit = (Eigen::Index{2} << 20) / (n * Eigen::Index{sizeof(std::int32_t)}) / 8 * 8;
+  return std::clamp<Eigen::Index>(fit, 16, 64);
+}
+
 std::vector<std::int8_t> quantize_per_tensor(const MatrixView& x, double* scale) {
   std::vector<std::int8_t> q(static_cast<std::size_t>(x.size()));
   RowMatrixXd storage;
@@ -121,7 +130,8 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
     throw std::invalid_argument("int_attention: shapes q [" + std::to_string(q.rows) + ", " + std::to_string(q.cols) +
                                 "], k [" + std::to_string(k.rows) + ", " + std::to_string(k.cols) + "], v [" +
                                 std::to_string(v.rows) + ", " + std::to_string(v.cols) + "] do not fit");
-  if (cfg.block_rows < 1 || cfg.threads < 1) throw std::invalid_argument("int_attention: block_rows and threads must be >= 1");
+  if (cfg.block_rows < 0 || cfg.threads < 1)
+    throw std::invalid_argument("int_attention: block_rows must be >= 0 (0: chosen from L_k) and threads >= 1");
   if (!isa_available(cfg.isa))
     throw std::invalid_argument("int_attention: ISA " + std::string(isa_name(cfg.isa)) + " is not available here");
   const kernels::KernelVariant& f = kernels::kernel_variant(cfg.isa);
@@ -163,7 +173,7 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
   std::vector<std::int32_t> k_sum(run_qk ? lk_stride : 0), v_sum(run_pv ? dv16 : 0);
   if (run_qk) kernels::pack_k_transposed(k.values, lk, d, d4, lk_stride, k_packed.data(), k_sum.data());
   if (run_pv) kernels::pack_v(v.values, lk, dv, lk_stride, dv16, v_packed.data(), v_sum.data());
-  const Eigen::Index br = cfg.block_rows, blocks = (lq + br - 1) / br;
+  const Eigen::Index br = cfg.block_rows > 0 ? cfg.block_rows : auto_block_rows(lk_stride), blocks = (lq + br - 1) / br;
   const int threads = static_cast<int>(std::min<Eigen::Index>(cfg.threads, blocks));
   // Runs body(block) for every block on the threads (qattn/parallel.h); returns when all are done.
   auto parallel_blocks = [&](auto&& body) {
