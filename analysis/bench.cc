@@ -530,12 +530,18 @@ void run_bench(const BenchOptions& o) {
   getrusage(RUSAGE_SELF, &ru);
   j["peak_rss_mib"] = ru.ru_maxrss / 1024.0;
   j["index"] = ref::reference_registry().canonical(index_spec);
+  for (int l : o.lengths) j["block_rows"].push_back({{"L", l}, {"rows", int_attention_block_rows({}, l)}});
+  std::string block_rows_text;
+  for (int l : o.lengths)
+    block_rows_text += (block_rows_text.empty() ? "" : ", ") + ("L " + std::to_string(l) + ": " +
+                                                                 std::to_string(int_attention_block_rows({}, l)));
   std::ostringstream head;
   head << "qattn bench: " << cpu_model() << ", " << std::thread::hardware_concurrency() << " hardware threads\n"
        << "ISA " << isa_name(isa) << ": " << names.qk << ", " << names.softmax << " (quant-only: " << qo_softmax << "), "
        << names.pv << "\n"
        << "IndexSoftmax: " << ref::reference_registry().canonical(index_spec) << "\n"
        << "int8 MAC peak, 1 core (" << isa_name(isa) << " loop, register-only inline assembly): " << peak_gmacs << " GMAC/s\n"
+       << "query rows per block (chosen from L_k): " << block_rows_text << "\n"
        << "medians of " << o.reps << " runs after one warm-up; the fused rows with the Q.K^T and P.V stages, and the "
        << "two materialised rows, are timed in turns (one call of each, then again), so their ratios come from the same "
        << "minutes; GOP/s counts the two GEMMs (4 L^2 d ops); "

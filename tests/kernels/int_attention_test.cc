@@ -465,7 +465,7 @@ TEST_CASE("fused IntAttention equals the reference model on every ISA, thread co
       IntAttentionTester().lq(23).lk(lk).d(80).dv(33).causal(causal).block_rows(8).Test();
   IntAttentionTester().lq(40).lk(31).d(64).dv(16).causal(true).padding(true).block_rows(16).Test();
   IntAttentionTester().lq(1).lk(1).d(1).dv(1).Test();
-  // Block rows chosen from L_k: a key stride of 16512 gives 24 rows (S within 2 MiB), so 50 queries are blocks of
+  // Block rows chosen from L_k: 16500 keys (16512 rounded up to 16) give 24 rows (S within 2 MiB), so 50 queries are blocks of
   // 24, 24 and 2.
   for (const bool causal : {false, true}) IntAttentionTester().lq(50).lk(16500).d(16).dv(16).causal(causal).Test();
   IntAttentionTester().lq(5).lk(9).d(1).dv(3).sigma(30).Test();  // c_int from large scales: small

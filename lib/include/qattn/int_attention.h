@@ -88,6 +88,10 @@ struct IntAttentionKernels {
 IntAttentionKernels int_attention_kernels(Isa isa, IntPipeline pipeline = IntPipeline::intattention,
                                           bool key_groups = false);
 
+// The query rows per block int_attention_fused uses for L_k keys under cfg: cfg.block_rows, or where that is 0 the
+// choice from L_k (64, fewer where 64 rows of S would pass 2 MiB).
+Eigen::Index int_attention_block_rows(const IntAttentionConfig& cfg, Eigen::Index lk);
+
 // The softmax row kernel the fused pipeline runs between its GEMMs, alone, over `rows` rows of S [rows, keys]
 // (int32, row-major, every key visible), writing P [rows, keys] (u8): IndexSoftmax with `softmax` and c_int for
 // intattention, the float softmax of S alpha for quant_only. For benchmarks of the row kernels; S is not modified.

@@ -27,12 +27,13 @@ Eigen::Index key_stride(Eigen::Index lk) {
   return n % 256 == 0 ? n + 16 : n;
 }
 
-// The default rows per block for a key stride n: 64, or as many multiples of 8 (at least 16) as keep a block of S
-// (rows x n int32) within 2 MiB. The row kernels read each row of S back after Q.K^T has written the whole block;
-// past the L2 that read costs more than the arithmetic, and a block of 64 rows is 4 MiB at L_k = 16384. There 32
-// rows ran 2-7 % faster (docs/kernels.md); up to 8192 (64 rows, 2 MiB) fewer rows gained nothing.
-Eigen::Index auto_block_rows(Eigen::Index n) {
-  const Eigen::Index fit = (Eigen::Index{2} << 20) / (n * Eigen::Index{sizeof(std::int32_t)}) / 8 * 8;
+// The default rows per block for L_k keys: 64, or as many multiples of 8 (at least 16) as keep a block of S, rows x
+// L_k int32 with L_k rounded up to 16 (the key stride's 16 extra columns past a multiple of 256 are left out, so
+// that 8192 keys still take 64 rows), within 2 MiB. The row kernels read each row of S back after Q.K^T has written
+// the whole block; past the L2 that read costs more than the arithmetic, and a block of 64 rows is 4 MiB at
+// L_k = 16384. There 32 rows ran 2-7 % faster (docs/kernels.md); up to 8192 fewer rows gained nothing.
+Eigen::Index auto_block_rows(Eigen::Index lk) {
+  const Eigen::Index fit = (Eigen::Index{2} << 20) / (round_up(lk, 16) * Eigen::Index{sizeof(std::int32_t)}) / 8 * 8;
   return std::clamp<Eigen::Index>(fit, 16, 64);
 }
 
@@ -121,6 +122,10 @@ void int_attention_softmax_rows(Isa isa, IntPipeline pipeline, const IndexSoftma
   }
 }
 
+Eigen::Index int_attention_block_rows(const IntAttentionConfig& cfg, Eigen::Index lk) {
+  return cfg.block_rows > 0 ? cfg.block_rows : auto_block_rows(lk);
+}
+
 // One function of about 100 lines on purpose: the block loop is the kernel's schedule (pack K and V once, then per
 // row block Q.K^T, softmax, P.V, dequantise, with each worker's scratch), and reading it whole is how its memory and
 // overflow bounds (docs/kernels.md) are checked against it.
@@ -173,7 +178,7 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
   std::vector<std::int32_t> k_sum(run_qk ? lk_stride : 0), v_sum(run_pv ? dv16 : 0);
   if (run_qk) kernels::pack_k_transposed(k.values, lk, d, d4, lk_stride, k_packed.data(), k_sum.data());
   if (run_pv) kernels::pack_v(v.values, lk, dv, lk_stride, dv16, v_packed.data(), v_sum.data());
-  const Eigen::Index br = cfg.block_rows > 0 ? cfg.block_rows : auto_block_rows(lk_stride), blocks = (lq + br - 1) / br;
+  const Eigen::Index br = int_attention_block_rows(cfg, lk), blocks = (lq + br - 1) / br;
   const int threads = static_cast<int>(std::min<Eigen::Index>(cfg.threads, blocks));
   // Runs body(block) for every block on the threads (qattn/parallel.h); returns when all are done.
   auto parallel_blocks = [&](auto&& body) {
