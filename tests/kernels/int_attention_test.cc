@@ -528,3 +528,18 @@ TEST_CASE("fused IntAttention refuses negative block rows and thread counts belo
   cfg.threads = 1;
   CHECK(int_attention_fused(RowMatrixXd::Ones(2, 4), RowMatrixXd::Ones(3, 4), RowMatrixXd::Ones(3, 2), 0.5, cfg).rows() == 2);
 }
+
+TEST_CASE("the default block rows: 64 up to 8192 keys, S within 2 MiB above, an explicit value kept", "[kernels]") {
+  const IntAttentionConfig automatic;
+  CHECK(int_attention_block_rows(automatic, 0) == 64);  // no keys (no division by a zero width)
+  CHECK(int_attention_block_rows(automatic, 1) == 64);
+  CHECK(int_attention_block_rows(automatic, 8192) == 64);  // the key stride's 16 padding columns do not count
+  CHECK(int_attention_block_rows(automatic, 8193) == 56);
+  CHECK(int_attention_block_rows(automatic, 16384) == 32);
+  CHECK(int_attention_block_rows(automatic, 16500) == 24);
+  CHECK(int_attention_block_rows(automatic, 32768) == 16);
+  CHECK(int_attention_block_rows(automatic, 1 << 20) == 16);  // at least 16
+  IntAttentionConfig fixed;
+  fixed.block_rows = 8;
+  CHECK(int_attention_block_rows(fixed, 16384) == 8);
+}

@@ -362,7 +362,6 @@ void index_softmax_max_s32_u8__avx512(const std::int32_t* s, Index limit, Index 
   row_from_max(s, limit, t, m, p);
 }
 
-
 std::int64_t index_exp_s32_u8__avx512(const std::int32_t* s, const bool* valid, Index n, std::int32_t anchor,
                                       const IndexSoftmaxTables& t, std::uint8_t* e) {
   if (valid || t.params.index_rule == IndexRule::floor_f32) return index_exp_s32_u8__scalar(s, valid, n, anchor, t, e);

@@ -33,6 +33,7 @@ Eigen::Index key_stride(Eigen::Index lk) {
 // the whole block; past the L2 that read costs more than the arithmetic, and a block of 64 rows is 4 MiB at
 // L_k = 16384. There 32 rows ran 2-7 % faster (docs/kernels.md); up to 8192 fewer rows gained nothing.
 Eigen::Index auto_block_rows(Eigen::Index lk) {
+  if (lk <= 0) return 64;  // no keys: no S at all
   const Eigen::Index fit = (Eigen::Index{2} << 20) / (round_up(lk, 16) * Eigen::Index{sizeof(std::int32_t)}) / 8 * 8;
   return std::clamp<Eigen::Index>(fit, 16, 64);
 }
