@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "qattn/exp_f32.h"
 #include "qattn/quantize.h"
@@ -82,13 +84,20 @@ RowMatrixXi32 int_matmul_abt(const RowMatrixXi32& a, const RowMatrixXi32& b) {
 }
 
 RowMatrixXd int_matmul_ab(const RowMatrixXi32& a, const RowMatrixXi32& b) {
+  // Row by row: a(i, t) times row t of b, added into int64 sums (exact, so the order of the additions does not
+  // matter); b is read along its rows, and the zeros of a (most of an integer P) are skipped.
   RowMatrixXd c(a.rows(), b.cols());
-  for (Eigen::Index i = 0; i < a.rows(); ++i)
-    for (Eigen::Index j = 0; j < b.cols(); ++j) {
-      std::int64_t s = 0;
-      for (Eigen::Index t = 0; t < a.cols(); ++t) s += std::int64_t{a(i, t)} * b(t, j);
-      c(i, j) = static_cast<double>(s);
+  std::vector<std::int64_t> sums(static_cast<std::size_t>(b.cols()));
+  for (Eigen::Index i = 0; i < a.rows(); ++i) {
+    std::fill(sums.begin(), sums.end(), 0);
+    for (Eigen::Index t = 0; t < a.cols(); ++t) {
+      const std::int64_t x = a(i, t);
+      if (x == 0) continue;
+      const std::int32_t* row = b.data() + t * b.cols();
+      for (std::size_t j = 0; j < sums.size(); ++j) sums[j] += x * row[j];
     }
+    for (Eigen::Index j = 0; j < b.cols(); ++j) c(i, j) = static_cast<double>(sums[static_cast<std::size_t>(j)]);
+  }
   return c;
 }
 

@@ -1,10 +1,24 @@
 #include "qattn/reference/lowp_float.h"
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <stdexcept>
 
 namespace qattn::ref {
+namespace {
+
+// x · 2^k rounded once, the value std::ldexp returns, without its libm call (two calls per lowp_round were most of
+// the SageAttention2 model's time). Where 2^k is a normal double it is built from its bits and the product is one
+// correctly rounded multiplication, hence the same value as ldexp's single rounding of x · 2^k, overflow and
+// subnormal results included; other k go to std::ldexp.
+double scale_pow2(double x, int k) {
+  if (k < -1022 || k > 1023) return std::ldexp(x, k);
+  return x * std::bit_cast<double>(static_cast<std::uint64_t>(k + 1023) << 52);
+}
+
+}  // namespace
 
 int LowpFormat::emax() const {
   const int top = (1 << exponent_bits) - 1;  // all-ones exponent field
@@ -13,13 +27,13 @@ int LowpFormat::emax() const {
 
 double LowpFormat::max_finite() const {
   // IEEE: largest significand 2 - 2^-M. FN: the all-ones mantissa of the top binade is NaN, so 2 - 2^(1-M).
-  const double significand = specials == LowpSpecials::ieee ? 2 - std::ldexp(1.0, -mantissa_bits)
-                                                            : 2 - std::ldexp(1.0, 1 - mantissa_bits);
-  return std::ldexp(significand, emax());
+  const double significand = specials == LowpSpecials::ieee ? 2 - scale_pow2(1.0, -mantissa_bits)
+                                                            : 2 - scale_pow2(1.0, 1 - mantissa_bits);
+  return scale_pow2(significand, emax());
 }
 
-double LowpFormat::min_normal() const { return std::ldexp(1.0, emin()); }
-double LowpFormat::min_subnormal() const { return std::ldexp(1.0, emin() - mantissa_bits); }
+double LowpFormat::min_normal() const { return scale_pow2(1.0, emin()); }
+double LowpFormat::min_subnormal() const { return scale_pow2(1.0, emin() - mantissa_bits); }
 
 const LowpFormat& fp8_e4m3fn() {
   static const LowpFormat f{"e4m3fn", 4, 3, 7, true, LowpSpecials::fn};
@@ -69,7 +83,7 @@ double lowp_round(double x, const LowpFormat& f, LowpRounding mode, LowpOverflow
     return std::copysign(r * f.min_normal(), x);
   }
   const int quantum_exp = e - f.mantissa_bits;
-  const double y = std::ldexp(x, -quantum_exp);  // exact: a power-of-two scaling
+  const double y = scale_pow2(x, -quantum_exp);  // exact: a power-of-two scaling
   double r = 0;
   switch (mode) {
     case LowpRounding::rne: r = std::nearbyint(y); break;  // default FE_TONEAREST
@@ -82,7 +96,7 @@ double lowp_round(double x, const LowpFormat& f, LowpRounding mode, LowpOverflow
       break;
     }
   }
-  const double v = std::ldexp(r, quantum_exp);
+  const double v = scale_pow2(r, quantum_exp);
   if (std::fabs(v) > max) return overflowed(x);
   return v == 0 ? std::copysign(0.0, x) : v;
 }
@@ -99,9 +113,9 @@ double lowp_decode(std::uint32_t code, const LowpFormat& f) {
   } else if (f.specials == LowpSpecials::fn && e_field == top && m_field == (1u << m_bits) - 1) {
     v = std::numeric_limits<double>::quiet_NaN();
   } else if (e_field == 0) {
-    v = f.subnormals ? std::ldexp(static_cast<double>(m_field), f.emin() - m_bits) : 0.0;
+    v = f.subnormals ? scale_pow2(static_cast<double>(m_field), f.emin() - m_bits) : 0.0;
   } else {
-    v = std::ldexp(static_cast<double>((1u << m_bits) | m_field), static_cast<int>(e_field) - f.bias - m_bits);
+    v = scale_pow2(static_cast<double>((1u << m_bits) | m_field), static_cast<int>(e_field) - f.bias - m_bits);
   }
   return negative ? -v : v;
 }
@@ -119,7 +133,7 @@ std::uint32_t lowp_encode(double value, const LowpFormat& f) {
   if (a == 0) return sign;
   if (a > f.max_finite()) throw std::invalid_argument("lowp_encode: value beyond max_finite of " + f.name);
   const int e = std::max(std::ilogb(a), f.emin());
-  const double scaled = std::ldexp(a, m_bits - e);
+  const double scaled = scale_pow2(a, m_bits - e);
   if (scaled != std::floor(scaled)) throw std::invalid_argument("lowp_encode: value not representable in " + f.name);
   const auto significand = static_cast<std::uint32_t>(scaled);
   if (a < f.min_normal()) {

@@ -2,6 +2,7 @@
 #include <boost/multiprecision/cpp_bin_float.hpp>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <span>
 
@@ -78,6 +79,27 @@ TEST_CASE("histogram buckets are powers of two", "[metrics]") {
   CHECK(s.log2_histogram.at(0) == 2);   // 1.0, 1.5 in [1, 2)
   CHECK(s.log2_histogram.at(1) == 1);   // 2.0
   CHECK(s.log2_histogram.at(-2) == 1);  // 0.25
+}
+
+TEST_CASE("the ends of the double range: subnormal and infinite errors, scales whose inverse is no double", "[metrics]") {
+  const double tiny = std::numeric_limits<double>::denorm_min();  // 2^-1074
+  // Subnormal errors and values: their histogram keys are std::ilogb's, and the norms are scaled by 2^-1030 and
+  // 2^-1074, whose inverses overflow (the division path), against the 50-digit recomputation.
+  const std::vector<double> o{tiny, 1e-310, 3 * tiny}, r{0.0, 2 * tiny, tiny};
+  const ErrorStats s = compare(o, r);
+  CHECK(s.log2_histogram.at(std::ilogb(tiny)) == 1);
+  CHECK(s.log2_histogram.at(std::ilogb(1e-310 - 2 * tiny)) == 1);
+  CHECK(s.log2_histogram.at(std::ilogb(2 * tiny)) == 1);
+  const ExactMetrics want = exact_metrics(o, r);
+  CHECK(close(s.cossim, want.cossim, 1e-14));
+  CHECK(close(s.rmse, want.rmse, 1e-14));
+  // An error beyond DBL_MAX is +inf, under std::ilogb's key for it (INT_MAX), next to finite ones.
+  const ErrorStats inf = compare(std::vector<double>{std::numeric_limits<double>::max(), 1.5},
+                                 std::vector<double>{-std::numeric_limits<double>::max(), 1.0});
+  CHECK(inf.log2_histogram.at(std::ilogb(INFINITY)) == 1);
+  CHECK(inf.log2_histogram.at(-1) == 1);
+  CHECK(inf.log2_histogram.size() == 2);
+  CHECK(inf.max_abs == INFINITY);
 }
 
 TEST_CASE("degenerate inputs give the documented results", "[metrics]") {

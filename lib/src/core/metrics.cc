@@ -1,7 +1,9 @@
 #include "qattn/metrics.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -33,6 +35,24 @@ class CompensatedSum {
 // 2^k with 2^k <= max|x| (or 1 for all zeros): dividing by it is exact and keeps squares in range.
 double power_of_two_scale(double max_abs) { return max_abs > 0 && std::isfinite(max_abs) ? std::ldexp(1.0, std::ilogb(max_abs)) : 1.0; }
 
+// x / scale for a power of two `scale`, as a multiplication by 1 / scale where that is a double (the same real value,
+// rounded once either way), so the loops below do not divide.
+class DivideByPowerOfTwo {
+ public:
+  explicit DivideByPowerOfTwo(double scale) : scale_(scale), inverse_(1 / scale), exact_(std::isfinite(1 / scale)) {}
+  double operator()(double x) const { return exact_ ? x * inverse_ : x / scale_; }
+
+ private:
+  double scale_, inverse_;
+  bool exact_;
+};
+
+// std::ilogb of a finite nonzero double, read from its exponent field where it is normal (subnormals ask std::ilogb).
+int exponent_of(double x) {
+  const int field = static_cast<int>((std::bit_cast<std::uint64_t>(x) >> 52) & 0x7ff);
+  return field != 0 ? field - 1023 : std::ilogb(x);
+}
+
 template <class T>
 ErrorStats compare_values(std::span<const T> out_values, std::span<const T> ref_values) {
   // Every access widens to double, so both element types compute the same statistics of the same numbers.
@@ -61,10 +81,11 @@ ErrorStats compare_values(std::span<const T> out_values, std::span<const T> ref_
     abs_err[i] = std::fabs(out(i) - ref(i));  // +inf only if |o - r| > DBL_MAX: then rmse and max_abs are +inf
     max_e = std::max(max_e, abs_err[i]);
   }
-  const double so = power_of_two_scale(max_o), sr = power_of_two_scale(max_r), se = power_of_two_scale(max_e);
+  const double se = power_of_two_scale(max_e);
+  const DivideByPowerOfTwo by_so(power_of_two_scale(max_o)), by_sr(power_of_two_scale(max_r)), by_se(se);
   CompensatedSum dot, oo, rr, l1, r1, sq, signed_err;
   for (std::size_t i = 0; i < size; ++i) {
-    const double o = out(i) / so, r = ref(i) / sr, e = abs_err[i] / se;
+    const double o = by_so(out(i)), r = by_sr(ref(i)), e = by_se(abs_err[i]);
     dot.add(o * r);
     oo.add(o * o);
     rr.add(r * r);
@@ -82,10 +103,17 @@ ErrorStats compare_values(std::span<const T> out_values, std::span<const T> ref_
   s.rmse = se * std::sqrt(sq.value() / n);
   s.max_abs = max_e;
   s.bias = signed_err.value() / n;
+  // Counted in an array over every exponent a finite double has (-1074 to 1023), then moved into the map; an
+  // infinite error (|o - r| > DBL_MAX) keeps std::ilogb's key, INT_MAX.
+  constexpr int kMinExponent = -1074, kMaxExponent = 1023;
+  std::vector<std::int64_t> counts(kMaxExponent - kMinExponent + 1, 0);
   for (double e : abs_err) {
     if (e == 0) ++s.zero_errors;
-    else ++s.log2_histogram[std::ilogb(e)];
+    else if (std::isinf(e)) ++s.log2_histogram[std::ilogb(e)];
+    else ++counts[static_cast<std::size_t>(exponent_of(e) - kMinExponent)];
   }
+  for (std::size_t k = 0; k < counts.size(); ++k)
+    if (counts[k] != 0) s.log2_histogram[static_cast<int>(k) + kMinExponent] = counts[k];
   const std::size_t mid = abs_err.size() / 2;
   std::nth_element(abs_err.begin(), abs_err.begin() + static_cast<std::ptrdiff_t>(mid), abs_err.end());
   const double upper = abs_err[mid];
