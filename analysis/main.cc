@@ -1,6 +1,8 @@
 // qattn: one program, one subcommand per task. Run `qattn --help` or `qattn SUBCOMMAND --help`.
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <exception>
@@ -8,6 +10,7 @@
 #include <limits>
 #if defined(__GLIBC__)
 #include <malloc.h>
+#include <sys/mman.h>
 #endif
 
 #include "commands.h"
@@ -31,11 +34,42 @@ void keep_freed_memory() {
 #endif
 }
 
+// Fresh pages still cost a fault each, and on some VMs a first touch costs 3-4 ms per MB with 4 KiB pages: most of
+// what `qattn attention` adds to the fused kernels' time at L = 16384 (docs/kernels.md). A transparent huge page
+// takes one fault per 2 MiB. Under the kernel's default THP mode, `madvise`, a region gets them only where the
+// program asks, and glibc asks only when started with GLIBC_TUNABLES=glibc.malloc.hugetlb=1. So the program grows its
+// heap once by 1 GiB of address space (a single block from brk: with mmap refused for the moment; only the block's
+// two boundary pages are touched, so resident memory is unchanged), advises it MADV_HUGEPAGE and frees it: the
+// heap is never trimmed (above), and the main thread's blocks below the 32 MiB mmap threshold are carved from the
+// advised range until 1 GiB is in use. Other threads allocate from arenas of their own, which stay as they are:
+// one arena for all (M_ARENA_MAX = 1) made the fused kernels 12-20 % slower at 2 threads, their per-thread data
+// side by side; the reader advises its own buffers (read_file_bytes), so K and V read on their own threads get huge
+// pages too. Off with QATTN_HUGE_PAGES=0; skipped under AddressSanitizer, whose allocator owns the heap. Where THP
+// is disabled the advice does nothing.
+void back_heap_with_huge_pages() {
+#if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__)
+  if (const char* v = std::getenv("QATTN_HUGE_PAGES"); v != nullptr && std::strcmp(v, "0") == 0) return;
+  constexpr std::size_t kReserve = std::size_t{1} << 30;
+  constexpr std::uintptr_t kHugePage = std::uintptr_t{2} << 20;
+  constexpr int kDefaultMmapMax = 65536;  // glibc's DEFAULT_MMAP_MAX
+  mallopt(M_MMAP_MAX, 0);
+  void* block = std::malloc(kReserve);
+  mallopt(M_MMAP_MAX, kDefaultMmapMax);
+  if (block == nullptr) return;  // no room for the reservation: plain pages
+  const auto at = reinterpret_cast<std::uintptr_t>(block);
+  const std::uintptr_t begin = (at + kHugePage - 1) & ~(kHugePage - 1);
+  const std::uintptr_t end = (at + kReserve) & ~(kHugePage - 1);
+  madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);  // advice: failure leaves plain pages
+  std::free(block);
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace qattn::cli;
   keep_freed_memory();
+  back_heap_with_huge_pages();
   CLI::App app{"qattn: quantized softmax and attention, measured against exact references"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Help for every subcommand");

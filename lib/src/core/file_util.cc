@@ -1,10 +1,12 @@
 // Reading input files and writing output files safely. The contract is in tensor_io.h; the policy table (what
 // happens with symlinks, devices, FIFOs, existing files, full disks) is in docs/tensor-io.md "Output files".
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
@@ -44,6 +46,20 @@ int write_all(int fd, std::span<const std::byte> bytes) {
   return 0;
 }
 
+// Asks for transparent huge pages over the 2 MiB pages a fresh buffer of n bytes spans, before its first touch: one
+// fault per 2 MiB instead of one per 4 KiB, which on some VMs is most of what reading a large tensor costs
+// (docs/kernels.md). The two end pages are shared with the neighbouring heap memory, which then may get huge pages
+// too; without them a buffer's unaligned ends (2 MiB on average) would still take 4 KiB faults. Advice only: where
+// THP is off, or the kernel refuses, the pages are ordinary ones. Buffers under 4 MiB are left alone.
+void advise_huge_pages(const void* p, std::size_t n) {
+  constexpr std::uintptr_t kHugePage = std::uintptr_t{2} << 20;
+  if (n < 2 * kHugePage) return;
+  const auto at = reinterpret_cast<std::uintptr_t>(p);
+  const std::uintptr_t begin = at & ~(kHugePage - 1);
+  const std::uintptr_t end = (at + n + kHugePage - 1) & ~(kHugePage - 1);
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+}
+
 mode_t current_umask() {
   const mode_t m = ::umask(0);
   ::umask(m);
@@ -67,7 +83,11 @@ std::vector<std::byte> read_file_bytes(const fs::path& path) {
   if (flags >= 0) ::fcntl(f.fd, F_SETFL, flags & ~O_NONBLOCK);
   // Straight into the result, sized by the file's real size (not a header's claim); a file that grows meanwhile is
   // read to its end, one that shrinks is cut where it ends.
-  std::vector<std::byte> bytes(static_cast<std::size_t>(st.st_size));
+  // Allocated, advised, then filled: the first touch comes after the advice.
+  std::vector<std::byte> bytes;
+  bytes.reserve(static_cast<std::size_t>(st.st_size));
+  advise_huge_pages(bytes.data(), bytes.capacity());
+  bytes.resize(static_cast<std::size_t>(st.st_size));
   std::size_t filled = 0;
   std::byte probe[1 << 12];  // past the expected end: reads 0 at the end of the file, so the vector never regrows
   for (;;) {
