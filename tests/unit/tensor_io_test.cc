@@ -1,8 +1,11 @@
 // Tensor I/O: files numpy itself wrote (tests/fixtures, see make_fixtures.py), round trips through our writers,
 // and the catalogue of malformed inputs of docs/tensor-io.md, each of which must be a typed InputError.
 #include <catch2/catch.hpp>
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -199,6 +202,27 @@ TEST_CASE("read_npy takes the file payload as the tensor storage and a header wi
     CHECK(from_file.bytes == from_bytes.bytes);
   }
   fs::remove_all(dir);
+}
+
+TEST_CASE("the huge-page advice of a fresh buffer changes no byte of it or of its neighbours", "[io]") {
+  // advise_huge_pages rounds the span out to 2 MiB pages, which it shares with the memory next to it, and has the
+  // partly touched ones rebuilt as huge pages (their contents copied): every byte of a mapping around the span keeps
+  // its value, whether the span's pages were touched or not. A mapping of 16 MiB, 2 MiB aligned, its outer 2 MiB
+  // pages and one interior page written, the span starting and ending inside pages.
+  constexpr std::size_t kHuge = std::size_t{2} << 20, kSize = 8 * kHuge;
+  void* raw = ::mmap(nullptr, kSize + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(raw != MAP_FAILED);
+  auto* base = reinterpret_cast<std::uint8_t*>((reinterpret_cast<std::uintptr_t>(raw) + kHuge - 1) & ~(kHuge - 1));
+  const auto value = [](std::size_t i) { return static_cast<std::uint8_t>((i * 2654435761u) >> 13); };
+  const auto written = [&](std::size_t i) { return i < 2 * kHuge || i >= kSize - 2 * kHuge || (i >= 4 * kHuge && i < 4 * kHuge + 4096); };
+  for (std::size_t i = 0; i < kSize; ++i)
+    if (written(i)) base[i] = value(i);
+  advise_huge_pages(base + kHuge + 12345, 5 * kHuge + 777);  // pages 1-6, the end ones written and partly inside
+  advise_huge_pages(base + 3 * kHuge, kHuge);                // under 4 MiB: left alone
+  std::size_t changed = 0;
+  for (std::size_t i = 0; i < kSize; ++i) changed += base[i] != (written(i) ? value(i) : 0);
+  CHECK(changed == 0);
+  ::munmap(raw, kSize + kHuge);
 }
 
 TEST_CASE("rank 32 (numpy's maximum) round-trips, rank 33 is refused", "[io]") {

@@ -73,7 +73,13 @@ void write_tensor_file(const std::filesystem::path& path, const std::vector<Name
 std::vector<std::byte> encode_tensor_file(const std::filesystem::path& path, const std::vector<NamedTensor>& tensors);
 
 // --- shared helpers -----------------------------------------------------------------------------------------
+// The whole file, into a buffer that asks for transparent huge pages before it is filled (advise_huge_pages).
 std::vector<std::byte> read_file_bytes(const std::filesystem::path& path);
+// Advice for a fresh buffer [p, p + n) of 4 MiB or more (smaller ones are left alone): transparent huge pages over
+// the 2 MiB pages it spans (rounded outward: the end pages are shared with whatever memory is next to it), and those
+// of them already partly touched rebuilt as huge pages now, their contents copied (MADV_COLLAPSE). No byte changes;
+// where the kernel refuses, the pages stay as they are (docs/kernels.md, "Huge pages for fresh buffers").
+void advise_huge_pages(const void* p, std::size_t n);
 // Writes `bytes` to `path` under the policy above. Throws InputError naming `path` on failure, after removing the
 // temporary.
 void write_file_atomic(const std::filesystem::path& path, std::span<const std::byte> bytes);

@@ -22,6 +22,8 @@ namespace {
 
 std::string os_reason(int err) { return std::strerror(err); }
 
+constexpr int kMadvCollapse = 25;  // MADV_COLLAPSE of <linux/mman.h> (asm-generic: x86-64 and aarch64); not in glibc 2.36
+
 // Closes a descriptor on scope exit unless released.
 struct Fd {
   int fd = -1;
@@ -46,20 +48,6 @@ int write_all(int fd, std::span<const std::byte> bytes) {
   return 0;
 }
 
-// Asks for transparent huge pages over the 2 MiB pages a fresh buffer of n bytes spans, before its first touch: one
-// fault per 2 MiB instead of one per 4 KiB, which on some VMs is most of what reading a large tensor costs
-// (docs/kernels.md). The two end pages are shared with the neighbouring heap memory, which then may get huge pages
-// too; without them a buffer's unaligned ends (2 MiB on average) would still take 4 KiB faults. Advice only: where
-// THP is off, or the kernel refuses, the pages are ordinary ones. Buffers under 4 MiB are left alone.
-void advise_huge_pages(const void* p, std::size_t n) {
-  constexpr std::uintptr_t kHugePage = std::uintptr_t{2} << 20;
-  if (n < 2 * kHugePage) return;
-  const auto at = reinterpret_cast<std::uintptr_t>(p);
-  const std::uintptr_t begin = at & ~(kHugePage - 1);
-  const std::uintptr_t end = (at + n + kHugePage - 1) & ~(kHugePage - 1);
-  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-}
-
 mode_t current_umask() {
   const mode_t m = ::umask(0);
   ::umask(m);
@@ -67,6 +55,24 @@ mode_t current_umask() {
 }
 
 }  // namespace
+
+// Asks for transparent huge pages over the 2 MiB pages a fresh buffer of n bytes spans, before its first touch: one
+// fault per 2 MiB instead of one per 4 KiB, which on some VMs is most of what reading a large tensor costs
+// (docs/kernels.md). A fault gives a huge page only where none of its 2 MiB has been touched, and the two end pages
+// are shared with live neighbouring heap memory (in a thread's fresh arena, the arena's own start and the top the
+// heap has grown to), so the buffer's ends still took 4 KiB faults: 1-4 MiB of a buffer. MADV_COLLAPSE (Linux 6.1)
+// rebuilds such partly touched 2 MiB pages as huge pages now, copying what the neighbours hold; it leaves untouched
+// ones to their first fault, and says EINVAL for them (ignored). Advice only: where THP is off, the call is unknown
+// or the kernel refuses, the pages are ordinary ones. Buffers under 4 MiB are left alone.
+void advise_huge_pages(const void* p, std::size_t n) {
+  constexpr std::uintptr_t kHugePage = std::uintptr_t{2} << 20;
+  if (n < 2 * kHugePage) return;
+  const auto at = reinterpret_cast<std::uintptr_t>(p);
+  const std::uintptr_t begin = at & ~(kHugePage - 1);
+  const std::uintptr_t end = (at + n + kHugePage - 1) & ~(kHugePage - 1);
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, kMadvCollapse);
+}
 
 std::vector<std::byte> read_file_bytes(const fs::path& path) {
   Fd f;

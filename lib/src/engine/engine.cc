@@ -122,15 +122,13 @@ class FusedMethod final : public Method {
     double scale = 1;
   };
 
-  // The codes of x, written as bytes at once (no int32 codes, no float64 copy).
+  // The codes of x, written as bytes at once (no int32 codes, no float64 copy) into r.values, sized by the caller.
   template <class View>
-  Quantized quantize(const View& x) const {
+  void quantize(const View& x, Quantized& r) const {
     using Scalar = typename View::Scalar;
-    Quantized r{std::vector<std::int8_t>(static_cast<std::size_t>(x.size())), 1};
     Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> storage;
     r.scale = quantize_int8_symmetric(std::span<const Scalar>(packed_rows(x, storage), r.values.size()),
                                       std::span<std::int8_t>(r.values), plan_.qround);
-    return r;
   }
 
   template <class View>
@@ -143,12 +141,16 @@ class FusedMethod final : public Method {
     if (key_blocks && d > 33000) return on_reference();  // the kernels' anchor bound
     std::optional<ref::KeyBlocks> kb;
     if (key_blocks) kb = ref::quantize_key_blocks(k, plan_.key_block, plan_.qround);
-    // Q, V and K are quantised side by side on the call's threads (each tensor's codes do not depend on the others).
-    Quantized qi, vi, ki;
+    // Q, V and K are quantised side by side on the call's threads (each tensor's codes do not depend on the others),
+    // into buffers allocated here: from the calling thread's heap, not from a helper thread's own malloc arena, whose
+    // fresh pages the CLI has not advised for huge pages (docs/kernels.md, "Huge pages for fresh buffers").
+    Quantized qi{std::vector<std::int8_t>(static_cast<std::size_t>(q.size()))},
+        vi{std::vector<std::int8_t>(static_cast<std::size_t>(v.size()))},
+        ki{std::vector<std::int8_t>(key_blocks ? 0 : static_cast<std::size_t>(k.size()))};
     parallel_for(key_blocks ? 2 : 3, threads_, [&](std::size_t i) {
-      if (i == 0) qi = quantize(q);
-      else if (i == 1) vi = quantize(v);
-      else ki = quantize(k);
+      if (i == 0) quantize(q, qi);
+      else if (i == 1) quantize(v, vi);
+      else quantize(k, ki);
     });
     if (key_blocks) ki = Quantized{narrow_int8(kb->codes.values), kb->scales.front()};
     IntAttentionConfig cfg;
