@@ -17,6 +17,7 @@
 #include "engine_setting.h"
 #include "shard.h"
 #include "qattn/error.h"
+#include "qattn/parallel.h"
 
 namespace {
 
@@ -34,40 +35,57 @@ void keep_freed_memory() {
 #endif
 }
 
+#if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__)
+// Advises the whole 2 MiB pages of a fresh, untouched block of n bytes and frees it, all but its start. The 2 MiB page
+// the block starts in holds older blocks (and in the main heap also begins below the heap), so it cannot become a
+// huge page. Shrinking the block to end near its first whole 2 MiB page (in place: a shrink splits the chunk and
+// gives the rest back to the top) keeps that page's remainder out of later blocks, which then start in advised,
+// aligned pages; the kept piece is address space only, never touched.
+void advise_and_release(void* block, std::size_t n) {
+  constexpr std::uintptr_t kHugePage = std::uintptr_t{2} << 20;
+  const auto at = reinterpret_cast<std::uintptr_t>(block);
+  const std::uintptr_t begin = (at + kHugePage - 1) & ~(kHugePage - 1);
+  const std::uintptr_t end = (at + n) & ~(kHugePage - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);  // failure: plain pages
+  const std::size_t below = begin - at;
+  if (below >= 64 && std::realloc(block, below) == block) return;
+  std::free(block);
+}
+
+// The same for a helper thread of the kernels' pool (qattn/parallel.h), which allocates from a malloc arena of its
+// own: 24 MiB of it, under the 32 MiB mmap threshold, so that the thread's later buffers (a fused call's S and P
+// blocks, 2.6 MiB per worker at L_k = 16384) are carved from huge pages.
+void back_arena_with_huge_pages() {
+  constexpr std::size_t kReserve = std::size_t{24} << 20;
+  if (void* block = std::malloc(kReserve)) advise_and_release(block, kReserve);
+}
+#endif
+
 // Fresh pages still cost a fault each, and on some VMs a first touch costs 3-4 ms per MB with 4 KiB pages: most of what
 // `qattn attention` adds to the fused kernels' time at L = 16384 (docs/kernels.md). A transparent huge page takes one
 // fault per 2 MiB. Under the kernel's default THP mode, `madvise`, a region gets them only where the program asks, and
 // glibc asks only when started with GLIBC_TUNABLES=glibc.malloc.hugetlb=1. So the program grows its heap once by 1 GiB
 // of address space (a single block from brk: with mmap refused for the moment; only the block's two boundary pages are
-// touched, so resident memory is unchanged), advises it MADV_HUGEPAGE and frees it (all but its start, below): the heap
-// is never trimmed (above), and the main thread's blocks below the 32 MiB mmap threshold are carved from the advised
-// range until 1 GiB is in use. Other threads allocate from arenas of their own, which stay as they are: one arena for
-// all (M_ARENA_MAX = 1) made the fused kernels 12-20 % slower at 2 threads, as does the second worker's scratch
-// allocated on this thread alone (docs/kernels.md: the cause is not known); the reader advises its own buffers
-// (read_file_bytes), so K and V read on their own threads get huge pages too. Off with QATTN_HUGE_PAGES=0; skipped
-// under AddressSanitizer, whose allocator owns the heap. Where THP is disabled the advice does nothing.
+// touched, so resident memory is unchanged), advises it MADV_HUGEPAGE and frees it (all but its start,
+// advise_and_release): the heap is never trimmed (above), and the main thread's blocks below the 32 MiB mmap threshold
+// are carved from the advised range until 1 GiB is in use. Other threads allocate from malloc arenas of their own. Each
+// helper thread of the kernels' pool does the same with 24 MiB of its arena as it starts
+// (qattn::set_helper_thread_start), so a fused call's per-worker buffers get huge pages where they are; allocating them
+// on this thread instead, or one arena for all (M_ARENA_MAX = 1), made the fused kernels 12-20 % slower at 2 threads
+// (docs/kernels.md: the cause is not known). The reader advises its own buffers (read_file_bytes), so K and V read on
+// their own threads get huge pages too. Off with QATTN_HUGE_PAGES=0; skipped under AddressSanitizer, whose allocator
+// owns the heap. Where THP is disabled the advice does nothing.
 void back_heap_with_huge_pages() {
 #if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__)
   if (const char* v = std::getenv("QATTN_HUGE_PAGES"); v != nullptr && std::strcmp(v, "0") == 0) return;
   constexpr std::size_t kReserve = std::size_t{1} << 30;
-  constexpr std::uintptr_t kHugePage = std::uintptr_t{2} << 20;
   constexpr int kDefaultMmapMax = 65536;  // glibc's DEFAULT_MMAP_MAX
   mallopt(M_MMAP_MAX, 0);
   void* block = std::malloc(kReserve);
   mallopt(M_MMAP_MAX, kDefaultMmapMax);
   if (block == nullptr) return;  // no room for the reservation: plain pages
-  const auto at = reinterpret_cast<std::uintptr_t>(block);
-  const std::uintptr_t begin = (at + kHugePage - 1) & ~(kHugePage - 1);
-  const std::uintptr_t end = (at + kReserve) & ~(kHugePage - 1);
-  madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);  // advice: failure leaves plain pages
-  // The 2 MiB page the block starts in also holds the heap's first blocks and begins below the heap, so it can never
-  // be a huge page. Shrinking the block to end near `begin` (in place: a shrink splits the chunk and gives the rest
-  // back to the top) keeps that page's remainder out of later blocks, which then start in advised, aligned pages:
-  // the heap's next large buffer (Q's file buffer) no longer takes up to 2 MiB of 4 KiB faults at its start. The
-  // kept piece is address space only, never touched.
-  const std::size_t below = begin - at;
-  if (below >= 64 && std::realloc(block, below) == block) return;
-  std::free(block);
+  advise_and_release(block, kReserve);
+  qattn::set_helper_thread_start(back_arena_with_huge_pages);
 #endif
 }
 

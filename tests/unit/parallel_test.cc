@@ -1,6 +1,6 @@
 // parallel_for (qattn/parallel.h): every item exactly once on any thread count, worker ids below the worker count and
 // never in use twice at once, the first exception rethrown in the caller and no item started after it; nested,
-// concurrent and post-fork calls.
+// concurrent and post-fork calls; the start function of the threads it starts.
 #include <catch2/catch.hpp>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -91,6 +91,36 @@ TEST_CASE("parallel_for works in a forked child after the parent used its thread
     std::atomic<int> m{0};
     parallel_for(10, 2, [&](std::size_t) { ++m; });
     _exit(m == 10 ? 0 : 3);
+  }
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}
+
+TEST_CASE("every thread parallel_for starts runs the start function once, before its first item", "[parallel][fork]") {
+  // In a forked child, whose pool has no threads yet: 2 kept helpers (3 workers), then a call whose 4 items each make
+  // a nested call of 3 workers on threads of its own (the pool is busy): 2 + 4 x 2 starts.
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    static std::atomic<int> starts{0};
+    static thread_local bool prepared = false;
+    set_helper_thread_start([] {
+      ++starts;
+      prepared = true;
+    });
+    std::atomic<int> unprepared{0};
+    for (int call = 0; call < 5; ++call)  // the calling thread slowed, so that the helpers take items from the first
+      parallel_for_workers(40, 3, [&](std::size_t, int worker) {
+        if (worker == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        unprepared += worker != 0 && !prepared;
+      });
+    parallel_for_workers(4, 2, [&](std::size_t, int) {
+      parallel_for_workers(4, 3, [&](std::size_t, int worker) { unprepared += worker != 0 && !prepared; });
+    });
+    set_helper_thread_start(nullptr);
+    _exit(unprepared == 0 && starts == 2 + 4 * 2 ? 0 : 3);
   }
   int status = 0;
   REQUIRE(waitpid(child, &status, 0) == child);

@@ -214,7 +214,9 @@ TEST_CASE("the huge-page advice of a fresh buffer changes no byte of it or of it
   REQUIRE(raw != MAP_FAILED);
   auto* base = reinterpret_cast<std::uint8_t*>((reinterpret_cast<std::uintptr_t>(raw) + kHuge - 1) & ~(kHuge - 1));
   const auto value = [](std::size_t i) { return static_cast<std::uint8_t>((i * 2654435761u) >> 13); };
-  const auto written = [&](std::size_t i) { return i < 2 * kHuge || i >= kSize - 2 * kHuge || (i >= 4 * kHuge && i < 4 * kHuge + 4096); };
+  const auto written = [&](std::size_t i) {
+    return i < 2 * kHuge || i >= kSize - 2 * kHuge || (i >= 4 * kHuge && i < 4 * kHuge + 4096);
+  };
   for (std::size_t i = 0; i < kSize; ++i)
     if (written(i)) base[i] = value(i);
   advise_huge_pages(base + kHuge + 12345, 5 * kHuge + 777);  // pages 1-6, the end ones written and partly inside

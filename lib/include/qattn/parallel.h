@@ -19,5 +19,10 @@ inline void parallel_for(std::size_t n, int threads, const std::function<void(st
 }
 // The number of workers parallel_for_workers uses for n items: min(threads, n), threads <= 0 = hardware threads.
 int parallel_workers(std::size_t n, int threads);
+// A function every thread that parallel_for_workers starts runs once as it starts, before its first item, or nullptr
+// for none (the default): the kept helper threads and a nested or concurrent call's own. A program sets it before
+// its first parallel call, to prepare what is per thread (the CLI: the thread's malloc arena, analysis/main.cc);
+// helper threads already started do not run it. It must not throw.
+void set_helper_thread_start(void (*start)());
 
 }  // namespace qattn

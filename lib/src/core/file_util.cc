@@ -22,7 +22,8 @@ namespace {
 
 std::string os_reason(int err) { return std::strerror(err); }
 
-constexpr int kMadvCollapse = 25;  // MADV_COLLAPSE of <linux/mman.h> (asm-generic: x86-64 and aarch64); not in glibc 2.36
+// MADV_COLLAPSE of <linux/mman.h> (asm-generic, so x86-64 and aarch64 alike): glibc 2.36's <sys/mman.h> lacks it.
+constexpr int kMadvCollapse = 25;
 
 // Closes a descriptor on scope exit unless released.
 struct Fd {

@@ -20,6 +20,8 @@ namespace {
 // time; a nested call (a body that calls parallel_for) or a concurrent one from another thread starts and joins its
 // own threads instead. The threads are detached and the pool is never destroyed (threads parked at exit are fine);
 // a forked child, which has none of the parent's threads, gets a fresh pool (pthread_atfork).
+std::atomic<void (*)()> helper_start{nullptr};
+
 class Pool {
  public:
   // Runs job(w) for w in [0, helpers]: w = 0 on the calling thread, the rest on pool threads; returns when all have.
@@ -62,6 +64,7 @@ class Pool {
   }
 
   void helper(int id) {
+    if (void (*start)() = helper_start.load()) start();
     std::uint64_t seen = 0;
     for (;;) {
       spin_until([&] { return generation_.load() != seen; });
@@ -100,6 +103,8 @@ Pool& pool() {
 
 }  // namespace
 
+void set_helper_thread_start(void (*start)()) { helper_start.store(start); }
+
 int parallel_workers(std::size_t n, int threads) {
   const std::size_t t = threads > 0 ? static_cast<std::size_t>(threads) : std::max(1u, std::thread::hardware_concurrency());
   return static_cast<int>(std::max<std::size_t>(1, std::min(t, n)));
@@ -131,7 +136,11 @@ void parallel_for_workers(std::size_t n, int threads, const std::function<void(s
   } else {
     std::vector<std::thread> own;
     own.reserve(static_cast<std::size_t>(workers - 1));
-    for (int w = 1; w < workers; ++w) own.emplace_back(run, w);
+    for (int w = 1; w < workers; ++w)
+      own.emplace_back([&run, w] {
+        if (void (*start)() = helper_start.load()) start();
+        run(w);
+      });
     run(0);
     for (std::thread& t : own) t.join();
   }
