@@ -142,8 +142,9 @@ class FusedMethod final : public Method {
     std::optional<ref::KeyBlocks> kb;
     if (key_blocks) kb = ref::quantize_key_blocks(k, plan_.key_block, plan_.qround);
     // Q, V and K are quantised side by side on the call's threads (each tensor's codes do not depend on the others),
-    // into buffers allocated here: from the calling thread's heap, not from a helper thread's own malloc arena, whose
-    // fresh pages the CLI has not advised for huge pages (docs/kernels.md, "Huge pages for fresh buffers").
+    // into buffers allocated here, on the calling thread's heap rather than in a helper thread's own malloc arena:
+    // a program that advises only its main heap for huge pages (docs/kernels.md, "Huge pages for fresh buffers";
+    // the CLI advises its helpers' arenas too) gets them for these as well.
     Quantized qi{std::vector<std::int8_t>(static_cast<std::size_t>(q.size()))},
         vi{std::vector<std::int8_t>(static_cast<std::size_t>(v.size()))},
         ki{std::vector<std::int8_t>(key_blocks ? 0 : static_cast<std::size_t>(k.size()))};
