@@ -56,7 +56,8 @@ std::string cpu_model() {
 }
 
 // Peak resident memory per row: writing 5 to /proc/self/clear_refs resets the kernel's high-water mark (VmHWM), so
-// each row's figure is what the process held at most while that row ran (inputs included). -1 where /proc lacks it.
+// each row's figure is what the process held at most while that row ran (its inputs included: BenchInputs). -1 where
+// /proc lacks it.
 void reset_peak_rss() {
   malloc_trim(0);  // hand freed heap pages back first, so that an earlier row's buffers do not count
   std::ofstream f("/proc/self/clear_refs");
@@ -283,28 +284,44 @@ double measure_peak_gmacs(Isa isa) {
 }
 
 // One L's random inputs, quantised per tensor as the pipelines quantise (qattn/quantize.h).
+// One L's inputs: Q, K, V drawn as float32 N(0, 1) and quantised per tensor. Only the INT8 copies are held; the fp32
+// row draws the floats again (float_inputs) while it runs, so that the integer rows' peak memory is their own
+// inputs' and buffers', whatever other rows the run asks for.
 struct BenchInputs {
   int l = 0, d = 0;
-  RowMatrixXf qf, kf, vf;  // empty unless the fp32 row runs
+  std::mt19937_64 draws;  // the generator's state before Q, K, V were drawn
   std::vector<std::int8_t> q8, k8, v8;
   double sq = 0, sk = 0, sv = 0;
 };
 
-BenchInputs make_inputs(int l, int d, bool keep_float, std::mt19937_64& g) {
+struct FloatInputs {
+  RowMatrixXf q, k, v;
+};
+
+// The floats make_inputs drew for `in`, drawn again from the same state: the same values. `after`, if given, gets the
+// generator's state past them.
+FloatInputs float_inputs(const BenchInputs& in, std::mt19937_64* after = nullptr) {
+  std::mt19937_64 g = in.draws;
+  std::normal_distribution<float> n(0, 1);
+  FloatInputs f{RowMatrixXf(in.l, in.d), RowMatrixXf(in.l, in.d), RowMatrixXf(in.l, in.d)};
+  for (RowMatrixXf* m : {&f.q, &f.k, &f.v})
+    for (Eigen::Index i = 0; i < m->size(); ++i) m->data()[i] = n(g);
+  if (after) *after = g;
+  return f;
+}
+
+BenchInputs make_inputs(int l, int d, std::mt19937_64& g) {
   BenchInputs in;
   in.l = l;
   in.d = d;
-  std::normal_distribution<float> n(0, 1);
-  in.qf.resize(l, d), in.kf.resize(l, d), in.vf.resize(l, d);
-  for (auto* m : {&in.qf, &in.kf, &in.vf})
-    for (Eigen::Index i = 0; i < m->size(); ++i) m->data()[i] = n(g);
+  in.draws = g;
+  const FloatInputs f = float_inputs(in, &g);
   auto quant = [](const RowMatrixXf& x, double* s) {
     std::vector<std::int8_t> q(static_cast<std::size_t>(x.size()));
     *s = quantize_int8_symmetric(std::span<const float>(x.data(), q.size()), std::span<std::int8_t>(q));
     return q;
   };
-  in.q8 = quant(in.qf, &in.sq), in.k8 = quant(in.kf, &in.sk), in.v8 = quant(in.vf, &in.sv);
-  if (!keep_float) in.qf.resize(0, 0), in.kf.resize(0, 0), in.vf.resize(0, 0);  // the integer rows' memory alone
+  in.q8 = quant(f.q, &in.sq), in.k8 = quant(f.k, &in.sk), in.v8 = quant(f.v, &in.sv);
   return in;
 }
 
@@ -398,8 +415,9 @@ std::vector<Row> measure_cell(const BenchOptions& o, const BenchInputs& in, Isa 
   }
   if (wants(o, "fp32")) {
     double r_fp32;
+    const FloatInputs f = float_inputs(in);
     RowMatrixXf of(l, o.d);
-    c.t_fp32 = median_ms(o.reps, [&] { fp32_attention_blocks(in.qf, in.kf, in.vf, static_cast<float>(scale), threads, of); }, &r_fp32);
+    c.t_fp32 = median_ms(o.reps, [&] { fp32_attention_blocks(f.q, f.k, f.v, static_cast<float>(scale), threads, of); }, &r_fp32);
     rows.push_back({"fp32 blocks (Eigen)", c.t_fp32, r_fp32, false});
   }
   return rows;
@@ -503,7 +521,7 @@ void run_bench(const BenchOptions& o) {
   std::vector<Cell> cells;
   std::mt19937_64 g(1);
   for (int l : o.lengths) {
-    const BenchInputs in = make_inputs(l, o.d, wants(o, "fp32"), g);
+    const BenchInputs in = make_inputs(l, o.d, g);
     for (std::size_t ti = 0; ti < o.threads.size(); ++ti) {
       Cell c;
       c.l = l;
@@ -546,7 +564,8 @@ void run_bench(const BenchOptions& o) {
        << "two materialised rows, are timed in turns (one call of each, then again), so their ratios come from the same "
        << "minutes; GOP/s counts the two GEMMs (4 L^2 d ops); "
        << "fp32 blocks runs Eigen at this build's baseline ISA; peak RSS per row is the process's high-water mark "
-       << "while that row's warm-up ran (inputs included; " << ru.ru_maxrss / 1024 << " MiB for the whole run)\n\n";
+       << "while that row's warm-up ran (its inputs included: INT8 Q, K, V for the integer rows, float32 for the fp32 row; "
+       << ru.ru_maxrss / 1024 << " MiB for the whole run)\n\n";
   emit(o.format == "json" ? j.dump(2) + "\n"
                           : head.str() + t.markdown() + anchor_tables(o, cells, names.softmax_row, qo_softmax) +
                                 "\nTargets (docs/kernels.md):\n" + targets,

@@ -11,6 +11,7 @@
 #include "qattn/int_attention.h"
 #include "qattn/parallel.h"
 #include "qattn/quantize.h"
+#include "qattn/tensor_io.h"
 
 namespace qattn {
 namespace {
@@ -200,26 +201,36 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
     f.dequantise(acc, rows, dv, dv16, out_scale, p_scale, o + r0 * dv, dv);
   };
   if (cfg.materialise) {
-    std::vector<std::int32_t> s_all(static_cast<std::size_t>(lq * lk_stride));
-    std::vector<std::uint8_t> p_all(static_cast<std::size_t>(lq * lk_stride), 0);
+    // S and P whole: 5 bytes per (query, key) pair, 80 MiB at L = 4096. Fresh pages cost a fault each, on some VMs
+    // 3 ms per MB with 4 KiB pages (docs/kernels.md), which would make this dataflow's time mostly faults; so both are
+    // allocated uninitialised and advised for huge pages before their first touch. Q.K^T writes S whole; P's columns
+    // past L_k must be zero for P.V, so P is zeroed after the advice.
+    const std::size_t pairs = static_cast<std::size_t>(lq * lk_stride);
+    const std::unique_ptr<std::int32_t[]> s_buffer(new std::int32_t[pairs]);
+    const std::unique_ptr<std::uint8_t[]> p_buffer(new std::uint8_t[pairs]);
+    advise_huge_pages(s_buffer.get(), pairs * sizeof(std::int32_t));
+    advise_huge_pages(p_buffer.get(), pairs);
+    std::fill_n(p_buffer.get(), pairs, std::uint8_t{0});
+    std::int32_t* const s_all = s_buffer.get();
+    std::uint8_t* const p_all = p_buffer.get();
     parallel_blocks([&](Eigen::Index b) {  // pass 1: S = Q K^T
       const Eigen::Index r0 = b * br, rows = std::min(br, lq - r0);
       std::vector<std::int8_t> qb(static_cast<std::size_t>(rows * d4), 0);
       for (Eigen::Index i = 0; i < rows; ++i) std::copy_n(q.values + (r0 + i) * d, d, qb.data() + i * d4);
-      if (run_qk) f.qk({qb.data(), rows, d4, k_packed.data(), k_sum.data(), lk_stride, s_all.data() + r0 * lk_stride});
+      if (run_qk) f.qk({qb.data(), rows, d4, k_packed.data(), k_sum.data(), lk_stride, s_all + r0 * lk_stride});
     });
     parallel_blocks([&](Eigen::Index b) {  // pass 2: P = softmax(S), row by row
       std::vector<float> scratch(quant_only ? static_cast<std::size_t>(lk_stride) : 0);
       for (Eigen::Index row = b * br; run_softmax && row < std::min(lq, (b + 1) * br); ++row) {
-        softmax_row(s_all.data() + row * lk_stride, scratch.data(), row, p_all.data() + row * lk_stride);
-        if (cfg.p_out) std::copy_n(p_all.data() + row * lk_stride, lk, cfg.p_out + row * lk);
+        softmax_row(s_all + row * lk_stride, scratch.data(), row, p_all + row * lk_stride);
+        if (cfg.p_out) std::copy_n(p_all + row * lk_stride, lk, cfg.p_out + row * lk);
       }
     });
     parallel_blocks([&](Eigen::Index b) {  // pass 3: O = P V
       const Eigen::Index r0 = b * br, rows = std::min(br, lq - r0);
       if (!run_pv) return;
       std::vector<std::int32_t> acc(static_cast<std::size_t>(rows * dv16));
-      f.pv({p_all.data() + r0 * lk_stride, rows, lk_stride, v_packed.data(), v_sum.data(), dv16, acc.data()});
+      f.pv({p_all + r0 * lk_stride, rows, lk_stride, v_packed.data(), v_sum.data(), dv16, acc.data()});
       dequantise(acc.data(), r0, rows);
     });
     return;
