@@ -283,10 +283,9 @@ double measure_peak_gmacs(Isa isa) {
   return peak;
 }
 
-// One L's random inputs, quantised per tensor as the pipelines quantise (qattn/quantize.h).
-// One L's inputs: Q, K, V drawn as float32 N(0, 1) and quantised per tensor. Only the INT8 copies are held; the fp32
-// row draws the floats again (float_inputs) while it runs, so that the integer rows' peak memory is their own
-// inputs' and buffers', whatever other rows the run asks for.
+// One L's inputs: Q, K, V drawn as float32 N(0, 1) and quantised per tensor as the pipelines quantise
+// (qattn/quantize.h). Only the INT8 copies are held; the fp32 row draws the floats again (float_inputs) while it
+// runs, so that the integer rows' peak memory is their own inputs' and buffers', whatever other rows the run asks for.
 struct BenchInputs {
   int l = 0, d = 0;
   std::mt19937_64 draws;  // the generator's state before Q, K, V were drawn
