@@ -203,8 +203,9 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
   if (cfg.materialise) {
     // S and P whole: 5 bytes per (query, key) pair, 80 MiB at L = 4096. Fresh pages cost a fault each, on some VMs
     // 3 ms per MB with 4 KiB pages (docs/kernels.md), which would make this dataflow's time mostly faults; so both are
-    // allocated uninitialised and advised for huge pages before their first touch. Q.K^T writes S whole; P's columns
-    // past L_k must be zero for P.V, so P is zeroed after the advice.
+    // allocated uninitialised and advised for huge pages before their first touch. Q.K^T writes S whole; P is zeroed
+    // after the advice, so that its columns past L_k, which no row writes, hold defined values (P.V meets them with
+    // V's zero padding) and a gemms-only run leaves P at zero.
     const std::size_t pairs = static_cast<std::size_t>(lq * lk_stride);
     const std::unique_ptr<std::int32_t[]> s_buffer(new std::int32_t[pairs]);
     const std::unique_ptr<std::uint8_t[]> p_buffer(new std::uint8_t[pairs]);
@@ -237,8 +238,9 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
   }
   // Each worker's blocks reuse its buffers: Q block (zero-padded to d4), S, P (zero-padded to lk_stride), accumulators,
   // each of min(B_r, L_q) rows: a call with fewer queries than a block (decoding) holds only the rows it has.
-  // S and the accumulators are written whole before they are read, so they are left uninitialised; P's columns past
-  // L_k must be zero for P.V, so P is zeroed once. A one-stage run holds only its stage's buffers.
+  // S and the accumulators are written whole before they are read, so they are left uninitialised; P is zeroed once,
+  // so that its columns past L_k, which no row writes, hold defined values (P.V meets them with V's zero padding).
+  // A one-stage run holds only its stage's buffers.
   struct Scratch {
     bool ready = false;
     std::vector<std::int8_t> qb;
