@@ -12,6 +12,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -558,6 +559,10 @@ std::string softmax_form_names() {
 // The option checks of `qattn analyze` that CLI11 cannot express: CLI::ValidationError naming the option.
 void check_analyze_options(const AnalyzeOptions& o) {
   check_format(o.format, {"md", "csv", "latex", "json"});
+  require_range("--threads", o.threads, 0, kMaxThreads);
+  if (o.block_rows < 0 || o.block_rows % 64 != 0 || o.block_rows > (1 << 20))
+    throw CLI::ValidationError("--block-rows", "must be a multiple of 64 in [64, 1048576], or 0 (chosen from L_k); got " +
+                                                   std::to_string(o.block_rows));
   SoftmaxReference reference;
   try {
     reference = parse_softmax_reference(o.reference);
@@ -582,6 +587,8 @@ struct AnalyzePlan {
   std::unique_ptr<ref::KvQuantizer> kv;
   std::unique_ptr<ref::WeightQuantizer> wq;
   std::string tensors;  // the source named in the report
+  int threads = 0;
+  Eigen::Index block_rows = 0;
 };
 
 // Resolves the methods (the registry's defaults when none is given: every method, or its softmax models for a
@@ -591,6 +598,8 @@ AnalyzePlan plan_analyze(const AnalyzeOptions& o) {
   plan.softmax = o.softmax_only || !o.logits.empty();
   plan.reference = parse_softmax_reference(o.reference);
   plan.tensors = !o.q.empty() ? o.q : !o.logits.empty() ? o.logits : o.tensors;
+  plan.threads = o.threads;
+  plan.block_rows = static_cast<Eigen::Index>(o.block_rows);
   std::vector<std::string> specs = o.specs;
   const bool defaults = specs.empty();
   if (defaults)
@@ -627,20 +636,30 @@ AnalyzePlan plan_analyze(const AnalyzeOptions& o) {
   return plan;
 }
 
-// Every method over the dump, per head in (layer, head) order and each method in the order given; progress on
-// stderr at a terminal or once a run passes 2 s.
+// Every method over the dump (streamed, docs/streaming.md), per head in (layer, head) order and each method in the
+// order given; progress on stderr at a terminal or once a run passes 2 s, at most once a second.
 std::vector<HeadResult> evaluate_plan(const std::vector<DumpLayer>& dump, const AnalyzePlan& plan) {
   const auto start = std::chrono::steady_clock::now();
-  const bool progress = isatty(STDERR_FILENO);
-  std::vector<HeadResult> results;
-  for (std::size_t m = 0; m < plan.methods.size(); ++m) {
-    std::vector<HeadResult> r = evaluate(dump, *plan.methods[m], plan.specs[m], plan.kv.get());
-    results.insert(results.end(), r.begin(), r.end());
+  const bool terminal = isatty(STDERR_FILENO);
+  std::vector<EvalMethod> methods;
+  for (std::size_t m = 0; m < plan.methods.size(); ++m)
+    methods.push_back({plan.methods[m].get(), plan.specs[m], registry().traits(parse_method_spec(plan.specs[m]))});
+  EvalOptions options;
+  options.threads = plan.threads > 0 ? plan.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  options.block_rows = plan.block_rows;
+  options.kv = plan.kv.get();
+  std::mutex print_lock;
+  double printed = 0;
+  options.progress = [&](std::size_t done, std::size_t total) {
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (progress || elapsed > 2.0)
-      std::cerr << "qattn analyze: [" << m + 1 << "/" << plan.methods.size() << " methods] " << plan.specs[m]
-                << " done (" << static_cast<int>(elapsed) << " s)\n";
-  }
+    const std::lock_guard<std::mutex> hold(print_lock);
+    if ((terminal || elapsed > 2.0) && (elapsed - printed >= 1.0 || done == total)) {
+      printed = elapsed;
+      std::cerr << "qattn analyze: " << done << "/" << total << " blocks and calls done (" << static_cast<int>(elapsed)
+                << " s)\n";
+    }
+  };
+  std::vector<HeadResult> results = evaluate_methods(dump, methods, options);
   std::stable_sort(results.begin(), results.end(), [](const HeadResult& a, const HeadResult& b) {
     return std::make_pair(a.layer, a.head) < std::make_pair(b.layer, b.head);
   });
@@ -734,7 +753,7 @@ std::string analyze_partial(const AnalyzeOptions& o, const AnalyzePlan& plan) {
   filter.files_read = &prov.inputs;
   std::vector<HeadResult> results;
   if (!owned.empty()) {
-    std::vector<DumpLayer> dump = load_dump(o.tensors, target, plan.reference, &filter);
+    std::vector<DumpLayer> dump = load_dump(o.tensors, target, plan.reference, &filter, /*with_reference=*/false);
     if (plan.wq) {
       quantize_projections(dump, o.tensors, *plan.wq);
       for (int layer : owned_layers)
@@ -785,9 +804,10 @@ std::string analyze_report(const AnalyzeOptions& o) {
   const AnalyzePlan plan = plan_analyze(o);
   if (!o.shard.empty()) return analyze_partial(o, plan);
   std::vector<DumpLayer> dump =
-      !o.q.empty()        ? load_explicit(o.q, o.k, o.v)
+      !o.q.empty()        ? load_explicit(o.q, o.k, o.v, /*with_reference=*/false)
       : !o.logits.empty() ? load_explicit_logits(o.logits, plan.reference)
-                          : load_dump(o.tensors, plan.softmax ? DumpTarget::softmax : DumpTarget::attention, plan.reference);
+                          : load_dump(o.tensors, plan.softmax ? DumpTarget::softmax : DumpTarget::attention, plan.reference,
+                                      nullptr, /*with_reference=*/false);
   if (plan.wq) quantize_projections(dump, o.tensors, *plan.wq);
   std::size_t n_heads = 0;
   for (const DumpLayer& l : dump) n_heads += l.heads.size();
@@ -968,6 +988,14 @@ void add_analyze(CLI::App& app) {
   sub->add_option("--shard", o->shard,
                   "K/N: evaluate only block K (0-based) of N of the dump's (layer, head) pairs and write a partial "
                   "result (JSON) for `qattn merge` (docs/scale-out.md)");
+  sub->add_option("--threads", o->threads,
+                  "worker threads over (head, block of query rows) items, at most " + std::to_string(kMaxThreads) +
+                      "; 0 (default): every core. The tables do not depend on it (docs/streaming.md)")
+      ->capture_default_str();
+  sub->add_option("--block-rows", o->block_rows,
+                  "query rows per streamed block, a multiple of 64; 0 (default): about 2^20 / L_k. The tables do not "
+                  "depend on it (docs/streaming.md)")
+      ->capture_default_str();
   add_engine_options(sub);
   sub->callback([=] { emit(analyze_report(*o), o->out); });
 }

@@ -46,6 +46,8 @@ struct AnalyzeOptions {
   std::string format = "md", out, reference = "fp64", kv, weights;
   bool softmax_only = false;
   std::string shard;  // "K/N": write the partial result of shard K of N (docs/scale-out.md)
+  int threads = 0;    // workers over (head, block) items; 0: every core
+  long long block_rows = 0;  // query rows per streamed block (multiple of 64); 0: chosen from L_k
 };
 std::string analyze_report(const AnalyzeOptions& o);
 

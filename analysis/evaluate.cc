@@ -18,12 +18,14 @@
 #include <string>
 
 #include "qattn/error.h"
+#include "qattn/eval/panel_metrics.h"
 #include "qattn/reference/registry.h"
 #include "qattn/reference/softmax.h"
 #include "qattn/tensor_io.h"
 
 namespace qattn::cli {
 namespace fs = std::filesystem;
+using eval::PanelStats;
 
 namespace {
 
@@ -340,7 +342,7 @@ void add_softmax_head(DumpLayer& l, const HeadTensors& ht, const AttentionMask& 
 // One head of an attention dump into l: q, k, v checked against each other, the layer's other heads and the
 // manifest's head_dim (field names its layer), and the fp64 reference attention.
 void add_attention_head(DumpLayer& l, const HeadTensors& ht, const LayerManifest* m, const std::string& manifest_path,
-                        const std::string& field, const AttentionMask& mask, const Method& reference) {
+                        const std::string& field, const AttentionMask& mask, const Method* reference) {
   l.q_paths.push_back(ht.where[0]);
   for (int kind = 0; kind < 3; ++kind) require_finite_tensor(ht.t[kind], ht.where[kind], kKindRoles[kind]);
   l.q.push_back(split_batch(ht.t[0], ht.where[0]));
@@ -361,10 +363,11 @@ void add_attention_head(DumpLayer& l, const HeadTensors& ht, const LayerManifest
     if (q.cols() != k.cols()) throw InputError(ht.where[1], "shape", "head dimension d differs from q");
     if (k.rows() != v.rows()) throw InputError(ht.where[2], "shape", "v has a different number of keys than k");
   }
+  if (!reference) return;  // computed block by block when evaluated
   std::vector<AttentionResult> refs;
   const double scale = l.logit_scale();
   for (std::size_t b = 0; b < l.q.back().size(); ++b) {
-    refs.push_back(reference.attention(l.q.back()[b], l.k.back()[b], l.v.back()[b], scale, mask));
+    refs.push_back(reference->attention(l.q.back()[b], l.k.back()[b], l.v.back()[b], scale, mask));
     // fp64 propagates overflow as NaN; a reference that is not finite cannot measure anything
     if (!refs.back().o.allFinite())
       throw InputError(ht.where[0], "values", "scale * Q K^T overflows float64 in the fp64 reference (batch entry " +
@@ -378,7 +381,7 @@ void add_attention_head(DumpLayer& l, const HeadTensors& ht, const LayerManifest
 // With `listing` (a shard), the manifest is checked against the whole dump's layers and heads, not the ones read.
 std::vector<DumpLayer> build_layers(std::vector<HeadTensors> heads, DumpTarget target, SoftmaxReference ref_kind,
                                     const std::map<int, LayerManifest>& manifest, const std::string& manifest_path,
-                                    const DumpListing* listing = nullptr) {
+                                    const DumpListing* listing = nullptr, bool with_reference = true) {
   const std::map<int, int> listed = listing ? listing->heads_per_layer() : std::map<int, int>{};
   const auto reference = ref::reference_registry().create("fp64");
   std::vector<DumpLayer> layers;
@@ -401,7 +404,7 @@ std::vector<DumpLayer> build_layers(std::vector<HeadTensors> heads, DumpTarget t
     for (std::size_t h = h0; h < h1; ++h) {
       l.heads.push_back(heads[h].head);
       if (target == DumpTarget::softmax) add_softmax_head(l, heads[h], mask, ref_kind);
-      else add_attention_head(l, heads[h], m, manifest_path, field, mask, *reference);
+      else add_attention_head(l, heads[h], m, manifest_path, field, mask, with_reference ? reference.get() : nullptr);
       heads[h] = HeadTensors{};  // the matrices are kept; the tensors are not needed any more
     }
     layers.push_back(std::move(l));
@@ -440,11 +443,11 @@ double DumpLayer::logit_scale() const {
 }
 
 std::vector<DumpLayer> load_dump(const fs::path& source, DumpTarget target, SoftmaxReference reference,
-                                 const DumpFilter* filter) {
+                                 const DumpFilter* filter, bool with_reference) {
   const auto manifest = read_manifest(source);  // before the tensors: a bad manifest fails fast
   if (filter && filter->files_read && !manifest.empty()) filter->files_read->push_back((source / "manifest.json").string());
   return build_layers(read_heads(source, target, filter), target, reference, manifest,
-                      (source / "manifest.json").string(), filter ? filter->listing : nullptr);
+                      (source / "manifest.json").string(), filter ? filter->listing : nullptr, with_reference);
 }
 
 std::map<int, int> DumpListing::heads_per_layer() const {
@@ -479,11 +482,12 @@ DumpListing list_dump(const fs::path& source, DumpTarget target) {
   return out;
 }
 
-std::vector<DumpLayer> load_explicit(const std::string& q, const std::string& k, const std::string& v) {
+std::vector<DumpLayer> load_explicit(const std::string& q, const std::string& k, const std::string& v,
+                                     bool with_reference) {
   HeadTensors h{0, 0, {q, k, v, ""}, {single_tensor(q), single_tensor(k), single_tensor(v), Tensor{}}};
   std::vector<HeadTensors> heads;
   heads.push_back(std::move(h));
-  return build_layers(std::move(heads), DumpTarget::attention, SoftmaxReference::fp64, {}, "");
+  return build_layers(std::move(heads), DumpTarget::attention, SoftmaxReference::fp64, {}, "", nullptr, with_reference);
 }
 
 std::vector<DumpLayer> load_explicit_logits(const std::string& logits, SoftmaxReference reference) {
@@ -493,78 +497,264 @@ std::vector<DumpLayer> load_explicit_logits(const std::string& logits, SoftmaxRe
   return build_layers(std::move(heads), DumpTarget::softmax, reference, {}, "");
 }
 
-std::vector<HeadResult> evaluate(const std::vector<DumpLayer>& dump, const Method& method, const std::string& label,
-                                 const ref::KvQuantizer* kv) {
-  std::vector<HeadResult> results;
-  for (const DumpLayer& l : dump) {
+namespace {
+
+// Which methods run on blocks of query rows and how the rows are split (docs/streaming.md).
+struct StreamPlan {
+  Eigen::Index block_rows;
+  std::vector<bool> streamed;  // per method
+};
+
+// Where one (method, head) collects its panels: [batch entry][panel], filled by the items in any order and
+// folded in this order at the end.
+struct HeadSink {
+  std::vector<PanelStats> o, p;
+  std::vector<double> o_errors;  // |o - r| of every O entry, for the exact median
+  eval::MetricFold p_median{false};
+  bool has_p = true;
+  std::vector<double> k_bits, v_bits;  // [batch entry], with a KV quantizer
+};
+
+Eigen::Index panels_of(Eigen::Index rows) { return (rows + eval::kPanelRows - 1) / eval::kPanelRows; }
+
+// The panels of rows [r0, r0 + n) of a head's O and P (result rows 0 .. n - 1 vs reference rows 0 .. n - 1),
+// written to the sink's slots of batch entry b.
+void collect_rows(HeadSink& sink, std::mutex& median_lock, std::size_t b, Eigen::Index lq, Eigen::Index r0,
+                  const AttentionResult& r, const RowMatrixXd& ref_o, const RowMatrixXd& ref_p, Eigen::Index ref_row0) {
+  const Eigen::Index n_panels = panels_of(lq), dv = ref_o.cols(), lk = ref_p.cols();
+  const Eigen::Index n = r.o.rows();
+  eval::MetricFold p_errors(false);
+  const bool with_p = r.p.size() != 0;
+  for (Eigen::Index i0 = 0; i0 < n; i0 += eval::kPanelRows) {
+    const Eigen::Index rows = std::min<Eigen::Index>(eval::kPanelRows, n - i0);
+    const std::size_t slot = b * static_cast<std::size_t>(n_panels) + static_cast<std::size_t>((r0 + i0) / eval::kPanelRows);
+    const double* o = r.o.data() + i0 * dv;
+    const double* ro = ref_o.data() + (ref_row0 + i0) * dv;
+    sink.o[slot] = eval::panel_stats(o, ro, static_cast<std::size_t>(rows * dv));
+    double* errors = sink.o_errors.data() + (b * static_cast<std::size_t>(lq) + static_cast<std::size_t>(r0 + i0)) * dv;
+    for (Eigen::Index t = 0; t < rows * dv; ++t) errors[t] = std::fabs(o[t] - ro[t]);
+    if (!with_p) continue;
+    const double* p = r.p.data() + i0 * lk;
+    const double* rp = ref_p.data() + (ref_row0 + i0) * lk;
+    PanelStats ps = eval::panel_stats(p, rp, static_cast<std::size_t>(rows * lk));
+    eval::add_panel_kl(ps, p, rp, rows, lk);
+    sink.p[slot] = std::move(ps);
+    p_errors.add_errors(p, rp, static_cast<std::size_t>(rows * lk));
+  }
+  const std::lock_guard<std::mutex> hold(median_lock);
+  if (!with_p) sink.has_p = false;
+  sink.p_median.merge_errors(p_errors);
+}
+
+// The fp64 reference rows [r0, r0 + n) of one head: the dump's own reference where it holds one (weight
+// quantization compares with other projections), else computed on the block (fp64 streams in blocks of 64 rows,
+// so the block's rows are the whole call's). *row0 is where the block's rows start in the returned matrices.
+struct ReferenceRows {
+  const RowMatrixXd* o;
+  const RowMatrixXd* p;
+  Eigen::Index row0;
+  AttentionResult computed;
+};
+void reference_rows(ReferenceRows& out, const DumpLayer& l, std::size_t h, std::size_t b, Eigen::Index r0,
+                    Eigen::Index n, const Method& fp64) {
+  if (!l.reference.empty()) {
+    out.o = &l.reference[h][b].o, out.p = &l.reference[h][b].p, out.row0 = r0;
+    return;
+  }
+  const Eigen::Index lq = l.q[h][b].rows();
+  const AttentionMask mask{RowMatrixXb(), l.causal, l.causal ? r0 + n - lq : 0};
+  out.computed = fp64.attention(l.q[h][b].middleRows(r0, n), l.k[h][b], l.v[h][b], l.logit_scale(), mask);
+  // fp64 propagates overflow as NaN; a reference that is not finite cannot measure anything
+  if (!out.computed.o.allFinite())
+    throw InputError(l.q_paths[h].string(), "values", "scale * Q K^T overflows float64 in the fp64 reference (batch entry " +
+                                                          std::to_string(b) + "); rescale the inputs");
+  out.o = &out.computed.o, out.p = &out.computed.p, out.row0 = 0;
+}
+
+}  // namespace
+
+Eigen::Index default_block_rows(Eigen::Index lk) {
+  // About 1 Mi entries of [rows, L_k] per matrix a worker holds (8 MiB of float64), in whole panels.
+  const Eigen::Index rows = (Eigen::Index{1} << 20) / std::max<Eigen::Index>(lk, 1) / eval::kPanelRows * eval::kPanelRows;
+  return std::clamp<Eigen::Index>(rows, eval::kPanelRows, 1024);
+}
+
+std::vector<HeadResult> evaluate_methods(const std::vector<DumpLayer>& dump, const std::vector<EvalMethod>& methods,
+                                         const EvalOptions& options) {
+  if (options.block_rows < 0 || options.block_rows % eval::kPanelRows != 0)
+    throw std::invalid_argument("block rows must be a positive multiple of " + std::to_string(eval::kPanelRows) +
+                                " (or 0: chosen from L_k), got " + std::to_string(options.block_rows));
+  const auto fp64 = ref::reference_registry().create("fp64");
+  const std::size_t n_methods = methods.size();
+  // sinks[method][unit]; units are the dump's heads in (layer, head) order
+  std::vector<std::size_t> unit_of_layer;
+  std::size_t n_units = 0;
+  for (const DumpLayer& l : dump) unit_of_layer.push_back(n_units), n_units += l.heads.size();
+  std::vector<std::vector<HeadSink>> sinks(n_methods, std::vector<HeadSink>(n_units));
+  std::mutex median_lock;
+
+  // The work items, each writing only its own slots: whole calls first (the largest), then the streamed blocks.
+  std::vector<std::function<void()>> items;
+  std::vector<std::function<void()>> streamed_items;
+  for (std::size_t li = 0; li < dump.size(); ++li) {
+    const DumpLayer& l = dump[li];
+    const std::size_t nh = l.heads.size();
     if (l.softmax_only()) {
-      for (std::size_t h = 0; h < l.heads.size(); ++h) {
-        std::vector<double> p_all, p_ref_all;
-        for (std::size_t b = 0; b < l.logits[h].size(); ++b) {
-          const RowMatrixXd p = with_source(l.q_paths[h].string() + " (batch entry " + std::to_string(b) + ")", label,
-                                            [&] { return method.softmax_rows(l.logits[h][b]); });
-          const RowMatrixXd& ref = l.p_reference[h][b];
-          p_all.insert(p_all.end(), p.data(), p.data() + p.size());
-          p_ref_all.insert(p_ref_all.end(), ref.data(), ref.data() + ref.size());
+      const std::size_t batch = l.logits.front().size();
+      for (std::size_t m = 0; m < n_methods; ++m)
+        for (std::size_t h = 0; h < nh; ++h) {
+          HeadSink& sink = sinks[m][unit_of_layer[li] + h];
+          const Eigen::Index lq = l.logits[h].front().rows();
+          sink.o.assign(batch * panels_of(lq), PanelStats{});
+          sink.p.assign(batch * panels_of(lq), PanelStats{});
+          items.push_back([&, li, m, h, batch, lq] {
+            const DumpLayer& l = dump[li];
+            HeadSink& sink = sinks[m][unit_of_layer[li] + h];
+            for (std::size_t b = 0; b < batch; ++b) {
+              const RowMatrixXd p = with_source(l.q_paths[h].string() + " (batch entry " + std::to_string(b) + ")",
+                                                methods[m].label, [&] { return methods[m].method->softmax_rows(l.logits[h][b]); });
+              const RowMatrixXd& ref = l.p_reference[h][b];
+              eval::MetricFold p_errors(false);
+              for (Eigen::Index i0 = 0; i0 < lq; i0 += eval::kPanelRows) {
+                const Eigen::Index rows = std::min<Eigen::Index>(eval::kPanelRows, lq - i0);
+                const std::size_t n = static_cast<std::size_t>(rows * ref.cols());
+                PanelStats ps = eval::panel_stats(p.data() + i0 * ref.cols(), ref.data() + i0 * ref.cols(), n);
+                eval::add_panel_kl(ps, p.data() + i0 * ref.cols(), ref.data() + i0 * ref.cols(), rows, ref.cols());
+                sink.p[b * panels_of(lq) + i0 / eval::kPanelRows] = std::move(ps);
+                p_errors.add_errors(p.data() + i0 * ref.cols(), ref.data() + i0 * ref.cols(), n);
+              }
+              const std::lock_guard<std::mutex> hold(median_lock);
+              sink.p_median.merge_errors(p_errors);
+            }
+          });
         }
-        // O is not computed: its metrics are NaN (compare() of empty spans would report zeros)
-        HeadResult hr;
-        hr.layer = l.layer;
-        hr.head = l.heads[h];
-        hr.method = label;
-        hr.o.cossim = hr.o.rel_l1 = hr.o.rmse = hr.o.max_abs = hr.o.bias = hr.o.median_abs = NAN;
-        hr.p = compare(p_all, p_ref_all);
-        const auto cols = l.p_reference[h].front().cols();
-        const auto nrows = static_cast<Eigen::Index>(p_all.size()) / cols;
-        hr.kl = kl_rows(Eigen::Map<const RowMatrixXd>(p_ref_all.data(), nrows, cols),
-                        Eigen::Map<const RowMatrixXd>(p_all.data(), nrows, cols));
-        results.push_back(hr);
-      }
       continue;
     }
-    const std::size_t nh = l.heads.size(), batch = l.q.front().size();
-    const AttentionMask mask{RowMatrixXb(), l.causal};
-    std::vector<std::vector<AttentionResult>> res(nh);  // [head][batch]
-    double k_bits = 0, v_bits = 0;
-    for (std::size_t b = 0; b < batch; ++b) {
-      std::vector<MatrixView> q, k, v;
-      for (std::size_t h = 0; h < nh; ++h) q.push_back(l.q[h][b]), k.push_back(l.k[h][b]), v.push_back(l.v[h][b]);
-      ref::KvQuantized used;
-      const std::string where = "layer " + std::to_string(l.layer) + " (" + l.q_paths.front().string() + " and its " +
-                                std::to_string(nh) + " heads, batch entry " + std::to_string(b) + ")";
-      std::vector<AttentionResult> r = with_source(where, label, [&] {
-        return kv ? ref::attention_with_kv(method, *kv, q, k, v, l.logit_scale(), mask, &used)
-                  : method.attention_heads(q, k, v, l.logit_scale(), mask);
-      });
-      k_bits += used.k_bits / static_cast<double>(batch);
-      v_bits += used.v_bits / static_cast<double>(batch);
-      for (std::size_t h = 0; h < nh; ++h) res[h].push_back(std::move(r[h]));
-    }
-    for (std::size_t h = 0; h < nh; ++h) {
-      std::vector<double> o_all, o_ref_all, p_all, p_ref_all;
-      for (std::size_t b = 0; b < batch; ++b) {
-        const AttentionResult& r = res[h][b];
-        const AttentionResult& ref = l.reference[h][b];
-        o_all.insert(o_all.end(), r.o.data(), r.o.data() + r.o.size());
-        o_ref_all.insert(o_ref_all.end(), ref.o.data(), ref.o.data() + ref.o.size());
-        p_all.insert(p_all.end(), r.p.data(), r.p.data() + r.p.size());
-        p_ref_all.insert(p_ref_all.end(), ref.p.data(), ref.p.data() + ref.p.size());
+    const std::size_t batch = l.q.front().size();
+    const Eigen::Index lq = l.q.front().front().rows(), lk = l.k.front().front().rows(), dv = l.v.front().front().cols();
+    const Eigen::Index block_rows = options.block_rows > 0 ? options.block_rows : default_block_rows(lk);
+    std::vector<std::size_t> streamed, whole;
+    for (std::size_t m = 0; m < n_methods; ++m) {
+      const int n = methods[m].traits.query_block_rows;
+      const bool streams = !options.kv && n > 0 && block_rows % n == 0 && (methods[m].traits.heads_independent || nh == 1);
+      (streams ? streamed : whole).push_back(m);
+      for (std::size_t h = 0; h < nh; ++h) {
+        HeadSink& sink = sinks[m][unit_of_layer[li] + h];
+        sink.o.assign(batch * panels_of(lq), PanelStats{});
+        sink.p.assign(batch * panels_of(lq), PanelStats{});
+        sink.o_errors.assign(batch * static_cast<std::size_t>(lq * dv), 0.0);
+        sink.k_bits.assign(batch, 0.0);
+        sink.v_bits.assign(batch, 0.0);
       }
-      HeadResult hr{l.layer, l.heads[h], label, compare(o_all, o_ref_all), {}, {}};
-      if (kv) hr.k_bits = k_bits, hr.v_bits = v_bits;
-      if (!p_all.empty()) {
-        hr.p = compare(p_all, p_ref_all);
-        const auto cols = l.reference[h].front().p.cols();
-        const auto nrows = static_cast<Eigen::Index>(p_all.size()) / cols;
-        hr.kl = kl_rows(Eigen::Map<const RowMatrixXd>(p_ref_all.data(), nrows, cols),
-                        Eigen::Map<const RowMatrixXd>(p_all.data(), nrows, cols));
-      } else {
-        hr.p.cossim = hr.p.rel_l1 = hr.p.rmse = hr.p.max_abs = hr.p.bias = hr.kl.mean = hr.kl.max = NAN;
-      }
-      results.push_back(hr);
     }
+    const std::string layer_where = "layer " + std::to_string(l.layer) + " (" + l.q_paths.front().string() + " and its " +
+                                    std::to_string(nh) + " heads, batch entry ";
+    for (const std::size_t m : whole)
+      for (std::size_t b = 0; b < batch; ++b)
+        items.push_back([&, li, m, b, batch, block_rows, layer_where] {
+          const DumpLayer& l = dump[li];
+          const std::size_t nh = l.heads.size();
+          const AttentionMask mask{RowMatrixXb(), l.causal};
+          std::vector<MatrixView> q, k, v;
+          for (std::size_t h = 0; h < nh; ++h) q.push_back(l.q[h][b]), k.push_back(l.k[h][b]), v.push_back(l.v[h][b]);
+          ref::KvQuantized used;
+          const std::vector<AttentionResult> r = with_source(layer_where + std::to_string(b) + ")", methods[m].label, [&] {
+            return options.kv ? ref::attention_with_kv(*methods[m].method, *options.kv, q, k, v, l.logit_scale(), mask, &used)
+                              : methods[m].method->attention_heads(q, k, v, l.logit_scale(), mask);
+          });
+          for (std::size_t h = 0; h < nh; ++h) {
+            HeadSink& sink = sinks[m][unit_of_layer[li] + h];
+            const Eigen::Index lq = l.q[h][b].rows();
+            if (options.kv) sink.k_bits[b] = used.k_bits, sink.v_bits[b] = used.v_bits;
+            for (Eigen::Index r0 = 0; r0 < lq; r0 += block_rows) {
+              const Eigen::Index n = std::min(block_rows, lq - r0);
+              ReferenceRows ref;
+              reference_rows(ref, l, h, b, r0, n, *fp64);
+              AttentionResult rows;
+              rows.o = r[h].o.middleRows(r0, n);
+              if (r[h].p.size()) rows.p = r[h].p.middleRows(r0, n);
+              collect_rows(sink, median_lock, b, lq, r0, rows, *ref.o, *ref.p, ref.row0);
+            }
+          }
+        });
+    if (streamed.empty()) continue;
+    for (std::size_t b = 0; b < batch; ++b)
+      for (std::size_t h = 0; h < nh; ++h)
+        for (Eigen::Index r0 = 0; r0 < lq; r0 += block_rows)
+          streamed_items.push_back([&, li, b, h, r0, block_rows, streamed] {
+            const DumpLayer& l = dump[li];
+            const Eigen::Index lq = l.q[h][b].rows(), n = std::min(block_rows, lq - r0);
+            ReferenceRows ref;
+            reference_rows(ref, l, h, b, r0, n, *fp64);
+            const AttentionMask mask{RowMatrixXb(), l.causal, l.causal ? r0 + n - lq : 0};
+            const std::string where = l.q_paths[h].string() + " (layer " + std::to_string(l.layer) + ", batch entry " +
+                                      std::to_string(b) + ")";
+            for (const std::size_t m : streamed) {
+              AttentionResult r;
+              try {
+                r = methods[m].method->attention(l.q[h][b].middleRows(r0, n), l.k[h][b], l.v[h][b], l.logit_scale(), mask);
+              } catch (const std::exception&) {
+                // The whole call's error, whose row indices are the head's own, not the block's.
+                with_source(where, methods[m].label, [&] {
+                  return methods[m].method->attention(l.q[h][b], l.k[h][b], l.v[h][b], l.logit_scale(),
+                                                      AttentionMask{RowMatrixXb(), l.causal});
+                });
+                with_source(where, methods[m].label, []() -> int { throw; });  // the whole call passed: the block's
+              }
+              collect_rows(sinks[m][unit_of_layer[li] + h], median_lock, b, lq, r0, r, *ref.o, *ref.p, ref.row0);
+            }
+          });
   }
+  items.insert(items.end(), std::make_move_iterator(streamed_items.begin()), std::make_move_iterator(streamed_items.end()));
+  std::atomic<std::size_t> done{0};
+  parallel_for(items.size(), options.threads, [&](std::size_t i) {
+    items[i]();
+    const std::size_t now = ++done;
+    if (options.progress) options.progress(now, items.size());
+  });
+
+  std::vector<HeadResult> results;
+  for (std::size_t m = 0; m < n_methods; ++m)
+    for (std::size_t li = 0; li < dump.size(); ++li)
+      for (std::size_t h = 0; h < dump[li].heads.size(); ++h) {
+        HeadSink& sink = sinks[m][unit_of_layer[li] + h];
+        HeadResult hr;
+        hr.layer = dump[li].layer;
+        hr.head = dump[li].heads[h];
+        hr.method = methods[m].label;
+        if (dump[li].softmax_only()) {
+          // O is not computed: its metrics are NaN (compare() of empty spans would report zeros)
+          hr.o.cossim = hr.o.rel_l1 = hr.o.rmse = hr.o.max_abs = hr.o.bias = hr.o.median_abs = NAN;
+        } else {
+          eval::MetricFold o(true);
+          for (const PanelStats& ps : sink.o) o.add(ps);
+          o.take_errors(std::move(sink.o_errors));
+          hr.o = o.stats();
+        }
+        if (sink.has_p) {
+          for (const PanelStats& ps : sink.p) sink.p_median.add(ps);
+          hr.p = sink.p_median.stats();
+          hr.kl = sink.p_median.kl();
+        } else {
+          hr.p.cossim = hr.p.rel_l1 = hr.p.rmse = hr.p.max_abs = hr.p.bias = hr.kl.mean = hr.kl.max = NAN;
+        }
+        if (options.kv) {  // the mean over batch entries, in their order
+          hr.k_bits = hr.v_bits = 0;
+          for (std::size_t b = 0; b < sink.k_bits.size(); ++b) {
+            hr.k_bits += sink.k_bits[b] / static_cast<double>(sink.k_bits.size());
+            hr.v_bits += sink.v_bits[b] / static_cast<double>(sink.v_bits.size());
+          }
+        }
+        results.push_back(std::move(hr));
+      }
   return results;
+}
+
+std::vector<HeadResult> evaluate(const std::vector<DumpLayer>& dump, const Method& method, const std::string& label,
+                                 const ref::KvQuantizer* kv) {
+  EvalOptions options;
+  options.kv = kv;
+  return evaluate_methods(dump, {{&method, label, MethodTraits{}}}, options);
 }
 
 Metrics metric_values(const HeadResult& r) {

@@ -60,7 +60,7 @@ struct DumpLayer {
   std::vector<int> heads;
   std::vector<std::filesystem::path> q_paths;              // [head], for error messages (the logits file if softmax)
   std::vector<std::vector<RowMatrixXd>> q, k, v;           // [head][batch], attention dumps
-  std::vector<std::vector<AttentionResult>> reference;     // [head][batch], fp64 attention
+  std::vector<std::vector<AttentionResult>> reference;     // [head][batch], fp64 attention (empty: computed when needed)
   std::vector<std::vector<RowMatrixXd>> logits;            // [head][batch] [L_q, L_k], softmax dumps (mask applied)
   std::vector<std::vector<RowMatrixXd>> p_reference;       // [head][batch], reference probabilities of `logits`
   double logit_scale() const;
@@ -92,11 +92,16 @@ struct DumpFilter {
   const DumpListing* listing = nullptr;          // the whole dump (list_dump)
   std::vector<std::string>* files_read = nullptr;  // appended: every file whose bytes were read
 };
+//
+// with_reference false: an attention dump's layers get no reference (DumpLayer::reference stays empty), and
+// evaluate_methods computes it block by block, so no [L_q, L_k] matrix is held.
 std::vector<DumpLayer> load_dump(const std::filesystem::path& source, DumpTarget target = DumpTarget::attention,
-                                 SoftmaxReference reference = SoftmaxReference::fp64, const DumpFilter* filter = nullptr);
+                                 SoftmaxReference reference = SoftmaxReference::fp64, const DumpFilter* filter = nullptr,
+                                 bool with_reference = true);
 
 // One head from three tensor files (.npy, or .npz/.safetensors holding exactly one tensor), [..., L, d] each.
-std::vector<DumpLayer> load_explicit(const std::string& q, const std::string& k, const std::string& v);
+std::vector<DumpLayer> load_explicit(const std::string& q, const std::string& k, const std::string& v,
+                                     bool with_reference = true);
 // One head's logits [..., L_q, L_k] from one tensor file, for softmax-only analysis.
 std::vector<DumpLayer> load_explicit_logits(const std::string& logits, SoftmaxReference reference);
 
@@ -136,8 +141,41 @@ struct HeadResult {
   double k_bits = NAN, v_bits = NAN;  // with a KV quantizer: bits per element of its cache (mean over the layer)
 };
 
-// Runs `method` over every layer (all heads of a layer in one attention_heads call; softmax_rows on each logits
-// matrix for a softmax dump, whose O metrics are then NaN) and compares with the reference. Deterministic; safe to call from several threads on the same dump with different Method objects.
+// ---- the streamed evaluation (docs/streaming.md) ----------------------------------------------------------------
+
+struct EvalMethod {
+  const Method* method;
+  std::string label;     // the name its results carry (the spec as given)
+  MethodTraits traits;   // query_block_rows > 0 lets it stream; MethodTraits{} runs it on whole heads
+};
+
+struct EvalOptions {
+  int threads = 1;              // workers over the (head, block) items; <= 0: one per hardware thread
+  Eigen::Index block_rows = 0;  // query rows per block, a positive multiple of 64; 0: default_block_rows(L_k)
+  const ref::KvQuantizer* kv = nullptr;  // K and V through it first (whole heads, as attention_with_kv)
+  // Called after each finished item (from the worker that finished it) with the count done and the total.
+  std::function<void(std::size_t done, std::size_t total)> progress;
+};
+
+// 2^20 / L_k rows rounded down to a multiple of 64, within [64, 1024]: one [rows, L_k] float64 matrix is at most
+// 8 MiB where L_k >= 1024.
+Eigen::Index default_block_rows(Eigen::Index lk);
+
+// Every method over every head, compared with the fp64 reference. Per head and batch entry, the query rows go in
+// blocks of block_rows: a block's reference O and P rows are computed once (or read from the dump's reference
+// where load_dump computed one) and shared by every method that streams (traits.query_block_rows dividing
+// block_rows, heads independent, no KV quantizer); the other methods run on whole layers as attention_heads, and
+// their rows are compared block by block. Metrics are accumulated per panel of 64 rows and folded in a fixed order
+// (qattn/eval/panel_metrics.h), so the results do not depend on threads or block_rows. Memory: O(threads x
+// block_rows x L_k) for the streamed methods, plus O(L_q x L_k) per whole call in flight.
+// Results: method by method in the order given, each in the dump's (layer, head) order. An InputError names the
+// file, layer, head and method; a block's error is the whole call's (its row indices are the head's).
+std::vector<HeadResult> evaluate_methods(const std::vector<DumpLayer>& dump, const std::vector<EvalMethod>& methods,
+                                         const EvalOptions& options);
+
+// One method on whole heads (evaluate_methods with MethodTraits{} and one thread): all heads of a layer in one
+// attention_heads call; softmax_rows on each logits matrix for a softmax dump, whose O metrics are then NaN.
+// Deterministic; safe to call from several threads on the same dump with different Method objects.
 // With `kv`, K and V of every layer go through the KV quantizer first (Q rotated, O rotated back where it asks).
 std::vector<HeadResult> evaluate(const std::vector<DumpLayer>& dump, const Method& method, const std::string& label,
                                  const ref::KvQuantizer* kv = nullptr);

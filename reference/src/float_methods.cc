@@ -49,7 +49,10 @@ MethodEntry float_entry(FloatPrecision p, std::string summary) {
   e.kind = MethodKind::float_format;
   e.reference = p == FloatPrecision::fp64;
   e.doc = "docs/softmax-reference.md";  // §6 for the three low-precision formats
-  e.traits = [key_order, bits](const ParamMap&) { return MethodTraits{true, true, key_order, true, bits}; };
+  e.traits = [key_order, bits](const ParamMap&) { MethodTraits t{true, true, key_order, true, bits};
+    t.query_block_rows = 64;
+    return t;
+  };
   return e;
 }
 

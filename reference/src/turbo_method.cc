@@ -98,9 +98,13 @@ void register_turbo_method(Registry& registry) {
   // decode in the compressed cache.
   // With nh > 0 its head-wise KV precision ranks the heads of a layer: a head's bits depend on the others.
   e.traits = [](const ParamMap& m) {
-    return MethodTraits{false, false, std::nullopt, false,
-                        choice_value(m, "mode", kModes) == TurboMode::decode ? static_cast<double>(m.integer("kv")) : 8,
-                        m.integer("nh") == 0};
+    MethodTraits t{false, false, std::nullopt, false,
+                   choice_value(m, "mode", kModes) == TurboMode::decode ? static_cast<double>(m.integer("kv")) : 8,
+                   m.integer("nh") == 0};
+    // Q is quantised per block of B_r rows, each on its own: blocks of B_r rows stream (a B_r beyond 2^20 / 2 is
+    // left to whole heads).
+    t.query_block_rows = m.integer("br") <= (1 << 19) ? static_cast<int>(m.integer("br")) : 0;
+    return t;
   };
   registry.add(std::move(e));
 }

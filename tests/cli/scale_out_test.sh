@@ -67,6 +67,28 @@ for args in "3|--method turbo:nh=1 --method turbo" "3|--kv kivi --method intatte
   shards "$name" "$n" analyze "${a[@]}" && same "$name" "$tmp/$name.full"
 done
 
+# --- the streamed evaluation (docs/streaming.md): threads, block rows and shards give the same bytes ------------
+# Every default method (streamed ones and whole-head ones side by side), causal and not (the blocks shift the causal
+# diagonal), on the embedded sample's L = 128 heads: 1, 2 and 3 threads, blocks of 64, 128 and 192 rows, and a
+# 3-way shard + merge all give the unthreaded table byte for byte.
+for causal in plain causal; do
+  src="$tmp/stream-src-$causal"
+  mkdir -p "$src"
+  for f in "$(dirname "$0")"/../../experiments/data/use-lite/layer1_head[01]_[qkv].npy; do cp "$f" "$src/"; done
+  [ "$causal" = causal ] && echo '{"causal": true}' >"$src/manifest.json"
+  q analyze --tensors "$src" --threads 1 --block-rows 64 --format json >"$tmp/stream-$causal.json" 2>/dev/null
+  check "streamed analyze ($causal) ran" test -s "$tmp/stream-$causal.json"
+  for run in "2 64" "3 64" "1 128" "2 192" "1 0"; do
+    read -r t b <<<"$run"
+    q analyze --tensors "$src" --threads "$t" --block-rows "$b" --format json >"$tmp/stream-$causal-$t-$b.json" 2>/dev/null
+    check "analyze ($causal) --threads $t --block-rows $b equals --threads 1 --block-rows 64 byte for byte" \
+      cmp "$tmp/stream-$causal.json" "$tmp/stream-$causal-$t-$b.json"
+  done
+  shards "stream-$causal" 3 analyze --tensors "$src" --threads 2 --block-rows 128 --format json &&
+    same "stream-$causal" "$tmp/stream-$causal.json" --format json
+done
+expect 2 "block-rows.*multiple of 64" "--block-rows 100 is refused" -- analyze --block-rows 100
+
 # --- what a part records ---------------------------------------------------------------------------------------
 part="$tmp/analyze/part-1.json"
 version=$(q --version | awk '{print $2}')

@@ -111,9 +111,13 @@ struct IntegerSoftmaxResult {
 // (a boolean padding mask: false = masked). Causal: query i sees key j iff j <= i + (L_k - L_q), i.e. aligned at
 // the bottom right as in decoding, so that with L_q = L_k it is the lower triangle and the last query always sees
 // every key. A query row with no visible key is fully masked: its P and O rows are all zeros.
+// causal_shift moves the causal diagonal: query i sees key j iff j <= i + (L_k - L_q) + causal_shift. A block of
+// rows [r0, r0 + n) of a causal call with L_q queries is itself a causal call with causal_shift = r0 + n - L_q, which
+// is how a streamed evaluation (docs/streaming.md) hands a method one block of query rows.
 struct AttentionMask {
   RowMatrixXb valid;
   bool causal = false;
+  Eigen::Index causal_shift = 0;
 
   bool empty() const { return valid.size() == 0 && !causal; }
   // The pairs as a matrix; throws std::invalid_argument if `valid` has another shape.
@@ -241,6 +245,13 @@ struct MethodTraits {
   // chooses looks across the heads of a layer. False for TurboAttention's head-wise KV precision. A sharded
   // `qattn analyze` (docs/scale-out.md) evaluates single heads of such methods only with their whole layer.
   bool heads_independent = true;
+  // N > 0: query rows stream in blocks of N. For any block of query rows [r0, r1) with r0 a multiple of N and r1 a
+  // multiple of N or L_q, attention(q.middleRows(r0, r1 - r0), k, v) with the block's causal_shift gives exactly the
+  // whole call's rows r0 .. r1 - 1 of O and P, bit for bit, so a streamed evaluation (docs/streaming.md) never holds
+  // an [L_q, L_k] matrix for the method. 64 for methods built on Eigen's float GEMMs, whose per-element result is the
+  // same wherever a block of 64 rows sits (checked, like every trait, for every method and preset). 0: a row depends
+  // on the whole call (a per-tensor Q scale, a tensor-wide softmax statistic), and the method runs on whole heads.
+  int query_block_rows = 0;
 };
 
 struct MethodEntry {

@@ -138,7 +138,7 @@ RowMatrixXb AttentionMask::visible(Eigen::Index lq, Eigen::Index lk) const {
   RowMatrixXb v = valid.size() ? valid : RowMatrixXb::Constant(lq, lk, true);
   if (causal)
     for (Eigen::Index i = 0; i < lq; ++i)
-      for (Eigen::Index j = std::max<Eigen::Index>(0, i + (lk - lq) + 1); j < lk; ++j) v(i, j) = false;
+      for (Eigen::Index j = std::max<Eigen::Index>(0, i + (lk - lq) + causal_shift + 1); j < lk; ++j) v(i, j) = false;
   return v;
 }
 

@@ -158,8 +158,11 @@ class FusedMethod final : public Method {
     cfg.pipeline = plan_.pipeline;
     cfg.isa = isa_;
     cfg.threads = threads_;
-    cfg.causal = mask.causal;
-    cfg.valid = mask.valid.size() ? mask.valid.data() : nullptr;
+    // The kernels' causal rule has no shift: a shifted causal mask (a block of a streamed call) goes in as the
+    // padding mask it amounts to.
+    const RowMatrixXb shifted = mask.causal && mask.causal_shift != 0 ? mask.visible(q.rows(), k.rows()) : RowMatrixXb();
+    cfg.causal = mask.causal && mask.causal_shift == 0;
+    cfg.valid = shifted.size() ? shifted.data() : mask.valid.size() ? mask.valid.data() : nullptr;
     int p_scale = 127;
     if (plan_.pipeline == IntPipeline::intattention) {
       cfg.softmax = plan_.softmax;
