@@ -12,6 +12,14 @@ namespace qattn::ref {
 
 // A softmax model inside attention: exact fp64 logits scale * q k^T, the model's softmax_rows, exact fp64 P V. The
 // attention table of such a method isolates its softmax approximation.
+// Whether Eigen's float64 GEMM gives each element the same bits wherever a block of 64 rows of the left operand
+// starts (MethodTraits::query_block_rows): measured true on x86-64, false under NEON (aarch64).
+#if defined(__x86_64__)
+inline constexpr bool kFp64GemmBlockInvariant = true;
+#else
+inline constexpr bool kFp64GemmBlockInvariant = false;
+#endif
+
 class SoftmaxModelMethod : public Method {
  public:
   AttentionResult attention_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
