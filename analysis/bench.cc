@@ -29,13 +29,6 @@
 #include "table.h"
 
 namespace qattn::cli {
-namespace {
-
-// Bounds of the bench's options: the materialised rows hold L^2 int32 S and L^2 u8 P (5 GiB at L = 32768).
-constexpr int kMaxBenchL = 32768, kMaxBenchD = 1024, kMaxBenchReps = 1000;
-
-using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
 
 // "AMD EPYC (family 25, model 17)" on x86, "implementer 0x41, part 0xd0b" on Arm: the model name alone does not tell
 // Zen 4 (one 512-bit vpdpbusd per cycle) from Zen 5 (two), and every ratio depends on which it was.
@@ -54,6 +47,15 @@ std::string cpu_model() {
   if (!part.empty()) return "implementer " + implementer + ", part " + part;
   return name.empty() ? "unknown" : name;
 }
+
+namespace {
+
+// Bounds of the bench's options: the materialised rows hold L^2 int32 S and L^2 u8 P (5 GiB at L = 32768).
+constexpr int kMaxBenchL = 32768, kMaxBenchD = 1024, kMaxBenchReps = 1000;
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
 
 // Peak resident memory per row: writing 5 to /proc/self/clear_refs resets the kernel's high-water mark (VmHWM), so
 // each row's figure is what the process held at most while that row ran (its inputs included: BenchInputs). -1 where

@@ -24,6 +24,9 @@ inline constexpr int kMaxThreads = 1024;                            // --threads
 inline constexpr long long kDefaultMaxSweepPoints = 100000;         // sweep --max-points default
 inline constexpr long long kMaxSweepPointsLimit = 10000000;         // about 3 GB of specs: the cap's own cap
 
+// The CPU as benchmarks print it: "AMD EPYC (family 25, model 17)" on x86, "implementer 0x41, part 0xd0b" on Arm.
+std::string cpu_model();
+
 // Each adds one subcommand to `app`, with its options and the callback CLI11 runs when it is selected.
 void add_info(CLI::App& app);
 void add_methods(CLI::App& app);
@@ -32,6 +35,7 @@ void add_attention(CLI::App& app);
 void add_compare(CLI::App& app);
 void add_analyze(CLI::App& app);
 void add_bench(CLI::App& app);
+void add_bench_eval(CLI::App& app);
 void add_sweep(CLI::App& app);
 void add_reproduce(CLI::App& app);
 void add_plot(CLI::App& app);

@@ -590,7 +590,8 @@ std::vector<HeadResult> evaluate_methods(const std::vector<DumpLayer>& dump, con
   std::vector<std::size_t> unit_of_layer;
   std::size_t n_units = 0;
   for (const DumpLayer& l : dump) unit_of_layer.push_back(n_units), n_units += l.heads.size();
-  std::vector<std::vector<HeadSink>> sinks(n_methods, std::vector<HeadSink>(n_units));
+  std::vector<std::vector<HeadSink>> sinks(n_methods);
+  for (auto& per_method : sinks) per_method = std::vector<HeadSink>(n_units);
   std::mutex median_lock;
 
   // The work items, each writing only its own slots: whole calls first (the largest), then the streamed blocks.

@@ -106,6 +106,7 @@ int main(int argc, char** argv) {
   add_compare(app);
   add_analyze(app);
   add_bench(app);
+  add_bench_eval(app);
   add_sweep(app);
   add_reproduce(app);
   add_plot(app);

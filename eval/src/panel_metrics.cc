@@ -1,6 +1,7 @@
 #include "qattn/eval/panel_metrics.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <climits>
 #include <cmath>
@@ -43,17 +44,6 @@ void add_scaled(ScaledSum& total, int total_exponent, const ScaledSum& part, int
 
 }  // namespace
 
-void ScaledSum::add(double x) {
-  const double t = sum + x;
-  if (!std::isfinite(t)) {  // inf/NaN: the compensation term would turn inf into NaN
-    sum = t;
-    comp = 0;
-    return;
-  }
-  comp += std::fabs(sum) >= std::fabs(x) ? (sum - t) + x : (x - t) + sum;
-  sum = t;
-}
-
 void ScaledSum::rescale(int from, int to) {
   if (from == to || (sum == 0 && comp == 0) || !std::isfinite(sum)) return;
   sum = std::ldexp(sum, from - to);
@@ -76,6 +66,11 @@ PanelStats panel_stats(const double* out, const double* ref, std::size_t n) {
   }
   s.eo = exponent_of_max(s.max_o), s.er = exponent_of_max(s.max_r), s.ee = exponent_of_max(s.max_e);
   const ScaleDown by_o(s.eo), by_r(s.er), by_e(s.ee);
+  // The histogram counted in an array over every exponent a finite double has, then moved into the map (as compare
+  // does); an infinite error keeps std::ilogb's key, INT_MAX.
+  constexpr int kMinExponent = -1074, kMaxExponent = 1023;
+  std::array<std::int64_t, kMaxExponent - kMinExponent + 1> counts{};
+  std::int64_t infinite = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const double o = by_o(out[i]), r = by_r(ref[i]), abs_err = std::fabs(out[i] - ref[i]), e = by_e(abs_err);
     s.dot.add(o * r);
@@ -85,8 +80,13 @@ PanelStats panel_stats(const double* out, const double* ref, std::size_t n) {
     s.r1.add(std::fabs(ref[i]));
     s.sq.add(e * e);
     s.signed_err.add(out[i] - ref[i]);
-    if (abs_err != 0) ++s.log2_histogram[std::ilogb(abs_err)];  // +inf: std::ilogb's INT_MAX, as in compare
+    if (abs_err == 0) continue;
+    if (std::isinf(abs_err)) ++infinite;
+    else ++counts[static_cast<std::size_t>(std::ilogb(abs_err) - kMinExponent)];
   }
+  for (std::size_t k = 0; k < counts.size(); ++k)
+    if (counts[k] != 0) s.log2_histogram[static_cast<int>(k) + kMinExponent] = counts[k];
+  if (infinite) s.log2_histogram[std::ilogb(INFINITY)] = infinite;
   return s;
 }
 
@@ -165,14 +165,25 @@ void MetricFold::add_errors(const double* out, const double* ref, std::size_t n)
   for (std::size_t i = 0; i < n; ++i) {
     const double e = std::fabs(out[i] - ref[i]);
     if (std::isnan(e)) continue;  // a non-finite head has no median
-    if (keep_errors_) errors_.push_back(e);
-    else ++buckets_[e == 0 ? 0 : (std::bit_cast<std::uint64_t>(e) >> 41) + 1];
+    if (keep_errors_) {
+      errors_.push_back(e);
+      continue;
+    }
+    const std::uint64_t key = e == 0 ? 0 : (std::bit_cast<std::uint64_t>(e) >> 41) + 1;
+    std::unique_ptr<BucketRow>& row = buckets_[key >> 11];
+    if (!row) row = std::make_unique<BucketRow>();
+    ++(*row)[key & 2047];
   }
 }
 
 void MetricFold::merge_errors(const MetricFold& other) {
   errors_.insert(errors_.end(), other.errors_.begin(), other.errors_.end());
-  for (const auto& [k, n] : other.buckets_) buckets_[k] += n;
+  for (std::size_t hi = 0; hi < other.buckets_.size(); ++hi) {
+    if (!other.buckets_[hi]) continue;
+    std::unique_ptr<BucketRow>& row = buckets_[hi];
+    if (!row) row = std::make_unique<BucketRow>();
+    for (std::size_t lo = 0; lo < 2048; ++lo) (*row)[lo] += (*other.buckets_[hi])[lo];
+  }
 }
 
 void MetricFold::take_errors(std::vector<double> abs_errors) {
@@ -216,31 +227,31 @@ ErrorStats MetricFold::stats() const {
   s.log2_histogram = t.log2_histogram;
   if (keep_errors_) {
     std::vector<double> e = errors_;
-    if (!e.empty()) {
-      const std::size_t mid = e.size() / 2;
-      std::nth_element(e.begin(), e.begin() + static_cast<std::ptrdiff_t>(mid), e.end());
-      const double upper = e[mid];
-      if (e.size() % 2 == 1) {
-        s.median_abs = upper;
-      } else {
-        const double lower = *std::max_element(e.begin(), e.begin() + static_cast<std::ptrdiff_t>(mid));
-        s.median_abs = lower + (upper - lower) / 2;
-      }
-    }
+    if (!e.empty()) s.median_abs = median_in_place(e);
   } else {
     std::int64_t total = 0;
-    for (const auto& [k, c] : buckets_) total += c;
-    // the values at sorted positions mid - 1 and mid (0-based)
+    for (const auto& row : buckets_)
+      if (row)
+        for (const std::int64_t c : *row) total += c;
+    // the values at sorted positions mid - 1 and mid (0-based); keys in increasing order are values in increasing order
     const std::int64_t mid = total / 2;
     double lower = 0, upper = 0;
     std::int64_t seen = 0;
-    for (const auto& [k, c] : buckets_) {
-      if (total % 2 == 0 && seen <= mid - 1 && mid - 1 < seen + c) lower = bucket_value(k);
-      if (seen <= mid && mid < seen + c) {
-        upper = bucket_value(k);
-        break;
+    bool found = false;
+    for (std::size_t hi = 0; hi < buckets_.size() && !found; ++hi) {
+      if (!buckets_[hi]) continue;
+      for (std::size_t lo = 0; lo < 2048; ++lo) {
+        const std::int64_t c = (*buckets_[hi])[lo];
+        if (c == 0) continue;
+        const std::uint64_t k = (static_cast<std::uint64_t>(hi) << 11) | lo;
+        if (total % 2 == 0 && seen <= mid - 1 && mid - 1 < seen + c) lower = bucket_value(k);
+        if (seen <= mid && mid < seen + c) {
+          upper = bucket_value(k);
+          found = true;
+          break;
+        }
+        seen += c;
       }
-      seen += c;
     }
     if (total > 0) s.median_abs = total % 2 == 1 ? upper : lower + (upper - lower) / 2;
   }

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <map>
 #include <span>
+#include <vector>
 
 #include "qattn/tensor.h"
 
@@ -41,6 +42,9 @@ ErrorStats compare(std::span<const double> out, std::span<const double> ref);
 // The same statistics of float32 values, read as they are (each widens to double exactly: the same result as
 // compare() on the widened values).
 ErrorStats compare(std::span<const float> out, std::span<const float> ref);
+
+// The median of `values` (the mean of the two middle values for an even count; NaN for none), reordering them.
+double median_in_place(std::vector<double>& values);
 
 // KL(p_ref || p) per row, natural log. Terms with p_ref = 0 contribute 0; p = 0 where p_ref > 0 gives +inf.
 // A negative or non-finite entry in either row makes that row's value NaN. Sizes must match.

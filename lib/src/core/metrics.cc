@@ -114,19 +114,21 @@ ErrorStats compare_values(std::span<const T> out_values, std::span<const T> ref_
   }
   for (std::size_t k = 0; k < counts.size(); ++k)
     if (counts[k] != 0) s.log2_histogram[static_cast<int>(k) + kMinExponent] = counts[k];
-  const std::size_t mid = abs_err.size() / 2;
-  std::nth_element(abs_err.begin(), abs_err.begin() + static_cast<std::ptrdiff_t>(mid), abs_err.end());
-  const double upper = abs_err[mid];
-  if (abs_err.size() % 2 == 1) {
-    s.median_abs = upper;
-  } else {
-    const double lower = *std::max_element(abs_err.begin(), abs_err.begin() + static_cast<std::ptrdiff_t>(mid));
-    s.median_abs = lower + (upper - lower) / 2;
-  }
+  s.median_abs = median_in_place(abs_err);
   return s;
 }
 
 }  // namespace
+
+double median_in_place(std::vector<double>& values) {
+  if (values.empty()) return kNaN;
+  const std::size_t mid = values.size() / 2;
+  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid), values.end());
+  const double upper = values[mid];
+  if (values.size() % 2 == 1) return upper;
+  const double lower = *std::max_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid));
+  return lower + (upper - lower) / 2;
+}
 
 ErrorStats compare(std::span<const double> out, std::span<const double> ref) { return compare_values(out, ref); }
 ErrorStats compare(std::span<const float> out, std::span<const float> ref) { return compare_values(out, ref); }

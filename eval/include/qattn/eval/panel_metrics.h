@@ -19,7 +19,10 @@
 //  - nothing else: the power-of-two histogram, zero_errors, count, nonfinite and max_abs are counts and maxima.
 #pragma once
 
+#include <array>
+#include <cmath>
 #include <cstdint>
+#include <memory>
 #include <map>
 #include <vector>
 
@@ -33,7 +36,16 @@ inline constexpr long kPanelRows = 64;
 // A Neumaier-compensated sum of terms scaled by 2^-exponent (exact power-of-two scaling).
 struct ScaledSum {
   double sum = 0, comp = 0;
-  void add(double x);
+  void add(double x) {
+    const double t = sum + x;
+    if (!std::isfinite(t)) {  // inf/NaN: the compensation term would turn inf into NaN
+      sum = t;
+      comp = 0;
+      return;
+    }
+    comp += std::fabs(sum) >= std::fabs(x) ? (sum - t) + x : (x - t) + sum;
+    sum = t;
+  }
   double value() const { return sum + comp; }
   // The same sum expressed at a larger exponent: both parts times 2^(from - to), exact unless they underflow.
   void rescale(int from, int to);
@@ -77,7 +89,10 @@ class MetricFold {
   PanelStats total_;
   bool any_ = false;
   std::vector<double> errors_;
-  std::map<std::uint64_t, std::int64_t> buckets_;  // |o - r|'s bits >> 41: exponent and 11 leading fraction bits
+  // Counts per bucket key: 0 for |o - r| = 0, else (|o - r|'s bits >> 41) + 1 (its exponent and 11 leading fraction
+  // bits), as rows of 2048 keys allocated where a key of the row occurs (2^11 rows: every exponent).
+  using BucketRow = std::array<std::int64_t, 2048>;
+  std::vector<std::unique_ptr<BucketRow>> buckets_ = std::vector<std::unique_ptr<BucketRow>>(2049);
 };
 
 }  // namespace qattn::eval

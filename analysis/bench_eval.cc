@@ -1,0 +1,220 @@
+// `qattn bench-eval`: the streamed evaluation (docs/streaming.md) measured as a user runs it. For each L it writes
+// one Gaussian head (Q std 3, K and V std 1, float32, [L, d]) to a scratch directory, times the anchor (one float64
+// Q K^T and one P V of the same shapes, Eigen, this thread: the two GEMMs every attention evaluation contains), then
+// runs `qattn analyze` on the head as a child process per configuration and reports its wall time, its peak RSS
+// (the child's own, from wait4) and the time as a multiple of the anchor, with the CPU printed. At the first L it also
+// checks that other thread counts, block sizes and a 3-way shard + merge write the same bytes as the first run.
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <spawn.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "commands.h"
+#include "qattn/error.h"
+#include "qattn/tensor.h"
+#include "qattn/tensor_io.h"
+#include "table.h"
+
+extern char** environ;
+
+namespace qattn::cli {
+namespace {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+struct BenchEvalOptions {
+  std::vector<int> lengths{4096};
+  int d = 128;
+  std::vector<int> threads{1, 2};
+  std::vector<std::string> specs;  // empty: the registry's default list as analyze has it
+  int reps = 3;
+  bool check = true;
+};
+
+struct ChildRun {
+  double seconds = 0;
+  double peak_mb = 0;  // ru_maxrss of the child
+};
+
+// Runs this program with `args` (stdout and stderr to /dev/null), waits, and measures it; nonzero exit: InputError.
+ChildRun run_self(const std::vector<std::string>& args) {
+  std::error_code ec;
+  const std::string self = fs::read_symlink("/proc/self/exe", ec).string();
+  std::vector<std::string> all = {self};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+  const auto start = Clock::now();
+  pid_t pid = 0;
+  const int spawned = posix_spawn(&pid, self.c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (spawned != 0) throw InputError(self, "spawn", std::string("cannot start: ") + std::strerror(spawned));
+  int status = 0;
+  struct rusage usage {};
+  wait4(pid, &status, 0, &usage);
+  ChildRun r;
+  r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  r.peak_mb = static_cast<double>(usage.ru_maxrss) / 1024.0;
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::string line;
+    for (const std::string& a : args) line += " " + a;
+    throw InputError("qattn" + line, "exit", "the child run failed (status " + std::to_string(status) + ")");
+  }
+  return r;
+}
+
+std::string file_bytes(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+// The anchor: median seconds of S = Q K^T then O = S V in float64 (Eigen, one thread).
+double anchor_seconds(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, int reps) {
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const auto start = Clock::now();
+    RowMatrixXd s = q * k.transpose();
+    const RowMatrixXd o = s * v;
+    t.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    if (!std::isfinite(o(0, 0))) std::cerr << "";  // keeps the product from being optimised away
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+std::string fixed(double x, int digits) {
+  std::ostringstream s;
+  s.setf(std::ios::fixed);
+  s.precision(digits);
+  s << x;
+  return s.str();
+}
+
+void run_bench_eval(const BenchEvalOptions& o) {
+  for (int l : o.lengths) require_range("--L", l, 64, 1 << 20);
+  require_range("--d", o.d, 1, 1024);
+  require_range("--reps", o.reps, 1, 100);
+  for (int t : o.threads) require_range("--threads", t, 1, kMaxThreads);
+  char tmpl[] = "/tmp/qattn-bench-eval-XXXXXX";
+  if (!mkdtemp(tmpl)) throw InputError("/tmp", "scratch", "cannot create a directory");
+  const fs::path dir = tmpl;
+  struct Remove {
+    fs::path p;
+    ~Remove() {
+      std::error_code e;
+      fs::remove_all(p, e);
+    }
+  } cleanup{dir};
+  std::vector<std::string> methods;
+  for (const std::string& s : o.specs) methods.insert(methods.end(), {"--method", s});
+  std::cout << "qattn bench-eval: " << cpu_model() << ", " << std::thread::hardware_concurrency()
+            << " hardware threads, d = " << o.d << ", methods: "
+            << (o.specs.empty() ? std::string("analyze's default list") : [&] {
+                 std::string m;
+                 for (const auto& s : o.specs) m += (m.empty() ? "" : " ") + s;
+                 return m;
+               }())
+            << "\nanchor: one float64 Q K^T plus one P V, Eigen, one thread, median of " << o.reps
+            << "; analyze runs as a child process (peak RSS is its own)\n\n";
+  Table t{{"L", "run", "wall s", "peak RSS MB", "x anchor", "same bytes as the first run"}, {}};
+  for (std::size_t li = 0; li < o.lengths.size(); ++li) {
+    const Eigen::Index L = o.lengths[li];
+    const fs::path head = dir / ("L" + std::to_string(L));
+    fs::create_directories(head);
+    double anchor = 0;
+    {
+      std::mt19937_64 g(20261126 + static_cast<unsigned>(L));
+      std::normal_distribution<float> n(0.0f, 1.0f);
+      RowMatrixXd m[3];
+      for (int which = 0; which < 3; ++which) {
+        std::vector<float> values(static_cast<std::size_t>(L * o.d));
+        for (float& x : values) x = n(g) * (which == 0 ? 3.0f : 1.0f);
+        m[which] = Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(values.data(), L, o.d)
+                       .cast<double>();
+        write_npy(head / (std::string("layer0_head0_") + "qkv"[which] + ".npy"),
+                  Tensor::from_double(DType::f32, {L, o.d}, std::span<const double>(m[which].data(), static_cast<std::size_t>(m[which].size()))));
+      }
+      anchor = anchor_seconds(m[0], m[1], m[2], o.reps);
+    }
+    t.rows.push_back({std::to_string(L), "anchor (2 GEMMs)", fixed(anchor, 3), "", "1.0", ""});
+    std::string first;
+    auto analyze = [&](const std::string& label, std::vector<std::string> extra) {
+      const fs::path out = dir / "out.json";
+      std::vector<std::string> args = {"analyze", "--tensors", head.string(), "--format", "json", "--out", out.string()};
+      args.insert(args.end(), methods.begin(), methods.end());
+      args.insert(args.end(), extra.begin(), extra.end());
+      const ChildRun r = run_self(args);
+      const std::string bytes = file_bytes(out);
+      const bool same = first.empty() || bytes == first;
+      if (first.empty()) first = bytes;
+      t.rows.push_back({std::to_string(L), label, fixed(r.seconds, 2), fixed(r.peak_mb, 0), fixed(r.seconds / anchor, 1),
+                        same ? "yes" : "NO"});
+      std::cout << "  L = " << L << ", " << label << ": " << fixed(r.seconds, 2) << " s\n" << std::flush;
+      return r;
+    };
+    for (int th : o.threads) analyze("--threads " + std::to_string(th), {"--threads", std::to_string(th)});
+    if (li != 0 || !o.check) continue;
+    analyze("--threads 3 --block-rows 64", {"--threads", "3", "--block-rows", "64"});
+    analyze("--threads 2 --block-rows 192", {"--threads", "2", "--block-rows", "192"});
+    // a 3-way shard + merge, each shard on one thread
+    double seconds = 0, peak = 0;
+    std::vector<std::string> parts;
+    for (int k = 0; k < 3; ++k) {
+      const fs::path part = dir / ("part-" + std::to_string(k) + ".json");
+      std::vector<std::string> args = {"analyze", "--tensors", head.string(), "--format", "json", "--threads", "1",
+                                       "--shard", std::to_string(k) + "/3", "--out", part.string()};
+      args.insert(args.end(), methods.begin(), methods.end());
+      const ChildRun r = run_self(args);
+      seconds += r.seconds, peak = std::max(peak, r.peak_mb);
+      parts.push_back(part.string());
+    }
+    std::vector<std::string> merge = {"merge"};
+    merge.insert(merge.end(), parts.begin(), parts.end());
+    merge.insert(merge.end(), {"--format", "json", "--out", (dir / "merged.json").string()});
+    run_self(merge);
+    t.rows.push_back({std::to_string(L), "3 shards + merge (sum of shard times)", fixed(seconds, 2), fixed(peak, 0),
+                      fixed(seconds / anchor, 1), file_bytes(dir / "merged.json") == first ? "yes" : "NO"});
+  }
+  std::cout << "\n" << t.markdown();
+}
+
+}  // namespace
+
+void add_bench_eval(CLI::App& app) {
+  auto* sub = app.add_subcommand(
+      "bench-eval", "Time and peak memory of `qattn analyze` on a generated head per L against two float64 GEMMs of "
+                    "the same shapes, and the same-bytes check across threads, block sizes and shards (docs/streaming.md)");
+  auto o = std::make_shared<BenchEvalOptions>();
+  sub->add_option("--L", o->lengths, "sequence lengths L = L_q = L_k")->delimiter(',')->capture_default_str();
+  sub->add_option("--d", o->d, "head dimension")->capture_default_str();
+  sub->add_option("--threads", o->threads, "analyze --threads values, one run each")->delimiter(',')->capture_default_str();
+  sub->add_option("--method", o->specs, "method spec, repeatable (default: analyze's default list)");
+  sub->add_option("--reps", o->reps, "repetitions of the anchor GEMMs (median)")->capture_default_str();
+  sub->add_flag("!--no-check", o->check, "skip the same-bytes runs (other block sizes, 3 threads, shards) at the first L");
+  sub->callback([=] { run_bench_eval(*o); });
+}
+
+}  // namespace qattn::cli
