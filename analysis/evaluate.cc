@@ -509,8 +509,7 @@ struct StreamPlan {
 // folded in this order at the end.
 struct HeadSink {
   std::vector<PanelStats> o, p;
-  std::vector<double> o_errors;  // |o - r| of every O entry, for the exact median
-  eval::MetricFold p_median{false};
+  eval::MetricFold o_median{false}, p_median{false};  // the bucketed medians of |o - r| (docs/streaming.md)
   bool has_p = true;
   std::vector<double> k_bits, v_bits;  // [batch entry], with a KV quantizer
 };
@@ -523,7 +522,7 @@ void collect_rows(HeadSink& sink, std::mutex& median_lock, std::size_t b, Eigen:
                   const AttentionResult& r, const RowMatrixXd& ref_o, const RowMatrixXd& ref_p, Eigen::Index ref_row0) {
   const Eigen::Index n_panels = panels_of(lq), dv = ref_o.cols(), lk = ref_p.cols();
   const Eigen::Index n = r.o.rows();
-  eval::MetricFold p_errors(false);
+  eval::MetricFold o_errors(false), p_errors(false);
   const bool with_p = r.p.size() != 0;
   for (Eigen::Index i0 = 0; i0 < n; i0 += eval::kPanelRows) {
     const Eigen::Index rows = std::min<Eigen::Index>(eval::kPanelRows, n - i0);
@@ -531,8 +530,7 @@ void collect_rows(HeadSink& sink, std::mutex& median_lock, std::size_t b, Eigen:
     const double* o = r.o.data() + i0 * dv;
     const double* ro = ref_o.data() + (ref_row0 + i0) * dv;
     sink.o[slot] = eval::panel_stats(o, ro, static_cast<std::size_t>(rows * dv));
-    double* errors = sink.o_errors.data() + (b * static_cast<std::size_t>(lq) + static_cast<std::size_t>(r0 + i0)) * dv;
-    for (Eigen::Index t = 0; t < rows * dv; ++t) errors[t] = std::fabs(o[t] - ro[t]);
+    o_errors.add_errors(o, ro, static_cast<std::size_t>(rows * dv));
     if (!with_p) continue;
     const double* p = r.p.data() + i0 * lk;
     const double* rp = ref_p.data() + (ref_row0 + i0) * lk;
@@ -543,6 +541,7 @@ void collect_rows(HeadSink& sink, std::mutex& median_lock, std::size_t b, Eigen:
   }
   const std::lock_guard<std::mutex> hold(median_lock);
   if (!with_p) sink.has_p = false;
+  sink.o_median.merge_errors(o_errors);
   sink.p_median.merge_errors(p_errors);
 }
 
@@ -594,9 +593,15 @@ std::vector<HeadResult> evaluate_methods(const std::vector<DumpLayer>& dump, con
   for (auto& per_method : sinks) per_method = std::vector<HeadSink>(n_units);
   std::mutex median_lock;
 
-  // The work items, each writing only its own slots: whole calls first (the largest), then the streamed blocks.
+  // The work items, each writing only its own slots: whole calls first (the largest), then the streamed blocks. The
+  // calls of a method whose results depend on its earlier calls (traits.calls_in_order) are one item, in dump order.
   std::vector<std::function<void()>> items;
   std::vector<std::function<void()>> streamed_items;
+  std::vector<std::vector<std::function<void()>>> in_order(n_methods);
+  const auto add_item = [&](std::size_t m, std::function<void()> item) {
+    if (methods[m].traits.calls_in_order) in_order[m].push_back(std::move(item));
+    else items.push_back(std::move(item));
+  };
   for (std::size_t li = 0; li < dump.size(); ++li) {
     const DumpLayer& l = dump[li];
     const std::size_t nh = l.heads.size();
@@ -608,7 +613,7 @@ std::vector<HeadResult> evaluate_methods(const std::vector<DumpLayer>& dump, con
           const Eigen::Index lq = l.logits[h].front().rows();
           sink.o.assign(batch * panels_of(lq), PanelStats{});
           sink.p.assign(batch * panels_of(lq), PanelStats{});
-          items.push_back([&, li, m, h, batch, lq] {
+          add_item(m, [&, li, m, h, batch, lq] {
             const DumpLayer& l = dump[li];
             HeadSink& sink = sinks[m][unit_of_layer[li] + h];
             for (std::size_t b = 0; b < batch; ++b) {
@@ -632,7 +637,7 @@ std::vector<HeadResult> evaluate_methods(const std::vector<DumpLayer>& dump, con
       continue;
     }
     const std::size_t batch = l.q.front().size();
-    const Eigen::Index lq = l.q.front().front().rows(), lk = l.k.front().front().rows(), dv = l.v.front().front().cols();
+    const Eigen::Index lq = l.q.front().front().rows(), lk = l.k.front().front().rows();
     // Where fp64 does not stream (its GEMM is not block-invariant on this CPU), each head is one block.
     const bool reference_streams = ref::reference_registry().traits(parse_method_spec("fp64")).query_block_rows > 0;
     const Eigen::Index block_rows = !reference_streams ? (lq + eval::kPanelRows - 1) / eval::kPanelRows * eval::kPanelRows
@@ -640,13 +645,13 @@ std::vector<HeadResult> evaluate_methods(const std::vector<DumpLayer>& dump, con
     std::vector<std::size_t> streamed, whole;
     for (std::size_t m = 0; m < n_methods; ++m) {
       const int n = methods[m].traits.query_block_rows;
-      const bool streams = !options.kv && n > 0 && block_rows % n == 0 && (methods[m].traits.heads_independent || nh == 1);
+      const bool streams = !options.kv && n > 0 && block_rows % n == 0 && !methods[m].traits.calls_in_order &&
+                           (methods[m].traits.heads_independent || nh == 1);
       (streams ? streamed : whole).push_back(m);
       for (std::size_t h = 0; h < nh; ++h) {
         HeadSink& sink = sinks[m][unit_of_layer[li] + h];
         sink.o.assign(batch * panels_of(lq), PanelStats{});
         sink.p.assign(batch * panels_of(lq), PanelStats{});
-        sink.o_errors.assign(batch * static_cast<std::size_t>(lq * dv), 0.0);
         sink.k_bits.assign(batch, 0.0);
         sink.v_bits.assign(batch, 0.0);
       }
@@ -655,7 +660,7 @@ std::vector<HeadResult> evaluate_methods(const std::vector<DumpLayer>& dump, con
                                     std::to_string(nh) + " heads, batch entry ";
     for (const std::size_t m : whole)
       for (std::size_t b = 0; b < batch; ++b)
-        items.push_back([&, li, m, b, batch, block_rows, layer_where] {
+        add_item(m, [&, li, m, b, batch, block_rows, layer_where] {
           const DumpLayer& l = dump[li];
           const std::size_t nh = l.heads.size();
           const AttentionMask mask{RowMatrixXb(), l.causal};
@@ -709,6 +714,11 @@ std::vector<HeadResult> evaluate_methods(const std::vector<DumpLayer>& dump, con
             }
           });
   }
+  for (auto& calls : in_order)
+    if (!calls.empty())
+      items.insert(items.begin(), [calls = std::move(calls)] {
+        for (const auto& call : calls) call();
+      });
   items.insert(items.end(), std::make_move_iterator(streamed_items.begin()), std::make_move_iterator(streamed_items.end()));
   std::atomic<std::size_t> done{0};
   parallel_for(items.size(), options.threads, [&](std::size_t i) {
@@ -730,10 +740,8 @@ std::vector<HeadResult> evaluate_methods(const std::vector<DumpLayer>& dump, con
           // O is not computed: its metrics are NaN (compare() of empty spans would report zeros)
           hr.o.cossim = hr.o.rel_l1 = hr.o.rmse = hr.o.max_abs = hr.o.bias = hr.o.median_abs = NAN;
         } else {
-          eval::MetricFold o(true);
-          for (const PanelStats& ps : sink.o) o.add(ps);
-          o.take_errors(std::move(sink.o_errors));
-          hr.o = o.stats();
+          for (const PanelStats& ps : sink.o) sink.o_median.add(ps);
+          hr.o = sink.o_median.stats();
         }
         if (sink.has_p) {
           for (const PanelStats& ps : sink.p) sink.p_median.add(ps);

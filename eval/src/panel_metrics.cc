@@ -186,12 +186,6 @@ void MetricFold::merge_errors(const MetricFold& other) {
   }
 }
 
-void MetricFold::take_errors(std::vector<double> abs_errors) {
-  if (errors_.empty()) errors_ = std::move(abs_errors);
-  else errors_.insert(errors_.end(), abs_errors.begin(), abs_errors.end());
-  std::erase_if(errors_, [](double e) { return std::isnan(e); });
-}
-
 namespace {
 
 // The midpoint of bucket `key` (0: exactly zero).

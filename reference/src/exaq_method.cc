@@ -84,7 +84,9 @@ void register_exaq_method(Registry& registry) {
   // key's logit still counts in them.
   e.traits = [](const ParamMap& m) {
     const bool per_row = choice_value(m, "sigma", kScopes) == ExaqScope::row && m.integer("calib") == 0;
-    return MethodTraits{false, per_row, 1e-12, per_row, 0};
+    MethodTraits t{false, per_row, 1e-12, per_row, 0};
+    t.calls_in_order = m.integer("calib") > 0;  // the first `calib` calls set the frozen C and min
+    return t;
   };
   registry.add(std::move(e));
 }

@@ -87,6 +87,10 @@ for causal in plain causal; do
   shards "stream-$causal" 3 analyze --tensors "$src" --threads 2 --block-rows 128 --format json &&
     same "stream-$causal" "$tmp/stream-$causal.json" --format json
 done
+# EXAQ calibrated over its first calls (traits.calls_in_order): its calls stay in dump order on any thread count.
+q analyze --method exaq:calib=3 --method fp16 --threads 1 --format json >"$tmp/calib-1.json" 2>/dev/null
+q analyze --method exaq:calib=3 --method fp16 --threads 2 --format json >"$tmp/calib-2.json" 2>/dev/null
+check "calibrated exaq: --threads 2 equals --threads 1 byte for byte" cmp "$tmp/calib-1.json" "$tmp/calib-2.json"
 expect 2 "block-rows.*multiple of 64" "--block-rows 100 is refused" -- analyze --block-rows 100
 
 # --- what a part records ---------------------------------------------------------------------------------------

@@ -252,6 +252,9 @@ struct MethodTraits {
   // same wherever a block of 64 rows sits (checked, like every trait, for every method and preset). 0: a row depends
   // on the whole call (a per-tensor Q scale, a tensor-wide softmax statistic), and the method runs on whole heads.
   int query_block_rows = 0;
+  // True where a result depends on the calls made before it (EXAQ's calibration over its first calls): an
+  // evaluation then makes this method's calls one after another in the dump's (layer, batch entry) order.
+  bool calls_in_order = false;
 };
 
 struct MethodEntry {

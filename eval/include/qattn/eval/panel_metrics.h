@@ -12,8 +12,8 @@
 // figure can move in its last ulps, never more than two compensated sums' error bounds.
 //
 // Two statistics cannot be folded from partial sums:
-//  - the median |o - r|: with keep_errors the fold keeps every |o - r| (O: L_q d_v values per head) and the median
-//    is exact; without it (P: L_q L_k values), |o - r| is counted in buckets of its exponent and 11 leading
+//  - the median |o - r|: with keep_errors the fold keeps every |o - r| and the median is exact; without it (what
+//    the streamed evaluation uses, for O and P alike), |o - r| is counted in buckets of its exponent and 11 leading
 //    fraction bits, and the median reported is the midpoint of the bucket that holds it (for an even count, the
 //    mean of the two middle values' midpoints): within 2^-12 of the exact median, relative, and exact where it is 0;
 //  - nothing else: the power-of-two histogram, zero_errors, count, nonfinite and max_abs are counts and maxima.
@@ -80,7 +80,6 @@ class MetricFold {
   // The |o - r| of n values (for the median): appended (keep_errors) or counted in buckets.
   void add_errors(const double* out, const double* ref, std::size_t n);
   void merge_errors(const MetricFold& other);  // another fold's median values, e.g. another thread's
-  void take_errors(std::vector<double> abs_errors);  // with keep_errors: the |o - r| values themselves
   ErrorStats stats() const;
   KlStats kl() const;
 
