@@ -20,7 +20,6 @@
 #include <iostream>
 #include <iterator>
 #include <random>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -28,6 +27,7 @@
 #include <CLI/CLI.hpp>
 
 #include "commands.h"
+#include "experiment.h"  // fixed
 #include "qattn/error.h"
 #include "qattn/tensor.h"
 #include "qattn/tensor_io.h"
@@ -104,14 +104,6 @@ double anchor_seconds(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatri
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
-}
-
-std::string fixed(double x, int digits) {
-  std::ostringstream s;
-  s.setf(std::ios::fixed);
-  s.precision(digits);
-  s << x;
-  return s.str();
 }
 
 void run_bench_eval(const BenchEvalOptions& o) {
