@@ -589,6 +589,7 @@ struct AnalyzePlan {
   std::string tensors;  // the source named in the report
   int threads = 0;
   Eigen::Index block_rows = 0;
+  bool whole_calls = false;
 };
 
 // Resolves the methods (the registry's defaults when none is given: every method, or its softmax models for a
@@ -600,6 +601,7 @@ AnalyzePlan plan_analyze(const AnalyzeOptions& o) {
   plan.tensors = !o.q.empty() ? o.q : !o.logits.empty() ? o.logits : o.tensors;
   plan.threads = o.threads;
   plan.block_rows = static_cast<Eigen::Index>(o.block_rows);
+  plan.whole_calls = o.whole_calls;
   std::vector<std::string> specs = o.specs;
   const bool defaults = specs.empty();
   if (defaults)
@@ -642,8 +644,10 @@ std::vector<HeadResult> evaluate_plan(const std::vector<DumpLayer>& dump, const 
   const auto start = std::chrono::steady_clock::now();
   const bool terminal = isatty(STDERR_FILENO);
   std::vector<EvalMethod> methods;
-  for (std::size_t m = 0; m < plan.methods.size(); ++m)
+  for (std::size_t m = 0; m < plan.methods.size(); ++m) {
     methods.push_back({plan.methods[m].get(), plan.specs[m], registry().traits(parse_method_spec(plan.specs[m]))});
+    if (plan.whole_calls) methods.back().traits.query_block_rows = 0;
+  }
   EvalOptions options;
   options.threads = plan.threads > 0 ? plan.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   options.block_rows = plan.block_rows;
@@ -996,6 +1000,9 @@ void add_analyze(CLI::App& app) {
                   "query rows per streamed block, a multiple of 64; 0 (default): about 2^20 / L_k. The tables do not "
                   "depend on it (docs/streaming.md)")
       ->capture_default_str();
+  sub->add_flag("--whole-calls", o->whole_calls,
+                "run every method on whole attention calls, none in blocks (memory O(L_q L_k) per call): a check that "
+                "streaming changes no figure (docs/streaming.md)");
   add_engine_options(sub);
   sub->callback([=] { emit(analyze_report(*o), o->out); });
 }

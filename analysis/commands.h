@@ -52,6 +52,7 @@ struct AnalyzeOptions {
   std::string shard;  // "K/N": write the partial result of shard K of N (docs/scale-out.md)
   int threads = 0;    // workers over (head, block) items; 0: every core
   long long block_rows = 0;  // query rows per streamed block (multiple of 64); 0: chosen from L_k
+  bool whole_calls = false;  // every method on whole calls, none streamed (a check: the tables are the same)
 };
 std::string analyze_report(const AnalyzeOptions& o);
 

@@ -514,6 +514,14 @@ struct HeadSink {
   std::vector<double> k_bits, v_bits;  // [batch entry], with a KV quantizer
 };
 
+// One head's prepared call of one streamed method (Method::prepare), shared by the head's blocks.
+struct PreparedSlot {
+  std::once_flag once;
+  AttentionMask mask;  // the call's mask: the prepared call holds it by reference
+  std::unique_ptr<PreparedCall> call;
+  std::atomic<int> blocks_left{0};
+};
+
 Eigen::Index panels_of(Eigen::Index rows) { return (rows + eval::kPanelRows - 1) / eval::kPanelRows; }
 
 // The panels of rows [r0, r0 + n) of a head's O and P (result rows 0 .. n - 1 vs reference rows 0 .. n - 1),
@@ -687,21 +695,40 @@ std::vector<HeadResult> evaluate_methods(const std::vector<DumpLayer>& dump, con
           }
         });
     if (streamed.empty()) continue;
+    const Eigen::Index n_blocks = (lq + block_rows - 1) / block_rows;
     for (std::size_t b = 0; b < batch; ++b)
-      for (std::size_t h = 0; h < nh; ++h)
+      for (std::size_t h = 0; h < nh; ++h) {
+        // The head's prepared calls (Method::prepare: a method's first pass over the whole head), one per streamed
+        // method, made by their own items ahead of the head's blocks and released after its last block.
+        auto calls = std::make_shared<std::vector<PreparedSlot>>(streamed.size());
+        for (PreparedSlot& slot : *calls) {
+          slot.mask = AttentionMask{RowMatrixXb(), l.causal};
+          slot.blocks_left = static_cast<int>(n_blocks);
+        }
+        const std::string where = l.q_paths[h].string() + " (layer " + std::to_string(l.layer) + ", batch entry " +
+                                  std::to_string(b) + ")";
+        const auto prepared = [&, li, b, h, calls, streamed, where](std::size_t s) -> const PreparedCall& {
+          PreparedSlot& slot = (*calls)[s];
+          std::call_once(slot.once, [&] {
+            const DumpLayer& l = dump[li];
+            slot.call = with_source(where, methods[streamed[s]].label, [&] {
+              return methods[streamed[s]].method->prepare(l.q[h][b], l.k[h][b], l.v[h][b], l.logit_scale(), slot.mask);
+            });
+          });
+          return *slot.call;
+        };
+        for (std::size_t s = 0; s < streamed.size(); ++s) streamed_items.push_back([prepared, s] { prepared(s); });
         for (Eigen::Index r0 = 0; r0 < lq; r0 += block_rows)
-          streamed_items.push_back([&, li, b, h, r0, block_rows, streamed] {
+          streamed_items.push_back([&, li, b, h, r0, block_rows, streamed, calls, prepared, where] {
             const DumpLayer& l = dump[li];
             const Eigen::Index lq = l.q[h][b].rows(), n = std::min(block_rows, lq - r0);
             ReferenceRows ref;
             reference_rows(ref, l, h, b, r0, n, *fp64);
-            const AttentionMask mask{RowMatrixXb(), l.causal, l.causal ? r0 + n - lq : 0};
-            const std::string where = l.q_paths[h].string() + " (layer " + std::to_string(l.layer) + ", batch entry " +
-                                      std::to_string(b) + ")";
-            for (const std::size_t m : streamed) {
+            for (std::size_t s = 0; s < streamed.size(); ++s) {
+              const std::size_t m = streamed[s];
               AttentionResult r;
               try {
-                r = methods[m].method->attention(l.q[h][b].middleRows(r0, n), l.k[h][b], l.v[h][b], l.logit_scale(), mask);
+                r = prepared(s).rows(r0, n);
               } catch (const std::exception&) {
                 // The whole call's error, whose row indices are the head's own, not the block's.
                 with_source(where, methods[m].label, [&] {
@@ -711,8 +738,10 @@ std::vector<HeadResult> evaluate_methods(const std::vector<DumpLayer>& dump, con
                 with_source(where, methods[m].label, []() -> int { throw; });  // the whole call passed: the block's
               }
               collect_rows(sinks[m][unit_of_layer[li] + h], median_lock, b, lq, r0, r, *ref.o, *ref.p, ref.row0);
+              if (--(*calls)[s].blocks_left == 0) (*calls)[s].call.reset();  // the head's last block of this method
             }
           });
+      }
   }
   for (auto& calls : in_order)
     if (!calls.empty())

@@ -57,26 +57,43 @@ double exaq_eq14_clip(const ExaqParams& p, double sigma, int n) {
   return exaq_solve_clip_eq14(sigma, -sigma * cached_expected_max(std::max(1, n)), p.bits);
 }
 
-ExaqStats exaq_stats(const MatrixView& x, Eigen::Index row_begin, Eigen::Index row_end) {
-  ExaqStats s;
-  double sum = 0;
-  s.min = 0;
-  for (Eigen::Index r = row_begin; r < row_end; ++r)
+void ExaqStatsAccumulator::add_first(const MatrixView& x) {
+  for (Eigen::Index r = 0; r < x.rows(); ++r) {
     for (Eigen::Index j = 0; j < x.cols(); ++j)
       if (x(r, j) != kNegInf) {
-        sum += x(r, j);
-        s.min = std::min(s.min, x(r, j));
-        ++s.count;
+        sum_ += x(r, j);
+        s_.min = std::min(s_.min, x(r, j));
+        ++s_.count;
       }
-  if (s.count == 0) return s;
-  const double mean = sum / static_cast<double>(s.count);
-  double sq = 0, ad = 0;
-  for (Eigen::Index r = row_begin; r < row_end; ++r)
+  }
+  rows_ += x.rows();
+}
+
+void ExaqStatsAccumulator::begin_second() {
+  if (s_.count > 0) mean_ = sum_ / static_cast<double>(s_.count);
+}
+
+void ExaqStatsAccumulator::add_second(const MatrixView& x) {
+  if (s_.count == 0) return;
+  for (Eigen::Index r = 0; r < x.rows(); ++r)
     for (Eigen::Index j = 0; j < x.cols(); ++j)
-      if (x(r, j) != kNegInf) sq += (x(r, j) - mean) * (x(r, j) - mean), ad += std::fabs(x(r, j) - mean);
-  s.sigma = s.count > 1 ? std::sqrt(sq / static_cast<double>(s.count - 1)) : 0.0;  // unbiased, as torch.std
-  s.sigma_laplace = ad / static_cast<double>(s.count);                             // mean absolute deviation
+      if (x(r, j) != kNegInf) sq_ += (x(r, j) - mean_) * (x(r, j) - mean_), ad_ += std::fabs(x(r, j) - mean_);
+}
+
+ExaqStats ExaqStatsAccumulator::stats() const {
+  ExaqStats s = s_;
+  if (s.count == 0) return s;
+  s.sigma = s.count > 1 ? std::sqrt(sq_ / static_cast<double>(s.count - 1)) : 0.0;  // unbiased, as torch.std
+  s.sigma_laplace = ad_ / static_cast<double>(s.count);                              // mean absolute deviation
   return s;
+}
+
+ExaqStats exaq_stats(const MatrixView& x, Eigen::Index row_begin, Eigen::Index row_end) {
+  ExaqStatsAccumulator a;
+  a.add_first(x.middleRows(row_begin, row_end - row_begin));
+  a.begin_second();
+  a.add_second(x.middleRows(row_begin, row_end - row_begin));
+  return a.stats();
 }
 
 std::vector<double> exaq_levels(const ExaqParams& p, double clip, double lo_data) {
@@ -185,12 +202,8 @@ std::pair<double, double> ExaqCalibrator::use(double c_measured, double lo_measu
   return {c_sum_ / calls_, lo_sum_ / calls_};
 }
 
-RowMatrixXd exaq_softmax(const MatrixView& logits, const ExaqParams& p, std::vector<double>* c_used,
-                         ExaqCalibrator* calibrator) {
-  if (calibrator && p.scope != ExaqScope::tensor) throw std::invalid_argument("EXAQ: calibration needs sigma scope 'tensor'");
-  if (p.bits < 2 || p.bits > 4) throw std::invalid_argument("EXAQ: bits must be 2, 3 or 4");
+RowMatrixXd exaq_max_subtracted(const MatrixView& logits) {
   RowMatrixXd x(logits.rows(), logits.cols());
-  RowMatrixXd out = RowMatrixXd::Zero(logits.rows(), logits.cols());
   for (Eigen::Index r = 0; r < logits.rows(); ++r) {
     double m = kNegInf;
     for (Eigen::Index j = 0; j < logits.cols(); ++j) {
@@ -199,16 +212,30 @@ RowMatrixXd exaq_softmax(const MatrixView& logits, const ExaqParams& p, std::vec
     }
     for (Eigen::Index j = 0; j < logits.cols(); ++j) x(r, j) = logits(r, j) == kNegInf ? kNegInf : logits(r, j) - m;
   }
+  return x;
+}
+
+RowMatrixXd exaq_softmax(const MatrixView& logits, const ExaqParams& p, std::vector<double>* c_used,
+                         ExaqCalibrator* calibrator, const ExaqTensorScope* tensor) {
+  if (calibrator && p.scope != ExaqScope::tensor) throw std::invalid_argument("EXAQ: calibration needs sigma scope 'tensor'");
+  if (tensor && (p.scope != ExaqScope::tensor || calibrator))
+    throw std::invalid_argument("EXAQ: a whole call's statistics need sigma scope 'tensor' and no calibration");
+  if (p.bits < 2 || p.bits > 4) throw std::invalid_argument("EXAQ: bits must be 2, 3 or 4");
+  const RowMatrixXd x = exaq_max_subtracted(logits);
+  RowMatrixXd out = RowMatrixXd::Zero(logits.rows(), logits.cols());
   const Eigen::Index scopes = p.scope == ExaqScope::tensor ? 1 : logits.rows();
   for (Eigen::Index sc = 0; sc < scopes; ++sc) {
     const Eigen::Index r0 = p.scope == ExaqScope::tensor ? 0 : sc, r1 = p.scope == ExaqScope::tensor ? logits.rows() : sc + 1;
-    ExaqStats st = exaq_stats(x, r0, r1);
+    // With `tensor`, these rows are a block of a call whose statistics it holds: sigma, min and the row count n
+    // are the call's.
+    ExaqStats st = tensor ? tensor->stats : exaq_stats(x, r0, r1);
+    const Eigen::Index scope_rows = tensor ? tensor->rows : r1 - r0;
     if (st.count == 0) continue;  // fully masked
     // Finite logits whose spread is beyond ~1e154 overflow the variance in float64: sigma, and with it the clip and
     // every code, would be undefined. Refused (OverflowRule::refuse, docs/non-finite.md).
     if (!std::isfinite(st.sigma) || !std::isfinite(st.sigma_laplace) || !std::isfinite(st.min))
       throw InputError("logits", "sigma", "the standard deviation of the softmax input (rows " + std::to_string(r0) +
-                                              " to " + std::to_string(r1 - 1) +
+                                              " to " + std::to_string(r0 + scope_rows - 1) +
                                               ") overflows float64, so EXAQ's clip is undefined (docs/non-finite.md)");
     double clip = 0;
     switch (p.clip) {
@@ -220,10 +247,10 @@ RowMatrixXd exaq_softmax(const MatrixView& logits, const ExaqParams& p, std::vec
         break;
       }
       case ExaqClip::optimal:
-        clip = exaq_optimal_clip(p, st.sigma, static_cast<int>(std::lround(static_cast<double>(st.count) / (r1 - r0))));
+        clip = exaq_optimal_clip(p, st.sigma, static_cast<int>(std::lround(static_cast<double>(st.count) / scope_rows)));
         break;
       case ExaqClip::eq14:
-        clip = exaq_eq14_clip(p, st.sigma, static_cast<int>(std::lround(static_cast<double>(st.count) / (r1 - r0))));
+        clip = exaq_eq14_clip(p, st.sigma, static_cast<int>(std::lround(static_cast<double>(st.count) / scope_rows)));
         break;
       case ExaqClip::fixed: clip = p.fixed_c; break;
       case ExaqClip::none: clip = p.grid == ExaqGrid::upstream ? st.min : std::min(st.min, -1e-9); break;

@@ -18,6 +18,33 @@ class ExaqMethod final : public SoftmaxModelMethod {
     return exaq_softmax(logits, p_, nullptr, &calibrator_);
   }
 
+ protected:
+  // sigma=tensor without calibration: sigma and min of the call's max-subtracted logits, in two passes (the sum and
+  // minimum, then the deviations from the mean), each over the rows in order as exaq_stats sums them.
+  std::unique_ptr<LogitScope> logit_scope() const override {
+    class Sigma final : public LogitScope {
+     public:
+      explicit Sigma(const ExaqParams& p) : p_(p) {}
+      int passes() const override { return 2; }
+      void observe(int pass, const RowMatrixXd& logits) override {
+        if (pass == 0) return stats_.add_first(exaq_max_subtracted(logits));
+        if (!second_) stats_.begin_second(), second_ = true;
+        stats_.add_second(exaq_max_subtracted(logits));
+      }
+      RowMatrixXd softmax_rows(const MatrixView& logits) const override {
+        const ExaqTensorScope scope{stats_.stats(), stats_.rows()};
+        return exaq_softmax(logits, p_, nullptr, nullptr, &scope);
+      }
+
+     private:
+      ExaqParams p_;
+      ExaqStatsAccumulator stats_;
+      bool second_ = false;
+    };
+    if (calibrate_ || p_.scope != ExaqScope::tensor) return nullptr;
+    return std::make_unique<Sigma>(p_);
+  }
+
  private:
   ExaqParams p_;
   mutable ExaqCalibrator calibrator_;
@@ -86,6 +113,8 @@ void register_exaq_method(Registry& registry) {
     const bool per_row = choice_value(m, "sigma", kScopes) == ExaqScope::row && m.integer("calib") == 0;
     MethodTraits t{false, per_row, 1e-12, per_row, 0};
     t.calls_in_order = m.integer("calib") > 0;  // the first `calib` calls set the frozen C and min
+    // sigma=tensor: sigma and min in prepare()'s first passes. With calib, calls run whole, in order.
+    t.query_block_rows = kFp64GemmBlockInvariant && !t.calls_in_order ? 64 : 0;
     return t;
   };
   registry.add(std::move(e));

@@ -97,15 +97,20 @@ std::int64_t ibert_softmax_row(std::span<const std::int64_t> q, std::span<const 
   return sum;
 }
 
-RowMatrixXd ibert_softmax_rows(const MatrixView& logits, const IbertParams& p) {
+double ibert_max_abs(const MatrixView& logits) {
+  double m = 0;
+  for (Eigen::Index i = 0; i < logits.rows(); ++i)
+    for (Eigen::Index j = 0; j < logits.cols(); ++j)
+      if (!std::isinf(logits(i, j))) m = std::max(m, std::abs(logits(i, j)));
+  return m;
+}
+
+RowMatrixXd ibert_softmax_rows(const MatrixView& logits, const IbertParams& p, std::optional<double> tensor_max_abs) {
   RowMatrixXd probs = RowMatrixXd::Zero(logits.rows(), logits.cols());
   const std::size_t n = static_cast<std::size_t>(logits.cols());
   const double levels = std::ldexp(1.0, p.in_bits - 1) - 1;
   const auto scale_of = [&](Eigen::Index r0, Eigen::Index rows) {
-    double m = 0;
-    for (Eigen::Index i = r0; i < r0 + rows; ++i)
-      for (Eigen::Index j = 0; j < logits.cols(); ++j)
-        if (!std::isinf(logits(i, j))) m = std::max(m, std::abs(logits(i, j)));
+    const double m = tensor_max_abs && p.scope == IbertScope::tensor ? *tensor_max_abs : ibert_max_abs(logits.middleRows(r0, rows));
     return (m > 0 ? m : 1.0) / levels;  // all-zero logits: any grid gives q = 0; take that of max|x| = 1
   };
   const double tensor_scale = p.scope == IbertScope::tensor ? scale_of(0, logits.rows()) : 0;
@@ -132,7 +137,27 @@ namespace {
 class IbertMethod final : public SoftmaxModelMethod {
  public:
   explicit IbertMethod(IbertParams p) : p_(p) {}
-  RowMatrixXd softmax_rows_impl(const MatrixView& logits) const override { return ibert_softmax_rows(logits, p_); }
+  RowMatrixXd softmax_rows_impl(const MatrixView& logits) const override {
+    if (const std::unique_ptr<LogitScope> scope = logit_scope()) return softmax_with_scope(*scope, logits);
+    return ibert_softmax_rows(logits, p_);
+  }
+
+ protected:
+  // scope=tensor: max |x| over the call's finite logits (a maximum: the same in any order).
+  std::unique_ptr<LogitScope> logit_scope() const override {
+    class MaxAbs final : public LogitScope {
+     public:
+      explicit MaxAbs(const IbertParams& p) : p_(p) {}
+      void observe(int, const RowMatrixXd& logits) override { m_ = std::max(m_, ibert_max_abs(logits)); }
+      RowMatrixXd softmax_rows(const MatrixView& logits) const override { return ibert_softmax_rows(logits, p_, m_); }
+
+     private:
+      IbertParams p_;
+      double m_ = 0;
+    };
+    if (p_.scope != IbertScope::tensor) return nullptr;
+    return std::make_unique<MaxAbs>(p_);
+  }
 
  private:
   IbertParams p_;
@@ -183,7 +208,9 @@ void register_ibert_method(Registry& registry) {
   // The grid S = max|x| / (2^(in-bits-1) - 1) depends on the values; scope=tensor ties rows together; -inf logits
   // stay out of max |x|. P is integer per entry, O = P V in fp64.
   e.traits = [](const ParamMap& m) {
-    return MethodTraits{false, choice_value(m, "scope", kScopes) == IbertScope::row, 1e-12, true, 0};
+    MethodTraits t{false, choice_value(m, "scope", kScopes) == IbertScope::row, 1e-12, true, 0};
+    t.query_block_rows = kFp64GemmBlockInvariant ? 64 : 0;  // scope=tensor: max |x| in prepare()'s first pass
+    return t;
   };
   registry.add(std::move(e));
 }

@@ -21,6 +21,10 @@ class QuantOnlyMethod final : public PipelineMethod {
                             const AttentionMask& mask) const override {
     return quant_only_attention(q, k, v, scale, mask, softmax_);
   }
+  std::unique_ptr<PreparedCall> prepare_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v,
+                                             double scale, const AttentionMask& mask) const override {
+    return prepare_quant_only(q, k, v, scale, mask, softmax_);
+  }
 
  private:
   QuantOnlySoftmax softmax_;
@@ -32,6 +36,10 @@ class IntAttentionMethod final : public PipelineMethod {
   AttentionResult attention_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                             const AttentionMask& mask) const override {
     return int_attention(q, k, v, scale, mask, p_, eval_, groups_, qround_);
+  }
+  std::unique_ptr<PreparedCall> prepare_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v,
+                                             double scale, const AttentionMask& mask) const override {
+    return prepare_int_attention(q, k, v, scale, mask, p_, eval_, groups_, qround_);
   }
 
  private:
@@ -64,8 +72,12 @@ MethodEntry quant_only_entry() {
   e.kind = MethodKind::attention_pipeline;
   e.doc = "docs/pipelines/quant-only.md";
   // Per-tensor INT8 scales over every key, masked ones included. An FP softmax sum reordered can move one P code by
-  // 1 (1/127 of a value).
-  e.traits = [](const ParamMap&) { return MethodTraits{false, false, 2.0 / 127, false, 8}; };
+  // 1 (1/127 of a value). The per-tensor Q scale is prepare()'s first pass; the rest is row by row.
+  e.traits = [](const ParamMap&) {
+    MethodTraits t{false, false, 2.0 / 127, false, 8};
+    t.query_block_rows = 64;
+    return t;
+  };
   return e;
 }
 
@@ -108,6 +120,7 @@ MethodEntry intattention_entry() {
   e.traits = [](const ParamMap& m) {
     MethodTraits t{false, false, 0.0, false, 8};
     if (m.integer("k-group") > 0) t.key_order_tolerance.reset();
+    t.query_block_rows = 64;  // Q's scales (per tensor or group) and every c_int in prepare()'s first pass
     return t;
   };
   return e;

@@ -101,37 +101,75 @@ RowMatrixXd int_matmul_ab(const RowMatrixXi32& a, const RowMatrixXi32& b) {
   return c;
 }
 
+namespace {
+
+// The query rows [r0, r0 + n) of a call's mask, as booleans; empty for no mask.
+RowMatrixXb visible_rows(const AttentionMask& mask, Eigen::Index r0, Eigen::Index n, Eigen::Index lq, Eigen::Index lk) {
+  return mask.empty() ? RowMatrixXb() : mask.rows(r0, n, lq).visible(n, lk);
+}
+
+class QuantOnlyCall final : public PreparedCall {
+ public:
+  QuantOnlyCall(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale, const AttentionMask& mask,
+                QuantOnlySoftmax softmax)
+      : PreparedCall(q.rows()),
+        mask_(mask),
+        softmax_(softmax),
+        qi_(quantize_symmetric_int8(q)),
+        ki_(quantize_symmetric_int8(k)),
+        vi_(quantize_symmetric_int8(v)),
+        logit_scale_(static_cast<float>(qi_.scale * ki_.scale * scale)) {
+    check_shapes(q, k, v);
+  }
+
+  AttentionResult compute(Eigen::Index r0, Eigen::Index n) const {
+    const RowMatrixXi32 a = int_matmul_abt(qi_.values.middleRows(r0, n), ki_.values);
+    RowMatrixXf s(a.rows(), a.cols());
+    for (Eigen::Index i = 0; i < a.size(); ++i) {
+      s.data()[i] = static_cast<float>(a.data()[i]) * logit_scale_;
+      if (!std::isfinite(s.data()[i])) throw_logit_overflow("quant-only", "float32", r0 + i / s.cols(), i % s.cols());
+    }
+    const RowMatrixXb visible = visible_rows(mask_, r0, n, query_rows(), s.cols());
+    for (Eigen::Index i = 0; i < visible.size(); ++i)
+      if (!visible.data()[i]) s.data()[i] = -std::numeric_limits<float>::infinity();
+    RowMatrixXf p(s.rows(), s.cols());
+    if (softmax_ == QuantOnlySoftmax::reference) {
+      p = softmax_ref_rows(s);
+    } else {
+      for (Eigen::Index i = 0; i < s.rows(); ++i) softmax_row_lanes16(s.row(i).data(), nullptr, s.cols(), p.row(i).data());
+    }
+    AttentionResult r;
+    r.p_int.resize(p.rows(), p.cols());
+    for (Eigen::Index i = 0; i < p.size(); ++i)
+      r.p_int.data()[i] = static_cast<std::int32_t>(std::nearbyint(127.0f * p.data()[i]));  // fl32 product, RNE
+    r.p_scale = 127;
+    r.p_dtype = DType::i8;
+    r.p = r.p_int.cast<double>() / 127.0;
+    r.o = dequantize_output(int_matmul_ab(r.p_int, vi_.values), vi_.scale, 127);
+    return r;
+  }
+
+ protected:
+  AttentionResult rows_impl(Eigen::Index r0, Eigen::Index n) const override { return compute(r0, n); }
+
+ private:
+  const AttentionMask& mask_;
+  QuantOnlySoftmax softmax_;
+  Int8Matrix qi_, ki_, vi_;
+  float logit_scale_;
+};
+
+}  // namespace
+
+std::unique_ptr<PreparedCall> prepare_quant_only(const MatrixView& q, const MatrixView& k, const MatrixView& v,
+                                                 double scale, const AttentionMask& mask, QuantOnlySoftmax softmax) {
+  return std::make_unique<QuantOnlyCall>(q, k, v, scale, mask, softmax);
+}
+
 AttentionResult quant_only_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                      const AttentionMask& mask, QuantOnlySoftmax softmax) {
   check_shapes(q, k, v);
-  const Int8Matrix qi = quantize_symmetric_int8(q), ki = quantize_symmetric_int8(k), vi = quantize_symmetric_int8(v);
-  const RowMatrixXi32 a = int_matmul_abt(qi.values, ki.values);
-  const float logit_scale = static_cast<float>(qi.scale * ki.scale * scale);
-  RowMatrixXf s(a.rows(), a.cols());
-  for (Eigen::Index i = 0; i < a.size(); ++i) {
-    s.data()[i] = static_cast<float>(a.data()[i]) * logit_scale;
-    if (!std::isfinite(s.data()[i])) throw_logit_overflow("quant-only", "float32", i / s.cols(), i % s.cols());
-  }
-  if (!mask.empty()) {
-    const RowMatrixXb visible = mask.visible(s.rows(), s.cols());
-    for (Eigen::Index i = 0; i < s.size(); ++i)
-      if (!visible.data()[i]) s.data()[i] = -std::numeric_limits<float>::infinity();
-  }
-  RowMatrixXf p(s.rows(), s.cols());
-  if (softmax == QuantOnlySoftmax::reference) {
-    p = softmax_ref_rows(s);
-  } else {
-    for (Eigen::Index i = 0; i < s.rows(); ++i) softmax_row_lanes16(s.row(i).data(), nullptr, s.cols(), p.row(i).data());
-  }
-  AttentionResult r;
-  r.p_int.resize(p.rows(), p.cols());
-  for (Eigen::Index i = 0; i < p.size(); ++i)
-    r.p_int.data()[i] = static_cast<std::int32_t>(std::nearbyint(127.0f * p.data()[i]));  // fl32 product, RNE
-  r.p_scale = 127;
-  r.p_dtype = DType::i8;
-  r.p = r.p_int.cast<double>() / 127.0;
-  r.o = dequantize_output(int_matmul_ab(r.p_int, vi.values), vi.scale, 127);
-  return r;
+  return QuantOnlyCall(q, k, v, scale, mask, softmax).compute(0, q.rows());
 }
 
 std::int64_t intattention_cint(double s_q, double s_k, double scale, const IndexSoftmaxParams& params,
@@ -173,61 +211,115 @@ KeyGroupClip key_group_clip(const KeyBlocks& k, Eigen::Index rows, double s_q, d
   return clip;
 }
 
+namespace {
+
+class IntAttentionCall final : public PreparedCall {
+ public:
+  IntAttentionCall(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
+                   const AttentionMask& mask, const IndexSoftmaxParams& params, CintEvaluation cint_eval,
+                   const IntAttentionGroups& groups, Int8Rounding qround)
+      : PreparedCall(q.rows()), mask_(mask), params_(params), groups_(groups), lk_(k.rows()) {
+    check_shapes(q, k, v);
+    if (groups.q_rows < 0 || groups.k_rows < 0) throw std::invalid_argument("int_attention: q_rows and k_rows must be >= 0");
+    if (groups.v == VGroup::key_block && groups.k_rows == 0)
+      throw std::invalid_argument("int_attention: V scales per key block need K in blocks (k-group > 0)");
+    k_blocks_ = groups.k_rows > 0 && k.rows() > 0;
+    if (k_blocks_) kb_ = quantize_key_blocks(k, groups.k_rows, qround);
+    ki_ = k_blocks_ ? kb_.codes : quantize_symmetric_int8(k, qround);
+    // One Q scale and one c_int (per key block) per query group
+    q_group_ = groups.q_rows == 0 ? std::max<Eigen::Index>(q.rows(), 1) : groups.q_rows;
+    for (Eigen::Index g0 = 0; g0 < q.rows(); g0 += q_group_) {
+      const Eigen::Index n = std::min(q_group_, q.rows() - g0);
+      Group g{quantize_symmetric_int8(q.middleRows(g0, n), qround), 0, {}};
+      if (k_blocks_) g.clip = key_group_clip(kb_, groups.k_rows, g.q.scale, scale, params, cint_eval, groups.group_max);
+      else g.c_int = intattention_cint(g.q.scale, ki_.scale, scale, params, cint_eval);
+      q_groups_.push_back(std::move(g));
+    }
+    switch (groups.v) {
+      case VGroup::tensor: v_.push_back(quantize_symmetric_int8(v, qround)); break;
+      case VGroup::channel:
+        for (Eigen::Index c = 0; c < v.cols(); ++c) v_.push_back(quantize_symmetric_int8(v.col(c), qround));
+        break;
+      case VGroup::key_block:
+        for (Eigen::Index j0 = 0; j0 < v.rows(); j0 += groups.k_rows)
+          v_.push_back(quantize_symmetric_int8(v.middleRows(j0, std::min(groups.k_rows, v.rows() - j0)), qround));
+        break;
+    }
+    dv_ = v.cols();
+  }
+
+  AttentionResult compute(Eigen::Index r0, Eigen::Index n) const {
+    AttentionResult r;
+    r.p_int.resize(n, lk_);
+    r.p_scale = params_.p_scale();
+    r.p_dtype = params_.p_format == PFormat::u8 ? DType::u8 : DType::i8;
+    const RowMatrixXb visible = visible_rows(mask_, r0, n, query_rows(), lk_);
+    for (Eigen::Index i0 = r0; i0 < r0 + n;) {  // the part of each query group inside the block
+      const Group& g = q_groups_[static_cast<std::size_t>(i0 / q_group_)];
+      const Eigen::Index g0 = i0 / q_group_ * q_group_, i1 = std::min({g0 + q_group_, r0 + n, query_rows()});
+      const RowMatrixXi32 a = int_matmul_abt(g.q.values.middleRows(i0 - g0, i1 - i0), ki_.values);
+      const RowMatrixXb vis = visible.size() ? RowMatrixXb(visible.middleRows(i0 - r0, i1 - i0)) : RowMatrixXb();
+      r.p_int.middleRows(i0 - r0, i1 - i0) =
+          k_blocks_ ? index_softmax_grouped(a, g.clip, params_, vis) : index_softmax(a, g.c_int, params_, vis);
+      i0 = i1;
+    }
+    r.p = r.p_int.cast<double>() / r.p_scale;
+    switch (groups_.v) {
+      case VGroup::tensor: r.o = dequantize_output(int_matmul_ab(r.p_int, v_.front().values), v_.front().scale, r.p_scale); break;
+      case VGroup::channel:
+        r.o.resize(n, dv_);
+        for (Eigen::Index c = 0; c < dv_; ++c) {
+          const Int8Matrix& vc = v_[static_cast<std::size_t>(c)];
+          r.o.col(c) = dequantize_output(int_matmul_ab(r.p_int, vc.values), vc.scale, r.p_scale);
+        }
+        break;
+      case VGroup::key_block: {
+        RowMatrixXd acc = RowMatrixXd::Zero(n, dv_);
+        for (std::size_t blk = 0; blk < v_.size(); ++blk) {
+          const Eigen::Index j0 = static_cast<Eigen::Index>(blk) * groups_.k_rows;
+          const RowMatrixXi32 pb = r.p_int.middleCols(j0, v_[blk].values.rows());
+          acc += int_matmul_ab(pb, v_[blk].values) * v_[blk].scale;  // each product one double rounding, summed in key order
+        }
+        r.o = dequantize_output(acc, 1.0, r.p_scale);
+        break;
+      }
+    }
+    return r;
+  }
+
+ protected:
+  AttentionResult rows_impl(Eigen::Index r0, Eigen::Index n) const override { return compute(r0, n); }
+
+ private:
+  struct Group {
+    Int8Matrix q;
+    std::int64_t c_int;
+    KeyGroupClip clip;
+  };
+  const AttentionMask& mask_;
+  IndexSoftmaxParams params_;
+  IntAttentionGroups groups_;
+  Eigen::Index lk_, dv_ = 0, q_group_ = 1;
+  bool k_blocks_ = false;
+  KeyBlocks kb_;
+  Int8Matrix ki_;
+  std::vector<Group> q_groups_;
+  std::vector<Int8Matrix> v_;  // per tensor (one), channel or key block
+};
+
+}  // namespace
+
+std::unique_ptr<PreparedCall> prepare_int_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v,
+                                                    double scale, const AttentionMask& mask,
+                                                    const IndexSoftmaxParams& params, CintEvaluation cint_eval,
+                                                    const IntAttentionGroups& groups, Int8Rounding qround) {
+  return std::make_unique<IntAttentionCall>(q, k, v, scale, mask, params, cint_eval, groups, qround);
+}
+
 AttentionResult int_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                               const AttentionMask& mask, const IndexSoftmaxParams& params, CintEvaluation cint_eval,
                               const IntAttentionGroups& groups, Int8Rounding qround) {
-  check_shapes(q, k, v);
-  if (groups.q_rows < 0 || groups.k_rows < 0) throw std::invalid_argument("int_attention: q_rows and k_rows must be >= 0");
-  if (groups.v == VGroup::key_block && groups.k_rows == 0)
-    throw std::invalid_argument("int_attention: V scales per key block need K in blocks (k-group > 0)");
-  const bool k_blocks = groups.k_rows > 0 && k.rows() > 0;
-  const KeyBlocks kb = k_blocks ? quantize_key_blocks(k, groups.k_rows, qround) : KeyBlocks{};
-  const Int8Matrix ki = k_blocks ? kb.codes : quantize_symmetric_int8(k, qround);
-  const RowMatrixXb visible = mask.empty() ? RowMatrixXb() : mask.visible(q.rows(), k.rows());
-  AttentionResult r;
-  r.p_int.resize(q.rows(), k.rows());
-  r.p_scale = params.p_scale();
-  r.p_dtype = params.p_format == PFormat::u8 ? DType::u8 : DType::i8;
-  const Eigen::Index rows = groups.q_rows == 0 ? std::max<Eigen::Index>(q.rows(), 1) : groups.q_rows;
-  for (Eigen::Index r0 = 0; r0 < q.rows(); r0 += rows) {  // one Q scale, one c_int (per key block) per query group
-    const Eigen::Index n = std::min(rows, q.rows() - r0);
-    const Int8Matrix qi = quantize_symmetric_int8(q.middleRows(r0, n), qround);
-    const RowMatrixXi32 a = int_matmul_abt(qi.values, ki.values);
-    const RowMatrixXb vis = visible.size() ? RowMatrixXb(visible.middleRows(r0, n)) : RowMatrixXb();
-    if (k_blocks) {
-      const KeyGroupClip clip = key_group_clip(kb, groups.k_rows, qi.scale, scale, params, cint_eval, groups.group_max);
-      r.p_int.middleRows(r0, n) = index_softmax_grouped(a, clip, params, vis);
-    } else {
-      r.p_int.middleRows(r0, n) = index_softmax(a, intattention_cint(qi.scale, ki.scale, scale, params, cint_eval), params, vis);
-    }
-  }
-  r.p = r.p_int.cast<double>() / r.p_scale;
-  switch (groups.v) {
-    case VGroup::tensor: {
-      const Int8Matrix vi = quantize_symmetric_int8(v, qround);
-      r.o = dequantize_output(int_matmul_ab(r.p_int, vi.values), vi.scale, r.p_scale);
-      break;
-    }
-    case VGroup::channel:
-      r.o.resize(q.rows(), v.cols());
-      for (Eigen::Index c = 0; c < v.cols(); ++c) {
-        const Int8Matrix vc = quantize_symmetric_int8(v.col(c), qround);
-        r.o.col(c) = dequantize_output(int_matmul_ab(r.p_int, vc.values), vc.scale, r.p_scale);
-      }
-      break;
-    case VGroup::key_block: {
-      RowMatrixXd acc = RowMatrixXd::Zero(q.rows(), v.cols());
-      for (Eigen::Index j0 = 0; j0 < v.rows(); j0 += groups.k_rows) {
-        const Eigen::Index n = std::min(groups.k_rows, v.rows() - j0);
-        const Int8Matrix vb = quantize_symmetric_int8(v.middleRows(j0, n), qround);
-        const RowMatrixXi32 pb = r.p_int.middleCols(j0, n);
-        acc += int_matmul_ab(pb, vb.values) * vb.scale;  // each product one double rounding, summed in key order
-      }
-      r.o = dequantize_output(acc, 1.0, r.p_scale);
-      break;
-    }
-  }
-  return r;
+  return IntAttentionCall(q, k, v, scale, mask, params, cint_eval, groups, qround).compute(0, q.rows());
 }
 
 }  // namespace qattn::ref

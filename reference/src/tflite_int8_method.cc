@@ -179,16 +179,9 @@ struct Quantization {
 };
 
 // The input scale and zero point for the visible logits of `block` (a row, or the whole call).
-Quantization calibrate(const MatrixView& block, const Int8SoftmaxParams& p) {
+Quantization calibrate(const LogitRange& range, const Int8SoftmaxParams& p) {
   if (p.calibration == Calibration::fixed) return {static_cast<float>(p.fixed_scale), 0};
-  double lo = 0, hi = 0;  // the range always holds 0, as TFLite's activation ranges do
-  RowMatrixXd storage;
-  const double* data = packed_rows(block, storage);
-  for (Eigen::Index i = 0; i < block.size(); ++i) {
-    const double x = data[i];
-    if (std::isinf(x)) continue;  // -inf: masked
-    lo = std::min(lo, x), hi = std::max(hi, x);
-  }
+  const double lo = range.lo, hi = range.hi;
   if (p.calibration == Calibration::absmax) {
     const double m = std::max(-lo, hi);
     return {m > 0 ? static_cast<float>(m / 127) : 1.0f, 0};
@@ -200,8 +193,8 @@ Quantization calibrate(const MatrixView& block, const Int8SoftmaxParams& p) {
 }
 
 void softmax_block(const MatrixView& logits, Eigen::Index r0, Eigen::Index rows, const Int8SoftmaxParams& p,
-                   RowMatrixXd& probs) {
-  const Quantization qz = calibrate(logits.middleRows(r0, rows), p);
+                   const LogitRange& range, RowMatrixXd& probs) {
+  const Quantization qz = calibrate(range, p);
   const SoftmaxParams params = prepare_softmax(p.beta, qz.scale);
   const std::size_t n = static_cast<std::size_t>(logits.cols());
   std::vector<std::int8_t> q(n), out(n);
@@ -222,13 +215,25 @@ void softmax_block(const MatrixView& logits, Eigen::Index r0, Eigen::Index rows,
 
 }  // namespace
 
-RowMatrixXd tflite_int8_softmax_rows(const MatrixView& logits, const Int8SoftmaxParams& p) {
+LogitRange& LogitRange::add(const MatrixView& logits) {
+  RowMatrixXd storage;
+  const double* data = packed_rows(logits, storage);
+  for (Eigen::Index i = 0; i < logits.size(); ++i) {
+    const double x = data[i];
+    if (std::isinf(x)) continue;  // -inf: masked
+    lo = std::min(lo, x), hi = std::max(hi, x);
+  }
+  return *this;
+}
+
+RowMatrixXd tflite_int8_softmax_rows(const MatrixView& logits, const Int8SoftmaxParams& p,
+                                     std::optional<LogitRange> tensor_range) {
   RowMatrixXd probs(logits.rows(), logits.cols());
   if (logits.size() == 0) return probs;
   if (p.scope == CalibrationScope::tensor || p.calibration == Calibration::fixed)
-    softmax_block(logits, 0, logits.rows(), p, probs);
+    softmax_block(logits, 0, logits.rows(), p, tensor_range ? *tensor_range : LogitRange{}.add(logits), probs);
   else
-    for (Eigen::Index i = 0; i < logits.rows(); ++i) softmax_block(logits, i, 1, p, probs);
+    for (Eigen::Index i = 0; i < logits.rows(); ++i) softmax_block(logits, i, 1, p, LogitRange{}.add(logits.row(i)), probs);
   return probs;
 }
 
@@ -241,7 +246,27 @@ class TfliteInt8Method final : public SoftmaxModelMethod {
  public:
   explicit TfliteInt8Method(tflite::Int8SoftmaxParams p) : p_(p) {}
   RowMatrixXd softmax_rows_impl(const MatrixView& logits) const override {
+    if (const std::unique_ptr<LogitScope> scope = logit_scope()) return softmax_with_scope(*scope, logits);
     return tflite::tflite_int8_softmax_rows(logits, p_);
+  }
+
+ protected:
+  // scope=tensor: the range of the call's finite logits (a minimum and maximum: the same in any order).
+  std::unique_ptr<LogitScope> logit_scope() const override {
+    class Range final : public LogitScope {
+     public:
+      explicit Range(const tflite::Int8SoftmaxParams& p) : p_(p) {}
+      void observe(int, const RowMatrixXd& logits) override { range_.add(logits); }
+      RowMatrixXd softmax_rows(const MatrixView& logits) const override {
+        return tflite::tflite_int8_softmax_rows(logits, p_, range_);
+      }
+
+     private:
+      tflite::Int8SoftmaxParams p_;
+      tflite::LogitRange range_;
+    };
+    if (p_.scope != tflite::CalibrationScope::tensor || p_.calibration == tflite::Calibration::fixed) return nullptr;
+    return std::make_unique<Range>(p_);
   }
 
  private:
@@ -291,7 +316,9 @@ void register_tflite_int8_method(Registry& registry) {
   e.traits = [](const ParamMap& m) {
     const bool per_row = choice_value(m, "scope", kScopes) == tflite::CalibrationScope::row ||
                          choice_value(m, "calib", kCalibrations) == tflite::Calibration::fixed;
-    return MethodTraits{false, per_row, 1e-12, true, 0};
+    MethodTraits t{false, per_row, 1e-12, true, 0};
+    t.query_block_rows = kFp64GemmBlockInvariant ? 64 : 0;  // scope=tensor: the range in prepare()'s first pass
+    return t;
   };
   registry.add(std::move(e));
 }

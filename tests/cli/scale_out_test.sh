@@ -70,7 +70,7 @@ done
 # --- the streamed evaluation (docs/streaming.md): threads, block rows and shards give the same bytes ------------
 # Every default method (streamed ones and whole-head ones side by side), causal and not (the blocks shift the causal
 # diagonal), on the embedded sample's L = 128 heads: 1, 2 and 3 threads, blocks of 64, 128 and 192 rows, and a
-# 3-way shard + merge all give the unthreaded table byte for byte.
+# 3-way shard + merge all give the unthreaded table byte for byte, and so does every method on whole calls.
 for causal in plain causal; do
   src="$tmp/stream-src-$causal"
   mkdir -p "$src"
@@ -86,6 +86,14 @@ for causal in plain causal; do
   done
   shards "stream-$causal" 3 analyze --tensors "$src" --threads 2 --block-rows 128 --format json &&
     same "stream-$causal" "$tmp/stream-$causal.json" --format json
+  # Streamed (each method's first pass in prepare(), then blocks) against every method on whole calls, on the fused
+  # kernels and on the reference models
+  q analyze --tensors "$src" --whole-calls --format json >"$tmp/whole-$causal.json" 2>/dev/null
+  check "analyze ($causal): streamed equals --whole-calls byte for byte" cmp "$tmp/stream-$causal.json" "$tmp/whole-$causal.json"
+  q analyze --tensors "$src" --engine reference --block-rows 64 --format json >"$tmp/stream-ref-$causal.json" 2>/dev/null
+  q analyze --tensors "$src" --engine reference --whole-calls --format json >"$tmp/whole-ref-$causal.json" 2>/dev/null
+  check "analyze ($causal) --engine reference: streamed equals --whole-calls byte for byte" \
+    cmp "$tmp/stream-ref-$causal.json" "$tmp/whole-ref-$causal.json"
 done
 # EXAQ calibrated over its first calls (traits.calls_in_order): its calls stay in dump order on any thread count.
 q analyze --method exaq:calib=3 --method fp16 --threads 1 --format json >"$tmp/calib-1.json" 2>/dev/null

@@ -21,7 +21,8 @@ struct Case {
   bool causal, padding;
 };
 
-// O and the integer P of both engines, equal bit for bit; P empty when probs is off.
+// O and the integer P of both engines, equal bit for bit, whole and in blocks of a prepared call; P empty when
+// probs is off.
 void check_same(const std::string& spec, const Case& c, std::mt19937_64& g) {
   const RowMatrixXd q = random_matrix(c.lq, c.d, 1.5, g), k = random_matrix(c.lk, c.d, 1.5, g),
                     v = random_matrix(c.lk, c.dv, 1.0, g);
@@ -55,6 +56,14 @@ void check_same(const std::string& spec, const Case& c, std::mt19937_64& g) {
       CHECK(got.p == expect.p);
       CHECK(got.p_scale == expect.p_scale);
       CHECK(got.p_dtype == expect.p_dtype);
+      // Prepared once (Method::prepare), then in blocks of 5 rows (the last one partial): the whole call's rows.
+      const std::unique_ptr<PreparedCall> call = built.method->prepare(q, k, v, scale, mask);
+      for (Eigen::Index r0 = 0; r0 < c.lq; r0 += 5) {
+        const Eigen::Index n = std::min<Eigen::Index>(5, c.lq - r0);
+        const AttentionResult rows = call->rows(r0, n);
+        CHECK(rows.o == expect.o.middleRows(r0, n));
+        CHECK(rows.p_int == expect.p_int.middleRows(r0, n));
+      }
       fast.probs = false;
       const AttentionResult no_p = build_method(spec, fast).method->attention(q, k, v, scale, mask);
       CHECK(no_p.o == expect.o);

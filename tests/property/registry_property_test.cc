@@ -12,8 +12,9 @@
 //                         masked_keys_dropped
 //   shapes                L_q != L_k: O [L_q, d_v], P [L_q, L_k], both finite
 //   heads                 attention_heads == attention per head, bit for bit, where heads_independent
-//   query blocks          blocks of query_block_rows rows (and of twice that), each alone with its causal_shift,
-//                         == the whole call's rows of O and P, bit for bit, where query_block_rows > 0
+//   query blocks          blocks of query_block_rows rows (and of twice that) of a prepared call (Method::prepare),
+//                         unmasked, causal or with a padding mask, == the whole call's rows of O and P, bit for
+//                         bit, where query_block_rows > 0
 //
 // Inputs are seeded (the seed is in each INFO) and small: the suite runs every configuration the registry has.
 #include <catch2/catch.hpp>
@@ -237,22 +238,27 @@ TEST_CASE("registry: heads evaluated together equal heads evaluated alone, where
   }
 }
 
-TEST_CASE("registry: blocks of query rows computed alone equal the whole call's rows, where declared", "[registry]") {
+TEST_CASE("registry: blocks of query rows of a prepared call equal the whole call's rows, where declared", "[registry]") {
   std::mt19937_64 g(109);
   for (const Config& c : all_configs()) {
     const Eigen::Index n = c.traits.query_block_rows;
     if (n == 0) continue;
     const Eigen::Index lq = 2 * n + 37, lk = 100;  // a partial last block; L_q != L_k moves the causal diagonal
     const RowMatrixXd q = random_matrix(lq, 64, 2.0, g), k = random_matrix(lk, 64, 1.0, g), v = random_matrix(lk, 16, 1.0, g);
+    RowMatrixXb padding(lq, lk);  // about one pair in five masked, and one query row with no key at all
+    for (Eigen::Index i = 0; i < padding.size(); ++i) padding.data()[i] = g() % 5 != 0;
+    padding.row(n + 3).setConstant(false);
     const auto m = ref::reference_registry().create(c.spec);
-    for (const bool causal : {false, true}) {
-      INFO(c.spec << (causal ? ", causal" : "") << " (seed 109), L_q " << lq << ", blocks of " << n << " rows");
-      const AttentionResult whole = m->attention(q, k, v, 0.125, {RowMatrixXb(), causal});
+    for (const int mode : {0, 1, 2}) {
+      const AttentionMask mask = mode == 0 ? AttentionMask{} : mode == 1 ? AttentionMask{RowMatrixXb(), true} : AttentionMask{padding};
+      INFO(c.spec << (mode == 1 ? ", causal" : mode == 2 ? ", padding mask" : "") << " (seed 109), L_q " << lq
+                  << ", blocks of " << n << " rows");
+      const AttentionResult whole = m->attention(q, k, v, 0.125, mask);
+      const std::unique_ptr<PreparedCall> call = m->prepare(q, k, v, 0.125, mask);
       for (const Eigen::Index rows : {n, 2 * n})
         for (Eigen::Index r0 = 0; r0 < lq; r0 += rows) {
           const Eigen::Index count = std::min(rows, lq - r0);
-          AttentionMask mask{RowMatrixXb(), causal, r0 + count - lq};
-          const AttentionResult block = m->attention(q.middleRows(r0, count), k, v, 0.125, mask);
+          const AttentionResult block = call->rows(r0, count);
           CHECK(block.o == whole.o.middleRows(r0, count));
           CHECK(block.p == whole.p.middleRows(r0, count));
           if (whole.p_int.size()) CHECK(block.p_int == whole.p_int.middleRows(r0, count));

@@ -120,6 +120,9 @@ struct AttentionMask {
   Eigen::Index causal_shift = 0;
 
   bool empty() const { return valid.size() == 0 && !causal; }
+  // The mask of query rows [r0, r0 + n) of a call with lq query rows: those rows of `valid`, and the causal
+  // diagonal shifted so that each row sees the keys it sees in the whole call.
+  AttentionMask rows(Eigen::Index r0, Eigen::Index n, Eigen::Index lq) const;
   // The pairs as a matrix; throws std::invalid_argument if `valid` has another shape.
   RowMatrixXb visible(Eigen::Index lq, Eigen::Index lk) const;
   // Sets the logits of masked pairs to -inf.
@@ -152,6 +155,8 @@ struct AttentionResult {
 // Inputs are MatrixViews (qattn/tensor.h): a caller's RowMatrixXd, a block of whole rows or a mapped buffer reaches
 // the method without a copy. A view may be a block of some columns, so a method reads it by row and column, or
 // through packed_rows() where it walks data(); tests/unit/method_spec_test.cc runs every method on such a view.
+class PreparedCall;
+
 class Method {
  public:
   virtual ~Method() = default;
@@ -166,6 +171,15 @@ class Method {
   // softmax(scale * q k^T) v as this method computes it. q [L_q, d], k [L_k, d], v [L_k, d_v]; scale finite, > 0.
   AttentionResult attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                             const AttentionMask& mask) const;
+  // One whole attention call, prepared so that its result can be computed a block of query rows at a time
+  // (docs/streaming.md): the first pass over the call happens here (a per-tensor Q scale, the INT8 codes of K and V,
+  // a softmax model's tensor-wide statistic of the logits), and PreparedCall::rows(r0, n) then gives rows
+  // r0 .. r0 + n - 1 of attention(q, k, v, scale, mask), bit for bit, for the blocks MethodTraits::query_block_rows
+  // declares. q, k, v and mask are held by reference: they must outlive the returned call. Inputs are checked as by
+  // attention(). The default prepares nothing and runs attention() on the block with its share of the mask
+  // (AttentionMask::rows), which is exact for methods whose rows depend on nothing tensor-wide.
+  std::unique_ptr<PreparedCall> prepare(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
+                                        const AttentionMask& mask) const;
   // The heads of one layer, one attention call each (q[h], k[h], v[h]). Methods whose choices look across heads
   // (TurboAttention's head-wise KV precision) override the _impl; the default calls attention() per head.
   std::vector<AttentionResult> attention_heads(const std::vector<MatrixView>& q, const std::vector<MatrixView>& k,
@@ -195,6 +209,24 @@ class Method {
                                                                 const std::vector<MatrixViewF>& k,
                                                                 const std::vector<MatrixViewF>& v, double scale,
                                                                 const AttentionMask& mask) const;
+  virtual std::unique_ptr<PreparedCall> prepare_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v,
+                                                     double scale, const AttentionMask& mask) const;
+};
+
+// An attention call after Method::prepare. rows() may be called from several threads at once.
+class PreparedCall {
+ public:
+  virtual ~PreparedCall() = default;
+  // Rows [r0, r0 + n) of the call's O and P (n >= 1, r0 + n <= L_q; std::out_of_range otherwise).
+  AttentionResult rows(Eigen::Index r0, Eigen::Index n) const;
+  Eigen::Index query_rows() const { return query_rows_; }
+
+ protected:
+  explicit PreparedCall(Eigen::Index query_rows) : query_rows_(query_rows) {}
+  virtual AttentionResult rows_impl(Eigen::Index r0, Eigen::Index n) const = 0;
+
+ private:
+  Eigen::Index query_rows_;
 };
 
 // The input checks of the policy above, for code that takes tensors from users outside a Method. `tensor` names
@@ -246,11 +278,11 @@ struct MethodTraits {
   // `qattn analyze` (docs/scale-out.md) evaluates single heads of such methods only with their whole layer.
   bool heads_independent = true;
   // N > 0: query rows stream in blocks of N. For any block of query rows [r0, r1) with r0 a multiple of N and r1 a
-  // multiple of N or L_q, attention(q.middleRows(r0, r1 - r0), k, v) with the block's causal_shift gives exactly the
-  // whole call's rows r0 .. r1 - 1 of O and P, bit for bit, so a streamed evaluation (docs/streaming.md) never holds
-  // an [L_q, L_k] matrix for the method. 64 for methods built on Eigen's float GEMMs, whose per-element result is the
-  // same wherever a block of 64 rows sits (checked, like every trait, for every method and preset). 0: a row depends
-  // on the whole call (a per-tensor Q scale, a tensor-wide softmax statistic), and the method runs on whole heads.
+  // multiple of N or L_q, prepare(q, k, v, scale, mask)->rows(r0, r1 - r0) gives exactly the whole call's rows
+  // r0 .. r1 - 1 of O and P, bit for bit, so a streamed evaluation (docs/streaming.md) never holds an [L_q, L_k]
+  // matrix for the method. 64 for methods built on Eigen's float GEMMs, whose per-element result is the same
+  // wherever a block of 64 rows sits (checked, like every trait, for every method and preset); methods with a
+  // tensor-wide statistic take it in prepare()'s first pass. 0: the method runs on whole heads.
   int query_block_rows = 0;
   // True where a result depends on the calls made before it (EXAQ's calibration over its first calls): an
   // evaluation then makes this method's calls one after another in the dump's (layer, batch entry) order.

@@ -142,6 +142,19 @@ RowMatrixXb AttentionMask::visible(Eigen::Index lq, Eigen::Index lk) const {
   return v;
 }
 
+AttentionMask AttentionMask::rows(Eigen::Index r0, Eigen::Index n, Eigen::Index lq) const {
+  AttentionMask m;
+  if (valid.size() != 0) {
+    if (valid.rows() != lq)
+      throw std::invalid_argument("attention mask has " + std::to_string(valid.rows()) + " rows, the call " +
+                                  std::to_string(lq) + " queries");
+    m.valid = valid.middleRows(r0, n);
+  }
+  m.causal = causal;
+  m.causal_shift = causal ? causal_shift + r0 + n - lq : 0;
+  return m;
+}
+
 void AttentionMask::apply_to_logits(RowMatrixXd& logits) const {
   if (empty()) return;
   const RowMatrixXb v = visible(logits.rows(), logits.cols());
@@ -241,6 +254,51 @@ AttentionResult Method::attention(const MatrixView& q, const MatrixView& k, cons
                                   const AttentionMask& mask) const {
   require_attention_inputs(q, k, v, scale);
   return attention_impl(q, k, v, scale, mask);
+}
+
+namespace {
+
+// The default preparation: nothing tensor-wide, so a block of rows is an attention call of its own.
+class SlicedCall final : public PreparedCall {
+ public:
+  SlicedCall(const Method& method, const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
+             const AttentionMask& mask)
+      : PreparedCall(q.rows()), method_(method), q_(q), k_(k), v_(v), scale_(scale), mask_(mask) {}
+
+ protected:
+  AttentionResult rows_impl(Eigen::Index r0, Eigen::Index n) const override {
+    return method_.attention(q_.middleRows(r0, n), k_, v_, scale_, mask_.rows(r0, n, q_.rows()));
+  }
+
+ private:
+  const Method& method_;
+  const MatrixView q_, k_, v_;
+  double scale_;
+  const AttentionMask& mask_;
+};
+
+}  // namespace
+
+std::unique_ptr<PreparedCall> Method::prepare(const MatrixView& q, const MatrixView& k, const MatrixView& v,
+                                              double scale, const AttentionMask& mask) const {
+  require_attention_inputs(q, k, v, scale);
+  if (mask.valid.size() != 0 && (mask.valid.rows() != q.rows() || mask.valid.cols() != k.rows()))
+    throw std::invalid_argument("attention mask is " + std::to_string(mask.valid.rows()) + "x" +
+                                std::to_string(mask.valid.cols()) + ", logits are " + std::to_string(q.rows()) + "x" +
+                                std::to_string(k.rows()));
+  return prepare_impl(q, k, v, scale, mask);
+}
+
+std::unique_ptr<PreparedCall> Method::prepare_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v,
+                                                   double scale, const AttentionMask& mask) const {
+  return std::make_unique<SlicedCall>(*this, q, k, v, scale, mask);
+}
+
+AttentionResult PreparedCall::rows(Eigen::Index r0, Eigen::Index n) const {
+  if (r0 < 0 || n < 1 || r0 + n > query_rows_)
+    throw std::out_of_range("prepared attention call: rows [" + std::to_string(r0) + ", " + std::to_string(r0 + n) +
+                            ") of " + std::to_string(query_rows_));
+  return rows_impl(r0, n);
 }
 
 std::vector<AttentionResult> Method::attention_heads(const std::vector<MatrixView>& q, const std::vector<MatrixView>& k,

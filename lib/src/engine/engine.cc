@@ -104,6 +104,12 @@ class FusedMethod final : public Method {
                                  const AttentionMask& mask) const override {
     return fused(q, k, v, scale, mask);
   }
+  std::unique_ptr<PreparedCall> prepare_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v,
+                                             double scale, const AttentionMask& mask) const override {
+    std::optional<Setup> st = setup(q, k, v, scale, mask);
+    if (!st) return reference_->prepare(q, k, v, scale, mask);
+    return std::make_unique<Call>(*this, std::move(*st), scale, mask);
+  }
 
   // Head by head (the fused pipelines look at one head at a time), each read in place.
   std::vector<AttentionResult> attention_heads_f32_impl(const std::vector<MatrixViewF>& q,
@@ -131,44 +137,48 @@ class FusedMethod final : public Method {
                                       std::span<std::int8_t>(r.values), plan_.qround);
   }
 
+  // What the kernels take for one call, computed once: the codes and scales of Q, K and V and the configuration
+  // (c_int, key-block clips) of the call's per-tensor scales.
+  struct Setup {
+    Quantized qi, ki, vi;
+    Eigen::Index lq = 0, lk = 0, d = 0, dv = 0;
+    IntAttentionConfig cfg;
+    int p_scale = 127;
+  };
+
+  // The setup of a call, or nothing where the reference model must answer it (see the class comment).
   template <class View>
-  AttentionResult fused(const View& q, const View& k, const View& v, double scale, const AttentionMask& mask) const {
-    const Eigen::Index lq = q.rows(), lk = k.rows(), d = q.cols(), dv = v.cols();
-    const bool mask_fits = mask.valid.size() == 0 || (mask.valid.rows() == lq && mask.valid.cols() == lk);
-    const auto on_reference = [&] { return reference_->attention(widened(q), widened(k), widened(v), scale, mask); };
-    if (q.cols() != k.cols() || k.rows() != v.rows() || !mask_fits) return on_reference();
-    const bool key_blocks = plan_.key_block > 0 && lk > 0;
-    if (key_blocks && d > 33000) return on_reference();  // the kernels' anchor bound
+  std::optional<Setup> setup(const View& q, const View& k, const View& v, double scale, const AttentionMask& mask) const {
+    Setup st;
+    st.lq = q.rows(), st.lk = k.rows(), st.d = q.cols(), st.dv = v.cols();
+    const bool mask_fits = mask.valid.size() == 0 || (mask.valid.rows() == st.lq && mask.valid.cols() == st.lk);
+    if (q.cols() != k.cols() || k.rows() != v.rows() || !mask_fits) return std::nullopt;
+    const bool key_blocks = plan_.key_block > 0 && st.lk > 0;
+    if (key_blocks && st.d > 33000) return std::nullopt;  // the kernels' anchor bound
     std::optional<ref::KeyBlocks> kb;
     if (key_blocks) kb = ref::quantize_key_blocks(k, plan_.key_block, plan_.qround);
     // Q, V and K are quantised side by side on the call's threads (each tensor's codes do not depend on the others),
     // into buffers allocated here, on the calling thread's heap rather than in a helper thread's own malloc arena:
     // a program that advises only its main heap for huge pages (docs/kernels.md, "Huge pages for fresh buffers";
     // the CLI advises its helpers' arenas too) gets them for these as well.
-    Quantized qi{std::vector<std::int8_t>(static_cast<std::size_t>(q.size()))},
-        vi{std::vector<std::int8_t>(static_cast<std::size_t>(v.size()))},
-        ki{std::vector<std::int8_t>(key_blocks ? 0 : static_cast<std::size_t>(k.size()))};
+    st.qi.values.resize(static_cast<std::size_t>(q.size()));
+    st.vi.values.resize(static_cast<std::size_t>(v.size()));
+    st.ki.values.resize(key_blocks ? 0 : static_cast<std::size_t>(k.size()));
     parallel_for(key_blocks ? 2 : 3, threads_, [&](std::size_t i) {
-      if (i == 0) quantize(q, qi);
-      else if (i == 1) quantize(v, vi);
-      else quantize(k, ki);
+      if (i == 0) quantize(q, st.qi);
+      else if (i == 1) quantize(v, st.vi);
+      else quantize(k, st.ki);
     });
-    if (key_blocks) ki = Quantized{narrow_int8(kb->codes.values), kb->scales.front()};
-    IntAttentionConfig cfg;
+    if (key_blocks) st.ki = Quantized{narrow_int8(kb->codes.values), kb->scales.front()};
+    IntAttentionConfig& cfg = st.cfg;
     cfg.pipeline = plan_.pipeline;
     cfg.isa = isa_;
     cfg.threads = threads_;
-    // The kernels' causal rule has no shift: a shifted causal mask (a block of a streamed call) goes in as the
-    // padding mask it amounts to.
-    const RowMatrixXb shifted = mask.causal && mask.causal_shift != 0 ? mask.visible(q.rows(), k.rows()) : RowMatrixXb();
-    cfg.causal = mask.causal && mask.causal_shift == 0;
-    cfg.valid = shifted.size() ? shifted.data() : mask.valid.size() ? mask.valid.data() : nullptr;
-    int p_scale = 127;
     if (plan_.pipeline == IntPipeline::intattention) {
       cfg.softmax = plan_.softmax;
       if (key_blocks) {  // the reference's clip per key block (Eq. 16), so that step is shared by construction
-        const ref::KeyGroupClip clip =
-            ref::key_group_clip(*kb, plan_.key_block, qi.scale, scale, plan_.softmax, plan_.cint_eval, plan_.group_max);
+        const ref::KeyGroupClip clip = ref::key_group_clip(*kb, plan_.key_block, st.qi.scale, scale, plan_.softmax,
+                                                           plan_.cint_eval, plan_.group_max);
         cfg.key_block = plan_.key_block;
         cfg.key_c_int = clip.c_int;
         cfg.key_ratio = clip.ratio;
@@ -176,37 +186,77 @@ class FusedMethod final : public Method {
         cfg.group_offset_scale = clip.offset_scale;
         cfg.c_int = clip.c_int.front();
       } else {
-        cfg.c_int = ref::intattention_cint(qi.scale, ki.scale, scale, plan_.softmax, plan_.cint_eval);
+        cfg.c_int = ref::intattention_cint(st.qi.scale, st.ki.scale, scale, plan_.softmax, plan_.cint_eval);
       }
-      p_scale = plan_.softmax.p_scale();
+      st.p_scale = plan_.softmax.p_scale();
     } else {
       // |A| <= 127^2 d, so |fl32(A) alpha| <= fl32(127^2 d) alpha (rounding is monotone): finite means no entry of
       // the float32 logits overflows.
-      const float alpha = static_cast<float>(qi.scale * ki.scale * scale);
-      if (!std::isfinite(static_cast<float>(127.0 * 127.0 * static_cast<double>(d)) * alpha)) return on_reference();
+      const float alpha = static_cast<float>(st.qi.scale * st.ki.scale * scale);
+      if (!std::isfinite(static_cast<float>(127.0 * 127.0 * static_cast<double>(st.d)) * alpha)) return std::nullopt;
     }
+    return st;
+  }
+
+  // Rows [r0, r0 + n) of a set-up call: each output row depends only on its own query row and on what the setup
+  // holds (the kernels' rows are independent), so a block gives the whole call's rows.
+  AttentionResult run(const Setup& st, Eigen::Index r0, Eigen::Index n, double scale, const AttentionMask& mask) const {
+    IntAttentionConfig cfg = st.cfg;
+    // The kernels' causal rule has no shift: a block of a causal call (a shifted diagonal) goes in as the padding
+    // mask it amounts to; so does a block of a padding mask.
+    AttentionMask part;
+    const AttentionMask* block = &mask;  // the whole call's mask as it is (no copy of an [L_q, L_k] padding mask)
+    if (r0 != 0 || n != st.lq) part = mask.rows(r0, n, st.lq), block = &part;
+    const RowMatrixXb shifted = block->causal && block->causal_shift != 0 ? block->visible(n, st.lk) : RowMatrixXb();
+    cfg.causal = block->causal && block->causal_shift == 0;
+    cfg.valid = shifted.size() ? shifted.data() : block->valid.size() ? block->valid.data() : nullptr;
     std::vector<std::uint8_t> p;
     if (probs_) {
-      p.assign(static_cast<std::size_t>(lq * lk), 0);
+      p.assign(static_cast<std::size_t>(n * st.lk), 0);
       cfg.p_out = p.data();
     }
     AttentionResult r;
-    r.o_f32.resize(lq, dv);
-    int_attention_fused({qi.values.data(), lq, d, qi.scale}, {ki.values.data(), lk, d, ki.scale},
-                        {vi.values.data(), lk, dv, vi.scale}, scale, cfg, r.o_f32.data());
+    r.o_f32.resize(n, st.dv);
+    int_attention_fused({st.qi.values.data() + r0 * st.d, n, st.d, st.qi.scale}, {st.ki.values.data(), st.lk, st.d, st.ki.scale},
+                        {st.vi.values.data(), st.lk, st.dv, st.vi.scale}, scale, cfg, r.o_f32.data());
     if (!o_float32_) {
       r.o = r.o_f32.cast<double>();
       r.o_f32.resize(0, 0);
     }
-    r.p_scale = p_scale;
-    r.p_dtype = p_scale == 255 ? DType::u8 : DType::i8;
+    r.p_scale = st.p_scale;
+    r.p_dtype = st.p_scale == 255 ? DType::u8 : DType::i8;
     if (probs_) {
       r.p_int = Eigen::Map<const Eigen::Matrix<std::uint8_t, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
-                    p.data(), lq, lk).cast<std::int32_t>();
-      r.p = r.p_int.cast<double>() / p_scale;
+                    p.data(), n, st.lk).cast<std::int32_t>();
+      r.p = r.p_int.cast<double>() / st.p_scale;
     }
     return r;
   }
+
+  template <class View>
+  AttentionResult fused(const View& q, const View& k, const View& v, double scale, const AttentionMask& mask) const {
+    const std::optional<Setup> st = setup(q, k, v, scale, mask);
+    if (!st) return reference_->attention(widened(q), widened(k), widened(v), scale, mask);
+    return run(*st, 0, st->lq, scale, mask);
+  }
+
+  // A prepared call on the kernels: the setup once, then any block of rows.
+  class Call final : public PreparedCall {
+   public:
+    Call(const FusedMethod& method, Setup setup, double scale, const AttentionMask& mask)
+        : PreparedCall(setup.lq), method_(method), setup_(std::move(setup)), scale_(scale), mask_(mask) {}
+
+   protected:
+    AttentionResult rows_impl(Eigen::Index r0, Eigen::Index n) const override {
+      return method_.run(setup_, r0, n, scale_, mask_);
+    }
+
+   private:
+    const FusedMethod& method_;
+    Setup setup_;
+    double scale_;
+    const AttentionMask& mask_;
+  };
 
   FusedPlan plan_;
   std::unique_ptr<Method> reference_;

@@ -55,6 +55,29 @@ struct ExaqStats {
   long count = 0;
 };
 ExaqStats exaq_stats(const MatrixView& x_max_subtracted, Eigen::Index row_begin, Eigen::Index row_end);
+// exaq_stats gathered over blocks of a scope's rows, the blocks in row order: every block through add_first (sum,
+// minimum, count), then begin_second (the mean), then every block through add_second (squared and absolute
+// deviations from it). The sums run in the same order as exaq_stats over the whole scope, so stats() has its bits.
+class ExaqStatsAccumulator {
+ public:
+  void add_first(const MatrixView& x_max_subtracted);
+  void begin_second();
+  void add_second(const MatrixView& x_max_subtracted);
+  ExaqStats stats() const;
+  Eigen::Index rows() const { return rows_; }
+
+ private:
+  ExaqStats s_;
+  double sum_ = 0, mean_ = 0, sq_ = 0, ad_ = 0;
+  Eigen::Index rows_ = 0;
+};
+// Each row of logits minus its maximum (masked -inf entries stay -inf); std::invalid_argument for NaN or +inf.
+RowMatrixXd exaq_max_subtracted(const MatrixView& logits);
+// The statistics of a whole call (sigma=tensor) and its number of rows, for a softmax of a block of its rows.
+struct ExaqTensorScope {
+  ExaqStats stats;
+  Eigen::Index rows = 0;
+};
 
 // The 2^b reconstruction levels x^[q] for a scope with clip C and data minimum lo_data.
 std::vector<double> exaq_levels(const ExaqParams& p, double clip, double lo_data);
@@ -72,8 +95,9 @@ class ExaqCalibrator;
 // The whole method on one call. Returns probabilities. `c_used` (optional) receives the clip of each scope. With a
 // calibrator (tensor scope only), the (C, lo_data) of this call pass through it: recorded during its first calls,
 // replaced by their means afterwards.
+// With `tensor` (sigma=tensor, no calibrator), logits are a block of rows of a call whose statistics it holds.
 RowMatrixXd exaq_softmax(const MatrixView& logits, const ExaqParams& p, std::vector<double>* c_used = nullptr,
-                         ExaqCalibrator* calibrator = nullptr);
+                         ExaqCalibrator* calibrator = nullptr, const ExaqTensorScope* tensor = nullptr);
 
 // Declared contract (docs/methods/exaq.md §5) for one scope whose grid spans [lo, 0] with step D (upstream:
 // lo = max(min x, C), D = -lo / (2^b - 1); paper: lo = C, D = -C / 2^b). With d = D/2 + |lo| 2^-8 [bf16 x^] and

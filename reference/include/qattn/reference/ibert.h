@@ -18,6 +18,8 @@
 // -inf entries are masked (P = 0).
 #pragma once
 
+#include <optional>
+
 #include <cstdint>
 #include <span>
 
@@ -47,6 +49,11 @@ std::int64_t ibert_softmax_row(std::span<const std::int64_t> q, std::span<const 
                                const IbertParams& p, std::span<std::int64_t> p_int);
 
 // Row-wise softmax of float logits [rows, L]: P = P_int / 2^out_bits.
-RowMatrixXd ibert_softmax_rows(const MatrixView& logits, const IbertParams& p);
+// With tensor_max_abs, scope=tensor takes its grid from that max |x| (the whole call's, when logits are a block of
+// its rows) instead of the logits' own.
+RowMatrixXd ibert_softmax_rows(const MatrixView& logits, const IbertParams& p,
+                               std::optional<double> tensor_max_abs = std::nullopt);
+// max |x| over the finite entries of logits (0 if none): the maximum scope=tensor takes its grid S from.
+double ibert_max_abs(const MatrixView& logits);
 
 }  // namespace qattn::ref

@@ -32,6 +32,10 @@ enum class QuantOnlySoftmax { reference, lanes16 };
 AttentionResult quant_only_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                      const AttentionMask& mask,
                                      QuantOnlySoftmax softmax = QuantOnlySoftmax::reference);
+// The same call prepared (Method::prepare): the codes and scales of Q, K and V over the whole tensors first, then any
+// block of query rows. quant_only_attention is this with one block of every row, so the two agree by construction.
+std::unique_ptr<PreparedCall> prepare_quant_only(const MatrixView& q, const MatrixView& k, const MatrixView& v,
+                                                 double scale, const AttentionMask& mask, QuantOnlySoftmax softmax);
 
 // How c_int is evaluated from the scales: in double as c / (sQ sK scale), or as the official simulation does,
 // ((c / sQ) / sK) / scale in float32, before the CintRounding rule.
@@ -83,6 +87,14 @@ KeyGroupClip key_group_clip(const KeyBlocks& k, Eigen::Index rows, double s_q, d
 AttentionResult int_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                               const AttentionMask& mask, const IndexSoftmaxParams& params, CintEvaluation cint_eval,
                               const IntAttentionGroups& groups = {}, Int8Rounding qround = Int8Rounding::rne);
+// The same call prepared (Method::prepare): the codes and scales of Q (per tensor or query group), K (per tensor or
+// key block) and V (per tensor, channel or key block) and every c_int first, then any block of query rows.
+// int_attention is this with one block of every row.
+std::unique_ptr<PreparedCall> prepare_int_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v,
+                                                    double scale, const AttentionMask& mask,
+                                                    const IndexSoftmaxParams& params, CintEvaluation cint_eval,
+                                                    const IntAttentionGroups& groups = {},
+                                                    Int8Rounding qround = Int8Rounding::rne);
 
 // The registry parameters of the two pipelines, parsed (a resolved ParamMap of "intattention" or "quant-only"): what
 // the engine reads to decide whether the fused kernels run a spec.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cmath>
+#include <memory>
 
 #include "qattn/method.h"
 #include "qattn/reference/index_softmax.h"
@@ -20,21 +21,32 @@ inline constexpr bool kFp64GemmBlockInvariant = true;
 inline constexpr bool kFp64GemmBlockInvariant = false;
 #endif
 
+// The whole call's state of a softmax model whose rows depend on each other (a tensor-wide scale, EXAQ's tensor
+// sigma), gathered from the call's logits one block of rows at a time. Every pass visits every row once, in row
+// order, so a statistic summed in row order has the bits of the whole matrix's.
+class LogitScope {
+ public:
+  virtual ~LogitScope() = default;
+  virtual int passes() const { return 1; }
+  // Rows of the call's logits (masked ones -inf), the next ones in row order, during pass `pass`.
+  virtual void observe(int pass, const RowMatrixXd& logits) = 0;
+  // The softmax of a block of the call's rows with the state of the whole call (after every pass).
+  virtual RowMatrixXd softmax_rows(const MatrixView& logits) const = 0;
+};
+
 class SoftmaxModelMethod : public Method {
  public:
   AttentionResult attention_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
-                            const AttentionMask& mask) const override {
-    AttentionResult r;
-    RowMatrixXd s = (q * k.transpose()) * scale;
-    // Beyond float64 a logit is +-inf; -inf would read as masked, so overflow is refused before the mask applies.
-    if (!s.allFinite())
-      for (Eigen::Index i = 0; i < s.size(); ++i)
-        if (!std::isfinite(s.data()[i])) throw_logit_overflow("this softmax model", "float64", i / s.cols(), i % s.cols());
-    mask.apply_to_logits(s);
-    r.p = softmax_rows(s);
-    r.o = r.p * v;
-    return r;
-  }
+                                 const AttentionMask& mask) const override;
+
+ protected:
+  // The tensor-wide state of this model's softmax, for prepare(); nullptr where its rows are independent (the
+  // default prepare then runs attention() on each block).
+  virtual std::unique_ptr<LogitScope> logit_scope() const { return nullptr; }
+  std::unique_ptr<PreparedCall> prepare_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v,
+                                             double scale, const AttentionMask& mask) const override;
+  // softmax_rows of a whole logit matrix through `scope`: every pass over it, then the softmax.
+  static RowMatrixXd softmax_with_scope(LogitScope& scope, const MatrixView& logits);
 };
 
 // IndexSoftmax's parameters, presets and their parsing, shared by "index" and "intattention".

@@ -16,6 +16,8 @@
 // s)) + z, -128, 127), round half away from zero (TfLiteRound = std::round); -inf logits are masked (P = 0).
 #pragma once
 
+#include <optional>
+
 #include <cstdint>
 #include <span>
 
@@ -83,7 +85,17 @@ struct Int8SoftmaxParams {
 // The int8 quantisation of one logit: fl32 division by the fl32 scale, TfLiteRound, zero point, clamp.
 std::int8_t quantize_int8(double x, float scale, std::int32_t zero_point);
 
-// Row-wise softmax of float logits [rows, L] through the int8 kernel; probabilities (out + 128) / 256.
-RowMatrixXd tflite_int8_softmax_rows(const MatrixView& logits, const Int8SoftmaxParams& p);
+// The range calibration reads: the minimum and maximum of the finite logits, and 0 (TFLite's activation ranges
+// always hold 0); -inf entries are masked and left out.
+struct LogitRange {
+  double lo = 0, hi = 0;
+  LogitRange& add(const MatrixView& logits);
+};
+
+// Row-wise softmax of float logits [rows, L] through the int8 kernel; probabilities (out + 128) / 256. With
+// tensor_range, scope=tensor calibrates on it (the whole call's, when logits are a block of its rows) instead of the
+// logits' own range.
+RowMatrixXd tflite_int8_softmax_rows(const MatrixView& logits, const Int8SoftmaxParams& p,
+                                     std::optional<LogitRange> tensor_range = std::nullopt);
 
 }  // namespace qattn::ref::tflite

@@ -1,0 +1,86 @@
+// The attention wrapper of a softmax model (qattn/reference/method_entries.h) and its prepared calls.
+#include <algorithm>
+
+#include "qattn/reference/method_entries.h"
+
+namespace qattn::ref {
+namespace {
+
+void check_fit(const MatrixView& q, const MatrixView& k, const MatrixView& v) {
+  if (q.cols() != k.cols() || k.rows() != v.rows())
+    throw std::invalid_argument("attention: q [" + std::to_string(q.rows()) + ", " + std::to_string(q.cols()) +
+                                "], k [" + std::to_string(k.rows()) + ", " + std::to_string(k.cols()) + "], v [" +
+                                std::to_string(v.rows()) + ", " + std::to_string(v.cols()) + "] do not fit");
+}
+
+// scale * q k^T in float64, refused where it overflows (row indices counted from row0), with the mask applied.
+RowMatrixXd masked_logits(const MatrixView& q, const MatrixView& k, double scale, const AttentionMask& mask,
+                          Eigen::Index row0) {
+  RowMatrixXd s = (q * k.transpose()) * scale;
+  // Beyond float64 a logit is +-inf; -inf would read as masked, so overflow is refused before the mask applies.
+  if (!s.allFinite())
+    for (Eigen::Index i = 0; i < s.size(); ++i)
+      if (!std::isfinite(s.data()[i]))
+        throw_logit_overflow("this softmax model", "float64", row0 + i / s.cols(), i % s.cols());
+  mask.apply_to_logits(s);
+  return s;
+}
+
+// A call whose softmax has a tensor-wide state: the passes over the logits in blocks of rows in prepare(), then
+// each block's logits again in rows(). Blocks of 64 rows: where Eigen's float64 GEMM is block-invariant
+// (kFp64GemmBlockInvariant), a block's logits are the whole matrix's rows.
+class ScopedCall final : public PreparedCall {
+ public:
+  ScopedCall(std::unique_ptr<LogitScope> scope, const MatrixView& q, const MatrixView& k, const MatrixView& v,
+             double scale, const AttentionMask& mask)
+      : PreparedCall(q.rows()), scope_(std::move(scope)), q_(q), k_(k), v_(v), scale_(scale), mask_(mask) {
+    const Eigen::Index lq = q.rows(), block = std::max<Eigen::Index>(64, (Eigen::Index{1} << 20) / std::max<Eigen::Index>(k.rows(), 1) / 64 * 64);
+    for (int pass = 0; pass < scope_->passes(); ++pass)
+      for (Eigen::Index r0 = 0; r0 < lq; r0 += block) {
+        const Eigen::Index n = std::min(block, lq - r0);
+        scope_->observe(pass, masked_logits(q.middleRows(r0, n), k, scale, mask.rows(r0, n, lq), r0));
+      }
+  }
+
+ protected:
+  AttentionResult rows_impl(Eigen::Index r0, Eigen::Index n) const override {
+    AttentionResult r;
+    r.p = scope_->softmax_rows(masked_logits(q_.middleRows(r0, n), k_, scale_, mask_.rows(r0, n, q_.rows()), r0));
+    r.o = r.p * v_;
+    return r;
+  }
+
+ private:
+  std::unique_ptr<LogitScope> scope_;
+  const MatrixView q_, k_, v_;
+  double scale_;
+  const AttentionMask& mask_;
+};
+
+}  // namespace
+
+AttentionResult SoftmaxModelMethod::attention_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v,
+                                                   double scale, const AttentionMask& mask) const {
+  check_fit(q, k, v);
+  AttentionResult r;
+  r.p = softmax_rows(masked_logits(q, k, scale, mask, 0));
+  r.o = r.p * v;
+  return r;
+}
+
+std::unique_ptr<PreparedCall> SoftmaxModelMethod::prepare_impl(const MatrixView& q, const MatrixView& k,
+                                                               const MatrixView& v, double scale,
+                                                               const AttentionMask& mask) const {
+  std::unique_ptr<LogitScope> scope = logit_scope();
+  if (!scope) return Method::prepare_impl(q, k, v, scale, mask);
+  check_fit(q, k, v);
+  return std::make_unique<ScopedCall>(std::move(scope), q, k, v, scale, mask);
+}
+
+RowMatrixXd SoftmaxModelMethod::softmax_with_scope(LogitScope& scope, const MatrixView& logits) {
+  const RowMatrixXd x = logits;
+  for (int pass = 0; pass < scope.passes(); ++pass) scope.observe(pass, x);
+  return scope.softmax_rows(logits);
+}
+
+}  // namespace qattn::ref
