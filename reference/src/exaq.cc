@@ -262,6 +262,8 @@ RowMatrixXd exaq_softmax(const MatrixView& logits, const ExaqParams& p, std::vec
     if (c_used) c_used->push_back(clip);
     const std::vector<double> levels = exaq_levels(p, clip, st.min);
     const std::vector<std::int64_t> lut_q24 = exaq_lut_q24(levels);
+    std::vector<double> exp_levels;  // e^{x^} of each level, as the FP sum reads it
+    for (const double l : levels) exp_levels.push_back(std::exp(l));
     for (Eigen::Index r = r0; r < r1; ++r) {
       std::vector<int> codes;
       std::vector<Eigen::Index> where;
@@ -270,7 +272,7 @@ RowMatrixXd exaq_softmax(const MatrixView& logits, const ExaqParams& p, std::vec
       if (codes.empty()) continue;
       if (p.sum == ExaqSum::fp) {
         double s = 0;
-        for (std::size_t k = 0; k < codes.size(); ++k) s += (out(r, where[k]) = std::exp(levels[codes[k]]));
+        for (std::size_t k = 0; k < codes.size(); ++k) s += (out(r, where[k]) = exp_levels[codes[k]]);
         for (Eigen::Index j : where) out(r, j) /= s;
       } else {
         const std::int64_t s = p.sum == ExaqSum::q24_direct ? exaq_sum_direct(codes, lut_q24)

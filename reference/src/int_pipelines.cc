@@ -70,7 +70,31 @@ KeyBlocks quantize_blocks(const View& k, Eigen::Index rows, Int8Rounding roundin
 
 Int8Matrix quantize_symmetric_int8(const MatrixView& x, Int8Rounding rounding) { return quantize_view(x, rounding); }
 
+namespace {
+
+// max |x| over x, in int64 (|INT32_MIN| fits).
+std::int64_t max_abs(const RowMatrixXi32& x) {
+  std::int64_t m = 0;
+  for (Eigen::Index i = 0; i < x.size(); ++i) m = std::max(m, std::abs(std::int64_t{x.data()[i]}));
+  return m;
+}
+
+// The bound max|a| max|b| (terms) on every partial sum of one entry of an integer product, whatever the order.
+double sum_bound(const RowMatrixXi32& a, const RowMatrixXi32& b, Eigen::Index terms) {
+  return static_cast<double>(max_abs(a)) * static_cast<double>(max_abs(b)) * static_cast<double>(terms);
+}
+
+// Below 2^24 (2^53) every partial sum, in any order and with fused multiply-adds, is an integer that float (double)
+// holds exactly, so Eigen's float (double) GEMM on the integer values computes the exact integer sums.
+constexpr double kFloatExact = 0x1p24, kDoubleExact = 0x1p53;
+
+}  // namespace
+
 RowMatrixXi32 int_matmul_abt(const RowMatrixXi32& a, const RowMatrixXi32& b) {
+  const double bound = sum_bound(a, b, a.cols());
+  if (bound < kFloatExact) return (a.cast<float>() * b.cast<float>().transpose()).cast<std::int32_t>();
+  if (bound < static_cast<double>(std::numeric_limits<std::int32_t>::max()))
+    return (a.cast<double>() * b.cast<double>().transpose()).cast<std::int32_t>();
   RowMatrixXi32 c(a.rows(), b.rows());
   for (Eigen::Index i = 0; i < a.rows(); ++i)
     for (Eigen::Index j = 0; j < b.rows(); ++j) {
@@ -84,6 +108,9 @@ RowMatrixXi32 int_matmul_abt(const RowMatrixXi32& a, const RowMatrixXi32& b) {
 }
 
 RowMatrixXd int_matmul_ab(const RowMatrixXi32& a, const RowMatrixXi32& b) {
+  const double bound = sum_bound(a, b, a.cols());
+  if (bound < kFloatExact) return (a.cast<float>() * b.cast<float>()).cast<double>();  // exact: see kFloatExact
+  if (bound < kDoubleExact) return a.cast<double>() * b.cast<double>();
   // Row by row: a(i, t) times row t of b, added into int64 sums (exact, so the order of the additions does not
   // matter); b is read along its rows, and the zeros of a (most of an integer P) are skipped.
   RowMatrixXd c(a.rows(), b.cols());

@@ -5,6 +5,7 @@
 #include <cfloat>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -125,8 +126,20 @@ SoftmaxParams prepare_softmax(double beta, double input_scale) {
   return p;
 }
 
+std::int32_t exp_of_diff(std::int32_t d, const SoftmaxParams& params) {
+  const std::int32_t a = saturating_rounding_doubling_high_mul(d * (1 << params.input_left_shift), params.input_multiplier);
+  return exp_on_negative_values(a);
+}
+
+ExpTable exp_table(const SoftmaxParams& params) {
+  ExpTable t{};
+  for (std::int32_t k = 0; k < 256; ++k)
+    if (-k >= params.diff_min) t[static_cast<std::size_t>(k)] = exp_of_diff(-k, params);
+  return t;
+}
+
 void softmax_int8_row(std::span<const std::int8_t> q, std::span<const bool> visible, const SoftmaxParams& params,
-                      std::span<std::int8_t> out) {
+                      std::span<std::int8_t> out, const ExpTable* table) {
   int max_in_row = std::numeric_limits<std::int8_t>::min();
   bool any = false;
   for (std::size_t j = 0; j < q.size(); ++j)
@@ -137,8 +150,7 @@ void softmax_int8_row(std::span<const std::int8_t> q, std::span<const bool> visi
   for (std::size_t j = 0; j < q.size() && any; ++j) {
     const std::int32_t d = static_cast<std::int32_t>(q[j]) - max_in_row;
     if (!visible[j] || d < params.diff_min) continue;
-    const std::int32_t a = saturating_rounding_doubling_high_mul(d * (1 << params.input_left_shift), params.input_multiplier);
-    e[j] = exp_on_negative_values(a);
+    e[j] = table ? (*table)[static_cast<std::size_t>(-d)] : exp_of_diff(d, params);
     counted[j] = true;
     sum += rounding_divide_by_pot(e[j], kAccumulationIntegerBits);
   }
@@ -197,6 +209,8 @@ void softmax_block(const MatrixView& logits, Eigen::Index r0, Eigen::Index rows,
   const Quantization qz = calibrate(range, p);
   const SoftmaxParams params = prepare_softmax(p.beta, qz.scale);
   const std::size_t n = static_cast<std::size_t>(logits.cols());
+  // One exponential per int8 difference, where the block has more entries than differences
+  const std::optional<ExpTable> table = rows * logits.cols() > 256 ? std::optional<ExpTable>(exp_table(params)) : std::nullopt;
   std::vector<std::int8_t> q(n), out(n);
   std::unique_ptr<bool[]> visible(new bool[n]);
   for (Eigen::Index i = r0; i < r0 + rows; ++i) {
@@ -208,7 +222,7 @@ void softmax_block(const MatrixView& logits, Eigen::Index r0, Eigen::Index rows,
                          "beyond float32, the input format of TFLite's Quantize");
       q[j] = visible[j] ? quantize_int8(x, qz.scale, qz.zero_point) : 0;
     }
-    softmax_int8_row(q, std::span<const bool>(visible.get(), n), params, out);
+    softmax_int8_row(q, std::span<const bool>(visible.get(), n), params, out, table ? &*table : nullptr);
     for (std::size_t j = 0; j < n; ++j) probs(i, static_cast<Eigen::Index>(j)) = (out[j] + 128) / 256.0;
   }
 }

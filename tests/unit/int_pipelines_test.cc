@@ -160,3 +160,36 @@ TEST_CASE("group-wise intattention: per-token Q is one call per query row, per-c
         int_attention(q, k, v, 0.25, {}, index_softmax_params(reference_registry().resolve(parse_method_spec("index"))),
                       CintEvaluation::f64).o);
 }
+
+TEST_CASE("int_matmul_abt and int_matmul_ab: the exact integer products in every range of their sums", "[int_pipelines]") {
+  std::mt19937_64 g(31);
+  // max |entry| per operand: products whose sums stay below 2^24 (the float GEMM), below 2^31 and 2^53 (the double
+  // GEMM), and beyond (int64 sums; abt then refuses a result outside int32)
+  for (const std::int32_t bound : {127, 1000, 40000, 1 << 28}) {
+    INFO("entries up to " << bound);
+    std::uniform_int_distribution<std::int32_t> entry(-bound, bound);
+    RowMatrixXi32 a(9, 67), b(11, 67), c(67, 5);
+    for (RowMatrixXi32* m : {&a, &b, &c})
+      for (Eigen::Index i = 0; i < m->size(); ++i) m->data()[i] = entry(g);
+    a(0, 0) = bound, b(0, 0) = -bound;  // the bound is reached
+    bool fits = true;
+    RowMatrixXi32 abt(a.rows(), b.rows());
+    for (Eigen::Index i = 0; i < a.rows(); ++i)
+      for (Eigen::Index j = 0; j < b.rows(); ++j) {
+        std::int64_t s = 0;
+        for (Eigen::Index t = 0; t < a.cols(); ++t) s += std::int64_t{a(i, t)} * b(j, t);
+        if (s > INT32_MAX || s < INT32_MIN) fits = false;
+        else abt(i, j) = static_cast<std::int32_t>(s);
+      }
+    if (fits) CHECK(ref::int_matmul_abt(a, b) == abt);
+    else CHECK_THROWS_AS(ref::int_matmul_abt(a, b), std::overflow_error);
+    RowMatrixXd ab(a.rows(), c.cols());
+    for (Eigen::Index i = 0; i < a.rows(); ++i)
+      for (Eigen::Index j = 0; j < c.cols(); ++j) {
+        std::int64_t s = 0;
+        for (Eigen::Index t = 0; t < a.cols(); ++t) s += std::int64_t{a(i, t)} * c(t, j);
+        ab(i, j) = static_cast<double>(s);
+      }
+    CHECK(ref::int_matmul_ab(a, c) == ab);
+  }
+}

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -174,4 +175,28 @@ TEST_CASE("tflite-int8: minmax calibration is TFLite's asymmetric activation ran
   tf::softmax_int8_row(q, visible, tf::prepare_softmax(1, 0.01f), out);
   for (int j = 0; j < 3; ++j) CHECK(p(0, j) == (out[j] + 128) / 256.0);
   CHECK(std::abs(p(0, 1) - std::exp(0.55) / (std::exp(-2) + std::exp(0.55) + 1)) < 2.0 / 256);
+}
+
+TEST_CASE("tflite-int8: the exponential table gives the arithmetic's row, bit for bit", "[tflite]") {
+  std::mt19937 g(7);
+  std::uniform_int_distribution<int> code(-128, 127);
+  for (const float scale : {0.001f, 0.02f, 0.0625f, 0.3f, 2.0f}) {
+    INFO("input scale " << scale);
+    const tf::SoftmaxParams params = tf::prepare_softmax(1, scale);
+    const tf::ExpTable table = tf::exp_table(params);
+    std::vector<std::int8_t> q(300), direct(300), looked_up(300);
+    for (std::int8_t& x : q) x = static_cast<std::int8_t>(code(g));
+    std::unique_ptr<bool[]> visible(new bool[q.size()]);
+    for (std::size_t j = 0; j < q.size(); ++j) visible[j] = j % 7 != 3;
+    const std::span<const bool> vis(visible.get(), q.size());
+    try {
+      tf::softmax_int8_row(q, vis, params, direct);
+    } catch (const InputError&) {
+      CHECK_THROWS_AS(tf::softmax_int8_row(q, vis, params, looked_up, &table), InputError);
+      continue;
+    }
+    tf::softmax_int8_row(q, vis, params, looked_up, &table);
+    CHECK(looked_up == direct);
+    for (std::int32_t d = std::max(params.diff_min, -255); d <= 0; ++d) CHECK(table[static_cast<std::size_t>(-d)] == tf::exp_of_diff(d, params));
+  }
 }

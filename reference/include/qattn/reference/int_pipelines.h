@@ -18,9 +18,11 @@ struct Int8Matrix {
 // q = clamp(round_half_even(x / s), -127, 127), all in double.
 Int8Matrix quantize_symmetric_int8(const MatrixView& x, Int8Rounding rounding = Int8Rounding::rne);
 
-// a b^T with exact int64 accumulation; throws std::overflow_error if a result leaves int32.
+// a b^T, exact; throws std::overflow_error if a result leaves int32. B = max|a| max|b| (columns of a) bounds every
+// partial sum in any order: below 2^24 Eigen's float GEMM on the values computes the exact integers (every partial
+// sum, fused or not, is an integer float holds), below 2^31 its double GEMM; beyond, int64 sums with the check.
 RowMatrixXi32 int_matmul_abt(const RowMatrixXi32& a, const RowMatrixXi32& b);
-// a b with exact int64 accumulation, returned as doubles (exact below 2^53).
+// a b, exact, returned as doubles: the float GEMM below B = 2^24, the double GEMM below 2^53, else int64 sums.
 RowMatrixXd int_matmul_ab(const RowMatrixXi32& a, const RowMatrixXi32& b);
 
 // The float softmax inside Quant-Only: softmax_ref<float> (std::exp, pairwise sum), or the fast path's

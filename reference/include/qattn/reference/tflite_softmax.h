@@ -16,6 +16,7 @@
 // s)) + z, -128, 127), round half away from zero (TfLiteRound = std::round); -inf logits are masked (P = 0).
 #pragma once
 
+#include <array>
 #include <optional>
 
 #include <cstdint>
@@ -64,8 +65,13 @@ SoftmaxParams prepare_softmax(double beta, double input_scale);
 // One row: int8 q with visible[j] (false = masked: output -128) into out. Throws InputError (field "row sum") where
 // TFLite has no result: a sum of exponentials S >= 512, where the output shift nbou + 23 = floor(log2 S) + 23
 // exceeds 31 (TFLite checks it), and, beyond that, a Q12.19 sum past int32 (4096 entries at the maximum).
+// exp_of_diff(d) is the Q0.31 exponential of the int8 difference d = q - max (diff_min <= d <= 0); an ExpTable holds
+// it for every d in [-255, 0] that is >= diff_min, at index -d (the same values: a lookup instead of the arithmetic).
+using ExpTable = std::array<std::int32_t, 256>;
+std::int32_t exp_of_diff(std::int32_t d, const SoftmaxParams& params);
+ExpTable exp_table(const SoftmaxParams& params);
 void softmax_int8_row(std::span<const std::int8_t> q, std::span<const bool> visible, const SoftmaxParams& params,
-                      std::span<std::int8_t> out);
+                      std::span<std::int8_t> out, const ExpTable* table = nullptr);
 
 // How the float logits become the int8 input tensor.
 enum class Calibration {
