@@ -393,8 +393,10 @@ void run_softmax(const SoftmaxOptions& o) {
 json stats_json(const ErrorStats& s) {
   json hist = json::object();
   for (const auto& [k, n] : s.log2_histogram) hist[std::to_string(k)] = n;
-  return {{"count", s.count}, {"nonfinite", s.nonfinite}, {"cossim", s.cossim}, {"rel_l1", s.rel_l1},
-          {"rmse", s.rmse}, {"max_abs", s.max_abs}, {"bias", s.bias}, {"median_abs", s.median_abs},
+  // Non-finite values as "nan", "inf", "-inf" (exact_number), as everywhere in qattn's JSON (docs/metrics.md)
+  return {{"count", s.count}, {"nonfinite", s.nonfinite}, {"cossim", exact_number(s.cossim)},
+          {"rel_l1", exact_number(s.rel_l1)}, {"rmse", exact_number(s.rmse)}, {"max_abs", exact_number(s.max_abs)},
+          {"bias", exact_number(s.bias)}, {"median_abs", exact_number(s.median_abs)},
           {"zero_errors", s.zero_errors}, {"log2_histogram", hist}};
 }
 
@@ -410,7 +412,7 @@ void run_compare(const std::string& a, const std::string& b, const std::string& 
     const RowMatrixXd ra = ta.as_rows(), rb = tb.as_rows();
     if (looks_like_probability_rows(ra) && looks_like_probability_rows(rb)) kl = kl_rows(rb, ra);
   }
-  if (kl) j["kl_b_a"] = {{"mean", kl->mean}, {"max", kl->max}};
+  if (kl) j["kl_a_b"] = {{"mean", exact_number(kl->mean)}, {"max", exact_number(kl->max)}};
   if (format == "json") {
     std::cout << j.dump(2) << "\n";
     return;
@@ -422,8 +424,8 @@ void run_compare(const std::string& a, const std::string& b, const std::string& 
             {"bias mean(A-B)", fmt_err(s.bias)},    {"median |A-B|", fmt_err(s.median_abs)},
             {"exact matches", std::to_string(s.zero_errors)}};
   if (kl) {
-    t.rows.push_back({"KL(B||A) mean over rows", fmt_err(kl->mean)});
-    t.rows.push_back({"KL(B||A) max over rows", fmt_err(kl->max)});
+    t.rows.push_back({"KL D(A||B) mean over rows", fmt_err(kl->mean)});
+    t.rows.push_back({"KL D(A||B) max over rows", fmt_err(kl->max)});
   }
   std::cout << "A = " << a << ", B = " << b << " (B is the reference)\n\n" << t.markdown() << "\n";
   Table h{{"|A-B| in", "count"}, {}};
@@ -849,8 +851,9 @@ std::string render_analyze(const AnalyzeView& view, std::vector<HeadResult> resu
     row(std::to_string(r.layer), std::to_string(r.head), r.method, r.k_bits, r.v_bits, metric_values(r), r.p.max_abs,
         r.p.bias);
     j["heads"].push_back({{"layer", r.layer}, {"head", r.head}, {"method", r.method}, {"O", stats_json(r.o)},
-                          {"P", stats_json(r.p)}, {"P_kl_mean", r.kl.mean}, {"P_kl_max", r.kl.max},
-                          {"K_bits", r.k_bits}, {"V_bits", r.v_bits}});
+                          {"P", stats_json(r.p)}, {"P_kl_mean", exact_number(r.kl.mean)},
+                          {"P_kl_max", exact_number(r.kl.max)}, {"K_bits", exact_number(r.k_bits)},
+                          {"V_bits", exact_number(r.v_bits)}});
   }
   const std::size_t summary_start = t.rows.size();
   for (const auto& spec : view.specs) {
@@ -869,7 +872,8 @@ std::string render_analyze(const AnalyzeView& view, std::vector<HeadResult> resu
     row("all", "mean", spec, s.k_bits, s.v_bits, s.metrics.mean, s.max_abs_mean, s.bias_mean);
     row("all", worst_label, spec, s.k_bits, s.v_bits, s.metrics.worst, s.max_abs_worst, s.bias_worst);
     json mean, worst;
-    for (const MetricInfo& m : kMetrics) mean[m.name] = s.metrics.mean[m.metric], worst[m.name] = s.metrics.worst[m.metric];
+    for (const MetricInfo& m : kMetrics)
+      mean[m.name] = exact_number(s.metrics.mean[m.metric]), worst[m.name] = exact_number(s.metrics.worst[m.metric]);
     j["summary"].push_back({{"method", spec}, {"canonical", registry().canonical(parse_method_spec(spec))},
                             {"mean", mean}, {"worst", worst}, {"first_nonfinite_head", nonfinite_head}});
   }

@@ -650,12 +650,12 @@ std::vector<HeadResult> evaluate_methods(const std::vector<DumpLayer>& dump, con
     const bool reference_streams = ref::reference_registry().traits(parse_method_spec("fp64")).query_block_rows > 0;
     const Eigen::Index block_rows = !reference_streams ? (lq + eval::kPanelRows - 1) / eval::kPanelRows * eval::kPanelRows
                                     : options.block_rows > 0 ? options.block_rows : default_block_rows(lk);
-    std::vector<std::size_t> streamed, whole;
+    std::vector<std::size_t> all_streamed, whole;
     for (std::size_t m = 0; m < n_methods; ++m) {
       const int n = methods[m].traits.query_block_rows;
       const bool streams = !options.kv && n > 0 && block_rows % n == 0 && !methods[m].traits.calls_in_order &&
                            (methods[m].traits.heads_independent || nh == 1);
-      (streams ? streamed : whole).push_back(m);
+      (streams ? all_streamed : whole).push_back(m);
       for (std::size_t h = 0; h < nh; ++h) {
         HeadSink& sink = sinks[m][unit_of_layer[li] + h];
         sink.o.assign(batch * panels_of(lq), PanelStats{});
@@ -694,10 +694,16 @@ std::vector<HeadResult> evaluate_methods(const std::vector<DumpLayer>& dump, con
             }
           }
         });
-    if (streamed.empty()) continue;
+    if (all_streamed.empty()) continue;
     const Eigen::Index n_blocks = (lq + block_rows - 1) / block_rows;
+    // The streamed methods in groups of methods_per_item: a block item runs one group on the block's reference
+    // rows, so a head holds the prepared calls of one group at a time (a sweep of many grid points).
+    const std::size_t group = options.methods_per_item > 0 ? options.methods_per_item : all_streamed.size();
     for (std::size_t b = 0; b < batch; ++b)
-      for (std::size_t h = 0; h < nh; ++h) {
+      for (std::size_t h = 0; h < nh; ++h)
+        for (std::size_t g0 = 0; g0 < all_streamed.size(); g0 += group) {
+        const std::vector<std::size_t> streamed(all_streamed.begin() + static_cast<std::ptrdiff_t>(g0),
+                                                all_streamed.begin() + static_cast<std::ptrdiff_t>(std::min(g0 + group, all_streamed.size())));
         // The head's prepared calls (Method::prepare: a method's first pass over the whole head), one per streamed
         // method, made by their own items ahead of the head's blocks and released after its last block.
         auto calls = std::make_shared<std::vector<PreparedSlot>>(streamed.size());

@@ -153,6 +153,9 @@ struct EvalOptions {
   int threads = 1;              // workers over the (head, block) items; <= 0: one per hardware thread
   Eigen::Index block_rows = 0;  // query rows per block, a positive multiple of 64; 0: default_block_rows(L_k)
   const ref::KvQuantizer* kv = nullptr;  // K and V through it first (whole heads, as attention_with_kv)
+  // Streamed methods per block item (0: all): each item computes the block's reference rows once for its methods,
+  // and a head holds the prepared calls (Method::prepare) of one item's methods at a time.
+  std::size_t methods_per_item = 0;
   // Called after each finished item (from the worker that finished it) with the count done and the total.
   std::function<void(std::size_t done, std::size_t total)> progress;
 };

@@ -36,6 +36,7 @@ struct SweepOptions {
   int threads = 0;
   long long max_points = kDefaultMaxSweepPoints;
   std::string shard;
+  std::string order = "point-major";  // how --shard numbers the (grid point, head) units
 };
 
 // Every grid point (the axes' values in order, last axis fastest) and its spec, validated before anything runs: a
@@ -72,47 +73,56 @@ std::pair<std::vector<std::vector<std::string>>, std::vector<MethodSpec>> grid_p
   return {points, specs};
 }
 
-// Every point evaluated over the dump, threaded over points, with progress on stderr: sink(i, per-head results of
-// point i) is called from the worker threads, once per point.
+// Every point evaluated over the dump as one streamed evaluation (docs/streaming.md): each point is a method of
+// evaluate_methods, threaded over (head, block of query rows) items, eight points per item (they share the block's
+// reference rows; a head holds the prepared calls of eight points at a time), with progress on stderr.
+// sink(i, per-head results of point i) is called once per point, in point order.
 void evaluate_points(const std::vector<DumpLayer>& dump, const std::vector<MethodSpec>& specs, const SweepOptions& o,
                      const std::function<void(std::size_t, std::vector<HeadResult>)>& sink) {
   if (specs.empty()) return;
   const auto start = std::chrono::steady_clock::now();
   std::size_t heads = 0;
   for (const DumpLayer& l : dump) heads += l.heads.size();
-  const int threads = static_cast<int>(std::min<std::size_t>(
-      o.threads > 0 ? static_cast<std::size_t>(o.threads) : std::max(1u, std::thread::hardware_concurrency()), specs.size()));
+  EvalOptions options;
+  options.threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  options.methods_per_item = 8;
   if (specs.size() * heads >= 1000 || isatty(STDERR_FILENO))
     std::cerr << "qattn sweep: " << specs.size() << " points x " << heads << " heads = " << specs.size() * heads
-              << " head evaluations on " << threads << " thread" << (threads == 1 ? "" : "s") << "\n";
-  std::atomic<std::size_t> done{0};
+              << " head evaluations on " << options.threads << " thread" << (options.threads == 1 ? "" : "s") << "\n";
   std::mutex progress_mutex;
   double last_report = 0;
-  parallel_for(specs.size(), threads, [&](std::size_t i) {
-    try {
-      const auto method = make_method(specs[i]);
-      sink(i, evaluate(dump, *method, o.spec));
-    } catch (const InputError& e) {
-      throw InputError("sweep point " + ref::reference_registry().canonical(specs[i]) + ": " + e.source(), e.field(),
-                       e.reason());
-    }
-    const std::size_t d = ++done;
+  options.progress = [&](std::size_t d, std::size_t total) {
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::lock_guard<std::mutex> lock(progress_mutex);
-    if (elapsed - last_report > 2.0 || (d == specs.size() && elapsed > 2.0)) {
+    if (elapsed - last_report > 2.0 || (d == total && elapsed > 2.0)) {
       last_report = elapsed;
-      const double eta = elapsed / static_cast<double>(d) * static_cast<double>(specs.size() - d);
-      std::cerr << "qattn sweep: [" << d << "/" << specs.size() << " points] " << static_cast<int>(elapsed) << " s"
-                << (d < specs.size() ? ", about " + std::to_string(static_cast<int>(eta)) + " s left" : std::string()) << "\n";
+      const double eta = elapsed / static_cast<double>(d) * static_cast<double>(total - d);
+      std::cerr << "qattn sweep: [" << d << "/" << total << " blocks and calls] " << static_cast<int>(elapsed) << " s"
+                << (d < total ? ", about " + std::to_string(static_cast<int>(eta)) + " s left" : std::string()) << "\n";
     }
-  });
+  };
+  std::vector<std::unique_ptr<Method>> built;
+  std::vector<EvalMethod> methods;
+  for (const MethodSpec& spec : specs) {
+    built.push_back(make_method(spec));
+    // Each point is labelled by its canonical spec, so an error names the point; its results carry --method's text.
+    methods.push_back({built.back().get(), ref::reference_registry().canonical(spec), ref::reference_registry().traits(spec)});
+  }
+  std::vector<HeadResult> all = evaluate_methods(dump, methods, options);
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    std::vector<HeadResult> mine(std::make_move_iterator(all.begin() + static_cast<std::ptrdiff_t>(i * heads)),
+                                 std::make_move_iterator(all.begin() + static_cast<std::ptrdiff_t>((i + 1) * heads)));
+    for (HeadResult& r : mine) r.method = o.spec;
+    sink(i, std::move(mine));
+  }
 }
 
-// The partial result of `sweep --shard K/N`. The units are the (grid point, head) pairs in point-major order
-// (point i, head j is unit i H + j for the H heads of the dump in (layer, head) order): when N divides the number of
-// points every shard owns whole points, and with more shards than points a shard owns part of a point's heads, so a
-// shard reads only the heads its block touches (whole layers where a point's method looks across heads). Its rows are
-// the per-head metrics of each (point, head) it owns; `qattn merge` summarises each point over all its heads.
+// The partial result of `sweep --shard K/N`. The units are the (grid point, head) pairs, numbered point-major (point
+// i, head j is unit i H + j for the H heads of the dump in (layer, head) order: when N divides the number of points
+// every shard owns whole points) or head-major (unit j P + i for P points: when N divides the number of heads every
+// shard owns whole heads and runs every point on them, reading each head once). A shard reads only the heads its
+// block touches (whole layers where a point's method looks across heads). Its rows are the per-head metrics of each
+// (point, head) it owns; `qattn merge` summarises each point over all its heads, whichever order numbered them.
 std::string sweep_partial(const SweepOptions& o, Shard shard, const std::vector<std::vector<std::string>>& points,
                           const std::vector<MethodSpec>& specs, nlohmann::json header) {
   const DumpListing listing = list_dump(o.tensors, DumpTarget::attention);
@@ -122,10 +132,12 @@ std::string sweep_partial(const SweepOptions& o, Shard shard, const std::vector<
   std::set<std::pair<int, int>> heads_read;
   std::set<int> layers_read;
   bool whole_layers = false;
+  const bool head_major = o.order == "head-major";
   for (std::size_t u = begin; u < end; ++u) {
-    owned[u / n_heads].insert(listing.units[u % n_heads]);
-    heads_read.insert(listing.units[u % n_heads]);
-    layers_read.insert(listing.units[u % n_heads].first);
+    const std::size_t point = head_major ? u % specs.size() : u / n_heads, head = head_major ? u / specs.size() : u % n_heads;
+    owned[point].insert(listing.units[head]);
+    heads_read.insert(listing.units[head]);
+    layers_read.insert(listing.units[head].first);
   }
   for (const auto& [point, heads] : owned)
     whole_layers = whole_layers || !ref::reference_registry().traits(specs[point]).heads_independent;
@@ -137,7 +149,7 @@ std::string sweep_partial(const SweepOptions& o, Shard shard, const std::vector<
   filter.listing = &listing;
   filter.files_read = &prov.inputs;
   std::vector<DumpLayer> dump;
-  if (begin < end) dump = load_dump(o.tensors, DumpTarget::attention, SoftmaxReference::fp64, &filter);
+  if (begin < end) dump = load_dump(o.tensors, DumpTarget::attention, SoftmaxReference::fp64, &filter, false);
   std::vector<std::size_t> my_points;
   std::vector<MethodSpec> my_specs;
   for (const auto& [point, heads] : owned) my_points.push_back(point), my_specs.push_back(specs[point]);
@@ -155,7 +167,7 @@ std::string sweep_partial(const SweepOptions& o, Shard shard, const std::vector<
   header["rows"] = rows;
   prov.command = "sweep";
   prov.options = {{"method", o.spec}, {"grid", o.grids}, {"tensors", o.tensors}, {"metric", o.metric},
-                  {"target", o.target}};
+                  {"target", o.target}, {"order", o.order}};
   prov.dump = {{"source", o.tensors}, {"files", listing.files}};
   prov.units = specs.size() * n_heads;
   prov.shard = shard;
@@ -181,7 +193,7 @@ void run_sweep(const SweepOptions& o) {
   nlohmann::json header = {{"keys", nlohmann::json::array()}, {"target", o.target}, {"metric", o.metric}};
   for (const auto& a : axes) header["keys"].push_back(a.key);
   if (shard) return emit(sweep_partial(o, *shard, points, specs, header), o.out);
-  const std::vector<DumpLayer> dump = load_dump(o.tensors);
+  const std::vector<DumpLayer> dump = load_dump(o.tensors, DumpTarget::attention, SoftmaxReference::fp64, nullptr, false);
   std::vector<Summary> summaries(specs.size());
   evaluate_points(dump, specs, o, [&](std::size_t i, std::vector<HeadResult> r) { summaries[i] = summarise(r); });
   std::size_t heads = 0;
@@ -240,6 +252,12 @@ void add_sweep(CLI::App& app) {
   sub->add_option("--shard", o->shard,
                   "K/N: evaluate only block K (0-based) of N of the grid points and write a partial result (JSON) for "
                   "`qattn merge` (docs/scale-out.md)");
+  sub->add_option("--order", o->order,
+                  "how --shard numbers the (grid point, head) units: point-major (N dividing the points gives whole "
+                  "points) or head-major (N dividing the heads gives whole heads, each read once and run at every "
+                  "point: the order for long-context dumps, docs/scale-out.md)")
+      ->check(CLI::IsMember({"point-major", "head-major"}))
+      ->capture_default_str();
   sub->callback([o] { run_sweep(*o); });
 }
 

@@ -80,7 +80,7 @@ std::string Table::latex(const std::string& caption, const std::vector<std::size
 }
 
 static std::string printf_double(const char* f, double v) {
-  if (std::isnan(v)) return "NaN";
+  if (std::isnan(v)) return "nan";  // non-finite values read "nan", "inf", "-inf" in every format (docs/metrics.md)
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
   char buf[64];
   std::snprintf(buf, sizeof buf, f, v);

@@ -94,15 +94,13 @@ void add_panel_kl(PanelStats& s, const double* p, const double* p_ref, long rows
   // kl_rows (lib/src/core/metrics.cc), row by row: the same terms in the same order
   for (long i = 0; i < rows; ++i) {
     ScaledSum row;
-    bool bad = false, infinite = false;
+    bool bad = false;
     for (long j = 0; j < cols; ++j) {
       const double a = p_ref[i * cols + j], b = p[i * cols + j];
       if (!(a >= 0) || !(b >= 0) || !std::isfinite(a) || !std::isfinite(b)) bad = true;
-      else if (a == 0) continue;
-      else if (b == 0) infinite = true;
-      else row.add(a * std::log(a / b));
+      else row.add(kl_term(b, a));
     }
-    const double v = bad ? kNaN : infinite ? std::numeric_limits<double>::infinity() : row.value();
+    const double v = bad ? kNaN : row.value();
     s.kl_sum.add(v);
     if (std::isnan(v)) s.kl_nan = true;
     else if (s.kl_rows == 0 || v > s.kl_max) s.kl_max = v;

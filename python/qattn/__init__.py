@@ -220,6 +220,15 @@ def quantizers():
     return _qattn.quantizers()
 
 
+# The JSON reports spell non-finite metrics "nan", "inf" and "-inf", as the tables do (docs/metrics.md); records and
+# summaries hold them as the floats they stand for.
+_NONFINITE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
+
+
+def _number(v):
+    return _NONFINITE.get(v, v) if isinstance(v, str) else v
+
+
 def analyze(dump, methods=None, kv=None, weights=None, softmax_only=False, reference="fp64", engine="auto",
             as_frame=None):
     """Error of each method against the fp64 (or exact) reference over a dump, as ``qattn analyze`` reports it.
@@ -260,8 +269,10 @@ def analyze(dump, methods=None, kv=None, weights=None, softmax_only=False, refer
         r.update(P_cossim=h["P"]["cossim"], P_rel_l1=h["P"]["rel_l1"], P_rmse=h["P"]["rmse"],
                  P_max_abs=h["P"]["max_abs"], P_bias=h["P"]["bias"], P_kl_mean=h["P_kl_mean"],
                  K_bits=h["K_bits"], V_bits=h["V_bits"])
-        records.append({k: (float("nan") if v is None and k not in ("layer", "head", "method") else v)
-                        for k, v in r.items()})
+        records.append({k: (v if k in ("layer", "head", "method") else _number(v)) for k, v in r.items()})
+    for s in report["summary"]:
+        for part in ("mean", "worst"):
+            s[part] = {k: _number(v) for k, v in s[part].items()}
     if as_frame is None:
         try:
             import pandas  # noqa: F401

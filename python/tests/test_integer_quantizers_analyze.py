@@ -200,3 +200,15 @@ def test_analyze_returns_a_dataframe_when_pandas_is_there():
         return
     frame = qattn.analyze(SAMPLE, ["fp32"])
     assert list(frame["method"].unique()) == ["fp32"] and "summary" in frame.attrs
+
+
+def test_non_finite_metrics_are_floats_in_records_and_summaries_and_strings_in_json():
+    # Without a KV quantizer K_bits is NaN: "nan" in the JSON report (as in the tables), float NaN in Python
+    report = json.loads(cli("analyze", "--tensors", SAMPLE, "--method", "fp32", "--format", "json"))
+    assert report["heads"][0]["K_bits"] == "nan"
+    records = qattn.analyze(SAMPLE, ["fp32"], as_frame=False)
+    assert all(isinstance(r["K_bits"], float) and r["K_bits"] != r["K_bits"] for r in records)
+    assert all(isinstance(v, float) for s in records.summary for part in ("mean", "worst") for v in s[part].values())
+    # KL is D(P_method || P_ref): finite and never negative for a quantised P with zeros and for fp32 alike
+    for r in qattn.analyze(SAMPLE, ["intattention", "fp32"], as_frame=False):
+        assert 0 <= r["P_kl_mean"] < float("inf")

@@ -47,7 +47,7 @@ expect 0 "" "softmax fp64" -- softmax --in "$fx/f32_c.npy" --method fp64 --out "
 expect 0 "float64 +\| \(2, 3, 4\)" "softmax output dtype and shape" -- info "$tmp/p.npy"
 expect 0 "" "safetensors member" -- softmax --in "$fx/mixed.safetensors" --name logits --method fp16 --out "$tmp/p16.npy"
 expect 0 "CosSim +\| 1.00000000" "compare identical" -- compare "$tmp/p.npy" "$tmp/p.npy"
-expect 0 "KL\(B\|\|A\) mean" "compare probability rows reports KL" -- compare "$tmp/p16.npy" "$tmp/p.npy"
+expect 0 "KL D\(A\|\|B\) mean" "compare probability rows reports KL D(A || B)" -- compare "$tmp/p16.npy" "$tmp/p.npy"
 expect 0 '"rmse"' "compare json" -- compare "$tmp/p16.npy" "$tmp/p.npy" --format json
 
 # IndexSoftmax golden vectors from a 1-row int32 file, through the CLI, bit-exact.

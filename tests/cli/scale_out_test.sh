@@ -44,6 +44,20 @@ d = json.load(open(sys.argv[1]))
 names = sorted(os.path.basename(f) for f in d['provenance']['inputs'])
 heads = sorted({(r['head']['layer'], r['head']['head']) for r in d['result']['rows']})
 sys.exit(not (heads == [(0, 0), (1, 2), (1, 3)] and len(names) == 10))" "$tmp/sweep-kl-7/part-3.json"  # units 6..8 of 16
+# Head-major: N dividing the heads gives each shard whole heads, every point on them
+shards sweep-hm 8 sweep --method exaq --grid bits=2,3 --metric kl --target P --order head-major &&
+  same sweep-hm "$tmp/sweep-kl.csv"
+check "head-major sweep shard 0/8 holds head (0, 0) at both points and reads only its files" /usr/bin/python3 -c "
+import json, os, sys
+d = json.load(open(sys.argv[1]))
+names = sorted(os.path.basename(f) for f in d['provenance']['inputs'])
+units = sorted((r['point'], r['head']['layer'], r['head']['head']) for r in d['result']['rows'])
+sys.exit(not (units == [(0, 0, 0), (1, 0, 0)] and len(names) == 4))" "$tmp/sweep-hm/part-0.json"
+# The sweep streams over (head, block) items: its table does not depend on the thread count
+q sweep --method exaq --grid bits=2,3 --metric kl --target P --threads 1 >"$tmp/sweep-kl-1.csv" 2>/dev/null
+q sweep --method exaq --grid bits=2,3 --metric kl --target P --threads 3 >"$tmp/sweep-kl-3.csv" 2>/dev/null
+check "sweep --threads 1 and 3 give the same bytes" cmp "$tmp/sweep-kl-1.csv" "$tmp/sweep-kl-3.csv"
+check "sweep --threads 1 gives the default run's bytes" cmp "$tmp/sweep-kl-1.csv" "$tmp/sweep-kl.csv"
 q sweep --method turbo:mode=decode,nh=1 --grid kv=2,4 >"$tmp/sweep-turbo.csv" 2>/dev/null
 shards sweep-turbo 5 sweep --method turbo:mode=decode,nh=1 --grid kv=2,4 && same sweep-turbo "$tmp/sweep-turbo.csv"
 

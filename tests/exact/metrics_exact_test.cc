@@ -127,21 +127,53 @@ TEST_CASE("degenerate inputs give the documented results", "[metrics]") {
   CHECK(huge.rmse == 0.0);
 }
 
-TEST_CASE("KL over probability rows", "[metrics]") {
+TEST_CASE("KL over probability rows: D(p || p_ref), zeros, never negative", "[metrics]") {
   RowMatrixXd ref(2, 3), p(2, 3);
   ref << 0.5, 0.5, 0.0, 0.25, 0.25, 0.5;
   p << 0.5, 0.5, 0.0, 0.5, 0.25, 0.25;
   const KlStats k = kl_rows(ref, p);
-  const double row1 = 0.25 * std::log(0.5) + 0.5 * std::log(2.0);
+  const double row1 = 0.5 * std::log(2.0) + 0.25 * std::log(0.5);  // KL(p || ref) of row 1; row 0 is 0
   CHECK(k.max == Approx(row1).epsilon(1e-15));
   CHECK(k.mean == Approx(row1 / 2).epsilon(1e-15));
+  // The method's zero where the reference has mass: that mass, finite (a quantised P's zeros)
   p(1, 2) = 0.0;
+  CHECK(kl_rows(ref, p).max == Approx(0.5 * std::log(2.0) - 0.25 + 0.5).epsilon(1e-15));
+  // Mass where the reference has none: +inf
+  p(1, 2) = 0.25;
+  ref(1, 2) = 0.0;
   CHECK(kl_rows(ref, p).mean == INFINITY);
   p(1, 2) = -0.1;
   CHECK(std::isnan(kl_rows(ref, p).mean));
+  ref(1, 2) = 0.5;
   CHECK(looks_like_probability_rows(ref));
   CHECK_FALSE(looks_like_probability_rows(p));
   CHECK_THROWS_AS(kl_rows(ref, RowMatrixXd::Zero(1, 3)), std::invalid_argument);
+}
+
+TEST_CASE("KL terms against 50-digit arithmetic, from nearly equal rows to far off, and rows that do not sum to 1 stay >= 0",
+          "[metrics]") {
+  std::mt19937_64 rng(41);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (const double spread : {1e-12, 1e-7, 1e-3, 0.05, 0.5, 3.0}) {
+    INFO("relative spread " << spread);
+    double worst = 0;
+    for (int t = 0; t < 2000; ++t) {
+      const double r = std::ldexp(u(rng) + 0.5, -static_cast<int>(40 * u(rng)));
+      const double p = r * std::exp(spread * (2 * u(rng) - 1));
+      const Exact pe(p), re(r), exact = pe * boost::multiprecision::log(pe / re) - pe + re;
+      const double got = kl_term(p, r);
+      CHECK(got >= 0);
+      if (exact > 0) worst = std::max(worst, std::abs(static_cast<double>((Exact(got) - exact) / exact)));
+    }
+    CHECK(worst < 1e-11);
+  }
+  // A row scaled by (1 - 1e-6), as a low-precision P that sums to less than 1: the old sum p_ref ln(p_ref / p) was
+  // negative here; D(p || r) is not
+  RowMatrixXd ref(1, 4), p(1, 4);
+  ref << 0.1, 0.2, 0.3, 0.4;
+  p = ref * (1 - 1e-6);
+  CHECK(kl_rows(ref, p).mean > 0);
+  CHECK(kl_rows(ref, ref).mean == 0);
 }
 
 TEST_CASE("float32 values give the statistics of their float64 values", "[metrics]") {

@@ -88,14 +88,16 @@ TEST_CASE("panel metrics: KL of probability rows equals kl_rows'", "[metrics]") 
     for (long c = 0; c < cols; ++c) sp += p[r * cols + c] = u(g), sq += q[r * cols + c] = u(g);
     for (long c = 0; c < cols; ++c) p[r * cols + c] /= sp, q[r * cols + c] /= sq;
   }
-  p[100 * cols + 5] = 0;  // one row where the method's P is 0 and the reference's is not: +inf
+  q[100 * cols + 5] = 0;  // one row where the reference's P is 0 and the method's is not: +inf
   const KlStats want = kl_rows(Eigen::Map<const RowMatrixXd>(q.data(), rows, cols), Eigen::Map<const RowMatrixXd>(p.data(), rows, cols));
   const KlStats got = fold(p, q, rows, cols, false, true).kl();
   CHECK(std::isinf(want.mean));
   CHECK(std::isinf(got.mean));
-  p[100 * cols + 5] = 1e-3;
+  q[100 * cols + 5] = 1e-3;
+  p[100 * cols + 6] = 0;  // the method's zero: finite
   const KlStats want2 = kl_rows(Eigen::Map<const RowMatrixXd>(q.data(), rows, cols), Eigen::Map<const RowMatrixXd>(p.data(), rows, cols));
   const KlStats got2 = fold(p, q, rows, cols, false, true).kl();
   check_close(got2.mean, want2.mean, 4);
   CHECK(got2.max == want2.max);
+  CHECK(std::isfinite(got2.mean));
 }

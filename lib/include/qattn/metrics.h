@@ -5,7 +5,8 @@
 //   RMSE        = sqrt(mean((o - r)^2))
 //   max_abs     = max|o - r|;  bias = mean(o - r);  median_abs = median|o - r| (mean of the two middle values)
 //   histogram   = counts of |o - r| per binary order of magnitude, exact zeros apart (gemmlowp ResultStats style)
-//   KL          = per row sum p_ref ln(p_ref / p), for probability rows (kl_rows)
+//   KL          = per row the generalised KL divergence of the method's P from the reference's,
+//                 D(p || r) = sum_j p_j ln(p_j / r_j) - p_j + r_j >= 0 (kl_rows, kl_term)
 //
 // Accumulation: every sum is a Neumaier-compensated double sum, and norms are taken on inputs scaled by a power
 // of two (exact), so no intermediate overflows for finite inputs and the results are within a few ulps of the
@@ -46,8 +47,16 @@ ErrorStats compare(std::span<const float> out, std::span<const float> ref);
 // The median of `values` (the mean of the two middle values for an even count; NaN for none), reordering them.
 double median_in_place(std::vector<double>& values);
 
-// KL(p_ref || p) per row, natural log. Terms with p_ref = 0 contribute 0; p = 0 where p_ref > 0 gives +inf.
-// A negative or non-finite entry in either row makes that row's value NaN. Sizes must match.
+// The generalised KL divergence of a method's row p from the reference row r, natural log (docs/metrics.md):
+//   D(p || r) = sum_j [p_j ln(p_j / r_j) - p_j + r_j],
+// every term >= 0, so D >= 0 for any non-negative rows (normalised or not) and D = KL(p || r) where both sum to 1.
+// Zeros: p_j = 0 contributes r_j (the reference's mass the method dropped: finite, so a quantised P with zeros gets
+// a finite, informative value); r_j = 0 = p_j contributes 0 (masked); r_j = 0 < p_j makes the row +inf (mass where
+// the reference has none). A negative or non-finite entry in either row makes that row NaN.
+// kl_term is one term: near p = r it is evaluated as r f(x), x = (p - r) / r, f(x) = (1 + x) ln(1 + x) - x by its
+// series, so that it keeps its relative accuracy where p ln(p / r) - p + r would cancel; never negative.
+double kl_term(double p, double r);
+// Per row D(p || r), as the mean and max over rows. Sizes must match.
 struct KlStats {
   double mean = 0;  // over rows
   double max = 0;

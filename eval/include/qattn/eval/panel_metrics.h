@@ -59,7 +59,7 @@ struct PanelStats {
   ScaledSum dot, oo, rr, sq;         // sum o r 2^-(eo+er), o^2 2^-2eo, r^2 2^-2er, e^2 2^-2ee
   ScaledSum l1, r1, signed_err;      // sum |o - r|, |r|, o - r, unscaled
   std::map<int, std::int64_t> log2_histogram;
-  // KL(p_ref || p) of the panel's probability rows (kl_rows' definition), when they are rows of P.
+  // D(p || p_ref) of the panel's probability rows (kl_rows' definition), when they are rows of P.
   std::int64_t kl_rows = 0;
   ScaledSum kl_sum;
   double kl_max = 0;
