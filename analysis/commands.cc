@@ -31,6 +31,7 @@
 #include "qattn/tensor_io.h"
 #include "engine_setting.h"
 #include "evaluate.h"
+#include "qattn/eval/analysis.h"
 #include "shard.h"
 #include "table.h"
 
@@ -550,13 +551,6 @@ void run_attention(const AttentionOptions& o) {
 
 
 
-// The registry's methods with a softmax form, for messages: "fp64, fp32, ..., sas".
-std::string softmax_form_names() {
-  std::string s;
-  for (const auto& e : registry().entries())
-    if (e.has_softmax_form()) s += (s.empty() ? "" : ", ") + e.name;
-  return s;
-}
 
 // The option checks of `qattn analyze` that CLI11 cannot express: CLI::ValidationError naming the option.
 void check_analyze_options(const AnalyzeOptions& o) {
@@ -580,63 +574,25 @@ void check_analyze_options(const AnalyzeOptions& o) {
                                               "attention is compared with fp64");
 }
 
-// What `qattn analyze` runs, resolved and validated from its options before any tensor is read.
-struct AnalyzePlan {
-  bool softmax = false;  // softmax-only analysis of dumped logits
-  SoftmaxReference reference = SoftmaxReference::fp64;
-  std::vector<std::string> specs;  // as given (or the registry's defaults), one per method
-  std::vector<std::unique_ptr<Method>> methods;
-  std::unique_ptr<ref::KvQuantizer> kv;
-  std::unique_ptr<ref::WeightQuantizer> wq;
+// What `qattn analyze` runs, resolved and validated from its options before any tensor is read: the evaluation
+// layer's plan (qattn/eval/analysis.h) with the run's settings.
+struct AnalyzePlan : eval::AnalysisPlan {
   std::string tensors;  // the source named in the report
   int threads = 0;
   Eigen::Index block_rows = 0;
   bool whole_calls = false;
 };
 
-// Resolves the methods (the registry's defaults when none is given: every method, or its softmax models for a
-// softmax-only run), the KV and weight quantizers; SpecError for a combination that has no meaning.
+// The methods on the engine --engine selects (make_method), the KV and weight quantizers.
 AnalyzePlan plan_analyze(const AnalyzeOptions& o) {
   AnalyzePlan plan;
-  plan.softmax = o.softmax_only || !o.logits.empty();
-  plan.reference = parse_softmax_reference(o.reference);
+  static_cast<eval::AnalysisPlan&>(plan) =
+      eval::plan_analysis(o.specs, o.kv, o.weights, o.softmax_only || !o.logits.empty(), parse_softmax_reference(o.reference),
+                          !o.q.empty(), [](const MethodSpec& spec) { return make_method(spec); });
   plan.tensors = !o.q.empty() ? o.q : !o.logits.empty() ? o.logits : o.tensors;
   plan.threads = o.threads;
   plan.block_rows = static_cast<Eigen::Index>(o.block_rows);
   plan.whole_calls = o.whole_calls;
-  std::vector<std::string> specs = o.specs;
-  const bool defaults = specs.empty();
-  if (defaults)
-    for (const auto& e : registry().entries())
-      if (!e.reference || plan.reference == SoftmaxReference::exact) specs.push_back(e.name);
-  for (const auto& s : specs) {
-    auto m = make_method(s);
-    if (plan.softmax && !registry().find(parse_method_spec(s).name)->has_softmax_form()) {
-      if (defaults) continue;  // the default list holds the softmax models only
-      throw SpecError("--method " + s + ": an attention pipeline has no softmax-only form; use a softmax model (" +
-                      softmax_form_names() + ")");
-    }
-    plan.methods.push_back(std::move(m));
-    plan.specs.push_back(s);
-  }
-  if (!o.kv.empty()) {
-    if (plan.softmax) throw SpecError("--kv quantizes K and V: it needs attention, not softmax-only analysis");
-    try {
-      plan.kv = ref::kv_registry().create(o.kv);
-    } catch (const SpecError& e) {
-      throw SpecError(std::string("--kv: ") + e.what());
-    }
-  }
-  if (!o.weights.empty()) {
-    if (plan.softmax || !o.q.empty())
-      throw SpecError("--weights re-projects Q, K and V from a dump's attention input: it needs --tensors DIR and "
-                      "attention, not --q/--k/--v or softmax-only analysis");
-    try {
-      plan.wq = ref::weight_registry().create(o.weights);
-    } catch (const SpecError& e) {
-      throw SpecError(std::string("--weights: ") + e.what());
-    }
-  }
   return plan;
 }
 
@@ -645,15 +601,9 @@ AnalyzePlan plan_analyze(const AnalyzeOptions& o) {
 std::vector<HeadResult> evaluate_plan(const std::vector<DumpLayer>& dump, const AnalyzePlan& plan) {
   const auto start = std::chrono::steady_clock::now();
   const bool terminal = isatty(STDERR_FILENO);
-  std::vector<EvalMethod> methods;
-  for (std::size_t m = 0; m < plan.methods.size(); ++m) {
-    methods.push_back({plan.methods[m].get(), plan.specs[m], registry().traits(parse_method_spec(plan.specs[m]))});
-    if (plan.whole_calls) methods.back().traits.query_block_rows = 0;
-  }
   EvalOptions options;
   options.threads = plan.threads > 0 ? plan.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   options.block_rows = plan.block_rows;
-  options.kv = plan.kv.get();
   std::mutex print_lock;
   double printed = 0;
   options.progress = [&](std::size_t done, std::size_t total) {
@@ -665,11 +615,7 @@ std::vector<HeadResult> evaluate_plan(const std::vector<DumpLayer>& dump, const 
                 << " s)\n";
     }
   };
-  std::vector<HeadResult> results = evaluate_methods(dump, methods, options);
-  std::stable_sort(results.begin(), results.end(), [](const HeadResult& a, const HeadResult& b) {
-    return std::make_pair(a.layer, a.head) < std::make_pair(b.layer, b.head);
-  });
-  return results;
+  return eval::evaluate_plan(dump, plan, options, plan.whole_calls);
 }
 
 // One method's summary rows: the seven metrics' mean and worst over heads, with P max abs and bias (mean over

@@ -10,7 +10,6 @@ copy; so are C-contiguous, aligned float32 arrays given to ``softmax``, ``attent
 float64 (int32 for integer logits), exactly.
 Outputs are new arrays. The GIL is released while qattn computes. python/README.md says which method copies what.
 """
-import json as _json
 
 from . import _qattn
 
@@ -258,9 +257,8 @@ def analyze(dump, methods=None, kv=None, weights=None, softmax_only=False, refer
         ``frame.attrs["summary"]``) holds the mean and worst rows of each method.
     """
     import os
-    text = _qattn.analyze_json(os.fspath(dump), list(methods or []), kv or "", weights or "", softmax_only,
-                               reference, engine)
-    report = _json.loads(text)
+    report = _qattn.analyze_report(os.fspath(dump), list(methods or []), kv or "", weights or "", softmax_only,
+                                   reference, engine)
     records = []
     for h in report["heads"]:
         r = {"layer": h["layer"], "head": h["head"], "method": h["method"]}

@@ -11,7 +11,6 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -20,11 +19,11 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include "commands.h"
-#include "engine_setting.h"
 #include "qattn/engine.h"
+#include "qattn/eval/analysis.h"
 #include "qattn/error.h"
 #include "qattn/metrics.h"
 #include "qattn/reference/kv_quant.h"
@@ -434,28 +433,75 @@ py::dict quantizers() {
   return d;
 }
 
-// analyze(...): `qattn analyze --format json` over a dump, as its JSON text.
-std::string analyze_json(const std::string& tensors, const std::vector<std::string>& specs, const std::string& kv,
-                         const std::string& weights, bool softmax_only, const std::string& reference,
-                         const std::string& engine) {
-  cli::AnalyzeOptions o;
-  o.tensors = tensors;
-  o.specs = specs;
-  o.kv = kv;
-  o.weights = weights;
-  o.softmax_only = softmax_only;
-  o.reference = reference;
-  o.format = "json";
-  const Engine chosen = parse_engine(engine);
-  py::gil_scoped_release release;
-  static std::mutex one_at_a_time;  // the engine setting is the process's, as in the CLI
-  const std::lock_guard<std::mutex> lock(one_at_a_time);
-  cli::engine_setting().engine = chosen;
-  try {
-    return cli::analyze_report(o);
-  } catch (const CLI::Error& e) {  // options that do not fit together: the CLI's message, as a ValueError
-    throw std::invalid_argument(e.get_name() + ": " + e.what());
+// One ErrorStats as the dict `qattn analyze --format json` writes (non-finite values as Python floats).
+py::dict stats_dict(const ErrorStats& e) {
+  py::dict hist;
+  for (const auto& [k, n] : e.log2_histogram) hist[py::str(std::to_string(k))] = n;
+  py::dict d;
+  d["count"] = e.count, d["nonfinite"] = e.nonfinite, d["cossim"] = e.cossim, d["rel_l1"] = e.rel_l1;
+  d["rmse"] = e.rmse, d["max_abs"] = e.max_abs, d["bias"] = e.bias, d["median_abs"] = e.median_abs;
+  d["zero_errors"] = e.zero_errors, d["log2_histogram"] = hist;
+  return d;
+}
+
+// analyze(...): the evaluation layer's analysis (qattn/eval/analysis.h) over a dump, on the engine named here, as
+// {"heads": [...], "summary": [...]} shaped as `qattn analyze --format json` writes them.
+py::dict analyze_report(const std::string& tensors, const std::vector<std::string>& specs, const std::string& kv,
+                        const std::string& weights, bool softmax_only, const std::string& reference_name,
+                        const std::string& engine) {
+  const eval::SoftmaxReference reference = eval::parse_softmax_reference(reference_name);
+  if (reference == eval::SoftmaxReference::exact && !softmax_only)
+    throw std::invalid_argument("--reference: exact applies to softmax-only analysis (softmax_only=True); attention "
+                                "is compared with fp64");
+  EngineOptions engine_options;
+  engine_options.engine = parse_engine(engine);
+  std::vector<eval::HeadResult> results;
+  std::vector<std::string> plan_specs;
+  {
+    py::gil_scoped_release release;
+    const eval::AnalysisPlan plan = eval::plan_analysis(
+        specs, kv, weights, softmax_only, reference, false,
+        [&](const MethodSpec& spec) { return build_method(spec, engine_options).method; });
+    std::vector<eval::DumpLayer> dump =
+        eval::load_dump(tensors, softmax_only ? eval::DumpTarget::softmax : eval::DumpTarget::attention, reference,
+                        nullptr, /*with_reference=*/false);
+    if (plan.wq) eval::quantize_projections(dump, tensors, *plan.wq);
+    eval::EvalOptions options;
+    options.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    results = eval::evaluate_plan(dump, plan, options);
+    plan_specs = plan.specs;
   }
+  py::list heads, summary;
+  for (const eval::HeadResult& r : results) {
+    py::dict h;
+    h["layer"] = r.layer, h["head"] = r.head, h["method"] = r.method;
+    h["O"] = stats_dict(r.o), h["P"] = stats_dict(r.p);
+    h["P_kl_mean"] = r.kl.mean, h["P_kl_max"] = r.kl.max, h["K_bits"] = r.k_bits, h["V_bits"] = r.v_bits;
+    heads.append(h);
+  }
+  for (const std::string& spec : plan_specs) {
+    std::vector<eval::HeadResult> mine;
+    for (const eval::HeadResult& r : results)
+      if (r.method == spec) mine.push_back(r);
+    const eval::Summary s = eval::summarise(mine);
+    py::dict mean, worst, entry;
+    for (const eval::MetricInfo& m : eval::kMetrics) mean[m.name] = s.mean[m.metric], worst[m.name] = s.worst[m.metric];
+    py::object nonfinite = py::none();
+    for (const eval::HeadResult& r : mine)
+      if (r.o.nonfinite > 0 || r.p.nonfinite > 0) {
+        py::dict where;
+        where["layer"] = r.layer, where["head"] = r.head;
+        nonfinite = where;
+        break;
+      }
+    entry["method"] = spec;
+    entry["canonical"] = ref::reference_registry().canonical(parse_method_spec(spec));
+    entry["mean"] = mean, entry["worst"] = worst, entry["first_nonfinite_head"] = nonfinite;
+    summary.append(entry);
+  }
+  py::dict report;
+  report["heads"] = heads, report["summary"] = summary;
+  return report;
 }
 
 py::dict compare(const py::handle& out, const py::handle& ref) {
@@ -604,7 +650,7 @@ PYBIND11_MODULE(_qattn, m) {
   m.def("quantize_kv", &quantize_kv, py::arg("k"), py::arg("v"), py::arg("spec"));
   m.def("quantize_weights", &quantize_weights, py::arg("w"), py::arg("x"), py::arg("spec"));
   m.def("quantizers", &quantizers);
-  m.def("analyze_json", &analyze_json, py::arg("tensors"), py::arg("methods"), py::arg("kv"), py::arg("weights"),
+  m.def("analyze_report", &analyze_report, py::arg("tensors"), py::arg("methods"), py::arg("kv"), py::arg("weights"),
         py::arg("softmax_only"), py::arg("reference"), py::arg("engine"));
   m.def("load", &load, py::arg("path"));
   m.def("save", &save, py::arg("path"), py::arg("arrays"));

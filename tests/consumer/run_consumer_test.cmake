@@ -32,6 +32,21 @@ if(EXAMPLE_DIR)
   endforeach()
 endif()
 
+# A user's own method evaluated beside the built-in ones through the installed evaluation layer (qattn::eval,
+# examples/own-method-analysis): it exits 0 only if its checks on the sample hold.
+if(ANALYSIS_EXAMPLE_DIR)
+  step(${CMAKE_COMMAND} -S ${ANALYSIS_EXAMPLE_DIR} -B ${WORK_DIR}/analysis-example -G ${GENERATOR}
+       -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
+  step(${CMAKE_COMMAND} --build ${WORK_DIR}/analysis-example)
+  step(${WORK_DIR}/analysis-example/own_method_analysis ${SAMPLE_DIR})
+  foreach(line "topk:k=2" "index@paper" "ok: top-k at k = L_k is the exact softmax")
+    string(FIND "${step_output}" "${line}" at)
+    if(at EQUAL -1)
+      message(FATAL_ERROR "the analysis example's output lacks \"${line}\":\n${step_output}")
+    endif()
+  endforeach()
+endif()
+
 if(NOT EXISTS ${WORK_DIR}/prefix/bin/qattn)
   message(STATUS "no qattn program installed (QATTN_BUILD_CLI=OFF): the CLI steps are skipped")
   return()

@@ -1,4 +1,4 @@
-#include "evaluate.h"
+#include "qattn/eval/evaluate.h"
 
 #include <algorithm>
 #include <atomic>
@@ -23,9 +23,8 @@
 #include "qattn/reference/softmax.h"
 #include "qattn/tensor_io.h"
 
-namespace qattn::cli {
+namespace qattn::eval {
 namespace fs = std::filesystem;
-using eval::PanelStats;
 
 namespace {
 
@@ -926,4 +925,4 @@ void quantize_projections(std::vector<DumpLayer>& dump, const fs::path& dir, con
   dump = std::move(kept);
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::eval
