@@ -19,13 +19,14 @@ std::string softmax_form_names() {
 }  // namespace
 
 AnalysisPlan plan_analysis(const std::vector<std::string>& given, const std::string& kv, const std::string& weights,
-                           bool softmax, SoftmaxReference reference, bool explicit_files, const MethodBuilder& build) {
+                           bool softmax, SoftmaxReference reference, bool explicit_files, const MethodBuilder& build,
+                           bool use_defaults) {
   const Registry& registry = ref::reference_registry();
   AnalysisPlan plan;
   plan.softmax = softmax;
   plan.reference = reference;
   std::vector<std::string> specs = given;
-  const bool defaults = specs.empty();
+  const bool defaults = specs.empty() && use_defaults;
   if (defaults)
     for (const auto& e : registry.entries())
       if (!e.reference || reference == SoftmaxReference::exact) specs.push_back(e.name);
@@ -39,6 +40,7 @@ AnalysisPlan plan_analysis(const std::vector<std::string>& given, const std::str
     }
     plan.methods.push_back(std::move(m));
     plan.specs.push_back(s);
+    plan.traits.push_back(registry.traits(spec));
   }
   if (!kv.empty()) {
     if (softmax) throw SpecError("--kv quantizes K and V: it needs attention, not softmax-only analysis");
@@ -63,10 +65,9 @@ AnalysisPlan plan_analysis(const std::vector<std::string>& given, const std::str
 
 std::vector<HeadResult> evaluate_plan(const std::vector<DumpLayer>& dump, const AnalysisPlan& plan, EvalOptions options,
                                       bool whole_calls) {
-  const Registry& registry = ref::reference_registry();
   std::vector<EvalMethod> methods;
   for (std::size_t m = 0; m < plan.methods.size(); ++m) {
-    methods.push_back({plan.methods[m].get(), plan.specs[m], registry.traits(parse_method_spec(plan.specs[m]))});
+    methods.push_back({plan.methods[m].get(), plan.specs[m], plan.traits.at(m)});
     if (whole_calls) methods.back().traits.query_block_rows = 0;
   }
   options.kv = plan.kv.get();

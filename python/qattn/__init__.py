@@ -14,7 +14,7 @@ Outputs are new arrays. The GIL is released while qattn computes. python/README.
 from . import _qattn
 
 __all__ = ["methods", "quantizers", "canonical", "softmax", "softmax_integer", "exact_softmax", "attention",
-           "quantize_kv", "quantize_weights", "compare", "analyze", "load", "save"]
+           "quantize_kv", "quantize_weights", "compare", "Method", "analyze", "sweep", "load", "save"]
 
 
 def methods():
@@ -228,6 +228,71 @@ def _number(v):
     return _NONFINITE.get(v, v) if isinstance(v, str) else v
 
 
+class Method:
+    """A method of your own, evaluated by ``analyze`` and ``sweep`` beside the registry's: the same fp64 reference,
+    metrics, summaries and threads (docs/streaming.md).
+
+    Parameters
+    ----------
+    name : str
+        The name its results carry (with its parameters: ``"topk:k=8"``).
+    fn : callable
+        ``kind="softmax"``: ``fn(logits, **params) -> P``, logits a float64 array ``(rows, L)`` with masked entries
+        ``-inf``, P of the same shape; inside attention it sits between float64 logits ``scale q k^T`` and float64
+        ``P V``, as the registry's softmax models do. ``kind="attention"``: ``fn(q, k, v, scale, mask, **params)``
+        returning O ``(L_q, d_v)`` or ``(O, P)``; ``mask`` is None or a bool array ``(L_q, L_k)``, True where the
+        query sees the key. It is called from qattn's worker threads, one call at a time (under the GIL).
+    kind : {"softmax", "attention"}
+    **params
+        Fixed keyword arguments of ``fn``; ``sweep`` varies them as grid axes.
+    """
+
+    def __init__(self, name, fn, kind="softmax", **params):
+        if not callable(fn):
+            raise TypeError("Method: fn must be callable, got " + type(fn).__name__)
+        if kind not in ("softmax", "attention"):
+            raise ValueError("Method: kind must be 'softmax' or 'attention', got " + repr(kind))
+        if not isinstance(name, str) or not name or ":" in name:
+            raise ValueError("Method: name must be a non-empty string without ':', got " + repr(name))
+        self.name, self.fn, self.kind, self.params = name, fn, kind, dict(params)
+
+    @property
+    def label(self):
+        """The name its results carry: ``name`` or ``name:key=value,...``."""
+        if not self.params:
+            return self.name
+        return self.name + ":" + ",".join("%s=%s" % (k, v) for k, v in self.params.items())
+
+    def with_params(self, **params):
+        """The same method with these parameters set (the others kept)."""
+        return Method(self.name, self.fn, self.kind, **dict(self.params, **params))
+
+    def __repr__(self):
+        return "qattn.Method(%r, kind=%r)" % (self.label, self.kind)
+
+    def _entry(self):
+        import functools
+        fn = functools.partial(self.fn, **self.params) if self.params else self.fn
+        return (self.label, fn, self.kind)
+
+
+def _split_methods(methods):
+    """Specs (str) and own methods ((label, callable, kind)) from a spec, a Method, or a sequence of them."""
+    if methods is None:
+        return [], []
+    if isinstance(methods, (str, Method)):
+        methods = [methods]
+    specs, own = [], []
+    for m in methods:
+        if isinstance(m, str):
+            specs.append(m)
+        elif isinstance(m, Method):
+            own.append(m._entry())
+        else:
+            raise TypeError("methods: a spec (str), a qattn.Method, or a sequence of them; got " + type(m).__name__)
+    return specs, own
+
+
 def analyze(dump, methods=None, kv=None, weights=None, softmax_only=False, reference="fp64", engine="auto",
             as_frame=None):
     """Error of each method against the fp64 (or exact) reference over a dump, as ``qattn analyze`` reports it.
@@ -236,8 +301,10 @@ def analyze(dump, methods=None, kv=None, weights=None, softmax_only=False, refer
     ----------
     dump : str or os.PathLike
         A directory of ``layer{L}_head{H}_{q,k,v}.npy`` (or ``_logits.npy``), or one .npz / .safetensors file.
-    methods : list of str, optional
-        Method specs; default every registered method but fp64 (the softmax models with ``softmax_only``).
+    methods : str, Method, or a sequence of them, optional
+        Method specs (``"turbo"`` or ``["fp16", "index@paper"]``) and methods of your own (``qattn.Method``);
+        default every registered method but fp64 (the softmax models with ``softmax_only``). Given only own
+        methods, only they run.
     kv, weights : str, optional
         A KV-cache or weight quantizer applied first (``qattn analyze --kv`` / ``--weights``).
     softmax_only : bool
@@ -257,8 +324,9 @@ def analyze(dump, methods=None, kv=None, weights=None, softmax_only=False, refer
         ``frame.attrs["summary"]``) holds the mean and worst rows of each method.
     """
     import os
-    report = _qattn.analyze_report(os.fspath(dump), list(methods or []), kv or "", weights or "", softmax_only,
-                                   reference, engine)
+    specs, own = _split_methods(methods)
+    report = _qattn.analyze_report(os.fspath(dump), specs, kv or "", weights or "", softmax_only, reference, engine,
+                                   own)
     records = []
     for h in report["heads"]:
         r = {"layer": h["layer"], "head": h["head"], "method": h["method"]}
@@ -291,6 +359,61 @@ class _Records(list):
     def __init__(self, records, summary):
         super().__init__(records)
         self.summary = summary
+
+
+_SWEEP_METRICS = ("cossim", "rel_l1", "rmse", "kl")
+
+
+def sweep(dump, method, grid, metric="cossim", target="O", softmax_only=False, engine="auto"):
+    """One method over a grid of its parameters: the mean and worst over the dump's heads at each point, as
+    ``qattn sweep`` reports them.
+
+    Parameters
+    ----------
+    dump : str or os.PathLike
+    method : str or Method
+        A spec (``"index@paper"``: the grid's keys are its parameters) or a method of your own (the grid's keys are
+        keyword arguments of its ``fn``).
+    grid : dict
+        ``{key: [values...]}``, one axis per key; points in the order of ``itertools.product`` (last key fastest).
+    metric : {"cossim", "rel_l1", "rmse", "kl"}
+    target : {"O", "P"}
+        kl applies to P only; softmax_only has P only.
+
+    Returns
+    -------
+    list of dict
+        One per point: its values by key, ``method`` (the point's spec or label), ``mean`` and ``worst``.
+    """
+    import itertools
+    if metric not in _SWEEP_METRICS or target not in ("O", "P") or (metric == "kl" and target != "P"):
+        raise ValueError("sweep: metric must be one of cossim, rel_l1, rmse (O or P) or kl (P), got %r on %r"
+                         % (metric, target))
+    if not grid:
+        raise ValueError("sweep: the grid needs at least one axis")
+    keys = list(grid)
+    axes = [list(grid[k]) for k in keys]
+    if any(not a for a in axes):
+        raise ValueError("sweep: every grid axis needs at least one value")
+    points = [dict(zip(keys, p)) for p in itertools.product(*axes)]
+    if isinstance(method, str):
+        base, _, given = method.partition(":")
+        fixed = dict(kv.split("=", 1) for kv in given.split(",")) if given else {}
+        entries = [base + ":" + ",".join("%s=%s" % kv for kv in dict(fixed, **{k: str(v) for k, v in p.items()}).items())
+                   for p in points]
+        labels = entries
+    elif isinstance(method, Method):
+        entries = [method.with_params(**p) for p in points]
+        labels = [m.label for m in entries]
+    else:
+        raise TypeError("sweep: method must be a spec (str) or a qattn.Method, got " + type(method).__name__)
+    if len(set(labels)) != len(labels):
+        raise ValueError("sweep: grid points that name the same method: " + ", ".join(labels))
+    records = analyze(dump, entries, softmax_only=softmax_only, engine=engine, as_frame=False)
+    name = target + "_" + metric
+    summary = {s["method"]: s for s in records.summary}
+    return [dict(p, method=label, mean=summary[label]["mean"][name], worst=summary[label]["worst"][name])
+            for p, label in zip(points, labels)]
 
 
 def compare(a, b):

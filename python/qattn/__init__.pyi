@@ -1,5 +1,5 @@
 import os
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -32,9 +32,18 @@ def attention(
 def quantize_kv(k: FloatArray, v: FloatArray, spec: str) -> Dict[str, Any]: ...
 def quantize_weights(w: FloatArray, x: FloatArray, spec: str) -> npt.NDArray[np.float64]: ...
 def compare(a: FloatArray, b: FloatArray) -> Dict[str, float]: ...
+class Method:
+    name: str
+    fn: Callable[..., Any]
+    kind: str
+    params: Dict[str, Any]
+    def __init__(self, name: str, fn: Callable[..., Any], kind: str = ..., **params: Any) -> None: ...
+    @property
+    def label(self) -> str: ...
+    def with_params(self, **params: Any) -> "Method": ...
 def analyze(
     dump: Union[str, os.PathLike],
-    methods: Optional[List[str]] = ...,
+    methods: Union[None, str, Method, Sequence[Union[str, Method]]] = ...,
     kv: Optional[str] = ...,
     weights: Optional[str] = ...,
     softmax_only: bool = ...,
@@ -42,5 +51,14 @@ def analyze(
     engine: str = ...,
     as_frame: Optional[bool] = ...,
 ) -> Any: ...
+def sweep(
+    dump: Union[str, os.PathLike],
+    method: Union[str, Method],
+    grid: Dict[str, Sequence[Any]],
+    metric: str = ...,
+    target: str = ...,
+    softmax_only: bool = ...,
+    engine: str = ...,
+) -> List[Dict[str, Any]]: ...
 def load(path: str) -> Dict[str, np.ndarray]: ...
 def save(path: str, arrays: Dict[str, FloatArray]) -> None: ...

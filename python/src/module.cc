@@ -444,11 +444,102 @@ py::dict stats_dict(const ErrorStats& e) {
   return d;
 }
 
+// A user's Python callable as a qattn::Method, for qattn.analyze and qattn.sweep (python/qattn/__init__.py, Method).
+// kind "softmax": fn(logits) -> P, logits a float64 array [rows, L] (masked entries -inf), P of the same shape; inside
+// attention it sits between float64 logits scale q k^T and float64 P V, as the registry's softmax models do.
+// kind "attention": fn(q, k, v, scale, mask) -> O [L_q, d_v] or (O, P); mask None or a bool array [L_q, L_k] (True =
+// the query sees the key). The evaluation calls it from its worker threads, each call under the GIL. Whatever it
+// raises, or a result of the wrong shape or with NaN, becomes std::invalid_argument naming the method (a ValueError
+// in Python naming the file, head and method).
+class PythonMethod final : public Method {
+ public:
+  PythonMethod(std::string name, py::object fn, bool attention)
+      : name_(std::move(name)), fn_(std::move(fn)), attention_(attention) {}
+  ~PythonMethod() override {
+    py::gil_scoped_acquire gil;
+    fn_ = py::object();
+  }
+
+ protected:
+  RowMatrixXd softmax_rows_impl(const MatrixView& logits) const override {
+    if (attention_) throw SpecError(name_ + ": an attention callable has no softmax-only form");
+    py::gil_scoped_acquire gil;
+    return call([&] { return fn_(to_numpy(logits)); }, logits.rows(), logits.cols(), "P");
+  }
+
+  AttentionResult attention_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
+                                 const AttentionMask& mask) const override {
+    AttentionResult r;
+    if (!attention_) {
+      RowMatrixXd s = (q * k.transpose()) * scale;
+      mask.apply_to_logits(s);
+      r.p = softmax_rows(s);
+      r.o = r.p * v;
+      return r;
+    }
+    py::gil_scoped_acquire gil;
+    py::object m = py::none();
+    if (!mask.empty()) {
+      const RowMatrixXb visible = mask.visible(q.rows(), k.rows());
+      py::array_t<bool> b({visible.rows(), visible.cols()});
+      std::copy(visible.data(), visible.data() + visible.size(), b.mutable_data());
+      m = b;
+    }
+    py::object out;
+    try {
+      out = fn_(to_numpy(q), to_numpy(k), to_numpy(v), scale, m);
+    } catch (py::error_already_set& e) {
+      throw std::invalid_argument(name_ + " raised " + e.what());
+    }
+    py::object o = out, p = py::none();
+    if (py::isinstance<py::tuple>(out) && py::len(out) == 2) o = out[py::int_(0)], p = out[py::int_(1)];
+    r.o = call([&] { return o; }, q.rows(), v.cols(), "O");
+    if (!p.is_none()) r.p = call([&] { return p; }, q.rows(), k.rows(), "P");
+    return r;
+  }
+
+ private:
+  static py::array_t<double> to_numpy(const MatrixView& x) {
+    py::array_t<double> a({x.rows(), x.cols()});
+    Eigen::Map<RowMatrixXd>(a.mutable_data(), x.rows(), x.cols()) = x;
+    return a;
+  }
+
+  // The array fn() returns, as a [rows, cols] float64 matrix (under the GIL).
+  template <class Fn>
+  RowMatrixXd call(Fn&& fn, Eigen::Index rows, Eigen::Index cols, const char* what) const {
+    py::object out;
+    try {
+      out = fn();
+    } catch (py::error_already_set& e) {
+      throw std::invalid_argument(name_ + " raised " + e.what());
+    }
+    py::array_t<double, py::array::c_style | py::array::forcecast> a;
+    try {
+      a = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(out);
+    } catch (py::error_already_set& e) {
+      throw std::invalid_argument(name_ + ": its " + what + " is not a float array");
+    }
+    if (!a || a.ndim() != 2 || a.shape(0) != rows || a.shape(1) != cols)
+      throw std::invalid_argument(name_ + ": its " + what + " must be a float array of shape (" + std::to_string(rows) +
+                                  ", " + std::to_string(cols) + ")");
+    const RowMatrixXd m = Eigen::Map<const RowMatrixXd>(a.data(), rows, cols);
+    if (!m.allFinite()) throw std::invalid_argument(name_ + ": its " + what + " holds NaN or inf");
+    return m;
+  }
+
+  std::string name_;
+  py::object fn_;
+  bool attention_;
+};
+
 // analyze(...): the evaluation layer's analysis (qattn/eval/analysis.h) over a dump, on the engine named here, as
 // {"heads": [...], "summary": [...]} shaped as `qattn analyze --format json` writes them.
+// `own`: the user's methods, (label, callable, kind) with kind "softmax" or "attention" (PythonMethod); with own
+// methods and no spec, only they run.
 py::dict analyze_report(const std::string& tensors, const std::vector<std::string>& specs, const std::string& kv,
                         const std::string& weights, bool softmax_only, const std::string& reference_name,
-                        const std::string& engine) {
+                        const std::string& engine, const std::vector<py::tuple>& own) {
   const eval::SoftmaxReference reference = eval::parse_softmax_reference(reference_name);
   if (reference == eval::SoftmaxReference::exact && !softmax_only)
     throw std::invalid_argument("--reference: exact applies to softmax-only analysis (softmax_only=True); attention "
@@ -457,11 +548,30 @@ py::dict analyze_report(const std::string& tensors, const std::vector<std::strin
   engine_options.engine = parse_engine(engine);
   std::vector<eval::HeadResult> results;
   std::vector<std::string> plan_specs;
+  std::vector<std::unique_ptr<Method>> users;
+  std::vector<std::string> user_labels;
+  for (const py::tuple& t : own) {
+    if (t.size() != 3) throw std::invalid_argument("own methods: (label, callable, kind) tuples");
+    const std::string label = t[0].cast<std::string>(), kind = t[2].cast<std::string>();
+    if (kind != "softmax" && kind != "attention")
+      throw std::invalid_argument(label + ": kind must be 'softmax' or 'attention', got '" + kind + "'");
+    if (softmax_only && kind == "attention")
+      throw std::invalid_argument(label + ": an attention callable has no softmax-only form");
+    for (const std::string& other : specs)
+      if (other == label) throw std::invalid_argument(label + ": the name of a method given twice");
+    users.push_back(std::make_unique<PythonMethod>(label, t[1].cast<py::object>(), kind == "attention"));
+    user_labels.push_back(label);
+  }
   {
     py::gil_scoped_release release;
-    const eval::AnalysisPlan plan = eval::plan_analysis(
+    eval::AnalysisPlan plan = eval::plan_analysis(
         specs, kv, weights, softmax_only, reference, false,
-        [&](const MethodSpec& spec) { return build_method(spec, engine_options).method; });
+        [&](const MethodSpec& spec) { return build_method(spec, engine_options).method; }, own.empty());
+    for (std::size_t u = 0; u < users.size(); ++u) {
+      plan.methods.push_back(std::move(users[u]));
+      plan.specs.push_back(user_labels[u]);
+      plan.traits.push_back(MethodTraits{});  // nothing declared: whole calls, compared block by block
+    }
     std::vector<eval::DumpLayer> dump =
         eval::load_dump(tensors, softmax_only ? eval::DumpTarget::softmax : eval::DumpTarget::attention, reference,
                         nullptr, /*with_reference=*/false);
@@ -470,7 +580,9 @@ py::dict analyze_report(const std::string& tensors, const std::vector<std::strin
     options.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     results = eval::evaluate_plan(dump, plan, options);
     plan_specs = plan.specs;
+    users = std::move(plan.methods);  // destroyed below, with the GIL held (PythonMethod's destructor takes it)
   }
+  users.clear();
   py::list heads, summary;
   for (const eval::HeadResult& r : results) {
     py::dict h;
@@ -495,7 +607,8 @@ py::dict analyze_report(const std::string& tensors, const std::vector<std::strin
         break;
       }
     entry["method"] = spec;
-    entry["canonical"] = ref::reference_registry().canonical(parse_method_spec(spec));
+    const bool user = std::find(user_labels.begin(), user_labels.end(), spec) != user_labels.end();
+    entry["canonical"] = user ? spec : ref::reference_registry().canonical(parse_method_spec(spec));
     entry["mean"] = mean, entry["worst"] = worst, entry["first_nonfinite_head"] = nonfinite;
     summary.append(entry);
   }
@@ -651,7 +764,7 @@ PYBIND11_MODULE(_qattn, m) {
   m.def("quantize_weights", &quantize_weights, py::arg("w"), py::arg("x"), py::arg("spec"));
   m.def("quantizers", &quantizers);
   m.def("analyze_report", &analyze_report, py::arg("tensors"), py::arg("methods"), py::arg("kv"), py::arg("weights"),
-        py::arg("softmax_only"), py::arg("reference"), py::arg("engine"));
+        py::arg("softmax_only"), py::arg("reference"), py::arg("engine"), py::arg("own") = std::vector<py::tuple>{});
   m.def("load", &load, py::arg("path"));
   m.def("save", &save, py::arg("path"), py::arg("arrays"));
 }

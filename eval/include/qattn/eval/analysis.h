@@ -21,8 +21,9 @@ using MethodBuilder = std::function<std::unique_ptr<Method>(const MethodSpec&)>;
 struct AnalysisPlan {
   bool softmax = false;  // softmax-only analysis of dumped logits
   SoftmaxReference reference = SoftmaxReference::fp64;
-  std::vector<std::string> specs;  // as given (or the registry's defaults), one per method
+  std::vector<std::string> specs;  // as given (or the registry's defaults), one per method: its label in the results
   std::vector<std::unique_ptr<Method>> methods;
+  std::vector<MethodTraits> traits;  // the registry's for its specs; a user's own method appended with its own
   std::unique_ptr<ref::KvQuantizer> kv;
   std::unique_ptr<ref::WeightQuantizer> wq;
 };
@@ -31,8 +32,10 @@ struct AnalysisPlan {
 // the exact reference; for softmax-only analysis the softmax models only), the KV quantizer `kv` and the weight
 // quantizer `weights` (empty: none). SpecError for a bad spec or a combination that has no meaning (a pipeline
 // without softmax form in a softmax-only analysis, --kv or --weights with it, --weights with explicit_files).
+// With defaults false, no spec means no method (a caller that adds its own methods to the plan).
 AnalysisPlan plan_analysis(const std::vector<std::string>& specs, const std::string& kv, const std::string& weights,
-                           bool softmax, SoftmaxReference reference, bool explicit_files, const MethodBuilder& build);
+                           bool softmax, SoftmaxReference reference, bool explicit_files, const MethodBuilder& build,
+                           bool defaults = true);
 
 // Every method of the plan over the dump, streamed (docs/streaming.md) with `options` (its kv is the plan's); with
 // whole_calls every method runs on whole calls. Results in (layer, head) order, each head's methods in plan order.

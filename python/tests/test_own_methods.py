@@ -1,0 +1,83 @@
+"""Methods of the user's own (qattn.Method) in qattn.analyze and qattn.sweep, beside the registry's."""
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+import qattn
+
+SAMPLE = os.path.join(os.environ.get("QATTN_SOURCE", "."), "experiments", "data", "use-lite")
+
+
+def np_softmax(logits):
+    m = logits.max(axis=1, keepdims=True)
+    e = np.exp(logits - np.where(np.isfinite(m), m, 0))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def topk(logits, k):
+    kept = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+    masked = np.full_like(logits, -np.inf)
+    np.put_along_axis(masked, kept, np.take_along_axis(logits, kept, axis=1), axis=1)
+    return np_softmax(masked)
+
+
+def test_an_own_softmax_is_analysed_beside_the_registry_methods():
+    records = qattn.analyze(SAMPLE, ["fp32", qattn.Method("np-softmax", np_softmax)], as_frame=False)
+    mine = [r for r in records if r["method"] == "np-softmax"]
+    assert len(mine) == 8 and {r["method"] for r in records} == {"fp32", "np-softmax"}
+    assert all(abs(1 - r["O_cossim"]) < 1e-12 and 0 <= r["P_kl_mean"] < 1e-12 for r in mine)
+    assert [s["method"] for s in records.summary] == ["fp32", "np-softmax"]
+    assert records.summary[1]["canonical"] == "np-softmax"
+
+
+def test_sweep_over_an_own_methods_parameter_and_over_a_registry_spec():
+    rows = qattn.sweep(SAMPLE, qattn.Method("topk", topk), {"k": [2, 8, 32]}, metric="kl", target="P")
+    assert [r["method"] for r in rows] == ["topk:k=2", "topk:k=8", "topk:k=32"]
+    assert rows[0]["mean"] > rows[1]["mean"] > rows[2]["mean"] > 0  # fewer keys kept, more mass lost
+    # A registry spec: the same means as `qattn sweep`
+    mine = qattn.sweep(SAMPLE, "index@paper", {"b": [4, 6]}, metric="cossim", target="O")
+    cli = subprocess.run([os.environ.get("QATTN_CLI", "qattn"), "sweep", "--method", "index@paper", "--grid", "b=4,6",
+                          "--tensors", SAMPLE], capture_output=True, text=True, check=True).stdout.splitlines()
+    means = [float(line.split(",")[3]) for line in cli[1:]]
+    assert [round(r["mean"], 8) for r in mine] == means
+    with pytest.raises(ValueError, match="metric"):
+        qattn.sweep(SAMPLE, "index", {"b": [4]}, metric="kl", target="O")
+
+
+def test_an_own_attention_method_with_and_without_p():
+    def attention(q, k, v, scale, mask, with_p):
+        s = scale * q @ k.T
+        if mask is not None:
+            s = np.where(mask, s, -np.inf)
+        p = np_softmax(s)
+        return (p @ v, p) if with_p else p @ v
+
+    both = qattn.Method("np-attention", attention, kind="attention", with_p=True)
+    o_only = qattn.Method("np-attention-o", attention, kind="attention", with_p=False)
+    records = qattn.analyze(SAMPLE, [both, o_only], as_frame=False)
+    by = {m: [r for r in records if r["method"] == m] for m in ("np-attention:with_p=True", "np-attention-o:with_p=False")}
+    assert all(abs(1 - r["O_cossim"]) < 1e-12 and abs(1 - r["P_cossim"]) < 1e-12 for r in by["np-attention:with_p=True"])
+    assert all(np.isnan(r["P_cossim"]) and abs(1 - r["O_cossim"]) < 1e-12 for r in by["np-attention-o:with_p=False"])
+
+
+def test_own_methods_that_fail_name_themselves():
+    def broken(logits):
+        raise RuntimeError("my bug")
+
+    with pytest.raises(ValueError, match="broken.*my bug"):
+        qattn.analyze(SAMPLE, qattn.Method("broken", broken))
+    with pytest.raises(ValueError, match="short.*shape"):
+        qattn.analyze(SAMPLE, qattn.Method("short", lambda logits: logits[:, :3]))
+    with pytest.raises(ValueError, match="no softmax-only form"):
+        qattn.analyze(SAMPLE, qattn.Method("a", lambda q, k, v, s, m: q, kind="attention"), softmax_only=True)
+    with pytest.raises(TypeError, match="callable"):
+        qattn.Method("x", 3)
+    with pytest.raises(TypeError, match="qattn.Method"):
+        qattn.analyze(SAMPLE, [np_softmax])
+
+
+def test_a_single_spec_string_is_one_method():
+    records = qattn.analyze(SAMPLE, "fp32", as_frame=False)
+    assert {r["method"] for r in records} == {"fp32"} and len(records) == 8
