@@ -32,6 +32,7 @@
 #include "engine_setting.h"
 #include "evaluate.h"
 #include "qattn/eval/analysis.h"
+#include "qattn/eval/panel_metrics.h"
 #include "shard.h"
 #include "table.h"
 
@@ -401,18 +402,45 @@ json stats_json(const ErrorStats& s) {
           {"zero_errors", s.zero_errors}, {"log2_histogram", hist}};
 }
 
-void run_compare(const std::string& a, const std::string& b, const std::string& name, const std::string& format) {
+// The metrics of A against B, in chunks of whole rows of the last axis (about 2^16 values each, fixed by the shape)
+// on `threads` workers, each chunk's partial sums folded in chunk order (qattn/eval/panel_metrics.h): the same
+// figures for every thread count; the median is exact. KL (D(A || B) per row) where both are probability rows.
+void run_compare(const std::string& a, const std::string& b, const std::string& name, const std::string& format,
+                 int threads) {
   const Tensor ta = pick_tensor(a, name), tb = pick_tensor(b, name);
   if (ta.shape != tb.shape)
     throw InputError(b, "shape", tb.shape_string() + " differs from " + ta.shape_string() + " of " + a);
   const Eigen::ArrayXd va = ta.to_double(), vb = tb.to_double();
-  const ErrorStats s = compare(std::span(va.data(), va.size()), std::span(vb.data(), vb.size()));
-  json j = stats_json(s);
-  std::optional<KlStats> kl;
+  const Eigen::Index cols = ta.shape.empty() || ta.shape.back() == 0 ? 1 : ta.shape.back();
+  const Eigen::Index rows = va.size() / cols;
+  bool probabilities = false;
   if (!ta.shape.empty()) {
     const RowMatrixXd ra = ta.as_rows(), rb = tb.as_rows();
-    if (looks_like_probability_rows(ra) && looks_like_probability_rows(rb)) kl = kl_rows(rb, ra);
+    probabilities = looks_like_probability_rows(ra) && looks_like_probability_rows(rb);
   }
+  const Eigen::Index chunk_rows = std::max<Eigen::Index>(1, (Eigen::Index{1} << 16) / cols);
+  const std::size_t chunks = static_cast<std::size_t>((rows + chunk_rows - 1) / chunk_rows);
+  std::vector<eval::PanelStats> panels(chunks);
+  std::vector<eval::MetricFold> medians;
+  for (std::size_t c = 0; c < chunks; ++c) medians.emplace_back(true);
+  parallel_for(chunks, threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())),
+               [&](std::size_t c) {
+                 const Eigen::Index r0 = static_cast<Eigen::Index>(c) * chunk_rows, n = std::min(chunk_rows, rows - r0);
+                 const double* pa = va.data() + r0 * cols;
+                 const double* pb = vb.data() + r0 * cols;
+                 panels[c] = eval::panel_stats(pa, pb, static_cast<std::size_t>(n * cols));
+                 if (probabilities) eval::add_panel_kl(panels[c], pa, pb, n, cols);
+                 medians[c].add_errors(pa, pb, static_cast<std::size_t>(n * cols));
+               });
+  eval::MetricFold fold(true);
+  for (std::size_t c = 0; c < chunks; ++c) {
+    fold.add(panels[c]);
+    fold.merge_errors(medians[c]);
+  }
+  const ErrorStats s = fold.stats();
+  json j = stats_json(s);
+  std::optional<KlStats> kl;
+  if (probabilities) kl = fold.kl();
   if (kl) j["kl_a_b"] = {{"mean", exact_number(kl->mean)}, {"max", exact_number(kl->max)}};
   if (format == "json") {
     std::cout << j.dump(2) << "\n";
@@ -902,9 +930,15 @@ void add_compare(CLI::App& app) {
   sub->add_option("B", *b, "Reference tensor")->required();
   sub->add_option("--name", *name, "Tensor name inside multi-tensor files");
   sub->add_option("--format", *format, "md|json")->capture_default_str();
+  auto threads = std::make_shared<int>(0);
+  sub->add_option("--threads", *threads,
+                  "worker threads, at most " + std::to_string(kMaxThreads) +
+                      "; 0 (default): every core. The figures do not depend on it")
+      ->capture_default_str();
   sub->callback([=] {
     check_format(*format, {"md", "json"});
-    run_compare(*a, *b, *name, *format);
+    require_range("--threads", *threads, 0, kMaxThreads);
+    run_compare(*a, *b, *name, *format, *threads);
   });
 }
 
