@@ -143,4 +143,13 @@ std::uint32_t lowp_encode(double value, const LowpFormat& f) {
   return sign | (static_cast<std::uint32_t>(e + f.bias) << m_bits) | (significand & ((1u << m_bits) - 1));
 }
 
+std::uint8_t fp8_from_float(float x, const LowpFormat& f, Fp8Cast cast) {
+  if (f.bits() != 8) throw std::invalid_argument("fp8_from_float: " + f.name + " is not an 8-bit format");
+  const bool ptx = cast == Fp8Cast::ptx_satfinite;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  double r = std::isnan(x) ? nan : lowp_round(x, f, LowpRounding::rne, ptx ? LowpOverflow::saturate : LowpOverflow::non_saturating);
+  if (std::isnan(r)) r = ptx ? nan : std::copysign(nan, static_cast<double>(x));  // PTX writes the positive NaN
+  return static_cast<std::uint8_t>(lowp_encode(r, f));
+}
+
 }  // namespace qattn::ref

@@ -61,4 +61,13 @@ double lowp_round(double x, const LowpFormat& f, LowpRounding mode, LowpOverflow
 double lowp_decode(std::uint32_t code, const LowpFormat& f);
 std::uint32_t lowp_encode(double value, const LowpFormat& f);
 
+// float32 -> FP8 code as an H100 converts (tests/fixtures/h100-fp8, checked bit for bit over every float32 for PTX and
+// over the measured patterns for torch in tests/exact/h100_fp8_conversion_test.cc). Both round to nearest, ties to
+// even; they differ beyond the largest finite value and for NaN:
+//   ptx_satfinite  PTX cvt.rn.satfinite.{e4m3,e5m2}x2.f32: saturates to +-max_finite (infinities too); NaN -> 0x7F
+//   torch          x.to(torch.float8_e4m3fn / float8_e5m2): e4m3fn overflows to NaN (448 < |x| <= 464 rounds to
+//                  448, beyond is NaN), e5m2 to +-inf; NaN and an overflow to NaN keep the sign of x (0x7F / 0xFF)
+enum class Fp8Cast { ptx_satfinite, torch };
+std::uint8_t fp8_from_float(float x, const LowpFormat& f, Fp8Cast cast);
+
 }  // namespace qattn::ref

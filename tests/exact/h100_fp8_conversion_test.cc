@@ -1,0 +1,120 @@
+// float32 -> FP8 conversions against the codes an H100 wrote (tests/fixtures/h100-fp8/README.md): PTX
+// cvt.rn.satfinite over every float32 (both sides of every code change the GPU recorded), and torch's casts over the
+// measured patterns (the fixture's subset).
+#include <catch2/catch.hpp>
+
+#include <bit>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "qattn/reference/lowp_float.h"
+#include "qattn/tensor_io.h"
+
+namespace {
+
+using qattn::ref::Fp8Cast;
+using qattn::ref::LowpFormat;
+
+const std::filesystem::path kH100 = std::filesystem::path(QATTN_FIXTURES) / "h100-fp8";
+
+std::uint8_t convert(std::uint32_t bits, const LowpFormat& f, Fp8Cast cast) {
+  return qattn::ref::fp8_from_float(std::bit_cast<float>(bits), f, cast);
+}
+
+std::string hex(std::uint32_t v) {
+  std::ostringstream s;
+  s << std::hex << v;
+  return s.str();
+}
+
+// Every code change of cvt.rn.satfinite: at pattern u the GPU writes `code`, at u - 1 the previous code of the half.
+TEST_CASE("fp8_from_float ptx_satfinite is cvt.rn.satfinite on every float32 (both sides of every code change)",
+          "[lowp][h100]") {
+  std::ifstream in(kH100 / "cvt_satfinite_transitions.txt");
+  REQUIRE(in);
+  std::map<std::string, std::vector<std::pair<std::uint32_t, std::uint32_t>>> halves;  // "e4m3 +" -> (u, code)
+  std::string line, current;
+  while (std::getline(in, line)) {
+    if (line.rfind("## ", 0) == 0) {
+      std::istringstream h(line.substr(3));
+      std::string fmt, sign;
+      h >> fmt >> sign;
+      current = fmt + (sign == "positive" ? " +" : " -");
+      continue;
+    }
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream l(line);
+    std::string fmt, u, code;
+    l >> fmt >> u >> code;
+    halves[current].emplace_back(static_cast<std::uint32_t>(std::stoul(u, nullptr, 16)),
+                                 static_cast<std::uint32_t>(std::stoul(code, nullptr, 16)));
+  }
+  REQUIRE(halves.size() == 4);
+  std::size_t checked = 0;
+  for (const auto& [name, changes] : halves) {
+    const LowpFormat& f = name.rfind("e4m3", 0) == 0 ? qattn::ref::fp8_e4m3fn() : qattn::ref::fp8_e5m2();
+    REQUIRE(changes.size() >= 125);
+    for (std::size_t i = 0; i < changes.size(); ++i) {
+      const auto [u, code] = changes[i];
+      INFO(name << ": float32 pattern 0x" << hex(u));
+      CHECK(convert(u, f, Fp8Cast::ptx_satfinite) == code);
+      if (i > 0) CHECK(convert(u - 1, f, Fp8Cast::ptx_satfinite) == changes[i - 1].second);
+      checked += 2;
+    }
+    // the last pattern of the half (a NaN) keeps the last code
+    const std::uint32_t last = name.back() == '+' ? 0x7fffffffu : 0xffffffffu;
+    CHECK(convert(last, f, Fp8Cast::ptx_satfinite) == changes.back().second);
+  }
+  CHECK(checked > 1000);
+}
+
+void check_torch_casts(const std::filesystem::path& file) {
+  const std::vector<qattn::NamedTensor> ts = qattn::read_npz(file);
+  std::map<std::string, const qattn::Tensor*> by;
+  for (const auto& t : ts) by[t.name] = &t.tensor;
+  REQUIRE(by.count("bits"));
+  const qattn::Tensor& bits = *by.at("bits");
+  const std::size_t n = bits.bytes.size() / 4;
+  REQUIRE(n > 10000);
+  for (const auto& [key, f] : {std::pair<std::string, const LowpFormat*>{"e4m3fn", &qattn::ref::fp8_e4m3fn()},
+                                {"e5m2", &qattn::ref::fp8_e5m2()}}) {
+    const qattn::Tensor& codes = *by.at(key);
+    REQUIRE(codes.bytes.size() == n);
+    std::size_t wrong = 0;
+    std::uint32_t first_wrong = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint32_t u;
+      std::memcpy(&u, bits.bytes.data() + 4 * i, 4);
+      const auto want = std::to_integer<std::uint8_t>(codes.bytes[i]);
+      if (convert(u, *f, Fp8Cast::torch) != want && wrong++ == 0) first_wrong = u;
+    }
+    INFO(file.string() << ", " << key << ": first differing float32 pattern 0x" << hex(first_wrong));
+    CHECK(wrong == 0);
+  }
+}
+
+TEST_CASE("fp8_from_float torch is torch's .to(float8_e4m3fn / float8_e5m2) on the GPU", "[lowp][h100]") {
+  check_torch_casts(kH100 / "torch_casts_subset.npz");
+}
+
+TEST_CASE("fp8_from_float: the rules the H100 data shows, stated", "[lowp][h100]") {
+  const LowpFormat& e4m3 = qattn::ref::fp8_e4m3fn();
+  const LowpFormat& e5m2 = qattn::ref::fp8_e5m2();
+  CHECK(qattn::ref::fp8_from_float(464.0f, e4m3, Fp8Cast::torch) == 0x7e);       // the tie rounds to 448 (even)
+  CHECK(qattn::ref::fp8_from_float(464.5f, e4m3, Fp8Cast::torch) == 0x7f);       // beyond: NaN
+  CHECK(qattn::ref::fp8_from_float(-1e6f, e4m3, Fp8Cast::torch) == 0xff);        // a negative overflow: -NaN
+  CHECK(qattn::ref::fp8_from_float(-1e6f, e4m3, Fp8Cast::ptx_satfinite) == 0xfe);  // -448
+  CHECK(qattn::ref::fp8_from_float(1e6f, e5m2, Fp8Cast::torch) == 0x7c);         // +inf
+  CHECK(qattn::ref::fp8_from_float(-INFINITY, e5m2, Fp8Cast::ptx_satfinite) == 0xfb);  // -57344
+  CHECK(qattn::ref::fp8_from_float(-NAN, e5m2, Fp8Cast::ptx_satfinite) == 0x7f);
+  CHECK_THROWS_AS(qattn::ref::fp8_from_float(1.0f, qattn::ref::fp16_binary16(), Fp8Cast::torch), std::invalid_argument);
+}
+
+}  // namespace
