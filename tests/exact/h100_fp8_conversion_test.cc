@@ -34,8 +34,9 @@ std::string hex(std::uint32_t v) {
   return s.str();
 }
 
-// Every code change of cvt.rn.satfinite: at pattern u the GPU writes `code`, at u - 1 the previous code of the half.
-TEST_CASE("fp8_from_float ptx_satfinite is cvt.rn.satfinite on every float32 (both sides of every code change)",
+// Every code change of cvt.rn.satfinite: at pattern u the GPU writes `code`, at u - 1 the previous code of the half,
+// and in the middle of each interval the interval's code.
+TEST_CASE("fp8_from_float ptx_satfinite is cvt.rn.satfinite on every float32 (both sides and the middle of every interval)",
           "[lowp][h100]") {
   std::ifstream in(kH100 / "cvt_satfinite_transitions.txt");
   REQUIRE(in);
@@ -66,7 +67,9 @@ TEST_CASE("fp8_from_float ptx_satfinite is cvt.rn.satfinite on every float32 (bo
       INFO(name << ": float32 pattern 0x" << hex(u));
       CHECK(convert(u, f, Fp8Cast::ptx_satfinite) == code);
       if (i > 0) CHECK(convert(u - 1, f, Fp8Cast::ptx_satfinite) == changes[i - 1].second);
-      checked += 2;
+      if (i + 1 < changes.size())  // the middle of the interval the code holds on
+        CHECK(convert(u + (changes[i + 1].first - u) / 2, f, Fp8Cast::ptx_satfinite) == code);
+      checked += 3;
     }
     // the last pattern of the half (a NaN) keeps the last code
     const std::uint32_t last = name.back() == '+' ? 0x7fffffffu : 0xffffffffu;
