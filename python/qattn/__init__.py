@@ -14,7 +14,7 @@ Outputs are new arrays. The GIL is released while qattn computes. python/README.
 from . import _qattn
 
 __all__ = ["methods", "quantizers", "canonical", "softmax", "softmax_integer", "exact_softmax", "attention",
-           "quantize_kv", "quantize_weights", "compare", "Method", "analyze", "sweep", "load", "save"]
+           "quantize_kv", "quantize_weights", "compare", "Method", "analyze", "sweep", "fp8_encode", "load", "save"]
 
 
 def methods():
@@ -426,6 +426,19 @@ def compare(a, b):
         (mean of a - b), ``median_abs``, as ``qattn analyze`` computes them.
     """
     return _qattn.compare(a, b)
+
+
+def fp8_encode(x, format="e4m3fn", saturate=True):
+    """FP8 codes (uint8, the shape of ``x``) of float32 values as an NVIDIA H100 converts them.
+
+    Both round to nearest, ties to even. ``saturate=True`` is PTX ``cvt.rn.satfinite`` (beyond the largest finite
+    value, infinities included: +-max; NaN: 0x7F); ``saturate=False`` is torch's ``x.to(torch.float8_e4m3fn)`` /
+    ``.to(torch.float8_e5m2)`` (E4M3FN overflows to NaN past 464, E5M2 to inf; NaN keeps its sign). Bit-exact to the
+    H100's codes (docs/lowp-float.md). float64 input is rounded to float32 first.
+
+    format : {"e4m3fn", "e5m2"}
+    """
+    return _qattn.fp8_encode(x, format, saturate)
 
 
 def load(path):

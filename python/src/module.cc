@@ -27,6 +27,7 @@
 #include "qattn/error.h"
 #include "qattn/metrics.h"
 #include "qattn/reference/kv_quant.h"
+#include "qattn/reference/lowp_float.h"
 #include "qattn/reference/registry.h"
 #include "qattn/reference/softmax.h"
 #include "qattn/reference/weight_quant.h"
@@ -617,6 +618,28 @@ py::dict analyze_report(const std::string& tensors, const std::vector<std::strin
   return report;
 }
 
+// fp8_encode(x, format, saturate): float32 values -> FP8 codes as an H100 converts them (ref::fp8_from_float):
+// saturate=True is PTX cvt.rn.satfinite, False is torch's .to(float8_*). float64 input is first rounded to float32
+// (the conversions take float32), as torch does.
+py::array_t<std::uint8_t> fp8_encode(const py::handle& x_obj, const std::string& format, bool saturate) {
+  const ref::LowpFormat* f = format == "e4m3fn" ? &ref::fp8_e4m3fn() : format == "e5m2" ? &ref::fp8_e5m2() : nullptr;
+  if (!f) throw std::invalid_argument("fp8_encode: format must be 'e4m3fn' or 'e5m2', got '" + format + "'");
+  if (!py::isinstance<py::array>(x_obj))
+    throw py::type_error("x: expected a NumPy array of float32 or float64, got " + std::string(py::str(py::type::of(x_obj))));
+  const auto x = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(x_obj);
+  if (!x) throw py::type_error("x: expected a float array");
+  std::vector<py::ssize_t> shape(x.shape(), x.shape() + x.ndim());
+  py::array_t<std::uint8_t> out(shape);
+  const ref::Fp8Cast cast = saturate ? ref::Fp8Cast::ptx_satfinite : ref::Fp8Cast::torch;
+  const float* in = x.data();
+  std::uint8_t* o = out.mutable_data();
+  {
+    py::gil_scoped_release release;
+    for (py::ssize_t i = 0; i < x.size(); ++i) o[i] = ref::fp8_from_float(in[i], *f, cast);
+  }
+  return out;
+}
+
 py::dict compare(const py::handle& out, const py::handle& ref) {
   Input a = read_float_array(out, "a", true), b = read_float_array(ref, "b", true);
   if (a.shape != b.shape) throw py::value_error("a, b: shapes differ: " + shape_string(a.shape) + " vs " + shape_string(b.shape));
@@ -765,6 +788,7 @@ PYBIND11_MODULE(_qattn, m) {
   m.def("quantizers", &quantizers);
   m.def("analyze_report", &analyze_report, py::arg("tensors"), py::arg("methods"), py::arg("kv"), py::arg("weights"),
         py::arg("softmax_only"), py::arg("reference"), py::arg("engine"), py::arg("own") = std::vector<py::tuple>{});
+  m.def("fp8_encode", &fp8_encode, py::arg("x"), py::arg("format"), py::arg("saturate") = true);
   m.def("load", &load, py::arg("path"));
   m.def("save", &save, py::arg("path"), py::arg("arrays"));
 }

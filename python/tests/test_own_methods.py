@@ -81,3 +81,14 @@ def test_own_methods_that_fail_name_themselves():
 def test_a_single_spec_string_is_one_method():
     records = qattn.analyze(SAMPLE, "fp32", as_frame=False)
     assert {r["method"] for r in records} == {"fp32"} and len(records) == 8
+
+
+def test_fp8_encode_is_the_h100s_torch_cast_and_cvt_satfinite():
+    d = np.load(os.path.join(os.environ.get("QATTN_SOURCE", "."), "tests", "fixtures", "h100-fp8", "torch_casts_subset.npz"))
+    x = d["bits"].view(np.float32)
+    assert np.array_equal(qattn.fp8_encode(x, "e4m3fn", saturate=False), d["e4m3fn"])
+    assert np.array_equal(qattn.fp8_encode(x, "e5m2", saturate=False), d["e5m2"])
+    sat = qattn.fp8_encode(np.array([1e6, -np.inf, np.nan, 464.0], dtype=np.float32), "e4m3fn")
+    assert sat.tolist() == [0x7E, 0xFE, 0x7F, 0x7E] and sat.dtype == np.uint8
+    with pytest.raises(ValueError, match="e4m3fn"):
+        qattn.fp8_encode(x, "e3m4")
