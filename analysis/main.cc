@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
+#include <algorithm>
 #include <exception>
 #include <iostream>
 #include <limits>
@@ -20,6 +22,38 @@
 #include "qattn/parallel.h"
 
 namespace {
+
+// The edit distance of a and b (insertions, deletions, substitutions, adjacent transpositions), for "did you mean".
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i)
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+// A first argument that is neither an option nor a command: its name, the closest command when one is near, and every
+// command, instead of CLI11's "A subcommand is required".
+bool unknown_command(const CLI::App& app, int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') return false;
+  const std::string given = argv[1];
+  std::string names, closest;
+  std::size_t best = 3;  // suggest only within two edits
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    const std::string& name = sub->get_name();
+    if (name == given) return false;
+    names += (names.empty() ? "" : ", ") + name;
+    if (const std::size_t dist = edit_distance(given, name); dist < best) best = dist, closest = name;
+  }
+  std::cerr << "qattn: unknown command '" << given << "'"
+            << (closest.empty() ? std::string() : " (did you mean '" + closest + "'?)") << "; the commands are: " << names
+            << "\n";
+  return true;
+}
 
 // A command allocates a few large buffers (tensors of several MB), frees some, and allocates others of the same size.
 // glibc serves such sizes with mmap and gives them back with munmap, raising its threshold only as it goes, so each
@@ -111,6 +145,7 @@ int main(int argc, char** argv) {
   add_reproduce(app);
   add_plot(app);
   add_merge(app);
+  if (unknown_command(app, argc, argv)) return kExitUsage;
   try {
     check_isa_environment();  // QATTN_ISA holds for every command: a bad value is exit 2 before any work
     app.parse(argc, argv);

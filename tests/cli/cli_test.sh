@@ -29,6 +29,8 @@ expect 3 "bad.npy: magic: " "bad magic" -- softmax --in "$tmp/bad.npy" --method 
 head -c 150 "$fx/f32_c.npy" >"$tmp/trunc.npy"
 expect 3 "trunc.npy: data: .*needs 96 bytes, file has 22" "truncated data" -- info "$tmp/trunc.npy"
 expect 3 "nope.npy: file: cannot open" "missing file" -- compare "$tmp/nope.npy" "$fx/f32_c.npy"
+expect 2 "unknown command 'anlyze' \(did you mean 'analyze'\?\); the commands are: .*sweep" "a misspelt command is named, with the closest and the rest" -- anlyze
+expect 2 "unknown command 'frobnicate'; the commands are: info" "an unknown command lists the commands" -- frobnicate
 expect 3 "shape" "compare shape mismatch" -- compare "$fx/f32_c.npy" "$fx/f64_scalar.npy"
 expect 3 "holds 5 tensors; choose one with --name" "multi-tensor file" -- \
   softmax --in "$fx/mixed.safetensors" --method fp32 --out "$tmp/out.npy"
