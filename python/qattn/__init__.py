@@ -4,7 +4,7 @@ The Python face of the C++ library: the method registry, softmax and attention w
 fused integer kernels where a method has them, bit for bit the reference model), the error metrics, and tensor
 files. Method specs are the CLI's: ``"intattention@upstream-neon:k-group=64"``.
 
-Inputs are NumPy arrays of float32 or float64. A C-contiguous, aligned float64 array is read in place, without a
+Inputs are NumPy arrays of float32 or float64 (float16 is widened to float32 first, exactly). A C-contiguous, aligned float64 array is read in place, without a
 copy; so are C-contiguous, aligned float32 arrays given to ``softmax``, ``attention`` (q, k, v all float32) and
 ``compare``, and int8 / int16 / int32 integer logits of ``softmax_integer``. Any other array is converted once to
 float64 (int32 for integer logits), exactly.
@@ -15,6 +15,12 @@ from . import _qattn
 
 __all__ = ["methods", "quantizers", "canonical", "softmax", "softmax_integer", "exact_softmax", "attention",
            "quantize_kv", "quantize_weights", "compare", "Method", "analyze", "sweep", "fp8_encode", "load", "save"]
+
+
+def _widen16(x):
+    """A NumPy float16 array as float32 (exact, as ``qattn analyze`` reads float16 .npy); anything else as it is."""
+    import numpy as np
+    return x.astype(np.float32) if isinstance(x, np.ndarray) and x.dtype == np.float16 else x
 
 
 def methods():
@@ -66,7 +72,7 @@ def softmax(logits, method, engine="auto"):
     ndarray of float64, shape (..., L)
         The probabilities (an integer P divided by its scale for the integer methods).
     """
-    return _qattn.softmax(logits, method, engine)
+    return _qattn.softmax(_widen16(logits), method, engine)
 
 
 def attention(q, k, v, method, scale=None, causal=False, mask=None, return_probs=False, engine="auto", threads=1,
@@ -112,7 +118,8 @@ def attention(q, k, v, method, scale=None, causal=False, mask=None, return_probs
     p : ndarray of float64 (uint8 or int8 with ``raw``), shape (..., L_q, L_k)
         Only with ``return_probs``.
     """
-    return _qattn.attention(q, k, v, method, scale, causal, mask, return_probs, engine, threads, kv or "", raw)
+    return _qattn.attention(_widen16(q), _widen16(k), _widen16(v), method, scale, causal, mask, return_probs, engine,
+                            threads, kv or "", raw)
 
 
 def softmax_integer(logits, method, cint=None, alpha=None):
@@ -425,7 +432,7 @@ def compare(a, b):
         ``count``, ``nonfinite``, ``cossim``, ``rel_l1`` (sum |a - b| / sum |b|), ``rmse``, ``max_abs``, ``bias``
         (mean of a - b), ``median_abs``, as ``qattn analyze`` computes them.
     """
-    return _qattn.compare(a, b)
+    return _qattn.compare(_widen16(a), _widen16(b))
 
 
 def fp8_encode(x, format="e4m3fn", saturate=True):

@@ -17,9 +17,10 @@ What ``route`` replaces, for the duration of the ``with`` block (and restores af
   Debian's PyTorch 1.13, which does not have it).
 
 The projections, layer norms and feed-forward stay in PyTorch, in the model's dtype; only the attention core runs in
-qattn, in float64 inputs converted exactly from the model's float32 (or float64) tensors, and its output is rounded
-back to the model's dtype. Gradients are not supported: the result is a new tensor without history, and ``route``
-refuses a model in training mode with dropout. Attention shapes PyTorch allows but qattn does not model
+qattn, in float64 inputs converted exactly from the model's float32, float64, float16 or bfloat16 tensors, and its
+output is rounded back to the model's dtype. Gradients are not supported: with gradients enabled the output carries a
+node whose backward raises (so ``loss.backward()`` fails loudly instead of leaving the projections' gradients silently
+wrong), and ``route`` refuses a model in training mode with dropout. Attention shapes PyTorch allows but qattn does not model
 (``bias_k``/``bias_v``, ``add_zero_attn``, ``static_k``/``static_v``, per-head 3-D masks, additive float masks
 other than 0/-inf) raise ``NotImplementedError`` naming the argument.
 """
@@ -35,14 +36,40 @@ from . import attention as _attention
 __all__ = ["attention", "route"]
 
 
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
 def _as_numpy(t, name):
+    """A CPU tensor's values as a NumPy array: float32 and float64 as they are, float16 and bfloat16 widened to
+    float32 (exact)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cpu":
         raise ValueError(f"{name}: qattn runs on the CPU; got a tensor on {t.device}")
-    if t.dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"{name}: expected dtype torch.float32 or torch.float64, got {t.dtype}")
-    return t.detach().numpy()
+    if t.dtype not in _DTYPES:
+        raise TypeError(f"{name}: expected dtype torch.float32, float64, float16 or bfloat16, got {t.dtype}")
+    t = t.detach()
+    return (t.float() if t.dtype in (torch.float16, torch.bfloat16) else t).numpy()
+
+
+class _NoGradient(torch.autograd.Function):
+    """The identity on qattn's output, tied to its inputs, whose backward raises: gradients do not flow through qattn,
+    and a backward pass must say so rather than leave the inputs' gradients silently missing."""
+
+    @staticmethod
+    def forward(ctx, out, *inputs):
+        return out.clone()
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError("qattn.torch: gradients do not flow through qattn's attention; run the model under "
+                           "torch.no_grad() (or torch.inference_mode()) while routing it")
+
+
+def _no_gradient(out, *inputs):
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
+        return _NoGradient.apply(out, *inputs)
+    return out
 
 
 def attention(q, k, v, method, scale=None, causal=False, mask=None, return_probs=False, **options):
@@ -50,7 +77,7 @@ def attention(q, k, v, method, scale=None, causal=False, mask=None, return_probs
 
     Parameters
     ----------
-    q, k, v : torch.Tensor of float32 or float64 on the CPU, shape (B, H, L, d) (or any [..., L, d])
+    q, k, v : torch.Tensor of float32, float64, float16 or bfloat16 on the CPU, shape (B, H, L, d) (or any [..., L, d])
     method : str
         Any registered method spec.
     scale : float, optional
@@ -65,7 +92,8 @@ def attention(q, k, v, method, scale=None, causal=False, mask=None, return_probs
     Returns
     -------
     torch.Tensor of q's dtype (and P as float64 with ``return_probs``)
-        A new tensor without gradient history.
+        With gradients enabled and inputs that require them, its backward raises (gradients do not flow through
+        qattn).
     """
     m = None
     if mask is not None:
@@ -75,8 +103,8 @@ def attention(q, k, v, method, scale=None, causal=False, mask=None, return_probs
     r = _attention(_as_numpy(q, "q"), _as_numpy(k, "k"), _as_numpy(v, "v"), method, scale=scale, causal=causal,
                    mask=m, return_probs=return_probs, **options)
     if return_probs:
-        return torch.from_numpy(r[0]).to(q.dtype), torch.from_numpy(r[1])
-    return torch.from_numpy(r).to(q.dtype)
+        return _no_gradient(torch.from_numpy(r[0]).to(q.dtype), q, k, v), torch.from_numpy(r[1])
+    return _no_gradient(torch.from_numpy(r).to(q.dtype), q, k, v)
 
 
 def _visible(attn_mask, key_padding_mask, batch, lq, lk):
@@ -117,7 +145,7 @@ class _Route:
         one_mask = all(m is None for m in masks)
         groups = [(slice(None), None)] if one_mask else [(slice(b, b + 1), masks[b]) for b in range(q.shape[0])]
         for sl, m in groups:
-            r = _attention(q[sl].detach().numpy(), k[sl].detach().numpy(), v[sl].detach().numpy(), self.method,
+            r = _attention(_as_numpy(q[sl], "query"), _as_numpy(k[sl], "key"), _as_numpy(v[sl], "value"), self.method,
                            scale=scale, causal=causal, mask=m, return_probs=need_weights, **self.options)
             self.calls += 1
             if need_weights:
@@ -125,7 +153,7 @@ class _Route:
                 probs.append(r[1])
             else:
                 outs.append(r)
-        o = torch.from_numpy(np.concatenate(outs, axis=0)).to(q.dtype)
+        o = _no_gradient(torch.from_numpy(np.concatenate(outs, axis=0)).to(q.dtype), q, k, v)
         p = torch.from_numpy(np.concatenate(probs, axis=0)).to(q.dtype) if need_weights else None
         return o, p
 
@@ -215,7 +243,7 @@ class _Route:
         r = _attention(_as_numpy(query, "query"), _as_numpy(key, "key"), _as_numpy(value, "value"), self.method,
                        scale=s, causal=bool(is_causal), mask=masks[0], **self.options)
         self.calls += 1
-        return torch.from_numpy(r).to(query.dtype)
+        return _no_gradient(torch.from_numpy(r).to(query.dtype), query, key, value)
 
 
 @contextlib.contextmanager

@@ -111,6 +111,45 @@ def test_attention_on_torch_tensors():
     o, p = qt.attention(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v), "fp64", return_probs=True)
     assert p.shape == (2, H, L, L) and torch.allclose(p.sum(-1), torch.ones(2, H, L, dtype=torch.float64))
     with pytest.raises(TypeError, match="q: expected dtype"):
-        qt.attention(torch.from_numpy(q).half(), torch.from_numpy(k), torch.from_numpy(v), "fp32")
+        qt.attention(torch.from_numpy(q).int(), torch.from_numpy(k), torch.from_numpy(v), "fp32")
     with pytest.raises(TypeError, match="mask"):
         qt.attention(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v), "fp32", mask=torch.ones(L, L))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_route_and_attention_on_bf16_and_f16_models(mha, dtype):
+    q = torch.randn(1, H, L, 16).to(dtype)
+    o = qt.attention(q, q, q, "fp64")
+    assert o.dtype == dtype
+    assert torch.equal(o, qt.attention(q.float(), q.float(), q.float(), "fp64").to(dtype))
+    if dtype == torch.float16:
+        return  # this PyTorch has no float16 matrix product on the CPU, so no float16 model runs here
+    x = torch.randn(2, L, E)
+    low = torch.nn.MultiheadAttention(E, H, batch_first=True).eval()
+    low.load_state_dict(mha.state_dict())
+    low = low.to(dtype)
+    with torch.no_grad():
+        with qt.route("fp32") as r:
+            y, _ = low(x.to(dtype), x.to(dtype), x.to(dtype), need_weights=False)
+        expect, _ = mha(x, x, x, need_weights=False)
+    assert r.calls > 0 and y.dtype == dtype
+    assert torch.allclose(y.float(), expect, atol=0.1)  # the projections run in bfloat16
+
+
+def test_backward_through_route_raises_instead_of_dropping_gradients(mha):
+    x = torch.randn(1, L, E, requires_grad=True)
+    with qt.route("fp32"):
+        y, _ = mha(x, x, x, need_weights=False)
+    with pytest.raises(RuntimeError, match="gradients do not flow through qattn"):
+        y.sum().backward()
+    with torch.no_grad(), qt.route("fp32"):
+        y, _ = mha(x, x, x, need_weights=False)
+    assert not y.requires_grad
+
+
+def test_numpy_float16_inputs_are_widened_exactly():
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal((L, 16)).astype(np.float16) for _ in range(3))
+    o16 = qattn.attention(q, k, v, "intattention")
+    o32 = qattn.attention(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), "intattention")
+    assert np.array_equal(o16, o32)
