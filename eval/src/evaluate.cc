@@ -348,7 +348,10 @@ void add_attention_head(DumpLayer& l, const HeadTensors& ht, const LayerManifest
   l.k.push_back(split_batch(ht.t[1], ht.where[1]));
   l.v.push_back(split_batch(ht.t[2], ht.where[2]));
   if (l.q.back().size() != l.k.back().size() || l.k.back().size() != l.v.back().size())
-    throw InputError(ht.where[1], "shape", "batch size differs between q, k and v");
+    throw InputError(ht.where[1], "shape",
+                     "batch size differs between q, k and v: " + std::to_string(l.q.back().size()) + ", " +
+                         std::to_string(l.k.back().size()) + " and " + std::to_string(l.v.back().size()) +
+                         " [L, d] matrices (leading axes flattened)");
   if (l.q.back().size() != l.q.front().size())
     throw InputError(ht.where[0], "shape", "batch size differs from the other heads of layer " + std::to_string(ht.layer));
   if (l.q.back().front().cols() != l.q.front().front().cols())
@@ -359,8 +362,12 @@ void add_attention_head(DumpLayer& l, const HeadTensors& ht, const LayerManifest
                          std::to_string(l.q.back().front().cols()));
   for (std::size_t b = 0; b < l.q.back().size(); ++b) {
     const RowMatrixXd &q = l.q.back()[b], &k = l.k.back()[b], &v = l.v.back()[b];
-    if (q.cols() != k.cols()) throw InputError(ht.where[1], "shape", "head dimension d differs from q");
-    if (k.rows() != v.rows()) throw InputError(ht.where[2], "shape", "v has a different number of keys than k");
+    if (q.cols() != k.cols())
+      throw InputError(ht.where[1], "shape", "head dimension d = " + std::to_string(k.cols()) + " differs from q's d = " +
+                                                 std::to_string(q.cols()) + " (" + ht.where[0] + ")");
+    if (k.rows() != v.rows())
+      throw InputError(ht.where[2], "shape", "v has " + std::to_string(v.rows()) + " keys, k has " +
+                                                 std::to_string(k.rows()) + " (" + ht.where[1] + ")");
   }
   if (!reference) return;  // computed block by block when evaluated
   std::vector<AttentionResult> refs;

@@ -37,6 +37,11 @@ for n in "qkv":
     np.save(f"mdump/layer0_head0_{n}.npy", np.load(f"{n}.npy"))
 np.save("bigdump/layer0_head0_q.npy", np.load("qbig.npy")); np.save("bigdump/layer0_head0_k.npy", np.load("kbig.npy"))
 np.save("bigdump/layer0_head0_v.npy", np.load("v.npy"))
+os.makedirs("ddump"); os.makedirs("bdump")  # k's d differs from q's; k's batch differs from q's
+np.save("ddump/layer0_head0_q.npy", np.load("q.npy")); np.save("ddump/layer0_head0_v.npy", np.load("v.npy"))
+np.save("ddump/layer0_head0_k.npy", rng.standard_normal((1, 16, 4)).astype(np.float32))
+np.save("bdump/layer0_head0_q.npy", np.load("q.npy")); np.save("bdump/layer0_head0_v.npy", np.load("v.npy"))
+np.save("bdump/layer0_head0_k.npy", rng.standard_normal((2, 16, 8)).astype(np.float32))
 os.makedirs("hugedump")  # float64 Q = K = +-1e200: logits beyond float64
 for n in ("q", "k"):
     np.save(f"hugedump/layer0_head0_{n}.npy", rng.choice([-1.0, 1.0], (1, 16, 8)) * 1e200)
@@ -157,6 +162,10 @@ if [ "$rc" -eq 0 ] && grep -qE "^\| all +\| worst \(NaN: layer 0 head 0\) +\| fp
    grep -q "fp32 gives a non-finite output on layer 0 head 0" <<<"$out" &&
    ! grep -E "\| intattention " <<<"$out" | grep -qE "\| (inf|-inf|nan) "; then
   pass=$((pass + 1)); else echo "FAIL: a NaN head in the worst row: exit $rc"; echo "$out" | tail -6; fail=$((fail + 1)); fi
+expect 3 "ddump/layer0_head0_k.npy: shape: head dimension d = 4 differs from q's d = 8" "a head dimension mismatch gives both d" -- \
+  analyze --tensors ddump --method fp32
+expect 3 "bdump/layer0_head0_k.npy: shape: batch size differs between q, k and v: 1, 2 and 1" "a batch mismatch gives the sizes" -- \
+  analyze --tensors bdump --method fp32
 expect 0 '"O_cossim": "nan"' "NaN metrics are \"nan\" in JSON, as in the tables" -- analyze --tensors bigdump --method fp32 --format json
 expect 0 "exact matches +\| 12 " "compare of a tensor holding NaN with itself" -- compare selfnan.npy selfnan.npy
 

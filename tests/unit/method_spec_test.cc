@@ -84,6 +84,11 @@ TEST_CASE("errors name what is valid", "[method]") {
   CHECK_THROWS_WITH(r.create("toy:c=nan"), Contains("not a finite real"));
   CHECK_THROWS_WITH(r.create("toy:p=u16"), Contains("not one of u8|s8"));
   CHECK_THROWS_WITH(r.create("toy:mask=yes"), Contains("true|false"));
+  CHECK_THROWS_WITH(r.create("toy:c=-1"), Contains("-1 is outside [1e-09, 1e+09]"));  // a real's range, stated
+  // the next key joined with ':' instead of ','
+  CHECK_THROWS_WITH(r.create("toy:b=4:c=5"), Contains("'4:c=5' is not an integer") &&
+                                                 Contains("parameters are separated by commas: toy:key=value,key=value"));
+  CHECK_THROWS_WITH(r.create("toy:b=40"), !Contains("separated"));
 }
 
 TEST_CASE("registry refuses duplicates and presets with unknown keys", "[method]") {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <stdexcept>
@@ -51,12 +52,25 @@ std::string describe_param(const ParamInfo& p) {
   return p.key;
 }
 
+// A bound of a real parameter's range as the message shows it: 6 significant digits; the defaults +-1e300 as +-inf.
+std::string range_bound(double v) {
+  if (v <= -1e299) return "-inf";
+  if (v >= 1e299) return "inf";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
 void validate(const MethodEntry& e, const ParamInfo& p, const std::string& value) {
   const std::string where = "method '" + e.name + "', key '" + p.key + "': ";
+  // A value holding ':' is most often the next key joined with the wrong separator ("b=4:c=5")
+  const std::string hint = value.find(':') != std::string::npos
+                               ? " (parameters are separated by commas: " + e.name + ":key=value,key=value)"
+                               : "";
   switch (p.type) {
     case ParamType::integer: {
       long long v;
-      if (!parse_integer(value, &v)) throw SpecError(where + "'" + value + "' is not an integer");
+      if (!parse_integer(value, &v)) throw SpecError(where + "'" + value + "' is not an integer" + hint);
       if (v < p.min || v > p.max)
         throw SpecError(where + value + " is outside [" + std::to_string(static_cast<long long>(p.min)) + ", " +
                         std::to_string(static_cast<long long>(p.max)) + "]");
@@ -64,16 +78,17 @@ void validate(const MethodEntry& e, const ParamInfo& p, const std::string& value
     }
     case ParamType::real: {
       double v;
-      if (!parse_real(value, &v)) throw SpecError(where + "'" + value + "' is not a finite real number");
-      if (v < p.min || v > p.max) throw SpecError(where + value + " is outside its valid range");
+      if (!parse_real(value, &v)) throw SpecError(where + "'" + value + "' is not a finite real number" + hint);
+      if (v < p.min || v > p.max)
+        throw SpecError(where + value + " is outside [" + range_bound(p.min) + ", " + range_bound(p.max) + "]");
       break;
     }
     case ParamType::choice:
       if (std::find(p.choices.begin(), p.choices.end(), value) == p.choices.end())
-        throw SpecError(where + "'" + value + "' is not one of " + join(p.choices, "|"));
+        throw SpecError(where + "'" + value + "' is not one of " + join(p.choices, "|") + hint);
       break;
     case ParamType::boolean:
-      if (value != "true" && value != "false") throw SpecError(where + "'" + value + "' is not true|false");
+      if (value != "true" && value != "false") throw SpecError(where + "'" + value + "' is not true|false" + hint);
       break;
   }
 }
