@@ -116,7 +116,7 @@ void add_plot(CLI::App& app) {
     const std::vector<std::string> args = sub->remaining();
     if (args.empty()) throw CLI::ValidationError("plot", "expected heatmap|lines|pareto CSV -o FIG");
     const int rc = run_plot_script(args);
-    if (rc != 0) throw ExitCode{rc == 2 ? kExitBadInput : rc};
+    if (rc != 0) throw ExitCode{rc};  // the script's 2 is a usage error, 3 bad input: the program's own codes
   });
 }
 

@@ -19,8 +19,9 @@ import tempfile
 
 
 def die(msg):
+    # exit 3, bad input, as the qattn program's; 2 stays argparse's, a usage error
     print(f"qattn plot: {msg}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(3)
 
 
 def read_csv(path):

@@ -283,6 +283,7 @@ if [ -z "${emu[*]}" ] && /usr/bin/python3 -c "import matplotlib" 2>/dev/null; th
   if [ -s "$tmp/h.png" ] && [ "$(head -c 4 "$tmp/h.png" | tail -c 3)" = "PNG" ]; then pass=$((pass + 1)); else
     echo "FAIL: plot heatmap wrote no PNG"; fail=$((fail + 1)); fi
   expect 3 "no column 'nosuch'" "plot bad column" -- plot lines "$tmp/sw.csv" --x nosuch -o "$tmp/l.png"
+  expect 2 "required: --x" "plot lines without --x is a usage error" -- plot lines "$tmp/sw.csv" -o "$tmp/l.png"
   if [ -e "$tmp/l.png" ]; then echo "FAIL: a failed plot left $tmp/l.png"; fail=$((fail + 1)); else pass=$((pass + 1)); fi
   expect 3 "must end in .png, .pdf or .svg" "plot bad extension" -- plot heatmap "$tmp/sw.csv" -o "$tmp/h.jpg"
 else
