@@ -15,6 +15,7 @@
 #include <set>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <regex>
 #include <string>
 
 #include "qattn/error.h"
@@ -81,10 +82,18 @@ std::vector<HeadTensors> read_heads(const fs::path& source, DumpTarget target, c
   };
   const bool directory = fs::is_directory(source, ec);
   const std::string names = softmax ? "layer{L}_head{H}_logits" : "layer{L}_head{H}_{q,k,v}";
+  std::string strays;  // .npy files named like none of the dump's files (a misspelt head name), for the messages
   if (directory) {
     std::vector<fs::path> files;
     for (const auto& entry : fs::directory_iterator(source)) files.push_back(entry.path());
     std::sort(files.begin(), files.end());
+    static const std::regex kLayerFile(R"(layer\d+_(attn_input|[wb][qkv])\.npy)");
+    for (const auto& f : files) {
+      const std::string name = f.filename().string();
+      if (f.extension() == ".npy" && !parse_head_name(name, ".npy", &layer, &head, &kind) &&
+          !std::regex_match(name, kLayerFile))
+        strays += (strays.empty() ? "" : ", ") + name;
+    }
     for (const auto& f : files)
       if (parse_head_name(f.filename().string(), ".npy", &layer, &head, &kind)) {
         if (!wanted(kind)) {
@@ -110,11 +119,14 @@ std::vector<HeadTensors> read_heads(const fs::path& source, DumpTarget target, c
         h.where[kind] = source.string() + ":" + nt.name;
         h.t[kind] = std::move(nt.tensor);
       }
+  } else if (!fs::exists(source, ec)) {
+    throw InputError(source.string(), "--tensors", "does not exist");
   } else {
-    throw InputError(source.string(), "--tensors", "is neither a directory nor a file");
+    throw InputError(source.string(), "--tensors", "is neither a directory nor a regular file");
   }
+  const std::string stray_note = strays.empty() ? "" : "; files not read, named like none of the dump's: " + strays;
   if (found.empty() && !filter) {
-    std::string what = directory ? "no " + names + ".npy files found"
+    std::string what = directory ? "no " + names + ".npy files found" + stray_note
                                  : "is not a dump directory and holds no tensors named " + names;
     if (other_kind)
       what += softmax ? " (it holds q/k/v: drop --softmax-only)" : " (it holds only logits: add --softmax-only)";
@@ -126,7 +138,7 @@ std::vector<HeadTensors> read_heads(const fs::path& source, DumpTarget target, c
       if (wanted(k) && h.where[k].empty())
         throw InputError(source.string(), "--tensors",
                          "layer" + std::to_string(lh.first) + "_head" + std::to_string(lh.second) + "_" + kKindNames[k] +
-                             (directory ? ".npy" : "") + " is missing (q, k and v are all needed)");
+                             (directory ? ".npy" : "") + " is missing (q, k and v are all needed)" + stray_note);
     heads.push_back(std::move(h));
   }
   return heads;

@@ -37,6 +37,9 @@ for n in "qkv":
     np.save(f"mdump/layer0_head0_{n}.npy", np.load(f"{n}.npy"))
 np.save("bigdump/layer0_head0_q.npy", np.load("qbig.npy")); np.save("bigdump/layer0_head0_k.npy", np.load("kbig.npy"))
 np.save("bigdump/layer0_head0_v.npy", np.load("v.npy"))
+os.makedirs("sdump")  # v misspelt: layer0_haed0_v.npy
+np.save("sdump/layer0_head0_q.npy", np.load("q.npy")); np.save("sdump/layer0_head0_k.npy", np.load("k.npy"))
+np.save("sdump/layer0_haed0_v.npy", np.load("v.npy"))
 os.makedirs("ddump"); os.makedirs("bdump")  # k's d differs from q's; k's batch differs from q's
 np.save("ddump/layer0_head0_q.npy", np.load("q.npy")); np.save("ddump/layer0_head0_v.npy", np.load("v.npy"))
 np.save("ddump/layer0_head0_k.npy", rng.standard_normal((1, 16, 4)).astype(np.float32))
@@ -162,6 +165,10 @@ if [ "$rc" -eq 0 ] && grep -qE "^\| all +\| worst \(NaN: layer 0 head 0\) +\| fp
    grep -q "fp32 gives a non-finite output on layer 0 head 0" <<<"$out" &&
    ! grep -E "\| intattention " <<<"$out" | grep -qE "\| (inf|-inf|nan) "; then
   pass=$((pass + 1)); else echo "FAIL: a NaN head in the worst row: exit $rc"; echo "$out" | tail -6; fail=$((fail + 1)); fi
+expect 3 "layer0_head0_v.npy is missing .*files not read, named like none of the dump's: layer0_haed0_v.npy" \
+  "a misspelt head file is named" -- analyze --tensors sdump --method fp32
+expect 3 "nowhere-at-all: --tensors: does not exist" "a missing dump directory is said to not exist" -- \
+  analyze --tensors nowhere-at-all --method fp32
 expect 3 "ddump/layer0_head0_k.npy: shape: head dimension d = 4 differs from q's d = 8" "a head dimension mismatch gives both d" -- \
   analyze --tensors ddump --method fp32
 expect 3 "bdump/layer0_head0_k.npy: shape: batch size differs between q, k and v: 1, 2 and 1" "a batch mismatch gives the sizes" -- \
