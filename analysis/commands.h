@@ -39,6 +39,8 @@ void add_bench_eval(CLI::App& app);
 void add_sweep(CLI::App& app);
 void add_reproduce(CLI::App& app);
 void add_plot(CLI::App& app);
+void add_mma(CLI::App& app);        // analysis/mma.cc
+void add_mma_check(CLI::App& app);
 
 // The options of `qattn analyze`, and its report (the table in `format`) as text. Throws CLI::ValidationError for
 // options that do not fit together, SpecError for a bad spec and InputError for a bad dump. The Python package's

@@ -145,6 +145,8 @@ int main(int argc, char** argv) {
   add_reproduce(app);
   add_plot(app);
   add_merge(app);
+  add_mma(app);
+  add_mma_check(app);
   if (unknown_command(app, argc, argv)) return kExitUsage;
   try {
     check_isa_environment();  // QATTN_ISA holds for every command: a bad value is exit 2 before any work

@@ -714,6 +714,8 @@ py::array tensor_to_array(const Tensor& t) {
     case DType::i16: return raw(std::int16_t{});
     case DType::i32: return raw(std::int32_t{});
     case DType::i64: return raw(std::int64_t{});
+    case DType::u16: return raw(std::uint16_t{});
+    case DType::u32: return raw(std::uint32_t{});
     default: {  // f16, bf16: widened exactly to float32
       const Eigen::ArrayXd v = t.to_double();
       py::array_t<float> a(shape);

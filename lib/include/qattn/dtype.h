@@ -9,16 +9,18 @@
 
 namespace qattn {
 
-enum class DType : std::uint8_t { f64, f32, f16, bf16, i8, u8, i16, i32, i64 };
+// u16 and u32 hold bit patterns (16-bit floats of another kind, float32 patterns) as GPU vectors store them.
+enum class DType : std::uint8_t { f64, f32, f16, bf16, i8, u8, i16, i32, i64, u16, u32 };
 
 inline constexpr DType kAllDTypes[] = {DType::f64, DType::f32, DType::f16, DType::bf16, DType::i8,
-                                       DType::u8,  DType::i16, DType::i32, DType::i64};
+                                       DType::u8,  DType::i16, DType::i32, DType::i64, DType::u16,
+                                       DType::u32};
 
 constexpr std::size_t dtype_size(DType t) {
   switch (t) {
     case DType::f64: case DType::i64: return 8;
-    case DType::f32: case DType::i32: return 4;
-    case DType::f16: case DType::bf16: case DType::i16: return 2;
+    case DType::f32: case DType::i32: case DType::u32: return 4;
+    case DType::f16: case DType::bf16: case DType::i16: case DType::u16: return 2;
     case DType::i8: case DType::u8: return 1;
   }
   return 0;
@@ -40,6 +42,8 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::i16: return "int16";
     case DType::i32: return "int32";
     case DType::i64: return "int64";
+    case DType::u16: return "uint16";
+    case DType::u32: return "uint32";
   }
   return "?";
 }

@@ -111,12 +111,13 @@ Descr parse_descr(const std::string& d, const std::string& source) {
   const std::string code = d.substr(k);
   static const std::pair<std::string_view, DType> table[] = {
       {"f8", DType::f64}, {"f4", DType::f32}, {"f2", DType::f16}, {"V2", DType::bf16}, {"i1", DType::i8},
-      {"u1", DType::u8},  {"i2", DType::i16}, {"i4", DType::i32}, {"i8", DType::i64}};
+      {"u1", DType::u8},  {"i2", DType::i16}, {"i4", DType::i32}, {"i8", DType::i64}, {"u2", DType::u16},
+      {"u4", DType::u32}};
   for (const auto& [c, t] : table)
     if (code == c) return {t, big && dtype_size(t) > 1};
   if (code == "b1") return bad("bool arrays are not supported; convert to uint8 first");
   if (code[0] == 'V') return bad("only V2 (read as bfloat16) is supported among void types");
-  return bad("unsupported dtype (supported: f8 f4 f2 V2(bfloat16) i1 u1 i2 i4 i8, any byte order)");
+  return bad("unsupported dtype (supported: f8 f4 f2 V2(bfloat16) i1 u1 i2 u2 i4 u4 i8, any byte order)");
 }
 
 std::string descr_of(DType t) {
@@ -130,6 +131,8 @@ std::string descr_of(DType t) {
     case DType::i16: return "<i2";
     case DType::i32: return "<i4";
     case DType::i64: return "<i8";
+    case DType::u16: return "<u2";
+    case DType::u32: return "<u4";
   }
   return "";
 }

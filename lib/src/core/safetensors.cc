@@ -21,7 +21,7 @@ struct StCode {
 };
 constexpr StCode kCodes[] = {{"F64", DType::f64}, {"F32", DType::f32}, {"F16", DType::f16}, {"BF16", DType::bf16},
                              {"I8", DType::i8},   {"U8", DType::u8},   {"I16", DType::i16}, {"I32", DType::i32},
-                             {"I64", DType::i64}};
+                             {"I64", DType::i64}, {"U16", DType::u16}, {"U32", DType::u32}};
 
 const char* code_of(DType t) {
   for (const auto& c : kCodes)

@@ -111,6 +111,8 @@ double element_to_double(DType t, const std::byte* p) {
     case DType::i16: return load<std::int16_t>(p);
     case DType::i32: return load<std::int32_t>(p);
     case DType::i64: return static_cast<double>(load<std::int64_t>(p));
+    case DType::u16: return load<std::uint16_t>(p);
+    case DType::u32: return load<std::uint32_t>(p);
   }
   return 0.0;
 }
@@ -236,6 +238,8 @@ Tensor Tensor::from_double(DType dtype, std::vector<std::int64_t> shape, std::sp
       case DType::i16: store_integer<std::int16_t>(v, p, dtype); break;
       case DType::i32: store_integer<std::int32_t>(v, p, dtype); break;
       case DType::i64: store_integer<std::int64_t>(v, p, dtype); break;
+      case DType::u16: store_integer<std::uint16_t>(v, p, dtype); break;
+      case DType::u32: store_integer<std::uint32_t>(v, p, dtype); break;
     }
   }
   return t;

@@ -1,0 +1,233 @@
+// qattn mma and qattn mma-check: the tensor-core MMA models (qattn/reference/mma.h) on a user's arrays, and against
+// vectors measured on a GPU (docs/mma.md).
+#include <cmath>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "commands.h"
+#include "qattn/error.h"
+#include "qattn/reference/mma.h"
+#include "qattn/reference/mma_vectors.h"
+
+namespace qattn::cli {
+namespace {
+
+using ref::MmaModel;
+
+struct MmaOptions {
+  std::string model, a, bt, c, out;
+  bool list = false;
+};
+
+struct MmaCheckOptions {
+  std::string vectors, model, format = "md", out;
+  bool fit = false;
+  std::size_t limit = 0, fit_limit = 64;
+};
+
+const MmaModel& model_or_usage(const std::string& name) {
+  try {
+    return ref::mma_preset(name);
+  } catch (const std::invalid_argument& e) {
+    throw CLI::ValidationError("--model", e.what());
+  }
+}
+
+Tensor read_one(const std::string& path, const std::string& option) {
+  std::vector<NamedTensor> ts = read_tensor_file(path);
+  if (ts.size() != 1)
+    throw InputError(path, option, "holds " + std::to_string(ts.size()) + " tensors; expected one array");
+  return std::move(ts.front().tensor);
+}
+
+// A or Bt as codes of the model's input format: uint8 codes (FP8), uint16 patterns (16-bit formats), or floats that
+// are values of the format.
+std::vector<std::uint16_t> operand_codes(const Tensor& t, const MmaModel& m, const std::string& path) {
+  const int bits = ref::mma_input_bits(m.input);
+  const ref::LowpFormat& f = ref::mma_input_format(m.input);
+  std::vector<std::uint16_t> codes(static_cast<std::size_t>(t.element_count()));
+  if (t.dtype == DType::u8 || t.dtype == DType::u16) {
+    if ((t.dtype == DType::u8) != (bits == 8))
+      throw InputError(path, "dtype", std::string(dtype_name(t.dtype)) + " codes, but model " + m.name + " takes " +
+                                          f.name + (bits == 8 ? " (uint8 codes)" : " (uint16 bit patterns)"));
+    for (std::size_t i = 0; i < codes.size(); ++i)
+      codes[i] = bits == 8 ? std::to_integer<std::uint16_t>(t.bytes[i])
+                           : static_cast<std::uint16_t>(std::to_integer<unsigned>(t.bytes[2 * i]) |
+                                                        std::to_integer<unsigned>(t.bytes[2 * i + 1]) << 8);
+    return codes;
+  }
+  if (!dtype_is_float(t.dtype))
+    throw InputError(path, "dtype", std::string(dtype_name(t.dtype)) + ": expected " +
+                                        (bits == 8 ? "uint8 codes" : "uint16 bit patterns") + " or floats exact in " +
+                                        f.name);
+  const Eigen::ArrayXd v = t.to_double();
+  for (std::size_t i = 0; i < codes.size(); ++i) {
+    const double x = v[static_cast<Eigen::Index>(i)];
+    try {
+      codes[i] = static_cast<std::uint16_t>(ref::lowp_encode(x, f));
+    } catch (const std::invalid_argument&) {
+      std::ostringstream s;
+      s << std::setprecision(17) << "value " << x << " is not a value of " << f.name
+        << " (round it first, e.g. qattn.fp8_encode)";
+      throw InputError(path, "element " + std::to_string(i), s.str());
+    }
+  }
+  return codes;
+}
+
+void run_mma(const MmaOptions& o) {
+  if (o.list) {
+    std::ostringstream s;
+    for (const MmaModel& m : ref::mma_presets())
+      s << m.name << (m.validated ? "" : "  [not validated by vectors]") << "\n  " << m.describe() << "\n  "
+        << m.provenance << "\n";
+    emit(s.str(), "");
+    return;
+  }
+  for (const char* needed : {"--model", "--a", "--bt", "--out"})
+    if ((std::string(needed) == "--model" && o.model.empty()) || (std::string(needed) == "--a" && o.a.empty()) ||
+        (std::string(needed) == "--bt" && o.bt.empty()) || (std::string(needed) == "--out" && o.out.empty()))
+      throw CLI::ValidationError(needed, "is required (or --list)");
+  std::vector<std::pair<std::string, std::string>> inputs{{"--a", o.a}, {"--bt", o.bt}};
+  if (!o.c.empty()) inputs.emplace_back("--c", o.c);
+  require_distinct_files(inputs, {{"--out", o.out}});
+  const MmaModel& m = model_or_usage(o.model);
+  const Tensor a = read_one(o.a, "--a"), bt = read_one(o.bt, "--bt");
+  if (a.shape.size() < 2 || bt.shape.size() < 2)
+    throw InputError(a.shape.size() < 2 ? o.a : o.bt, "shape", "expected [..., M, K] and [..., N, K]");
+  const std::size_t rank = a.shape.size();
+  const std::vector<std::int64_t> lead(a.shape.begin(), a.shape.end() - 2);
+  if (bt.shape.size() != rank || !std::equal(lead.begin(), lead.end(), bt.shape.begin()) ||
+      bt.shape.back() != a.shape.back())
+    throw InputError(o.bt, "shape", bt.shape_string() + " does not fit A " + a.shape_string() +
+                                        ": expected [..., N, K] with A's leading dimensions and K = " +
+                                        std::to_string(a.shape.back()));
+  const auto rows = static_cast<std::size_t>(a.shape[rank - 2]), depth = static_cast<std::size_t>(a.shape.back()),
+             cols = static_cast<std::size_t>(bt.shape[rank - 2]);
+  std::size_t batch = 1;
+  for (std::int64_t d : lead) batch *= static_cast<std::size_t>(d);
+  std::vector<std::int64_t> out_shape = lead;
+  out_shape.push_back(static_cast<std::int64_t>(rows));
+  out_shape.push_back(static_cast<std::int64_t>(cols));
+  const bool f16 = m.accumulator == ref::MmaAccumulator::f16;
+  std::vector<float> c;
+  if (!o.c.empty()) {
+    const Tensor ct = read_one(o.c, "--c");
+    if (ct.shape != out_shape)
+      throw InputError(o.c, "shape", ct.shape_string() + ": expected [..., M, N] = " +
+                                         Tensor{DType::f32, out_shape, {}}.shape_string());
+    if (ct.dtype != DType::f32 && ct.dtype != DType::f16)
+      throw InputError(o.c, "dtype", std::string(dtype_name(ct.dtype)) + ": expected float32 or float16");
+    const Eigen::ArrayXd v = ct.to_double();
+    for (Eigen::Index i = 0; i < v.size(); ++i) {
+      if (f16 && std::isfinite(v[i]) &&
+          ref::lowp_round(v[i], ref::fp16_binary16(), ref::LowpRounding::rne, ref::LowpOverflow::non_saturating) != v[i])
+        throw InputError(o.c, "element " + std::to_string(i), "not a float16 value, and " + m.name +
+                                                                  " has an f16 accumulator");
+      c.push_back(static_cast<float>(v[i]));
+    }
+  }
+  const std::vector<std::uint16_t> ac = operand_codes(a, m, o.a), bc = operand_codes(bt, m, o.bt);
+  std::vector<float> d(batch * rows * cols);
+  for (std::size_t t = 0; t < batch; ++t)
+    ref::mma_matmul(m, std::span(ac).subspan(t * rows * depth, rows * depth),
+                    std::span(bc).subspan(t * cols * depth, cols * depth),
+                    c.empty() ? std::span<const float>() : std::span<const float>(c).subspan(t * rows * cols, rows * cols),
+                    std::span(d).subspan(t * rows * cols, rows * cols), rows, cols, depth);
+  std::vector<double> dv(d.begin(), d.end());
+  write_tensor_file(o.out, {{"D", Tensor::from_double(f16 ? DType::f16 : DType::f32, out_shape, dv)}});
+}
+
+std::string percent(double share) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(share == 1.0 || share == 0.0 ? 0 : 3) << 100 * share << " %";
+  return s.str();
+}
+
+void run_mma_check(const MmaCheckOptions& o) {
+  if (o.format != "md" && o.format != "json") throw CLI::ValidationError("--format", "md or json, not '" + o.format + "'");
+  require_distinct_files({{"vectors", o.vectors}}, {{"--out", o.out}});
+  const MmaModel& start = model_or_usage(o.model);
+  const std::vector<ref::MmaVectorSet> sets = ref::mma_vector_sets(read_tensor_file(o.vectors), o.vectors);
+  for (const ref::MmaVectorSet& s : sets)
+    if (ref::mma_input_bits(start.input) != s.input_bits || (start.accumulator == ref::MmaAccumulator::f16) != s.f16_output)
+      throw InputError(o.vectors, s.name + "_A", std::to_string(s.input_bits) + "-bit codes with a " +
+                                                     (s.f16_output ? "float16" : "float32") + " D do not fit model " +
+                                                     start.name + " (" + start.describe() + ")");
+  MmaModel model = start;
+  std::vector<std::string> log;
+  if (o.fit) {
+    model = ref::mma_fit(start, sets, o.fit_limit, &log);
+    for (const std::string& line : log) std::cerr << "qattn mma-check --fit: " << line << "\n";
+  }
+  nlohmann::json rows = nlohmann::json::array();
+  std::ostringstream md;
+  md << "# " << o.vectors << " against " << model.name << "\n\n" << model.describe() << "\n\n";
+  if (!model.provenance.empty()) md << "Provenance: " << model.provenance << "\n\n";
+  md << "| set | variant | tests | M x N x K | outputs | bit-equal | share | max rel. error where not equal |\n"
+     << "|---|---|---:|---|---:|---:|---:|---:|\n";
+  std::size_t all = 0, equal = 0;
+  for (const ref::MmaVectorSet& s : sets) {
+    const ref::MmaAgreement r = ref::mma_agreement(model, s, o.limit);
+    all += r.outputs, equal += r.equal;
+    const std::size_t tests = o.limit > 0 ? std::min(o.limit, s.batch) : s.batch;
+    std::ostringstream err;
+    if (r.equal == r.outputs) err << "-";
+    else err << std::setprecision(3) << r.max_rel_error;
+    md << "| " << s.name << " | " << (s.variant.empty() ? "-" : s.variant) << " | " << tests << " | " << s.rows << " x "
+       << s.cols << " x " << s.depth << " | " << r.outputs << " | " << r.equal << " | " << percent(r.share()) << " | "
+       << err.str() << " |\n";
+    rows.push_back({{"set", s.name}, {"variant", s.variant}, {"tests", tests}, {"m", s.rows}, {"n", s.cols},
+                    {"k", s.depth}, {"outputs", r.outputs}, {"equal", r.equal}, {"share", r.share()},
+                    {"max_rel_error", r.max_rel_error}});
+  }
+  md << "\nAll sets: " << equal << " of " << all << " outputs bit-equal ("
+     << percent(all == 0 ? 0.0 : static_cast<double>(equal) / static_cast<double>(all)) << ").\n";
+  if (o.format == "json") {
+    nlohmann::json j{{"vectors", o.vectors}, {"model", model.name}, {"parameters", model.describe()},
+                     {"provenance", model.provenance}, {"fitted", o.fit}, {"sets", rows}, {"outputs", all},
+                     {"equal", equal}};
+    if (o.fit) j["fit_log"] = log;
+    emit(j.dump(2) + "\n", o.out);
+  } else {
+    emit(md.str(), o.out);
+  }
+}
+
+}  // namespace
+
+void add_mma(CLI::App& app) {
+  auto* sub = app.add_subcommand(
+      "mma", "D = A·B + C through a tensor-core MMA model (docs/mma.md): A [..., M, K], BT [..., N, K] as uint8 FP8 "
+             "codes, uint16 16-bit patterns or floats exact in the input format; C, D [..., M, N]");
+  auto o = std::make_shared<MmaOptions>();
+  sub->add_option("--model", o->model, "A preset (--list)");
+  sub->add_option("--a", o->a, "A [..., M, K] (.npy, or a one-array .npz/.safetensors)");
+  sub->add_option("--bt", o->bt, "B transposed, [..., N, K]");
+  sub->add_option("--c", o->c, "C [..., M, N], float32 (float16 values for an f16 accumulator); zero if absent");
+  sub->add_option("--out", o->out, "D [..., M, N]: float32, or float16 for an f16 accumulator (written atomically)");
+  sub->add_flag("--list", o->list, "Print the presets, their parameters and provenance");
+  sub->callback([o] { run_mma(*o); });
+}
+
+void add_mma_check(CLI::App& app) {
+  auto* sub = app.add_subcommand(
+      "mma-check", "The share of a GPU's MMA outputs an MMA model reproduces bit for bit, per set of a vector file "
+                   "(docs/mma.md \"Vector files\"); --fit searches the model's parameters for the best match");
+  auto o = std::make_shared<MmaCheckOptions>();
+  sub->add_option("vectors", o->vectors, "Vector file (.npz or .safetensors)")->required();
+  sub->add_option("--model", o->model, "The preset to check, or to start the search from with --fit")->required();
+  sub->add_flag("--fit", o->fit, "Search step size, fraction bits, sum bits, exponent rule, partition, C addition and "
+                                 "promotion for the best match (progress on stderr)");
+  sub->add_option("--fit-tests", o->fit_limit, "Tests per set the search scores each candidate on (default 64)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 30));
+  sub->add_option("--tests", o->limit, "Check only the first N tests of each set (default: all)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 30));
+  sub->add_option("--format", o->format, "md (default) or json");
+  sub->add_option("--out", o->out, "Write here (atomically) instead of stdout");
+  sub->callback([o] { run_mma_check(*o); });
+}
+
+}  // namespace qattn::cli

@@ -1,0 +1,90 @@
+// Fused multi-term matrix multiply-accumulate (MMA) as tensor cores compute it: a parametric model, and named
+// presets for the instructions an NVIDIA H100 was measured on (tests/fixtures/h100-mma, docs/mma.md).
+//
+// One output is D = sum_k a_k b_k + C. The instruction splits k into steps of `step_products` products; a step
+// sums its products and the running accumulator acc in one fused operation:
+//
+//   E     = max over the step's terms of their exponent: e(a_k) + e(b_k) for a product, e(acc) for the accumulator
+//           (exponent_rule says how e() reads an operand; a zero accumulator has no exponent and does not count)
+//   term' = the term truncated toward zero to a multiple of 2^(E - fraction_bits)
+//   acc   = (sum of the terms', exact) rounded toward zero to `sum_bits` significant bits (an f32 accumulator),
+//           or rounded once, to nearest even, onto binary16 (an f16 accumulator; sum_bits unused).
+//
+// C enters as the first step's accumulator (c_add = fused) or is added afterwards in float32, round to nearest
+// even, to a sum whose steps start from zero (c_add = after, the FP8 mma.sync of sm_90). promote_steps > 0 adds acc
+// to a float32 total (round to nearest even) and restarts it from zero every promote_steps steps (cuBLASLt's
+// default FP8 mode, SageAttention2's two-level accumulation). The per-product bound (per_product = true) rounds
+// toward zero onto FP22 (1-8-13) after every single product instead: it matches no measured instruction.
+//
+// Values in and out are exact: operands are codes of the input format, C and D float32 (binary16 values carried in
+// float32 for an f16 accumulator). Non-finite operands or C give the IEEE sum of the products and C (NaN, +-inf).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "qattn/reference/lowp_float.h"
+
+namespace qattn::ref {
+
+enum class MmaInput { e4m3, e5m2, f16, bf16 };
+
+// How an operand's exponent enters E.
+enum class MmaExponentRule {
+  field,        // the stored exponent field: subnormals and zero at emin (FP8 wgmma reads E4M3 fields)
+  leading_bit,  // floor(log2 |x|); a zero operand's product has no exponent and does not count (HMMA)
+};
+
+// Which k form a step.
+enum class MmaPartition {
+  contiguous,   // k in [s·n, (s+1)·n)
+  k_mod4_pairs, // sm_90's FP8 mma.sync.m16n8k32: first k mod 4 < 2, then k mod 4 >= 2 (two HMMA.16816 halves)
+};
+
+enum class MmaCAdd {
+  fused,  // C is the accumulator of the first step
+  after,  // the steps start from zero; C is added at the end in float32, round to nearest even
+};
+
+enum class MmaAccumulator { f32, f16 };
+
+struct MmaModel {
+  std::string name;
+  std::string provenance;
+  MmaInput input = MmaInput::e4m3;
+  int step_products = 32;
+  int fraction_bits = 13;  // bits kept below 2^E in every term (at most 40)
+  int sum_bits = 14;       // significant bits of a step's result, rounded toward zero (at most 24)
+  MmaExponentRule exponent_rule = MmaExponentRule::field;
+  MmaPartition partition = MmaPartition::contiguous;
+  MmaCAdd c_add = MmaCAdd::fused;
+  MmaAccumulator accumulator = MmaAccumulator::f32;
+  int promote_steps = 0;
+  bool per_product = false;
+  bool validated = true;   // reproduces vectors measured on the GPU it names
+
+  // A one-line statement of the parameters, e.g. "e4m3, 32 products/step, 13 fraction bits, RZ to 14 bits, ...".
+  std::string describe() const;
+};
+
+// The presets, by name: h100-wgmma-e4m3, h100-wgmma-e4m3-promote, h100-mma-e4m3, h100-hmma-f16, h100-hmma-bf16,
+// h100-hmma-f16-acc16, per-product-fp22.
+const std::vector<MmaModel>& mma_presets();
+// Throws std::invalid_argument naming the presets for an unknown name.
+const MmaModel& mma_preset(std::string_view name);
+
+const LowpFormat& mma_input_format(MmaInput input);
+int mma_input_bits(MmaInput input);  // 8 or 16
+
+// One dot product: codes of a[0..k) and b[0..k) (the low 8 or 16 bits of each entry), accumulator c.
+float mma_dot(const MmaModel& m, std::span<const std::uint16_t> a, std::span<const std::uint16_t> b, float c);
+
+// D[i, j] = mma_dot(A row i, Bt row j, C[i, j]) for row-major A (m x k), Bt (n x k), C and D (m x n). C may be
+// empty (zero).
+void mma_matmul(const MmaModel& m, std::span<const std::uint16_t> a, std::span<const std::uint16_t> bt,
+                std::span<const float> c, std::span<float> d, std::size_t rows, std::size_t cols, std::size_t depth);
+
+}  // namespace qattn::ref

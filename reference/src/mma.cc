@@ -1,0 +1,265 @@
+#include "qattn/reference/mma.h"
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+
+namespace qattn::ref {
+namespace {
+
+constexpr int kNoExponent = INT_MIN / 4;  // a zero operand under the leading-bit rule: never the maximum
+
+const LowpFormat& binary32() {
+  static const LowpFormat f{"binary32", 8, 23, 127, true, LowpSpecials::ieee};
+  return f;
+}
+
+// Every code of an input format, decoded once: its value and its exponent under each rule.
+struct DecodedFormat {
+  std::vector<double> value;
+  std::vector<int> field_exponent;
+  std::vector<int> leading_exponent;
+};
+
+DecodedFormat decode_all(const LowpFormat& f) {
+  const std::size_t n = std::size_t{1} << f.bits();
+  DecodedFormat d;
+  d.value.resize(n);
+  d.field_exponent.resize(n);
+  d.leading_exponent.resize(n);
+  for (std::size_t code = 0; code < n; ++code) {
+    const double v = lowp_decode(static_cast<std::uint32_t>(code), f);
+    d.value[code] = v;
+    const bool finite_nonzero = std::isfinite(v) && v != 0;
+    d.leading_exponent[code] = finite_nonzero ? std::ilogb(v) : kNoExponent;
+    d.field_exponent[code] = finite_nonzero ? std::max(std::ilogb(v), f.emin()) : f.emin();
+  }
+  return d;
+}
+
+const DecodedFormat& decoded(MmaInput input) {
+  static const std::array<DecodedFormat, 4> all{decode_all(fp8_e4m3fn()), decode_all(fp8_e5m2()),
+                                                 decode_all(fp16_binary16()), decode_all(bf16_bfloat16())};
+  return all[static_cast<std::size_t>(input)];
+}
+
+// x rounded toward zero to `bits` significant bits (x a double holding an integer or any finite value).
+double truncate_significand(double x, int bits) {
+  if (x == 0) return x;
+  const int drop = std::ilogb(x) + 1 - bits;
+  if (drop <= 0) return x;
+  return std::ldexp(std::trunc(std::ldexp(x, -drop)), drop);
+}
+
+float to_float_rz(double x) {
+  const float f = static_cast<float>(x);
+  if (static_cast<double>(f) == x) return f;
+  return static_cast<float>(lowp_round(x, binary32(), LowpRounding::rz, LowpOverflow::non_saturating));
+}
+
+// acc + p rounded toward zero onto FP22, from the exact sum: s = fl(acc + p) and its error t (TwoSum); where s is
+// already on FP22's grid and the exact sum lies below it in magnitude, the result is the next FP22 value toward 0.
+double fp22_add_rz(double acc, double p) {
+  const double s = acc + p;
+  const double bp = s - acc;
+  const double t = (acc - (s - bp)) + (p - bp);
+  const LowpFormat& fp22 = fp22_accumulator();
+  const double r = lowp_round(s, fp22, LowpRounding::rz, LowpOverflow::non_saturating);
+  if (r != s || t == 0 || (t > 0) == (s > 0)) return r;
+  const int e = std::max(std::ilogb(s), fp22.emin());
+  const double ulp_below = std::ldexp(1.0, (std::fabs(s) == std::ldexp(1.0, e) && e > fp22.emin() ? e - 1 : e) -
+                                               fp22.mantissa_bits);
+  return s > 0 ? s - ulp_below : s + ulp_below;
+}
+
+void check_model(const MmaModel& m) {
+  if (m.step_products < 1 || m.fraction_bits < 0 || m.fraction_bits > 40 || m.sum_bits < 1 || m.sum_bits > 24 ||
+      m.promote_steps < 0)
+    throw std::invalid_argument("mma model " + m.name + ": parameters out of range (" + m.describe() + ")");
+  if (m.partition == MmaPartition::k_mod4_pairs && m.step_products % 2 != 0)
+    throw std::invalid_argument("mma model " + m.name + ": k_mod4_pairs needs an even step_products");
+}
+
+}  // namespace
+
+std::string MmaModel::describe() const {
+  std::ostringstream s;
+  static const char* const inputs[] = {"e4m3", "e5m2", "f16", "bf16"};
+  s << inputs[static_cast<int>(input)];
+  if (per_product) {
+    s << ", per product: acc + a*b rounded toward zero onto FP22 (1-8-13)";
+    return s.str();
+  }
+  s << ", " << step_products << " products/step, " << fraction_bits << " fraction bits below 2^E (truncated)";
+  if (accumulator == MmaAccumulator::f32) s << ", sum RZ to " << sum_bits << " bits";
+  s << ", E from " << (exponent_rule == MmaExponentRule::field ? "exponent fields" : "leading bits")
+    << (partition == MmaPartition::k_mod4_pairs ? ", steps k mod 4 < 2 then >= 2" : "")
+    << (c_add == MmaCAdd::fused ? ", C fused into the first step" : ", C added after in f32 (RNE)")
+    << (accumulator == MmaAccumulator::f16 ? ", f16 accumulator: the sum rounded once to nearest even onto binary16"
+                                           : "");
+  if (promote_steps > 0) s << ", promoted to an f32 total (RNE) every " << promote_steps << " steps";
+  return s.str();
+}
+
+const LowpFormat& mma_input_format(MmaInput input) {
+  switch (input) {
+    case MmaInput::e4m3: return fp8_e4m3fn();
+    case MmaInput::e5m2: return fp8_e5m2();
+    case MmaInput::f16: return fp16_binary16();
+    case MmaInput::bf16: return bf16_bfloat16();
+  }
+  throw std::invalid_argument("mma: unknown input format");
+}
+
+int mma_input_bits(MmaInput input) { return input == MmaInput::e4m3 || input == MmaInput::e5m2 ? 8 : 16; }
+
+const std::vector<MmaModel>& mma_presets() {
+  static const std::vector<MmaModel> presets = [] {
+    std::vector<MmaModel> p;
+    MmaModel wgmma;
+    wgmma.name = "h100-wgmma-e4m3";
+    wgmma.provenance = "H100 FP8 wgmma, cuBLASLt fast accumulation (torch._scaled_mm use_fast_accum=True), "
+                       "K = 32..4096: every output of wgmma_cublaslt_e4m3.npz";
+    p.push_back(wgmma);
+    MmaModel promote = wgmma;
+    promote.name = "h100-wgmma-e4m3-promote";
+    promote.provenance = "H100 FP8 wgmma, cuBLASLt default mode (promotion to an f32 total every 4 k-steps = 128 k), "
+                         "K = 32..4096: every output of wgmma_cublaslt_e4m3.npz";
+    promote.promote_steps = 4;
+    p.push_back(promote);
+    MmaModel hmma;
+    hmma.name = "h100-hmma-f16";
+    hmma.provenance = "H100 mma.sync.m16n8k16 f16 -> f32 (HMMA.16816.F32): every output of "
+                      "mma_sync_m16n8k16_f16f32.npz (no f16 subnormal inputs among them)";
+    hmma.input = MmaInput::f16;
+    hmma.step_products = 16;
+    hmma.fraction_bits = 25;
+    hmma.sum_bits = 24;
+    hmma.exponent_rule = MmaExponentRule::leading_bit;
+    p.push_back(hmma);
+    MmaModel bf = hmma;
+    bf.name = "h100-hmma-bf16";
+    bf.provenance = "H100 mma.sync.m16n8k16 bf16 -> f32 (HMMA.16816.F32.BF16): every output of "
+                    "mma_sync_m16n8k16_bf16f32.npz";
+    bf.input = MmaInput::bf16;
+    p.push_back(bf);
+    MmaModel acc16 = hmma;
+    acc16.name = "h100-hmma-f16-acc16";
+    acc16.provenance = "H100 mma.sync.m16n8k16 f16 -> f16 (HMMA.16816.F16): every output of "
+                       "mma_sync_m16n8k16_f16f16.npz";
+    acc16.accumulator = MmaAccumulator::f16;
+    p.push_back(acc16);
+    MmaModel mma8 = hmma;
+    mma8.name = "h100-mma-e4m3";
+    mma8.provenance = "H100 (sm_90) mma.sync.m16n8k32 e4m3 -> f32, which runs as two HMMA.16816.F32 on the operands "
+                      "converted to f16: every output of mma_sync_m16n8k32_e4m3.npz";
+    mma8.input = MmaInput::e4m3;
+    mma8.partition = MmaPartition::k_mod4_pairs;
+    mma8.c_add = MmaCAdd::after;
+    p.push_back(mma8);
+    MmaModel fp22;
+    fp22.name = "per-product-fp22";
+    fp22.provenance = "a bound, not hardware: SageAttention2 Sec. 3.4 read as an FP22 (1-8-13) accumulator rounded "
+                      "toward zero after every product; matches no measured instruction (docs/mma.md)";
+    fp22.per_product = true;
+    fp22.step_products = 1;
+    fp22.validated = false;
+    p.push_back(fp22);
+    return p;
+  }();
+  return presets;
+}
+
+const MmaModel& mma_preset(std::string_view name) {
+  std::string names;
+  for (const MmaModel& m : mma_presets()) {
+    if (m.name == name) return m;
+    names += (names.empty() ? "" : ", ") + m.name;
+  }
+  throw std::invalid_argument("unknown mma model '" + std::string(name) + "' (the presets: " + names + ")");
+}
+
+float mma_dot(const MmaModel& m, std::span<const std::uint16_t> a, std::span<const std::uint16_t> b, float c) {
+  check_model(m);
+  if (a.size() != b.size()) throw std::invalid_argument("mma_dot: a and b differ in length");
+  const DecodedFormat& dec = decoded(m.input);
+  const std::uint16_t mask = mma_input_bits(m.input) == 8 ? 0xff : 0xffff;
+  const std::size_t k = a.size();
+
+  bool finite = std::isfinite(c);
+  for (std::size_t i = 0; i < k && finite; ++i)
+    finite = std::isfinite(dec.value[a[i] & mask]) && std::isfinite(dec.value[b[i] & mask]);
+  if (!finite) {
+    double s = c;
+    for (std::size_t i = 0; i < k; ++i) s += dec.value[a[i] & mask] * dec.value[b[i] & mask];
+    return static_cast<float>(s);
+  }
+
+  if (m.per_product) {
+    double acc = c;
+    for (std::size_t i = 0; i < k; ++i) acc = fp22_add_rz(acc, dec.value[a[i] & mask] * dec.value[b[i] & mask]);
+    return static_cast<float>(acc);
+  }
+
+  const std::vector<int>& exponent = m.exponent_rule == MmaExponentRule::field ? dec.field_exponent
+                                                                                : dec.leading_exponent;
+  const std::size_t n = static_cast<std::size_t>(m.step_products);
+  if (m.partition == MmaPartition::k_mod4_pairs && k % 4 != 0)
+    throw std::invalid_argument("mma model " + m.name + ": k = " + std::to_string(k) + " is not a multiple of 4");
+  // The i-th k in step order. k_mod4_pairs: within each chunk of 2n (or the rest of k), first the k with
+  // k mod 4 < 2, then the others.
+  auto kth = [&](std::size_t i) -> std::size_t {
+    if (m.partition == MmaPartition::contiguous) return i;
+    const std::size_t base = i / (2 * n) * (2 * n), half = std::min(2 * n, k - base) / 2, j = i - base;
+    return j < half ? base + j / 2 * 4 + j % 2 : base + (j - half) / 2 * 4 + 2 + (j - half) % 2;
+  };
+  const bool promote = m.promote_steps > 0;
+  double acc = (m.c_add == MmaCAdd::fused && !promote) ? static_cast<double>(c) : 0.0;
+  float total = promote ? c : 0.0f;
+  std::size_t step = 0;
+  for (std::size_t s0 = 0; s0 < k; s0 += n, ++step) {
+    const std::size_t s1 = std::min(k, s0 + n);
+    int e_max = acc != 0 ? (m.exponent_rule == MmaExponentRule::field ? std::max(std::ilogb(acc), -126) : std::ilogb(acc))
+                         : kNoExponent;
+    for (std::size_t i = s0; i < s1; ++i)
+      e_max = std::max(e_max, exponent[a[kth(i)] & mask] + exponent[b[kth(i)] & mask]);
+    if (e_max > kNoExponent / 2) {
+      // Units of 2^(E - fraction_bits): every truncated term is an integer below 2^(fraction_bits + 2) and their sum
+      // below 2^(fraction_bits + 8), so the double sum is exact.
+      const int unit = e_max - m.fraction_bits;
+      double sum = std::trunc(std::ldexp(acc, -unit));
+      for (std::size_t i = s0; i < s1; ++i) {
+        const double p = dec.value[a[kth(i)] & mask] * dec.value[b[kth(i)] & mask];
+        sum += std::trunc(std::ldexp(p, -unit));
+      }
+      if (m.accumulator == MmaAccumulator::f16)  // one rounding of the exact sum (HMMA.16816.F16)
+        acc = lowp_round(std::ldexp(sum, unit), fp16_binary16(), LowpRounding::rne, LowpOverflow::non_saturating);
+      else
+        acc = to_float_rz(std::ldexp(truncate_significand(sum, m.sum_bits), unit));
+    }
+    if (promote && (step + 1) % static_cast<std::size_t>(m.promote_steps) == 0) {
+      total += static_cast<float>(acc);
+      acc = 0;
+    }
+  }
+  if (promote) return total + static_cast<float>(acc);
+  if (m.c_add == MmaCAdd::after) return static_cast<float>(acc) + c;
+  return static_cast<float>(acc);
+}
+
+void mma_matmul(const MmaModel& m, std::span<const std::uint16_t> a, std::span<const std::uint16_t> bt,
+                std::span<const float> c, std::span<float> d, std::size_t rows, std::size_t cols, std::size_t depth) {
+  if (a.size() != rows * depth || bt.size() != cols * depth || d.size() != rows * cols ||
+      (!c.empty() && c.size() != rows * cols))
+    throw std::invalid_argument("mma_matmul: the sizes of A, Bt, C and D do not match rows, cols and depth");
+  for (std::size_t i = 0; i < rows; ++i)
+    for (std::size_t j = 0; j < cols; ++j)
+      d[i * cols + j] = mma_dot(m, a.subspan(i * depth, depth), bt.subspan(j * depth, depth),
+                                c.empty() ? 0.0f : c[i * cols + j]);
+}
+
+}  // namespace qattn::ref
