@@ -78,31 +78,50 @@ TEST_CASE("fp8_from_float ptx_satfinite is cvt.rn.satfinite on every float32 (bo
   CHECK(checked > 1000);
 }
 
-// `dir` holds bits.npy (float32 patterns as int32), e4m3fn.npy and e5m2.npy (uint8 codes): plain .npy files, so
-// the check runs on builds without libzip too.
-void check_torch_casts(const std::filesystem::path& dir) {
-  const qattn::Tensor bits = qattn::read_npy(dir / "bits.npy");
+// `bits` holds float32 patterns (as int32 or uint32), `codes` what the GPU's torch casts gave for each (uint8).
+void check_torch_casts(const qattn::Tensor& bits, const std::map<std::string, qattn::Tensor>& codes,
+                       const std::string& source) {
   const std::size_t n = bits.bytes.size() / 4;
   REQUIRE(n > 10000);
   for (const auto& [key, f] : {std::pair<std::string, const LowpFormat*>{"e4m3fn", &qattn::ref::fp8_e4m3fn()},
                                 {"e5m2", &qattn::ref::fp8_e5m2()}}) {
-    const qattn::Tensor codes = qattn::read_npy(dir / (key + ".npy"));
-    REQUIRE(codes.bytes.size() == n);
+    const qattn::Tensor& c = codes.at(key);
+    REQUIRE(c.bytes.size() == n);
     std::size_t wrong = 0;
     std::uint32_t first_wrong = 0;
     for (std::size_t i = 0; i < n; ++i) {
       std::uint32_t u;
       std::memcpy(&u, bits.bytes.data() + 4 * i, 4);
-      const auto want = std::to_integer<std::uint8_t>(codes.bytes[i]);
+      const auto want = std::to_integer<std::uint8_t>(c.bytes[i]);
       if (convert(u, *f, Fp8Cast::torch) != want && wrong++ == 0) first_wrong = u;
     }
-    INFO(dir.string() << ", " << key << ": first differing float32 pattern 0x" << hex(first_wrong));
+    INFO(source << ", " << key << ": first differing float32 pattern 0x" << hex(first_wrong));
     CHECK(wrong == 0);
   }
 }
 
+// The embedded subset: plain .npy files (bits.npy as int32, e4m3fn.npy, e5m2.npy), read on builds without libzip too.
 TEST_CASE("fp8_from_float torch is torch's .to(float8_e4m3fn / float8_e5m2) on the GPU", "[lowp][h100]") {
-  check_torch_casts(kH100 / "torch_casts_subset");
+  const std::filesystem::path dir = kH100 / "torch_casts_subset";
+  check_torch_casts(qattn::read_npy(dir / "bits.npy"),
+                    {{"e4m3fn", qattn::read_npy(dir / "e4m3fn.npy")}, {"e5m2", qattn::read_npy(dir / "e5m2.npy")}},
+                    dir.string());
+}
+
+// All 2^18 measured patterns, where the whole measurement is present (QATTN_H100_VECTORS or ../shared/data/h100-fp8).
+TEST_CASE("fp8_from_float torch on every pattern of the whole measurement, where present", "[lowp][h100]") {
+  std::filesystem::path dir = std::filesystem::path(QATTN_SHARED_DATA) / "h100-fp8";
+  if (const char* v = std::getenv("QATTN_H100_VECTORS"); v != nullptr && *v != '\0') dir = v;
+  const std::filesystem::path file = dir / "torch_casts.npz";
+  if (!std::filesystem::exists(file) || !qattn::have_npz()) {
+    WARN(file.string() << " is not here, or this build has no .npz support: the embedded subset only");
+    return;
+  }
+  std::map<std::string, qattn::Tensor> by;
+  for (auto& t : qattn::read_npz(file)) by[t.name] = std::move(t.tensor);
+  REQUIRE(by.count("bits"));
+  CHECK(by.at("bits").dtype == qattn::DType::u32);
+  check_torch_casts(by.at("bits"), by, file.string());
 }
 
 TEST_CASE("fp8_from_float: the rules the H100 data shows, stated", "[lowp][h100]") {
