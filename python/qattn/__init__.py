@@ -14,7 +14,7 @@ Outputs are new arrays. The GIL is released while qattn computes. python/README.
 from . import _qattn
 
 __all__ = ["methods", "quantizers", "canonical", "softmax", "softmax_integer", "exact_softmax", "attention",
-           "quantize_kv", "quantize_weights", "compare", "Method", "analyze", "sweep", "fp8_encode", "load", "save"]
+           "quantize_kv", "quantize_weights", "compare", "Method", "analyze", "sweep", "fp8_encode", "mma", "mma_models", "load", "save"]
 
 
 def _widen16(x):
@@ -446,6 +446,28 @@ def fp8_encode(x, format="e4m3fn", saturate=True):
     format : {"e4m3fn", "e5m2"}
     """
     return _qattn.fp8_encode(x, format, saturate)
+
+
+def mma(a, bt, c=None, model="h100-wgmma-e4m3"):
+    """D = A·B + C as a tensor-core instruction computes it, bit for bit (docs/mma.md).
+
+    a : array [..., M, K]; bt : array [..., N, K] (row n is column n of B). Either uint8 FP8 codes, uint16 bit
+        patterns of 16-bit inputs, or floats whose every value is exact in the model's input format (round first:
+        ``fp8_encode`` for FP8; anything else raises ValueError naming the element).
+    c : float array [..., M, N] or None (zero).
+    model : a preset of ``mma_models()``: ``h100-wgmma-e4m3`` (FP8 wgmma, fast accumulation),
+        ``h100-wgmma-e4m3-promote`` (cuBLASLt's default mode), ``h100-mma-e4m3`` (FP8 mma.sync on sm_90),
+        ``h100-hmma-f16``, ``h100-hmma-bf16``, ``h100-hmma-f16-acc16``, or the bound ``per-product-fp22``.
+
+    Returns float32 [..., M, N], or float16 for the f16 accumulator.
+    """
+    return _qattn.mma(a, bt, c, model)
+
+
+def mma_models():
+    """The MMA presets: a list of dicts with ``name``, ``parameters``, ``provenance`` and ``validated`` (True when
+    the preset reproduces vectors measured on the GPU it names)."""
+    return _qattn.mma_models()
 
 
 def load(path):

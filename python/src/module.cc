@@ -28,6 +28,7 @@
 #include "qattn/metrics.h"
 #include "qattn/reference/kv_quant.h"
 #include "qattn/reference/lowp_float.h"
+#include "qattn/reference/mma.h"
 #include "qattn/reference/registry.h"
 #include "qattn/reference/softmax.h"
 #include "qattn/reference/weight_quant.h"
@@ -640,6 +641,106 @@ py::array_t<std::uint8_t> fp8_encode(const py::handle& x_obj, const std::string&
   return out;
 }
 
+// The codes of an MMA operand: uint8 FP8 codes, uint16 16-bit patterns, or floats exact in the model's input format.
+std::vector<std::uint16_t> mma_operand(const py::handle& obj, const ref::MmaModel& m, const char* name,
+                                       std::vector<py::ssize_t>& shape) {
+  if (!py::isinstance<py::array>(obj))
+    throw py::type_error(std::string(name) + ": expected a NumPy array, got " + std::string(py::str(py::type::of(obj))));
+  const auto arr = py::reinterpret_borrow<py::array>(obj);
+  if (arr.ndim() < 2) throw py::value_error(std::string(name) + ": expected [..., rows, K], got " + std::to_string(arr.ndim()) + " dimensions");
+  shape.assign(arr.shape(), arr.shape() + arr.ndim());
+  const int bits = ref::mma_input_bits(m.input);
+  const ref::LowpFormat& f = ref::mma_input_format(m.input);
+  std::vector<std::uint16_t> codes(static_cast<std::size_t>(arr.size()));
+  const char kind = arr.dtype().kind();
+  if (kind == 'u') {
+    if (arr.itemsize() * 8 != bits)
+      throw py::value_error(std::string(name) + ": " + std::string(py::str(arr.dtype())) + " codes, but model " + m.name +
+                            " takes " + f.name + (bits == 8 ? " codes (uint8)" : " bit patterns (uint16)"));
+    if (bits == 8) {
+      const auto c = py::array_t<std::uint8_t, py::array::c_style | py::array::forcecast>::ensure(obj);
+      std::copy(c.data(), c.data() + c.size(), codes.begin());
+    } else {
+      const auto c = py::array_t<std::uint16_t, py::array::c_style | py::array::forcecast>::ensure(obj);
+      std::copy(c.data(), c.data() + c.size(), codes.begin());
+    }
+    return codes;
+  }
+  if (kind != 'f')
+    throw py::type_error(std::string(name) + ": expected uint8 codes, uint16 patterns or floats exact in " + f.name +
+                         ", got " + std::string(py::str(arr.dtype())));
+  const auto v = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(obj);
+  for (py::ssize_t i = 0; i < v.size(); ++i) {
+    try {
+      codes[static_cast<std::size_t>(i)] = static_cast<std::uint16_t>(ref::lowp_encode(v.data()[i], f));
+    } catch (const std::invalid_argument&) {
+      throw py::value_error(std::string(name) + ": element " + std::to_string(i) + " (" + std::to_string(v.data()[i]) +
+                            ") is not a value of " + f.name + "; round it first (qattn.fp8_encode for FP8)");
+    }
+  }
+  return codes;
+}
+
+// mma(a, bt, c, model): D = A·B + C through an MMA model, batched over the leading dimensions.
+py::array mma(const py::handle& a_obj, const py::handle& bt_obj, const py::handle& c_obj, const std::string& model) {
+  const ref::MmaModel* m = nullptr;
+  try {
+    m = &ref::mma_preset(model);
+  } catch (const std::invalid_argument& e) {
+    throw py::value_error(e.what());
+  }
+  std::vector<py::ssize_t> sa, sb;
+  const std::vector<std::uint16_t> a = mma_operand(a_obj, *m, "a", sa), bt = mma_operand(bt_obj, *m, "bt", sb);
+  const std::size_t r = sa.size();
+  if (sb.size() != r || !std::equal(sa.begin(), sa.end() - 2, sb.begin()) || sa.back() != sb.back())
+    throw py::value_error("bt: shape " + shape_string(sb) + " does not fit a " + shape_string(sa) +
+                          ": expected [..., N, K] with a's leading dimensions and K");
+  const auto rows = static_cast<std::size_t>(sa[r - 2]), depth = static_cast<std::size_t>(sa[r - 1]),
+             cols = static_cast<std::size_t>(sb[r - 2]);
+  std::vector<py::ssize_t> out_shape(sa.begin(), sa.end() - 2);
+  out_shape.push_back(static_cast<py::ssize_t>(rows));
+  out_shape.push_back(static_cast<py::ssize_t>(cols));
+  std::size_t batch = 1;
+  for (std::size_t i = 0; i + 2 < r; ++i) batch *= static_cast<std::size_t>(sa[i]);
+  std::vector<float> c;
+  if (!c_obj.is_none()) {
+    const auto ca = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(c_obj);
+    if (!ca) throw py::type_error("c: expected a float array");
+    if (std::vector<py::ssize_t>(ca.shape(), ca.shape() + ca.ndim()) != out_shape)
+      throw py::value_error("c: shape " + shape_string(std::vector<py::ssize_t>(ca.shape(), ca.shape() + ca.ndim())) +
+                            ", expected " + shape_string(out_shape));
+    c.assign(ca.data(), ca.data() + ca.size());
+  }
+  std::vector<float> d(batch * rows * cols);
+  {
+    py::gil_scoped_release release;
+    for (std::size_t t = 0; t < batch; ++t)
+      ref::mma_matmul(*m, std::span(a).subspan(t * rows * depth, rows * depth),
+                      std::span(bt).subspan(t * cols * depth, cols * depth),
+                      c.empty() ? std::span<const float>() : std::span<const float>(c).subspan(t * rows * cols, rows * cols),
+                      std::span(d).subspan(t * rows * cols, rows * cols), rows, cols, depth);
+  }
+  if (m->accumulator == ref::MmaAccumulator::f16) {
+    py::array out(py::dtype("float16"), out_shape);
+    auto* bits = static_cast<std::uint16_t*>(out.mutable_data());
+    for (std::size_t i = 0; i < d.size(); ++i) bits[i] = f32_to_f16_bits(d[i]);
+    return out;
+  }
+  py::array_t<float> out(out_shape);
+  std::copy(d.begin(), d.end(), out.mutable_data());
+  return out;
+}
+
+py::list mma_models() {
+  py::list out;
+  for (const ref::MmaModel& m : ref::mma_presets()) {
+    py::dict d;
+    d["name"] = m.name, d["parameters"] = m.describe(), d["provenance"] = m.provenance, d["validated"] = m.validated;
+    out.append(d);
+  }
+  return out;
+}
+
 py::dict compare(const py::handle& out, const py::handle& ref) {
   Input a = read_float_array(out, "a", true), b = read_float_array(ref, "b", true);
   if (a.shape != b.shape) throw py::value_error("a, b: shapes differ: " + shape_string(a.shape) + " vs " + shape_string(b.shape));
@@ -791,6 +892,8 @@ PYBIND11_MODULE(_qattn, m) {
   m.def("analyze_report", &analyze_report, py::arg("tensors"), py::arg("methods"), py::arg("kv"), py::arg("weights"),
         py::arg("softmax_only"), py::arg("reference"), py::arg("engine"), py::arg("own") = std::vector<py::tuple>{});
   m.def("fp8_encode", &fp8_encode, py::arg("x"), py::arg("format"), py::arg("saturate") = true);
+  m.def("mma", &mma, py::arg("a"), py::arg("bt"), py::arg("c"), py::arg("model"));
+  m.def("mma_models", &mma_models);
   m.def("load", &load, py::arg("path"));
   m.def("save", &save, py::arg("path"), py::arg("arrays"));
 }

@@ -328,5 +328,45 @@ else
   echo "note: numpy cross-check skipped (emulated run or no /usr/bin/python3 numpy)"
 fi
 
+# qattn mma and mma-check (docs/mma.md) on the embedded H100 vectors.
+mmav="$root/tests/fixtures/h100-mma"
+expect 0 "h100-wgmma-e4m3-promote" "mma --list names the presets" -- mma --list
+expect 0 "All sets: 32768 of 32768 outputs bit-equal" "mma-check: h100-hmma-f16 on the embedded f16 vectors" -- \
+  mma-check "$mmav/mma_sync_m16n8k16_f16f32.safetensors" --model h100-hmma-f16
+expect 0 '"equal": 10240' "mma-check --format json --tests 16" -- \
+  mma-check "$mmav/mma_sync_m16n8k32_e4m3.safetensors" --model h100-mma-e4m3 --tests 16 --format json
+expect 0 "K256_bytes \| fast \| 1 \| 64 x 64 x 256 \| 4096 \| 425 \|" "mma-check: the promoting model on fast outputs" -- \
+  mma-check "$mmav/wgmma_cublaslt_e4m3.safetensors" --model h100-wgmma-e4m3-promote
+expect 2 "the presets: h100-wgmma-e4m3" "mma-check: an unknown model is a usage error" -- \
+  mma-check "$mmav/wgmma_cublaslt_e4m3.safetensors" --model h200
+expect 3 "K32_bytes_A: 8-bit codes with a float32 D do not fit model h100-hmma-f16" "mma-check: a model of another width" -- \
+  mma-check "$mmav/wgmma_cublaslt_e4m3.safetensors" --model h100-hmma-f16
+expect 3 "no set" "mma-check: a file without sets" -- mma-check "$sample/layer0_head0_q.npy" --model h100-hmma-f16
+expect 2 "--out" "mma: --out is required" -- mma --model h100-hmma-f16 --a x.npy --bt y.npy
+if [ ${#emu[@]} -eq 0 ] && /usr/bin/python3 -c "import numpy" 2>/dev/null; then
+  /usr/bin/python3 - "$mmav" "$tmp" <<'PY'
+import sys, json, struct, numpy as np
+src, out = sys.argv[1], sys.argv[2]
+b = open(f"{src}/mma_sync_m16n8k16_bf16f32.safetensors", "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+dt = {"U16": np.uint16, "F32": np.float32}
+for key in ("attn_A", "attn_Bt", "attn_C", "attn_D"):
+    s, e = h[key]["data_offsets"]
+    np.save(f"{out}/mma_{key}.npy", np.frombuffer(b[8 + n + s:8 + n + e], dtype=dt[h[key]["dtype"]]).reshape(h[key]["shape"]))
+np.save(f"{out}/mma_inexact.npy", np.full((1, 2, 4), 0.1, dtype=np.float32))
+np.save(f"{out}/mma_ones.npy", np.ones((1, 2, 4), dtype=np.float32))
+PY
+  expect 0 "" "mma: a batch of bf16 HMMA tests" -- mma --model h100-hmma-bf16 --a "$tmp/mma_attn_A.npy" \
+    --bt "$tmp/mma_attn_Bt.npy" --c "$tmp/mma_attn_C.npy" --out "$tmp/mma_D.npy"
+  check "mma: D is the H100's, bit for bit" /usr/bin/python3 -c "import numpy as np, sys; \
+a, b = np.load('$tmp/mma_D.npy'), np.load('$tmp/mma_attn_D.npy'); sys.exit(0 if a.dtype == b.dtype and a.tobytes() == b.tobytes() else 1)"
+  expect 3 "element 0: value 0.10000000149011612 is not a value of e4m3fn" "mma: a float operand not exact in E4M3" -- \
+    mma --model h100-wgmma-e4m3 --a "$tmp/mma_inexact.npy" --bt "$tmp/mma_ones.npy" --out "$tmp/mma_bad.npy"
+  check "mma: nothing written on bad input" test ! -e "$tmp/mma_bad.npy"
+  expect 3 "uint16 codes, but model h100-wgmma-e4m3 takes e4m3fn" "mma: 16-bit codes for an FP8 model" -- \
+    mma --model h100-wgmma-e4m3 --a "$tmp/mma_attn_A.npy" --bt "$tmp/mma_attn_Bt.npy" --out "$tmp/mma_bad.npy"
+fi
+
 echo "cli_test: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
