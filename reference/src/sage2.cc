@@ -1,13 +1,18 @@
 #include "qattn/reference/sage2.h"
 
 #include <algorithm>
+#include <array>
+#include <bit>
+#include <cstdint>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
 #include <string>
 
 #include "qattn/float_format.h"
+#include "qattn/reference/int_pipelines.h"
 #include "qattn/reference/lowp_float.h"
+#include "qattn/reference/mma.h"
 
 namespace qattn::ref {
 namespace {
@@ -21,7 +26,7 @@ float fp22(double x) {
 // Rounds P~ (fp32) to the P format.
 float round_p(float x, SagePFormat f) {
   switch (f) {
-    case SagePFormat::e4m3: return static_cast<float>(lowp_round(x, fp8_e4m3fn(), LowpRounding::rne, LowpOverflow::saturate));
+    case SagePFormat::e4m3: return e4m3_round_saturate(x);
     case SagePFormat::e5m2: return static_cast<float>(lowp_round(x, fp8_e5m2(), LowpRounding::rne, LowpOverflow::saturate));
     case SagePFormat::int8: return std::nearbyint(x);
     case SagePFormat::fp16: return static_cast<float>(round_to_format(x, kBinary16));
@@ -42,66 +47,169 @@ float p_range(SagePFormat f) {
 
 RowMatrixXd column_mean(const MatrixView& x) { return x.colwise().mean(); }
 
+// The exponent field of a float, unbiased (a zero reads -127).
+inline std::int32_t float_exponent(float x) {
+  return static_cast<std::int32_t>((std::bit_cast<std::uint32_t>(x) >> 23) & 0xffu) - 127;
+}
+// An E4M3 value's exponent under the field rule: subnormals and zero at -6 (every E4M3 value is a normal float).
+inline std::int32_t e4m3_field_exponent(float x) { return std::max(float_exponent(x), std::int32_t{-6}); }
+inline float pow2(std::int32_t e) { return std::bit_cast<float>(static_cast<std::uint32_t>(e + 127) << 23); }
+
 }  // namespace
 
-// One function of about 100 lines on purpose: it follows the paper's Algorithm 1 step by step (smoothing, per-thread
-// quantisation, the block loop with its online softmax, FP8 P and V, the FP22 accumulator), so each line can be read
-// against the equation it models (docs/pipelines/sage2.md).
-AttentionResult sage2_attention(const MatrixView& q_in, const MatrixView& k_in, const MatrixView& v_in, double scale,
-                                const AttentionMask& mask, const Sage2Params& p) {
-  if (q_in.cols() != k_in.cols() || k_in.rows() != v_in.rows())
-    throw std::invalid_argument("sage2: shapes of q, k, v do not fit");
-  const Eigen::Index lq = q_in.rows(), lk = k_in.rows(), d = q_in.cols(), dv = v_in.cols();
-  // (1) smoothing
-  RowMatrixXd k = k_in, q = q_in, v = v_in;
-  if (p.smooth_k && lk > 0) k.rowwise() -= column_mean(k_in).row(0);
-  RowMatrixXd q_block_mean = RowMatrixXd::Zero(lq, d);  // the mean subtracted from each query (its block's)
-  if (p.smooth_q)
-    for (Eigen::Index b0 = 0; b0 < lq; b0 += p.groups.block_q) {
-      const Eigen::Index n = std::min<Eigen::Index>(p.groups.block_q, lq - b0);
-      const Eigen::RowVectorXd mean = q_in.middleRows(b0, n).colwise().mean();
-      for (Eigen::Index i = b0; i < b0 + n; ++i) q_block_mean.row(i) = mean, q.row(i) -= mean;
+// Integer and exact float operations only, so every instruction set gives the same bits; on x86-64 the compiler
+// builds AVX-512, AVX2 and baseline copies and the loader picks one (the loops over c vectorise).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+void wgmma_e4m3_step(float* acc, const float* p, std::size_t n, const float* v, const std::int8_t* v_exponent,
+                     std::size_t stride, std::size_t cols) {
+  constexpr std::size_t kChunk = 64;
+  constexpr std::int32_t kFractionBits = 13;
+  constexpr std::uint32_t kDroppedBits = 0x3ffu;  // RZ to 14 significant bits: the low 10 of float's 23 stored bits
+  for (std::size_t c0 = 0; c0 < cols; c0 += kChunk) {
+    const std::size_t w = std::min(kChunk, cols - c0);
+    float* a = acc + c0;
+    std::int32_t e[kChunk];
+    // A zero accumulator reads -127, below every product's -12: it never sets E, as the model says.
+    for (std::size_t c = 0; c < w; ++c) e[c] = float_exponent(a[c]);
+    for (std::size_t j = 0; j < n; ++j) {
+      const std::int32_t ej = e4m3_field_exponent(p[j]);
+      const std::int8_t* er = v_exponent + j * stride + c0;
+      for (std::size_t c = 0; c < w; ++c) e[c] = std::max(e[c], ej + er[c]);
     }
-  Eigen::RowVectorXd v_mean = Eigen::RowVectorXd::Zero(dv);
-  if (p.smooth_v && lk > 0) {
-    v_mean = v_in.colwise().mean();
-    v.rowwise() -= v_mean;
+    // Terms in units of 2^(E - 13): E >= -12, so both powers of two are normal floats and every scaling is exact;
+    // each term is below 2^15 and the sum of 33 below 2^21, exact in int32 and in float.
+    float scale[kChunk];
+    std::int32_t s[kChunk];
+    for (std::size_t c = 0; c < w; ++c) {
+      scale[c] = pow2(kFractionBits - e[c]);
+      s[c] = static_cast<std::int32_t>(a[c] * scale[c]);  // truncation toward zero
+    }
+    for (std::size_t j = 0; j < n; ++j) {
+      const float pj = p[j];
+      const float* vr = v + j * stride + c0;
+      for (std::size_t c = 0; c < w; ++c) s[c] += static_cast<std::int32_t>(pj * vr[c] * scale[c]);
+    }
+    for (std::size_t c = 0; c < w; ++c) {
+      const float rz = std::bit_cast<float>(std::bit_cast<std::uint32_t>(static_cast<float>(s[c])) & ~kDroppedBits);
+      a[c] = rz * pow2(e[c] - kFractionBits);
+    }
   }
-  // (2) quantise Q', K'
-  const SageQuantized qq = sage_quantize(q, true, p.granularity, p.qk_bits, p.rounding, p.groups);
-  const SageQuantized kq = sage_quantize(k, false, p.granularity, p.qk_bits, p.rounding, p.groups);
-  // (5) V per channel
-  RowMatrixXd v8(lk, dv);
-  Eigen::RowVectorXd v_scale(dv);
-  for (Eigen::Index c = 0; c < dv; ++c) {
-    const double amax = lk ? v.col(c).cwiseAbs().maxCoeff() : 0.0;
-    const double range = p.p_format == SagePFormat::e4m3 ? 448 : p.p_format == SagePFormat::e5m2 ? 57344 : 127;
-    v_scale(c) = p.p_format == SagePFormat::fp16 ? 1.0 : (amax > 0 ? amax / range : 1.0);
-    for (Eigen::Index j = 0; j < lk; ++j) {
-      const double x = v(j, c) / v_scale(c);
-      switch (p.p_format) {
-        case SagePFormat::e4m3: v8(j, c) = lowp_round(x, fp8_e4m3fn(), LowpRounding::rne, LowpOverflow::saturate); break;
-        case SagePFormat::e5m2: v8(j, c) = lowp_round(x, fp8_e5m2(), LowpRounding::rne, LowpOverflow::saturate); break;
-        case SagePFormat::int8: v8(j, c) = std::clamp(std::nearbyint(x), -127.0, 127.0); break;
-        case SagePFormat::fp16: v8(j, c) = round_to_format(x, kBinary16); break;
+}
+
+namespace {
+
+// One call in two parts that follow the paper's Algorithm 1 step by step, so each line can be read against the
+// equation it models (docs/pipelines/sage2.md). The constructor is the first pass over the whole call: smoothing,
+// the quantisation of Q' and K', V per channel; rows() is the block loop with its online softmax, FP8 P and the PV
+// accumulator for any rows, each row alone (Method::prepare, docs/streaming.md).
+class Sage2Call final : public PreparedCall {
+ public:
+  Sage2Call(const MatrixView& q_in, const MatrixView& k_in, const MatrixView& v_in, double scale,
+            const AttentionMask& mask, const Sage2Params& p)
+      : PreparedCall(q_in.rows()), p(p), scale(scale), mask(mask), lq(q_in.rows()), lk(k_in.rows()),
+        d(q_in.cols()), dv(v_in.cols()), mma_model(mma_preset("h100-mma-e4m3")) {
+    // (1) smoothing
+    k = k_in;
+    RowMatrixXd q = q_in, v = v_in;
+    if (p.smooth_k && lk > 0) k.rowwise() -= column_mean(k_in).row(0);
+    q_block_mean = RowMatrixXd::Zero(lq, d);  // the mean subtracted from each query (its block's)
+    if (p.smooth_q)
+      for (Eigen::Index b0 = 0; b0 < lq; b0 += p.groups.block_q) {
+        const Eigen::Index n = std::min<Eigen::Index>(p.groups.block_q, lq - b0);
+        const Eigen::RowVectorXd mean = q_in.middleRows(b0, n).colwise().mean();
+        for (Eigen::Index i = b0; i < b0 + n; ++i) q_block_mean.row(i) = mean, q.row(i) -= mean;
+      }
+    v_mean = Eigen::RowVectorXd::Zero(dv);
+    if (p.smooth_v && lk > 0) {
+      v_mean = v_in.colwise().mean();
+      v.rowwise() -= v_mean;
+    }
+    // (2) quantise Q', K'
+    qq = sage_quantize(q, true, p.granularity, p.qk_bits, p.rounding, p.groups);
+    kq = sage_quantize(k, false, p.granularity, p.qk_bits, p.rounding, p.groups);
+    // (5) V per channel
+    v8.resize(lk, dv);
+    v_scale.resize(dv);
+    for (Eigen::Index c = 0; c < dv; ++c) {
+      const double amax = lk ? v.col(c).cwiseAbs().maxCoeff() : 0.0;
+      const double range = p.p_format == SagePFormat::e4m3 ? 448 : p.p_format == SagePFormat::e5m2 ? 57344 : 127;
+      v_scale(c) = p.p_format == SagePFormat::fp16 ? 1.0 : (amax > 0 ? amax / range : 1.0);
+      for (Eigen::Index j = 0; j < lk; ++j) {
+        const double x = v(j, c) / v_scale(c);
+        switch (p.p_format) {
+          case SagePFormat::e4m3: v8(j, c) = lowp_round(x, fp8_e4m3fn(), LowpRounding::rne, LowpOverflow::saturate); break;
+          case SagePFormat::e5m2: v8(j, c) = lowp_round(x, fp8_e5m2(), LowpRounding::rne, LowpOverflow::saturate); break;
+          case SagePFormat::int8: v8(j, c) = std::clamp(std::nearbyint(x), -127.0, 127.0); break;
+          case SagePFormat::fp16: v8(j, c) = round_to_format(x, kBinary16); break;
+        }
       }
     }
+    const bool hardware = p.accumulation == SageAccumulation::wgmma || p.accumulation == SageAccumulation::wgmma_single ||
+                          p.accumulation == SageAccumulation::mma;
+    if (hardware && p.p_format != SagePFormat::e4m3)
+      throw std::invalid_argument("sage2: the H100 accumulators (wgmma, wgmma-single, mma) take E4M3 P and V (p=e4m3)");
+    key_block = p.key_block();
+    // V8 as the hardware paths read it: float values (wgmma) or E4M3 codes by column (mma).
+    if (p.accumulation == SageAccumulation::wgmma || p.accumulation == SageAccumulation::wgmma_single) {
+      v8f.resize(static_cast<std::size_t>(lk * dv));
+      v8e.resize(v8f.size());
+      for (Eigen::Index j = 0; j < lk; ++j)
+        for (Eigen::Index c = 0; c < dv; ++c) {
+          const auto at = static_cast<std::size_t>(j * dv + c);
+          v8f[at] = static_cast<float>(v8(j, c));
+          v8e[at] = static_cast<std::int8_t>(e4m3_field_exponent(v8f[at]));
+        }
+    } else if (p.accumulation == SageAccumulation::mma) {
+      v8c.resize(dv, lk);
+      for (Eigen::Index j = 0; j < lk; ++j)
+        for (Eigen::Index c = 0; c < dv; ++c) v8c(c, j) = static_cast<std::uint16_t>(lowp_encode(v8(j, c), fp8_e4m3fn()));
+    }
   }
-  const RowMatrixXb visible = mask.empty() ? RowMatrixXb::Constant(lq, lk, true) : mask.visible(lq, lk);
+
+ private:
+  AttentionResult rows_impl(Eigen::Index r0, Eigen::Index rows) const override;
+
+  static constexpr Eigen::Index kStep = 32;  // keys per fused step: wgmma's k of 32, mma.sync.m16n8k32's k
+  const Sage2Params p;
+  const double scale;
+  const AttentionMask& mask;
+  const Eigen::Index lq, lk, d, dv;
+  const MmaModel& mma_model;
+  RowMatrixXd k;             // K' (smoothed): Delta S reads it
+  RowMatrixXd q_block_mean;  // the mean subtracted from each query (its block's)
+  Eigen::RowVectorXd v_mean, v_scale;
+  SageQuantized qq, kq;
+  RowMatrixXd v8;
+  Eigen::Index key_block = 64;
+  // V8 as the hardware paths read it: float values and their E4M3 field exponents (wgmma) or codes by column (mma).
+  std::vector<float> v8f;
+  std::vector<std::int8_t> v8e;
+  Eigen::Matrix<std::uint16_t, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> v8c;
+};
+
+AttentionResult Sage2Call::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
+  std::vector<float> block(static_cast<std::size_t>(dv));
+  const RowMatrixXb visible = mask.empty() ? RowMatrixXb::Constant(rows, lk, true) : mask.rows(r0, rows, lq).visible(rows, lk);
   AttentionResult r;
-  r.o = RowMatrixXd::Zero(lq, dv);
-  r.p = RowMatrixXd::Zero(lq, lk);
+  r.o = RowMatrixXd::Zero(rows, dv);
+  r.p = RowMatrixXd::Zero(rows, lk);
   const float range = p_range(p.p_format);
   std::vector<float> s(lk), p8(lk), m_at(lk);
-  for (Eigen::Index i = 0; i < lq; ++i) {
+  constexpr Eigen::Index kRowsPerGemm = 256;  // the integer Q K^T of 256 query rows at a time (int_matmul_abt, exact)
+  RowMatrixXi32 acc_int;
+  for (Eigen::Index i = r0; i < r0 + rows; ++i) {
+    const Eigen::Index at = i - r0;  // the row's place in the block
+    if (at % kRowsPerGemm == 0)
+      acc_int = int_matmul_abt(qq.values.middleRows(i, std::min(kRowsPerGemm, r0 + rows - i)), kq.values);
     // (3) logits of row i
     for (Eigen::Index j = 0; j < lk; ++j) {
-      if (!visible(i, j)) {
+      if (!visible(at, j)) {
         s[j] = kNegInf;
         continue;
       }
-      std::int64_t a = 0;
-      for (Eigen::Index t = 0; t < d; ++t) a += std::int64_t{qq.values(i, t)} * kq.values(j, t);
+      const std::int32_t a = acc_int(at % kRowsPerGemm, j);
       const float f = static_cast<float>(qq.scales[qq.group[i]] * kq.scales[kq.group[j]] * scale);
       s[j] = static_cast<float>(a) * f;
       if (p.smooth_q) s[j] += static_cast<float>(q_block_mean.row(i).dot(k.row(j)) * scale);  // Delta S, fp32
@@ -110,8 +218,8 @@ AttentionResult sage2_attention(const MatrixView& q_in, const MatrixView& k_in, 
     // (4)-(6) online softmax over key blocks
     float m = kNegInf, l = 0;
     std::vector<float> out(dv, 0.0f);      // fp32 output accumulator (and the FP22 one for single-level)
-    for (Eigen::Index b0 = 0; b0 < lk; b0 += p.kv_block) {
-      const Eigen::Index b1 = std::min<Eigen::Index>(lk, b0 + p.kv_block);
+    for (Eigen::Index b0 = 0; b0 < lk; b0 += key_block) {
+      const Eigen::Index b1 = std::min<Eigen::Index>(lk, b0 + key_block);
       float m_new = m;
       for (Eigen::Index j = b0; j < b1; ++j) m_new = std::max(m_new, s[j]);
       if (m_new == kNegInf) continue;  // nothing visible yet
@@ -123,36 +231,77 @@ AttentionResult sage2_attention(const MatrixView& q_in, const MatrixView& k_in, 
         p8[j] = round_p(pt, p.p_format);
         m_at[j] = m_new;
       }
-      for (Eigen::Index c = 0; c < dv; ++c) {
-        switch (p.accumulation) {
-          case SageAccumulation::two_level_fp22: {
-            float block = 0;  // a fresh FP22 buffer per block
-            for (Eigen::Index j = b0; j < b1; ++j) block = fp22(static_cast<double>(block) + p8[j] * v8(j, c));
-            out[c] = out[c] * rescale + block;
-            break;
+      switch (p.accumulation) {
+        case SageAccumulation::wgmma:  // a fresh accumulator per block, promoted to the fp32 output
+          std::fill(block.begin(), block.end(), 0.0f);
+          for (Eigen::Index s0 = b0; s0 < b1; s0 += kStep)
+            wgmma_e4m3_step(block.data(), p8.data() + s0, static_cast<std::size_t>(std::min(kStep, b1 - s0)),
+                            v8f.data() + s0 * dv, v8e.data() + s0 * dv, static_cast<std::size_t>(dv),
+                            static_cast<std::size_t>(dv));
+          for (Eigen::Index c = 0; c < dv; ++c) out[c] = out[c] * rescale + block[c];
+          break;
+        case SageAccumulation::wgmma_single:  // one accumulator, rescaled in fp32, then the next steps' fused term
+          for (Eigen::Index c = 0; c < dv; ++c) out[c] *= rescale;
+          for (Eigen::Index s0 = b0; s0 < b1; s0 += kStep)
+            wgmma_e4m3_step(out.data(), p8.data() + s0, static_cast<std::size_t>(std::min(kStep, b1 - s0)),
+                            v8f.data() + s0 * dv, v8e.data() + s0 * dv, static_cast<std::size_t>(dv),
+                            static_cast<std::size_t>(dv));
+          break;
+        case SageAccumulation::mma: {  // a fresh buffer per block; each 32 keys: two HMMA halves, then + buffer
+          std::array<std::uint16_t, kStep> pc{}, vc{};
+          for (Eigen::Index c = 0; c < dv; ++c) {
+            float buffer = 0;
+            for (Eigen::Index s0 = b0; s0 < b1; s0 += kStep) {
+              const Eigen::Index n = std::min(kStep, b1 - s0);
+              pc.fill(0), vc.fill(0);  // a short last chunk is padded with zero products, as the kernel pads
+              for (Eigen::Index j = 0; j < n; ++j)
+                pc[j] = static_cast<std::uint16_t>(lowp_encode(p8[s0 + j], fp8_e4m3fn())), vc[j] = v8c(c, s0 + j);
+              buffer = mma_dot(mma_model, pc, vc, buffer);
+            }
+            out[c] = out[c] * rescale + buffer;
           }
-          case SageAccumulation::fp22: {
-            float acc = fp22(static_cast<double>(out[c]) * rescale);
-            for (Eigen::Index j = b0; j < b1; ++j) acc = fp22(static_cast<double>(acc) + p8[j] * v8(j, c));
-            out[c] = acc;
-            break;
-          }
-          case SageAccumulation::fp32: {
-            float acc = out[c] * rescale;
-            for (Eigen::Index j = b0; j < b1; ++j) acc += static_cast<float>(p8[j] * v8(j, c));
-            out[c] = acc;
-            break;
-          }
+          break;
         }
+        default:  // the per-product FP22 bound and fp32, one output column at a time
+          for (Eigen::Index c = 0; c < dv; ++c) {
+            if (p.accumulation == SageAccumulation::two_level_fp22) {
+              float block_fp22 = 0;  // a fresh FP22 buffer per block
+              for (Eigen::Index j = b0; j < b1; ++j) block_fp22 = fp22(static_cast<double>(block_fp22) + p8[j] * v8(j, c));
+              out[c] = out[c] * rescale + block_fp22;
+            } else if (p.accumulation == SageAccumulation::fp22) {
+              float acc = fp22(static_cast<double>(out[c]) * rescale);
+              for (Eigen::Index j = b0; j < b1; ++j) acc = fp22(static_cast<double>(acc) + p8[j] * v8(j, c));
+              out[c] = acc;
+            } else {
+              float acc = out[c] * rescale;
+              for (Eigen::Index j = b0; j < b1; ++j) acc += static_cast<float>(p8[j] * v8(j, c));
+              out[c] = acc;
+            }
+          }
       }
       m = m_new;
     }
     if (l == 0) continue;  // fully masked row: P = 0, O = 0
-    for (Eigen::Index c = 0; c < dv; ++c) r.o(i, c) = static_cast<float>(out[c] * v_scale(c) / l + v_mean(c));
+    for (Eigen::Index c = 0; c < dv; ++c) r.o(at, c) = static_cast<float>(out[c] * v_scale(c) / l + v_mean(c));
     for (Eigen::Index j = 0; j < lk; ++j)
-      if (s[j] != kNegInf) r.p(i, j) = p8[j] * std::exp(static_cast<double>(m_at[j]) - m) / l;
+      if (s[j] != kNegInf) r.p(at, j) = p8[j] * std::exp(static_cast<double>(m_at[j]) - m) / l;
   }
   return r;
+}
+
+
+}  // namespace
+
+AttentionResult sage2_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
+                                const AttentionMask& mask, const Sage2Params& p) {
+  if (q.rows() == 0) return AttentionResult{RowMatrixXd::Zero(0, v.cols()), RowMatrixXd::Zero(0, k.rows())};
+  return prepare_sage2(q, k, v, scale, mask, p)->rows(0, q.rows());
+}
+
+std::unique_ptr<PreparedCall> prepare_sage2(const MatrixView& q, const MatrixView& k, const MatrixView& v,
+                                            double scale, const AttentionMask& mask, const Sage2Params& p) {
+  if (q.cols() != k.cols() || k.rows() != v.rows()) throw std::invalid_argument("sage2: shapes of q, k, v do not fit");
+  return std::make_unique<Sage2Call>(q, k, v, scale, mask, p);
 }
 
 }  // namespace qattn::ref

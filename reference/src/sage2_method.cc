@@ -16,6 +16,10 @@ class Sage2Method final : public Method {
                             const AttentionMask& mask) const override {
     return sage2_attention(q, k, v, scale, mask, p_);
   }
+  std::unique_ptr<PreparedCall> prepare_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
+                                             const AttentionMask& mask) const override {
+    return prepare_sage2(q, k, v, scale, mask, p_);
+  }
 
  private:
   Sage2Params p_;
@@ -27,15 +31,25 @@ constexpr Choice<SageGranularity> kGranularities[] = {{"tensor", SageGranularity
 constexpr Choice<SageRounding> kRoundings[] = {{"away", SageRounding::half_away}, {"even", SageRounding::half_even}};
 constexpr Choice<SagePFormat> kPFormats[] = {{"e4m3", SagePFormat::e4m3}, {"e5m2", SagePFormat::e5m2},
                                             {"int8", SagePFormat::int8}, {"fp16", SagePFormat::fp16}};
-constexpr Choice<SageAccumulation> kAccumulations[] = {{"two-level", SageAccumulation::two_level_fp22},
-                                                      {"fp22", SageAccumulation::fp22}, {"fp32", SageAccumulation::fp32}};
+// "auto" is not in the table: wgmma for E4M3 P and V, the per-product FP22 bound (two-level) for the other formats,
+// which no FP8 tensor-core instruction takes.
+constexpr Choice<SageAccumulation> kAccumulations[] = {
+    {"wgmma", SageAccumulation::wgmma},      {"wgmma-single", SageAccumulation::wgmma_single},
+    {"mma", SageAccumulation::mma},          {"two-level", SageAccumulation::two_level_fp22},
+    {"fp22", SageAccumulation::fp22},        {"fp32", SageAccumulation::fp32}};
+
+std::vector<std::string> accumulation_names() {
+  std::vector<std::string> names{"auto"};
+  for (const std::string& n : choice_names(kAccumulations)) names.push_back(n);
+  return names;
+}
 
 }  // namespace
 
 void register_sage2_method(Registry& registry) {
   MethodEntry e;
   e.name = "sage2";
-  e.summary = "SageAttention2: smoothing, per-group INT4/INT8 Q/K, FP8 P~ and V, FP22 two-level PV accumulation";
+  e.summary = "SageAttention2: smoothing, per-group INT4/INT8 Q/K, FP8 P~ and V, PV on the H100's FP8 wgmma accumulator";
   e.params = {
       {"smooth-k", ParamType::boolean, "true", "subtract the token mean of K (softmax-invariant)"},
       {"smooth-q", ParamType::boolean, "false", "subtract each Q block's mean, add Delta S = mean(Q) K^T back"},
@@ -45,14 +59,18 @@ void register_sage2_method(Registry& registry) {
       {"round", ParamType::choice, "away", "Q/K rounding: away (upstream Triton) or even (upstream CUDA)",
        choice_names(kRoundings)},
       {"p", ParamType::choice, "e4m3", "P~ and V format", choice_names(kPFormats)},
-      {"acc", ParamType::choice, "two-level", "PV accumulation: two-level FP22, single FP22, or fp32",
-       choice_names(kAccumulations)},
+      {"acc", ParamType::choice, "auto",
+       "PV accumulation (docs/mma.md): wgmma = H100 FP8 wgmma, a fresh accumulator per 128-key block added to fp32 "
+       "(the official Hopper kernel); wgmma-single = one wgmma accumulator; mma = H100 FP8 mma.sync per 64-key block; "
+       "two-level / fp22 = the per-product FP22 bound per block / in one accumulator; fp32; auto = wgmma for p=e4m3, "
+       "else two-level",
+       accumulation_names()},
   };
   e.presets = {
-      {"8b", {{"smooth-k", "true"}, {"smooth-q", "false"}, {"gran", "thread"}, {"qk", "8"}, {"p", "e4m3"}, {"acc", "two-level"}},
-       "SageAttention2-8b: smooth K, per-thread INT8, E4M3 P~/V, two-level FP22"},
-      {"4b", {{"smooth-k", "true"}, {"smooth-q", "true"}, {"gran", "thread"}, {"qk", "4"}, {"p", "e4m3"}, {"acc", "two-level"}},
-       "SageAttention2-4b: smooth Q and K, per-thread INT4, E4M3 P~/V, two-level FP22"},
+      {"8b", {{"smooth-k", "true"}, {"smooth-q", "false"}, {"gran", "thread"}, {"qk", "8"}, {"p", "e4m3"}, {"acc", "auto"}},
+       "SageAttention2-8b: smooth K, per-thread INT8, E4M3 P~/V, the H100 wgmma accumulator per 128-key block (acc=auto)"},
+      {"4b", {{"smooth-k", "true"}, {"smooth-q", "true"}, {"gran", "thread"}, {"qk", "4"}, {"p", "e4m3"}, {"acc", "auto"}},
+       "SageAttention2-4b: smooth Q and K, per-thread INT4, E4M3 P~/V, the H100 wgmma accumulator per 128-key block (acc=auto)"},
   };
   e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
     Sage2Params p;
@@ -64,7 +82,14 @@ void register_sage2_method(Registry& registry) {
     if (p.qk_bits != 4 && p.qk_bits != 8) throw SpecError("method 'sage2': qk must be 4 or 8");
     p.rounding = choice_value(m, "round", kRoundings);
     p.p_format = choice_value(m, "p", kPFormats);
-    p.accumulation = choice_value(m, "acc", kAccumulations);
+    if (m.choice("acc") == "auto")
+      p.accumulation = p.p_format == SagePFormat::e4m3 ? SageAccumulation::wgmma : SageAccumulation::two_level_fp22;
+    else
+      p.accumulation = choice_value(m, "acc", kAccumulations);
+    if ((p.accumulation == SageAccumulation::wgmma || p.accumulation == SageAccumulation::wgmma_single ||
+         p.accumulation == SageAccumulation::mma) && p.p_format != SagePFormat::e4m3)
+      throw SpecError("method 'sage2': acc=" + m.choice("acc") + " is an FP8 E4M3 instruction and needs p=e4m3 (for p=" +
+                      m.choice("p") + " choose acc=two-level, fp22 or fp32)");
     return std::make_unique<Sage2Method>(p);
   };
   e.overflow = OverflowRule::refuse;
@@ -74,7 +99,9 @@ void register_sage2_method(Registry& registry) {
   // K's scale groups follow the token order (per block, warp, thread): reordering keys regroups them.
   e.traits = [](const ParamMap& m) {
     const double v = choice_value(m, "p", kPFormats) == SagePFormat::fp16 ? 16 : 8;  // K INT8/INT4, V in the P~/V format
-    return MethodTraits{false, false, std::nullopt, false, (static_cast<double>(m.integer("qk")) + v) / 2};
+    MethodTraits t{false, false, std::nullopt, false, (static_cast<double>(m.integer("qk")) + v) / 2};
+    t.query_block_rows = 64;  // smoothing, Q/K codes and scales, V per channel in prepare()'s first pass
+    return t;
   };
   registry.add(std::move(e));
 }

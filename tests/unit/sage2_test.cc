@@ -3,6 +3,7 @@
 // INT4 costs more than INT8), and determinism. Masks are covered for every registered method in
 // int_pipelines_test.cc.
 #include <catch2/catch.hpp>
+#include <bit>
 #include <cmath>
 #include <random>
 
@@ -10,6 +11,7 @@
 #include "support/random_matrix.h"
 #include "qattn/reference/float_attention.h"
 #include "qattn/reference/lowp_float.h"
+#include "qattn/reference/mma.h"
 #include "qattn/reference/registry.h"
 #include "qattn/reference/sage2.h"
 
@@ -26,10 +28,11 @@ double rel_l1(const RowMatrixXd& o, const RowMatrixXd& ref) {
 
 }  // namespace
 
-TEST_CASE("sage2 equals a loop formulation of its documented steps", "[sage2]") {
+TEST_CASE("sage2 acc=two-level equals a loop formulation of its documented steps", "[sage2]") {
   std::mt19937_64 g(1);
   const RowMatrixXd q = random_matrix(3, 16, 0, 1, g), k = random_matrix(150, 16, 0.5, 1, g), v = random_matrix(150, 4, 0, 1, g);
-  Sage2Params p;  // 8b: smooth K, per-thread INT8, E4M3, two-level FP22
+  Sage2Params p;  // 8b: smooth K, per-thread INT8, E4M3, here with the per-product FP22 bound per 64-key block
+  p.accumulation = SageAccumulation::two_level_fp22;
   const double scale = 0.25;
   const AttentionResult r = sage2_attention(q, k, v, scale, {}, p);
   // The same steps, written out: smooth K, quantise, one pass per row over blocks of 64.
@@ -117,4 +120,124 @@ TEST_CASE("INT4 Q/K costs more than INT8, E5M2 P~ more than E4M3, every variant 
     const auto m = reference_registry().create(spec);
     CHECK(m->attention(q, k, v, 0.125, {}).o == m->attention(q, k, v, 0.125, {}).o);
   }
+}
+
+namespace {
+
+std::uint16_t e4m3_code(double v) { return static_cast<std::uint16_t>(lowp_encode(v, fp8_e4m3fn())); }
+
+// O of sage2 (8b quantisation, E4M3 P~ and V) written out with the hardware accumulators through the generic MMA
+// model (mma_dot on E4M3 codes, 32 keys per instruction), one output column at a time.
+float loop_o(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale, int i, int c,
+             SageAccumulation acc) {
+  const Eigen::Index lk = k.rows(), d = q.cols();
+  RowMatrixXd ks = k;
+  ks.rowwise() -= k.colwise().mean();
+  Sage2Params p;
+  const SageQuantized qq = sage_quantize(q, true, p.granularity, 8, p.rounding), kq = sage_quantize(ks, false, p.granularity, 8, p.rounding);
+  std::vector<float> s(lk);
+  for (Eigen::Index j = 0; j < lk; ++j) {
+    long a = 0;
+    for (Eigen::Index t = 0; t < d; ++t) a += long{qq.values(i, t)} * kq.values(j, t);
+    s[j] = static_cast<float>(a) * static_cast<float>(qq.scales[qq.group[i]] * kq.scales[kq.group[j]] * scale);
+  }
+  const double amax = v.col(c).cwiseAbs().maxCoeff();
+  const MmaModel& wgmma = mma_preset("h100-wgmma-e4m3");
+  const MmaModel& mma = mma_preset("h100-mma-e4m3");
+  const Eigen::Index block = acc == SageAccumulation::mma ? 64 : 128;
+  float m = -INFINITY, l = 0, out = 0;
+  for (Eigen::Index b0 = 0; b0 < lk; b0 += block) {
+    const Eigen::Index b1 = std::min(lk, b0 + block);
+    float mn = m;
+    for (Eigen::Index j = b0; j < b1; ++j) mn = std::max(mn, s[j]);
+    const float resc = m == -INFINITY ? 0.0f : std::exp(m - mn);
+    l *= resc;
+    std::vector<std::uint16_t> pc, vc;
+    for (Eigen::Index j = b0; j < b1; ++j) {
+      const float pt = 448.0f * std::exp(s[j] - mn);
+      l += pt;
+      pc.push_back(e4m3_code(lowp_round(pt, fp8_e4m3fn(), LowpRounding::rne, LowpOverflow::saturate)));
+      vc.push_back(e4m3_code(lowp_round(v(j, c) / (amax / 448), fp8_e4m3fn(), LowpRounding::rne, LowpOverflow::saturate)));
+    }
+    pc.resize((pc.size() + 31) / 32 * 32, 0), vc.resize(pc.size(), 0);  // the last instruction's keys padded with 0
+    float buffer = acc == SageAccumulation::wgmma_single ? out * resc : 0.0f;
+    for (std::size_t s0 = 0; s0 < pc.size(); s0 += 32)
+      buffer = mma_dot(acc == SageAccumulation::mma ? mma : wgmma, std::span(pc).subspan(s0, 32),
+                       std::span(vc).subspan(s0, 32), buffer);
+    out = acc == SageAccumulation::wgmma_single ? buffer : out * resc + buffer;
+    m = mn;
+  }
+  return static_cast<float>(out * (amax / 448) / l);
+}
+
+}  // namespace
+
+TEST_CASE("sage2 acc=wgmma, wgmma-single and mma equal a loop through the generic MMA model", "[sage2][mma]") {
+  std::mt19937_64 g(5);
+  const RowMatrixXd q = random_matrix(3, 16, 0, 1, g), k = random_matrix(300, 16, 0.5, 1, g), v = random_matrix(300, 5, 0.2, 1, g);
+  for (SageAccumulation acc : {SageAccumulation::wgmma, SageAccumulation::wgmma_single, SageAccumulation::mma}) {
+    Sage2Params p;
+    p.accumulation = acc;
+    const AttentionResult r = sage2_attention(q, k, v, 0.25, {}, p);
+    for (int i = 0; i < 3; ++i)
+      for (int c = 0; c < 5; ++c) {
+        INFO("acc " << static_cast<int>(acc) << ", row " << i << ", column " << c);
+        CHECK(r.o(i, c) == loop_o(q, k, v, 0.25, i, c, acc));
+      }
+  }
+}
+
+TEST_CASE("wgmma_e4m3_step is mma_dot of h100-wgmma-e4m3, column by column", "[sage2][mma]") {
+  std::mt19937_64 g(6);
+  const MmaModel& wgmma = mma_preset("h100-wgmma-e4m3");
+  std::uniform_int_distribution<int> code(0, 255);
+  auto e4m3 = [&] {
+    int c;
+    do c = code(g); while ((c & 0x7f) == 0x7f);  // every non-NaN code: zeros and subnormals included
+    return static_cast<std::uint16_t>(c);
+  };
+  for (int trial = 0; trial < 2000; ++trial) {
+    const std::size_t n = 1 + static_cast<std::size_t>(g() % 32), cols = 1 + static_cast<std::size_t>(g() % 80);
+    std::vector<std::uint16_t> pc(n), vc(n * cols);
+    for (auto& x : pc) x = e4m3();
+    for (auto& x : vc) x = e4m3();
+    std::vector<float> p(n), v(n * cols), acc(cols);
+    for (std::size_t j = 0; j < n; ++j) p[j] = static_cast<float>(lowp_decode(pc[j], fp8_e4m3fn()));
+    for (std::size_t i = 0; i < vc.size(); ++i) v[i] = static_cast<float>(lowp_decode(vc[i], fp8_e4m3fn()));
+    for (auto& a : acc)  // zero, or an accumulator of 14 significant bits from 2^-12 to 2^24
+      a = g() % 4 == 0 ? 0.0f
+                       : std::ldexp(static_cast<float>((g() % 8192) + 8192) * (g() % 2 ? 1 : -1),
+                                    static_cast<int>(g() % 37) - 26);
+    std::vector<std::int8_t> ve(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i)
+      ve[i] = static_cast<std::int8_t>(v[i] == 0 ? -6 : std::max(std::ilogb(v[i]), -6));
+    std::vector<float> fast = acc;
+    wgmma_e4m3_step(fast.data(), p.data(), n, v.data(), ve.data(), cols, cols);
+    for (std::size_t c = 0; c < cols; ++c) {
+      std::vector<std::uint16_t> column(n);
+      for (std::size_t j = 0; j < n; ++j) column[j] = vc[j * cols + c];
+      INFO("trial " << trial << ", column " << c << ", acc " << acc[c]);
+      REQUIRE(std::bit_cast<std::uint32_t>(fast[c]) == std::bit_cast<std::uint32_t>(mma_dot(wgmma, pc, column, acc[c])));
+    }
+  }
+}
+
+TEST_CASE("the H100 wgmma accumulator per 128-key block beats one wgmma accumulator on long rows", "[sage2][mma]") {
+  std::mt19937_64 g(3);
+  const RowMatrixXd q = random_matrix(8, 64, 0, 0.3, g), k = random_matrix(8192, 64, 0, 0.3, g);
+  const RowMatrixXd v = random_matrix(8192, 16, 1.0, 0.2, g);
+  const RowMatrixXd ref = float_attention(q, k, v, 0.125, FloatPrecision::fp64).o;
+  double err[4];
+  int i = 0;
+  for (SageAccumulation a : {SageAccumulation::fp32, SageAccumulation::wgmma, SageAccumulation::wgmma_single,
+                             SageAccumulation::two_level_fp22}) {
+    Sage2Params p;
+    p.accumulation = a;
+    err[i++] = rel_l1(sage2_attention(q, k, v, 0.125, {}, p).o, ref);
+  }
+  INFO("rel L1: fp32 " << err[0] << ", wgmma per block " << err[1] << ", one wgmma accumulator " << err[2]
+                       << ", per-product FP22 per block " << err[3]);
+  CHECK(err[0] <= err[1]);
+  CHECK(err[1] * 2 < err[2]);
+  CHECK(err[1] < 1.2 * err[0]);  // per-block promotion keeps the wgmma truncation near fp32's error
 }

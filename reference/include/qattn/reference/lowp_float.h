@@ -68,6 +68,10 @@ std::uint32_t lowp_encode(double value, const LowpFormat& f);
 //   torch          x.to(torch.float8_e4m3fn / float8_e5m2): e4m3fn overflows to NaN (448 < |x| <= 464 rounds to
 //                  448, beyond is NaN), e5m2 to +-inf; NaN and an overflow to NaN keep the sign of x (0x7F / 0xFF)
 enum class Fp8Cast { ptx_satfinite, torch };
+// The E4M3FN value nearest to finite x (ties to even), saturated to +-448: lowp_round(x, fp8_e4m3fn(), rne,
+// saturate) in float bit operations, for hot loops (SageAttention2's P~ and V). tests/exact checks the two agree on
+// a dense sample of float32 patterns. x must be finite.
+float e4m3_round_saturate(float x);
 std::uint8_t fp8_from_float(float x, const LowpFormat& f, Fp8Cast cast);
 
 }  // namespace qattn::ref

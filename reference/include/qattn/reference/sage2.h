@@ -8,8 +8,15 @@
 //       P~ = fl32(448 e^{S - m_new}) (e4m3: in (0, 448]; the upstream m shift by log2 448), the fp32 row sum l takes
 //       P~ before it is rounded; then P8 = round(P~) to the P format (E4M3/E5M2 RNE saturating, INT8, or FP16)
 //   (5) V per channel in the matching format: FP8 v8 = fp8(v 448 / amax_c) (57344 for E5M2), INT8 amax_c/127, FP16
-//   (6) PV accumulation: two-level (each block into a fresh FP22 buffer, round toward zero after every add, then added
-//       to the fp32 output after the rescale e^{m - m_new}), single-level FP22 (one FP22 accumulator, rescaled), or fp32
+//   (6) PV accumulation (docs/pipelines/sage2.md, docs/mma.md), one of
+//       wgmma         the official Hopper kernel: per key block of 128 a fresh H100 FP8 wgmma accumulator (fused steps
+//                     of 32 keys, h100-wgmma-e4m3), added in fp32 to the output after the rescale e^{m - m_new}
+//       wgmma-single  one wgmma accumulator over the whole key loop, rescaled in fp32 between blocks
+//       mma           per key block of 64 a fresh buffer through H100 FP8 mma.sync (h100-mma-e4m3, 32 keys each),
+//                     added in fp32 to the output: the Ada kernel's layout on an H100
+//       two-level     the per-product FP22 bound (per-product-fp22) in a fresh buffer per 64-key block
+//       fp22          the per-product FP22 bound in one accumulator
+//       fp32          float32 adds
 //   (7) O = acc * (V channel scale) / l (+ mean V)
 #pragma once
 
@@ -19,7 +26,7 @@
 namespace qattn::ref {
 
 enum class SagePFormat { e4m3, e5m2, int8, fp16 };
-enum class SageAccumulation { two_level_fp22, fp22, fp32 };
+enum class SageAccumulation { wgmma, wgmma_single, mma, two_level_fp22, fp22, fp32 };
 
 struct Sage2Params {
   bool smooth_k = true, smooth_q = false, smooth_v = false;
@@ -27,12 +34,31 @@ struct Sage2Params {
   int qk_bits = 8;
   SageRounding rounding = SageRounding::half_away;
   SagePFormat p_format = SagePFormat::e4m3;
-  SageAccumulation accumulation = SageAccumulation::two_level_fp22;
-  int kv_block = 64;
+  SageAccumulation accumulation = SageAccumulation::wgmma;
+  int kv_block = 0;  // keys per online-softmax block; 0: 128 for the wgmma choices (CTA_K of the sm90 kernel), else 64
+
+  int key_block() const {
+    if (kv_block > 0) return kv_block;
+    return accumulation == SageAccumulation::wgmma || accumulation == SageAccumulation::wgmma_single ? 128 : 64;
+  }
   SageGroupSizes groups;
 };
 
+// One fused step of the H100's FP8 wgmma (h100-wgmma-e4m3, docs/mma.md) for `cols` outputs at once:
+//   acc[c] <- RZ_14( trunc(acc[c]) + sum_j trunc(p[j] v[j][c]) ), every term truncated at 2^(E_c - 13),
+//   E_c = max(e(acc[c]), max_j e(p[j]) + e(v[j][c])) with E4M3 field exponents (subnormals and zero at -6).
+// p holds n <= 32 E4M3 values, v n rows of `cols` E4M3 values (row stride `stride`), v_exponent their field exponents
+// (max(floor(log2|v|), -6), zero at -6) in the same layout. Bit-identical to mma_dot of the preset on the same
+// operands (tests/unit/sage2_test.cc), vectorised over c.
+void wgmma_e4m3_step(float* acc, const float* p, std::size_t n, const float* v, const std::int8_t* v_exponent,
+                     std::size_t stride, std::size_t cols);
+
 AttentionResult sage2_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                 const AttentionMask& mask, const Sage2Params& p);
+// The same call prepared (Method::prepare): steps (1), (2) and (5) over the whole tensors first, then any block of
+// query rows; sage2_attention is this with one block of every row, so the two agree by construction. q, k, v and
+// mask must outlive the returned call.
+std::unique_ptr<PreparedCall> prepare_sage2(const MatrixView& q, const MatrixView& k, const MatrixView& v,
+                                            double scale, const AttentionMask& mask, const Sage2Params& p);
 
 }  // namespace qattn::ref
