@@ -25,10 +25,12 @@ inline std::array<std::int64_t, kT1 + 1> table() {
   return lut;
 }
 
-// UINT8 P (x255) of one row of INT32 logits with integer clip c_int. `round_index` is the deliberate bug of the
-// example: the index rounded half up instead of floored (Eq. 11), an off-by-one at step boundaries.
+// UINT8 P (x255) of one row of INT32 logits with integer clip c_int. Two deliberate bugs behind flags: `round_index`,
+// the index rounded half up instead of floored (Eq. 11), an off-by-one at step boundaries; `uint16_sum`, the row sum
+// kept in a uint16 as IntAttention's NEON kernel keeps it, which wraps once the row sums past 65535 (from about 258
+// entries).
 inline std::vector<std::int32_t> index_softmax(std::span<const std::int32_t> a, std::int64_t c_int,
-                                               bool round_index = false) {
+                                               bool round_index = false, bool uint16_sum = false) {
   static const auto lut = table();
   std::vector<std::int32_t> p(a.size(), 0);
   if (a.empty()) return p;
@@ -42,7 +44,10 @@ inline std::vector<std::int32_t> index_softmax(std::span<const std::int32_t> a, 
     e[j] = lut[static_cast<std::size_t>(idx)];
     s += e[j];
   }
-  for (std::size_t j = 0; j < a.size(); ++j) p[j] = static_cast<std::int32_t>(255 * e[j] / s);  // Eq. 15: floor
+  if (uint16_sum) s = static_cast<std::uint16_t>(s);  // the bug: wraps mod 65536
+  if (s == 0) s = 1;                                   // (a wrapped sum of 0 would divide by zero)
+  for (std::size_t j = 0; j < a.size(); ++j)
+    p[j] = static_cast<std::int32_t>(std::min<std::int64_t>(255 * e[j] / s, 255));  // Eq. 15: floor
   return p;
 }
 

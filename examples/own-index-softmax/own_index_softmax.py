@@ -10,13 +10,18 @@ LUT = np.floor(255.0 * np.exp(-C * np.arange(T1 + 1) / T1)).astype(np.int64)  # 
 LUT[0], LUT[T1] = 255, 0
 
 
-def index_softmax(a, c_int, round_index=False):
-    """UINT8 P (x255) of INT32 logits ``a`` with clip ``c_int``; ``round_index``: the bug (Eq. 11 rounded half up)."""
+def index_softmax(a, c_int, round_index=False, uint16_sum=False):
+    """UINT8 P (x255) of INT32 logits ``a`` with clip ``c_int``. Two bugs behind flags: ``round_index`` (Eq. 11
+    rounded half up) and ``uint16_sum`` (the row sum kept in a uint16, as IntAttention's NEON kernel keeps it: it wraps
+    once the row sums past 65535, from about 258 entries)."""
     a = np.asarray(a, dtype=np.int64)
     d = np.minimum(a.max() - a, c_int)                                  # Eq. 8 clip
     idx = (2 * d * T1 + c_int) // (2 * c_int) if round_index else d * T1 // c_int   # Eq. 11 floor
     e = LUT[idx]
-    return (255 * e) // e.sum()                                         # Eq. 15 floor
+    s = e.sum() % 65536 if uint16_sum else e.sum()
+    if s == 0:  # the wrapped sum can be 0; the kernel would divide by it
+        return np.full_like(e, 255)
+    return np.minimum((255 * e) // s, 255)                              # Eq. 15 floor (a wrapped s: clipped to a byte)
 
 
 def softmax(x, skip_max=False):

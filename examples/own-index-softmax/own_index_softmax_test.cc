@@ -40,13 +40,21 @@ int main() {
          "the float kernel is within its contract against the exact softmax");
 
   // 3. The deliberately wrong variants must be caught: rc::check returns false and prints the shrunk counterexample.
-  std::printf("--- the next two checks must fail (deliberate bugs):\n");
+  std::printf("--- the next three checks must fail (deliberate bugs):\n");
   expect(!rc::check("mine::index_softmax with a rounded index == index@paper",
                     [](const qt::IntegerRow& row) {
                       qt::expect_bit_exact([](auto a, auto c) { return mine::index_softmax(a, c, /*round_index=*/true); },
                                            "index@paper", row);
                     }),
          "the harness catches the off-by-one index rounding");
+  // IntAttention's NEON kernel sums a row in a uint16: the default generator reaches the lengths and values (rows of
+  // 255s past 257 entries) where it wraps.
+  expect(!rc::check("mine::index_softmax with a uint16 row sum == index@paper",
+                    [](const qt::IntegerRow& row) {
+                      qt::expect_bit_exact([](auto a, auto c) { return mine::index_softmax(a, c, false, /*uint16_sum=*/true); },
+                                           "index@paper", row);
+                    }),
+         "the harness catches the uint16 row sum that wraps");
   expect(!rc::check("mine::softmax without max subtraction within contract",
                     [](const qt::LogitRow& row) {
                       qt::expect_within_contract([](auto x) { return mine::softmax(x, /*skip_max=*/true); }, "exact",

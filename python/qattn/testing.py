@@ -23,7 +23,7 @@ from . import attention, exact_softmax, softmax, softmax_integer
 
 __all__ = ["LogitRow", "IntegerRow", "AttentionInput", "attention_inputs", "Bound", "fp64_contract", "lengths_around_widths", "gaussian_rows",
            "heavy_tailed_rows", "skyscraper_rows", "tied_rows", "masked_rows", "huge_rows", "any_rows",
-           "saturating_integer_rows", "assert_bit_exact", "assert_within_contract"]
+           "saturating_integer_rows", "integer_row_lengths", "assert_bit_exact", "assert_within_contract"]
 
 
 class LogitRow(NamedTuple):
@@ -157,23 +157,44 @@ def any_rows():
     return st.one_of(gaussian_rows(), heavy_tailed_rows(), skyscraper_rows(), tied_rows(), masked_rows())
 
 
+# Lengths past the 257 entries at which a uint16 row sum of 255s wraps (IntAttention's NEON kernel, UPSTREAM.md), and
+# the powers of two around them.
+_LONG_INTEGER_LENGTHS = [258, 259, 260, 300, 511, 512, 513, 1024, 1025, 4096]
+
+
+def integer_row_lengths():
+    """Half from ``lengths_around_widths()``, half past 257 (258 to 4,096): SIMD tails, and narrow row sums that wrap."""
+    return st.one_of(lengths_around_widths(), st.sampled_from(_LONG_INTEGER_LENGTHS))
+
+
 def saturating_integer_rows(length=None):
     """INT32 rows, c_int log-uniform in [1, 2^20], entries 0 to 4 c_int below the top (every 7th at exactly c_int);
-    the top value always present and, with two entries or more, one beyond the clip. The clip, index rounding at
-    step boundaries, the table's ends, integer normalisation."""
+    the top value always present and, with two entries or more, one beyond the clip. One row in four is *near-top*:
+    every entry within c_int / 32 of the top, so each maps to the table's first entry (255) and the row sum is as large
+    as the length allows. Lengths from ``integer_row_lengths()``: half of them past 257, where a uint16 sum of 255s
+    wraps. The clip, index rounding at step boundaries, the table's ends, integer normalisation, narrow accumulators.
+    Rows up to 257 entries shrink entry by entry; longer ones take their entries from a drawn seed (they shrink in
+    length, c_int and top only), which keeps Hypothesis's example size small."""
     @st.composite
     def make(draw):
-        n = draw(_sized(length))
+        n = draw(integer_row_lengths() if length is None else _sized(length))
         c_int = int(round(2.0 ** (draw(st.integers(0, 200)) / 10.0)))
         top = draw(st.integers(-1000000, 1000000))
-        u = draw(st.lists(st.integers(0, 1000), min_size=n, max_size=n))
-        below = [c_int if v % 7 == 3 else (4 * c_int * v) // 1000 for v in u]
-        a = np.clip(np.array([top - b for b in below], dtype=np.int64), -2 ** 31, 2 ** 31 - 1)
+        near_top = draw(st.integers(0, 3)) == 0
+        if n <= 257:
+            u = np.array(draw(st.lists(st.integers(0, 1000), min_size=n, max_size=n)), dtype=np.int64)
+        else:
+            u = np.random.default_rng(draw(st.integers(0, 2 ** 32 - 1))).integers(0, 1001, n)
+        if near_top:
+            below = (c_int // 32) * u // 1000
+        else:
+            below = np.where(u % 7 == 3, c_int, (4 * c_int * u) // 1000)
+        a = np.clip(top - below, -2 ** 31, 2 ** 31 - 1)
         at = draw(st.integers(0, n - 1))
         a[at] = top
         if n >= 2:
             a[(at + 1) % n] = top - c_int - 1
-        return IntegerRow("saturating integer", a.astype(np.int32), c_int)
+        return IntegerRow("near-top integer" if near_top else "saturating integer", a.astype(np.int32), c_int)
     return make()
 
 

@@ -18,12 +18,13 @@ step(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/build -G ${GENERATOR} -DCM
 step(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 step(${WORK_DIR}/build/consumer)
 # The worked example of qattn/testing.h (examples/own-index-softmax): a user's kernel property-tested against the
-# installed package; it exits 0 only if its correct kernels pass and the harness catches both deliberate bugs.
+# installed package; it exits 0 only if its correct kernels pass and the harness catches its three deliberate bugs.
 if(EXAMPLE_DIR)
   step(${CMAKE_COMMAND} -S ${EXAMPLE_DIR} -B ${WORK_DIR}/example -G ${GENERATOR} -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
   step(${CMAKE_COMMAND} --build ${WORK_DIR}/example)
   step(${CMAKE_COMMAND} -E env RC_PARAMS=seed=20261124 ${WORK_DIR}/example/own_index_softmax_test)  # a fixed seed: the same cases every run
   foreach(line "ok: the integer kernel is bit-exact to index@paper" "ok: the harness catches the off-by-one index rounding"
+               "ok: the harness catches the uint16 row sum that wraps"
                "ok: the harness catches the missing max subtraction" "first difference at index")
     string(FIND "${step_output}" "${line}" at)
     if(at EQUAL -1)

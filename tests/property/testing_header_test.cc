@@ -49,6 +49,22 @@ TEST_CASE("the generators make the rows they document", "[testing][property]") {
     std::sort(t.logits.begin(), t.logits.end());
     RC_ASSERT(std::unique(t.logits.begin(), t.logits.end()) - t.logits.begin() <= 4);
   }));
+  REQUIRE(rc::check("integer row lengths lie around vector widths or past 257, up to 4096", [] {
+    const int n = *qt::integer_row_lengths();
+    RC_ASSERT(n >= 1 && n <= 4096);
+    RC_ASSERT(n <= 257 || n >= 258);
+  }));
+  // Half the lengths are past 257, and one row in four is near-top: a uint16 sum of the row's table entries wraps in
+  // about one row in ten. Over 400 rows that is a certainty (the chance of none is below 1e-15).
+  int wraps = 0;
+  for (int i = 0; i < 400; ++i) {
+    const qt::IntegerRow r = qt::saturating_integer_rows()(rc::Random(static_cast<std::uint64_t>(1000 + i)), 100).value();
+    const std::int64_t m = *std::max_element(r.logits.begin(), r.logits.end());
+    std::int64_t at_top = 0;
+    for (std::int32_t a : r.logits) at_top += (m - a) * 31 < r.c_int;  // table index 0: E = 255
+    wraps += 255 * at_top > 65535;
+  }
+  CHECK(wraps > 0);
   REQUIRE(rc::check("saturating integer rows reach the clip and stay inside it too", [] {
     const qt::IntegerRow r = *qt::saturating_integer_rows(rc::gen::just(256));
     const std::int64_t m = *std::max_element(r.logits.begin(), r.logits.end());

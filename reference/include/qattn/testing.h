@@ -26,6 +26,7 @@
 #include <limits>
 #include <memory>
 #include <numbers>
+#include <random>
 #include <ostream>
 #include <stdexcept>
 #include <span>
@@ -208,20 +209,40 @@ inline rc::Gen<LogitRow> any_rows() {
                                            {3, tied_rows()}, {5, masked_rows()}});
 }
 
+// Lengths for integer rows: half from lengths_around_widths(), half past the 257 entries at which a uint16 row sum of
+// 255s wraps (IntAttention's NEON kernel keeps its row sum in a uint16: ../shared/UPSTREAM.md, docs/testing-your-
+// kernel.md), up to 4096. Target: SIMD tails, and accumulators too narrow for long rows.
+inline rc::Gen<int> integer_row_lengths() {
+  return rc::gen::oneOf(lengths_around_widths(), rc::gen::element(258, 259, 260, 300, 511, 512, 513, 1024, 1025, 4096));
+}
+
 // Integer rows with a saturating clip: c_int log-uniform in [1, 2^20], entries spread over 0 to 4 c_int below the
 // row's top value, so that part of every row lies at or beyond the clip (index T1, E = 0) and part inside it,
 // including the boundary distance c_int itself; the top value is always there and, in rows of two or more, an entry
-// beyond the clip. Target: the clip, the index rounding at step boundaries, the table's
-// ends, and integer normalisation.
-inline rc::Gen<IntegerRow> saturating_integer_rows(rc::Gen<int> length = lengths_around_widths()) {
+// beyond the clip. One row in four is near-top instead: every entry within c_int / 32 of the top, so each maps to the
+// table's first entry (255) and the row sum is as large as the length allows. Lengths from integer_row_lengths(), half
+// of them past 257. Rows up to 257 entries shrink entry by entry; longer ones take their entries from a drawn seed
+// (they shrink in length, c_int and top only), so that a failure does not shrink through thousands of entries.
+// Target: the clip, the index rounding at step boundaries, the table's ends, integer normalisation, narrow sums.
+inline rc::Gen<IntegerRow> saturating_integer_rows(rc::Gen<int> length = integer_row_lengths()) {
   return rc::gen::exec([length] {
     const int n = *length;
     const std::int64_t c_int = static_cast<std::int64_t>(std::llround(std::pow(2.0, *detail::any_in(0, 201) / 10.0)));
     const std::int64_t top = *detail::any_in(-1000000, 1000001);
-    const std::vector<int> u = *rc::gen::container<std::vector<int>>(static_cast<std::size_t>(n), detail::any_in(0, 1001));
-    IntegerRow r{"saturating integer", std::vector<std::int32_t>(u.size()), c_int};
+    const bool near_top = *detail::any_in(0, 4) == 0;
+    std::vector<int> u;
+    if (n <= 257) {
+      u = *rc::gen::container<std::vector<int>>(static_cast<std::size_t>(n), detail::any_in(0, 1001));
+    } else {
+      std::mt19937_64 g(*rc::gen::arbitrary<std::uint64_t>());
+      u.resize(static_cast<std::size_t>(n));
+      for (int& v : u) v = static_cast<int>(g() % 1001);
+    }
+    IntegerRow r{near_top ? "near-top integer" : "saturating integer", std::vector<std::int32_t>(u.size()), c_int};
     for (std::size_t i = 0; i < u.size(); ++i) {
-      const std::int64_t below = u[i] % 7 == 3 ? c_int : (4 * c_int * u[i]) / 1000;  // every 7th value: the boundary
+      const std::int64_t below = near_top         ? (c_int / 32) * u[i] / 1000
+                                 : u[i] % 7 == 3 ? c_int  // every 7th value: the boundary
+                                                 : (4 * c_int * u[i]) / 1000;
       r.logits[i] = static_cast<std::int32_t>(std::clamp<std::int64_t>(top - below, INT32_MIN, INT32_MAX));
     }
     // Whatever the draws (and however far they shrink): the top value is in the row, and with two entries or more
