@@ -13,6 +13,8 @@ Outputs are new arrays. The GIL is released while qattn computes. python/README.
 
 from . import _qattn
 
+__version__ = _qattn.__version__  # the project's version: `qattn --version` prints the same
+
 __all__ = ["methods", "quantizers", "canonical", "softmax", "softmax_integer", "exact_softmax", "attention",
            "quantize_kv", "quantize_weights", "compare", "Method", "analyze", "sweep", "fp8_encode", "mma", "mma_models", "load", "save"]
 

@@ -891,6 +891,7 @@ PYBIND11_MODULE(_qattn, m) {
   m.def("quantizers", &quantizers);
   m.def("analyze_report", &analyze_report, py::arg("tensors"), py::arg("methods"), py::arg("kv"), py::arg("weights"),
         py::arg("softmax_only"), py::arg("reference"), py::arg("engine"), py::arg("own") = std::vector<py::tuple>{});
+  m.attr("__version__") = QATTN_VERSION;  // the project's version, as `qattn --version` prints it
   m.def("fp8_encode", &fp8_encode, py::arg("x"), py::arg("format"), py::arg("saturate") = true);
   m.def("mma", &mma, py::arg("a"), py::arg("bt"), py::arg("c"), py::arg("model"));
   m.def("mma_models", &mma_models);

@@ -60,3 +60,12 @@ def test_mma_models_lists_the_presets_and_the_bound():
             "h100-hmma-f16-acc16", "per-product-fp22"} == set(models)
     assert models["per-product-fp22"]["validated"] is False
     assert models["h100-wgmma-e4m3"]["validated"] is True
+
+
+def test_version_is_the_programs():
+    import subprocess
+    cli = os.environ.get("QATTN_CLI")
+    assert isinstance(qattn.__version__, str) and qattn.__version__.count(".") == 2
+    if cli:
+        out = subprocess.run([cli, "--version"], check=True, capture_output=True, text=True).stdout
+        assert out.strip() == "qattn " + qattn.__version__
