@@ -677,7 +677,7 @@ std::string describe_analysis(const AnalyzeView& v) {
     return "Softmax error vs the " + std::string(v.reference == "exact" ? "exact (50-digit)" : "fp64") +
            " softmax of the dumped logits on " + v.tensors + " (" + heads +
            "; P flattened over all batch entries of a head; bias = mean signed error; worst = min CosSim, max error, "
-           "largest |bias| over heads)";
+           "largest |bias| over heads; qattn " QATTN_VERSION ")";
   std::string what = "Attention error vs the fp64 reference on " + v.tensors;
   if (!v.kv.empty())
     what += ", K and V through the KV quantizer " + v.kv + " (bits per element include scales and zero points)";
@@ -685,8 +685,21 @@ std::string describe_analysis(const AnalyzeView& v) {
     what += ", Q, K and V projected from layer{L}_attn_input with weights quantized by " + v.weights +
             " (calibrated on the same inputs; reference: fp64 attention of the unquantized projections)";
   return what + " (" + heads +
-         "; O = softmax(scale QK^T)V, scale 1/sqrt(d) unless manifest.json sets it; O and P flattened over all batch "
-         "entries of a head; bias = mean signed error; worst = min CosSim, max error, largest |bias| over heads)";
+         "; O = softmax(scale QK^T)V, scale 1/sqrt(d) and no mask unless manifest.json sets a scale or causal; O and P "
+         "flattened over all batch entries of a head; bias = mean signed error; worst = min CosSim, max error, largest "
+         "|bias| over heads; qattn " QATTN_VERSION ")";
+}
+
+// A caption short enough for a paper's table: what is compared with what, on which tensors, by which version. The
+// full description (describe_analysis) goes into a comment above the table.
+std::string analysis_caption(const AnalyzeView& v) {
+  const std::string source = std::filesystem::path(v.tensors).filename().string();
+  const std::string what = v.softmax ? "Softmax error vs the " + std::string(v.reference == "exact" ? "exact" : "fp64") +
+                                           " softmax"
+                                     : "Attention error vs fp64 attention";
+  return what + (v.kv.empty() ? "" : " (KV " + v.kv + ")") + (v.weights.empty() ? "" : " (weights " + v.weights + ")") +
+         ", " + std::to_string(v.n_heads) + " heads of " + (source.empty() ? v.tensors : source) + "; qattn " +
+         QATTN_VERSION + ".";
 }
 
 AnalyzeView view_of(const AnalyzePlan& plan, const AnalyzeOptions& o, std::size_t n_heads) {
@@ -815,6 +828,9 @@ std::string render_analyze(const AnalyzeView& view, std::vector<HeadResult> resu
     t.rows.push_back(std::move(cells));
   };
   json j = {{"tensors", view.tensors},
+            {"qattn_version", QATTN_VERSION},
+            {"scale_rule", softmax ? json(nullptr) : json("1/sqrt(d) unless manifest.json sets it")},
+            {"mask_rule", softmax ? json("as dumped (-inf entries)") : json("none unless manifest.json sets causal")},
             {"target", softmax ? "softmax" : "attention"},
             {"reference", view.reference},
             {"kv", kv ? json(view.kv) : json(nullptr)},
@@ -855,7 +871,7 @@ std::string render_analyze(const AnalyzeView& view, std::vector<HeadResult> resu
   std::string text;
   if (format == "json") text = j.dump(2) + "\n";
   else if (format == "csv") text = t.csv();
-  else if (format == "latex") text = t.latex(what, {summary_start});
+  else if (format == "latex") text = t.latex(analysis_caption(view), {summary_start}, what);
   else text = what + "\n\n" + t.markdown();
   return text;
 }

@@ -44,7 +44,8 @@ std::string Table::csv() const {
   return out;
 }
 
-std::string Table::latex(const std::string& caption, const std::vector<std::size_t>& rule_before) const {
+std::string Table::latex(const std::string& caption, const std::vector<std::size_t>& rule_before,
+                         const std::string& comment) const {
   auto escape = [](const std::string& s) {
     std::string out;
     for (char ch : s) {
@@ -58,9 +59,16 @@ std::string Table::latex(const std::string& caption, const std::vector<std::size
     }
     return out;
   };
+  // Non-finite values (spelled nan, inf, -inf in every format) as mathematics.
+  auto cell = [&](const std::string& s) {
+    if (s == "inf") return std::string("$\\infty$");
+    if (s == "-inf") return std::string("$-\\infty$");
+    if (s == "nan") return std::string("NaN");
+    return escape(s);
+  };
   auto line = [&](const std::vector<std::string>& cells) {
     std::string s;
-    for (std::size_t c = 0; c < header.size(); ++c) s += (c ? " & " : "") + escape(c < cells.size() ? cells[c] : "");
+    for (std::size_t c = 0; c < header.size(); ++c) s += (c ? " & " : "") + cell(c < cells.size() ? cells[c] : "");
     return s + " \\\\\n";
   };
   std::string spec;
@@ -70,7 +78,9 @@ std::string Table::latex(const std::string& caption, const std::vector<std::size
       if (c < r.size() && !r[c].empty() && r[c].find_first_not_of("0123456789.eE+-naif") != std::string::npos) numeric = false;
     spec += numeric ? 'r' : 'l';
   }
-  std::string out = "% requires \\usepackage{booktabs}\n\\begin{table}[t]\n\\centering\n\\caption{" + escape(caption) +
+  std::string out = "% requires \\usepackage{booktabs}\n";
+  if (!comment.empty()) out += "% " + comment + "\n";
+  out += "\\begin{table}[t]\n\\centering\n\\caption{" + escape(caption) +
                     "}\n\\begin{tabular}{" + spec + "}\n\\toprule\n" + line(header) + "\\midrule\n";
   for (std::size_t i = 0; i < rows.size(); ++i) {
     if (std::find(rule_before.begin(), rule_before.end(), i) != rule_before.end()) out += "\\midrule\n";

@@ -14,7 +14,9 @@ struct Table {
   std::string csv() const;
   // A booktabs table (\\toprule, \\midrule, \\bottomrule) ready to paste; LaTeX specials in cells are escaped.
   // `rule_before` lists row indices that get a \\midrule above them (e.g. where the summary rows start).
-  std::string latex(const std::string& caption, const std::vector<std::size_t>& rule_before = {}) const;
+  // Cells reading inf, -inf and nan become $\infty$, $-\infty$ and NaN; `comment`, when given, is a % line above.
+  std::string latex(const std::string& caption, const std::vector<std::size_t>& rule_before = {},
+                    const std::string& comment = "") const;
 };
 
 // Fixed formats so that tables from different runs line up: %.8f for similarities, %.3e for errors.

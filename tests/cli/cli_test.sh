@@ -20,6 +20,18 @@ expect 2 "unknown method 'fp8'.*valid: fp64, fp32, fp16, bf16" "unknown method l
 expect 2 "no key 'b'" "unknown key" -- softmax --in "$fx/f32_c.npy" --method fp16:b=3 --out "$tmp/p.npy"
 expect 2 "not one of md\|csv\|latex\|json" "bad format" -- analyze --format xml
 expect 0 "^\\\\bottomrule" "analyze latex" -- analyze --method index --format latex
+expect 0 "^\\\\caption\\{Attention error vs fp64 attention, 8 heads of use-lite; qattn [0-9]+\\.[0-9]+\\.[0-9]+\\.\\}$" \
+  "analyze latex: a short caption naming the version" -- analyze --method index --format latex
+expect 0 "^% Attention error vs the fp64 reference on .*qattn [0-9.]+\\)$" "analyze latex: the full description as a comment" -- \
+  analyze --method index --format latex
+expect 0 '"qattn_version": "[0-9]+\.[0-9]+\.[0-9]+"' "analyze json names the version" -- analyze --method fp32 --format json
+if [ ${#emu[@]} -eq 0 ] && /usr/bin/python3 -c "import numpy" 2>/dev/null; then
+  ovf=$(mktemp -d)  # outside $tmp, whose contents a later check counts
+  /usr/bin/python3 -c "import numpy as np; np.save('$ovf/layer0_head0_logits.npy', np.array([[1e5, 0.0, 1.0, 2.0]]))"
+  expect 0 "^0 & 0 & fp16 & NaN & NaN & NaN & NaN & NaN & NaN" "analyze latex: non-finite metrics as NaN" -- \
+    analyze --softmax-only --tensors "$ovf" --method fp16 --format latex
+  rm -rf "$ovf"
+fi
 expect 0 "fp16" "methods" -- methods
 expect 0 '"name": "bf16"' "methods json" -- methods --format json
 
