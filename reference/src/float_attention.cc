@@ -48,13 +48,6 @@ RowMatrixXd storage_softmax_rows(const View& logits, FloatPrecision p) {
   return prob.cast<double>();
 }
 
-void check_shapes(const MatrixView& q, const MatrixView& k, const MatrixView& v) {
-  if (q.cols() != k.cols())
-    throw std::invalid_argument("attention: q has d=" + std::to_string(q.cols()) + " but k has d=" + std::to_string(k.cols()));
-  if (k.rows() != v.rows())
-    throw std::invalid_argument("attention: k has " + std::to_string(k.rows()) + " keys but v has " + std::to_string(v.rows()));
-}
-
 }  // namespace
 
 std::string_view precision_name(FloatPrecision p) {
@@ -84,7 +77,7 @@ RowMatrixXd float_softmax_rows(const MatrixViewF& logits, FloatPrecision p) {
 
 AttentionResult float_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                 FloatPrecision p, const AttentionMask& mask) {
-  check_shapes(q, k, v);
+  require_attention_shapes(q, k, v);
   if (p == FloatPrecision::fp64) {
     RowMatrixXd s = (q * k.transpose()) * scale;
     mask.apply_to_logits(s);

@@ -17,13 +17,6 @@
 namespace qattn::ref {
 namespace {
 
-void check_shapes(const MatrixView& q, const MatrixView& k, const MatrixView& v) {
-  if (q.cols() != k.cols() || k.rows() != v.rows())
-    throw std::invalid_argument("attention: shapes q [" + std::to_string(q.rows()) + ", " + std::to_string(q.cols()) +
-                                "], k [" + std::to_string(k.rows()) + ", " + std::to_string(k.cols()) + "], v [" +
-                                std::to_string(v.rows()) + ", " + std::to_string(v.cols()) + "] do not fit");
-}
-
 // O = fl32(PV * s_v / p_scale), the product in double.
 RowMatrixXd dequantize_output(const MatrixView& pv, double s_v, int p_scale) {
   RowMatrixXd o(pv.rows(), pv.cols());
@@ -146,7 +139,7 @@ class QuantOnlyCall final : public PreparedCall {
         ki_(quantize_symmetric_int8(k)),
         vi_(quantize_symmetric_int8(v)),
         logit_scale_(static_cast<float>(qi_.scale * ki_.scale * scale)) {
-    check_shapes(q, k, v);
+    require_attention_shapes(q, k, v);
   }
 
   AttentionResult compute(Eigen::Index r0, Eigen::Index n) const {
@@ -195,7 +188,7 @@ std::unique_ptr<PreparedCall> prepare_quant_only(const MatrixView& q, const Matr
 
 AttentionResult quant_only_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                      const AttentionMask& mask, QuantOnlySoftmax softmax) {
-  check_shapes(q, k, v);
+  require_attention_shapes(q, k, v);
   return QuantOnlyCall(q, k, v, scale, mask, softmax).compute(0, q.rows());
 }
 
@@ -246,7 +239,7 @@ class IntAttentionCall final : public PreparedCall {
                    const AttentionMask& mask, const IndexSoftmaxParams& params, CintEvaluation cint_eval,
                    const IntAttentionGroups& groups, Int8Rounding qround)
       : PreparedCall(q.rows()), mask_(mask), params_(params), groups_(groups), lk_(k.rows()) {
-    check_shapes(q, k, v);
+    require_attention_shapes(q, k, v);
     if (groups.q_rows < 0 || groups.k_rows < 0) throw std::invalid_argument("int_attention: q_rows and k_rows must be >= 0");
     if (groups.v == VGroup::key_block && groups.k_rows == 0)
       throw std::invalid_argument("int_attention: V scales per key block need K in blocks (k-group > 0)");

@@ -300,7 +300,7 @@ AttentionResult sage2_attention(const MatrixView& q, const MatrixView& k, const 
 
 std::unique_ptr<PreparedCall> prepare_sage2(const MatrixView& q, const MatrixView& k, const MatrixView& v,
                                             double scale, const AttentionMask& mask, const Sage2Params& p) {
-  if (q.cols() != k.cols() || k.rows() != v.rows()) throw std::invalid_argument("sage2: shapes of q, k, v do not fit");
+  require_attention_shapes(q, k, v);
   return std::make_unique<Sage2Call>(q, k, v, scale, mask, p);
 }
 

@@ -6,13 +6,6 @@
 namespace qattn::ref {
 namespace {
 
-void check_fit(const MatrixView& q, const MatrixView& k, const MatrixView& v) {
-  if (q.cols() != k.cols() || k.rows() != v.rows())
-    throw std::invalid_argument("attention: q [" + std::to_string(q.rows()) + ", " + std::to_string(q.cols()) +
-                                "], k [" + std::to_string(k.rows()) + ", " + std::to_string(k.cols()) + "], v [" +
-                                std::to_string(v.rows()) + ", " + std::to_string(v.cols()) + "] do not fit");
-}
-
 // scale * q k^T in float64, refused where it overflows (row indices counted from row0), with the mask applied.
 RowMatrixXd masked_logits(const MatrixView& q, const MatrixView& k, double scale, const AttentionMask& mask,
                           Eigen::Index row0) {
@@ -61,7 +54,7 @@ class ScopedCall final : public PreparedCall {
 
 AttentionResult SoftmaxModelMethod::attention_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v,
                                                    double scale, const AttentionMask& mask) const {
-  check_fit(q, k, v);
+  require_attention_shapes(q, k, v);
   AttentionResult r;
   r.p = softmax_rows(masked_logits(q, k, scale, mask, 0));
   r.o = r.p * v;
@@ -73,7 +66,7 @@ std::unique_ptr<PreparedCall> SoftmaxModelMethod::prepare_impl(const MatrixView&
                                                                const AttentionMask& mask) const {
   std::unique_ptr<LogitScope> scope = logit_scope();
   if (!scope) return Method::prepare_impl(q, k, v, scale, mask);
-  check_fit(q, k, v);
+  require_attention_shapes(q, k, v);
   return std::make_unique<ScopedCall>(std::move(scope), q, k, v, scale, mask);
 }
 

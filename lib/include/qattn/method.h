@@ -232,6 +232,8 @@ class PreparedCall {
 // The input checks of the policy above, for code that takes tensors from users outside a Method. `tensor` names
 // the tensor in the InputError ("Q", "logits", or a file name); the field is the first bad index, "[row, col]".
 void require_finite(const MatrixView& x, const std::string& tensor);
+// q [L_q, d], k [L_k, d], v [L_k, d_v] fit together; std::invalid_argument giving the three shapes otherwise.
+void require_attention_shapes(const MatrixView& q, const MatrixView& k, const MatrixView& v);
 void require_finite(const MatrixViewF& x, const std::string& tensor);
 void require_softmax_logits(const MatrixView& x, const std::string& tensor);  // -inf allowed (masked)
 void require_softmax_logits(const MatrixViewF& x, const std::string& tensor);

@@ -225,6 +225,13 @@ void require_softmax_logits(const MatrixViewF& x, const std::string& tensor) {
   check_entries(x, tensor, [](double v) { return std::isnan(v) || v == std::numeric_limits<double>::infinity(); });
 }
 
+void require_attention_shapes(const MatrixView& q, const MatrixView& k, const MatrixView& v) {
+  if (q.cols() != k.cols() || k.rows() != v.rows())
+    throw std::invalid_argument("attention: q [" + std::to_string(q.rows()) + ", " + std::to_string(q.cols()) +
+                                "], k [" + std::to_string(k.rows()) + ", " + std::to_string(k.cols()) + "], v [" +
+                                std::to_string(v.rows()) + ", " + std::to_string(v.cols()) + "] do not fit");
+}
+
 namespace {
 
 template <class View>
