@@ -47,56 +47,8 @@ float p_range(SagePFormat f) {
 
 RowMatrixXd column_mean(const MatrixView& x) { return x.colwise().mean(); }
 
-// The exponent field of a float, unbiased (a zero reads -127).
-inline std::int32_t float_exponent(float x) {
-  return static_cast<std::int32_t>((std::bit_cast<std::uint32_t>(x) >> 23) & 0xffu) - 127;
-}
-// An E4M3 value's exponent under the field rule: subnormals and zero at -6 (every E4M3 value is a normal float).
-inline std::int32_t e4m3_field_exponent(float x) { return std::max(float_exponent(x), std::int32_t{-6}); }
-inline float pow2(std::int32_t e) { return std::bit_cast<float>(static_cast<std::uint32_t>(e + 127) << 23); }
 
 }  // namespace
-
-// Integer and exact float operations only, so every instruction set gives the same bits; on x86-64 the compiler
-// builds AVX-512, AVX2 and baseline copies and the loader picks one (the loops over c vectorise).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-void wgmma_e4m3_step(float* acc, const float* p, std::size_t n, const float* v, const std::int8_t* v_exponent,
-                     std::size_t stride, std::size_t cols) {
-  constexpr std::size_t kChunk = 64;
-  constexpr std::int32_t kFractionBits = 13;
-  constexpr std::uint32_t kDroppedBits = 0x3ffu;  // RZ to 14 significant bits: the low 10 of float's 23 stored bits
-  for (std::size_t c0 = 0; c0 < cols; c0 += kChunk) {
-    const std::size_t w = std::min(kChunk, cols - c0);
-    float* a = acc + c0;
-    std::int32_t e[kChunk];
-    // A zero accumulator reads -127, below every product's -12: it never sets E, as the model says.
-    for (std::size_t c = 0; c < w; ++c) e[c] = float_exponent(a[c]);
-    for (std::size_t j = 0; j < n; ++j) {
-      const std::int32_t ej = e4m3_field_exponent(p[j]);
-      const std::int8_t* er = v_exponent + j * stride + c0;
-      for (std::size_t c = 0; c < w; ++c) e[c] = std::max(e[c], ej + er[c]);
-    }
-    // Terms in units of 2^(E - 13): E >= -12, so both powers of two are normal floats and every scaling is exact;
-    // each term is below 2^15 and the sum of 33 below 2^21, exact in int32 and in float.
-    float scale[kChunk];
-    std::int32_t s[kChunk];
-    for (std::size_t c = 0; c < w; ++c) {
-      scale[c] = pow2(kFractionBits - e[c]);
-      s[c] = static_cast<std::int32_t>(a[c] * scale[c]);  // truncation toward zero
-    }
-    for (std::size_t j = 0; j < n; ++j) {
-      const float pj = p[j];
-      const float* vr = v + j * stride + c0;
-      for (std::size_t c = 0; c < w; ++c) s[c] += static_cast<std::int32_t>(pj * vr[c] * scale[c]);
-    }
-    for (std::size_t c = 0; c < w; ++c) {
-      const float rz = std::bit_cast<float>(std::bit_cast<std::uint32_t>(static_cast<float>(s[c])) & ~kDroppedBits);
-      a[c] = rz * pow2(e[c] - kFractionBits);
-    }
-  }
-}
 
 namespace {
 
@@ -159,7 +111,7 @@ class Sage2Call final : public PreparedCall {
         for (Eigen::Index c = 0; c < dv; ++c) {
           const auto at = static_cast<std::size_t>(j * dv + c);
           v8f[at] = static_cast<float>(v8(j, c));
-          v8e[at] = static_cast<std::int8_t>(e4m3_field_exponent(v8f[at]));
+          v8e[at] = wgmma_e4m3_exponent(v8f[at]);
         }
     } else if (p.accumulation == SageAccumulation::mma) {
       v8c.resize(dv, lk);

@@ -87,4 +87,28 @@ float mma_dot(const MmaModel& m, std::span<const std::uint16_t> a, std::span<con
 void mma_matmul(const MmaModel& m, std::span<const std::uint16_t> a, std::span<const std::uint16_t> bt,
                 std::span<const float> c, std::span<float> d, std::size_t rows, std::size_t cols, std::size_t depth);
 
+// One fused step of the H100's FP8 wgmma (h100-wgmma-e4m3, docs/mma.md) for `cols` outputs at once:
+//   acc[c] <- RZ_14( trunc(acc[c]) + sum_j trunc(p[j] v[j][c]) ), every term truncated at 2^(E_c - 13),
+//   E_c = max(e(acc[c]), max_j e(p[j]) + e(v[j][c])) with E4M3 field exponents (subnormals and zero at -6).
+// p holds n <= 32 E4M3 values, v n rows of `cols` E4M3 values (row stride `stride`), v_exponent their field exponents
+// (max(floor(log2|v|), -6), zero at -6) in the same layout. Bit-identical to mma_dot of the preset on the same
+// operands (tests/unit/sage2_test.cc), vectorised over c.
+// An E4M3 value's exponent as wgmma_e4m3_step reads it: max(floor(log2|x|), -6), zero at -6.
+std::int8_t wgmma_e4m3_exponent(float x);
+void wgmma_e4m3_step(float* acc, const float* p, std::size_t n, const float* v, const std::int8_t* v_exponent,
+                     std::size_t stride, std::size_t cols);
+
+// One fused step of the H100's HMMA.16816.F16 (h100-hmma-f16-acc16) for `cols` outputs at once:
+//   acc[c] <- RNE_binary16( trunc(acc[c]) + sum_j trunc(p[j] v[j][c]) ), every term truncated at 2^(E_c - 25),
+//   E_c = max(e(acc[c]), max_j e(p[j]) + e(v[j][c])) with leading-bit exponents; a zero operand or accumulator has
+//   no exponent (when no term has one, acc[c] stays as it is).
+// p holds n <= 16 binary16 values, v n rows of `cols` binary16 values (row stride `stride`), v_exponent their
+// exponents floor(log2|v|) (zero: -128) in the same layout; acc holds binary16 values. A sum beyond binary16's
+// range gives +-inf, and a non-finite acc[c] stays non-finite (IEEE). Bit-identical to mma_dot of the preset on the
+// same operands (tests/unit/sage1_test.cc), vectorised over c.
+// A binary16 value's exponent as hmma_f16_acc16_step reads it: floor(log2|x|), zero at -128 (no exponent).
+std::int8_t hmma_f16_exponent(float x);
+void hmma_f16_acc16_step(float* acc, const float* p, std::size_t n, const float* v, const std::int8_t* v_exponent,
+                         std::size_t stride, std::size_t cols);
+
 }  // namespace qattn::ref

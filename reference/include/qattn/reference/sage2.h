@@ -44,15 +44,6 @@ struct Sage2Params {
   SageGroupSizes groups;
 };
 
-// One fused step of the H100's FP8 wgmma (h100-wgmma-e4m3, docs/mma.md) for `cols` outputs at once:
-//   acc[c] <- RZ_14( trunc(acc[c]) + sum_j trunc(p[j] v[j][c]) ), every term truncated at 2^(E_c - 13),
-//   E_c = max(e(acc[c]), max_j e(p[j]) + e(v[j][c])) with E4M3 field exponents (subnormals and zero at -6).
-// p holds n <= 32 E4M3 values, v n rows of `cols` E4M3 values (row stride `stride`), v_exponent their field exponents
-// (max(floor(log2|v|), -6), zero at -6) in the same layout. Bit-identical to mma_dot of the preset on the same
-// operands (tests/unit/sage2_test.cc), vectorised over c.
-void wgmma_e4m3_step(float* acc, const float* p, std::size_t n, const float* v, const std::int8_t* v_exponent,
-                     std::size_t stride, std::size_t cols);
-
 AttentionResult sage2_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                 const AttentionMask& mask, const Sage2Params& p);
 // The same call prepared (Method::prepare): steps (1), (2) and (5) over the whole tensors first, then any block of

@@ -1,0 +1,69 @@
+// The "fa3-fp8" method: FlashAttention-3's FP8 forward pass in the registry (docs/pipelines/fa3-fp8.md).
+#include "qattn/error.h"
+#include "qattn/reference/fa3_fp8.h"
+#include "qattn/reference/method_entries.h"
+
+namespace qattn::ref {
+namespace {
+
+class Fa3Fp8Method final : public Method {
+ public:
+  explicit Fa3Fp8Method(Fa3Fp8Params p) : p_(p) {}
+  RowMatrixXd softmax_rows_impl(const MatrixView&) const override {
+    throw SpecError("fa3-fp8 is an attention pipeline; it has no softmax-only form");
+  }
+  AttentionResult attention_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
+                                 const AttentionMask& mask) const override {
+    return fa3_fp8_attention(q, k, v, scale, mask, p_);
+  }
+  std::unique_ptr<PreparedCall> prepare_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
+                                             const AttentionMask& mask) const override {
+    return prepare_fa3_fp8(q, k, v, scale, mask, p_);
+  }
+
+ private:
+  Fa3Fp8Params p_;
+};
+
+constexpr Choice<Fa3Scaling> kScalings[] = {{"amax", Fa3Scaling::amax}, {"none", Fa3Scaling::none}};
+constexpr Choice<bool> kOutputs[] = {{"bf16", true}, {"fp32", false}};
+
+}  // namespace
+
+void register_fa3_fp8_method(Registry& registry) {
+  MethodEntry e;
+  e.name = "fa3-fp8";
+  e.summary = "FlashAttention-3 FP8 forward: E4M3 Q/K/V with descale factors, S and P V on the H100's FP8 wgmma, "
+              "FP8 P in (0, 256], one accumulator over the key loop (last key block first)";
+  e.params = {
+      {"scale", ParamType::choice, "amax",
+       "how Q, K, V become E4M3: amax = per tensor, descale amax/448 (round to nearest even); none = cast as is "
+       "(descale 1; |x| >= 464 refused)",
+       choice_names(kScalings)},
+      {"out", ParamType::choice, "bf16", "O as stored: bf16 (the kernel's output dtype) or fp32 (before the store)",
+       choice_names(kOutputs)},
+      {"kv-block", ParamType::integer, "0", "keys per block (kBlockN); 0: the kernel's tile for the head dim", {}, 0, 4096},
+  };
+  e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
+    Fa3Fp8Params p;
+    p.scaling = choice_value(m, "scale", kScalings);
+    p.output_bf16 = choice_value(m, "out", kOutputs);
+    p.key_block = static_cast<int>(m.integer("kv-block"));
+    if (p.key_block % 32 != 0)
+      throw SpecError("method 'fa3-fp8': kv-block must be a multiple of 32 (the wgmma's k), or 0");
+    return std::make_unique<Fa3Fp8Method>(p);
+  };
+  e.overflow = OverflowRule::refuse;
+  e.overflow_note = "Q, K, V read as float32 and E4M3 (scale=none refuses |x| >= 464); S s2 beyond float32 is refused";
+  e.kind = MethodKind::attention_pipeline;
+  e.doc = "docs/pipelines/fa3-fp8.md";
+  // Per-tensor scales span every key (masked ones too); key blocks run last first, so key order changes the bits.
+  e.traits = [](const ParamMap&) {
+    MethodTraits t{false, false, std::nullopt, false, 8};
+    t.query_block_rows = 64;  // E4M3 codes and descales in prepare()'s first pass; query tiles from absolute rows
+    return t;
+  };
+  registry.add(std::move(e));
+}
+
+}  // namespace qattn::ref

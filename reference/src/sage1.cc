@@ -1,0 +1,198 @@
+#include "qattn/reference/sage1.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "qattn/error.h"
+#include "qattn/float_format.h"
+#include "qattn/reference/int_pipelines.h"
+#include "qattn/reference/mma.h"
+
+namespace qattn::ref {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr Eigen::Index kStep = 16;  // keys per HMMA.16816 step
+constexpr float kLog2e = 1.44269504f;  // the official quantiser's constant
+
+inline float exp2_f32(float x) { return static_cast<float>(std::exp2(static_cast<double>(x))); }
+
+// x read as float32; values beyond float32 are refused, naming the tensor.
+float to_f32(double x, const char* name, Eigen::Index i, Eigen::Index j) {
+  const float f = static_cast<float>(x);
+  if (!std::isfinite(f))
+    throw InputError(name, "[" + std::to_string(i) + ", " + std::to_string(j) + "]",
+                     std::to_string(x) + " is beyond float32, in which sage1 quantises " + name);
+  return f;
+}
+
+// Step (2): INT8 codes per block of `block` rows, scale fl32(max|x| / 127), half away from zero as the official
+// quantiser (+0.5 sign in float32, then the cast toward zero). An all-zero block has codes 0 and scale 0.
+void quantize_blocks(const std::vector<float>& x, Eigen::Index rows, Eigen::Index cols, Eigen::Index block,
+                     RowMatrixXi32& codes, std::vector<float>& scales) {
+  codes.resize(rows, cols);
+  scales.assign(static_cast<std::size_t>((rows + block - 1) / block), 0.0f);
+  for (Eigen::Index b0 = 0; b0 < rows; b0 += block) {
+    const Eigen::Index b1 = std::min(rows, b0 + block);
+    float amax = 0;
+    for (Eigen::Index i = b0 * cols; i < b1 * cols; ++i) amax = std::max(amax, std::fabs(x[static_cast<std::size_t>(i)]));
+    const float s = amax / 127.0f;
+    scales[static_cast<std::size_t>(b0 / block)] = s;
+    for (Eigen::Index i = b0; i < b1; ++i)
+      for (Eigen::Index c = 0; c < cols; ++c) {
+        const float xv = x[static_cast<std::size_t>(i * cols + c)];
+        if (s == 0) {
+          codes(i, c) = 0;
+          continue;
+        }
+        const float y = xv / s;
+        codes(i, c) = static_cast<std::int32_t>(y + (y >= 0 ? 0.5f : -0.5f));
+      }
+  }
+}
+
+class Sage1Call final : public PreparedCall {
+ public:
+  Sage1Call(const MatrixView& q, const MatrixView& k_in, const MatrixView& v, double scale, const AttentionMask& mask,
+            const Sage1Params& p)
+      : PreparedCall(q.rows()), p(p), mask(mask), lq(q.rows()), lk(k_in.rows()), d(q.cols()), dv(v.cols()) {
+    // (1) smoothing, in float64, then float32
+    RowMatrixXd k = k_in;
+    if (p.smooth_k && lk > 0) k.rowwise() -= k_in.colwise().mean();
+    // (2) Q scaled into base 2, Q and K' per block
+    const float factor = static_cast<float>(scale * static_cast<double>(kLog2e));
+    std::vector<float> xq(static_cast<std::size_t>(lq * d)), xk(static_cast<std::size_t>(lk * d));
+    for (Eigen::Index i = 0; i < lq; ++i)
+      for (Eigen::Index c = 0; c < d; ++c) {
+        const float x = to_f32(q(i, c), "Q", i, c) * factor;
+        if (!std::isfinite(x)) throw_logit_overflow("sage1", "float32", i, 0);
+        xq[static_cast<std::size_t>(i * d + c)] = x;
+      }
+    for (Eigen::Index j = 0; j < lk; ++j)
+      for (Eigen::Index c = 0; c < d; ++c) xk[static_cast<std::size_t>(j * d + c)] = to_f32(k(j, c), "K", j, c);
+    quantize_blocks(xq, lq, d, p.block_q, qq, q_scale);
+    quantize_blocks(xk, lk, d, p.block_k, kq, k_scale);
+    // (5) V in binary16, with its exponents for the HMMA step
+    v16.resize(static_cast<std::size_t>(lk * dv));
+    v16e.resize(v16.size());
+    for (Eigen::Index j = 0; j < lk; ++j)
+      for (Eigen::Index c = 0; c < dv; ++c) {
+        const double x = round_to_format(v(j, c), kBinary16);
+        if (!std::isfinite(x))
+          throw InputError("V", "[" + std::to_string(j) + ", " + std::to_string(c) + "]",
+                           std::to_string(v(j, c)) + " is beyond binary16 (65504), in which sage1 holds V");
+        const auto at = static_cast<std::size_t>(j * dv + c);
+        v16[at] = static_cast<float>(x);
+        v16e[at] = hmma_f16_exponent(v16[at]);
+      }
+  }
+
+ private:
+  AttentionResult rows_impl(Eigen::Index r0, Eigen::Index rows) const override;
+
+  const Sage1Params p;
+  const AttentionMask& mask;
+  const Eigen::Index lq, lk, d, dv;
+  RowMatrixXi32 qq, kq;
+  std::vector<float> q_scale, k_scale, v16;
+  std::vector<std::int8_t> v16e;
+};
+
+AttentionResult Sage1Call::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
+  const RowMatrixXb visible =
+      mask.empty() ? RowMatrixXb::Constant(rows, lk, true) : mask.rows(r0, rows, lq).visible(rows, lk);
+  AttentionResult r;
+  r.o = RowMatrixXd::Zero(rows, dv);
+  r.p = RowMatrixXd::Zero(rows, lk);
+  const Eigen::Index bk = p.block_k;
+  // pad=upstream: the keys of the last block past L_k exist, with logit 0 and V = 0
+  const Eigen::Index lk_padded = p.pad_upstream ? (lk + bk - 1) / bk * bk : lk;
+  std::vector<float> s(static_cast<std::size_t>(lk_padded)), p16(static_cast<std::size_t>(lk_padded)),
+      m_at(static_cast<std::size_t>(lk_padded));
+  std::vector<float> acc(static_cast<std::size_t>(dv)), block(static_cast<std::size_t>(dv));
+  constexpr Eigen::Index kRowsPerGemm = 256;  // the integer Q K^T of 256 query rows at a time (exact)
+  RowMatrixXi32 a;
+  for (Eigen::Index i = r0; i < r0 + rows; ++i) {
+    const Eigen::Index at = i - r0;
+    if (at % kRowsPerGemm == 0) a = int_matmul_abt(qq.middleRows(i, std::min(kRowsPerGemm, r0 + rows - i)), kq);
+    // (3) base-2 logits of row i
+    const float sq = q_scale[static_cast<std::size_t>(i / p.block_q)];
+    for (Eigen::Index j = 0; j < lk; ++j) {
+      if (!visible(at, j)) {
+        s[j] = kNegInf;
+        continue;
+      }
+      s[j] = static_cast<float>(a(at % kRowsPerGemm, j)) * sq * k_scale[static_cast<std::size_t>(j / bk)];
+      if (!std::isfinite(s[j])) throw_logit_overflow("sage1", "float32", i, j);
+    }
+    std::fill(s.begin() + lk, s.end(), 0.0f);
+    // (4)-(5) online softmax over key blocks
+    float m = kNegInf, l = 1.0f;
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    bool any = false;
+    for (Eigen::Index b0 = 0; b0 < lk_padded; b0 += bk) {
+      const Eigen::Index b1 = std::min(lk_padded, b0 + bk);
+      float m_new = m;
+      for (Eigen::Index j = b0; j < b1; ++j) m_new = std::max(m_new, s[j]);
+      if (m_new == kNegInf) continue;  // nothing visible yet (the official kernel would form NaN here)
+      any = true;
+      float l_blk = 0;
+      for (Eigen::Index j = b0; j < b1; ++j) {
+        const float pt = exp2_f32(s[j] - m_new);  // exp2(-inf) = 0 on masked pairs
+        l_blk += pt;
+        p16[j] = static_cast<float>(round_to_format(pt, kBinary16));
+        m_at[j] = m_new;
+      }
+      const float alpha = exp2_f32(m - m_new);
+      l = l * alpha + l_blk;
+      for (float& x : acc) x *= alpha;
+      const Eigen::Index real_end = std::min(lk, b1);  // padded keys have V = 0: their products vanish
+      if (p.accumulation == Sage1Accumulation::f16) {
+        std::fill(block.begin(), block.end(), 0.0f);
+        for (Eigen::Index s0 = b0; s0 < real_end; s0 += kStep)
+          hmma_f16_acc16_step(block.data(), p16.data() + s0, static_cast<std::size_t>(std::min(kStep, real_end - s0)),
+                              v16.data() + s0 * dv, v16e.data() + s0 * dv, static_cast<std::size_t>(dv),
+                              static_cast<std::size_t>(dv));
+        for (Eigen::Index c = 0; c < dv; ++c) acc[c] += block[c];
+      } else {
+        for (Eigen::Index c = 0; c < dv; ++c) {
+          float x = acc[c];
+          for (Eigen::Index j = b0; j < real_end; ++j) x += p16[j] * v16[static_cast<std::size_t>(j * dv + c)];
+          acc[c] = x;
+        }
+      }
+      m = m_new;
+    }
+    if (!any) continue;  // fully masked row: O = 0, P = 0
+    for (Eigen::Index c = 0; c < dv; ++c) {
+      const float o = acc[c] / l;
+      if (!std::isfinite(o))
+        throw InputError("V", "values",
+                         "row " + std::to_string(i) + ": P V overflows sage1's FP16 accumulator (a block's sum beyond "
+                         "65504); the kernel would return inf there (docs/pipelines/sage1.md)");
+      r.o(at, c) = p.output_fp16 ? round_to_format(o, kBinary16) : o;
+    }
+    for (Eigen::Index j = 0; j < lk; ++j)
+      if (s[j] != kNegInf && p16[j] != 0) r.p(at, j) = p16[j] * std::exp2(static_cast<double>(m_at[j]) - m) / l;
+  }
+  return r;
+}
+
+}  // namespace
+
+AttentionResult sage1_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
+                                const AttentionMask& mask, const Sage1Params& p) {
+  if (q.rows() == 0) return AttentionResult{RowMatrixXd::Zero(0, v.cols()), RowMatrixXd::Zero(0, k.rows())};
+  return prepare_sage1(q, k, v, scale, mask, p)->rows(0, q.rows());
+}
+
+std::unique_ptr<PreparedCall> prepare_sage1(const MatrixView& q, const MatrixView& k, const MatrixView& v,
+                                            double scale, const AttentionMask& mask, const Sage1Params& p) {
+  require_attention_shapes(q, k, v);
+  return std::make_unique<Sage1Call>(q, k, v, scale, mask, p);
+}
+
+}  // namespace qattn::ref

@@ -1,0 +1,74 @@
+// The "sage1" method: SageAttention 1 in the registry (docs/pipelines/sage1.md).
+#include "qattn/error.h"
+#include "qattn/reference/method_entries.h"
+#include "qattn/reference/sage1.h"
+
+namespace qattn::ref {
+namespace {
+
+class Sage1Method final : public Method {
+ public:
+  explicit Sage1Method(Sage1Params p) : p_(p) {}
+  RowMatrixXd softmax_rows_impl(const MatrixView&) const override {
+    throw SpecError("sage1 is an attention pipeline; it has no softmax-only form");
+  }
+  AttentionResult attention_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
+                                 const AttentionMask& mask) const override {
+    return sage1_attention(q, k, v, scale, mask, p_);
+  }
+  std::unique_ptr<PreparedCall> prepare_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
+                                             const AttentionMask& mask) const override {
+    return prepare_sage1(q, k, v, scale, mask, p_);
+  }
+
+ private:
+  Sage1Params p_;
+};
+
+constexpr Choice<Sage1Accumulation> kAccumulations[] = {{"f16", Sage1Accumulation::f16}, {"fp32", Sage1Accumulation::fp32}};
+constexpr Choice<bool> kOutputs[] = {{"fp16", true}, {"fp32", false}};
+constexpr Choice<bool> kPads[] = {{"masked", false}, {"upstream", true}};
+
+}  // namespace
+
+void register_sage1_method(Registry& registry) {
+  MethodEntry e;
+  e.name = "sage1";
+  e.summary = "SageAttention 1: smoothed K, per-block INT8 Q/K, FP16 P and V, P V on HMMA with an FP16 accumulator "
+              "per 64-key block";
+  e.params = {
+      {"smooth-k", ParamType::boolean, "true", "subtract the token mean of K (softmax-invariant)"},
+      {"acc", ParamType::choice, "f16",
+       "P V per 64-key block: f16 = HMMA.16816.F16, an FP16 accumulator (h100-hmma-f16-acc16) added to fp32; fp32 = "
+       "float32 adds",
+       choice_names(kAccumulations)},
+      {"out", ParamType::choice, "fp16", "O as stored: fp16 (the kernel's output dtype) or fp32 (before the store)",
+       choice_names(kOutputs)},
+      {"pad", ParamType::choice, "masked",
+       "keys past the last multiple of 64: masked (the paper) or upstream (zeros with logit 0 in the row max and sum, "
+       "as the official non-causal kernel)",
+       choice_names(kPads)},
+  };
+  e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
+    Sage1Params p;
+    p.smooth_k = m.boolean("smooth-k");
+    p.accumulation = choice_value(m, "acc", kAccumulations);
+    p.output_fp16 = choice_value(m, "out", kOutputs);
+    p.pad_upstream = choice_value(m, "pad", kPads);
+    return std::make_unique<Sage1Method>(p);
+  };
+  e.overflow = OverflowRule::refuse;
+  e.overflow_note = "Q, K beyond float32, V beyond binary16, S beyond float32 and a P V block beyond binary16 are "
+                    "refused";
+  e.kind = MethodKind::attention_pipeline;
+  e.doc = "docs/pipelines/sage1.md";
+  // K's scales and blocks follow the token order: reordering keys regroups them.
+  e.traits = [](const ParamMap&) {
+    MethodTraits t{false, false, std::nullopt, false, 12};  // K INT8, V FP16
+    t.query_block_rows = 64;  // smoothing, Q/K codes and scales, V16 in prepare()'s first pass
+    return t;
+  };
+  registry.add(std::move(e));
+}
+
+}  // namespace qattn::ref
