@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <sstream>
 #include <numbers>
 #include <stdexcept>
 #include <string>
@@ -16,6 +17,14 @@
 
 namespace qattn::ref {
 namespace {
+
+// A value as an error message shows it: 9 significant digits, exponent where large or small.
+std::string shown(double x) {
+  std::ostringstream s;
+  s.precision(9);
+  s << x;
+  return s.str();
+}
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr std::size_t kStep = 32;        // keys (or channels) per fused wgmma step
@@ -40,7 +49,7 @@ Fp8Tensor quantize(const MatrixView& x, Fa3Scaling scaling, const char* name) {
       const float xf = static_cast<float>(x(i, j));
       if (!std::isfinite(xf))
         throw InputError(name, "[" + std::to_string(i) + ", " + std::to_string(j) + "]",
-                         std::to_string(x(i, j)) + " is beyond float32, in which fa3-fp8 reads " + name);
+                         shown(x(i, j)) + " is beyond float32, in which fa3-fp8 reads " + name);
       amax = std::max(amax, std::fabs(xf));
     }
   if (scaling == Fa3Scaling::amax && amax > 0) t.descale = amax / 448.0f;
@@ -50,7 +59,7 @@ Fp8Tensor quantize(const MatrixView& x, Fa3Scaling scaling, const char* name) {
       const float y = scaling == Fa3Scaling::amax ? xf / t.descale : xf;
       if (scaling == Fa3Scaling::none && !(std::fabs(y) < 464.0f))
         throw InputError(name, "[" + std::to_string(i) + ", " + std::to_string(j) + "]",
-                         std::to_string(xf) + " is beyond E4M3's range: torch's .to(float8_e4m3fn) makes it NaN "
+                         shown(xf) + " is beyond E4M3's range: torch's .to(float8_e4m3fn) makes it NaN "
                          "(fa3-fp8 scale=none casts without a scale; scale=amax scales each tensor to 448)");
       t.values[static_cast<std::size_t>(i * x.cols() + j)] = e4m3_round_saturate(y);
     }

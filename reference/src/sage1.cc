@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,14 @@
 
 namespace qattn::ref {
 namespace {
+
+// A value as an error message shows it: 9 significant digits, exponent where large or small.
+std::string shown(double x) {
+  std::ostringstream s;
+  s.precision(9);
+  s << x;
+  return s.str();
+}
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr Eigen::Index kStep = 16;  // keys per HMMA.16816 step
@@ -25,7 +34,7 @@ float to_f32(double x, const char* name, Eigen::Index i, Eigen::Index j) {
   const float f = static_cast<float>(x);
   if (!std::isfinite(f))
     throw InputError(name, "[" + std::to_string(i) + ", " + std::to_string(j) + "]",
-                     std::to_string(x) + " is beyond float32, in which sage1 quantises " + name);
+                     shown(x) + " is beyond float32, in which sage1 quantises " + name);
   return f;
 }
 
@@ -83,7 +92,7 @@ class Sage1Call final : public PreparedCall {
         const double x = round_to_format(v(j, c), kBinary16);
         if (!std::isfinite(x))
           throw InputError("V", "[" + std::to_string(j) + ", " + std::to_string(c) + "]",
-                           std::to_string(v(j, c)) + " is beyond binary16 (65504), in which sage1 holds V");
+                           shown(v(j, c)) + " is beyond binary16 (65504), in which sage1 holds V");
         const auto at = static_cast<std::size_t>(j * dv + c);
         v16[at] = static_cast<float>(x);
         v16e[at] = hmma_f16_exponent(v16[at]);

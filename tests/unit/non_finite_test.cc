@@ -154,7 +154,8 @@ TEST_CASE("overflowing logits give each method's declared rule, never a finite w
         r = m->attention(q, k, v, 0.35, {});
       } catch (const InputError& e) {
         CHECK(entry->overflow == OverflowRule::refuse);  // only refusing methods may throw
-        CHECK(e.source() == "logits");
+        // the logits, or (fa3-fp8, sage1) the tensor the method reads in a narrower format first
+        CHECK((e.source() == "logits" || e.source() == "Q" || e.source() == "K"));
         continue;
       }
       for (Eigen::Index i = 0; i < r->o.rows(); ++i) {
