@@ -114,81 +114,107 @@ AttentionResult Fa3Call::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
   r.o = RowMatrixXd::Zero(rows, dv);
   r.p = RowMatrixXd::Zero(rows, lk);
   const Eigen::Index blocks = (lk + key_block - 1) / key_block;
-  std::vector<float> s(static_cast<std::size_t>(lk)), p8(static_cast<std::size_t>(lk)), m_at(static_cast<std::size_t>(lk));
-  std::vector<float> o(static_cast<std::size_t>(dv));
+  // Rows go in chunks: S is formed a tile of keys at a time for every row of the chunk, and each key block serves
+  // every row before the next, so K8 and V8 stay in cache. Each row's operations, and their order, are those of
+  // the row alone.
+  constexpr Eigen::Index kChunkRows = 32, kKeyTile = 512;
+  RowMatrixXf s(kChunkRows, lk), p8(kChunkRows, lk), o(kChunkRows, dv), ms_block(kChunkRows, blocks);
+  std::vector<float> m(kChunkRows);
+  std::vector<std::array<float, kThreadsPerRow>> l(kChunkRows);
+  std::vector<Eigen::Index> lo(kChunkRows), hi(kChunkRows);
+  std::vector<char> first(kChunkRows);
   RowMatrixXb tile_visible;
-  Eigen::Index tile = -1, block_lo = 0, block_hi = 0;  // the query tile of the rows, and its key blocks [lo, hi)
-  for (Eigen::Index i = r0; i < r0 + rows; ++i) {
-    const Eigen::Index at = i - r0;
-    if (i / query_tile != tile) {  // the kernel visits, for a tile of query rows, the key blocks it can see
-      tile = i / query_tile;
-      const Eigen::Index t0 = tile * query_tile, tn = std::min<Eigen::Index>(query_tile, lq - t0);
-      tile_visible = mask.empty() ? RowMatrixXb::Constant(tn, lk, true) : mask.rows(t0, tn, lq).visible(tn, lk);
-      block_lo = blocks, block_hi = 0;
-      for (Eigen::Index b = 0; b < blocks; ++b) {
-        const Eigen::Index k0 = b * key_block, kn = std::min<Eigen::Index>(key_block, lk - k0);
-        if (tile_visible.middleCols(k0, kn).any()) block_lo = std::min(block_lo, b), block_hi = b + 1;
+  Eigen::Index tile = -1, tile_lo = 0, tile_hi = 0;  // the query tile of a row, and its key blocks [lo, hi)
+  for (Eigen::Index c0 = r0; c0 < r0 + rows; c0 += kChunkRows) {
+    const Eigen::Index n = std::min(kChunkRows, r0 + rows - c0);
+    // (2) S on the wgmma: d in steps of 32 from zero, for each output on its own
+    s.topRows(n).setZero();
+    for (Eigen::Index k0 = 0; k0 < lk; k0 += kKeyTile) {
+      const auto cols = static_cast<std::size_t>(std::min(kKeyTile, lk - k0));
+      for (Eigen::Index t = 0; t < n; ++t) {
+        const float* qi = q8.values.data() + (c0 + t) * d;
+        for (Eigen::Index d0 = 0; d0 < d; d0 += static_cast<Eigen::Index>(kStep))
+          wgmma_e4m3_step(&s(t, k0), qi + d0, static_cast<std::size_t>(std::min<Eigen::Index>(kStep, d - d0)),
+                          k8t.data() + d0 * lk + k0, k8te.data() + d0 * lk + k0, static_cast<std::size_t>(lk), cols);
       }
     }
-    const auto visible = tile_visible.row(i - tile * query_tile);
-    // (2) S of row i on the wgmma: d in steps of 32 from zero
-    std::fill(s.begin(), s.end(), 0.0f);
-    const float* qi = q8.values.data() + i * d;
-    for (Eigen::Index c0 = 0; c0 < d; c0 += static_cast<Eigen::Index>(kStep))
-      wgmma_e4m3_step(s.data(), qi + c0, static_cast<std::size_t>(std::min<Eigen::Index>(kStep, d - c0)),
-                      k8t.data() + c0 * lk, k8te.data() + c0 * lk, static_cast<std::size_t>(lk),
-                      static_cast<std::size_t>(lk));
-    for (Eigen::Index j = 0; j < lk; ++j) {
-      if (!visible(j)) s[j] = kNegInf;
-      else if (!std::isfinite(s[j] * s2)) throw_logit_overflow("fa3-fp8", "float32", i, j);  // S s2 in the exp2
+    for (Eigen::Index t = 0; t < n; ++t) {
+      const Eigen::Index i = c0 + t;
+      if (i / query_tile != tile) {  // the kernel visits, for a tile of query rows, the key blocks it can see
+        tile = i / query_tile;
+        const Eigen::Index t0 = tile * query_tile, tn = std::min<Eigen::Index>(query_tile, lq - t0);
+        tile_visible = mask.empty() ? RowMatrixXb::Constant(tn, lk, true) : mask.rows(t0, tn, lq).visible(tn, lk);
+        tile_lo = blocks, tile_hi = 0;
+        for (Eigen::Index b = 0; b < blocks; ++b) {
+          const Eigen::Index k0 = b * key_block, kn = std::min<Eigen::Index>(key_block, lk - k0);
+          if (tile_visible.middleCols(k0, kn).any()) tile_lo = std::min(tile_lo, b), tile_hi = b + 1;
+        }
+      }
+      lo[t] = tile_lo, hi[t] = tile_hi;
+      const auto visible = tile_visible.row(i - tile * query_tile);
+      for (Eigen::Index j = 0; j < lk; ++j) {
+        if (!visible(j)) s(t, j) = kNegInf;
+        else if (!std::isfinite(s(t, j) * s2)) throw_logit_overflow("fa3-fp8", "float32", i, j);  // S s2 in the exp2
+      }
+      m[t] = kNegInf;
+      l[t].fill(0.0f);
+      first[t] = 1;
     }
+    o.topRows(n).setZero();
     // (3) the key blocks, last first
-    float m = kNegInf;
-    std::array<float, kThreadsPerRow> l{};
-    std::fill(o.begin(), o.end(), 0.0f);
-    bool first = true;
-    for (Eigen::Index b = block_hi - 1; b >= block_lo; --b) {
+    for (Eigen::Index b = blocks - 1; b >= 0; --b) {
       const Eigen::Index k0 = b * key_block, k1 = std::min<Eigen::Index>(lk, k0 + key_block);
-      const float m_prev = m;
-      for (Eigen::Index j = k0; j < k1; ++j) m = std::max(m, s[j]);
-      if (!first) {
-        const float m_cur = m == kNegInf ? 0.0f : m;  // Check_inf
-        const float r = exp2_f32((m_prev - m_cur) * s2);
-        for (float& x : l) x *= r;
-        for (float& x : o) x *= r;
+      for (Eigen::Index t = 0; t < n; ++t) {
+        if (b < lo[t] || b >= hi[t]) continue;
+        const float* sr = &s(t, 0);
+        float* pr = &p8(t, 0);
+        float* orow = &o(t, 0);
+        const float m_prev = m[t];
+        for (Eigen::Index j = k0; j < k1; ++j) m[t] = std::max(m[t], sr[j]);
+        if (!first[t]) {
+          const float m_cur = m[t] == kNegInf ? 0.0f : m[t];  // Check_inf
+          const float rs = exp2_f32((m_prev - m_cur) * s2);
+          for (float& x : l[t]) x *= rs;
+          for (Eigen::Index c = 0; c < dv; ++c) orow[c] *= rs;
+        }
+        const float max_scaled = m[t] == kNegInf ? 0.0f : m[t] * s2 - kMaxOffset;
+        ms_block(t, b) = max_scaled;
+        std::array<float, kThreadsPerRow> part{};
+        std::array<bool, kThreadsPerRow> started{};
+        for (Eigen::Index j = k0; j < k1; ++j) {
+          const float pt = exp2_f32(std::fma(sr[j], s2, -max_scaled));  // exp2(-inf) = 0 on masked pairs
+          const auto th = static_cast<std::size_t>((j - k0) % 8 / 2);
+          part[th] = started[th] ? part[th] + pt : pt;
+          started[th] = true;
+          pr[j] = e4m3_round_saturate(pt);
+        }
+        for (int th = 0; th < kThreadsPerRow; ++th) l[t][th] = first[t] ? part[th] : l[t][th] + part[th];
+        for (Eigen::Index s0 = k0; s0 < k1; s0 += static_cast<Eigen::Index>(kStep))
+          wgmma_e4m3_step(orow, pr + s0, static_cast<std::size_t>(std::min<Eigen::Index>(kStep, k1 - s0)),
+                          v8.values.data() + s0 * dv, v8e.data() + s0 * dv, static_cast<std::size_t>(dv),
+                          static_cast<std::size_t>(dv));
+        first[t] = 0;
       }
-      const float max_scaled = m == kNegInf ? 0.0f : m * s2 - kMaxOffset;
-      std::array<float, kThreadsPerRow> part{};
-      std::array<bool, kThreadsPerRow> started{};
-      for (Eigen::Index j = k0; j < k1; ++j) {
-        const float pt = exp2_f32(std::fma(s[j], s2, -max_scaled));  // exp2(-inf) = 0 on masked pairs
-        const auto t = static_cast<std::size_t>((j - k0) % 8 / 2);
-        part[t] = started[t] ? part[t] + pt : pt;
-        started[t] = true;
-        p8[j] = e4m3_round_saturate(pt);
-        m_at[j] = max_scaled;
-      }
-      for (int t = 0; t < kThreadsPerRow; ++t) l[t] = first ? part[t] : l[t] + part[t];
-      for (Eigen::Index s0 = k0; s0 < k1; s0 += static_cast<Eigen::Index>(kStep))
-        wgmma_e4m3_step(o.data(), p8.data() + s0, static_cast<std::size_t>(std::min<Eigen::Index>(kStep, k1 - s0)),
-                        v8.values.data() + s0 * dv, v8e.data() + s0 * dv, static_cast<std::size_t>(dv),
-                        static_cast<std::size_t>(dv));
-      first = false;
     }
     // (4) finalize
-    const float sum = (l[0] + l[2]) + (l[1] + l[3]);
-    if (first || sum == 0) continue;  // no visible key: O = 0, P = 0
-    const float inv = 1.0f / sum;
-    const float o_scale = inv * v8.descale;
-    for (Eigen::Index c = 0; c < dv; ++c) {
-      const float x = o[c] * o_scale;
-      r.o(at, c) = p.output_bf16 ? round_to_format(x, kBfloat16) : x;
+    for (Eigen::Index t = 0; t < n; ++t) {
+      const Eigen::Index at = c0 + t - r0;
+      const float sum = (l[t][0] + l[t][2]) + (l[t][1] + l[t][3]);
+      if (first[t] || sum == 0) continue;  // no visible key: O = 0, P = 0
+      const float inv = 1.0f / sum;
+      const float o_scale = inv * v8.descale;
+      for (Eigen::Index c = 0; c < dv; ++c) {
+        const float x = o(t, c) * o_scale;
+        r.o(at, c) = p.output_bf16 ? round_to_format(x, kBfloat16) : x;
+      }
+      // P as probabilities: P8 2^(max_scaled_block - max_scaled_final) / sum, the factor once per key block
+      const float max_final = m[t] * s2 - kMaxOffset;
+      for (Eigen::Index b = lo[t]; b < hi[t]; ++b) {
+        const double e = std::exp2(static_cast<double>(ms_block(t, b)) - max_final);
+        for (Eigen::Index j = b * key_block; j < std::min<Eigen::Index>(lk, (b + 1) * key_block); ++j)
+          if (s(t, j) != kNegInf && p8(t, j) != 0) r.p(at, j) = p8(t, j) * e / sum;
+      }
     }
-    // P as probabilities: P8 2^(max_scaled_at - max_scaled_final) / sum (the kernel never forms it)
-    const float max_final = m * s2 - kMaxOffset;
-    for (Eigen::Index j = 0; j < lk; ++j)
-      if (s[j] != kNegInf && p8[j] != 0)
-        r.p(at, j) = p8[j] * std::exp2(static_cast<double>(m_at[j]) - max_final) / sum;
   }
   return r;
 }

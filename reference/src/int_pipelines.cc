@@ -100,6 +100,19 @@ RowMatrixXi32 int_matmul_abt(const RowMatrixXi32& a, const RowMatrixXi32& b) {
   return c;
 }
 
+IntMatmulAbt::IntMatmulAbt(const RowMatrixXi32& a, const RowMatrixXi32& b) : b_(b) {
+  const double bound = sum_bound(a, b, a.cols());
+  path_ = bound < kFloatExact ? 0 : bound < static_cast<double>(std::numeric_limits<std::int32_t>::max()) ? 1 : 2;
+  if (path_ == 0) bf_ = b.cast<float>();
+  if (path_ == 1) bd_ = b.cast<double>();
+}
+
+RowMatrixXi32 IntMatmulAbt::operator()(const RowMatrixXi32& a_block) const {
+  if (path_ == 0) return (a_block.cast<float>() * bf_.transpose()).cast<std::int32_t>();
+  if (path_ == 1) return (a_block.cast<double>() * bd_.transpose()).cast<std::int32_t>();
+  return int_matmul_abt(a_block, b_);
+}
+
 RowMatrixXd int_matmul_ab(const RowMatrixXi32& a, const RowMatrixXi32& b) {
   const double bound = sum_bound(a, b, a.cols());
   if (bound < kFloatExact) return (a.cast<float>() * b.cast<float>()).cast<double>();  // exact: see kFloatExact

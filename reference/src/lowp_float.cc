@@ -144,20 +144,6 @@ std::uint32_t lowp_encode(double value, const LowpFormat& f) {
   return sign | (static_cast<std::uint32_t>(e + f.bias) << m_bits) | (significand & ((1u << m_bits) - 1));
 }
 
-float e4m3_round_saturate(float x) {
-  const float a = std::fabs(x);
-  float r;
-  if (a < 0.015625f) {  // below 2^-6: E4M3 subnormals, a multiple of 2^-9 (nearbyint: the current mode, to even)
-    r = std::nearbyint(a * 512.0f) * (1.0f / 512.0f);
-  } else {              // keep 3 of float's 23 stored bits, round to nearest even: add half an E4M3 ulp - 1 + lsb
-    std::uint32_t u = std::bit_cast<std::uint32_t>(a);
-    u += 0x7ffffu + ((u >> 20) & 1u);
-    r = std::bit_cast<float>(u & ~0xfffffu);
-  }
-  r = std::min(r, 448.0f);
-  return std::copysign(r, x);
-}
-
 std::uint8_t fp8_from_float(float x, const LowpFormat& f, Fp8Cast cast) {
   if (f.bits() != 8) throw std::invalid_argument("fp8_from_float: " + f.name + " is not an 8-bit format");
   const bool ptx = cast == Fp8Cast::ptx_satfinite;

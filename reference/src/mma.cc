@@ -102,6 +102,46 @@ std::int8_t wgmma_e4m3_exponent(float x) {
   return static_cast<std::int8_t>(std::max(float_exponent(x), std::int32_t{-6}));  // E4M3 values are normal floats
 }
 
+namespace {
+
+// One chunk of W outputs (W a constant, so that the arrays live in vector registers; W = 0: w outputs, w <= 32).
+template <std::size_t W>
+inline void wgmma_e4m3_chunk(float* a, const float* p, const std::int8_t* ep, std::size_t n, const float* v,
+                             const std::int8_t* v_exponent, std::size_t stride, std::size_t w_runtime) {
+  constexpr std::size_t kMax = 32;
+  constexpr std::int32_t kFractionBits = 13;
+  constexpr std::uint32_t kDroppedBits = 0x3ffu;  // RZ to 14 significant bits: the low 10 of float's 23 stored bits
+  const std::size_t w = W > 0 ? W : w_runtime;
+  // The maximum in 8-bit lanes: product exponents lie in [-12, 16], a finite accumulator's in [-127, 127]. A zero
+  // accumulator reads -127, below every product's -12: it never sets E, as the model says.
+  std::int8_t e8[kMax];
+  for (std::size_t c = 0; c < w; ++c) e8[c] = static_cast<std::int8_t>(float_exponent(a[c]));
+  for (std::size_t j = 0; j < n; ++j) {
+    const std::int8_t ej = ep[j];
+    const std::int8_t* er = v_exponent + j * stride;
+    for (std::size_t c = 0; c < w; ++c) e8[c] = std::max(e8[c], static_cast<std::int8_t>(ej + er[c]));
+  }
+  // Terms in units of 2^(E - 13): E >= -12, so both powers of two are normal floats and every scaling is exact;
+  // each term is below 2^15 and the sum of 33 below 2^21, exact in int32 and in float.
+  float scale[kMax];
+  std::int32_t s[kMax];
+  for (std::size_t c = 0; c < w; ++c) {
+    scale[c] = pow2(kFractionBits - e8[c]);
+    s[c] = static_cast<std::int32_t>(a[c] * scale[c]);  // truncation toward zero
+  }
+  for (std::size_t j = 0; j < n; ++j) {
+    const float pj = p[j];
+    const float* vr = v + j * stride;
+    for (std::size_t c = 0; c < w; ++c) s[c] += static_cast<std::int32_t>(pj * vr[c] * scale[c]);
+  }
+  for (std::size_t c = 0; c < w; ++c) {
+    const float rz = std::bit_cast<float>(std::bit_cast<std::uint32_t>(static_cast<float>(s[c])) & ~kDroppedBits);
+    a[c] = rz * pow2(e8[c] - kFractionBits);
+  }
+}
+
+}  // namespace
+
 // Integer and exact float operations only, so every instruction set gives the same bits; on x86-64 the compiler
 // builds AVX-512, AVX2 and baseline copies and the loader picks one (the loops over c vectorise).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -109,109 +149,89 @@ __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 void wgmma_e4m3_step(float* acc, const float* p, std::size_t n, const float* v, const std::int8_t* v_exponent,
                      std::size_t stride, std::size_t cols) {
-  constexpr std::size_t kChunk = 64;
-  constexpr std::int32_t kFractionBits = 13;
-  constexpr std::uint32_t kDroppedBits = 0x3ffu;  // RZ to 14 significant bits: the low 10 of float's 23 stored bits
-  for (std::size_t c0 = 0; c0 < cols; c0 += kChunk) {
-    const std::size_t w = std::min(kChunk, cols - c0);
-    float* a = acc + c0;
-    std::int32_t e[kChunk];
-    // A zero accumulator reads -127, below every product's -12: it never sets E, as the model says.
-    for (std::size_t c = 0; c < w; ++c) e[c] = float_exponent(a[c]);
-    for (std::size_t j = 0; j < n; ++j) {
-      const std::int32_t ej = wgmma_e4m3_exponent(p[j]);
-      const std::int8_t* er = v_exponent + j * stride + c0;
-      for (std::size_t c = 0; c < w; ++c) e[c] = std::max(e[c], ej + er[c]);
-    }
-    // Terms in units of 2^(E - 13): E >= -12, so both powers of two are normal floats and every scaling is exact;
-    // each term is below 2^15 and the sum of 33 below 2^21, exact in int32 and in float.
-    float scale[kChunk];
-    std::int32_t s[kChunk];
-    for (std::size_t c = 0; c < w; ++c) {
-      scale[c] = pow2(kFractionBits - e[c]);
-      s[c] = static_cast<std::int32_t>(a[c] * scale[c]);  // truncation toward zero
-    }
-    for (std::size_t j = 0; j < n; ++j) {
-      const float pj = p[j];
-      const float* vr = v + j * stride + c0;
-      for (std::size_t c = 0; c < w; ++c) s[c] += static_cast<std::int32_t>(pj * vr[c] * scale[c]);
-    }
-    for (std::size_t c = 0; c < w; ++c) {
-      const float rz = std::bit_cast<float>(std::bit_cast<std::uint32_t>(static_cast<float>(s[c])) & ~kDroppedBits);
-      a[c] = rz * pow2(e[c] - kFractionBits);
-    }
-  }
+  constexpr std::size_t kChunk = 32;
+  std::int8_t ep[kChunk];  // n <= 32
+  for (std::size_t j = 0; j < n; ++j) ep[j] = static_cast<std::int8_t>(std::max(float_exponent(p[j]), std::int32_t{-6}));
+  std::size_t c0 = 0;
+  for (; c0 + kChunk <= cols; c0 += kChunk)
+    wgmma_e4m3_chunk<kChunk>(acc + c0, p, ep, n, v + c0, v_exponent + c0, stride, kChunk);
+  if (c0 < cols) wgmma_e4m3_chunk<0>(acc + c0, p, ep, n, v + c0, v_exponent + c0, stride, cols - c0);
 }
 
 std::int8_t hmma_f16_exponent(float x) {
   return x == 0 ? std::int8_t{-128} : static_cast<std::int8_t>(std::ilogb(x));  // binary16 values are normal floats
 }
 
-// The HMMA.16816.F16 step: exact terms in units of 2^(E - 25), summed in int64, the sum rounded once to binary16.
+namespace {
+
+// x rounded once to binary16, to nearest even (x a double; |x| >= 2^-80 or 0): to a multiple of the binary16 quantum
+// 2^q, q = max(floor(log2|x|) - 10, -24), by adding and taking away 2^(q + 52), whose ulp is 2^q. Beyond 65504 the
+// result is inf.
+inline double round_binary16(double x) {
+  const double a = std::fabs(x);
+  const std::int64_t ex = static_cast<std::int64_t>((std::bit_cast<std::uint64_t>(a) >> 52) & 0x7ff) - 1023;
+  const std::int64_t q = std::max<std::int64_t>(ex - 10, -24);
+  const double c = std::bit_cast<double>(static_cast<std::uint64_t>(q + 52 + 1023) << 52);
+  double r = (a + c) - c;
+  r = r >= 65520.0 ? std::numeric_limits<double>::infinity() : r;
+  return std::copysign(r, x);
+}
+
+// One chunk of W outputs of hmma_f16_acc16_step (W constant; W = 0: w outputs, w <= 32).
+template <std::size_t W>
+inline void hmma_f16_acc16_chunk(float* a, const float* p, const std::int32_t* ep, std::size_t n, const float* v,
+                                 const std::int8_t* v_exponent, std::size_t stride, std::size_t w_runtime) {
+  constexpr std::size_t kMax = 32;
+  constexpr std::int32_t kFractionBits = 25;
+  constexpr std::int32_t kNone = -1000;      // no exponent: a zero operand or accumulator
+  constexpr std::int32_t kNoneBelow = -60;   // E below this: no term has an exponent
+  const std::size_t w = W > 0 ? W : w_runtime;
+  std::int32_t e[kMax];
+  for (std::size_t c = 0; c < w; ++c) {
+    const std::int32_t fe = float_exponent(a[c]);
+    e[c] = a[c] == 0 || fe == 128 ? kNone : fe;  // binary16 values are normal floats; inf or NaN: handled below
+  }
+  for (std::size_t j = 0; j < n; ++j) {
+    const std::int8_t* er = v_exponent + j * stride;
+    // a zero v reads -128, so its product's sum lies below -60 (real ones lie in [-48, 30]): no exponent
+    for (std::size_t c = 0; c < w; ++c) e[c] = std::max(e[c], ep[j] + er[c]);
+  }
+  // Terms in units of 2^(E - 25): E >= -48, so 2^(25 - E) <= 2^73 and every scaling is exact in float; a product
+  // (22 significant bits) scaled is below 2^27, the accumulator below 2^26; the sum of 17 is exact in double.
+  float scale[kMax];
+  double s[kMax];
+  for (std::size_t c = 0; c < w; ++c) {
+    scale[c] = e[c] < kNoneBelow ? 0.0f : pow2(kFractionBits - e[c]);
+    s[c] = std::isfinite(a[c]) ? static_cast<double>(static_cast<std::int32_t>(a[c] * scale[c])) : 0.0;
+  }
+  for (std::size_t j = 0; j < n; ++j) {
+    const float pj = p[j];
+    const float* vr = v + j * stride;
+    for (std::size_t c = 0; c < w; ++c) s[c] += static_cast<double>(static_cast<std::int32_t>(pj * vr[c] * scale[c]));
+  }
+  for (std::size_t c = 0; c < w; ++c) {
+    if (!std::isfinite(a[c]) || e[c] < kNoneBelow) continue;  // inf + finite products stays inf, NaN stays NaN; no term:
+                                                        // acc stays
+    const double unit = std::bit_cast<double>(static_cast<std::uint64_t>(e[c] - kFractionBits + 1023) << 52);
+    a[c] = s[c] == 0 ? 0.0f : static_cast<float>(round_binary16(s[c] * unit));
+  }
+}
+
+}  // namespace
+
+// The HMMA.16816.F16 step: exact terms in units of 2^(E - 25), summed exactly, the sum rounded once to binary16.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 void hmma_f16_acc16_step(float* acc, const float* p, std::size_t n, const float* v, const std::int8_t* v_exponent,
                          std::size_t stride, std::size_t cols) {
-  constexpr std::size_t kChunk = 64;
-  constexpr std::int32_t kFractionBits = 25;
-  constexpr std::int32_t kNone = -1000;  // no exponent: a zero operand or accumulator
-  std::int32_t ep[16];
-  for (std::size_t j = 0; j < n; ++j) ep[j] = p[j] == 0 ? kNone : std::ilogb(p[j]);
-  for (std::size_t c0 = 0; c0 < cols; c0 += kChunk) {
-    const std::size_t w = std::min(kChunk, cols - c0);
-    float* a = acc + c0;
-    std::int32_t e[kChunk];
-    for (std::size_t c = 0; c < w; ++c) e[c] = a[c] == 0 ? kNone : float_exponent(a[c]);
-    for (std::size_t c = 0; c < w; ++c)  // binary16 subnormals are normal floats: the field is floor(log2)
-      if (a[c] != 0 && e[c] == 128) e[c] = kNone;  // inf or NaN: handled below
-    for (std::size_t j = 0; j < n; ++j) {
-      const std::int8_t* er = v_exponent + j * stride + c0;
-      for (std::size_t c = 0; c < w; ++c) {
-        const std::int32_t ev = er[c] == -128 ? kNone : er[c];
-        e[c] = std::max(e[c], ep[j] + ev);
-      }
-    }
-    // Terms in units of 2^(E - 25): E >= -48, so 2^(25 - E) <= 2^73 and every scaling is exact in float; a product
-    // (22 significant bits) scaled is below 2^27, the accumulator below 2^26; the sum of 17 fits int64.
-    float scale[kChunk];
-    std::int64_t s[kChunk];
-    for (std::size_t c = 0; c < w; ++c) {
-      const bool none = e[c] < -200;
-      scale[c] = none ? 0.0f : pow2(kFractionBits - e[c]);
-      s[c] = std::isfinite(a[c]) ? static_cast<std::int64_t>(static_cast<std::int32_t>(a[c] * scale[c])) : 0;
-    }
-    for (std::size_t j = 0; j < n; ++j) {
-      const float pj = p[j];
-      const float* vr = v + j * stride + c0;
-      for (std::size_t c = 0; c < w; ++c) s[c] += static_cast<std::int32_t>(pj * vr[c] * scale[c]);
-    }
-    for (std::size_t c = 0; c < w; ++c) {
-      if (!std::isfinite(a[c])) continue;  // inf + finite products stays inf, NaN stays NaN
-      if (e[c] < -200) continue;           // no term has an exponent: acc stays
-      // Round s * 2^(E - 25) once to binary16 (11 significant bits, quantum at least 2^-24), to nearest even.
-      const std::uint64_t mag = static_cast<std::uint64_t>(s[c] < 0 ? -s[c] : s[c]);
-      if (mag == 0) {
-        a[c] = 0.0f;
-        continue;
-      }
-      const std::int32_t unit = e[c] - kFractionBits;
-      const std::int32_t top = 63 - std::countl_zero(mag) + unit;  // floor(log2) of the exact sum
-      const std::int32_t quantum = std::max(top - 10, -24);
-      std::uint64_t r = mag;
-      std::int32_t shift = quantum - unit;
-      if (shift > 0) {
-        const std::uint64_t rem = mag & ((std::uint64_t{1} << shift) - 1), half = std::uint64_t{1} << (shift - 1);
-        r = mag >> shift;
-        if (rem > half || (rem == half && (r & 1))) ++r;
-      } else {
-        shift = 0;
-      }
-      const double value = std::ldexp(static_cast<double>(r), unit + shift);
-      const float f = value >= 65520.0 ? std::numeric_limits<float>::infinity() : static_cast<float>(value);
-      a[c] = s[c] < 0 ? -f : f;
-    }
-  }
+  constexpr std::size_t kChunk = 32;
+  std::int32_t ep[16];  // n <= 16
+  for (std::size_t j = 0; j < n; ++j) ep[j] = p[j] == 0 ? -1000 : float_exponent(p[j]);
+  std::size_t c0 = 0;
+  for (; c0 + kChunk <= cols; c0 += kChunk)
+    hmma_f16_acc16_chunk<kChunk>(acc + c0, p, ep, n, v + c0, v_exponent + c0, stride, kChunk);
+  if (c0 < cols) hmma_f16_acc16_chunk<0>(acc + c0, p, ep, n, v + c0, v_exponent + c0, stride, cols - c0);
 }
 
 std::string MmaModel::describe() const {

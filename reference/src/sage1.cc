@@ -84,6 +84,7 @@ class Sage1Call final : public PreparedCall {
       for (Eigen::Index c = 0; c < d; ++c) xk[static_cast<std::size_t>(j * d + c)] = to_f32(k(j, c), "K", j, c);
     quantize_blocks(xq, lq, d, p.block_q, qq, q_scale);
     quantize_blocks(xk, lk, d, p.block_k, kq, k_scale);
+    qk = std::make_unique<IntMatmulAbt>(qq, kq);
     // (5) V in binary16, with its exponents for the HMMA step
     v16.resize(static_cast<std::size_t>(lk * dv));
     v16e.resize(v16.size());
@@ -106,86 +107,106 @@ class Sage1Call final : public PreparedCall {
   const AttentionMask& mask;
   const Eigen::Index lq, lk, d, dv;
   RowMatrixXi32 qq, kq;
+  std::unique_ptr<IntMatmulAbt> qk;  // Q^ K^T, a block of rows at a time
   std::vector<float> q_scale, k_scale, v16;
   std::vector<std::int8_t> v16e;
 };
 
 AttentionResult Sage1Call::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
-  const RowMatrixXb visible =
-      mask.empty() ? RowMatrixXb::Constant(rows, lk, true) : mask.rows(r0, rows, lq).visible(rows, lk);
+  const bool unmasked = mask.empty();
+  const RowMatrixXb visible = unmasked ? RowMatrixXb() : mask.rows(r0, rows, lq).visible(rows, lk);
   AttentionResult r;
   r.o = RowMatrixXd::Zero(rows, dv);
   r.p = RowMatrixXd::Zero(rows, lk);
   const Eigen::Index bk = p.block_k;
   // pad=upstream: the keys of the last block past L_k exist, with logit 0 and V = 0
   const Eigen::Index lk_padded = p.pad_upstream ? (lk + bk - 1) / bk * bk : lk;
-  std::vector<float> s(static_cast<std::size_t>(lk_padded)), p16(static_cast<std::size_t>(lk_padded)),
-      m_at(static_cast<std::size_t>(lk_padded));
-  std::vector<float> acc(static_cast<std::size_t>(dv)), block(static_cast<std::size_t>(dv));
-  constexpr Eigen::Index kRowsPerGemm = 256;  // the integer Q K^T of 256 query rows at a time (exact)
-  RowMatrixXi32 a;
-  for (Eigen::Index i = r0; i < r0 + rows; ++i) {
-    const Eigen::Index at = i - r0;
-    if (at % kRowsPerGemm == 0) a = int_matmul_abt(qq.middleRows(i, std::min(kRowsPerGemm, r0 + rows - i)), kq);
-    // (3) base-2 logits of row i
-    const float sq = q_scale[static_cast<std::size_t>(i / p.block_q)];
-    for (Eigen::Index j = 0; j < lk; ++j) {
-      if (!visible(at, j)) {
-        s[j] = kNegInf;
-        continue;
-      }
-      s[j] = static_cast<float>(a(at % kRowsPerGemm, j)) * sq * k_scale[static_cast<std::size_t>(j / bk)];
-      if (!std::isfinite(s[j])) throw_logit_overflow("sage1", "float32", i, j);
-    }
-    std::fill(s.begin() + lk, s.end(), 0.0f);
-    // (4)-(5) online softmax over key blocks
-    float m = kNegInf, l = 1.0f;
-    std::fill(acc.begin(), acc.end(), 0.0f);
-    bool any = false;
-    for (Eigen::Index b0 = 0; b0 < lk_padded; b0 += bk) {
-      const Eigen::Index b1 = std::min(lk_padded, b0 + bk);
-      float m_new = m;
-      for (Eigen::Index j = b0; j < b1; ++j) m_new = std::max(m_new, s[j]);
-      if (m_new == kNegInf) continue;  // nothing visible yet (the official kernel would form NaN here)
-      any = true;
-      float l_blk = 0;
-      for (Eigen::Index j = b0; j < b1; ++j) {
-        const float pt = exp2_f32(s[j] - m_new);  // exp2(-inf) = 0 on masked pairs
-        l_blk += pt;
-        p16[j] = static_cast<float>(round_to_format(pt, kBinary16));
-        m_at[j] = m_new;
-      }
-      const float alpha = exp2_f32(m - m_new);
-      l = l * alpha + l_blk;
-      for (float& x : acc) x *= alpha;
-      const Eigen::Index real_end = std::min(lk, b1);  // padded keys have V = 0: their products vanish
-      if (p.accumulation == Sage1Accumulation::f16) {
-        std::fill(block.begin(), block.end(), 0.0f);
-        for (Eigen::Index s0 = b0; s0 < real_end; s0 += kStep)
-          hmma_f16_acc16_step(block.data(), p16.data() + s0, static_cast<std::size_t>(std::min(kStep, real_end - s0)),
-                              v16.data() + s0 * dv, v16e.data() + s0 * dv, static_cast<std::size_t>(dv),
-                              static_cast<std::size_t>(dv));
-        for (Eigen::Index c = 0; c < dv; ++c) acc[c] += block[c];
-      } else {
-        for (Eigen::Index c = 0; c < dv; ++c) {
-          float x = acc[c];
-          for (Eigen::Index j = b0; j < real_end; ++j) x += p16[j] * v16[static_cast<std::size_t>(j * dv + c)];
-          acc[c] = x;
+  const Eigen::Index blocks = (lk_padded + bk - 1) / bk;
+  // Rows go in chunks: each key block serves every row of the chunk before the next block, so the block's V16
+  // stays in cache. Each row's operations, and their order, are those of the row alone.
+  constexpr Eigen::Index kChunkRows = 32;
+  RowMatrixXf s(kChunkRows, lk_padded), p16(kChunkRows, lk_padded), acc(kChunkRows, dv), m_block(kChunkRows, blocks);
+  std::vector<float> m(kChunkRows), l(kChunkRows), block(static_cast<std::size_t>(dv));
+  std::vector<char> any(kChunkRows);
+  for (Eigen::Index c0 = r0; c0 < r0 + rows; c0 += kChunkRows) {
+    const Eigen::Index n = std::min(kChunkRows, r0 + rows - c0);
+    const RowMatrixXi32 a = (*qk)(qq.middleRows(c0, n));  // exact
+    // (3) base-2 logits
+    for (Eigen::Index t = 0; t < n; ++t) {
+      const Eigen::Index i = c0 + t, at = i - r0;
+      const float sq = q_scale[static_cast<std::size_t>(i / p.block_q)];
+      for (Eigen::Index j = 0; j < lk; ++j) {
+        if (!unmasked && !visible(at, j)) {
+          s(t, j) = kNegInf;
+          continue;
         }
+        s(t, j) = static_cast<float>(a(t, j)) * sq * k_scale[static_cast<std::size_t>(j / bk)];
+        if (!std::isfinite(s(t, j))) throw_logit_overflow("sage1", "float32", i, j);
       }
-      m = m_new;
+      for (Eigen::Index j = lk; j < lk_padded; ++j) s(t, j) = 0.0f;
     }
-    if (!any) continue;  // fully masked row: O = 0, P = 0
-    for (Eigen::Index c = 0; c < dv; ++c) {
-      const float o = acc[c] / l;
-      if (!std::isfinite(o))
-        throw InputError("V", "values",
-                         "row " + std::to_string(i) + ": P V overflows sage1's FP16 accumulator (a block's sum beyond "
-                         "65504); the kernel would return inf there (docs/pipelines/sage1.md)");
-      r.o(at, c) = p.output_fp16 ? round_to_format(o, kBinary16) : o;
+    std::fill(m.begin(), m.end(), kNegInf);
+    std::fill(l.begin(), l.end(), 1.0f);  // as upstream; the first block's rescale is 0
+    std::fill(any.begin(), any.end(), 0);
+    acc.setZero();
+    // (4)-(5) online softmax over key blocks
+    for (Eigen::Index b = 0; b < blocks; ++b) {
+      const Eigen::Index b0 = b * bk, b1 = std::min(lk_padded, b0 + bk);
+      const Eigen::Index real_end = std::min(lk, b1);  // padded keys have V = 0: their products vanish
+      for (Eigen::Index t = 0; t < n; ++t) {
+        const float* sr = &s(t, 0);
+        float* pr = &p16(t, 0);
+        float m_new = m[t];
+        for (Eigen::Index j = b0; j < b1; ++j) m_new = std::max(m_new, sr[j]);
+        m_block(t, b) = m_new;
+        if (m_new == kNegInf) continue;  // nothing visible yet (the official kernel would form NaN here)
+        any[t] = 1;
+        float l_blk = 0;
+        for (Eigen::Index j = b0; j < b1; ++j) {
+          const float pt = exp2_f32(sr[j] - m_new);  // exp2(-inf) = 0 on masked pairs
+          l_blk += pt;
+          pr[j] = static_cast<float>(round_to_format(pt, kBinary16));
+        }
+        const float alpha = exp2_f32(m[t] - m_new);
+        l[t] = l[t] * alpha + l_blk;
+        float* o = &acc(t, 0);
+        for (Eigen::Index c = 0; c < dv; ++c) o[c] *= alpha;
+        if (p.accumulation == Sage1Accumulation::f16) {
+          std::fill(block.begin(), block.end(), 0.0f);
+          for (Eigen::Index s0 = b0; s0 < real_end; s0 += kStep)
+            hmma_f16_acc16_step(block.data(), pr + s0, static_cast<std::size_t>(std::min(kStep, real_end - s0)),
+                                v16.data() + s0 * dv, v16e.data() + s0 * dv, static_cast<std::size_t>(dv),
+                                static_cast<std::size_t>(dv));
+          for (Eigen::Index c = 0; c < dv; ++c) o[c] += block[c];
+        } else {
+          for (Eigen::Index c = 0; c < dv; ++c) {
+            float x = o[c];
+            for (Eigen::Index j = b0; j < real_end; ++j) x += pr[j] * v16[static_cast<std::size_t>(j * dv + c)];
+            o[c] = x;
+          }
+        }
+        m[t] = m_new;
+      }
     }
-    for (Eigen::Index j = 0; j < lk; ++j)
-      if (s[j] != kNegInf && p16[j] != 0) r.p(at, j) = p16[j] * std::exp2(static_cast<double>(m_at[j]) - m) / l;
+    for (Eigen::Index t = 0; t < n; ++t) {
+      const Eigen::Index i = c0 + t, at = i - r0;
+      if (!any[t]) continue;  // fully masked row: O = 0, P = 0
+      for (Eigen::Index c = 0; c < dv; ++c) {
+        const float o = acc(t, c) / l[t];
+        if (!std::isfinite(o))
+          throw InputError("V", "values",
+                           "row " + std::to_string(i) + ": P V overflows sage1's FP16 accumulator (a block's sum "
+                           "beyond 65504); the kernel would return inf there (docs/pipelines/sage1.md)");
+        r.o(at, c) = p.output_fp16 ? round_to_format(o, kBinary16) : o;
+      }
+      // P: P16 2^(m_block - m) / l, the factor once per key block (the same bits as per key)
+      for (Eigen::Index b = 0; b < blocks; ++b) {
+        if (m_block(t, b) == kNegInf) continue;
+        const double e = std::exp2(static_cast<double>(m_block(t, b)) - m[t]);
+        for (Eigen::Index j = b * bk; j < std::min(lk, (b + 1) * bk); ++j)
+          if (s(t, j) != kNegInf && p16(t, j) != 0) r.p(at, j) = p16(t, j) * e / l[t];
+      }
+    }
   }
   return r;
 }

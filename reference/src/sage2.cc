@@ -103,6 +103,7 @@ class Sage2Call final : public PreparedCall {
     if (hardware && p.p_format != SagePFormat::e4m3)
       throw std::invalid_argument("sage2: the H100 accumulators (wgmma, wgmma-single, mma) take E4M3 P and V (p=e4m3)");
     key_block = p.key_block();
+    qk = std::make_unique<IntMatmulAbt>(qq.values, kq.values);
     // V8 as the hardware paths read it: float values (wgmma) or E4M3 codes by column (mma).
     if (p.accumulation == SageAccumulation::wgmma || p.accumulation == SageAccumulation::wgmma_single) {
       v8f.resize(static_cast<std::size_t>(lk * dv));
@@ -133,6 +134,7 @@ class Sage2Call final : public PreparedCall {
   RowMatrixXd q_block_mean;  // the mean subtracted from each query (its block's)
   Eigen::RowVectorXd v_mean, v_scale;
   SageQuantized qq, kq;
+  std::unique_ptr<IntMatmulAbt> qk;  // Q^ K^T, a block of rows at a time
   RowMatrixXd v8;
   Eigen::Index key_block = 64;
   // V8 as the hardware paths read it: float values and their E4M3 field exponents (wgmma) or codes by column (mma).
@@ -142,101 +144,125 @@ class Sage2Call final : public PreparedCall {
 };
 
 AttentionResult Sage2Call::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
-  std::vector<float> block(static_cast<std::size_t>(dv));
-  const RowMatrixXb visible = mask.empty() ? RowMatrixXb::Constant(rows, lk, true) : mask.rows(r0, rows, lq).visible(rows, lk);
+  const bool unmasked = mask.empty();
+  const RowMatrixXb visible = unmasked ? RowMatrixXb() : mask.rows(r0, rows, lq).visible(rows, lk);
   AttentionResult r;
   r.o = RowMatrixXd::Zero(rows, dv);
   r.p = RowMatrixXd::Zero(rows, lk);
   const float range = p_range(p.p_format);
-  std::vector<float> s(lk), p8(lk), m_at(lk);
-  constexpr Eigen::Index kRowsPerGemm = 256;  // the integer Q K^T of 256 query rows at a time (int_matmul_abt, exact)
-  RowMatrixXi32 acc_int;
-  for (Eigen::Index i = r0; i < r0 + rows; ++i) {
-    const Eigen::Index at = i - r0;  // the row's place in the block
-    if (at % kRowsPerGemm == 0)
-      acc_int = int_matmul_abt(qq.values.middleRows(i, std::min(kRowsPerGemm, r0 + rows - i)), kq.values);
-    // (3) logits of row i
-    for (Eigen::Index j = 0; j < lk; ++j) {
-      if (!visible(at, j)) {
-        s[j] = kNegInf;
-        continue;
-      }
-      const std::int32_t a = acc_int(at % kRowsPerGemm, j);
-      const float f = static_cast<float>(qq.scales[qq.group[i]] * kq.scales[kq.group[j]] * scale);
-      s[j] = static_cast<float>(a) * f;
-      if (p.smooth_q) s[j] += static_cast<float>(q_block_mean.row(i).dot(k.row(j)) * scale);  // Delta S, fp32
-      if (!std::isfinite(s[j])) throw_logit_overflow("sage2", "float32", i, j);
-    }
-    // (4)-(6) online softmax over key blocks
-    float m = kNegInf, l = 0;
-    std::vector<float> out(dv, 0.0f);      // fp32 output accumulator (and the FP22 one for single-level)
-    for (Eigen::Index b0 = 0; b0 < lk; b0 += key_block) {
-      const Eigen::Index b1 = std::min<Eigen::Index>(lk, b0 + key_block);
-      float m_new = m;
-      for (Eigen::Index j = b0; j < b1; ++j) m_new = std::max(m_new, s[j]);
-      if (m_new == kNegInf) continue;  // nothing visible yet
-      const float rescale = m == kNegInf ? 0.0f : std::exp(m - m_new);
-      l *= rescale;
-      for (Eigen::Index j = b0; j < b1; ++j) {
-        const float pt = s[j] == kNegInf ? 0.0f : range * std::exp(s[j] - m_new);
-        l += pt;  // the row sum takes P~ before rounding (upstream)
-        p8[j] = round_p(pt, p.p_format);
-        m_at[j] = m_new;
-      }
-      switch (p.accumulation) {
-        case SageAccumulation::wgmma:  // a fresh accumulator per block, promoted to the fp32 output
-          std::fill(block.begin(), block.end(), 0.0f);
-          for (Eigen::Index s0 = b0; s0 < b1; s0 += kStep)
-            wgmma_e4m3_step(block.data(), p8.data() + s0, static_cast<std::size_t>(std::min(kStep, b1 - s0)),
-                            v8f.data() + s0 * dv, v8e.data() + s0 * dv, static_cast<std::size_t>(dv),
-                            static_cast<std::size_t>(dv));
-          for (Eigen::Index c = 0; c < dv; ++c) out[c] = out[c] * rescale + block[c];
-          break;
-        case SageAccumulation::wgmma_single:  // one accumulator, rescaled in fp32, then the next steps' fused term
-          for (Eigen::Index c = 0; c < dv; ++c) out[c] *= rescale;
-          for (Eigen::Index s0 = b0; s0 < b1; s0 += kStep)
-            wgmma_e4m3_step(out.data(), p8.data() + s0, static_cast<std::size_t>(std::min(kStep, b1 - s0)),
-                            v8f.data() + s0 * dv, v8e.data() + s0 * dv, static_cast<std::size_t>(dv),
-                            static_cast<std::size_t>(dv));
-          break;
-        case SageAccumulation::mma: {  // a fresh buffer per block; each 32 keys: two HMMA halves, then + buffer
-          std::array<std::uint16_t, kStep> pc{}, vc{};
-          for (Eigen::Index c = 0; c < dv; ++c) {
-            float buffer = 0;
-            for (Eigen::Index s0 = b0; s0 < b1; s0 += kStep) {
-              const Eigen::Index n = std::min(kStep, b1 - s0);
-              pc.fill(0), vc.fill(0);  // a short last chunk is padded with zero products, as the kernel pads
-              for (Eigen::Index j = 0; j < n; ++j)
-                pc[j] = static_cast<std::uint16_t>(lowp_encode(p8[s0 + j], fp8_e4m3fn())), vc[j] = v8c(c, s0 + j);
-              buffer = mma_dot(mma_model, pc, vc, buffer);
-            }
-            out[c] = out[c] * rescale + buffer;
-          }
-          break;
+  const Eigen::Index blocks = (lk + key_block - 1) / key_block;
+  // Rows go in chunks of kChunkRows: each key block serves every row of the chunk before the next block, so the
+  // block's V8 stays in cache. Each row's operations, and their order, are those of the row alone.
+  constexpr Eigen::Index kChunkRows = 32;
+  RowMatrixXf s(kChunkRows, lk), p8(kChunkRows, lk), out(kChunkRows, dv), m_block(kChunkRows, blocks);
+  std::vector<float> m(kChunkRows), l(kChunkRows), block(static_cast<std::size_t>(dv)),
+      group_factor(kq.scales.size());
+  for (Eigen::Index c0 = r0; c0 < r0 + rows; c0 += kChunkRows) {
+    const Eigen::Index n = std::min(kChunkRows, r0 + rows - c0);
+    const RowMatrixXi32 acc_int = (*qk)(qq.values.middleRows(c0, n));  // exact
+    // (3) logits; the factor fl32(s_Q s_K scale) once per K group (the same bits as per key)
+    for (Eigen::Index t = 0; t < n; ++t) {
+      const Eigen::Index i = c0 + t, at = i - r0;
+      for (std::size_t g = 0; g < kq.scales.size(); ++g)
+        group_factor[g] = static_cast<float>(qq.scales[qq.group[i]] * kq.scales[g] * scale);
+      for (Eigen::Index j = 0; j < lk; ++j) {
+        if (!unmasked && !visible(at, j)) {
+          s(t, j) = kNegInf;
+          continue;
         }
-        default:  // the per-product FP22 bound and fp32, one output column at a time
-          for (Eigen::Index c = 0; c < dv; ++c) {
-            if (p.accumulation == SageAccumulation::two_level_fp22) {
-              float block_fp22 = 0;  // a fresh FP22 buffer per block
-              for (Eigen::Index j = b0; j < b1; ++j) block_fp22 = fp22(static_cast<double>(block_fp22) + p8[j] * v8(j, c));
-              out[c] = out[c] * rescale + block_fp22;
-            } else if (p.accumulation == SageAccumulation::fp22) {
-              float acc = fp22(static_cast<double>(out[c]) * rescale);
-              for (Eigen::Index j = b0; j < b1; ++j) acc = fp22(static_cast<double>(acc) + p8[j] * v8(j, c));
-              out[c] = acc;
-            } else {
-              float acc = out[c] * rescale;
-              for (Eigen::Index j = b0; j < b1; ++j) acc += static_cast<float>(p8[j] * v8(j, c));
-              out[c] = acc;
-            }
-          }
+        s(t, j) = static_cast<float>(acc_int(t, j)) * group_factor[kq.group[j]];
+        if (p.smooth_q) s(t, j) += static_cast<float>(q_block_mean.row(i).dot(k.row(j)) * scale);  // Delta S, fp32
+        if (!std::isfinite(s(t, j))) throw_logit_overflow("sage2", "float32", i, j);
       }
-      m = m_new;
     }
-    if (l == 0) continue;  // fully masked row: P = 0, O = 0
-    for (Eigen::Index c = 0; c < dv; ++c) r.o(at, c) = static_cast<float>(out[c] * v_scale(c) / l + v_mean(c));
-    for (Eigen::Index j = 0; j < lk; ++j)
-      if (s[j] != kNegInf) r.p(at, j) = p8[j] * std::exp(static_cast<double>(m_at[j]) - m) / l;
+    std::fill(m.begin(), m.end(), kNegInf);
+    std::fill(l.begin(), l.end(), 0.0f);
+    out.setZero();
+    // (4)-(6) online softmax over key blocks
+    for (Eigen::Index b = 0; b < blocks; ++b) {
+      const Eigen::Index b0 = b * key_block, b1 = std::min<Eigen::Index>(lk, b0 + key_block);
+      for (Eigen::Index t = 0; t < n; ++t) {
+        float m_new = m[t];
+        for (Eigen::Index j = b0; j < b1; ++j) m_new = std::max(m_new, s.data()[t * lk + j]);
+        m_block(t, b) = m_new;
+        if (m_new == kNegInf) continue;  // nothing visible yet
+        const float rescale = m[t] == kNegInf ? 0.0f : std::exp(m[t] - m_new);
+        l[t] *= rescale;
+        float* pr = &p8(t, 0);
+        const float* sr = &s(t, 0);
+        for (Eigen::Index j = b0; j < b1; ++j) {
+          const float pt = sr[j] == kNegInf ? 0.0f : range * std::exp(sr[j] - m_new);
+          l[t] += pt;  // the row sum takes P~ before rounding (upstream)
+          pr[j] = pt;
+        }
+        if (p.p_format == SagePFormat::e4m3)  // the hot case without the format switch, so that it vectorises
+          for (Eigen::Index j = b0; j < b1; ++j) pr[j] = e4m3_round_saturate(pr[j]);
+        else
+          for (Eigen::Index j = b0; j < b1; ++j) pr[j] = round_p(pr[j], p.p_format);
+        float* o = &out(t, 0);
+        switch (p.accumulation) {
+          case SageAccumulation::wgmma:  // a fresh accumulator per block, promoted to the fp32 output
+            std::fill(block.begin(), block.end(), 0.0f);
+            for (Eigen::Index s0 = b0; s0 < b1; s0 += kStep)
+              wgmma_e4m3_step(block.data(), pr + s0, static_cast<std::size_t>(std::min(kStep, b1 - s0)),
+                              v8f.data() + s0 * dv, v8e.data() + s0 * dv, static_cast<std::size_t>(dv),
+                              static_cast<std::size_t>(dv));
+            for (Eigen::Index c = 0; c < dv; ++c) o[c] = o[c] * rescale + block[c];
+            break;
+          case SageAccumulation::wgmma_single:  // one accumulator, rescaled in fp32, then the next steps' fused term
+            for (Eigen::Index c = 0; c < dv; ++c) o[c] *= rescale;
+            for (Eigen::Index s0 = b0; s0 < b1; s0 += kStep)
+              wgmma_e4m3_step(o, pr + s0, static_cast<std::size_t>(std::min(kStep, b1 - s0)), v8f.data() + s0 * dv,
+                              v8e.data() + s0 * dv, static_cast<std::size_t>(dv), static_cast<std::size_t>(dv));
+            break;
+          case SageAccumulation::mma: {  // a fresh buffer per block; each 32 keys: two HMMA halves, then + buffer
+            std::array<std::uint16_t, kStep> pc{}, vc{};
+            for (Eigen::Index c = 0; c < dv; ++c) {
+              float buffer = 0;
+              for (Eigen::Index s0 = b0; s0 < b1; s0 += kStep) {
+                const Eigen::Index cnt = std::min(kStep, b1 - s0);
+                pc.fill(0), vc.fill(0);  // a short last chunk is padded with zero products, as the kernel pads
+                for (Eigen::Index j = 0; j < cnt; ++j)
+                  pc[j] = static_cast<std::uint16_t>(lowp_encode(pr[s0 + j], fp8_e4m3fn())), vc[j] = v8c(c, s0 + j);
+                buffer = mma_dot(mma_model, pc, vc, buffer);
+              }
+              o[c] = o[c] * rescale + buffer;
+            }
+            break;
+          }
+          default:  // the per-product FP22 bound and fp32, one output column at a time
+            for (Eigen::Index c = 0; c < dv; ++c) {
+              if (p.accumulation == SageAccumulation::two_level_fp22) {
+                float block_fp22 = 0;  // a fresh FP22 buffer per block
+                for (Eigen::Index j = b0; j < b1; ++j) block_fp22 = fp22(static_cast<double>(block_fp22) + pr[j] * v8(j, c));
+                o[c] = o[c] * rescale + block_fp22;
+              } else if (p.accumulation == SageAccumulation::fp22) {
+                float acc = fp22(static_cast<double>(o[c]) * rescale);
+                for (Eigen::Index j = b0; j < b1; ++j) acc = fp22(static_cast<double>(acc) + pr[j] * v8(j, c));
+                o[c] = acc;
+              } else {
+                float acc = o[c] * rescale;
+                for (Eigen::Index j = b0; j < b1; ++j) acc += static_cast<float>(pr[j] * v8(j, c));
+                o[c] = acc;
+              }
+            }
+        }
+        m[t] = m_new;
+      }
+    }
+    for (Eigen::Index t = 0; t < n; ++t) {
+      const Eigen::Index at = c0 + t - r0;
+      if (l[t] == 0) continue;  // fully masked row: P = 0, O = 0
+      for (Eigen::Index c = 0; c < dv; ++c)
+        r.o(at, c) = static_cast<float>(out(t, c) * v_scale(c) / l[t] + v_mean(c));
+      // P: P8 e^{m_block - m} / l, the factor once per key block (the same bits as per key)
+      for (Eigen::Index b = 0; b < blocks; ++b) {
+        if (m_block(t, b) == kNegInf) continue;
+        const double e = std::exp(static_cast<double>(m_block(t, b)) - m[t]);
+        for (Eigen::Index j = b * key_block; j < std::min<Eigen::Index>(lk, (b + 1) * key_block); ++j)
+          if (s(t, j) != kNegInf) r.p(at, j) = p8(t, j) * e / l[t];
+      }
+    }
   }
   return r;
 }

@@ -22,6 +22,20 @@ Int8Matrix quantize_symmetric_int8(const MatrixView& x, Int8Rounding rounding = 
 // partial sum in any order: below 2^24 Eigen's float GEMM on the values computes the exact integers (every partial
 // sum, fused or not, is an integer float holds), below 2^31 its double GEMM; beyond, int64 sums with the check.
 RowMatrixXi32 int_matmul_abt(const RowMatrixXi32& a, const RowMatrixXi32& b);
+// int_matmul_abt(a_block, b) for many blocks of rows of one left operand a: the path (float, double or int64 sums)
+// is chosen once from max|a| and max|b|, and b's float or double copy is made once. Exact, so the results are
+// int_matmul_abt's. b must outlive it; operator() may run on several threads at once.
+class IntMatmulAbt {
+ public:
+  IntMatmulAbt(const RowMatrixXi32& a, const RowMatrixXi32& b);
+  RowMatrixXi32 operator()(const RowMatrixXi32& a_block) const;
+
+ private:
+  const RowMatrixXi32& b_;
+  int path_ = 0;  // 0 float, 1 double, 2 int64
+  RowMatrixXf bf_;
+  RowMatrixXd bd_;
+};
 // a b, exact, returned as doubles: the float GEMM below B = 2^24, the double GEMM below 2^53, else int64 sums.
 RowMatrixXd int_matmul_ab(const RowMatrixXi32& a, const RowMatrixXi32& b);
 

@@ -15,6 +15,9 @@
 // NaN stays NaN; +-inf saturates to +-max_finite, or stays inf (NaN for formats without inf).
 #pragma once
 
+#include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -71,7 +74,21 @@ enum class Fp8Cast { ptx_satfinite, torch };
 // The E4M3FN value nearest to finite x (ties to even), saturated to +-448: lowp_round(x, fp8_e4m3fn(), rne,
 // saturate) in float bit operations, for hot loops (SageAttention2's P~ and V). tests/exact checks the two agree on
 // a dense sample of float32 patterns. x must be finite.
-float e4m3_round_saturate(float x);
+// Inline, so that the loops calling it vectorise.
+inline float e4m3_round_saturate(float x) {
+  const float a = std::fabs(x);
+  float r;
+  if (a < 0.015625f) {  // below 2^-6: E4M3 subnormals, multiples of 2^-9; a * 512 < 8, and adding then taking away
+    constexpr float kShift = 8388608.0f;  // 2^23 rounds it to an integer in the current mode (to nearest even)
+    r = ((a * 512.0f + kShift) - kShift) * (1.0f / 512.0f);
+  } else {  // keep 3 of float's 23 stored bits, round to nearest even: add half an E4M3 ulp - 1 + lsb
+    std::uint32_t u = std::bit_cast<std::uint32_t>(a);
+    u += 0x7ffffu + ((u >> 20) & 1u);
+    r = std::bit_cast<float>(u & ~0xfffffu);
+  }
+  r = std::min(r, 448.0f);
+  return std::copysign(r, x);
+}
 std::uint8_t fp8_from_float(float x, const LowpFormat& f, Fp8Cast cast);
 
 }  // namespace qattn::ref
