@@ -33,6 +33,7 @@ native_pkgs=(
   clang libclang-rt-14-dev
   python3-numpy python3-matplotlib
   pybind11-dev python3-dev python3-pytest python3-hypothesis
+  python3-pip python3-venv python3-setuptools python3-wheel python3-mypy
   libdnnl-dev libssl-dev
   parallel slurmctld slurmd slurm-client munge
 )

@@ -2,7 +2,7 @@
 """analysis/dump_torch.py on tiny random modules built here (no downloads): the files it writes hold exactly the
 heads of the projections, in qattn's naming, and `qattn analyze` reads them.
 
-    dump_torch_test.py QATTN_BINARY REPO_ROOT
+    check_dump_torch.py QATTN_BINARY REPO_ROOT
 Without PyTorch it reports a skip, except under CI=true, where the project's install script provides it.
 """
 import json

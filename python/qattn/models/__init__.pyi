@@ -1,0 +1,1 @@
+# qattn.models: real models to swap methods into (use_lite).

@@ -1,0 +1,18 @@
+# Types of qattn.torch (docs in torch.py). Tensors are typed Any: the stubs do not import torch.
+from contextlib import AbstractContextManager
+from typing import Any, Optional, Tuple, Union
+
+_Tensor = Any
+
+def attention(
+    q: _Tensor,
+    k: _Tensor,
+    v: _Tensor,
+    method: str,
+    scale: Optional[float] = ...,
+    causal: bool = ...,
+    mask: Optional[_Tensor] = ...,
+    return_probs: bool = ...,
+    **options: Any,
+) -> Union[_Tensor, Tuple[_Tensor, _Tensor]]: ...
+def route(method: str, **options: Any) -> AbstractContextManager[None]: ...
