@@ -1,7 +1,8 @@
 // Experiment use-lite-e2e: every attention method and KV quantizer inside Universal Sentence Encoder Lite, end to
-// end. The experiment is the Python module qattn.e2e (python/qattn/e2e.py; it needs the package, built with
-// -DQATTN_PYTHON=ON, and the model weights that scripts/fetch-model.sh downloads); this registers it with
-// `qattn reproduce` and runs it with the context's options, its stdout being the report. See README.md.
+// end. The experiment is the Python script e2e.py in this folder (installed as share/qattn/experiments/use-lite-e2e;
+// it needs the package qattn, built with -DQATTN_PYTHON=ON or installed with pip, and the model weights that
+// scripts/fetch-model.sh downloads); this registers it with `qattn reproduce` and runs it with the context's options,
+// its stdout being the report. See README.md.
 #include <sys/wait.h>
 
 #include <cerrno>
@@ -12,6 +13,7 @@
 #include <string>
 
 #include "commands.h"
+#include "data_paths.h"
 #include "experiment.h"
 #include "qattn/error.h"
 
@@ -36,9 +38,12 @@ std::string run_e2e(const ExperimentContext& ctx) {
     const char* old = std::getenv("PYTHONPATH");
     env = "PYTHONPATH=" + quoted((self.parent_path() / "python").string() + (old && *old ? ":" + std::string(old) : "")) + " ";
   }
+  const fs::path script = share_dir() / "experiments" / "use-lite-e2e" / "e2e.py";
+  if (!fs::is_regular_file(script, ec))
+    throw InputError(script.string(), "use-lite-e2e", "the experiment's script is not installed there");
   const char* python = std::getenv("QATTN_PYTHON");
-  std::string command = env + quoted(python && *python ? python : "/usr/bin/python3") + " -m qattn.e2e --out-dir " +
-                        quoted(ctx.out_dir.string()) + " --tensors " + quoted(ctx.tensors);
+  std::string command = env + quoted(python && *python ? python : "/usr/bin/python3") + " " + quoted(script.string()) +
+                        " --out-dir " + quoted(ctx.out_dir.string()) + " --tensors " + quoted(ctx.tensors);
   if (ctx.fast) command += " --fast";
   if (!ctx.plots) command += " --no-plots";
   FILE* pipe = popen(command.c_str(), "r");
@@ -50,7 +55,7 @@ std::string run_e2e(const ExperimentContext& ctx) {
   if (status != 0) {
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
     if (code == 1 && report.empty())
-      throw InputError("python3 -m qattn.e2e", "use-lite-e2e",
+      throw InputError(script.string(), "use-lite-e2e",
                        "failed (is the Python package built, -DQATTN_PYTHON=ON, and importable? its message is above)");
     throw ExitCode{code == 0 ? 1 : code};
   }

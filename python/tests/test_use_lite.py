@@ -13,7 +13,7 @@ from qattn.models import use_lite
 
 CLI = os.environ.get("QATTN_CLI", "qattn")
 SOURCE = os.environ.get("QATTN_SOURCE", ".")
-DATA = os.path.join(os.path.dirname(qattn.__file__), "data")
+DATA = os.path.join(SOURCE, "experiments", "use-lite-e2e")  # the model check windows of the e2e experiment
 
 
 @pytest.fixture(scope="module")

@@ -2,12 +2,13 @@
 Universal Sentence Encoder Lite; what it does to the sentence embeddings, and whether the attention-level ranking of
 ``qattn analyze`` predicts it.
 
-    python3 -m qattn.e2e [--out-dir DIR] [--fast] [--no-plots] [--model-dir DIR] [--tensors DUMP]
+    python3 experiments/use-lite-e2e/e2e.py [--out-dir DIR] [--fast] [--no-plots] [--model-dir DIR] [--tensors DUMP]
 
 (``qattn reproduce use-lite-e2e`` runs this.) The model is the NumPy forward pass of ``qattn.models.use_lite`` on the
-weights ``scripts/fetch-model.sh`` downloads; the sentences are the fixed set in ``qattn/data/use_lite_sentences.json``
+weights ``scripts/fetch-model.sh`` downloads; the sentences are the fixed set in ``use_lite_sentences.json`` beside this script
 (240 sentences of licence texts Debian ships; experiments/use-lite-e2e/README.md says how they were made). The
-report goes to stdout; DIR receives e2e.csv and e2e.png. Nothing is downloaded here.
+report goes to stdout; DIR receives e2e.csv and e2e.png. Nothing is downloaded here. It is an experiment, not part
+of the package: it imports the installed (or PYTHONPATH's) qattn, and is installed under share/qattn/experiments.
 """
 import argparse
 import json
@@ -17,10 +18,11 @@ import sys
 
 import numpy as np
 
-from . import analyze, attention, canonical, methods, quantize_kv, quantizers
-from .models import use_lite
+from qattn import analyze, attention, canonical, methods, quantize_kv, quantizers
+from qattn.models import use_lite
 
-DATA = os.path.join(os.path.dirname(__file__), "data")
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = HERE  # use_lite_sentences.json and use_lite_windows.npz
 
 
 def method_specs():
@@ -180,13 +182,10 @@ def run(model_dir=None, tensors=None, fast=False, out_dir=None, plots=True, log=
 
 
 def dump_path():
-    """The embedded USE-Lite sample: in the source tree (QATTN_SOURCE) or installed next to the CLI's data."""
-    for root in (os.environ.get("QATTN_SOURCE"), os.path.join(os.path.dirname(__file__), "..", "..", "..", "..")):
-        if root:
-            p = os.path.join(root, "experiments", "data", "use-lite")
-            if os.path.isdir(p):
-                return p
-    for p in ("/usr/local/share/qattn/data/use-lite", "/usr/share/qattn/data/use-lite"):
+    """The embedded USE-Lite sample: experiments/data/use-lite beside this folder in the source tree, or
+    share/qattn/data/use-lite where both are installed."""
+    for p in (os.path.join(HERE, "..", "data", "use-lite"), os.path.join(HERE, "..", "..", "data", "use-lite"),
+              "/usr/local/share/qattn/data/use-lite", "/usr/share/qattn/data/use-lite"):
         if os.path.isdir(p):
             return p
     raise SystemExit("use-lite-e2e: the embedded sample was not found; give --tensors DIR")
@@ -212,7 +211,7 @@ def plot(rows, path, n):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python3 -m qattn.e2e", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="e2e.py", description=__doc__.split("\n")[0])
     p.add_argument("--out-dir")
     p.add_argument("--fast", action="store_true", help="every 10th sentence (24)")
     p.add_argument("--no-plots", action="store_true")
