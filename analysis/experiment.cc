@@ -76,6 +76,8 @@ int run_plot_script(const std::vector<std::string>& args) {
   std::error_code ec;
   if (!fs::is_regular_file(script, ec))
     throw InputError(script.string(), "QATTN_PLOTS_DIR", "plot script not found (installed under share/qattn/plots; QATTN_PLOTS_DIR names its directory)");
+  // The script names a sweep's preset through `qattn methods` (QATTN_CLI: this program).
+  if (const fs::path self = fs::read_symlink("/proc/self/exe", ec); !ec) setenv("QATTN_CLI", self.c_str(), 1);
   const char* python = std::getenv("QATTN_PYTHON");
   std::vector<std::string> argv = {python && *python ? python : "/usr/bin/python3", script.string()};
   argv.insert(argv.end(), args.begin(), args.end());

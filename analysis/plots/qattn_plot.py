@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """Figures from qattn's CSV output (matplotlib). It reads only CSV, so a user can restyle any figure here.
 
-  heatmap CSV -o FIG   a sweep over two parameters (qattn sweep): colour = the value column, the degradation
-                       threshold drawn as a dashed contour, the plateau (within --plateau-tol of the best point)
-                       outlined, the best c per row (the ridge) marked
+  heatmap CSV -o FIG   a sweep over two parameters (qattn sweep): colour = log10 of the error (1 - CosSim; --linear:
+                       the value), the degradation threshold drawn as a dashed contour, the plateau (within
+                       --plateau-tol of the best point) outlined along the cells' edges, the best cell per row (the
+                       ridge) marked; the title names the method's preset
   lines   CSV -o FIG   one line per --series value: --y against --x (e.g. error vs L, or vs bits)
   pareto  CSV -o FIG   --y (error) against --x (bits per element), one point per row, the Pareto front joined
 
@@ -94,6 +95,68 @@ def current_umask():
     return mask
 
 
+def configuration(rows, grid_keys):
+    """The method a sweep ran, named as a user would write it: the registry's presets whose parameters equal the
+    sweep's fixed ones (`index = index@paper`), found through `qattn methods --format json` when QATTN_CLI names the
+    program (`qattn plot` sets it); otherwise the method with its fixed parameters."""
+    spec = rows[0].get("method", "")
+    name, _, rest = spec.partition(":")
+    fixed = {}
+    for item in rest.split(",") if rest else []:
+        k, _, v = item.partition("=")
+        if k not in grid_keys:
+            fixed[k] = v
+    plain = name + (" (" + ", ".join(f"{k}={v}" for k, v in fixed.items()) + ")" if fixed else "")
+    cli = os.environ.get("QATTN_CLI")
+    if not cli or not name:
+        return plain
+    import json
+    import subprocess
+    try:
+        r = subprocess.run([cli, "methods", "--format", "json"], capture_output=True, text=True, timeout=60)
+        entries = {e["name"]: e for e in json.loads(r.stdout)}
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return plain
+    e = entries.get(name)
+    if e is None:
+        return plain
+    defaults = {p["key"]: p["default"] for p in e["params"]}
+    candidates = [(name, defaults)] + [(f"{name}@{n}", {**defaults, **p["values"]}) for n, p in e["presets"].items()]
+    names = [n for n, values in candidates if all(values.get(k) == v for k, v in fixed.items())]
+    return " = ".join(names) if names else plain
+
+
+def cell_edges(values):
+    """The edges of cells centred on sorted values: midpoints between neighbours, half a gap beyond the ends."""
+    if len(values) == 1:
+        return [values[0] - 0.5, values[0] + 0.5]
+    mids = [(a + b) / 2 for a, b in zip(values, values[1:])]
+    return [values[0] - (mids[0] - values[0])] + mids + [values[-1] + (values[-1] - mids[-1])]
+
+
+def plateau_edges(grid, inside, xe, ye):
+    """The outline of the cells where inside(value) holds, along the cells' edges (xe, ye: cell_edges of the
+    columns and rows): (xs, ys) segments."""
+    segs = []
+    ny, nx = len(grid), len(grid[0])
+    def cell_in(j, i):
+        return 0 <= j < ny and 0 <= i < nx and math.isfinite(grid[j][i]) and inside(grid[j][i])
+    for j in range(ny):
+        for i in range(nx):
+            if not cell_in(j, i):
+                continue
+            x0, x1, y0, y1 = xe[i], xe[i + 1], ye[j], ye[j + 1]
+            if not cell_in(j, i - 1):
+                segs.append(([x0, x0], [y0, y1]))
+            if not cell_in(j, i + 1):
+                segs.append(([x1, x1], [y0, y1]))
+            if not cell_in(j - 1, i):
+                segs.append(([x0, x1], [y0, y0]))
+            if not cell_in(j + 1, i):
+                segs.append(([x0, x1], [y1, y1]))
+    return segs
+
+
 def heatmap(a, plt):
     rows = read_csv(a.csv)
     keys = [k for k in rows[0].keys() if k not in ("target", "metric", "mean", "worst", "heads", "method")]
@@ -115,7 +178,7 @@ def heatmap(a, plt):
     best = max(finite) if higher_better else min(finite)
     label_value = a.value
     shown_tol, shown_best, shown_threshold = a.plateau_tol, best, a.threshold
-    if a.log_error:  # colour by log10 of the error (1 - CosSim for similarities); contours follow
+    if not a.linear:  # colour by log10 of the error (1 - CosSim for similarities); contours follow
         def tr(v):
             e = 1 - v if higher_better else v
             return math.log10(e) if e > 0 and math.isfinite(e) else math.nan
@@ -127,10 +190,8 @@ def heatmap(a, plt):
         label_value = f"log10(1 - {a.value})" if metric == "cossim" else f"log10({a.value})"
         a.plateau_tol = math.log10(1 + a.plateau_tol / (10 ** best)) if a.plateau_tol > 0 else 0
     fig, ax = plt.subplots(figsize=(8, 4.2))
-    dx = (xu[1] - xu[0]) if len(xu) > 1 else 1
-    dy = (yu[1] - yu[0]) if len(yu) > 1 else 1
-    extent = [xu[0] - dx / 2, xu[-1] + dx / 2, yu[0] - dy / 2, yu[-1] + dy / 2]
-    im = ax.imshow(grid, origin="lower", aspect="auto", extent=extent, cmap="viridis" if higher_better else "viridis_r")
+    xe, ye = cell_edges(xu), cell_edges(yu)  # cells centred on the grid values, evenly spaced or not
+    im = ax.pcolormesh(xe, ye, grid, shading="flat", cmap="viridis" if higher_better else "viridis_r")
     cb = fig.colorbar(im, ax=ax)
     cb.set_label(f"{rows[0].get('target', '')} {metric}: {label_value} over {rows[0].get('heads', '?')} heads")
     values = [v for row in grid for v in row if math.isfinite(v)]
@@ -139,7 +200,10 @@ def heatmap(a, plt):
         cb.ax.axhline(a.threshold, color="white", linestyle="dashed")
     tol = a.plateau_tol
     plateau_level = best - tol if higher_better else best + tol
-    ax.contour(xu, yu, grid, levels=[plateau_level], colors="red", linestyles="solid", linewidths=1.6)
+    inside = (lambda v: v >= plateau_level) if higher_better else (lambda v: v <= plateau_level)
+    for k, (sx, sy) in enumerate(plateau_edges(grid, inside, xe, ye)):  # along the cells' edges
+        ax.plot(sx, sy, color="red", linewidth=1.8, solid_capstyle="projecting",
+                label="plateau" if k == 0 else None)
     ridge_x, ridge_y = [], []
     for j, y in enumerate(yu):
         row = grid[j]
@@ -148,41 +212,61 @@ def heatmap(a, plt):
             v, i = max(cand) if higher_better else min(cand)
             ridge_x.append(xu[i])
             ridge_y.append(y)
-    ax.plot(ridge_x, ridge_y, "w+", markersize=9, label="best per row (ridge)")
+    # white with a black edge: visible on every colour of the map
+    ax.plot(ridge_x, ridge_y, linestyle="none", marker="o", markersize=6, markerfacecolor="white",
+            markeredgecolor="black", markeredgewidth=1.2, label="best per row (ridge)")
     ax.set_xlabel(x_key)
     ax.set_ylabel(y_key)
-    title = a.title or f"{rows[0].get('method', '').split(':')[0]}: {metric} over ({y_key}, {x_key})"
+    title = a.title or f"{configuration(rows, {x_key, y_key})}: {rows[0].get('target', '')} {metric} over ({y_key}, {x_key})"
     ax.set_title(title + f"\nred: plateau within {shown_tol:g} of the best ({shown_best:.6g})" +
                  (f"; dashed: threshold {shown_threshold:g}" if shown_threshold is not None else ""), fontsize=9)
     ax.legend(loc="lower right", fontsize=8)
     save(fig, a.out)
 
 
-def finish(a, fig, ax):
+def finish(a, fig, ax, ylabel=None, legend_title=None):
     """The common end of lines and pareto: log y if asked, axis labels from the column names, grid, legend,
     title, and the atomic save."""
     if a.logy:
         ax.set_yscale("log")
     ax.set_xlabel(a.x)
-    ax.set_ylabel(a.y)
+    ax.set_ylabel(ylabel or a.y)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, title=legend_title, title_fontsize=8)
     if a.title:
         ax.set_title(a.title)
     save(fig, a.out)
 
 
+def series_labels(rows, series, series_key, x_key):
+    """The line each row belongs to. A sweep's method column spells the swept value too: without it, the points of
+    one configuration are one line, named as configuration() names it."""
+    if series_key != "method" or x_key not in rows[0]:
+        return series
+    def without_x(spec):
+        name, _, rest = spec.partition(":")
+        kept = [item for item in rest.split(",") if item and item.partition("=")[0] != x_key]
+        return name + (":" + ",".join(kept) if kept else "")
+    stripped = [without_x(m) for m in series]
+    names = {m: configuration([{"method": m}], {x_key}) for m in set(stripped)}
+    return [names[m] for m in stripped]
+
+
 def lines(a, plt):
     rows = read_csv(a.csv)
     xs, ys = column(rows, a.csv, a.x), column(rows, a.csv, a.y)
-    series = column(rows, a.csv, a.series, numeric=False)
+    series = series_labels(rows, column(rows, a.csv, a.series, numeric=False), a.series, a.x)
     fig, ax = plt.subplots(figsize=(7, 4))
     for s in dict.fromkeys(series):
         pts = sorted((x, y) for x, y, t in zip(xs, ys, series) if t == s)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=s)
     if a.logx:
         ax.set_xscale("log", base=2)
-    finish(a, fig, ax)
+    # the y axis names the metric where the CSV has one (a sweep's target and metric columns)
+    metric = " ".join(x for x in (rows[0].get("target", ""), rows[0].get("metric", "")) if x)
+    heads = rows[0].get("heads")
+    ylabel = f"{metric}: {a.y}" + (f" over {heads} heads" if heads and a.y in ("mean", "worst") else "") if metric else a.y
+    finish(a, fig, ax, ylabel=ylabel, legend_title=a.series)
 
 
 def pareto(a, plt):
@@ -211,7 +295,9 @@ def main():
     h.add_argument("--value", default="mean", help="colour column (mean or worst)")
     h.add_argument("--threshold", type=float, help="degradation threshold, drawn as a dashed contour")
     h.add_argument("--plateau-tol", type=float, default=1e-3, help="plateau: within this of the best value")
-    h.add_argument("--log-error", action="store_true", help="colour by log10 of the error (1 - CosSim)")
+    h.add_argument("--linear", action="store_true",
+                   help="colour by the value itself (default: log10 of the error, 1 - CosSim for CosSim)")
+    h.add_argument("--log-error", action="store_true", help="the default; kept for scripts that pass it")
     l = sub.add_parser("lines")
     l.add_argument("--x", required=True)
     l.add_argument("--y", default="mean")

@@ -79,7 +79,7 @@ std::string run_fig9(const ExperimentContext& ctx) {
     write_sweep_csv(s, spec, head_count(dump), csv);
     if (ctx.plots) {
       const fs::path png = ctx.out_dir / ("heatmap-" + preset + ".png");
-      if (run_plot_script({"heatmap", csv.string(), "-o", png.string(), "--log-error", "--threshold", "0.999",
+      if (run_plot_script({"heatmap", csv.string(), "-o", png.string(), "--threshold", "0.999",
                            "--plateau-tol", fmt_err((kPlateauFactor - 1) * (1 - best)),
                            "--title", "IntAttention @" + preset}) != 0)
         std::cerr << "qattn reproduce: the heatmap for " << preset << " was not drawn (matplotlib missing?)\n";
