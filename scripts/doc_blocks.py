@@ -6,9 +6,14 @@ A command prints markdown blocks between markers
 and the docs hold those blocks between the same markers:
     qattn methods --format md     README.md (method table), docs/dumping.md, docs/non-finite.md (registry)
     qattn bench --list-targets    docs/kernels.md (the targets `qattn bench` checks)
+and any markdown file (README.md, docs/, experiments/*/README.md) may hold a table of an experiment's committed
+output, so that no figure it quotes from there can go stale:
+    <!-- begin: expected EXPERIMENT, tableN[, rows=REGEX] -->  ...  <!-- end: tableN -->
+is the N-th markdown table (table1 the first) of experiments/EXPERIMENT/expected.txt, which CTest checks against
+the program's output; rows=REGEX keeps the header and the rows REGEX matches (re.search on the row's line).
 With --check (the default) this script exits 1 and names each file whose block differs from what the command
-prints; with --write it replaces them. Every file listed must hold at least one block, and every block must be one
-its command prints.
+prints or the experiment's output holds; with --write it replaces them. Every file listed must hold at least one
+`qattn` block, and every block must be one its command prints.
 
     /usr/bin/python3 scripts/doc_blocks.py --qattn build-release/qattn [--write]
 """
@@ -23,6 +28,45 @@ FILES = ["README.md", os.path.join("docs", "dumping.md"), os.path.join("docs", "
          os.path.join("docs", "kernels.md")]
 BLOCK = re.compile(r"<!-- begin: qattn (?P<command>[^,>]+), (?P<name>[^>]+?) -->\n(?P<body>.*?)<!-- end: (?P=name) -->\n",
                    re.S)
+EXPECTED = re.compile(r"<!-- begin: expected (?P<exp>[\w.-]+), (?P<name>table\d+)(?:, rows=(?P<rows>[^>]*?))? -->\n"
+                      r"(?P<body>.*?)<!-- end: (?P=name) -->\n", re.S)
+
+
+def expected_block(root, rel, m):
+    """The block `m` names, made from experiments/EXP/expected.txt's markdown tables."""
+    path = os.path.join(root, "experiments", m.group("exp"), "expected.txt")
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        sys.exit(f"doc_blocks: {rel}: block {m.group('name')}: cannot read {path} ({e.strerror})")
+    tables, current = [], []
+    for line in lines + [""]:
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            tables.append(current)
+            current = []
+    n = int(m.group("name")[len("table"):])
+    if not 1 <= n <= len(tables):
+        sys.exit(f"doc_blocks: {rel}: {path} has {len(tables)} tables, no {m.group('name')}")
+    table = tables[n - 1]
+    if m.group("rows"):
+        keep = re.compile(m.group("rows"))
+        table = table[:2] + [r for r in table[2:] if keep.search(r)]
+        if len(table) == 2:
+            sys.exit(f"doc_blocks: {rel}: rows={m.group('rows')} matches no row of {path}'s {m.group('name')}")
+    head = m.group(0)[:m.group(0).index("-->") + 4]
+    return head + "\n".join(table) + "\n" + f"<!-- end: {m.group('name')} -->\n"
+
+
+def markdown_files(root):
+    """README.md and every .md under docs/ and experiments/."""
+    out = ["README.md"]
+    for top in ("docs", "experiments"):
+        for d, _, names in os.walk(os.path.join(root, top)):
+            out += [os.path.relpath(os.path.join(d, n), root) for n in sorted(names) if n.endswith(".md")]
+    return out
 
 
 def blocks_of(qattn, command, cache):
@@ -65,8 +109,19 @@ def main():
                 with open(path + ".tmp", "w", encoding="utf-8") as f:
                     f.write(new)
                 os.replace(path + ".tmp", path)
+    for rel in markdown_files(a.root):
+        path = os.path.join(a.root, rel)
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        new = EXPECTED.sub(lambda m: expected_block(a.root, rel, m), text)
+        if new != text:
+            stale.append(rel)
+            if a.write:
+                with open(path + ".tmp", "w", encoding="utf-8") as f:
+                    f.write(new)
+                os.replace(path + ".tmp", path)
     if stale and not a.write:
-        print("doc_blocks: out of date with what qattn prints: " + ", ".join(stale) +
+        print("doc_blocks: out of date with what qattn prints or an experiment's expected.txt holds: " + ", ".join(stale) +
               " (run /usr/bin/python3 scripts/doc_blocks.py --qattn BUILD/qattn --write)", file=sys.stderr)
         sys.exit(1)
     for rel in stale:
