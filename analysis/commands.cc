@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <thread>
 #include <utility>
 #include <sys/stat.h>
@@ -670,8 +671,23 @@ MethodSummary summarise_method(const std::vector<HeadResult>& mine) {
   return s;
 }
 
+// Each layer's logit scale and mask, as the evaluation used them: "layer 0: scale 0.125, no mask; layer 1: ...".
+std::string describe_layers(const std::vector<HeadResult>& results) {
+  std::map<int, std::pair<double, bool>> layers;
+  for (const HeadResult& r : results) layers.emplace(r.layer, std::make_pair(r.scale, r.causal));
+  std::string out;
+  for (const auto& [layer, sc] : layers) {
+    std::ostringstream s;
+    s.precision(6);
+    s << sc.first;
+    out += (out.empty() ? "" : "; ") + ("layer " + std::to_string(layer) + ": scale " + s.str() +
+                                        (sc.second ? ", causal" : ", no mask"));
+  }
+  return out;
+}
+
 // The sentence above the table: what was compared with what, on which tensors.
-std::string describe_analysis(const AnalyzeView& v) {
+std::string describe_analysis(const AnalyzeView& v, const std::vector<HeadResult>& results) {
   const std::string heads = std::to_string(v.n_heads) + " heads";
   if (v.softmax)
     return "Softmax error vs the " + std::string(v.reference == "exact" ? "exact (50-digit)" : "fp64") +
@@ -685,7 +701,8 @@ std::string describe_analysis(const AnalyzeView& v) {
     what += ", Q, K and V projected from layer{L}_attn_input with weights quantized by " + v.weights +
             " (calibrated on the same inputs; reference: fp64 attention of the unquantized projections)";
   return what + " (" + heads +
-         "; O = softmax(scale QK^T)V, scale 1/sqrt(d) and no mask unless manifest.json sets a scale or causal; O and P "
+         "; O = softmax(scale QK^T)V with " + describe_layers(results) +
+         " (1/sqrt(d) and no mask unless manifest.json sets them); O and P "
          "flattened over all batch entries of a head; bias = mean signed error; worst = min CosSim, max error, largest "
          "|bias| over heads; qattn " QATTN_VERSION ")";
 }
@@ -835,6 +852,7 @@ std::string render_analyze(const AnalyzeView& view, std::vector<HeadResult> resu
             {"reference", view.reference},
             {"kv", kv ? json(view.kv) : json(nullptr)},
             {"weights", view.weights.empty() ? json(nullptr) : json(view.weights)},
+            {"layers", json::array()},  // each layer's logit scale and causal mask, as used
             {"heads", json::array()},
             {"summary", json::array()}};
   for (const auto& r : results) {
@@ -867,7 +885,13 @@ std::string render_analyze(const AnalyzeView& view, std::vector<HeadResult> resu
     j["summary"].push_back({{"method", spec}, {"canonical", registry().canonical(parse_method_spec(spec))},
                             {"mean", mean}, {"worst", worst}, {"first_nonfinite_head", nonfinite_head}});
   }
-  const std::string what = describe_analysis(view);
+  const std::string what = describe_analysis(view, results);
+  if (!softmax) {
+    std::map<int, std::pair<double, bool>> layers;
+    for (const HeadResult& r : results) layers.emplace(r.layer, std::make_pair(r.scale, r.causal));
+    for (const auto& [layer, sc] : layers)
+      j["layers"].push_back({{"layer", layer}, {"scale", exact_number(sc.first)}, {"causal", sc.second}});
+  }
   std::string text;
   if (format == "json") text = j.dump(2) + "\n";
   else if (format == "csv") text = t.csv();

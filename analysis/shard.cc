@@ -133,7 +133,8 @@ json head_result_json(const HeadResult& r) {
   return {{"layer", r.layer},  {"head", r.head},
           {"method", r.method}, {"O", stats_json(r.o)},
           {"P", stats_json(r.p)}, {"kl", {exact_number(r.kl.mean), exact_number(r.kl.max)}},
-          {"bits", {exact_number(r.k_bits), exact_number(r.v_bits)}}};
+          {"bits", {exact_number(r.k_bits), exact_number(r.v_bits)}}, {"scale", exact_number(r.scale)},
+          {"causal", r.causal}};
 }
 
 HeadResult head_result_from_json(const json& j) {
@@ -147,6 +148,8 @@ HeadResult head_result_from_json(const json& j) {
   r.kl.max = exact_number(j.at("kl").at(1));
   r.k_bits = exact_number(j.at("bits").at(0));
   r.v_bits = exact_number(j.at("bits").at(1));
+  r.scale = exact_number(j.at("scale"));
+  r.causal = j.at("causal").get<bool>();
   return r;
 }
 

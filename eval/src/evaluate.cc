@@ -789,6 +789,7 @@ std::vector<HeadResult> evaluate_methods(const std::vector<DumpLayer>& dump, con
         hr.layer = dump[li].layer;
         hr.head = dump[li].heads[h];
         hr.method = methods[m].label;
+        if (!dump[li].softmax_only()) hr.scale = dump[li].logit_scale(), hr.causal = dump[li].causal;
         if (dump[li].softmax_only()) {
           // O is not computed: its metrics are NaN (compare() of empty spans would report zeros)
           hr.o.cossim = hr.o.rel_l1 = hr.o.rmse = hr.o.max_abs = hr.o.bias = hr.o.median_abs = NAN;

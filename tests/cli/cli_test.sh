@@ -244,6 +244,12 @@ echo '{"layers": {"0": {"scale": 0.25}}}' >"$tmp/mf/manifest.json"
 hot=$(q analyze --tensors "$tmp/mf" --method fp32 --format csv)
 if [ -n "$plain" ] && [ "$plain" = "$same" ] && [ -n "$hot" ] && [ "$plain" != "$hot" ]; then pass=$((pass + 1)); else
   echo "FAIL: manifest.json scale not applied as given"; fail=$((fail + 1)); fi
+# the table's description and the JSON say which scale and mask each layer used
+echo '{"layers": {"0": {"scale": 0.25, "causal": true}}}' >"$tmp/mf/manifest.json"
+expect 0 "with layer 0: scale 0.25, causal \(1/sqrt\(d\)" "analyze describes each layer's scale and mask" -- \
+  analyze --tensors "$tmp/mf" --method fp32
+expect 0 '"causal": true' "analyze JSON holds each layer's scale and mask" -- \
+  analyze --tensors "$tmp/mf" --method fp32 --format json
 echo '{"layers": [{"layer": 0, "head_dim": 32}]}' >"$tmp/mf/manifest.json"
 expect 3 "manifest.json: layers\[0\].head_dim: says 32.*d = 64" "manifest head_dim" -- analyze --tensors "$tmp/mf" --method fp32
 echo '{"layers": [{"layer": 0, "num_heads": 4}]}' >"$tmp/mf/manifest.json"

@@ -142,6 +142,8 @@ struct HeadResult {
   ErrorStats o, p;
   KlStats kl;
   double k_bits = NAN, v_bits = NAN;  // with a KV quantizer: bits per element of its cache (mean over the layer)
+  double scale = NAN;   // the logit scale the layer's attention used (1/sqrt(d) or the manifest's); NaN: softmax only
+  bool causal = false;  // whether a causal mask applied
 };
 
 // ---- the streamed evaluation (docs/streaming.md) ----------------------------------------------------------------
