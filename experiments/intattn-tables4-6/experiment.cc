@@ -19,9 +19,9 @@ std::string run_tables4_6(const ExperimentContext& ctx) {
   // The claim's rows first: IndexSoftmax (paper rules), EXAQ INT3 and INT2 under both EXAQ presets.
   const std::vector<Row> rows = {
       {"IndexSoftmax (b = 5, c = 6.6, paper rules)", "index@paper"},
-      {"EXAQ INT3, official code", "exaq@upstream:bits=3"},
+      {"EXAQ INT3, official grid (per-call sigma)", "exaq@upstream:bits=3"},
       {"EXAQ INT3, as printed", "exaq@paper:bits=3"},
-      {"EXAQ INT2, official code", "exaq@upstream:bits=2"},
+      {"EXAQ INT2, official grid (per-call sigma)", "exaq@upstream:bits=2"},
       {"EXAQ INT2, as printed", "exaq@paper:bits=2"},
       {"FP16", "fp16"},
       {"IndexSoftmax, rounding rules", "index@upstream-neon"},

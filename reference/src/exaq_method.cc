@@ -91,7 +91,7 @@ void register_exaq_method(Registry& registry) {
     p.bits = static_cast<int>(m.integer("bits"));
     p.clip = choice_value(m, "clip", kClips);
     if (p.clip == ExaqClip::laplace && p.bits == 3)
-      throw SpecError("method 'exaq': the paper gives Laplace clips for 2 and 4 bits only (bits=3 has none)");
+      throw SpecError("method 'exaq': the official code has Laplace clip lines for 2 and 4 bits only (bits=3 has none)");
     p.fixed_c = m.real("c");
     p.scope = choice_value(m, "sigma", kScopes);
     p.grid = choice_value(m, "grid", kGrids);
