@@ -33,6 +33,14 @@ double rel_l1(const RowMatrixXd& o, const RowMatrixXd& r) {
 // Min-max (the paper's baseline): the range max - min of the head's K plus that of its V.
 double min_max(const RowMatrixXd& k, const RowMatrixXd& v) { return k.maxCoeff() - k.minCoeff() + v.maxCoeff() - v.minCoeff(); }
 
+// Variation (the paper's other baseline, as far as it is defined there): the standard deviation over channels of the
+// channel-wise gaps max - min, of K plus that of V (Eq. 11 without its gap factor).
+double gap_std(const RowMatrixXd& x) {
+  const Eigen::ArrayXd gaps = (x.colwise().maxCoeff() - x.colwise().minCoeff()).transpose().array();
+  return std::sqrt((gaps - gaps.mean()).square().mean());
+}
+double variation(const RowMatrixXd& k, const RowMatrixXd& v) { return gap_std(k) + gap_std(v); }
+
 std::vector<Call> measure(const std::vector<DumpLayer>& dump, int threads) {
   std::vector<std::pair<const DumpLayer*, std::size_t>> at;  // (layer, sentence)
   for (const DumpLayer& l : dump)
@@ -51,11 +59,12 @@ std::vector<Call> measure(const std::vector<DumpLayer>& dump, int threads) {
     const std::string half = "turbo@decode:nh=" + std::to_string(q.size() / 2);
     const std::vector<AttentionResult> r = make_method(half)->attention_heads(views(q), views(k), views(v), l.logit_scale(), {});
     for (std::size_t h = 0; h < r.size(); ++h) c.e_half.push_back(rel_l1(r[h].o, l.reference[h][b].o));
-    c.priority.resize(3);
+    c.priority.resize(4);
     for (std::size_t h = 0; h < k.size(); ++h) {
       c.priority[0].push_back(ref::flashq_head_priority(k[h], v[h], ref::HeadPriority::channel_gaps));
       c.priority[1].push_back(ref::flashq_head_priority(k[h], v[h], ref::HeadPriority::entries));
       c.priority[2].push_back(min_max(k[h], v[h]));
+      c.priority[3].push_back(variation(k[h], v[h]));
     }
   });
   return calls;
@@ -83,18 +92,21 @@ std::string run_fig7b(const ExperimentContext& ctx) {
   sources.push_back({"USE-Lite", load_dump(ctx.tensors)});
   sources.push_back({"synthetic", synthetic_outlier_dump(8, L, 128, 7)});
   const std::vector<std::string> rules = {"priority (Eq. 11, channel gaps)", "priority (all entries)", "min-max range",
-                                          "random (expected)", "oracle"};
+                                          "variation (std of gaps)", "random (expected)", "oracle"};
   std::ostringstream r;
   r << "turbo-fig7b: head-wise mixed precision (TurboAttention Eq. 11-12): n heads of each layer take a 2-bit KV cache, "
        "the rest 4 bits (turbo@decode); mean O rel L1 vs the fp64 reference over every head, by selection rule\n"
     << "paper (Fig. 7b, LLaMA3-8B-inst, AQuA): the priority gap x std of the channel-wise gaps beats entropy, min-max "
        "and variation at every number of 2-bit heads (a plot, no table)\n"
-    << "measurable claim (ours): at every 0 < n < heads, the Eq. 11 priority's error is no higher than that of the "
-       "other statistic, min-max and random (a tie is the same choice of heads); the oracle (the n heads whose 2-bit "
-       "cost is smallest) bounds every rule\n"
+    << "measurable claim (ours): at every 0 < n < heads, the Eq. 11 priority's error is below that of the other "
+       "statistic, min-max, variation (the std of the channel-wise gaps) and random; an equal error (the same choice "
+       "of heads) is counted as a tie, not a win; the oracle (the n heads whose 2-bit cost is smallest) bounds every "
+       "rule\n"
     << "sources: USE-Lite (4 heads per layer); synthetic: 8 heads (one layer), L = " << L
-    << ", d = 128, channel-wise K outliers (as sage2-tables), seed 7. Entropy and variation are not modelled.\n\n";
-  std::size_t no_worse = 0, best = 0, cases = 0;
+    << ", d = 128, channel-wise K outliers (as sage2-tables), seed 7. Entropy is not modelled (the paper does not "
+       "define it over a head's KV).\n\n";
+  std::size_t best = 0, tied = 0, worse = 0, cases = 0;
+  std::vector<std::string> losses;
   for (const Source& src : sources) {
     const std::vector<Call> calls = measure(src.dump, ctx.threads);
     const int heads = static_cast<int>(calls.front().e4.size());
@@ -102,7 +114,7 @@ std::string run_fig7b(const ExperimentContext& ctx) {
     for (const auto& name : rules) t.header.push_back(name);
     for (int n = 0; n <= heads; ++n) {
       std::vector<double> e;
-      for (std::size_t rule = 0; rule < 3; ++rule)
+      for (std::size_t rule = 0; rule < 4; ++rule)
         e.push_back(mean_error(calls, [&](const Call& c) { return ref::flashq_head_bits(c.priority[rule], n, 2, 4); }));
       const double frac = static_cast<double>(n) / heads;
       e.push_back(mean_error(calls, [](const Call& c) { return std::vector<int>(c.e4.size(), 4); }) * (1 - frac) +
@@ -115,10 +127,20 @@ std::string run_fig7b(const ExperimentContext& ctx) {
       std::vector<std::string> row = {std::to_string(n)};
       for (double x : e) row.push_back(fmt_err(x));
       t.rows.push_back(row);
-      if (n > 0 && n < heads) {
+      if (n > 0 && n < heads) {  // Eq. 11 against the four other rules (the oracle is a bound, not a rule)
         ++cases;
-        no_worse += e[0] <= e[1] && e[0] <= e[2] && e[0] <= e[3];
-        best += e[0] < e[1] && e[0] < e[2] && e[0] < e[3];
+        bool lost = false, all_strict = true;
+        for (std::size_t o = 1; o <= 4; ++o) {
+          if (e[0] > e[o]) {
+            lost = true;
+            losses.push_back(src.name + " n = " + std::to_string(n) + ": " + rules[o] + " " + fmt_err(e[o]) + " < " +
+                             fmt_err(e[0]));
+          }
+          all_strict = all_strict && e[0] < e[o];
+        }
+        if (lost) ++worse;
+        else if (all_strict) ++best;
+        else ++tied;
       }
     }
     // The composition against the pipeline's own choice at n = heads / 2: the same error for every head of every call.
@@ -132,9 +154,13 @@ std::string run_fig7b(const ExperimentContext& ctx) {
     r << src.name << " (" << calls.size() << " calls of " << heads << " heads; the composition equals turbo@decode:nh="
       << heads / 2 << " head for head):\n" << t.markdown() << "\n";
   }
-  r << "Eq. 11 priority no worse than the three other rules in " << no_worse << " of " << cases
-    << " cases (source, n), strictly best in " << best << "\n"
-    << "verdict: " << (no_worse == cases ? "REPRODUCED" : no_worse > 0 ? "PARTLY REPRODUCED" : "NOT REPRODUCED") << "\n";
+  r << "Eq. 11 priority against the four other rules in " << cases << " cases (source, n): strictly best in " << best
+    << ", tied for best (the same heads as another rule) in " << tied << ", worse than some rule in " << worse << "\n";
+  for (const auto& l : losses) r << "  worse: " << l << "\n";
+  r << "verdict: "
+    << (best == cases ? "REPRODUCED" : worse == 0 ? "NOT SHOWN (never worse, but tied)"
+                                                  : best > 0 ? "PARTLY REPRODUCED" : "NOT REPRODUCED")
+    << "\n";
   return r.str();
 }
 
