@@ -1,0 +1,85 @@
+// Experiment exaq-table2: EXAQ's headline (Table 2): with its sigma-based clip, 2- and 3-bit softmax inputs stay
+// near the baseline, far above NAIVE quantisation over the whole [min, 0] range. At the attention level: the softmax
+// replaced alone inside fp64 attention. See README.md; `qattn reproduce exaq-table2` runs it.
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine_setting.h"
+#include "experiment.h"
+#include "qattn/parallel.h"
+
+namespace qattn::cli {
+namespace {
+
+std::string run_exaq_table2(const ExperimentContext& ctx) {
+  struct Row {
+    std::string label, spec;
+  };
+  // Pairs (EXAQ, NAIVE) at each bit width, under the official grid and as printed.
+  const std::vector<Row> rows = {
+      {"EXAQ INT3, official grid", "exaq@upstream:bits=3"},  {"NAIVE INT3, official grid", "exaq@upstream:bits=3,clip=none"},
+      {"EXAQ INT2, official grid", "exaq@upstream:bits=2"},  {"NAIVE INT2, official grid", "exaq@upstream:bits=2,clip=none"},
+      {"EXAQ INT3, as printed", "exaq@paper:bits=3"},        {"NAIVE INT3, as printed", "exaq@paper:bits=3,clip=none"},
+      {"EXAQ INT2, as printed", "exaq@paper:bits=2"},        {"NAIVE INT2, as printed", "exaq@paper:bits=2,clip=none"},
+      {"FP16 (baseline)", "fp16"},
+  };
+  const int L = ctx.fast ? 256 : 2048;
+  struct Source {
+    std::string name;
+    std::vector<DumpLayer> dump;
+  };
+  std::vector<Source> sources;
+  sources.push_back({"USE-Lite", load_dump(ctx.tensors)});
+  sources.push_back({"synthetic", synthetic_outlier_dump(4, 512, 128, 7)});
+  sources.push_back({"long", synthetic_outlier_dump(2, L, 64, 21)});
+  std::vector<Summary> results(rows.size() * sources.size());
+  parallel_for(results.size(), ctx.threads, [&](std::size_t i) {
+    const Row& row = rows[i / sources.size()];
+    results[i] = summarise(evaluate(sources[i % sources.size()].dump, *make_method(row.spec), row.spec));
+  });
+  auto err = [&](std::size_t row, std::size_t s) { return 1 - results[row * sources.size() + s].mean.o_cossim; };
+  std::ostringstream r;
+  r << "exaq-table2: EXAQ's sigma-based clip against NAIVE quantisation of the whole [min, 0] range (exaq:clip=none), "
+       "the softmax replaced alone inside fp64 attention; mean O CosSim and relative L1 vs the fp64 reference\n"
+    << "paper (Table 2, LLaMA-1 7B-70B, 7 tasks): EXAQ at 3 bits within 0.65 % of the baseline's accuracy on average "
+       "and at 2 bits within 1.9 %, state of the art in almost every experiment; NAIVE far below at 2 bits\n"
+    << "measurable claim (ours), on every source and bit width, under both grids: EXAQ's error 1 - O CosSim below "
+       "NAIVE's, by at least 2x (\"far above\")\n"
+    << "sources: USE-Lite (the dump, L = 128); synthetic: 4 heads, L = 512, d = 128, channel-wise K outliers (seed 7); "
+       "long: 2 heads, L = " << L << ", d = 64, the same structure (seed 21)\n\n";
+  Table t{{"softmax", "spec"}, {}};
+  for (const Source& s : sources) t.header.push_back(s.name + " O CosSim"), t.header.push_back(s.name + " O rel L1");
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    std::vector<std::string> cells = {rows[i].label, rows[i].spec};
+    for (std::size_t s = 0; s < sources.size(); ++s)
+      cells.push_back(fmt_sim(results[i * sources.size() + s].mean.o_cossim)),
+          cells.push_back(fmt_err(results[i * sources.size() + s].mean.o_rel_l1));
+    t.rows.push_back(cells);
+  }
+  r << t.markdown() << "\n";
+  std::size_t holds = 0, better = 0, cases = 0;
+  for (std::size_t s = 0; s < sources.size(); ++s)
+    for (std::size_t pair = 0; pair < 4; ++pair) {
+      const double e = err(2 * pair, s), naive = err(2 * pair + 1, s);
+      ++cases;
+      better += e < naive;
+      holds += 2 * e <= naive;
+      r << sources[s].name << ", " << rows[2 * pair].label << ": NAIVE / EXAQ error " << fixed(naive / e, 2) << " x: "
+        << (2 * e <= naive ? "HOLDS" : e < naive ? "DOES NOT HOLD (better, not 2x)" : "DOES NOT HOLD (not better)")
+        << "\n";
+    }
+  r << "verdict: " << (holds == cases ? "REPRODUCED" : holds > 0 ? "PARTLY REPRODUCED" : "NOT REPRODUCED") << " (EXAQ "
+    << "at least 2x below NAIVE's error in " << holds << " of " << cases << " (source, bits, grid) cases; below it in "
+    << better << ")\n";
+  return r.str();
+}
+
+}  // namespace
+
+void register_experiment_exaq_table2(ExperimentList& list) {
+  list.add({"exaq-table2", "EXAQ's sigma clip far above NAIVE quantisation at 2 and 3 bits", "EXAQ Table 2",
+            "qattn reproduce exaq-table2 [--fast]", run_exaq_table2});
+}
+
+}  // namespace qattn::cli
