@@ -1,0 +1,3 @@
+# How CTest checks this experiment (experiments/CMakeLists.txt): the sanitizer build runs --fast (shorter synthetic
+# heads).
+set(experiment_fast sanitize)
