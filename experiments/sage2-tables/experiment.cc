@@ -27,6 +27,8 @@ std::string run_sage2_tables(const ExperimentContext& ctx) {
        {q4, "sage2:qk=4,smooth-q=true,smooth-k=false", "sage2:qk=4,smooth-q=false,smooth-k=true",
         "sage2:qk=4,smooth-q=false,smooth-k=false"},
        {"smooth Q+K", "smooth Q", "smooth K", "none"}},
+      {"Table 5", "INT4 Q/K with full-precision P~ and V (FP16, fp32 adds): smooth Q+K > none",
+       {q4 + ",p=fp16,acc=fp32", "sage2:qk=4,smooth-q=false,smooth-k=false,p=fp16,acc=fp32"}, {"smooth Q+K", "none"}},
       {"Table 6", "granularity (INT4 Q/K, smoothed): per-thread > per-warp > per-block > per-tensor",
        {q4 + ",gran=thread", q4 + ",gran=warp", q4 + ",gran=block", q4 + ",gran=tensor"},
        {"per-thread", "per-warp", "per-block", "per-tensor"}},
