@@ -65,6 +65,16 @@ std::string premise_lines(const Runs& g) {
     r << n << ": FlashQ compresses the KV cache more than 4.4x against FP16 (TurboAttention's abstract; scales and zero "
       << "points counted): 4 bits " << fixed(r4, 2) << " x: " << (r4 > 4.4 ? "HOLDS" : "DOES NOT HOLD") << "; mixed 2/4 "
       << fixed(rm, 2) << " x: " << (rm > 4.4 ? "HOLDS" : "DOES NOT HOLD") << "; 2 bits " << fixed(r2, 2) << " x\n";
+    // TurboAttention App. D / Fig. 10: channel-wise V quantisation has less error than token-wise (K per channel)
+    bool v_channel = true;
+    std::string v_detail;
+    for (const char* b : {"2", "4"}) {
+      const double ch = cos(std::string("rtn:bits=") + b + ",v=channel"), tok = cos(std::string("rtn:bits=") + b);
+      v_channel = v_channel && ch > tok;
+      v_detail += (v_detail.empty() ? "" : "; ") + std::string(b) + " bits " + fmt_sim(ch) + " vs " + fmt_sim(tok);
+    }
+    r << n << ": channel-wise V beats token-wise V (TurboAttention App. D, Fig. 10): "
+      << (v_channel ? "HOLDS" : "DOES NOT HOLD") << " (" << v_detail << ")\n";
     int mse_wins = 0;
     for (const char* b : {"2", "3", "4"})
       mse_wins += cos(std::string("turboquant:bits=") + b) > cos(std::string("turboquant:bits=") + b + ",k=prod");
@@ -82,7 +92,8 @@ std::string run_kv_quantizers(const ExperimentContext& ctx) {
              "kivi:bits=2",       "kivi:bits=3",       "kivi:bits=4",       "flashq:bits=2",
              "flashq@mixed",      "flashq:bits=4",     "turboquant:bits=2", "turboquant:bits=3",
              "turboquant:bits=4", "turboquant:bits=2,k=prod", "turboquant:bits=3,k=prod", "turboquant:bits=4,k=prod",
-             "saw",               "saw:block=1",       "saw:rotate-v=true", "saw@fp16-v"};
+             "saw",               "saw:block=1",       "saw:rotate-v=true", "saw@fp16-v",
+             "rtn:bits=2,v=channel", "rtn:bits=4,v=channel"};
   const int L = ctx.fast ? 1024 : 4096;
   g.sources.push_back({"USE-Lite", load_dump(ctx.tensors)});
   g.sources.push_back({"synthetic", synthetic_outlier_dump(4, L, 64, 11)});
