@@ -90,7 +90,7 @@ std::string run_kv_quantizers(const ExperimentContext& ctx) {
   Runs g;
   g.specs = {"rtn:bits=2",        "rtn:bits=3",        "rtn:bits=4",        "rtn:bits=2,k=token",
              "kivi:bits=2",       "kivi:bits=3",       "kivi:bits=4",       "flashq:bits=2",
-             "flashq@mixed",      "flashq:bits=4",     "turboquant:bits=2", "turboquant:bits=3",
+             "flashq:bits=3",     "flashq@mixed",      "flashq:bits=4",     "turboquant:bits=2", "turboquant:bits=3",
              "turboquant:bits=4", "turboquant:bits=2,k=prod", "turboquant:bits=3,k=prod", "turboquant:bits=4,k=prod",
              "saw",               "saw:block=1",       "saw:rotate-v=true", "saw@fp16-v",
              "rtn:bits=2,v=channel", "rtn:bits=4,v=channel"};

@@ -41,7 +41,7 @@ def method_specs():
 
 def kv_specs():
     """Each KV quantizer at 2, 3 and 4 bits (those with a bits parameter; SAW is INT4 by construction), over fp32.
-    Returns the rows and the widths a quantizer refuses (FlashQ has no 3-bit mode), with its message."""
+    Returns the rows and the widths a quantizer refuses, with its message."""
     rows, refused = [], []
     probe = np.random.default_rng(0).standard_normal((1, 64, 64))
     for q in quantizers()["kv"]:

@@ -238,7 +238,8 @@ class FlashQKv final : public KvQuantizer {
       : bits_(static_cast<int>(p.integer("bits"))), block_(p.integer("bc")), nh_(static_cast<int>(p.integer("nh"))),
         buffer_(p.integer("nb")), rounding_(choice_value(p, "zscale", kZscales)),
         priority_(choice_value(p, "priority", kPriorities)), int8_max_(choice_value(p, "int8-max", kInt8Max)) {
-    if (bits_ != 8 && bits_ != 4 && bits_ != 2) throw SpecError("flashq: bits must be 8, 4 or 2");
+    if (bits_ != 8 && (bits_ < 2 || bits_ > 4))
+      throw SpecError("flashq: bits must be 8, 4, 3 or 2 (3: not in the paper; the same progressive step with 8 levels)");
   }
   KvQuantized apply(const std::vector<MatrixView>& k, const std::vector<MatrixView>& v) const override {
     check_heads(k, v);
@@ -412,7 +413,7 @@ KvRegistry build_kv_registry() {
          [](const ParamMap& p) { return std::make_unique<KiviKv>(p); }});
   r.add({{"flashq", "TurboAttention FlashQ cache: INT8 per block of b_c tokens (/119), progressive INT4/INT2 per "
                     "channel (integer scale, zero point); the n_h lowest-priority heads at 2 bits",
-          {int_param("bits", "4", "cache bits: 8 (INT8 kept), 4 or 2", 2, 8),
+          {int_param("bits", "4", "cache bits: 8 (INT8 kept), 4, 3 or 2 (3: not in the paper, for comparisons at 3 bits)", 2, 8),
            int_param("bc", "64", "tokens per block b_c", 1, 1 << 20),
            int_param("nh", "0", "heads of the layer at 2 bits (lowest priority gap x std)", 0, 1 << 20),
            int_param("nb", "0", "decode buffer: the last n_b tokens in INT8 under the universal scale (max block "

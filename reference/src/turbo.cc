@@ -127,8 +127,8 @@ void compress_rows(RowMatrixXi32& q8, Eigen::Index b0, Eigen::Index m, const Tur
 
 void check_params(const TurboParams& p, int kv_bits) {
   if (p.block_r < 1 || p.block_c < 1 || p.buffer < 1) throw std::invalid_argument("turbo: block sizes must be >= 1");
-  if (kv_bits != 8 && kv_bits != 4 && kv_bits != 2)
-    throw std::invalid_argument("turbo: kv bits must be 8, 4 or 2, got " + std::to_string(kv_bits));
+  if (kv_bits != 8 && (kv_bits < 2 || kv_bits > 4))
+    throw std::invalid_argument("turbo: kv bits must be 8, 4, 3 or 2, got " + std::to_string(kv_bits));
 }
 
 }  // namespace

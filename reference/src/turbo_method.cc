@@ -51,7 +51,7 @@ void register_turbo_method(Registry& registry) {
        choice_names(kExactExp)},
       {"mode", ParamType::choice, "prefill", "prefill (Algorithm 1) or decode (Algorithm 2: each query a decode step)",
        choice_names(kModes)},
-      {"kv", ParamType::integer, "4", "decode KV cache bits: 8 (INT8 kept), 4 or 2", {}, 2, 8},
+      {"kv", ParamType::integer, "4", "decode KV cache bits: 8 (INT8 kept), 4, 3 or 2 (3: not in the paper)", {}, 2, 8},
       {"nh", ParamType::integer, "0", "heads of a layer whose KV cache takes 2 bits (lowest priority gap x std)", {}, 0, 1 << 20},
       {"int8-max", ParamType::choice, "119",
        "INT8 range R of Q, K, V blocks and P~: 119 (Algorithm 1) or 126 = 2^(8-1) - 2 (the scale equation after Eq. 3)",
@@ -80,7 +80,7 @@ void register_turbo_method(Registry& registry) {
     p.exact_exp = choice_value(m, "exp", kExactExp);
     p.mode = choice_value(m, "mode", kModes);
     p.kv_bits = static_cast<int>(m.integer("kv"));
-    if (p.kv_bits != 8 && p.kv_bits != 4 && p.kv_bits != 2) throw SpecError("method 'turbo': kv must be 8, 4 or 2");
+    if (p.kv_bits != 8 && (p.kv_bits < 2 || p.kv_bits > 4)) throw SpecError("method 'turbo': kv must be 8, 4, 3 or 2");
     p.heads_2bit = static_cast<int>(m.integer("nh"));
     p.priority = choice_value(m, "priority", kPriorities);
     p.int8_max = choice_value(m, "int8-max", kInt8Max);

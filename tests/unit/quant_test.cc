@@ -378,6 +378,25 @@ TEST_CASE("FlashQ cache: blocks through flashq_quantize_block/compress/decompres
   CHECK(c.k_bits == Approx(4 + (2 * 32 + 2 * 16 * 16.0) / (96 * 16)).epsilon(1e-12));
 }
 
+TEST_CASE("FlashQ cache at 3 bits (not in the paper): the same progressive step with 8 levels, between 2 and 4 bits") {
+  const RowMatrixXd k = normals(96, 16, 44, 2.0);
+  const KvQuantized c3 = kv_registry().create("flashq:bits=3,bc=64")->apply({k}, {k});
+  for (Eigen::Index r0 : {0, 64}) {
+    const Eigen::Index n = std::min<Eigen::Index>(64, 96 - r0);
+    const FlashQBlock b = flashq_quantize_block(k.middleRows(r0, n));
+    CHECK(c3.k[0].middleRows(r0, n) ==
+          flashq_decompress(flashq_compress(b.values, 3, IntScaleRounding::round)).cast<double>() * b.scale);
+  }
+  const KvQuantized c2 = kv_registry().create("flashq:bits=2,bc=64")->apply({k}, {k});
+  const KvQuantized c4 = kv_registry().create("flashq:bits=4,bc=64")->apply({k}, {k});
+  CHECK(c3.k_bits == Approx(c4.k_bits - 1).epsilon(1e-12));
+  CHECK(c3.k_bits == Approx(c2.k_bits + 1).epsilon(1e-12));
+  const double e2 = (c2.k[0] - k).squaredNorm(), e3 = (c3.k[0] - k).squaredNorm(), e4 = (c4.k[0] - k).squaredNorm();
+  CHECK(e4 < e3);
+  CHECK(e3 < e2);
+  CHECK_THROWS_AS(kv_registry().create("flashq:bits=5"), SpecError);
+}
+
 TEST_CASE("FlashQ cache with a decode buffer: the last n_b tokens in INT8 under the universal scale, clamped") {
   RowMatrixXd k = normals(100, 8, 43);
   k(97, 3) = 50;  // a new outlier in the buffer: clamps to 119 s_u
