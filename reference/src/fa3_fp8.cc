@@ -205,7 +205,7 @@ AttentionResult Fa3Call::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
       const float o_scale = inv * v8.descale;
       for (Eigen::Index c = 0; c < dv; ++c) {
         const float x = o(t, c) * o_scale;
-        r.o(at, c) = p.output_bf16 ? round_to_format(x, kBfloat16) : x;
+        r.o(at, c) = p.output_bf16 ? round_to_bfloat16(x) : x;
       }
       // P as probabilities: P8 2^(max_scaled_block - max_scaled_final) / sum, the factor once per key block
       const float max_final = m[t] * s2 - kMaxOffset;

@@ -9,34 +9,40 @@
 namespace qattn::ref {
 namespace {
 
-const FloatFormat* storage_format(FloatPrecision p) {
+// x rounded to the storage format of p: binary16 or bfloat16 (round_to_format's bits, in its bit-level form), or
+// float for fp32. From float64 directly, so that no value is rounded twice; a float32 input widens exactly.
+template <FloatPrecision p>
+float to_storage(double x) {
+  if constexpr (p == FloatPrecision::fp16) return static_cast<float>(round_to_binary16(x));
+  if constexpr (p == FloatPrecision::bf16) return static_cast<float>(round_to_bfloat16(x));
+  return static_cast<float>(x);
+}
+
+template <FloatPrecision p, class Scalar>
+void round_all(const Scalar* in, float* out, Eigen::Index n) {
+  for (Eigen::Index i = 0; i < n; ++i) out[i] = to_storage<p>(in[i]);
+}
+
+template <class Scalar>
+void round_all(const Scalar* in, float* out, Eigen::Index n, FloatPrecision p) {
   switch (p) {
-    case FloatPrecision::fp16: return &kBinary16;
-    case FloatPrecision::bf16: return &kBfloat16;
-    default: return nullptr;
+    case FloatPrecision::fp16: return round_all<FloatPrecision::fp16>(in, out, n);
+    case FloatPrecision::bf16: return round_all<FloatPrecision::bf16>(in, out, n);
+    default: return round_all<FloatPrecision::fp32>(in, out, n);
   }
 }
 
 // Rounds float entries to the 16-bit storage format in place (no-op for fp32).
 void round_in_place(RowMatrixXf& m, FloatPrecision p) {
-  const FloatFormat* f = storage_format(p);
-  if (!f) return;
-  for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = static_cast<float>(round_to_format(m.data()[i], *f));
+  if (p == FloatPrecision::fp16 || p == FloatPrecision::bf16) round_all(m.data(), m.data(), m.size(), p);
 }
 
 // A float64 or float32 view rounded to the storage format of p.
 template <class View>
 RowMatrixXf to_storage_float(const View& m, FloatPrecision p) {
-  // double -> float rounds once; for fp16/bf16 round from double directly so that no value is rounded twice. A
-  // float32 input widens exactly, so it rounds as its float64 value does.
-  const FloatFormat* f = storage_format(p);
   RowMatrixXf out(m.rows(), m.cols());
   Eigen::Matrix<typename View::Scalar, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> storage;
-  const auto* md = packed_rows(m, storage);
-  for (Eigen::Index i = 0; i < m.size(); ++i) {
-    const double x = md[i];
-    out.data()[i] = f ? static_cast<float>(round_to_format(x, *f)) : static_cast<float>(x);
-  }
+  round_all(packed_rows(m, storage), out.data(), m.size(), p);
   return out;
 }
 

@@ -90,7 +90,7 @@ class Sage1Call final : public PreparedCall {
     v16e.resize(v16.size());
     for (Eigen::Index j = 0; j < lk; ++j)
       for (Eigen::Index c = 0; c < dv; ++c) {
-        const double x = round_to_format(v(j, c), kBinary16);
+        const double x = round_to_binary16(v(j, c));
         if (!std::isfinite(x))
           throw InputError("V", "[" + std::to_string(j) + ", " + std::to_string(c) + "]",
                            shown(v(j, c)) + " is beyond binary16 (65504), in which sage1 holds V");
@@ -165,7 +165,7 @@ AttentionResult Sage1Call::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
         for (Eigen::Index j = b0; j < b1; ++j) {
           const float pt = exp2_f32(sr[j] - m_new);  // exp2(-inf) = 0 on masked pairs
           l_blk += pt;
-          pr[j] = static_cast<float>(round_to_format(pt, kBinary16));
+          pr[j] = static_cast<float>(round_to_binary16(pt));
         }
         const float alpha = exp2_f32(m[t] - m_new);
         l[t] = l[t] * alpha + l_blk;
@@ -197,7 +197,7 @@ AttentionResult Sage1Call::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
           throw InputError("V", "values",
                            "row " + std::to_string(i) + ": P V overflows sage1's FP16 accumulator (a block's sum "
                            "beyond 65504); the kernel would return inf there (docs/pipelines/sage1.md)");
-        r.o(at, c) = p.output_fp16 ? round_to_format(o, kBinary16) : o;
+        r.o(at, c) = p.output_fp16 ? round_to_binary16(o) : o;
       }
       // P: P16 2^(m_block - m) / l, the factor once per key block (the same bits as per key)
       for (Eigen::Index b = 0; b < blocks; ++b) {

@@ -29,7 +29,7 @@ float round_p(float x, SagePFormat f) {
     case SagePFormat::e4m3: return e4m3_round_saturate(x);
     case SagePFormat::e5m2: return static_cast<float>(lowp_round(x, fp8_e5m2(), LowpRounding::rne, LowpOverflow::saturate));
     case SagePFormat::int8: return std::nearbyint(x);
-    case SagePFormat::fp16: return static_cast<float>(round_to_format(x, kBinary16));
+    case SagePFormat::fp16: return static_cast<float>(round_to_binary16(x));
   }
   return x;
 }
@@ -94,7 +94,7 @@ class Sage2Call final : public PreparedCall {
           case SagePFormat::e4m3: v8(j, c) = lowp_round(x, fp8_e4m3fn(), LowpRounding::rne, LowpOverflow::saturate); break;
           case SagePFormat::e5m2: v8(j, c) = lowp_round(x, fp8_e5m2(), LowpRounding::rne, LowpOverflow::saturate); break;
           case SagePFormat::int8: v8(j, c) = std::clamp(std::nearbyint(x), -127.0, 127.0); break;
-          case SagePFormat::fp16: v8(j, c) = round_to_format(x, kBinary16); break;
+          case SagePFormat::fp16: v8(j, c) = round_to_binary16(x); break;
         }
       }
     }

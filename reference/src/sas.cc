@@ -12,7 +12,7 @@
 namespace qattn::ref {
 namespace {
 
-double h(double v) { return round_to_format(v, kBinary16); }
+double h(double v) { return round_to_binary16(v); }
 
 double poly(const std::array<double, 4>& a, double f) { return ((a[3] * f + a[2]) * f + a[1]) * f + a[0]; }
 

@@ -86,3 +86,52 @@ TEST_CASE("binary32 format equals the hardware double->float conversion", "[floa
     REQUIRE(round_to_format(d, kBinary32) == hw);
   }
 }
+
+TEST_CASE("round_to_binary16/bfloat16 equal round_to_format on every exponent and rounding case", "[float_format]") {
+  // Floats: every sign and exponent field, each with every value of the 11 low mantissa bits under 16 high patterns
+  // (ties, near-ties and carries of binary16's 13 dropped bits and bfloat16's 16) and 256 random mantissas:
+  // binary16's normal and subnormal ranges, both overflow thresholds, and float's own subnormals.
+  std::mt19937_64 gen(19);
+  std::uniform_int_distribution<std::uint64_t> bits64;
+  const std::uint32_t highs[] = {0x000000u, 0x001000u, 0x002000u, 0x003000u, 0x7fe000u, 0x7ff000u, 0x400000u,
+                                 0x7fff00u, 0x00ff00u, 0x008000u, 0x018000u, 0x7f0000u, 0x010000u, 0x7e8000u,
+                                 0x3fe000u, 0x001800u};
+  long checked = 0;
+  auto check = [&](double x) {
+    const double h = round_to_binary16(x), b = round_to_bfloat16(x);
+    if (std::isnan(x)) {
+      REQUIRE(std::isnan(h));
+      REQUIRE(std::isnan(b));
+      return;
+    }
+    REQUIRE(std::bit_cast<std::uint64_t>(h) == std::bit_cast<std::uint64_t>(round_to_format(x, kBinary16)));
+    REQUIRE(std::bit_cast<std::uint64_t>(b) == std::bit_cast<std::uint64_t>(round_to_format(x, kBfloat16)));
+    ++checked;
+  };
+  for (std::uint32_t sign_exp = 0; sign_exp < 512; ++sign_exp) {
+    const auto as_float = [&](std::uint32_t mantissa) { return std::bit_cast<float>((sign_exp << 23) | mantissa); };
+    for (const std::uint32_t high : highs)
+      for (std::uint32_t low = 0; low < (1u << 11); ++low) check(as_float((high & ~0x7ffu) | low));
+    for (int i = 0; i < 256; ++i) check(as_float(static_cast<std::uint32_t>(bits64(gen)) & 0x7fffffu));
+  }
+  // Doubles between binary16's and bfloat16's grid points: every exponent field, the dropped bits at their tie
+  // (half), a hair either side of it, and random.
+  for (std::uint64_t sign_exp = 0; sign_exp < 4096; ++sign_exp)
+    for (const int dropped : {42, 45}) {
+      const std::uint64_t half = std::uint64_t{1} << (dropped - 1);
+      for (const std::uint64_t kept : {0ull, 1ull, 0x3ffull, 0x7full, 0x155ull}) {
+        const std::uint64_t base = (sign_exp << 52) | (kept << dropped);
+        for (const std::uint64_t low : {half, half - 1, half + 1, std::uint64_t{0}, 2 * half - 1})
+          check(std::bit_cast<double>(base | (low & ((std::uint64_t{1} << 52) - 1))));
+      }
+      check(std::bit_cast<double>((sign_exp << 52) | (bits64(gen) >> 12)));
+    }
+  // The thresholds: 65520 (binary16's max 65504 plus half an ulp), 2^-25 (half the subnormal quantum).
+  CHECK(round_to_binary16(65519.99) == 65504.0);
+  CHECK(std::isinf(round_to_binary16(65520.0)));
+  CHECK(round_to_binary16(0x1p-25) == 0.0);
+  CHECK(round_to_binary16(std::nextafter(0x1p-25, 1.0)) == 0x1p-24);
+  CHECK(std::signbit(round_to_binary16(-0x1p-26)));
+  CHECK(std::isinf(round_to_bfloat16(kBfloat16.max_finite + std::ldexp(1.0, 127 - 8))));
+  CHECK(checked > 8000000);
+}

@@ -211,6 +211,9 @@ class Method {
                                                                 const AttentionMask& mask) const;
   virtual std::unique_ptr<PreparedCall> prepare_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v,
                                                      double scale, const AttentionMask& mask) const;
+
+ private:
+  class SlicedCall;  // the default prepared call: attention_impl on each block, the inputs checked once in prepare()
 };
 
 // An attention call after Method::prepare. rows() may be called from several threads at once.

@@ -278,10 +278,9 @@ AttentionResult Method::attention(const MatrixView& q, const MatrixView& k, cons
   return attention_impl(q, k, v, scale, mask);
 }
 
-namespace {
-
-// The default preparation: nothing tensor-wide, so a block of rows is an attention call of its own.
-class SlicedCall final : public PreparedCall {
+// The default preparation: nothing tensor-wide, so a block of rows is an attention call of its own. prepare() has
+// checked the whole inputs, so a block does not check K and V again (O(L_k d) per block).
+class Method::SlicedCall final : public PreparedCall {
  public:
   SlicedCall(const Method& method, const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
              const AttentionMask& mask)
@@ -289,7 +288,7 @@ class SlicedCall final : public PreparedCall {
 
  protected:
   AttentionResult rows_impl(Eigen::Index r0, Eigen::Index n) const override {
-    return method_.attention(q_.middleRows(r0, n), k_, v_, scale_, mask_.rows(r0, n, q_.rows()));
+    return method_.attention_impl(q_.middleRows(r0, n), k_, v_, scale_, mask_.rows(r0, n, q_.rows()));
   }
 
  private:
@@ -298,8 +297,6 @@ class SlicedCall final : public PreparedCall {
   double scale_;
   const AttentionMask& mask_;
 };
-
-}  // namespace
 
 std::unique_ptr<PreparedCall> Method::prepare(const MatrixView& q, const MatrixView& k, const MatrixView& v,
                                               double scale, const AttentionMask& mask) const {
