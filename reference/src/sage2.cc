@@ -66,13 +66,14 @@ class Sage2Call final : public PreparedCall {
     k = k_in;
     RowMatrixXd q = q_in, v = v_in;
     if (p.smooth_k && lk > 0) k.rowwise() -= column_mean(k_in).row(0);
-    q_block_mean = RowMatrixXd::Zero(lq, d);  // the mean subtracted from each query (its block's)
-    if (p.smooth_q)
+    if (p.smooth_q) {
+      q_block_mean.resize((lq + p.groups.block_q - 1) / p.groups.block_q, d);
       for (Eigen::Index b0 = 0; b0 < lq; b0 += p.groups.block_q) {
         const Eigen::Index n = std::min<Eigen::Index>(p.groups.block_q, lq - b0);
-        const Eigen::RowVectorXd mean = q_in.middleRows(b0, n).colwise().mean();
-        for (Eigen::Index i = b0; i < b0 + n; ++i) q_block_mean.row(i) = mean, q.row(i) -= mean;
+        q_block_mean.row(b0 / p.groups.block_q) = q_in.middleRows(b0, n).colwise().mean();
+        for (Eigen::Index i = b0; i < b0 + n; ++i) q.row(i) -= q_block_mean.row(b0 / p.groups.block_q);
       }
+    }
     v_mean = Eigen::RowVectorXd::Zero(dv);
     if (p.smooth_v && lk > 0) {
       v_mean = v_in.colwise().mean();
@@ -119,6 +120,9 @@ class Sage2Call final : public PreparedCall {
       for (Eigen::Index j = 0; j < lk; ++j)
         for (Eigen::Index c = 0; c < dv; ++c) v8c(c, j) = static_cast<std::uint16_t>(lowp_encode(v8(j, c), fp8_e4m3fn()));
     }
+    // What the block loop does not read is released: the call is held for a whole head (O(L) each, docs/streaming.md).
+    if (hardware) v8.resize(0, 0);
+    if (!p.smooth_q) k.resize(0, 0);
   }
 
  private:
@@ -130,12 +134,12 @@ class Sage2Call final : public PreparedCall {
   const AttentionMask& mask;
   const Eigen::Index lq, lk, d, dv;
   const MmaModel& mma_model;
-  RowMatrixXd k;             // K' (smoothed): Delta S reads it
-  RowMatrixXd q_block_mean;  // the mean subtracted from each query (its block's)
+  RowMatrixXd k;             // K' (smoothed): Delta S reads it (kept with smooth_q only)
+  RowMatrixXd q_block_mean;  // row b: the mean subtracted from the queries of block b (smooth_q)
   Eigen::RowVectorXd v_mean, v_scale;
   SageQuantized qq, kq;
   std::unique_ptr<IntMatmulAbt> qk;  // Q^ K^T, a block of rows at a time
-  RowMatrixXd v8;
+  RowMatrixXd v8;  // V8's values, for the accumulators other than wgmma and mma
   Eigen::Index key_block = 64;
   // V8 as the hardware paths read it: float values and their E4M3 field exponents (wgmma) or codes by column (mma).
   std::vector<float> v8f;
@@ -171,7 +175,7 @@ AttentionResult Sage2Call::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
           continue;
         }
         s(t, j) = static_cast<float>(acc_int(t, j)) * group_factor[kq.group[j]];
-        if (p.smooth_q) s(t, j) += static_cast<float>(q_block_mean.row(i).dot(k.row(j)) * scale);  // Delta S, fp32
+        if (p.smooth_q) s(t, j) += static_cast<float>(q_block_mean.row(i / p.groups.block_q).dot(k.row(j)) * scale);  // Delta S, fp32
         if (!std::isfinite(s(t, j))) throw_logit_overflow("sage2", "float32", i, j);
       }
     }
