@@ -20,6 +20,7 @@
 
 #include "qattn/error.h"
 #include "qattn/eval/panel_metrics.h"
+#include "qattn/reference/float_attention.h"
 #include "qattn/reference/registry.h"
 #include "qattn/reference/softmax.h"
 #include "qattn/tensor_io.h"
@@ -573,22 +574,25 @@ void collect_rows(HeadSink& sink, std::mutex& median_lock, std::size_t b, Eigen:
 
 // The fp64 reference rows [r0, r0 + n) of one head: the dump's own reference where it holds one (weight
 // quantization compares with other projections), else computed on the block (fp64 streams in blocks of 64 rows,
-// so the block's rows are the whole call's). *row0 is where the block's rows start in the returned matrices.
+// so the block's rows are the whole call's). *row0 is where the block's rows start in the returned matrices. Where
+// computed, the block's masked logits are kept too (fp64's own), for the softmax models (rows_from_logits).
 struct ReferenceRows {
   const RowMatrixXd* o;
   const RowMatrixXd* p;
   Eigen::Index row0;
   AttentionResult computed;
+  RowMatrixXd logits;  // empty where the dump holds the reference
 };
 void reference_rows(ReferenceRows& out, const DumpLayer& l, std::size_t h, std::size_t b, Eigen::Index r0,
-                    Eigen::Index n, const Method& fp64) {
+                    Eigen::Index n) {
   if (!l.reference.empty()) {
     out.o = &l.reference[h][b].o, out.p = &l.reference[h][b].p, out.row0 = r0;
     return;
   }
   const Eigen::Index lq = l.q[h][b].rows();
   const AttentionMask mask{RowMatrixXb(), l.causal, l.causal ? r0 + n - lq : 0};
-  out.computed = fp64.attention(l.q[h][b].middleRows(r0, n), l.k[h][b], l.v[h][b], l.logit_scale(), mask);
+  out.computed = ref::float_attention(l.q[h][b].middleRows(r0, n), l.k[h][b], l.v[h][b], l.logit_scale(),
+                                      ref::FloatPrecision::fp64, mask, &out.logits);
   // fp64 propagates overflow as NaN; a reference that is not finite cannot measure anything
   if (!out.computed.o.allFinite())
     throw InputError(l.q_paths[h].string(), "values", "scale * Q K^T overflows float64 in the fp64 reference (batch entry " +
@@ -609,7 +613,6 @@ std::vector<HeadResult> evaluate_methods(const std::vector<DumpLayer>& dump, con
   if (options.block_rows < 0 || options.block_rows % eval::kPanelRows != 0)
     throw std::invalid_argument("block rows must be a positive multiple of " + std::to_string(eval::kPanelRows) +
                                 " (or 0: chosen from L_k), got " + std::to_string(options.block_rows));
-  const auto fp64 = ref::reference_registry().create("fp64");
   const std::size_t n_methods = methods.size();
   // sinks[method][unit]; units are the dump's heads in (layer, head) order
   std::vector<std::size_t> unit_of_layer;
@@ -704,7 +707,7 @@ std::vector<HeadResult> evaluate_methods(const std::vector<DumpLayer>& dump, con
             for (Eigen::Index r0 = 0; r0 < lq; r0 += block_rows) {
               const Eigen::Index n = std::min(block_rows, lq - r0);
               ReferenceRows ref;
-              reference_rows(ref, l, h, b, r0, n, *fp64);
+              reference_rows(ref, l, h, b, r0, n);
               AttentionResult rows;
               rows.o = r[h].o.middleRows(r0, n);
               if (r[h].p.size()) rows.p = r[h].p.middleRows(r0, n);
@@ -747,22 +750,37 @@ std::vector<HeadResult> evaluate_methods(const std::vector<DumpLayer>& dump, con
             const DumpLayer& l = dump[li];
             const Eigen::Index lq = l.q[h][b].rows(), n = std::min(block_rows, lq - r0);
             ReferenceRows ref;
-            reference_rows(ref, l, h, b, r0, n, *fp64);
-            for (std::size_t s = 0; s < streamed.size(); ++s) {
-              const std::size_t m = streamed[s];
-              AttentionResult r;
-              try {
-                r = prepared(s).rows(r0, n);
-              } catch (const std::exception&) {
-                // The whole call's error, whose row indices are the head's own, not the block's.
-                with_source(where, methods[m].label, [&] {
-                  return methods[m].method->attention(l.q[h][b], l.k[h][b], l.v[h][b], l.logit_scale(),
-                                                      AttentionMask{RowMatrixXb(), l.causal});
-                });
-                with_source(where, methods[m].label, []() -> int { throw; });  // the whole call passed: the block's
+            reference_rows(ref, l, h, b, r0, n);
+            // Two rounds: the softmax models first, on the reference's logits (rows_from_logits, the same bits as
+            // rows()), which are then released; the other methods after, each from its own prepared call.
+            std::vector<char> done(streamed.size(), 0);
+            for (int round = 0; round < 2; ++round) {
+              if (round == 1) ref.logits = RowMatrixXd();
+              for (std::size_t s = 0; s < streamed.size(); ++s) {
+                if (done[s]) continue;
+                const std::size_t m = streamed[s];
+                AttentionResult r;
+                try {
+                  if (round == 0) {
+                    if (ref.logits.size() == 0) continue;
+                    std::optional<AttentionResult> shared = prepared(s).rows_from_logits(r0, n, ref.logits);
+                    if (!shared) continue;
+                    r = std::move(*shared);
+                  } else {
+                    r = prepared(s).rows(r0, n);
+                  }
+                } catch (const std::exception&) {
+                  // The whole call's error, whose row indices are the head's own, not the block's.
+                  with_source(where, methods[m].label, [&] {
+                    return methods[m].method->attention(l.q[h][b], l.k[h][b], l.v[h][b], l.logit_scale(),
+                                                        AttentionMask{RowMatrixXb(), l.causal});
+                  });
+                  with_source(where, methods[m].label, []() -> int { throw; });  // the whole call passed: the block's
+                }
+                done[s] = 1;
+                collect_rows(sinks[m][unit_of_layer[li] + h], median_lock, b, lq, r0, r, *ref.o, *ref.p, ref.row0);
+                if (--(*calls)[s].blocks_left == 0) (*calls)[s].call.reset();  // the head's last block of this method
               }
-              collect_rows(sinks[m][unit_of_layer[li] + h], median_lock, b, lq, r0, r, *ref.o, *ref.p, ref.row0);
-              if (--(*calls)[s].blocks_left == 0) (*calls)[s].call.reset();  // the head's last block of this method
             }
           });
       }

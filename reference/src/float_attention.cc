@@ -82,7 +82,7 @@ RowMatrixXd float_softmax_rows(const MatrixViewF& logits, FloatPrecision p) {
 }
 
 AttentionResult float_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
-                                FloatPrecision p, const AttentionMask& mask) {
+                                FloatPrecision p, const AttentionMask& mask, RowMatrixXd* logits) {
   require_attention_shapes(q, k, v);
   if (p == FloatPrecision::fp64) {
     RowMatrixXd s = (q * k.transpose()) * scale;
@@ -90,8 +90,10 @@ AttentionResult float_attention(const MatrixView& q, const MatrixView& k, const 
     AttentionResult r;
     r.p = softmax_ref_rows(s);
     r.o = r.p * v;
+    if (logits) *logits = std::move(s);
     return r;
   }
+  if (logits) throw std::invalid_argument("float_attention: logits are returned for fp64 only");
   const RowMatrixXf qf = to_storage_float(q, p), kf = to_storage_float(k, p), vf = to_storage_float(v, p);  // R1
   RowMatrixXf s = qf * kf.transpose();
   s *= static_cast<float>(scale);

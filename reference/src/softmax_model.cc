@@ -1,5 +1,6 @@
 // The attention wrapper of a softmax model (qattn/reference/method_entries.h) and its prepared calls.
 #include <algorithm>
+#include <limits>
 
 #include "qattn/reference/method_entries.h"
 
@@ -19,14 +20,17 @@ RowMatrixXd masked_logits(const MatrixView& q, const MatrixView& k, double scale
   return s;
 }
 
-// A call whose softmax has a tensor-wide state: the passes over the logits in blocks of rows in prepare(), then
-// each block's logits again in rows(). Blocks of 64 rows: where Eigen's float64 GEMM is block-invariant
-// (kFp64GemmBlockInvariant), a block's logits are the whole matrix's rows.
-class ScopedCall final : public PreparedCall {
+// A softmax model's prepared call. With a tensor-wide state (a scope): the passes over the logits in blocks of rows
+// in the constructor, then each block's logits again in rows(). Without one, each block is an attention call of its
+// own. Blocks of 64 rows: where Eigen's float64 GEMM is block-invariant (kFp64GemmBlockInvariant), a block's
+// logits are the whole matrix's rows, and the fp64 reference's (rows_from_logits).
+class SoftmaxModelCall final : public PreparedCall {
  public:
-  ScopedCall(std::unique_ptr<LogitScope> scope, const MatrixView& q, const MatrixView& k, const MatrixView& v,
-             double scale, const AttentionMask& mask)
-      : PreparedCall(q.rows()), scope_(std::move(scope)), q_(q), k_(k), v_(v), scale_(scale), mask_(mask) {
+  SoftmaxModelCall(const Method& method, std::unique_ptr<LogitScope> scope, const MatrixView& q, const MatrixView& k,
+                   const MatrixView& v, double scale, const AttentionMask& mask)
+      : PreparedCall(q.rows()), method_(method), scope_(std::move(scope)), q_(q), k_(k), v_(v), scale_(scale),
+        mask_(mask) {
+    if (!scope_) return;
     const Eigen::Index lq = q.rows(), block = std::max<Eigen::Index>(64, (Eigen::Index{1} << 20) / std::max<Eigen::Index>(k.rows(), 1) / 64 * 64);
     for (int pass = 0; pass < scope_->passes(); ++pass)
       for (Eigen::Index r0 = 0; r0 < lq; r0 += block) {
@@ -37,13 +41,25 @@ class ScopedCall final : public PreparedCall {
 
  protected:
   AttentionResult rows_impl(Eigen::Index r0, Eigen::Index n) const override {
+    return softmax_then_pv(masked_logits(q_.middleRows(r0, n), k_, scale_, mask_.rows(r0, n, q_.rows()), r0));
+  }
+  std::optional<AttentionResult> rows_from_logits_impl(Eigen::Index, Eigen::Index,
+                                                       const RowMatrixXd& logits) const override {
+    // +inf or NaN: masked_logits would refuse the overflow; rows() names it
+    if (logits.cols() != k_.rows() || !(logits.array() < std::numeric_limits<double>::infinity()).all())
+      return std::nullopt;
+    return softmax_then_pv(logits);
+  }
+
+ private:
+  AttentionResult softmax_then_pv(const RowMatrixXd& logits) const {
     AttentionResult r;
-    r.p = scope_->softmax_rows(masked_logits(q_.middleRows(r0, n), k_, scale_, mask_.rows(r0, n, q_.rows()), r0));
+    r.p = scope_ ? scope_->softmax_rows(logits) : method_.softmax_rows(logits);
     r.o = r.p * v_;
     return r;
   }
 
- private:
+  const Method& method_;
   std::unique_ptr<LogitScope> scope_;
   const MatrixView q_, k_, v_;
   double scale_;
@@ -64,10 +80,8 @@ AttentionResult SoftmaxModelMethod::attention_impl(const MatrixView& q, const Ma
 std::unique_ptr<PreparedCall> SoftmaxModelMethod::prepare_impl(const MatrixView& q, const MatrixView& k,
                                                                const MatrixView& v, double scale,
                                                                const AttentionMask& mask) const {
-  std::unique_ptr<LogitScope> scope = logit_scope();
-  if (!scope) return Method::prepare_impl(q, k, v, scale, mask);
   require_attention_shapes(q, k, v);
-  return std::make_unique<ScopedCall>(std::move(scope), q, k, v, scale, mask);
+  return std::make_unique<SoftmaxModelCall>(*this, logit_scope(), q, k, v, scale, mask);
 }
 
 RowMatrixXd SoftmaxModelMethod::softmax_with_scope(LogitScope& scope, const MatrixView& logits) {

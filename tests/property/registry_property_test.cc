@@ -13,6 +13,7 @@
 //   shapes                L_q != L_k: O [L_q, d_v], P [L_q, L_k], both finite
 //   heads                 attention_heads == attention per head, bit for bit, where heads_independent
 //   query blocks          blocks of query_block_rows rows (and of twice that) of a prepared call (Method::prepare),
+//                         and a softmax model's blocks from the fp64 reference's logits (rows_from_logits),
 //                         unmasked, causal or with a padding mask, == the whole call's rows of O and P, bit for
 //                         bit, where query_block_rows > 0
 //
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "qattn/error.h"
+#include "qattn/reference/float_attention.h"
 #include "qattn/reference/registry.h"
 #include "support/random_matrix.h"
 
@@ -262,6 +264,17 @@ TEST_CASE("registry: blocks of query rows of a prepared call equal the whole cal
           CHECK(block.o == whole.o.middleRows(r0, count));
           CHECK(block.p == whole.p.middleRows(r0, count));
           if (whole.p_int.size()) CHECK(block.p_int == whole.p_int.middleRows(r0, count));
+          // The fp64 reference's logits of the block: a softmax model's rows from them are the same bits; every
+          // other method declines them.
+          RowMatrixXd logits;
+          const AttentionMask block_mask = mask.rows(r0, count, lq);
+          ref::float_attention(q.middleRows(r0, count), k, v, 0.125, ref::FloatPrecision::fp64, block_mask, &logits);
+          const std::optional<AttentionResult> shared = call->rows_from_logits(r0, count, logits);
+          REQUIRE(shared.has_value() == (c.entry->kind == MethodKind::softmax_model));
+          if (shared) {
+            CHECK(shared->o == block.o);
+            CHECK(shared->p == block.p);
+          }
         }
     }
   }

@@ -222,11 +222,20 @@ class PreparedCall {
   virtual ~PreparedCall() = default;
   // Rows [r0, r0 + n) of the call's O and P (n >= 1, r0 + n <= L_q; std::out_of_range otherwise).
   AttentionResult rows(Eigen::Index r0, Eigen::Index n) const;
+  // The same rows from their logits, for a call whose softmax reads the float64 logits scale * q k^T (a softmax
+  // model: MethodKind::softmax_model): `logits` [n, L_k] must be those rows' logits as the fp64 reference forms
+  // them, ((q k^T) * scale in Eigen's float64 GEMM, masked pairs -inf), and the result is rows(r0, n)'s, bit for bit.
+  // An evaluation computes them once per block for its reference and every softmax model. nullopt where the call
+  // does not read them so (every other method), or where a logit is +inf or NaN (rows() then names the overflow).
+  std::optional<AttentionResult> rows_from_logits(Eigen::Index r0, Eigen::Index n, const RowMatrixXd& logits) const;
   Eigen::Index query_rows() const { return query_rows_; }
 
  protected:
   explicit PreparedCall(Eigen::Index query_rows) : query_rows_(query_rows) {}
   virtual AttentionResult rows_impl(Eigen::Index r0, Eigen::Index n) const = 0;
+  virtual std::optional<AttentionResult> rows_from_logits_impl(Eigen::Index, Eigen::Index, const RowMatrixXd&) const {
+    return std::nullopt;
+  }
 
  private:
   Eigen::Index query_rows_;

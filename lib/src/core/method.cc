@@ -320,6 +320,15 @@ AttentionResult PreparedCall::rows(Eigen::Index r0, Eigen::Index n) const {
   return rows_impl(r0, n);
 }
 
+std::optional<AttentionResult> PreparedCall::rows_from_logits(Eigen::Index r0, Eigen::Index n,
+                                                              const RowMatrixXd& logits) const {
+  if (r0 < 0 || n < 1 || r0 + n > query_rows_ || logits.rows() != n)
+    throw std::out_of_range("prepared attention call: rows [" + std::to_string(r0) + ", " + std::to_string(r0 + n) +
+                            ") of " + std::to_string(query_rows_) + " with logits of " +
+                            std::to_string(logits.rows()) + " rows");
+  return rows_from_logits_impl(r0, n, logits);
+}
+
 std::vector<AttentionResult> Method::attention_heads(const std::vector<MatrixView>& q, const std::vector<MatrixView>& k,
                                                      const std::vector<MatrixView>& v, double scale,
                                                      const AttentionMask& mask) const {

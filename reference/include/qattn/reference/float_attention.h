@@ -30,7 +30,9 @@ RowMatrixXd float_softmax_rows(const MatrixView& logits, FloatPrecision p);
 // fp64 widens them first. The bits of the float64 overload on the widened values, which float32 widens to exactly.
 RowMatrixXd float_softmax_rows(const MatrixViewF& logits, FloatPrecision p);
 // Masked pairs get logit -inf before the softmax (after R2), so they contribute exactly 0.
+// fp64 only: `logits`, where given, receives the masked logits (q k^T) * scale the softmax read, the ones a softmax
+// model's PreparedCall::rows_from_logits takes.
 AttentionResult float_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
-                                FloatPrecision p, const AttentionMask& mask = {});
+                                FloatPrecision p, const AttentionMask& mask = {}, RowMatrixXd* logits = nullptr);
 
 }  // namespace qattn::ref
