@@ -6,9 +6,12 @@
 #include <cstdint>
 #include <cmath>
 #include <limits>
+#include <random>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
+#include "qattn/error.h"
 #include "qattn/float_format.h"
 #include "qattn/reference/int_pipelines.h"
 #include "qattn/reference/lowp_float.h"
@@ -56,21 +59,72 @@ namespace {
 // equation it models (docs/pipelines/sage2.md). The constructor is the first pass over the whole call: smoothing,
 // the quantisation of Q' and K', V per channel; rows() is the block loop with its online softmax, FP8 P and the PV
 // accumulator for any rows, each row alone (Method::prepare, docs/streaming.md).
+}  // namespace
+
+// Step (0): Q and K in place through the change of basis p.qk_transform names (Q K^T unchanged in exact arithmetic).
+void sage2_transform_qk(RowMatrixXd& q, RowMatrixXd& k, const Sage2Params& p) {
+  const Eigen::Index d = q.cols();
+  switch (p.qk_transform) {
+    case SageQkTransform::none: return;
+    case SageQkTransform::hadamard: {
+      if (d == 0 || (d & (d - 1)) != 0)
+        throw InputError("Q", "shape", "head dimension " + std::to_string(d) +
+                                           " is not a power of 2, which sage2's qk-transform=hadamard needs");
+      std::mt19937_64 gen(p.hadamard_seed);
+      std::vector<double> sign(static_cast<std::size_t>(d));
+      for (double& s : sign) s = (gen() >> 63) != 0 ? -1.0 : 1.0;
+      const double norm = 1.0 / std::sqrt(static_cast<double>(d));
+      for (RowMatrixXd* m : {&q, &k})
+        for (Eigen::Index i = 0; i < m->rows(); ++i) {
+          double* x = m->row(i).data();
+          for (Eigen::Index c = 0; c < d; ++c) x[c] *= sign[static_cast<std::size_t>(c)];
+          for (Eigen::Index span = 1; span < d; span *= 2)  // butterflies, spans 1, 2, 4, ...
+            for (Eigen::Index b = 0; b < d; b += 2 * span)
+              for (Eigen::Index c = b; c < b + span; ++c) {
+                const double u = x[c], w = x[c + span];
+                x[c] = u + w, x[c + span] = u - w;
+              }
+          for (Eigen::Index c = 0; c < d; ++c) x[c] *= norm;
+        }
+      return;
+    }
+    case SageQkTransform::smoothquant:
+    case SageQkTransform::qserve: {
+      for (Eigen::Index c = 0; c < d; ++c) {
+        const double qmax = q.rows() ? q.col(c).cwiseAbs().maxCoeff() : 0.0;
+        const double kmax = k.rows() ? k.col(c).cwiseAbs().maxCoeff() : 0.0;
+        double s = 1;  // Q_c / s, K_c * s
+        if (p.qk_transform == SageQkTransform::smoothquant && qmax > 0 && kmax > 0)
+          s = std::pow(qmax, p.alpha) / std::pow(kmax, 1 - p.alpha);
+        if (p.qk_transform == SageQkTransform::qserve && kmax > 0) s = 1 / std::pow(kmax, p.alpha);
+        q.col(c) /= s;
+        k.col(c) *= s;
+      }
+      if (!q.allFinite() || !k.allFinite())
+        throw InputError("Q", "values", "a channel scale of sage2's qk-transform overflows float64; rescale the inputs");
+      return;
+    }
+  }
+}
+
+namespace {
+
 class Sage2Call final : public PreparedCall {
  public:
   Sage2Call(const MatrixView& q_in, const MatrixView& k_in, const MatrixView& v_in, double scale,
             const AttentionMask& mask, const Sage2Params& p)
       : PreparedCall(q_in.rows()), p(p), scale(scale), mask(mask), lq(q_in.rows()), lk(k_in.rows()),
         d(q_in.cols()), dv(v_in.cols()), mma_model(mma_preset("h100-mma-e4m3")) {
-    // (1) smoothing
+    // (0) the baselines' change of basis, (1) smoothing
     k = k_in;
     RowMatrixXd q = q_in, v = v_in;
-    if (p.smooth_k && lk > 0) k.rowwise() -= column_mean(k_in).row(0);
+    sage2_transform_qk(q, k, p);
+    if (p.smooth_k && lk > 0) k.rowwise() -= column_mean(k).row(0);
     if (p.smooth_q) {
       q_block_mean.resize((lq + p.groups.block_q - 1) / p.groups.block_q, d);
       for (Eigen::Index b0 = 0; b0 < lq; b0 += p.groups.block_q) {
         const Eigen::Index n = std::min<Eigen::Index>(p.groups.block_q, lq - b0);
-        q_block_mean.row(b0 / p.groups.block_q) = q_in.middleRows(b0, n).colwise().mean();
+        q_block_mean.row(b0 / p.groups.block_q) = q.middleRows(b0, n).colwise().mean();
         for (Eigen::Index i = b0; i < b0 + n; ++i) q.row(i) -= q_block_mean.row(b0 / p.groups.block_q);
       }
     }

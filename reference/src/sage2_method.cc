@@ -29,6 +29,10 @@ constexpr Choice<SageGranularity> kGranularities[] = {{"tensor", SageGranularity
                                                      {"warp", SageGranularity::warp}, {"thread", SageGranularity::thread},
                                                      {"token", SageGranularity::token}};
 constexpr Choice<SageRounding> kRoundings[] = {{"away", SageRounding::half_away}, {"even", SageRounding::half_even}};
+constexpr Choice<SageQkTransform> kQkTransforms[] = {{"none", SageQkTransform::none},
+                                                    {"hadamard", SageQkTransform::hadamard},
+                                                    {"smoothquant", SageQkTransform::smoothquant},
+                                                    {"qserve", SageQkTransform::qserve}};
 constexpr Choice<SagePFormat> kPFormats[] = {{"e4m3", SagePFormat::e4m3}, {"e5m2", SagePFormat::e5m2},
                                             {"int8", SagePFormat::int8}, {"fp16", SagePFormat::fp16}};
 // "auto" is not in the table: wgmma for E4M3 P and V, the per-product FP22 bound (two-level) for the other formats,
@@ -51,6 +55,13 @@ void register_sage2_method(Registry& registry) {
   e.name = "sage2";
   e.summary = "SageAttention2: smoothing, per-group INT4/INT8 Q/K, FP8 P~ and V, PV on the H100's FP8 wgmma accumulator";
   e.params = {
+      {"qk-transform", ParamType::choice, "none",
+       "Q and K through a change of basis that keeps Q K^T, before smoothing (the paper's baselines): hadamard "
+       "(HadmdAttn: random signs, then the normalised Walsh-Hadamard transform), smoothquant (s = max|Q_c|^alpha / "
+       "max|K_c|^(1-alpha)), qserve (K_c / max|K_c|^alpha, Q_c times it)",
+       choice_names(kQkTransforms)},
+      {"alpha", ParamType::real, "0.5", "smoothquant and qserve: the migration strength", {}, 0, 1},
+      {"hadamard-seed", ParamType::integer, "0", "hadamard: seed of std::mt19937_64 for the signs", {}, 0, 1 << 30},
       {"smooth-k", ParamType::boolean, "true", "subtract the token mean of K (softmax-invariant)"},
       {"smooth-q", ParamType::boolean, "false", "subtract each Q block's mean, add Delta S = mean(Q) K^T back"},
       {"smooth-v", ParamType::boolean, "false", "subtract the token mean of V, add it to O"},
@@ -71,9 +82,20 @@ void register_sage2_method(Registry& registry) {
        "SageAttention2-8b: smooth K, per-thread INT8, E4M3 P~/V, the H100 wgmma accumulator per 128-key block (acc=auto)"},
       {"4b", {{"smooth-k", "true"}, {"smooth-q", "true"}, {"gran", "thread"}, {"qk", "4"}, {"p", "e4m3"}, {"acc", "auto"}},
        "SageAttention2-4b: smooth Q and K, per-thread INT4, E4M3 P~/V, the H100 wgmma accumulator per 128-key block (acc=auto)"},
+      {"hadmdattn", {{"qk-transform", "hadamard"}, {"smooth-k", "false"}, {"smooth-q", "false"}, {"gran", "thread"},
+                     {"qk", "4"}, {"p", "e4m3"}, {"acc", "auto"}},
+       "the paper's HadmdAttn baseline (Sec. 4.1, after QuaRot): a random Hadamard rotation of Q and K before per-thread "
+       "INT4, no smoothing, then sage2's E4M3 P~/V (the paper does not say what follows the INT4 Q K^T)"},
+      {"smoothattn", {{"qk-transform", "qserve"}, {"alpha", "0.5"}, {"smooth-k", "false"}, {"smooth-q", "false"},
+                      {"gran", "thread"}, {"qk", "4"}, {"p", "e4m3"}, {"acc", "auto"}},
+       "the paper's SmoothAttn baseline (Sec. 4.1, 'following QServe', alpha = 0.5): QServe's SmoothAttention scale "
+       "max|K_c|^0.5 moved from K to Q before per-thread INT4, no smoothing, then sage2's E4M3 P~/V"},
   };
   e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
     Sage2Params p;
+    p.qk_transform = choice_value(m, "qk-transform", kQkTransforms);
+    p.alpha = m.real("alpha");
+    p.hadamard_seed = static_cast<std::uint64_t>(m.integer("hadamard-seed"));
     p.smooth_k = m.boolean("smooth-k");
     p.smooth_q = m.boolean("smooth-q");
     p.smooth_v = m.boolean("smooth-v");

@@ -241,3 +241,67 @@ TEST_CASE("the H100 wgmma accumulator per 128-key block beats one wgmma accumula
   CHECK(err[1] * 2 < err[2]);
   CHECK(err[1] < 1.2 * err[0]);  // per-block promotion keeps the wgmma truncation near fp32's error
 }
+
+TEST_CASE("qk-transform: each change of basis keeps Q K^T and is the one docs/pipelines/sage2.md defines", "[sage2]") {
+  std::mt19937_64 g(31);
+  RowMatrixXd q = random_matrix(40, 64, 2.0, g), k = random_matrix(50, 64, 1.0, g);
+  k.col(5) *= 30.0;  // a channel outlier of K
+  const RowMatrixXd s = q * k.transpose();
+  for (const SageQkTransform t : {SageQkTransform::hadamard, SageQkTransform::smoothquant, SageQkTransform::qserve}) {
+    Sage2Params p;
+    p.qk_transform = t;
+    p.hadamard_seed = 5;
+    RowMatrixXd qt = q, kt = k;
+    sage2_transform_qk(qt, kt, p);
+    INFO("transform " << static_cast<int>(t));
+    CHECK((qt * kt.transpose() - s).cwiseAbs().maxCoeff() <= 1e-12 * s.cwiseAbs().maxCoeff());
+    CHECK((qt - q).cwiseAbs().maxCoeff() > 1e-3);  // it did change them
+    if (t == SageQkTransform::hadamard) {
+      // (x D) H / sqrt(d) with H(i, j) = (-1)^popcount(i & j) and D's signs from the seed's top bits, built directly
+      std::mt19937_64 signs(5);
+      RowMatrixXd r(64, 64);
+      for (int i = 0; i < 64; ++i) {
+        const double sign = (signs() >> 63) != 0 ? -1.0 : 1.0;
+        for (int j = 0; j < 64; ++j) r(i, j) = sign * ((std::popcount(static_cast<unsigned>(i & j)) % 2) ? -1.0 : 1.0) / 8.0;
+      }
+      CHECK((qt - q * r).cwiseAbs().maxCoeff() <= 1e-13);
+      CHECK((kt - k * r).cwiseAbs().maxCoeff() <= 1e-12);
+      // the rotation spreads K's outlier channel over all channels
+      CHECK(kt.cwiseAbs().maxCoeff() < 0.5 * k.cwiseAbs().maxCoeff());
+    } else {
+      for (Eigen::Index c = 0; c < 64; ++c) {
+        const double qmax = q.col(c).cwiseAbs().maxCoeff(), kmax = k.col(c).cwiseAbs().maxCoeff();
+        const double qtmax = qt.col(c).cwiseAbs().maxCoeff(), ktmax = kt.col(c).cwiseAbs().maxCoeff();
+        if (t == SageQkTransform::smoothquant) {  // alpha = 0.5 balances the two maxima at sqrt(qmax kmax)
+          CHECK(qtmax == Approx(std::sqrt(qmax * kmax)).epsilon(1e-12));
+          CHECK(ktmax == Approx(std::sqrt(qmax * kmax)).epsilon(1e-12));
+        } else {  // qserve: K_c / sqrt(kmax), Q_c * sqrt(kmax)
+          CHECK(ktmax == Approx(std::sqrt(kmax)).epsilon(1e-12));
+          CHECK(qtmax == Approx(qmax * std::sqrt(kmax)).epsilon(1e-12));
+        }
+      }
+    }
+  }
+  Sage2Params p;
+  p.qk_transform = SageQkTransform::hadamard;
+  RowMatrixXd q48 = random_matrix(4, 48, 1.0, g), k48 = random_matrix(4, 48, 1.0, g);
+  CHECK_THROWS_WITH(sage2_transform_qk(q48, k48, p), Catch::Contains("not a power of 2"));
+}
+
+TEST_CASE("the baselines' presets run sage2 with step (0) alone changed", "[sage2]") {
+  std::mt19937_64 g(32);
+  RowMatrixXd q = random_matrix(64, 64, 2.0, g), k = random_matrix(96, 64, 1.0, g), v = random_matrix(96, 32, 1.0, g);
+  const auto none = reference_registry().create("sage2:qk=4,smooth-q=false,smooth-k=false");
+  for (const char* spec : {"sage2@hadmdattn", "sage2@smoothattn"}) {
+    INFO(spec);
+    const auto m = reference_registry().create(spec);
+    // the preset on Q and K already transformed by hand equals the no-transform pipeline on them
+    Sage2Params p;
+    p.qk_transform = std::string(spec) == "sage2@hadmdattn" ? SageQkTransform::hadamard : SageQkTransform::qserve;
+    RowMatrixXd qt = q, kt = k;
+    sage2_transform_qk(qt, kt, p);
+    const AttentionResult a = m->attention(q, k, v, 0.125, {}), b = none->attention(qt, kt, v, 0.125, {});
+    CHECK(a.o == b.o);
+    CHECK(a.p == b.p);
+  }
+}

@@ -1,4 +1,10 @@
 // SageAttention2 as a reference pipeline (docs/pipelines/sage2.md). One call, Q [L_q, d], K [L_k, d], V [L_k, d_v]:
+//   (0) optional, for the paper's baselines (Sec. 4.1, Table 4): Q and K through a change of basis that keeps Q K^T,
+//       in float64: hadamard (HadmdAttn, after QuaRot): x -> (x D) H / sqrt(d), D a diagonal of random signs from
+//       hadamard-seed, H Sylvester's Hadamard matrix applied as the fast Walsh-Hadamard transform (d a power of 2);
+//       smoothquant (SmoothQuant's rule): s_c = max|Q_c|^alpha / max|K_c|^(1 - alpha), Q_c / s_c, K_c s_c;
+//       qserve (QServe's SmoothAttention, K alone): l_c = max|K_c|^alpha, K_c / l_c, Q_c l_c. A channel whose
+//       maximum is 0 keeps scale 1. Maxima over every token, masked keys included.
 //   (1) smoothing: K' = K - mean_tokens(K) (softmax-invariant: each row's logits shift by one constant);
 //       optional Q' = Q - mean over each block of b_q tokens, with Delta S = mean_b(Q) K'^T (fp32) added back;
 //       optional V' = V - mean_tokens(V), the mean added to O at the end (rows of P sum to 1)
@@ -20,15 +26,21 @@
 //   (7) O = acc * (V channel scale) / l (+ mean V)
 #pragma once
 
+#include <cstdint>
+
 #include "qattn/method.h"
 #include "qattn/reference/sage_quant.h"
 
 namespace qattn::ref {
 
 enum class SagePFormat { e4m3, e5m2, int8, fp16 };
+enum class SageQkTransform { none, hadamard, smoothquant, qserve };
 enum class SageAccumulation { wgmma, wgmma_single, mma, two_level_fp22, fp22, fp32 };
 
 struct Sage2Params {
+  SageQkTransform qk_transform = SageQkTransform::none;  // step (0)
+  double alpha = 0.5;                                    // smoothquant and qserve
+  std::uint64_t hadamard_seed = 0;                       // hadamard: the signs D, from std::mt19937_64(seed)
   bool smooth_k = true, smooth_q = false, smooth_v = false;
   SageGranularity granularity = SageGranularity::thread;
   int qk_bits = 8;
@@ -43,6 +55,10 @@ struct Sage2Params {
   }
   SageGroupSizes groups;
 };
+
+// Step (0) alone: q and k in place through p.qk_transform (nothing for none). InputError for hadamard with a head
+// dimension that is not a power of 2, or a channel scale that overflows.
+void sage2_transform_qk(RowMatrixXd& q, RowMatrixXd& k, const Sage2Params& p);
 
 AttentionResult sage2_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                 const AttentionMask& mask, const Sage2Params& p);
