@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <sstream>
 #include <numbers>
@@ -76,7 +77,14 @@ class Fa3Call final : public PreparedCall {
                                             ": FlashAttention-3's FP8 kernel takes head dimensions up to 256");
     key_block = p.key_block > 0 ? p.key_block : fa3_fp8_key_block(d);
     query_tile = p.query_tile > 0 ? p.query_tile : fa3_fp8_query_tile(d);
-    q8 = quantize(q, p.scaling, "Q");
+    // Q8 is read a row at a time: held as E4M3 codes (one byte each) and decoded per row.
+    Fp8Tensor q8 = quantize(q, p.scaling, "Q");
+    q_descale = q8.descale;
+    q8_codes.resize(q8.values.size());
+    for (std::size_t i = 0; i < q8_codes.size(); ++i)
+      q8_codes[i] = static_cast<std::uint8_t>(lowp_encode(q8.values[i], fp8_e4m3fn()));
+    q8 = Fp8Tensor();
+    for (std::uint32_t c = 0; c < 256; ++c) e4m3_value[c] = static_cast<float>(lowp_decode(c, fp8_e4m3fn()));
     const Fp8Tensor k8 = quantize(k, p.scaling, "K");
     v8 = quantize(v, p.scaling, "V");
     // S = Q8 K8^T runs over d with the keys as the step's columns: K8 transposed [d, L_k], with its exponents.
@@ -93,7 +101,7 @@ class Fa3Call final : public PreparedCall {
     // The host's softmax_scale_log2 (float = float * double), then the kernel's *= q_descale * k_descale.
     const float softmax_scale_log2 = static_cast<float>(static_cast<double>(static_cast<float>(scale)) *
                                                         std::numbers::log2e);
-    s2 = softmax_scale_log2 * (q8.descale * k8.descale);
+    s2 = softmax_scale_log2 * (q_descale * k8.descale);
   }
 
  private:
@@ -103,7 +111,10 @@ class Fa3Call final : public PreparedCall {
   const AttentionMask& mask;
   const Eigen::Index lq, lk, d, dv;
   int key_block = 128, query_tile = 128;
-  Fp8Tensor q8, v8;
+  std::vector<std::uint8_t> q8_codes;  // Q8 [L_q, d] as E4M3 codes
+  std::array<float, 256> e4m3_value{};  // the value of each code
+  float q_descale = 1.0f;
+  Fp8Tensor v8;
   std::vector<float> k8t;
   std::vector<std::int8_t> k8te, v8e;
   float s2 = 0;
@@ -132,7 +143,10 @@ AttentionResult Fa3Call::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
     for (Eigen::Index k0 = 0; k0 < lk; k0 += kKeyTile) {
       const auto cols = static_cast<std::size_t>(std::min(kKeyTile, lk - k0));
       for (Eigen::Index t = 0; t < n; ++t) {
-        const float* qi = q8.values.data() + (c0 + t) * d;
+        std::array<float, 256> q_row;  // d <= 256 (the constructor's check)
+        for (Eigen::Index c = 0; c < d; ++c)
+          q_row[static_cast<std::size_t>(c)] = e4m3_value[q8_codes[static_cast<std::size_t>((c0 + t) * d + c)]];
+        const float* qi = q_row.data();
         for (Eigen::Index d0 = 0; d0 < d; d0 += static_cast<Eigen::Index>(kStep))
           wgmma_e4m3_step(&s(t, k0), qi + d0, static_cast<std::size_t>(std::min<Eigen::Index>(kStep, d - d0)),
                           k8t.data() + d0 * lk + k0, k8te.data() + d0 * lk + k0, static_cast<std::size_t>(lk), cols);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -100,39 +101,81 @@ RowMatrixXi32 int_matmul_abt(const RowMatrixXi32& a, const RowMatrixXi32& b) {
   return c;
 }
 
-IntMatmulAbt::IntMatmulAbt(const RowMatrixXi32& a, const RowMatrixXi32& b) : b_(b) {
+IntMatmulAbt::IntMatmulAbt(const RowMatrixXi32& a, const RowMatrixXi32& b) {
   const double bound = sum_bound(a, b, a.cols());
   path_ = bound < kFloatExact ? 0 : bound < static_cast<double>(std::numeric_limits<std::int32_t>::max()) ? 1 : 2;
+  a_int8_ = a.size() == 0 || (a.minCoeff() >= std::numeric_limits<std::int8_t>::min() &&
+                              a.maxCoeff() <= std::numeric_limits<std::int8_t>::max());
+  if (a_int8_) a8_ = a.cast<std::int8_t>();
+  else a32_ = a;
   if (path_ == 0) bf_ = b.cast<float>();
   if (path_ == 1) bd_ = b.cast<double>();
+  if (path_ == 2) b32_ = b;
 }
 
-RowMatrixXi32 IntMatmulAbt::operator()(const RowMatrixXi32& a_block) const {
-  if (path_ == 0) return (a_block.cast<float>() * bf_.transpose()).cast<std::int32_t>();
-  if (path_ == 1) return (a_block.cast<double>() * bd_.transpose()).cast<std::int32_t>();
-  return int_matmul_abt(a_block, b_);
+RowMatrixXi32 IntMatmulAbt::rows(Eigen::Index r0, Eigen::Index n) const {
+  const auto a_rows = [&]<typename T>(T) -> Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> {
+    if (a_int8_) return a8_.middleRows(r0, n).template cast<T>();
+    return a32_.middleRows(r0, n).template cast<T>();
+  };
+  if (path_ == 0) return (a_rows(float{}) * bf_.transpose()).cast<std::int32_t>();
+  if (path_ == 1) return (a_rows(double{}) * bd_.transpose()).cast<std::int32_t>();
+  return int_matmul_abt(a_rows(std::int32_t{}), b32_);
 }
 
-RowMatrixXd int_matmul_ab(const RowMatrixXi32& a, const RowMatrixXi32& b) {
-  const double bound = sum_bound(a, b, a.cols());
-  if (bound < kFloatExact) return (a.cast<float>() * b.cast<float>()).cast<double>();  // exact: see kFloatExact
-  if (bound < kDoubleExact) return a.cast<double>() * b.cast<double>();
+namespace {
+
+// max over the rows of a of sum_t |a_it|, in int64 (exact for fewer than 2^32 columns).
+std::int64_t max_row_abs_sum(const RowMatrixXi32& a) {
+  std::int64_t m = 0;
+  for (Eigen::Index i = 0; i < a.rows(); ++i) {
+    std::int64_t s = 0;
+    for (Eigen::Index t = 0; t < a.cols(); ++t) s += std::abs(std::int64_t{a(i, t)});
+    m = std::max(m, s);
+  }
+  return m;
+}
+
+}  // namespace
+
+IntMatmulAb::IntMatmulAb(const RowMatrixXi32& b) : b_max_(max_abs(b)) {
+  if (b_max_ <= (std::int64_t{1} << 24)) bf_ = b.cast<float>();  // every entry exact in float
+  else b32_ = b;
+}
+
+RowMatrixXd IntMatmulAb::operator()(const RowMatrixXi32& a) const {
+  // Monotone rounding keeps the double product on the right side of the powers of two it is compared with.
+  const double bound = static_cast<double>(max_row_abs_sum(a)) * static_cast<double>(b_max_);
+  const bool held_float = b32_.size() == 0;
+  if (bound < kFloatExact && held_float) return (a.cast<float>() * bf_).cast<double>();  // exact: see kFloatExact
+  if (bound < kDoubleExact) {
+    if (held_float) return a.cast<double>() * bf_.cast<double>();
+    return a.cast<double>() * b32_.cast<double>();
+  }
   // Row by row: a(i, t) times row t of b, added into int64 sums (exact, so the order of the additions does not
   // matter); b is read along its rows, and the zeros of a (most of an integer P) are skipped.
-  RowMatrixXd c(a.rows(), b.cols());
-  std::vector<std::int64_t> sums(static_cast<std::size_t>(b.cols()));
+  const Eigen::Index cols = held_float ? bf_.cols() : b32_.cols();
+  RowMatrixXd c(a.rows(), cols);
+  std::vector<std::int64_t> sums(static_cast<std::size_t>(cols));
   for (Eigen::Index i = 0; i < a.rows(); ++i) {
     std::fill(sums.begin(), sums.end(), 0);
     for (Eigen::Index t = 0; t < a.cols(); ++t) {
       const std::int64_t x = a(i, t);
       if (x == 0) continue;
-      const std::int32_t* row = b.data() + t * b.cols();
-      for (std::size_t j = 0; j < sums.size(); ++j) sums[j] += x * row[j];
+      if (held_float) {
+        const float* row = bf_.data() + t * cols;
+        for (std::size_t j = 0; j < sums.size(); ++j) sums[j] += x * static_cast<std::int64_t>(row[j]);
+      } else {
+        const std::int32_t* row = b32_.data() + t * cols;
+        for (std::size_t j = 0; j < sums.size(); ++j) sums[j] += x * row[j];
+      }
     }
-    for (Eigen::Index j = 0; j < b.cols(); ++j) c(i, j) = static_cast<double>(sums[static_cast<std::size_t>(j)]);
+    for (Eigen::Index j = 0; j < cols; ++j) c(i, j) = static_cast<double>(sums[static_cast<std::size_t>(j)]);
   }
   return c;
 }
+
+RowMatrixXd int_matmul_ab(const RowMatrixXi32& a, const RowMatrixXi32& b) { return IntMatmulAb(b)(a); }
 
 namespace {
 
@@ -145,18 +188,22 @@ class QuantOnlyCall final : public PreparedCall {
  public:
   QuantOnlyCall(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale, const AttentionMask& mask,
                 QuantOnlySoftmax softmax)
-      : PreparedCall(q.rows()),
-        mask_(mask),
-        softmax_(softmax),
-        qi_(quantize_symmetric_int8(q)),
-        ki_(quantize_symmetric_int8(k)),
-        vi_(quantize_symmetric_int8(v)),
-        logit_scale_(static_cast<float>(qi_.scale * ki_.scale * scale)) {
+      : PreparedCall(q.rows()), mask_(mask), softmax_(softmax) {
     require_attention_shapes(q, k, v);
+    // The codes are held once, by the two products, in the types their GEMMs read (int8 Q, float K and V); the
+    // int32 codes are released as soon as each product holds its copy.
+    {
+      const Int8Matrix qi = quantize_symmetric_int8(q), ki = quantize_symmetric_int8(k);
+      logit_scale_ = static_cast<float>(qi.scale * ki.scale * scale);
+      qk_.emplace(qi.values, ki.values);
+    }
+    const Int8Matrix vi = quantize_symmetric_int8(v);
+    v_scale_ = vi.scale;
+    pv_.emplace(vi.values);
   }
 
   AttentionResult compute(Eigen::Index r0, Eigen::Index n) const {
-    const RowMatrixXi32 a = int_matmul_abt(qi_.values.middleRows(r0, n), ki_.values);
+    const RowMatrixXi32 a = qk_->rows(r0, n);
     RowMatrixXf s(a.rows(), a.cols());
     for (Eigen::Index i = 0; i < a.size(); ++i) {
       s.data()[i] = static_cast<float>(a.data()[i]) * logit_scale_;
@@ -178,7 +225,7 @@ class QuantOnlyCall final : public PreparedCall {
     r.p_scale = 127;
     r.p_dtype = DType::i8;
     r.p = r.p_int.cast<double>() / 127.0;
-    r.o = dequantize_output(int_matmul_ab(r.p_int, vi_.values), vi_.scale, 127);
+    r.o = dequantize_output((*pv_)(r.p_int), v_scale_, 127);
     return r;
   }
 
@@ -188,8 +235,10 @@ class QuantOnlyCall final : public PreparedCall {
  private:
   const AttentionMask& mask_;
   QuantOnlySoftmax softmax_;
-  Int8Matrix qi_, ki_, vi_;
-  float logit_scale_;
+  std::optional<IntMatmulAbt> qk_;  // Q's codes K's codes^T
+  std::optional<IntMatmulAb> pv_;   // P8 V's codes
+  float logit_scale_ = 0;
+  double v_scale_ = 1;
 };
 
 }  // namespace

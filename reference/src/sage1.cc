@@ -68,6 +68,7 @@ class Sage1Call final : public PreparedCall {
   Sage1Call(const MatrixView& q, const MatrixView& k_in, const MatrixView& v, double scale, const AttentionMask& mask,
             const Sage1Params& p)
       : PreparedCall(q.rows()), p(p), mask(mask), lq(q.rows()), lk(k_in.rows()), d(q.cols()), dv(v.cols()) {
+    {  // steps (1) and (2); what they make is released once qk holds the codes
     // (1) smoothing, in float64, then float32
     RowMatrixXd k = k_in;
     if (p.smooth_k && lk > 0) k.rowwise() -= k_in.colwise().mean();
@@ -82,9 +83,13 @@ class Sage1Call final : public PreparedCall {
       }
     for (Eigen::Index j = 0; j < lk; ++j)
       for (Eigen::Index c = 0; c < d; ++c) xk[static_cast<std::size_t>(j * d + c)] = to_f32(k(j, c), "K", j, c);
-    quantize_blocks(xq, lq, d, p.block_q, qq, q_scale);
-    quantize_blocks(xk, lk, d, p.block_k, kq, k_scale);
-    qk = std::make_unique<IntMatmulAbt>(qq, kq);
+    {
+      RowMatrixXi32 qq, kq;  // held by qk from here, as int8 and float
+      quantize_blocks(xq, lq, d, p.block_q, qq, q_scale);
+      quantize_blocks(xk, lk, d, p.block_k, kq, k_scale);
+      qk = std::make_unique<IntMatmulAbt>(qq, kq);
+    }
+    }
     // (5) V in binary16, with its exponents for the HMMA step
     v16.resize(static_cast<std::size_t>(lk * dv));
     v16e.resize(v16.size());
@@ -106,8 +111,7 @@ class Sage1Call final : public PreparedCall {
   const Sage1Params p;
   const AttentionMask& mask;
   const Eigen::Index lq, lk, d, dv;
-  RowMatrixXi32 qq, kq;
-  std::unique_ptr<IntMatmulAbt> qk;  // Q^ K^T, a block of rows at a time
+  std::unique_ptr<IntMatmulAbt> qk;  // Q^ K^T, a block of rows at a time (it holds the codes)
   std::vector<float> q_scale, k_scale, v16;
   std::vector<std::int8_t> v16e;
 };
@@ -130,7 +134,7 @@ AttentionResult Sage1Call::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
   std::vector<char> any(kChunkRows);
   for (Eigen::Index c0 = r0; c0 < r0 + rows; c0 += kChunkRows) {
     const Eigen::Index n = std::min(kChunkRows, r0 + rows - c0);
-    const RowMatrixXi32 a = (*qk)(qq.middleRows(c0, n));  // exact
+    const RowMatrixXi32 a = qk->rows(c0, n);  // exact
     // (3) base-2 logits
     for (Eigen::Index t = 0; t < n; ++t) {
       const Eigen::Index i = c0 + t, at = i - r0;

@@ -115,36 +115,48 @@ class Sage2Call final : public PreparedCall {
             const AttentionMask& mask, const Sage2Params& p)
       : PreparedCall(q_in.rows()), p(p), scale(scale), mask(mask), lq(q_in.rows()), lk(k_in.rows()),
         d(q_in.cols()), dv(v_in.cols()), mma_model(mma_preset("h100-mma-e4m3")) {
-    // (0) the baselines' change of basis, (1) smoothing
-    k = k_in;
-    RowMatrixXd q = q_in, v = v_in;
-    sage2_transform_qk(q, k, p);
-    if (p.smooth_k && lk > 0) k.rowwise() -= column_mean(k).row(0);
-    if (p.smooth_q) {
-      q_block_mean.resize((lq + p.groups.block_q - 1) / p.groups.block_q, d);
-      for (Eigen::Index b0 = 0; b0 < lq; b0 += p.groups.block_q) {
-        const Eigen::Index n = std::min<Eigen::Index>(p.groups.block_q, lq - b0);
-        q_block_mean.row(b0 / p.groups.block_q) = q.middleRows(b0, n).colwise().mean();
-        for (Eigen::Index i = b0; i < b0 + n; ++i) q.row(i) -= q_block_mean.row(b0 / p.groups.block_q);
+    const bool hardware = p.accumulation == SageAccumulation::wgmma || p.accumulation == SageAccumulation::wgmma_single ||
+                          p.accumulation == SageAccumulation::mma;
+    if (hardware && p.p_format != SagePFormat::e4m3)
+      throw std::invalid_argument("sage2: the H100 accumulators (wgmma, wgmma-single, mma) take E4M3 P and V (p=e4m3)");
+    // Each step's float64 copies are released once the next holds what it needs: the call is held for a whole head
+    // (O(L) each, docs/streaming.md), and its first pass should not hold several copies of Q, K and V at once.
+    {
+      // (0) the baselines' change of basis, (1) smoothing
+      k = k_in;
+      RowMatrixXd q = q_in;
+      sage2_transform_qk(q, k, p);
+      if (p.smooth_k && lk > 0) k.rowwise() -= column_mean(k).row(0);
+      if (p.smooth_q) {
+        q_block_mean.resize((lq + p.groups.block_q - 1) / p.groups.block_q, d);
+        for (Eigen::Index b0 = 0; b0 < lq; b0 += p.groups.block_q) {
+          const Eigen::Index n = std::min<Eigen::Index>(p.groups.block_q, lq - b0);
+          q_block_mean.row(b0 / p.groups.block_q) = q.middleRows(b0, n).colwise().mean();
+          for (Eigen::Index i = b0; i < b0 + n; ++i) q.row(i) -= q_block_mean.row(b0 / p.groups.block_q);
+        }
       }
+      // (2) quantise Q', K'; qk holds the codes (int8 and float) from here
+      qq = sage_quantize(q, true, p.granularity, p.qk_bits, p.rounding, p.groups);
+      kq = sage_quantize(k, false, p.granularity, p.qk_bits, p.rounding, p.groups);
+      qk = std::make_unique<IntMatmulAbt>(qq.values, kq.values);
+      qq.values.resize(0, 0);
+      kq.values.resize(0, 0);
+      if (!p.smooth_q) k.resize(0, 0);  // Delta S reads K' only with smooth_q
     }
+    // (1) V's smoothing, then (5) V per channel, rounded in place: v8 holds V - mean, then V8's values
     v_mean = Eigen::RowVectorXd::Zero(dv);
+    v8 = v_in;
     if (p.smooth_v && lk > 0) {
       v_mean = v_in.colwise().mean();
-      v.rowwise() -= v_mean;
+      v8.rowwise() -= v_mean;
     }
-    // (2) quantise Q', K'
-    qq = sage_quantize(q, true, p.granularity, p.qk_bits, p.rounding, p.groups);
-    kq = sage_quantize(k, false, p.granularity, p.qk_bits, p.rounding, p.groups);
-    // (5) V per channel
-    v8.resize(lk, dv);
     v_scale.resize(dv);
     for (Eigen::Index c = 0; c < dv; ++c) {
-      const double amax = lk ? v.col(c).cwiseAbs().maxCoeff() : 0.0;
+      const double amax = lk ? v8.col(c).cwiseAbs().maxCoeff() : 0.0;
       const double range = p.p_format == SagePFormat::e4m3 ? 448 : p.p_format == SagePFormat::e5m2 ? 57344 : 127;
       v_scale(c) = p.p_format == SagePFormat::fp16 ? 1.0 : (amax > 0 ? amax / range : 1.0);
       for (Eigen::Index j = 0; j < lk; ++j) {
-        const double x = v(j, c) / v_scale(c);
+        const double x = v8(j, c) / v_scale(c);
         switch (p.p_format) {
           case SagePFormat::e4m3: v8(j, c) = lowp_round(x, fp8_e4m3fn(), LowpRounding::rne, LowpOverflow::saturate); break;
           case SagePFormat::e5m2: v8(j, c) = lowp_round(x, fp8_e5m2(), LowpRounding::rne, LowpOverflow::saturate); break;
@@ -153,12 +165,7 @@ class Sage2Call final : public PreparedCall {
         }
       }
     }
-    const bool hardware = p.accumulation == SageAccumulation::wgmma || p.accumulation == SageAccumulation::wgmma_single ||
-                          p.accumulation == SageAccumulation::mma;
-    if (hardware && p.p_format != SagePFormat::e4m3)
-      throw std::invalid_argument("sage2: the H100 accumulators (wgmma, wgmma-single, mma) take E4M3 P and V (p=e4m3)");
     key_block = p.key_block();
-    qk = std::make_unique<IntMatmulAbt>(qq.values, kq.values);
     // V8 as the hardware paths read it: float values (wgmma) or E4M3 codes by column (mma).
     if (p.accumulation == SageAccumulation::wgmma || p.accumulation == SageAccumulation::wgmma_single) {
       v8f.resize(static_cast<std::size_t>(lk * dv));
@@ -176,7 +183,6 @@ class Sage2Call final : public PreparedCall {
     }
     // What the block loop does not read is released: the call is held for a whole head (O(L) each, docs/streaming.md).
     if (hardware) v8.resize(0, 0);
-    if (!p.smooth_q) k.resize(0, 0);
   }
 
  private:
@@ -191,7 +197,7 @@ class Sage2Call final : public PreparedCall {
   RowMatrixXd k;             // K' (smoothed): Delta S reads it (kept with smooth_q only)
   RowMatrixXd q_block_mean;  // row b: the mean subtracted from the queries of block b (smooth_q)
   Eigen::RowVectorXd v_mean, v_scale;
-  SageQuantized qq, kq;
+  SageQuantized qq, kq;  // their scales and groups (qk holds the codes)
   std::unique_ptr<IntMatmulAbt> qk;  // Q^ K^T, a block of rows at a time
   RowMatrixXd v8;  // V8's values, for the accumulators other than wgmma and mma
   Eigen::Index key_block = 64;
@@ -217,7 +223,7 @@ AttentionResult Sage2Call::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
       group_factor(kq.scales.size());
   for (Eigen::Index c0 = r0; c0 < r0 + rows; c0 += kChunkRows) {
     const Eigen::Index n = std::min(kChunkRows, r0 + rows - c0);
-    const RowMatrixXi32 acc_int = (*qk)(qq.values.middleRows(c0, n));  // exact
+    const RowMatrixXi32 acc_int = qk->rows(c0, n);  // exact
     // (3) logits; the factor fl32(s_Q s_K scale) once per K group (the same bits as per key)
     for (Eigen::Index t = 0; t < n; ++t) {
       const Eigen::Index i = c0 + t, at = i - r0;

@@ -16,6 +16,10 @@ class TurboMethod final : public Method {
                             const AttentionMask& mask) const override {
     return turbo_attention(q, k, v, scale, mask, p_, p_.kv_bits);
   }
+  std::unique_ptr<PreparedCall> prepare_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v,
+                                             double scale, const AttentionMask& mask) const override {
+    return prepare_turbo(q, k, v, scale, mask, p_, p_.kv_bits);
+  }
   std::vector<AttentionResult> attention_heads_impl(const std::vector<MatrixView>& q, const std::vector<MatrixView>& k,
                                                const std::vector<MatrixView>& v, double scale,
                                                const AttentionMask& mask) const override {

@@ -181,8 +181,20 @@ TEST_CASE("int_matmul_abt and int_matmul_ab: the exact integer products in every
         if (s > INT32_MAX || s < INT32_MIN) fits = false;
         else abt(i, j) = static_cast<std::int32_t>(s);
       }
-    if (fits) CHECK(ref::int_matmul_abt(a, b) == abt);
-    else CHECK_THROWS_AS(ref::int_matmul_abt(a, b), std::overflow_error);
+    // the prepared form holds its own copies (A as int8 when it fits, B as float, double or int32): the caller's
+    // codes are gone before its blocks are taken
+    auto a_copy = std::make_unique<RowMatrixXi32>(a), b_copy = std::make_unique<RowMatrixXi32>(b);
+    const ref::IntMatmulAbt prepared(*a_copy, *b_copy);
+    a_copy.reset(), b_copy.reset();
+    if (fits) {
+      CHECK(ref::int_matmul_abt(a, b) == abt);
+      CHECK(prepared.rows(0, a.rows()) == abt);
+      CHECK(prepared.rows(2, 3) == abt.middleRows(2, 3));
+      CHECK(prepared.rows(8, 1) == abt.bottomRows(1));
+    } else {
+      CHECK_THROWS_AS(ref::int_matmul_abt(a, b), std::overflow_error);
+      CHECK_THROWS_AS(prepared.rows(0, a.rows()), std::overflow_error);
+    }
     RowMatrixXd ab(a.rows(), c.cols());
     for (Eigen::Index i = 0; i < a.rows(); ++i)
       for (Eigen::Index j = 0; j < c.cols(); ++j) {
@@ -191,5 +203,27 @@ TEST_CASE("int_matmul_abt and int_matmul_ab: the exact integer products in every
         ab(i, j) = static_cast<double>(s);
       }
     CHECK(ref::int_matmul_ab(a, c) == ab);
+    auto c_copy = std::make_unique<RowMatrixXi32>(c);
+    const ref::IntMatmulAb pv(*c_copy);
+    c_copy.reset();
+    CHECK(pv(a) == ab);
+    CHECK(pv(a.middleRows(3, 4)) == ab.middleRows(3, 4));
   }
+  // The P V bound is the largest row sum of |a| times max|b|. Row 2 sums to 1 without the absolute values, but its
+  // exact result 2 (2^23 + 1) - 1 = 2^24 + 1 is not a float: a bound without them would take the float GEMM.
+  RowMatrixXi32 p = RowMatrixXi32::Zero(3, 40), v(40, 2);
+  for (Eigen::Index i = 0; i < v.size(); ++i) v.data()[i] = 1 + static_cast<std::int32_t>(i % 7);
+  v(0, 0) = v(0, 1) = (1 << 23) + 1;
+  v(1, 0) = v(1, 1) = 1;
+  p(1, 39) = 1;
+  p(2, 0) = 2, p(2, 1) = -1;
+  RowMatrixXd pv_exact(3, 2);
+  for (Eigen::Index i = 0; i < 3; ++i)
+    for (Eigen::Index j = 0; j < 2; ++j) {
+      std::int64_t s = 0;
+      for (Eigen::Index t = 0; t < 40; ++t) s += std::int64_t{p(i, t)} * v(t, j);
+      pv_exact(i, j) = static_cast<double>(s);
+    }
+  CHECK(ref::int_matmul_ab(p, v) == pv_exact);
+  CHECK(ref::IntMatmulAb(v)(p) == pv_exact);
 }

@@ -22,22 +22,42 @@ Int8Matrix quantize_symmetric_int8(const MatrixView& x, Int8Rounding rounding = 
 // partial sum in any order: below 2^24 Eigen's float GEMM on the values computes the exact integers (every partial
 // sum, fused or not, is an integer float holds), below 2^31 its double GEMM; beyond, int64 sums with the check.
 RowMatrixXi32 int_matmul_abt(const RowMatrixXi32& a, const RowMatrixXi32& b);
-// int_matmul_abt(a_block, b) for many blocks of rows of one left operand a: the path (float, double or int64 sums)
-// is chosen once from max|a| and max|b|, and b's float or double copy is made once. Exact, so the results are
-// int_matmul_abt's. b must outlive it; operator() may run on several threads at once.
+// A B^T for one whole A and B, then taken a block of A's rows at a time (a prepared call's Q^ K^T; the results are
+// int_matmul_abt's, exact). The path (float, double or int64 sums) is chosen once from max|A| and max|B|, and the
+// object holds its own copies in the types the path reads: A as int8 where every code fits (else int32), B as float,
+// double or int32. So the caller may release its codes after construction (O(L d) held per head, docs/streaming.md).
+// rows() may run on several threads at once.
 class IntMatmulAbt {
  public:
   IntMatmulAbt(const RowMatrixXi32& a, const RowMatrixXi32& b);
-  RowMatrixXi32 operator()(const RowMatrixXi32& a_block) const;
+  // rows [r0, r0 + n) of A B^T; an entry outside int32 is refused with std::overflow_error, as int_matmul_abt does
+  RowMatrixXi32 rows(Eigen::Index r0, Eigen::Index n) const;
 
  private:
-  const RowMatrixXi32& b_;
+  using RowMatrixXi8 = Eigen::Matrix<std::int8_t, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   int path_ = 0;  // 0 float, 1 double, 2 int64
+  bool a_int8_ = true;
+  RowMatrixXi8 a8_;
+  RowMatrixXi32 a32_, b32_;  // a32_ where A does not fit int8; b32_ on the int64 path
   RowMatrixXf bf_;
   RowMatrixXd bd_;
 };
-// a b, exact, returned as doubles: the float GEMM below B = 2^24, the double GEMM below 2^53, else int64 sums.
+// a b, exact, returned as doubles. B = (max over rows of a of sum |a_it|) max|b| bounds every partial sum of every
+// entry in any order: the float GEMM below 2^24, the double GEMM below 2^53, else int64 sums.
 RowMatrixXd int_matmul_ab(const RowMatrixXi32& a, const RowMatrixXi32& b);
+// int_matmul_ab(a, b) for one b and many a (a prepared call's P V): b is held as float where every entry is an
+// integer float holds exactly (|b| <= 2^24), else as int32; the path is chosen per a, as int_matmul_ab does, and
+// the results are its results. operator() may run on several threads at once.
+class IntMatmulAb {
+ public:
+  explicit IntMatmulAb(const RowMatrixXi32& b);
+  RowMatrixXd operator()(const RowMatrixXi32& a) const;
+
+ private:
+  std::int64_t b_max_ = 0;  // max |b|
+  RowMatrixXf bf_;
+  RowMatrixXi32 b32_;  // where b does not fit float
+};
 
 // The float softmax inside Quant-Only: softmax_ref<float> (std::exp, pairwise sum), or the fast path's
 // softmax_row_lanes16 (qattn/exp_f32.h: one documented exp and the 16-lane sum order), for a bit-exact ladder.

@@ -51,6 +51,11 @@ struct TurboStats {
 AttentionResult turbo_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                 const AttentionMask& mask, const TurboParams& p, int kv_bits, TurboStats* stats = nullptr);
 
+// The same call prepared (Method::prepare): K and V's blocks and cache once, then any block of query rows whose
+// first row is a multiple of B_r (prefill) or any row (decode). turbo_attention is this with one block of every row.
+std::unique_ptr<PreparedCall> prepare_turbo(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
+                                            const AttentionMask& mask, const TurboParams& p, int kv_bits);
+
 // All heads of one layer: kv bits per head from flashq_head_bits(priority of each head, p.heads_2bit, 2, p.kv_bits).
 std::vector<AttentionResult> turbo_attention_heads(const std::vector<MatrixView>& q, const std::vector<MatrixView>& k,
                                                    const std::vector<MatrixView>& v, double scale,
