@@ -94,8 +94,13 @@ AttentionResult float_attention(const MatrixView& q, const MatrixView& k, const 
     return r;
   }
   if (logits) throw std::invalid_argument("float_attention: logits are returned for fp64 only");
-  const RowMatrixXf qf = to_storage_float(q, p), kf = to_storage_float(k, p), vf = to_storage_float(v, p);  // R1
-  RowMatrixXf s = qf * kf.transpose();
+  // Each operand in its storage format only while its product runs: a streamed block holds one [L_k, d] copy at a
+  // time (docs/streaming.md).
+  RowMatrixXf s;
+  {
+    const RowMatrixXf qf = to_storage_float(q, p), kf = to_storage_float(k, p);  // R1
+    s = qf * kf.transpose();
+  }
   s *= static_cast<float>(scale);
   round_in_place(s, p);  // R2
   if (!mask.empty()) {
@@ -104,7 +109,9 @@ AttentionResult float_attention(const MatrixView& q, const MatrixView& k, const 
       if (!visible.data()[i]) s.data()[i] = -std::numeric_limits<float>::infinity();
   }
   RowMatrixXf prob = softmax_ref_rows(s);
+  s = RowMatrixXf();
   round_in_place(prob, p);  // R3
+  const RowMatrixXf vf = to_storage_float(v, p);  // R1
   RowMatrixXf o = prob * vf;
   round_in_place(o, p);  // R4
   return {o.cast<double>(), prob.cast<double>()};

@@ -299,7 +299,7 @@ class TurboQuantKv final : public KvQuantizer {
  public:
   explicit TurboQuantKv(const ParamMap& p)
       : bits_(static_cast<int>(p.integer("bits"))), prod_(choice_value(p, "k", kTurboKeys)),
-        seed_(static_cast<std::uint64_t>(p.integer("seed"))) {
+        seed_(static_cast<std::uint64_t>(p.integer("seed"))), first_chunk_(p.integer("first-chunk")) {
     if (prod_ && bits_ < 1) throw SpecError("turboquant: the prod variant needs bits >= 1");
   }
   KvQuantized apply(const std::vector<MatrixView>& k, const std::vector<MatrixView>& v) const override {
@@ -311,6 +311,7 @@ class TurboQuantKv final : public KvQuantizer {
       out.k_bits += bits_per_element(k[h].cols(), prod_) / k.size();
       out.v_bits += bits_per_element(v[h].cols(), false) / k.size();
     }
+    out.raw_query_rows = first_chunk_;
     return out;
   }
 
@@ -343,12 +344,14 @@ class TurboQuantKv final : public KvQuantizer {
   int bits_;
   bool prod_;
   std::uint64_t seed_;
+  Eigen::Index first_chunk_;
 };
 
 class SawKv final : public KvQuantizer {
  public:
   explicit SawKv(const ParamMap& p)
-      : block_(p.integer("block")), rotate_v_(p.boolean("rotate-v")), v_int4_(choice_value(p, "v", kSawV)) {
+      : block_(p.integer("block")), rotate_v_(p.boolean("rotate-v")), v_int4_(choice_value(p, "v", kSawV)),
+        first_chunk_(p.integer("first-chunk")) {
     if (rotate_v_ && !v_int4_) throw SpecError("saw: rotate-v=true needs v=int4 (a rotated V is stored in INT4)");
   }
   KvQuantized apply(const std::vector<MatrixView>& k, const std::vector<MatrixView>& v) const override {
@@ -357,6 +360,7 @@ class SawKv final : public KvQuantizer {
     const Eigen::Index d = k.front().cols(), dv = v.front().cols();
     out.rotation = block_hadamard(d, block_);
     out.v_rotated = rotate_v_;
+    out.raw_query_rows = first_chunk_;
     if (rotate_v_ && dv != d) throw SpecError("SAW: rotating V needs d_v = d");
     for (std::size_t h = 0; h < k.size(); ++h) {
       if (k[h].cols() != d) throw SpecError("SAW: heads of one layer need the same head_dim");
@@ -391,6 +395,7 @@ class SawKv final : public KvQuantizer {
   }
   Eigen::Index block_;
   bool rotate_v_, v_int4_;
+  Eigen::Index first_chunk_;
 };
 
 KvRegistry build_kv_registry() {
@@ -430,7 +435,10 @@ KvRegistry build_kv_registry() {
                         "rotated coordinate; prod: b-1 bits + 1-bit QJL residual sketch (unbiased inner products)",
           {int_param("bits", "3", "bits per coordinate", 1, 8),
            choice_param("k", "mse", "K variant (V always uses mse)", choice_names(kTurboKeys)),
-           int_param("seed", "1", "seed of the rotation signs (and of the QJL matrix: seed + 1)", 0, 1e15)},
+           int_param("seed", "1", "seed of the rotation signs (and of the QJL matrix: seed + 1)", 0, 1e15),
+           int_param("first-chunk", "0", "serving path (FlashInfer): the queries of the first prompt chunk, this many "
+                                         "tokens, attend to the raw K and V; the later ones read the cache. 0: every "
+                                         "query reads the cache", 0, 1 << 30)},
           {}, nullptr},
          [](const ParamMap& p) { return std::make_unique<TurboQuantKv>(p); }});
   r.add({{"saw", "SAW-INT4: block-diagonal normalized Hadamard on K (V optionally), K and V per-token asymmetric "
@@ -438,7 +446,10 @@ KvRegistry build_kv_registry() {
           {int_param("block", "16", "Hadamard block order (a power of two dividing head_dim)", 1, 1 << 20),
            choice_param("v", "int4", "V cache: int4 per token (the primer's store_kv) or fp16 (qattn's earlier reading)",
                         choice_names(kSawV)),
-           ParamInfo{"rotate-v", ParamType::boolean, "false", "rotate V too before INT4 (rotate_v; O rotated back)", {}}},
+           ParamInfo{"rotate-v", ParamType::boolean, "false", "rotate V too before INT4 (rotate_v; O rotated back)", {}},
+           int_param("first-chunk", "0", "serving path (FlashInfer): the queries of the first prompt chunk, this many "
+                                         "tokens, attend to the raw K and V; the later ones read the cache. 0: every "
+                                         "query reads the cache", 0, 1 << 30)},
           {{"fp16-v", {{"v", "fp16"}, {"rotate-v", "false"}}, "V kept in fp16, K alone in INT4 (qattn's earlier reading)"}},
           nullptr},
          [](const ParamMap& p) { return std::make_unique<SawKv>(p); }});
@@ -452,18 +463,59 @@ const KvRegistry& kv_registry() {
   return r;
 }
 
+namespace {
+
+// Rows [0, n) of a and rows [0, L - n) of b, one above the other; p_int where both have it at one scale.
+AttentionResult stack_rows(AttentionResult a, const AttentionResult& b) {
+  AttentionResult r;
+  if (a.o_f32.size() && b.o_f32.size()) {  // the fused kernels' float32 O (EngineOptions::o_float32)
+    r.o_f32.resize(a.o_f32.rows() + b.o_f32.rows(), b.o_f32.cols());
+    r.o_f32 << a.o_f32, b.o_f32;
+  } else {
+    r.o.resize(a.o.rows() + b.o.rows(), b.o.cols());
+    r.o << a.o, b.o;
+  }
+  r.p.resize(a.p.rows() + b.p.rows(), b.p.cols());
+  r.p << a.p, b.p;
+  if (a.p_int.size() && b.p_int.size() && a.p_scale == b.p_scale) {
+    r.p_int.resize(a.p_int.rows() + b.p_int.rows(), b.p_int.cols());
+    r.p_int << a.p_int, b.p_int;
+    r.p_scale = b.p_scale, r.p_dtype = b.p_dtype;
+  }
+  return r;
+}
+
+}  // namespace
+
 std::vector<AttentionResult> attention_with_kv(const Method& method, const KvQuantizer& kv,
                                                const std::vector<MatrixView>& q, const std::vector<MatrixView>& k,
                                                const std::vector<MatrixView>& v, double scale,
                                                const AttentionMask& mask, KvQuantized* used) {
   KvQuantized c = kv.apply(k, v);
-  std::vector<RowMatrixXd> qr;  // Q rotated as K was; unrotated, the caller's Q is passed through as it is
-  if (c.rotation.size() > 0)
-    for (const MatrixView& x : q) qr.push_back(x * c.rotation);
-  std::vector<AttentionResult> r =
-      method.attention_heads(qr.empty() ? q : views(qr), views(c.k), views(c.v), scale, mask);
-  if (c.v_rotated)
-    for (AttentionResult& a : r) a.o = a.o * c.rotation.transpose();
+  const Eigen::Index lq = q.empty() ? 0 : q.front().rows();
+  const Eigen::Index raw = std::min(c.raw_query_rows, lq);
+  // The queries after the first chunk (all of them without one): Q rotated as K was, on the cache.
+  std::vector<MatrixView> q_rest;
+  std::vector<RowMatrixXd> qr;
+  for (const MatrixView& x : q) {
+    if (c.rotation.size() > 0) qr.push_back(x.middleRows(raw, lq - raw) * c.rotation);
+    else q_rest.push_back(x.middleRows(raw, lq - raw));
+  }
+  std::vector<AttentionResult> r;
+  if (raw == 0 || raw < lq) {
+    r = method.attention_heads(qr.empty() ? q_rest : views(qr), views(c.k), views(c.v), scale,
+                               raw > 0 ? mask.rows(raw, lq - raw, lq) : mask);
+    if (c.v_rotated)
+      for (AttentionResult& a : r) a.o = a.o * c.rotation.transpose();
+  }
+  if (raw > 0) {  // the first prompt chunk on the raw K and V (FlashInfer's ragged prefill of raw_q, raw_k, raw_v)
+    std::vector<MatrixView> q_first;
+    for (const MatrixView& x : q) q_first.push_back(x.topRows(raw));
+    std::vector<AttentionResult> first = method.attention_heads(q_first, k, v, scale, mask.rows(0, raw, lq));
+    if (raw < lq)
+      for (std::size_t h = 0; h < first.size(); ++h) first[h] = stack_rows(std::move(first[h]), r[h]);
+    r = std::move(first);
+  }
   if (used) *used = std::move(c);
   return r;
 }

@@ -495,3 +495,38 @@ TEST_CASE("AWQ: alpha = 0 is RTN, so AWQ never does worse, with salient channels
   CHECK(off20.alpha < 1.0);
   CHECK(weight_registry().canonical("awq@official").find("alphas=official") != std::string::npos);
 }
+
+TEST_CASE("kv first-chunk (FlashInfer serving path): the first chunk's queries read raw K and V, the rest the cache") {
+  const RowMatrixXd q = normals(12, 32, 21, 2.0), k = normals(12, 32, 22), v = normals(12, 32, 23);
+  const AttentionMask causal{RowMatrixXb(), true};
+  for (const char* spec : {"turboquant:bits=3", "saw:rotate-v=true", "saw@fp16-v"}) {
+    for (const char* method : {"fp64", "quant-only"}) {
+      INFO(spec << " with " << method);
+      const auto m = reference_registry().create(method);
+      const auto cache_only = kv_registry().create(spec);
+      const auto served = kv_registry().create(std::string(spec) + (std::string(spec).find(':') == std::string::npos
+                                                                         ? ":first-chunk=5" : ",first-chunk=5"));
+      for (const AttentionMask& mask : {AttentionMask{}, causal}) {
+        KvQuantized used;
+        const auto r = attention_with_kv(*m, *served, {q}, {k}, {v}, 0.125, mask, &used);
+        CHECK(used.raw_query_rows == 5);
+        // rows 0-4: one call on the raw tensors (a chunk of 5 queries: a per-tensor Q scale is the chunk's own)
+        const AttentionResult first = m->attention(q.topRows(5), k, v, 0.125, mask.rows(0, 5, 12));
+        CHECK(r[0].o.topRows(5) == first.o);
+        CHECK(r[0].p.topRows(5) == first.p);
+        // rows 5-11: the cache, as the quantizer without the option gives for a call of those queries
+        const auto rest = attention_with_kv(*m, *cache_only, {RowMatrixXd(q.bottomRows(7))}, {k}, {v}, 0.125,
+                                            mask.rows(5, 7, 12));
+        CHECK(r[0].o.bottomRows(7) == rest[0].o);
+        CHECK(r[0].p.bottomRows(7) == rest[0].p);
+        CHECK(r[0].o.bottomRows(7) != m->attention(q.bottomRows(7), k, v, 0.125, mask.rows(5, 7, 12)).o);
+        // the stored cache is the same, and costs the same bits
+        CHECK(used.k_bits == cache_only->apply({k}, {v}).k_bits);
+      }
+      // a first chunk of every query: no query reads the cache
+      const auto all_raw = kv_registry().create(std::string(spec) + (std::string(spec).find(':') == std::string::npos
+                                                                          ? ":first-chunk=100" : ",first-chunk=100"));
+      CHECK(attention_with_kv(*m, *all_raw, {q}, {k}, {v}, 0.125, causal)[0].o == m->attention(q, k, v, 0.125, causal).o);
+    }
+  }
+}

@@ -33,6 +33,9 @@ struct KvQuantized {
   RowMatrixXd rotation;   // empty: none
   bool v_rotated = false;
   double k_bits = 0, v_bits = 0;  // bits per element of the stored cache, overhead included (mean over heads)
+  // The serving path's first prompt chunk (turboquant and saw's first-chunk, docs/quantizers.md): query rows
+  // [0, raw_query_rows) attend to the raw K and V, unrotated, as one call; the others read the cache as another.
+  Eigen::Index raw_query_rows = 0;
 };
 
 class KvQuantizer {
@@ -46,7 +49,9 @@ class KvQuantizer {
 using KvRegistry = ParamRegistry<KvQuantizer>;
 const KvRegistry& kv_registry();
 
-// Attention of one method over KV-quantized heads: Q rotated as the quantizer requires, O rotated back.
+// Attention of one method over KV-quantized heads: Q rotated as the quantizer requires, O rotated back. With
+// raw_query_rows = n > 0, rows [0, n) are one call on the raw Q, K and V (the mask's rows [0, n)) and rows [n, L_q)
+// another on the cache (the mask's rows [n, L_q)), as a server runs a first prompt chunk and what follows it.
 std::vector<AttentionResult> attention_with_kv(const Method& method, const KvQuantizer& kv,
                                                const std::vector<MatrixView>& q, const std::vector<MatrixView>& k,
                                                const std::vector<MatrixView>& v, double scale,
