@@ -77,31 +77,36 @@ class Fa3Call final : public PreparedCall {
                                             ": FlashAttention-3's FP8 kernel takes head dimensions up to 256");
     key_block = p.key_block > 0 ? p.key_block : fa3_fp8_key_block(d);
     query_tile = p.query_tile > 0 ? p.query_tile : fa3_fp8_query_tile(d);
-    // Q8 is read a row at a time: held as E4M3 codes (one byte each) and decoded per row.
-    Fp8Tensor q8 = quantize(q, p.scaling, "Q");
-    q_descale = q8.descale;
-    q8_codes.resize(q8.values.size());
-    for (std::size_t i = 0; i < q8_codes.size(); ++i)
-      q8_codes[i] = static_cast<std::uint8_t>(lowp_encode(q8.values[i], fp8_e4m3fn()));
-    q8 = Fp8Tensor();
-    for (std::uint32_t c = 0; c < 256; ++c) e4m3_value[c] = static_cast<float>(lowp_decode(c, fp8_e4m3fn()));
-    const Fp8Tensor k8 = quantize(k, p.scaling, "K");
-    v8 = quantize(v, p.scaling, "V");
-    // S = Q8 K8^T runs over d with the keys as the step's columns: K8 transposed [d, L_k], with its exponents.
-    k8t.resize(static_cast<std::size_t>(d * lk));
-    k8te.resize(k8t.size());
-    for (Eigen::Index j = 0; j < lk; ++j)
-      for (Eigen::Index c = 0; c < d; ++c) {
-        const float x = k8.values[static_cast<std::size_t>(j * d + c)];
-        k8t[static_cast<std::size_t>(c * lk + j)] = x;
-        k8te[static_cast<std::size_t>(c * lk + j)] = wgmma_e4m3_exponent(x);
-      }
-    v8e.resize(v8.values.size());
-    for (std::size_t i = 0; i < v8e.size(); ++i) v8e[i] = wgmma_e4m3_exponent(v8.values[i]);
+    // Q8, K8 and V8 are held as E4M3 codes, one byte each, and decoded where the steps read them: Q8 a row at a
+    // time, K8 (transposed [d, L_k]: S = Q8 K8^T runs over d with the keys as the step's columns) a tile of keys at
+    // a time, V8 a key block at a time.
+    const auto codes_of = [](const Fp8Tensor& t) {
+      std::vector<std::uint8_t> c(t.values.size());
+      for (std::size_t i = 0; i < c.size(); ++i) c[i] = static_cast<std::uint8_t>(lowp_encode(t.values[i], fp8_e4m3fn()));
+      return c;
+    };
+    float k_descale = 1.0f;
+    {
+      const Fp8Tensor q8 = quantize(q, p.scaling, "Q");
+      q_descale = q8.descale;
+      q8_codes = codes_of(q8);
+    }
+    {
+      const Fp8Tensor k8 = quantize(k, p.scaling, "K");
+      k_descale = k8.descale;
+      const std::vector<std::uint8_t> k8_codes = codes_of(k8);
+      k8t_codes.resize(k8_codes.size());
+      for (Eigen::Index j = 0; j < lk; ++j)
+        for (Eigen::Index c = 0; c < d; ++c)
+          k8t_codes[static_cast<std::size_t>(c * lk + j)] = k8_codes[static_cast<std::size_t>(j * d + c)];
+    }
+    const Fp8Tensor v8 = quantize(v, p.scaling, "V");
+    v_descale = v8.descale;
+    v8_codes = codes_of(v8);
     // The host's softmax_scale_log2 (float = float * double), then the kernel's *= q_descale * k_descale.
     const float softmax_scale_log2 = static_cast<float>(static_cast<double>(static_cast<float>(scale)) *
                                                         std::numbers::log2e);
-    s2 = softmax_scale_log2 * (q_descale * k8.descale);
+    s2 = softmax_scale_log2 * (q_descale * k_descale);
   }
 
  private:
@@ -111,12 +116,8 @@ class Fa3Call final : public PreparedCall {
   const AttentionMask& mask;
   const Eigen::Index lq, lk, d, dv;
   int key_block = 128, query_tile = 128;
-  std::vector<std::uint8_t> q8_codes;  // Q8 [L_q, d] as E4M3 codes
-  std::array<float, 256> e4m3_value{};  // the value of each code
-  float q_descale = 1.0f;
-  Fp8Tensor v8;
-  std::vector<float> k8t;
-  std::vector<std::int8_t> k8te, v8e;
+  std::vector<std::uint8_t> q8_codes, k8t_codes, v8_codes;  // Q8 [L_q, d], K8^T [d, L_k], V8 [L_k, d_v]: E4M3 codes
+  float q_descale = 1.0f, v_descale = 1.0f;
   float s2 = 0;
 };
 
@@ -130,6 +131,11 @@ AttentionResult Fa3Call::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
   // the row alone.
   constexpr Eigen::Index kChunkRows = 32, kKeyTile = 512;
   RowMatrixXf s(kChunkRows, lk), p8(kChunkRows, lk), o(kChunkRows, dv), ms_block(kChunkRows, blocks);
+  // The decoded operands: one row of Q8, one tile of keys of K8^T [d, kKeyTile], one key block of V8.
+  std::array<float, 256> q_row;  // d <= 256 (the constructor's check)
+  std::array<std::int8_t, 256> q_row_e;
+  std::vector<float> k_tile(static_cast<std::size_t>(d * kKeyTile)), v_block(static_cast<std::size_t>(key_block * dv));
+  std::vector<std::int8_t> k_tile_e(k_tile.size()), v_block_e(v_block.size());
   std::vector<float> m(kChunkRows);
   std::vector<std::array<float, kThreadsPerRow>> l(kChunkRows);
   std::vector<Eigen::Index> lo(kChunkRows), hi(kChunkRows);
@@ -142,14 +148,14 @@ AttentionResult Fa3Call::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
     s.topRows(n).setZero();
     for (Eigen::Index k0 = 0; k0 < lk; k0 += kKeyTile) {
       const auto cols = static_cast<std::size_t>(std::min(kKeyTile, lk - k0));
+      for (Eigen::Index c = 0; c < d; ++c)
+        e4m3_decode(k8t_codes.data() + c * lk + k0, cols, k_tile.data() + c * kKeyTile, k_tile_e.data() + c * kKeyTile);
       for (Eigen::Index t = 0; t < n; ++t) {
-        std::array<float, 256> q_row;  // d <= 256 (the constructor's check)
-        for (Eigen::Index c = 0; c < d; ++c)
-          q_row[static_cast<std::size_t>(c)] = e4m3_value[q8_codes[static_cast<std::size_t>((c0 + t) * d + c)]];
-        const float* qi = q_row.data();
+        e4m3_decode(q8_codes.data() + (c0 + t) * d, static_cast<std::size_t>(d), q_row.data(), q_row_e.data());
         for (Eigen::Index d0 = 0; d0 < d; d0 += static_cast<Eigen::Index>(kStep))
-          wgmma_e4m3_step(&s(t, k0), qi + d0, static_cast<std::size_t>(std::min<Eigen::Index>(kStep, d - d0)),
-                          k8t.data() + d0 * lk + k0, k8te.data() + d0 * lk + k0, static_cast<std::size_t>(lk), cols);
+          wgmma_e4m3_step(&s(t, k0), q_row.data() + d0, static_cast<std::size_t>(std::min<Eigen::Index>(kStep, d - d0)),
+                          k_tile.data() + d0 * kKeyTile, k_tile_e.data() + d0 * kKeyTile,
+                          static_cast<std::size_t>(kKeyTile), cols);
       }
     }
     for (Eigen::Index t = 0; t < n; ++t) {
@@ -178,6 +184,7 @@ AttentionResult Fa3Call::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
     // (3) the key blocks, last first
     for (Eigen::Index b = blocks - 1; b >= 0; --b) {
       const Eigen::Index k0 = b * key_block, k1 = std::min<Eigen::Index>(lk, k0 + key_block);
+      e4m3_decode(v8_codes.data() + k0 * dv, static_cast<std::size_t>((k1 - k0) * dv), v_block.data(), v_block_e.data());
       for (Eigen::Index t = 0; t < n; ++t) {
         if (b < lo[t] || b >= hi[t]) continue;
         const float* sr = &s(t, 0);
@@ -205,7 +212,7 @@ AttentionResult Fa3Call::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
         for (int th = 0; th < kThreadsPerRow; ++th) l[t][th] = first[t] ? part[th] : l[t][th] + part[th];
         for (Eigen::Index s0 = k0; s0 < k1; s0 += static_cast<Eigen::Index>(kStep))
           wgmma_e4m3_step(orow, pr + s0, static_cast<std::size_t>(std::min<Eigen::Index>(kStep, k1 - s0)),
-                          v8.values.data() + s0 * dv, v8e.data() + s0 * dv, static_cast<std::size_t>(dv),
+                          v_block.data() + (s0 - k0) * dv, v_block_e.data() + (s0 - k0) * dv, static_cast<std::size_t>(dv),
                           static_cast<std::size_t>(dv));
         first[t] = 0;
       }
@@ -216,7 +223,7 @@ AttentionResult Fa3Call::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
       const float sum = (l[t][0] + l[t][2]) + (l[t][1] + l[t][3]);
       if (first[t] || sum == 0) continue;  // no visible key: O = 0, P = 0
       const float inv = 1.0f / sum;
-      const float o_scale = inv * v8.descale;
+      const float o_scale = inv * v_descale;
       for (Eigen::Index c = 0; c < dv; ++c) {
         const float x = o(t, c) * o_scale;
         r.o(at, c) = p.output_bf16 ? round_to_bfloat16(x) : x;

@@ -102,6 +102,22 @@ std::int8_t wgmma_e4m3_exponent(float x) {
   return static_cast<std::int8_t>(std::max(float_exponent(x), std::int32_t{-6}));  // E4M3 values are normal floats
 }
 
+void e4m3_decode(const std::uint8_t* codes, std::size_t count, float* value, std::int8_t* exponent) {
+  struct Table {
+    std::array<float, 256> value;
+    std::array<std::int8_t, 256> exponent;
+  };
+  static const Table table = [] {
+    Table t;
+    for (std::uint32_t c = 0; c < 256; ++c) {
+      t.value[c] = static_cast<float>(lowp_decode(c, fp8_e4m3fn()));
+      t.exponent[c] = std::isnan(t.value[c]) ? std::int8_t{-6} : wgmma_e4m3_exponent(t.value[c]);
+    }
+    return t;
+  }();
+  for (std::size_t i = 0; i < count; ++i) value[i] = table.value[codes[i]], exponent[i] = table.exponent[codes[i]];
+}
+
 namespace {
 
 // One chunk of W outputs (W a constant, so that the arrays live in vector registers; W = 0: w outputs, w <= 32).

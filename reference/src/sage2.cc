@@ -114,7 +114,7 @@ class Sage2Call final : public PreparedCall {
   Sage2Call(const MatrixView& q_in, const MatrixView& k_in, const MatrixView& v_in, double scale,
             const AttentionMask& mask, const Sage2Params& p)
       : PreparedCall(q_in.rows()), p(p), scale(scale), mask(mask), lq(q_in.rows()), lk(k_in.rows()),
-        d(q_in.cols()), dv(v_in.cols()), mma_model(mma_preset("h100-mma-e4m3")) {
+        d(q_in.cols()), dv(v_in.cols()), mma_model(mma_preset("h100-mma-e4m3")), k_in(k_in) {
     const bool hardware = p.accumulation == SageAccumulation::wgmma || p.accumulation == SageAccumulation::wgmma_single ||
                           p.accumulation == SageAccumulation::mma;
     if (hardware && p.p_format != SagePFormat::e4m3)
@@ -141,7 +141,10 @@ class Sage2Call final : public PreparedCall {
       qk = std::make_unique<IntMatmulAbt>(qq.values, kq.values);
       qq.values.resize(0, 0);
       kq.values.resize(0, 0);
-      if (!p.smooth_q) k.resize(0, 0);  // Delta S reads K' only with smooth_q
+      // Delta S reads K' only with smooth_q. Without a change of basis K' is K_in - mean (or K_in), which the call
+      // forms again from the caller's K and the mean, the same doubles, instead of holding a copy.
+      if (p.smooth_q && p.qk_transform == SageQkTransform::none && p.smooth_k && lk > 0) k_mean = column_mean(k_in).row(0);
+      if (!p.smooth_q || p.qk_transform == SageQkTransform::none) k.resize(0, 0);
     }
     // (1) V's smoothing, then (5) V per channel, rounded in place: v8 holds V - mean, then V8's values
     v_mean = Eigen::RowVectorXd::Zero(dv);
@@ -168,14 +171,10 @@ class Sage2Call final : public PreparedCall {
     key_block = p.key_block();
     // V8 as the hardware paths read it: float values (wgmma) or E4M3 codes by column (mma).
     if (p.accumulation == SageAccumulation::wgmma || p.accumulation == SageAccumulation::wgmma_single) {
-      v8f.resize(static_cast<std::size_t>(lk * dv));
-      v8e.resize(v8f.size());
+      v8_codes.resize(static_cast<std::size_t>(lk * dv));
       for (Eigen::Index j = 0; j < lk; ++j)
-        for (Eigen::Index c = 0; c < dv; ++c) {
-          const auto at = static_cast<std::size_t>(j * dv + c);
-          v8f[at] = static_cast<float>(v8(j, c));
-          v8e[at] = wgmma_e4m3_exponent(v8f[at]);
-        }
+        for (Eigen::Index c = 0; c < dv; ++c)
+          v8_codes[static_cast<std::size_t>(j * dv + c)] = static_cast<std::uint8_t>(lowp_encode(v8(j, c), fp8_e4m3fn()));
     } else if (p.accumulation == SageAccumulation::mma) {
       v8c.resize(dv, lk);
       for (Eigen::Index j = 0; j < lk; ++j)
@@ -194,16 +193,18 @@ class Sage2Call final : public PreparedCall {
   const AttentionMask& mask;
   const Eigen::Index lq, lk, d, dv;
   const MmaModel& mma_model;
-  RowMatrixXd k;             // K' (smoothed): Delta S reads it (kept with smooth_q only)
+  const MatrixView k_in;     // the caller's K
+  RowMatrixXd k;             // K' (smoothed), kept for Delta S with smooth_q and a change of basis only
+  Eigen::RowVectorXd k_mean;  // smooth_q and smooth_k without a change of basis: K' = K_in - k_mean
   RowMatrixXd q_block_mean;  // row b: the mean subtracted from the queries of block b (smooth_q)
   Eigen::RowVectorXd v_mean, v_scale;
   SageQuantized qq, kq;  // their scales and groups (qk holds the codes)
   std::unique_ptr<IntMatmulAbt> qk;  // Q^ K^T, a block of rows at a time
   RowMatrixXd v8;  // V8's values, for the accumulators other than wgmma and mma
   Eigen::Index key_block = 64;
-  // V8 as the hardware paths read it: float values and their E4M3 field exponents (wgmma) or codes by column (mma).
-  std::vector<float> v8f;
-  std::vector<std::int8_t> v8e;
+  // V8 as the hardware paths read it: E4M3 codes by row (wgmma: decoded a key block at a time into the values and
+  // field exponents its step reads) or by column (mma).
+  std::vector<std::uint8_t> v8_codes;
   Eigen::Matrix<std::uint16_t, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> v8c;
 };
 
@@ -221,6 +222,23 @@ AttentionResult Sage2Call::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
   RowMatrixXf s(kChunkRows, lk), p8(kChunkRows, lk), out(kChunkRows, dv), m_block(kChunkRows, blocks);
   std::vector<float> m(kChunkRows), l(kChunkRows), block(static_cast<std::size_t>(dv)),
       group_factor(kq.scales.size());
+  const bool wgmma = p.accumulation == SageAccumulation::wgmma || p.accumulation == SageAccumulation::wgmma_single;
+  std::vector<float> v8f(wgmma ? static_cast<std::size_t>(key_block * dv) : 0);  // one key block of V8, decoded
+  std::vector<std::int8_t> v8e(v8f.size());
+  // Delta S of one query block against every key, fp32: fl32((mean_b . K'_j) scale), formed once per block.
+  std::vector<float> delta_s(p.smooth_q ? static_cast<std::size_t>(lk) : 0);
+  Eigen::Index delta_block = -1;
+  const auto form_delta_s = [&](Eigen::Index b) {
+    const auto mean = q_block_mean.row(b);
+    for (Eigen::Index j = 0; j < lk; ++j) {
+      double dot;
+      if (k.size()) dot = mean.dot(k.row(j));
+      else if (k_mean.size()) dot = mean.dot(k_in.row(j) - k_mean);
+      else dot = mean.dot(k_in.row(j));
+      delta_s[static_cast<std::size_t>(j)] = static_cast<float>(dot * scale);
+    }
+    delta_block = b;
+  };
   for (Eigen::Index c0 = r0; c0 < r0 + rows; c0 += kChunkRows) {
     const Eigen::Index n = std::min(kChunkRows, r0 + rows - c0);
     const RowMatrixXi32 acc_int = qk->rows(c0, n);  // exact
@@ -229,13 +247,14 @@ AttentionResult Sage2Call::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
       const Eigen::Index i = c0 + t, at = i - r0;
       for (std::size_t g = 0; g < kq.scales.size(); ++g)
         group_factor[g] = static_cast<float>(qq.scales[qq.group[i]] * kq.scales[g] * scale);
+      if (p.smooth_q && i / p.groups.block_q != delta_block) form_delta_s(i / p.groups.block_q);
       for (Eigen::Index j = 0; j < lk; ++j) {
         if (!unmasked && !visible(at, j)) {
           s(t, j) = kNegInf;
           continue;
         }
         s(t, j) = static_cast<float>(acc_int(t, j)) * group_factor[kq.group[j]];
-        if (p.smooth_q) s(t, j) += static_cast<float>(q_block_mean.row(i / p.groups.block_q).dot(k.row(j)) * scale);  // Delta S, fp32
+        if (p.smooth_q) s(t, j) += delta_s[static_cast<std::size_t>(j)];  // Delta S, fp32
         if (!std::isfinite(s(t, j))) throw_logit_overflow("sage2", "float32", i, j);
       }
     }
@@ -245,6 +264,8 @@ AttentionResult Sage2Call::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
     // (4)-(6) online softmax over key blocks
     for (Eigen::Index b = 0; b < blocks; ++b) {
       const Eigen::Index b0 = b * key_block, b1 = std::min<Eigen::Index>(lk, b0 + key_block);
+      if (wgmma)
+        e4m3_decode(v8_codes.data() + b0 * dv, static_cast<std::size_t>((b1 - b0) * dv), v8f.data(), v8e.data());
       for (Eigen::Index t = 0; t < n; ++t) {
         float m_new = m[t];
         for (Eigen::Index j = b0; j < b1; ++j) m_new = std::max(m_new, s.data()[t * lk + j]);
@@ -269,15 +290,16 @@ AttentionResult Sage2Call::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
             std::fill(block.begin(), block.end(), 0.0f);
             for (Eigen::Index s0 = b0; s0 < b1; s0 += kStep)
               wgmma_e4m3_step(block.data(), pr + s0, static_cast<std::size_t>(std::min(kStep, b1 - s0)),
-                              v8f.data() + s0 * dv, v8e.data() + s0 * dv, static_cast<std::size_t>(dv),
+                              v8f.data() + (s0 - b0) * dv, v8e.data() + (s0 - b0) * dv, static_cast<std::size_t>(dv),
                               static_cast<std::size_t>(dv));
             for (Eigen::Index c = 0; c < dv; ++c) o[c] = o[c] * rescale + block[c];
             break;
           case SageAccumulation::wgmma_single:  // one accumulator, rescaled in fp32, then the next steps' fused term
             for (Eigen::Index c = 0; c < dv; ++c) o[c] *= rescale;
             for (Eigen::Index s0 = b0; s0 < b1; s0 += kStep)
-              wgmma_e4m3_step(o, pr + s0, static_cast<std::size_t>(std::min(kStep, b1 - s0)), v8f.data() + s0 * dv,
-                              v8e.data() + s0 * dv, static_cast<std::size_t>(dv), static_cast<std::size_t>(dv));
+              wgmma_e4m3_step(o, pr + s0, static_cast<std::size_t>(std::min(kStep, b1 - s0)),
+                              v8f.data() + (s0 - b0) * dv, v8e.data() + (s0 - b0) * dv, static_cast<std::size_t>(dv),
+                              static_cast<std::size_t>(dv));
             break;
           case SageAccumulation::mma: {  // a fresh buffer per block; each 32 keys: two HMMA halves, then + buffer
             std::array<std::uint16_t, kStep> pc{}, vc{};

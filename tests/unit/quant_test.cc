@@ -7,6 +7,7 @@
 #include "qattn/quantize.h"
 #include "qattn/reference/flashq.h"
 #include "qattn/reference/kv_quant.h"
+#include "qattn/reference/lowp_float.h"
 #include "qattn/reference/quant.h"
 #include "qattn/reference/random.h"
 #include "qattn/reference/registry.h"
@@ -528,5 +529,44 @@ TEST_CASE("kv first-chunk (FlashInfer serving path): the first chunk's queries r
                                                                           ? ":first-chunk=100" : ",first-chunk=100"));
       CHECK(attention_with_kv(*m, *all_raw, {q}, {k}, {v}, 0.125, causal)[0].o == m->attention(q, k, v, 0.125, causal).o);
     }
+  }
+}
+
+TEST_CASE("GEAR-L: backbone + rank-r SVD of the residual; rank 0 is the backbone, KIVI's bit for bit") {
+  // Low-rank structure plus noise: 96 tokens, 32 channels
+  const RowMatrixXd base = normals(96, 3, 41) * normals(3, 32, 42) + 0.3 * normals(96, 32, 43);
+  const RowMatrixXd v = normals(96, 32, 44);
+  // rank 0 with the KIVI backbone is KIVI (whole groups of g older than n_b, the rest fp16)
+  const KvQuantized kivi = kv_registry().create("kivi:bits=3,g=32,nb=16")->apply({base}, {v});
+  const KvQuantized g0 = kv_registry().create("gear:backbone=kivi,bits=3,g=32,nb=16,rank=0")->apply({base}, {v});
+  CHECK(g0.k[0] == kivi.k[0]);
+  CHECK(g0.v[0] == kivi.v[0]);
+  CHECK(g0.k_bits == kivi.k_bits);
+  // the error falls with the rank; full rank leaves only the fp16 rounding of the factors
+  double previous = INFINITY;
+  for (const int r : {0, 1, 3, 8, 32}) {
+    INFO("rank " << r);
+    const KvQuantized g = kv_registry().create("gear:bits=2,nb=0,rank=" + std::to_string(r))->apply({base}, {v});
+    const double err = (g.k[0] - base).norm();
+    CHECK(err < previous);
+    previous = err;
+    // bits: codes + per-channel (K) scale and offset + fp16 factors r (L + d)
+    const double expected = (2.0 * 96 * 32 + 64.0 * 32 + 16.0 * r * (96 + 32)) / (96.0 * 32);
+    CHECK(g.k_bits == Approx(expected).epsilon(1e-12));
+    if (r == 32) CHECK((g.k[0] - base).cwiseAbs().maxCoeff() < 2e-3 * base.cwiseAbs().maxCoeff());
+  }
+  // KCVT: K per channel over every compressed token, V per token; the n_b most recent tokens are fp16 exactly
+  const KvQuantized kcvt = kv_registry().create("gear@kcvt:nb=16,rank=0")->apply({base}, {v});
+  for (Eigen::Index c = 0; c < 32; ++c) {
+    const auto col = base.col(c).head(80);
+    const double step = (col.maxCoeff() - col.minCoeff()) / 15;
+    CHECK((kcvt.k[0].col(c).head(80) - col).cwiseAbs().maxCoeff() <= 0.5 * step * (1 + 1e-9));
+  }
+  for (Eigen::Index t = 80; t < 96; ++t)
+    for (Eigen::Index c = 0; c < 32; ++c)
+      CHECK(kcvt.k[0](t, c) == lowp_round(base(t, c), fp16_binary16(), LowpRounding::rne, LowpOverflow::saturate));
+  for (Eigen::Index t = 0; t < 80; ++t) {
+    const double step = (v.row(t).maxCoeff() - v.row(t).minCoeff()) / 15;
+    CHECK((kcvt.v[0].row(t) - v.row(t)).cwiseAbs().maxCoeff() <= 0.5 * step * (1 + 1e-9));
   }
 }

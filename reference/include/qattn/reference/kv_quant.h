@@ -12,6 +12,8 @@
 //               inner products
 //   saw         SAW-INT4: block-diagonal normalized Hadamard on K (and optionally V), per-token asymmetric INT4
 //               packed two per byte; queries rotated the same way, output rotated back when V was rotated
+//   gear        GEAR-L: a uniform min-offset backbone (KCVT or KIVI's groups) plus the rank-r truncated SVD of its
+//               residual, factors in fp16; the n_b most recent tokens in fp16
 #pragma once
 
 #include <cstdint>

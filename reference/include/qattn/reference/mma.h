@@ -97,6 +97,10 @@ void mma_matmul(const MmaModel& m, std::span<const std::uint16_t> a, std::span<c
 std::int8_t wgmma_e4m3_exponent(float x);
 void wgmma_e4m3_step(float* acc, const float* p, std::size_t n, const float* v, const std::int8_t* v_exponent,
                      std::size_t stride, std::size_t cols);
+// E4M3 operands held one byte per code (a prepared call's K8 or V8, O(L d) bytes) and decoded into the float values
+// and field exponents wgmma_e4m3_step reads: `count` codes from `codes` to `value` and `exponent`. The code of a
+// value is lowp_encode(value, fp8_e4m3fn()), signed zeros included; the NaN codes decode to NaN, exponent -6.
+void e4m3_decode(const std::uint8_t* codes, std::size_t count, float* value, std::int8_t* exponent);
 
 // One fused step of the H100's HMMA.16816.F16 (h100-hmma-f16-acc16) for `cols` outputs at once:
 //   acc[c] <- RNE_binary16( trunc(acc[c]) + sum_j trunc(p[j] v[j][c]) ), every term truncated at 2^(E_c - 25),
