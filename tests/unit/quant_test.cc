@@ -532,7 +532,7 @@ TEST_CASE("kv first-chunk (FlashInfer serving path): the first chunk's queries r
   }
 }
 
-TEST_CASE("GEAR-L: backbone + rank-r SVD of the residual; rank 0 is the backbone, KIVI's bit for bit") {
+TEST_CASE("GEAR-L: backbone plus the rank-r SVD of its residual, rank 0 equal to kivi bit for bit") {
   // Low-rank structure plus noise: 96 tokens, 32 channels
   const RowMatrixXd base = normals(96, 3, 41) * normals(3, 32, 42) + 0.3 * normals(96, 32, 43);
   const RowMatrixXd v = normals(96, 32, 44);
