@@ -96,11 +96,13 @@ AttentionResult float_attention(const MatrixView& q, const MatrixView& k, const 
   if (logits) throw std::invalid_argument("float_attention: logits are returned for fp64 only");
   // Each operand in its storage format only while its product runs: a streamed block holds one [L_k, d] copy at a
   // time (docs/streaming.md).
-  RowMatrixXf s;
-  {
+  RowMatrixXf s = [&] {
     const RowMatrixXf qf = to_storage_float(q, p), kf = to_storage_float(k, p);  // R1
-    s = qf * kf.transpose();
-  }
+    // Constructed from the product, not assigned: under NEON the assignment's path gives other bits for other
+    // row counts (tests/property/registry_property_test.cc, blocks of 64 rows against the whole call).
+    RowMatrixXf product = qf * kf.transpose();
+    return product;
+  }();
   s *= static_cast<float>(scale);
   round_in_place(s, p);  // R2
   if (!mask.empty()) {
