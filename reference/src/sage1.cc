@@ -68,27 +68,25 @@ class Sage1Call final : public PreparedCall {
   Sage1Call(const MatrixView& q, const MatrixView& k_in, const MatrixView& v, double scale, const AttentionMask& mask,
             const Sage1Params& p)
       : PreparedCall(q.rows()), p(p), mask(mask), lq(q.rows()), lk(k_in.rows()), d(q.cols()), dv(v.cols()) {
-    {  // steps (1) and (2); what they make is released once qk holds the codes
-    // (1) smoothing, in float64, then float32
-    RowMatrixXd k = k_in;
-    if (p.smooth_k && lk > 0) k.rowwise() -= k_in.colwise().mean();
-    // (2) Q scaled into base 2, Q and K' per block
-    const float factor = static_cast<float>(scale * static_cast<double>(kLog2e));
-    std::vector<float> xq(static_cast<std::size_t>(lq * d)), xk(static_cast<std::size_t>(lk * d));
-    for (Eigen::Index i = 0; i < lq; ++i)
-      for (Eigen::Index c = 0; c < d; ++c) {
-        const float x = to_f32(q(i, c), "Q", i, c) * factor;
-        if (!std::isfinite(x)) throw_logit_overflow("sage1", "float32", i, 0);
-        xq[static_cast<std::size_t>(i * d + c)] = x;
-      }
-    for (Eigen::Index j = 0; j < lk; ++j)
-      for (Eigen::Index c = 0; c < d; ++c) xk[static_cast<std::size_t>(j * d + c)] = to_f32(k(j, c), "K", j, c);
-    {
-      RowMatrixXi32 qq, kq;  // held by qk from here, as int8 and float
+    {  // steps (1) and (2); what they make is released once qk holds the codes (as int8 and float)
+      // (1) smoothing, in float64, then float32
+      RowMatrixXd k = k_in;
+      if (p.smooth_k && lk > 0) k.rowwise() -= k_in.colwise().mean();
+      // (2) Q scaled into base 2, Q and K' per block
+      const float factor = static_cast<float>(scale * static_cast<double>(kLog2e));
+      std::vector<float> xq(static_cast<std::size_t>(lq * d)), xk(static_cast<std::size_t>(lk * d));
+      for (Eigen::Index i = 0; i < lq; ++i)
+        for (Eigen::Index c = 0; c < d; ++c) {
+          const float x = to_f32(q(i, c), "Q", i, c) * factor;
+          if (!std::isfinite(x)) throw_logit_overflow("sage1", "float32", i, 0);
+          xq[static_cast<std::size_t>(i * d + c)] = x;
+        }
+      for (Eigen::Index j = 0; j < lk; ++j)
+        for (Eigen::Index c = 0; c < d; ++c) xk[static_cast<std::size_t>(j * d + c)] = to_f32(k(j, c), "K", j, c);
+      RowMatrixXi32 qq, kq;
       quantize_blocks(xq, lq, d, p.block_q, qq, q_scale);
       quantize_blocks(xk, lk, d, p.block_k, kq, k_scale);
       qk = std::make_unique<IntMatmulAbt>(qq, kq);
-    }
     }
     // (5) V in binary16, with its exponents for the HMMA step
     v16.resize(static_cast<std::size_t>(lk * dv));
