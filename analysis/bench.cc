@@ -26,7 +26,7 @@
 #include "qattn/reference/method_entries.h"
 #include "qattn/reference/registry.h"
 #include "qattn/tensor_io.h"
-#include "table.h"
+#include "evaluate.h"
 
 namespace qattn::cli {
 

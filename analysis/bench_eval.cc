@@ -31,7 +31,7 @@
 #include "qattn/error.h"
 #include "qattn/tensor.h"
 #include "qattn/tensor_io.h"
-#include "table.h"
+#include "evaluate.h"
 
 namespace qattn::cli {
 namespace {

@@ -35,7 +35,7 @@
 #include "qattn/eval/analysis.h"
 #include "qattn/eval/panel_metrics.h"
 #include "shard.h"
-#include "table.h"
+#include "evaluate.h"
 
 namespace qattn::cli {
 namespace fs = std::filesystem;
@@ -45,16 +45,18 @@ namespace {
 
 const Registry& registry() { return ref::reference_registry(); }
 
-void check_format(const std::string& f, std::initializer_list<const char*> valid) {
+void check_format(const std::string& f, std::initializer_list<const char*> valid) { check_format_option(f, valid); }
+
+// Writes text to `path` atomically, or to stdout when path is empty.
+}  // namespace
+
+void check_format_option(const std::string& f, std::initializer_list<const char*> valid) {
   for (const char* v : valid)
     if (f == v) return;
   std::string list;
   for (const char* v : valid) list += std::string(list.empty() ? "" : "|") + v;
   throw CLI::ValidationError("--format", "'" + f + "' is not one of " + list);
 }
-
-// Writes text to `path` atomically, or to stdout when path is empty.
-}  // namespace
 
 void emit(const std::string& text, const std::string& path) {
   if (path.empty()) {
@@ -393,15 +395,6 @@ void run_softmax(const SoftmaxOptions& o) {
 }
 
 // ---- compare ---------------------------------------------------------------------------------------------
-json stats_json(const ErrorStats& s) {
-  json hist = json::object();
-  for (const auto& [k, n] : s.log2_histogram) hist[std::to_string(k)] = n;
-  // Non-finite values as "nan", "inf", "-inf" (exact_number), as everywhere in qattn's JSON (docs/metrics.md)
-  return {{"count", s.count}, {"nonfinite", s.nonfinite}, {"cossim", exact_number(s.cossim)},
-          {"rel_l1", exact_number(s.rel_l1)}, {"rmse", exact_number(s.rmse)}, {"max_abs", exact_number(s.max_abs)},
-          {"bias", exact_number(s.bias)}, {"median_abs", exact_number(s.median_abs)},
-          {"zero_errors", s.zero_errors}, {"log2_histogram", hist}};
-}
 
 // The metrics of A against B, in chunks of whole rows of the last axis (about 2^16 values each, fixed by the shape)
 // on `threads` workers, each chunk's partial sums folded in chunk order (qattn/eval/panel_metrics.h): the same
@@ -625,185 +618,40 @@ AnalyzePlan plan_analyze(const AnalyzeOptions& o) {
   return plan;
 }
 
-// Every method over the dump (streamed, docs/streaming.md), per head in (layer, head) order and each method in the
-// order given; progress on stderr at a terminal or once a run passes 2 s, at most once a second.
-std::vector<HeadResult> evaluate_plan(const std::vector<DumpLayer>& dump, const AnalyzePlan& plan) {
-  const auto start = std::chrono::steady_clock::now();
-  const bool terminal = isatty(STDERR_FILENO);
+// The run's evaluation options: threads, block rows, --whole-calls, and progress on stderr at a terminal or once a
+// run passes 2 s, at most once a second.
+EvalOptions eval_options(const AnalyzePlan& plan) {
   EvalOptions options;
   options.threads = plan.threads > 0 ? plan.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   options.block_rows = plan.block_rows;
-  std::mutex print_lock;
-  double printed = 0;
-  options.progress = [&](std::size_t done, std::size_t total) {
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const std::lock_guard<std::mutex> hold(print_lock);
-    if ((terminal || elapsed > 2.0) && (elapsed - printed >= 1.0 || done == total)) {
-      printed = elapsed;
+  options.whole_calls = plan.whole_calls;
+  struct Progress {
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+    bool terminal = isatty(STDERR_FILENO);
+    std::mutex lock;
+    double printed = 0;
+  };
+  options.progress = [state = std::make_shared<Progress>()](std::size_t done, std::size_t total) {
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - state->start).count();
+    const std::lock_guard<std::mutex> hold(state->lock);
+    if ((state->terminal || elapsed > 2.0) && (elapsed - state->printed >= 1.0 || done == total)) {
+      state->printed = elapsed;
       std::cerr << "qattn analyze: " << done << "/" << total << " blocks and calls done (" << static_cast<int>(elapsed)
                 << " s)\n";
     }
   };
-  return eval::evaluate_plan(dump, plan, options, plan.whole_calls);
+  return options;
 }
 
-// One method's summary rows: the seven metrics' mean and worst over heads, with P max abs and bias (mean over
-// heads; worst = the largest |value|) and the mean K/V bits.
-struct MethodSummary {
-  Summary metrics;
-  double k_bits = 0, v_bits = 0, max_abs_mean = 0, max_abs_worst = 0, bias_mean = 0, bias_worst = 0;
-  const HeadResult* first_nonfinite = nullptr;  // a head whose output is not finite (its metrics NaN), if any
-};
-
-MethodSummary summarise_method(const std::vector<HeadResult>& mine) {
-  MethodSummary s;
-  s.metrics = summarise(mine);
-  const double n = static_cast<double>(mine.size());
-  for (const auto& r : mine) {
-    s.k_bits += r.k_bits / n;
-    s.v_bits += r.v_bits / n;
-    s.max_abs_mean += r.p.max_abs / n;
-    s.bias_mean += r.p.bias / n;
-    s.max_abs_worst = std::isnan(s.max_abs_worst) || std::isnan(r.p.max_abs) ? NAN : std::max(s.max_abs_worst, r.p.max_abs);
-    if (!(std::fabs(r.p.bias) <= std::fabs(s.bias_worst))) s.bias_worst = r.p.bias;
-    if (!s.first_nonfinite && (r.o.nonfinite > 0 || r.p.nonfinite > 0)) s.first_nonfinite = &r;
-  }
-  return s;
-}
-
-// Each layer's logit scale and mask, as the evaluation used them: "layer 0: scale 0.125, no mask; layer 1: ...".
-std::string describe_layers(const std::vector<HeadResult>& results) {
-  std::map<int, std::pair<double, bool>> layers;
-  for (const HeadResult& r : results) layers.emplace(r.layer, std::make_pair(r.scale, r.causal));
-  std::string out;
-  for (const auto& [layer, sc] : layers) {
-    std::ostringstream s;
-    s.precision(6);
-    s << sc.first;
-    out += (out.empty() ? "" : "; ") + ("layer " + std::to_string(layer) + ": scale " + s.str() +
-                                        (sc.second ? ", causal" : ", no mask"));
-  }
-  return out;
-}
-
-// The sentence above the table: what was compared with what, on which tensors.
-std::string describe_analysis(const AnalyzeView& v, const std::vector<HeadResult>& results) {
-  const std::string heads = std::to_string(v.n_heads) + " heads";
-  if (v.softmax)
-    return "Softmax error vs the " + std::string(v.reference == "exact" ? "exact (50-digit)" : "fp64") +
-           " softmax of the dumped logits on " + v.tensors + " (" + heads +
-           "; P flattened over all batch entries of a head; bias = mean signed error; worst = min CosSim, max error, "
-           "largest |bias| over heads; qattn " QATTN_VERSION ")";
-  std::string what = "Attention error vs the fp64 reference on " + v.tensors;
-  if (!v.kv.empty())
-    what += ", K and V through the KV quantizer " + v.kv + " (bits per element include scales and zero points)";
-  if (!v.weights.empty())
-    what += ", Q, K and V projected from layer{L}_attn_input with weights quantized by " + v.weights +
-            " (calibrated on the same inputs; reference: fp64 attention of the unquantized projections)";
-  return what + " (" + heads +
-         "; O = softmax(scale QK^T)V with " + describe_layers(results) +
-         " (1/sqrt(d) and no mask unless manifest.json sets them); O and P "
-         "flattened over all batch entries of a head; bias = mean signed error; worst = min CosSim, max error, largest "
-         "|bias| over heads; qattn " QATTN_VERSION ")";
-}
-
-// A caption short enough for a paper's table: what is compared with what, on which tensors, by which version. The
-// full description (describe_analysis) goes into a comment above the table.
-std::string analysis_caption(const AnalyzeView& v) {
-  const std::string source = std::filesystem::path(v.tensors).filename().string();
-  const std::string what = v.softmax ? "Softmax error vs the " + std::string(v.reference == "exact" ? "exact" : "fp64") +
-                                           " softmax"
-                                     : "Attention error vs fp64 attention";
-  return what + (v.kv.empty() ? "" : " (KV " + v.kv + ")") + (v.weights.empty() ? "" : " (weights " + v.weights + ")") +
-         ", " + std::to_string(v.n_heads) + " heads of " + (source.empty() ? v.tensors : source) + "; qattn " +
-         QATTN_VERSION + ".";
-}
-
-AnalyzeView view_of(const AnalyzePlan& plan, const AnalyzeOptions& o, std::size_t n_heads) {
-  AnalyzeView v;
-  v.tensors = plan.tensors;
-  v.softmax = plan.softmax;
-  v.reference = softmax_reference_name(plan.softmax ? plan.reference : SoftmaxReference::fp64);
-  if (plan.kv) v.kv = ref::kv_registry().canonical(o.kv);
-  if (plan.wq) v.weights = ref::weight_registry().canonical(o.weights);
-  v.specs = plan.specs;
-  v.n_heads = n_heads;
-  return v;
-}
-
-// The partial result of `analyze --shard K/N`: the block of (layer, head) pairs the shard owns (in (layer, head)
-// order), evaluated with every method. Only the heads it owns are read, unless a method or quantizer looks across
-// the heads of a layer (MethodTraits::heads_independent false, --kv, --weights): then it reads and evaluates the
-// whole layers its heads are in, and keeps its own heads' rows.
+// The partial result of `analyze --shard K/N` (eval::analyze_shard, docs/scale-out.md).
 std::string analyze_partial(const AnalyzeOptions& o, const AnalyzePlan& plan) {
   if (!o.q.empty() || !o.logits.empty())
     throw CLI::ValidationError("--shard", "splits a dump's (layer, head) pairs: give --tensors, not --q/--k/--v or --logits");
-  const Shard shard = parse_shard(o.shard);
-  const DumpTarget target = plan.softmax ? DumpTarget::softmax : DumpTarget::attention;
-  const DumpListing listing = list_dump(o.tensors, target);
-  std::vector<std::pair<int, int>> units = listing.units;
-  auto input_file = [&](int layer, const std::string& suffix) { return "layer" + std::to_string(layer) + "_" + suffix; };
-  if (plan.wq) {  // layers without an attention input are left out of a weight analysis, as in the unsharded run
-    std::erase_if(units, [&](const auto& u) { return !listing.files.count(input_file(u.first, "attn_input.npy")); });
-    std::vector<DumpLayer> none;
-    if (units.empty()) quantize_projections(none, o.tensors, *plan.wq);  // throws the unsharded run's error
-  }
-  const auto [begin, end] = shard_block(units.size(), shard);
-  const std::set<std::pair<int, int>> owned(units.begin() + static_cast<std::ptrdiff_t>(begin),
-                                            units.begin() + static_cast<std::ptrdiff_t>(end));
-  std::set<int> owned_layers;
-  for (const auto& [layer, head] : owned) owned_layers.insert(layer);
-  bool whole_layers = plan.kv || plan.wq;
-  for (const std::string& spec : plan.specs)
-    whole_layers = whole_layers || !registry().traits(parse_method_spec(spec)).heads_independent;
-  Provenance prov;
-  DumpFilter filter;
-  filter.keep = [&](int layer, int head) { return whole_layers ? owned_layers.count(layer) > 0 : owned.count({layer, head}) > 0; };
-  filter.listing = &listing;
-  filter.files_read = &prov.inputs;
-  std::vector<HeadResult> results;
-  if (!owned.empty()) {
-    std::vector<DumpLayer> dump = load_dump(o.tensors, target, plan.reference, &filter, /*with_reference=*/false);
-    if (plan.wq) {
-      quantize_projections(dump, o.tensors, *plan.wq);
-      for (int layer : owned_layers)
-        for (const char* f : {"attn_input", "wq", "wk", "wv", "bq", "bk", "bv"})
-          prov.inputs.push_back((fs::path(o.tensors) / input_file(layer, std::string(f) + ".npy")).string());
-    }
-    results = evaluate_plan(dump, plan);
-    std::erase_if(results, [&](const HeadResult& r) { return !owned.count({r.layer, r.head}); });
-  }
-  prov.command = "analyze";
-  prov.options = {{"tensors", o.tensors}, {"method", plan.specs},   {"reference", o.reference},
-                  {"kv", o.kv},           {"weights", o.weights}, {"softmax_only", o.softmax_only}};
-  prov.dump = {{"source", o.tensors}, {"files", listing.files}};
-  prov.units = units.size();
-  prov.shard = shard;
-  json rows = json::array();
-  for (const HeadResult& r : results) rows.push_back(head_result_json(r));
-  json doc = partial_document(prov, {{"view", analyze_view_json(view_of(plan, o, units.size()))}, {"rows", rows}});
-  doc["format"] = o.format;
-  return doc.dump(1) + "\n";
+  const Shard shard = shard_option(o.shard);
+  return analyze_shard(o.tensors, plan, shard, eval_options(plan), o.format);
 }
 
 }  // namespace
-
-json analyze_view_json(const AnalyzeView& v) {
-  return {{"tensors", v.tensors}, {"softmax", v.softmax}, {"reference", v.reference}, {"kv", v.kv},
-          {"weights", v.weights}, {"specs", v.specs},     {"n_heads", v.n_heads}};
-}
-
-AnalyzeView analyze_view_from_json(const json& j) {
-  AnalyzeView v;
-  v.tensors = j.at("tensors").get<std::string>();
-  v.softmax = j.at("softmax").get<bool>();
-  v.reference = j.at("reference").get<std::string>();
-  v.kv = j.at("kv").get<std::string>();
-  v.weights = j.at("weights").get<std::string>();
-  v.specs = j.at("specs").get<std::vector<std::string>>();
-  v.n_heads = j.at("n_heads").get<std::size_t>();
-  return v;
-}
 
 std::string analyze_report(const AnalyzeOptions& o) {
   check_analyze_options(o);
@@ -821,83 +669,7 @@ std::string analyze_report(const AnalyzeOptions& o) {
   if (plan.wq) quantize_projections(dump, o.tensors, *plan.wq);
   std::size_t n_heads = 0;
   for (const DumpLayer& l : dump) n_heads += l.heads.size();
-  return render_analyze(view_of(plan, o, n_heads), evaluate_plan(dump, plan), o.format);
-}
-
-std::string render_analyze(const AnalyzeView& view, std::vector<HeadResult> results, const std::string& format) {
-  check_format(format, {"md", "csv", "latex", "json"});
-  std::stable_sort(results.begin(), results.end(), [](const HeadResult& a, const HeadResult& b) {
-    return std::make_pair(a.layer, a.head) < std::make_pair(b.layer, b.head);
-  });
-  const bool softmax = view.softmax, kv = !view.kv.empty();
-  Table t{{"layer", "head", "method", "O CosSim", "O rel L1", "O RMSE", "P CosSim", "P rel L1", "P RMSE", "P max abs",
-           "P bias", "P KL"},
-          {}};
-  if (softmax) t.header.erase(t.header.begin() + 3, t.header.begin() + 6);
-  if (kv) t.header.insert(t.header.begin() + 3, {"K bits", "V bits"});
-  auto row = [&](const std::string& l, const std::string& h, const std::string& m, double k_bits, double v_bits,
-                 const Metrics& v, double p_max_abs, double p_bias) {
-    std::vector<std::string> cells = {l, h, m, fmt_sim(v.o_cossim), fmt_err(v.o_rel_l1), fmt_err(v.o_rmse),
-                                      fmt_sim(v.p_cossim), fmt_err(v.p_rel_l1), fmt_err(v.p_rmse), fmt_err(p_max_abs),
-                                      fmt_err(p_bias), fmt_err(v.p_kl)};
-    if (softmax) cells.erase(cells.begin() + 3, cells.begin() + 6);
-    if (kv) cells.insert(cells.begin() + 3, {fmt_bits(k_bits), fmt_bits(v_bits)});
-    t.rows.push_back(std::move(cells));
-  };
-  json j = {{"tensors", view.tensors},
-            {"qattn_version", QATTN_VERSION},
-            {"scale_rule", softmax ? json(nullptr) : json("1/sqrt(d) unless manifest.json sets it")},
-            {"mask_rule", softmax ? json("as dumped (-inf entries)") : json("none unless manifest.json sets causal")},
-            {"target", softmax ? "softmax" : "attention"},
-            {"reference", view.reference},
-            {"kv", kv ? json(view.kv) : json(nullptr)},
-            {"weights", view.weights.empty() ? json(nullptr) : json(view.weights)},
-            {"layers", json::array()},  // each layer's logit scale and causal mask, as used
-            {"heads", json::array()},
-            {"summary", json::array()}};
-  for (const auto& r : results) {
-    row(std::to_string(r.layer), std::to_string(r.head), r.method, r.k_bits, r.v_bits, metric_values(r), r.p.max_abs,
-        r.p.bias);
-    j["heads"].push_back({{"layer", r.layer}, {"head", r.head}, {"method", r.method}, {"O", stats_json(r.o)},
-                          {"P", stats_json(r.p)}, {"P_kl_mean", exact_number(r.kl.mean)},
-                          {"P_kl_max", exact_number(r.kl.max)}, {"K_bits", exact_number(r.k_bits)},
-                          {"V_bits", exact_number(r.v_bits)}});
-  }
-  const std::size_t summary_start = t.rows.size();
-  for (const auto& spec : view.specs) {
-    std::vector<HeadResult> mine;
-    for (const auto& r : results)
-      if (r.method == spec) mine.push_back(r);
-    const MethodSummary s = summarise_method(mine);
-    std::string worst_label = "worst";
-    json nonfinite_head = nullptr;
-    if (const HeadResult* r = s.first_nonfinite) {  // its NaN makes the mean and worst NaN; the worst row names it
-      worst_label = "worst (NaN: layer " + std::to_string(r->layer) + " head " + std::to_string(r->head) + ")";
-      nonfinite_head = {{"layer", r->layer}, {"head", r->head}};
-      std::cerr << "qattn analyze: " << spec << " gives a non-finite output on layer " << r->layer << " head "
-                << r->head << " (its metrics are NaN; see docs/non-finite.md)\n";
-    }
-    row("all", "mean", spec, s.k_bits, s.v_bits, s.metrics.mean, s.max_abs_mean, s.bias_mean);
-    row("all", worst_label, spec, s.k_bits, s.v_bits, s.metrics.worst, s.max_abs_worst, s.bias_worst);
-    json mean, worst;
-    for (const MetricInfo& m : kMetrics)
-      mean[m.name] = exact_number(s.metrics.mean[m.metric]), worst[m.name] = exact_number(s.metrics.worst[m.metric]);
-    j["summary"].push_back({{"method", spec}, {"canonical", registry().canonical(parse_method_spec(spec))},
-                            {"mean", mean}, {"worst", worst}, {"first_nonfinite_head", nonfinite_head}});
-  }
-  const std::string what = describe_analysis(view, results);
-  if (!softmax) {
-    std::map<int, std::pair<double, bool>> layers;
-    for (const HeadResult& r : results) layers.emplace(r.layer, std::make_pair(r.scale, r.causal));
-    for (const auto& [layer, sc] : layers)
-      j["layers"].push_back({{"layer", layer}, {"scale", exact_number(sc.first)}, {"causal", sc.second}});
-  }
-  std::string text;
-  if (format == "json") text = j.dump(2) + "\n";
-  else if (format == "csv") text = t.csv();
-  else if (format == "latex") text = t.latex(analysis_caption(view), {summary_start}, what);
-  else text = what + "\n\n" + t.markdown();
-  return text;
+  return render_report(report_view(plan, plan.tensors, n_heads), eval::evaluate_plan(dump, plan, eval_options(plan)), o.format);
 }
 
 void add_info(CLI::App& app) {

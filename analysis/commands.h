@@ -42,9 +42,8 @@ void add_plot(CLI::App& app);
 void add_mma(CLI::App& app);        // analysis/mma.cc
 void add_mma_check(CLI::App& app);
 
-// The options of `qattn analyze`, and its report (the table in `format`) as text. Throws CLI::ValidationError for
-// options that do not fit together, SpecError for a bad spec and InputError for a bad dump. The Python package's
-// qattn.analyze calls it with format "json".
+// The options of `qattn analyze`, and its report (the table in `format`, eval::render_report) as text. Throws
+// CLI::ValidationError for options that do not fit together, SpecError for a bad spec and InputError for a bad dump.
 struct AnalyzeOptions {
   std::string tensors = default_tensors();
   std::string q, k, v, logits;
@@ -58,24 +57,13 @@ struct AnalyzeOptions {
 };
 std::string analyze_report(const AnalyzeOptions& o);
 
-// What the analyze report says besides the per-head rows: the source, the target and reference, the quantizers
-// (canonical specs, empty if none), the methods in order and the number of heads. A sharded run stores it in each
-// part, and `qattn merge` renders the parts' rows with it (render_analyze: CLI::ValidationError for a bad format).
-struct AnalyzeView {
-  std::string tensors, reference = "fp64", kv, weights;
-  bool softmax = false;
-  std::vector<std::string> specs;
-  std::size_t n_heads = 0;
-};
-nlohmann::json analyze_view_json(const AnalyzeView& v);
-AnalyzeView analyze_view_from_json(const nlohmann::json& j);
-// `results` in any order of shards: they are put in (layer, head) order, each head's methods in the order given.
-std::string render_analyze(const AnalyzeView& view, std::vector<HeadResult> results, const std::string& format);
-
 // Thrown by a subcommand that has already reported its failure (e.g. a child process did): main exits with `code`.
 struct ExitCode {
   int code;
 };
+
+// Refuses (CLI::ValidationError naming --format) a format not in `valid`.
+void check_format_option(const std::string& format, std::initializer_list<const char*> valid);
 
 // Writes text to stdout, or atomically to path when it is not empty.
 void emit(const std::string& text, const std::string& path);

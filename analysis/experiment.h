@@ -18,7 +18,7 @@
 
 #include "evaluate.h"
 #include "qattn/method.h"
-#include "table.h"
+#include "evaluate.h"
 
 namespace qattn::cli {
 

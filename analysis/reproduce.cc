@@ -16,7 +16,7 @@
 #include "experiment.h"
 #include "qattn/error.h"
 #include "engine_setting.h"
-#include "table.h"
+#include "evaluate.h"
 
 namespace qattn::cli {
 namespace fs = std::filesystem;

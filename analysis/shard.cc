@@ -1,9 +1,5 @@
 #include "shard.h"
 
-#if QATTN_HAVE_OPENSSL
-#include <openssl/evp.h>
-#endif
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -20,137 +16,12 @@ namespace qattn::cli {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-Shard parse_shard(const std::string& text) {
-  const std::size_t slash = text.find('/');
-  auto number = [&](const std::string& s, std::size_t* out) {
-    if (s.empty() || s.size() > 7 || s.find_first_not_of("0123456789") != std::string::npos) return false;
-    *out = std::stoul(s);
-    return true;
-  };
-  Shard s;
-  if (slash == std::string::npos || !number(text.substr(0, slash), &s.index) || !number(text.substr(slash + 1), &s.count))
-    throw CLI::ValidationError("--shard", "'" + text + "' is not K/N (shard K of N, 0 <= K < N)");
-  if (s.count < 1 || s.count > kMaxShards)
-    throw CLI::ValidationError("--shard", "'" + text + "': N must be in [1, " + std::to_string(kMaxShards) + "]");
-#if !QATTN_HAVE_OPENSSL
-  throw CLI::ValidationError("--shard", "this qattn was built without OpenSSL's libcrypto (libssl-dev), which hashes "
-                                        "the inputs every part records; rebuild with it to run shards");
-#endif
-  if (s.index >= s.count)
-    throw CLI::ValidationError("--shard", "'" + text + "': K counts from 0 and must be below N (0.." +
-                                              std::to_string(s.count - 1) + ")");
-  return s;
-}
-
-std::pair<std::size_t, std::size_t> shard_block(std::size_t n, Shard s) {
-  // n * K fits: n is a count of heads or grid points (<= 10^7), K < 10^6
-  return {n * s.index / s.count, n * (s.index + 1) / s.count};
-}
-
-std::string sha256_file(const fs::path& path) {
-#if QATTN_HAVE_OPENSSL
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path.string(), "file", "cannot be read to hash it");
-  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-  if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1)
-    throw std::runtime_error("SHA-256 is not available from OpenSSL");
-  std::vector<char> buf(1 << 20);
-  while (in) {
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    if (in.gcount() > 0) EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<std::size_t>(in.gcount()));
+Shard shard_option(const std::string& text) {
+  try {
+    return parse_shard(text);
+  } catch (const SpecError& e) {
+    throw CLI::ValidationError("--shard", e.what());
   }
-  if (in.bad()) throw InputError(path.string(), "file", "read failed while hashing it");
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_DigestFinal_ex(ctx.get(), md, &len);
-  std::string hex;
-  char two[3];
-  for (unsigned int i = 0; i < len; ++i) std::snprintf(two, sizeof two, "%02x", md[i]), hex += two;
-  return hex;
-#else
-  throw InputError(path.string(), "file", "cannot be hashed: built without OpenSSL's libcrypto");
-#endif
-}
-
-json partial_document(const Provenance& p, json result) {
-  json inputs = json::object();
-  for (const std::string& f : p.inputs) inputs[f] = sha256_file(f);
-  return {{"qattn_partial", kPartialFormat},
-          {"provenance",
-           {{"command", p.command},
-            {"version", QATTN_VERSION},
-            {"options", p.options},
-            {"dump", p.dump},
-            {"units", p.units},
-            {"shard", {{"index", p.shard.index}, {"count", p.shard.count}}},
-            {"inputs", inputs}}},
-          {"result", std::move(result)}};
-}
-
-json exact_number(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  return v;  // printed with the shortest digits that read back to the same double
-}
-
-double exact_number(const json& j) {
-  if (j.is_number()) return j.get<double>();
-  if (j == "nan") return NAN;
-  if (j == "inf") return INFINITY;
-  if (j == "-inf") return -INFINITY;
-  throw std::invalid_argument("not a number: " + j.dump());
-}
-
-namespace {
-
-json stats_json(const ErrorStats& s) {
-  json hist = json::object();
-  for (const auto& [k, n] : s.log2_histogram) hist[std::to_string(k)] = n;
-  return {{"count", s.count}, {"nonfinite", s.nonfinite}, {"cossim", exact_number(s.cossim)},
-          {"rel_l1", exact_number(s.rel_l1)}, {"rmse", exact_number(s.rmse)}, {"max_abs", exact_number(s.max_abs)},
-          {"bias", exact_number(s.bias)}, {"median_abs", exact_number(s.median_abs)}, {"zero_errors", s.zero_errors},
-          {"log2_histogram", hist}};
-}
-
-ErrorStats stats_from_json(const json& j) {
-  ErrorStats s;
-  s.count = j.at("count").get<std::int64_t>();
-  s.nonfinite = j.at("nonfinite").get<std::int64_t>();
-  s.cossim = exact_number(j.at("cossim"));
-  s.rel_l1 = exact_number(j.at("rel_l1"));
-  s.rmse = exact_number(j.at("rmse"));
-  s.max_abs = exact_number(j.at("max_abs"));
-  s.bias = exact_number(j.at("bias"));
-  s.median_abs = exact_number(j.at("median_abs"));
-  s.zero_errors = j.at("zero_errors").get<std::int64_t>();
-  for (const auto& [k, n] : j.at("log2_histogram").items()) s.log2_histogram[std::stoi(k)] = n.get<std::int64_t>();
-  return s;
-}
-
-}  // namespace
-
-json head_result_json(const HeadResult& r) {
-  return {{"layer", r.layer},  {"head", r.head},
-          {"method", r.method}, {"O", stats_json(r.o)},
-          {"P", stats_json(r.p)}, {"kl", {exact_number(r.kl.mean), exact_number(r.kl.max)}},
-          {"bits", {exact_number(r.k_bits), exact_number(r.v_bits)}}, {"scale", exact_number(r.scale)},
-          {"causal", r.causal}};
-}
-
-HeadResult head_result_from_json(const json& j) {
-  HeadResult r;
-  r.layer = j.at("layer").get<int>();
-  r.head = j.at("head").get<int>();
-  r.method = j.at("method").get<std::string>();
-  r.o = stats_from_json(j.at("O"));
-  r.p = stats_from_json(j.at("P"));
-  r.kl.mean = exact_number(j.at("kl").at(0));
-  r.kl.max = exact_number(j.at("kl").at(1));
-  r.k_bits = exact_number(j.at("bits").at(0));
-  r.v_bits = exact_number(j.at("bits").at(1));
-  r.scale = exact_number(j.at("scale"));
-  r.causal = j.at("causal").get<bool>();
-  return r;
 }
 
 namespace {
@@ -286,36 +157,41 @@ void run_merge(const MergeOptions& o) {
     std::vector<HeadResult> results;
     for (const auto& [k, p] : by_index)
       for (const json& h : p->doc.at("result").at("rows")) results.push_back(head_result_from_json(h));
-    text = render_analyze(analyze_view_from_json(first.doc.at("result").at("view")), results, format);
+    check_format_option(format, {"md", "csv", "latex", "json"});
+    text = render_report(report_view_from_json(first.doc.at("result").at("view")), results, format);
   } else if (command == "sweep") {
     // every point's heads from all parts, in (layer, head) order, summarised as the unsharded run does
+    check_format_option(format, {"csv", "md"});
     const json& header = first.doc.at("result");
-    const std::string name = (header.at("target") == "P" ? "P_" : "O_") + header.at("metric").get<std::string>();
-    const auto info = std::find_if(std::begin(kMetrics), std::end(kMetrics), [&](const MetricInfo& m) { return name == m.name; });
-    if (info == std::end(kMetrics)) throw InputError(first.file, "result.metric", "'" + name + "' is not a metric");
-    std::map<std::size_t, std::pair<json, std::vector<HeadResult>>> points;
+    SweepTable table = sweep_header_from_json(header);
+    Metric metric;
+    try {
+      metric = sweep_metric(table.target, table.metric);
+    } catch (const SpecError& e) {
+      throw InputError(first.file, "result.metric", e.what());
+    }
+    std::map<std::size_t, std::pair<SweepRow, std::vector<HeadResult>>> points;
     for (const auto& [k, p] : by_index)
       for (const json& r : p->doc.at("result").at("rows")) {
-        auto& [row, heads] = points[r.at("point").get<std::size_t>()];
-        if (row.is_null()) row = {{"values", r.at("values")}, {"method", r.at("method")}};
-        heads.push_back(head_result_from_json(r.at("head")));
+        auto [it, fresh] = points.try_emplace(r.at("point").get<std::size_t>());
+        if (fresh) it->second.first = {r.at("values").get<std::vector<std::string>>(), r.at("method").get<std::string>()};
+        it->second.second.push_back(head_result_from_json(r.at("head")));
       }
-    std::vector<json> rows;
     for (auto& [point, entry] : points) {
       auto& [row, heads] = entry;
-      if (heads.size() != header.at("heads").get<std::size_t>())
+      if (heads.size() != table.heads)
         throw InputError(first.file, "result.rows", "grid point " + std::to_string(point) + " has " +
                                                         std::to_string(heads.size()) + " heads in the parts, the dump " +
-                                                        header.at("heads").dump());
+                                                        std::to_string(table.heads));
       std::stable_sort(heads.begin(), heads.end(), [](const HeadResult& a, const HeadResult& b) {
         return std::make_pair(a.layer, a.head) < std::make_pair(b.layer, b.head);
       });
       const Summary sum = summarise(heads);
-      row["mean"] = exact_number(sum.mean[info->metric]);
-      row["worst"] = exact_number(sum.worst[info->metric]);
-      rows.push_back(row);
+      row.mean = sum.mean[metric];
+      row.worst = sum.worst[metric];
+      table.rows.push_back(row);
     }
-    text = render_sweep(header, rows, format);
+    text = render_sweep(table, format);
   } else {
     throw InputError(first.file, "provenance.command", "'" + command + "' is not a command that shards");
   }

@@ -25,7 +25,7 @@
 #include "shard.h"
 #include "sweep.h"
 #include "engine_setting.h"
-#include "table.h"
+#include "evaluate.h"
 
 namespace qattn::cli {
 namespace {
@@ -77,7 +77,8 @@ std::pair<std::vector<std::vector<std::string>>, std::vector<MethodSpec>> grid_p
 // evaluate_methods, threaded over (head, block of query rows) items, eight points per item (they share the block's
 // reference rows; a head holds the prepared calls of eight points at a time), with progress on stderr.
 // sink(i, per-head results of point i) is called once per point, in point order.
-void evaluate_points(const std::vector<DumpLayer>& dump, const std::vector<MethodSpec>& specs, const SweepOptions& o,
+void evaluate_points(const std::vector<DumpLayer>& dump, const std::vector<MethodSpec>& specs,
+                     const std::vector<std::string>& canonical, const SweepOptions& o,
                      const std::function<void(std::size_t, std::vector<HeadResult>)>& sink) {
   if (specs.empty()) return;
   const auto start = std::chrono::steady_clock::now();
@@ -106,7 +107,7 @@ void evaluate_points(const std::vector<DumpLayer>& dump, const std::vector<Metho
   for (const MethodSpec& spec : specs) {
     built.push_back(make_method(spec));
     // Each point is labelled by its canonical spec, so an error names the point; its results carry --method's text.
-    methods.push_back({built.back().get(), ref::reference_registry().canonical(spec), ref::reference_registry().traits(spec)});
+    methods.push_back({built.back().get(), canonical[methods.size()], ref::reference_registry().traits(spec)});
   }
   std::vector<HeadResult> all = evaluate_methods(dump, methods, options);
   for (std::size_t i = 0; i < specs.size(); ++i) {
@@ -124,7 +125,8 @@ void evaluate_points(const std::vector<DumpLayer>& dump, const std::vector<Metho
 // block touches (whole layers where a point's method looks across heads). Its rows are the per-head metrics of each
 // (point, head) it owns; `qattn merge` summarises each point over all its heads, whichever order numbered them.
 std::string sweep_partial(const SweepOptions& o, Shard shard, const std::vector<std::vector<std::string>>& points,
-                          const std::vector<MethodSpec>& specs, nlohmann::json header) {
+                          const std::vector<MethodSpec>& specs, const std::vector<std::string>& canonical,
+                          const SweepTable& table) {
   const DumpListing listing = list_dump(o.tensors, DumpTarget::attention);
   const std::size_t n_heads = listing.units.size();
   const auto [begin, end] = shard_block(specs.size() * n_heads, shard);
@@ -154,15 +156,18 @@ std::string sweep_partial(const SweepOptions& o, Shard shard, const std::vector<
   std::vector<MethodSpec> my_specs;
   for (const auto& [point, heads] : owned) my_points.push_back(point), my_specs.push_back(specs[point]);
   std::vector<std::vector<HeadResult>> results(my_specs.size());
-  evaluate_points(dump, my_specs, o, [&](std::size_t i, std::vector<HeadResult> r) { results[i] = std::move(r); });
+  std::vector<std::string> my_canonical;
+  for (std::size_t point : my_points) my_canonical.push_back(canonical[point]);
+  evaluate_points(dump, my_specs, my_canonical, o, [&](std::size_t i, std::vector<HeadResult> r) { results[i] = std::move(r); });
   nlohmann::json rows = nlohmann::json::array();
   for (std::size_t i = 0; i < my_points.size(); ++i)
     for (const HeadResult& r : results[i])
       if (owned[my_points[i]].count({r.layer, r.head}))
         rows.push_back({{"point", my_points[i]},
                         {"values", points[my_points[i]]},
-                        {"method", ref::reference_registry().canonical(specs[my_points[i]])},
+                        {"method", canonical[my_points[i]]},
                         {"head", head_result_json(r)}});
+  nlohmann::json header = sweep_header_json(table);
   header["heads"] = n_heads;
   header["rows"] = rows;
   prov.command = "sweep";
@@ -182,51 +187,36 @@ void run_sweep(const SweepOptions& o) {
   for (std::size_t a = 0; a < axes.size(); ++a)
     for (std::size_t b = 0; b < a; ++b)
       if (axes[a].key == axes[b].key) throw CLI::ValidationError("--grid", "key '" + axes[a].key + "' given twice");
-  const std::string name = std::string(o.target == "P" ? "P_" : "O_") + o.metric;
-  const auto info = std::find_if(std::begin(kMetrics), std::end(kMetrics), [&](const MetricInfo& m) { return name == m.name; });
-  if (info == std::end(kMetrics)) throw CLI::ValidationError("--metric", "'" + o.metric + "' on " + o.target + " is not one of cossim, rel_l1, rmse (O and P), kl (P)");
+  Metric metric;
+  try {
+    metric = sweep_metric(o.target, o.metric);
+  } catch (const SpecError& e) {
+    throw CLI::ValidationError("--metric", e.what());
+  }
   require_range("--threads", o.threads, 0, kMaxThreads);
   require_range("--max-points", o.max_points, 1, kMaxSweepPointsLimit);
   require_distinct_files({{"--tensors", o.tensors}}, {{"--out", o.out}});
-  const std::optional<Shard> shard = o.shard.empty() ? std::nullopt : std::optional<Shard>(parse_shard(o.shard));
+  const std::optional<Shard> shard = o.shard.empty() ? std::nullopt : std::optional<Shard>(shard_option(o.shard));
   const auto [points, specs] = grid_points(o, axes);
-  nlohmann::json header = {{"keys", nlohmann::json::array()}, {"target", o.target}, {"metric", o.metric}};
-  for (const auto& a : axes) header["keys"].push_back(a.key);
-  if (shard) return emit(sweep_partial(o, *shard, points, specs, header), o.out);
+  std::vector<std::string> canonical;  // each point's spec, every parameter spelled out: its row's method
+  for (const MethodSpec& spec : specs) canonical.push_back(ref::reference_registry().canonical(spec));
+  SweepTable table;
+  table.target = o.target;
+  table.metric = o.metric;
+  for (const auto& a : axes) table.keys.push_back(a.key);
+  if (shard) return emit(sweep_partial(o, *shard, points, specs, canonical, table), o.out);
   const std::vector<DumpLayer> dump = load_dump(o.tensors, DumpTarget::attention, SoftmaxReference::fp64, nullptr, false);
   std::vector<Summary> summaries(specs.size());
-  evaluate_points(dump, specs, o, [&](std::size_t i, std::vector<HeadResult> r) { summaries[i] = summarise(r); });
-  std::size_t heads = 0;
-  for (const DumpLayer& l : dump) heads += l.heads.size();
-  header["heads"] = heads;
-  std::vector<nlohmann::json> rows;
+  evaluate_points(dump, specs, canonical, o,
+                  [&](std::size_t i, std::vector<HeadResult> r) { summaries[i] = summarise(r); });
+  for (const DumpLayer& l : dump) table.heads += l.heads.size();
   for (std::size_t i = 0; i < specs.size(); ++i)
-    rows.push_back({{"values", points[i]},
-                    {"method", ref::reference_registry().canonical(specs[i])},
-                    {"mean", exact_number(summaries[i].mean[info->metric])},
-                    {"worst", exact_number(summaries[i].worst[info->metric])}});
-  emit(render_sweep(header, rows, o.format), o.out);
+    table.rows.push_back({points[i], canonical[i], summaries[i].mean[metric], summaries[i].worst[metric]});
+  emit(render_sweep(table, o.format), o.out);
 }
 
 
 }  // namespace
-
-std::string render_sweep(const nlohmann::json& header, const std::vector<nlohmann::json>& rows, const std::string& format) {
-  if (format != "csv" && format != "md") throw CLI::ValidationError("--format", "'" + format + "' is not one of csv|md");
-  const std::string target = header.at("target").get<std::string>(), metric = header.at("metric").get<std::string>();
-  const bool sim = metric == "cossim";  // the CosSims are printed as similarities, the errors in %.3e
-  Table t{header.at("keys").get<std::vector<std::string>>(), {}};
-  for (const char* h : {"target", "metric", "mean", "worst", "heads", "method"}) t.header.push_back(h);
-  const std::string heads = std::to_string(header.at("heads").get<std::size_t>());
-  for (const nlohmann::json& r : rows) {
-    std::vector<std::string> row = r.at("values").get<std::vector<std::string>>();
-    const double mean = exact_number(r.at("mean")), worst = exact_number(r.at("worst"));
-    row.insert(row.end(), {target, metric, sim ? fmt_sim(mean) : fmt_err(mean), sim ? fmt_sim(worst) : fmt_err(worst),
-                           heads, r.at("method").get<std::string>()});
-    t.rows.push_back(std::move(row));
-  }
-  return format == "md" ? t.markdown() : t.csv();
-}
 
 void add_sweep(CLI::App& app) {
   auto* sub = app.add_subcommand("sweep", "One method over a grid of its parameters, mean and worst over all heads, as CSV");

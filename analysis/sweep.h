@@ -1,7 +1,6 @@
 // Grid axes of `qattn sweep` (analysis/sweep.cc), exposed for the reproductions that sweep.
 #pragma once
 
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -15,10 +14,5 @@ struct GridAxis {
   std::vector<std::string> values;
 };
 GridAxis parse_grid_axis(const std::string& text);
-
-// The sweep's table from the header of its result ({"keys", "target", "metric", "heads"}) and its rows
-// ({"values", "method", "mean", "worst"}, in grid order), as `format` (csv|md; CLI::ValidationError otherwise).
-// The unsharded run and `qattn merge` both write it.
-std::string render_sweep(const nlohmann::json& header, const std::vector<nlohmann::json>& rows, const std::string& format);
 
 }  // namespace qattn::cli

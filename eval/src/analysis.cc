@@ -18,6 +18,21 @@ std::string softmax_form_names() {
 
 }  // namespace
 
+void AnalysisPlan::add_own(std::string label, std::unique_ptr<Method> method, MethodTraits traits) {
+  if (label.empty()) throw SpecError("a method of your own needs a label (the name its results carry)");
+  for (const PlannedMethod& m : methods)
+    if (m.label == label) throw SpecError("'" + label + "': the name of a method given twice");
+  std::string canonical = label;
+  methods.push_back({std::move(label), std::move(canonical), traits, std::move(method)});
+}
+
+bool AnalysisPlan::heads_independent() const {
+  if (kv || wq) return false;
+  for (const PlannedMethod& m : methods)
+    if (!m.traits.heads_independent) return false;
+  return true;
+}
+
 AnalysisPlan plan_analysis(const std::vector<std::string>& given, const std::string& kv, const std::string& weights,
                            bool softmax, SoftmaxReference reference, bool explicit_files, const MethodBuilder& build,
                            bool use_defaults) {
@@ -38,14 +53,13 @@ AnalysisPlan plan_analysis(const std::vector<std::string>& given, const std::str
       throw SpecError("--method " + s + ": an attention pipeline has no softmax-only form; use a softmax model (" +
                       softmax_form_names() + ")");
     }
-    plan.methods.push_back(std::move(m));
-    plan.specs.push_back(s);
-    plan.traits.push_back(registry.traits(spec));
+    plan.methods.push_back({s, registry.canonical(spec), registry.traits(spec), std::move(m)});
   }
   if (!kv.empty()) {
     if (softmax) throw SpecError("--kv quantizes K and V: it needs attention, not softmax-only analysis");
     try {
       plan.kv = ref::kv_registry().create(kv);
+      plan.kv_canonical = ref::kv_registry().canonical(kv);
     } catch (const SpecError& e) {
       throw SpecError(std::string("--kv: ") + e.what());
     }
@@ -56,6 +70,7 @@ AnalysisPlan plan_analysis(const std::vector<std::string>& given, const std::str
                       "attention, not --q/--k/--v or softmax-only analysis");
     try {
       plan.wq = ref::weight_registry().create(weights);
+      plan.weights_canonical = ref::weight_registry().canonical(weights);
     } catch (const SpecError& e) {
       throw SpecError(std::string("--weights: ") + e.what());
     }
@@ -63,12 +78,10 @@ AnalysisPlan plan_analysis(const std::vector<std::string>& given, const std::str
   return plan;
 }
 
-std::vector<HeadResult> evaluate_plan(const std::vector<DumpLayer>& dump, const AnalysisPlan& plan, EvalOptions options,
-                                      bool whole_calls) {
+std::vector<HeadResult> evaluate_plan(const std::vector<DumpLayer>& dump, const AnalysisPlan& plan, EvalOptions options) {
   std::vector<EvalMethod> methods;
-  for (std::size_t m = 0; m < plan.methods.size(); ++m) {
-    methods.push_back({plan.methods[m].get(), plan.specs[m], plan.traits.at(m)});
-    if (whole_calls) methods.back().traits.query_block_rows = 0;
+  for (const PlannedMethod& m : plan.methods) {
+    methods.push_back({m.method.get(), m.label, m.traits});
   }
   options.kv = plan.kv.get();
   std::vector<HeadResult> results = evaluate_methods(dump, methods, options);

@@ -674,7 +674,7 @@ std::vector<HeadResult> evaluate_methods(const std::vector<DumpLayer>& dump, con
     std::vector<std::size_t> all_streamed, whole;
     for (std::size_t m = 0; m < n_methods; ++m) {
       const int n = methods[m].traits.query_block_rows;
-      const bool streams = !options.kv && n > 0 && block_rows % n == 0 && !methods[m].traits.calls_in_order &&
+      const bool streams = !options.whole_calls && !options.kv && n > 0 && block_rows % n == 0 && !methods[m].traits.calls_in_order &&
                            (methods[m].traits.heads_independent || nh == 1);
       (streams ? all_streamed : whole).push_back(m);
       for (std::size_t h = 0; h < nh; ++h) {

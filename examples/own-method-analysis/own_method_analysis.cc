@@ -1,13 +1,20 @@
 // A researcher's new softmax variant, analysed with qattn's evaluation layer beside the registry's methods.
 //
 // TopKSoftmax keeps the k largest logits of each row and renormalises over them (a sparse-attention softmax). It is
-// a qattn::Method like the built-in ones, so qattn::eval::evaluate_methods runs it over a dump next to fp32 and
-// index@paper, against the same fp64 reference, with the same metrics, threads and fixed summation order.
+// a qattn::Method like the built-in ones, so the evaluation layer runs it over a dump next to fp32 and index@paper,
+// against the same fp64 reference, with the same metrics, threads and fixed summation order, and writes it into the
+// same report, shard parts and sweep table as `qattn analyze`, `qattn analyze --shard` and `qattn sweep` write:
 //
-//   own_method_analysis DUMP_DIR
+//   own_method_analysis DUMP_DIR [OUT_DIR]
 //
 // prints one line per method (mean over heads of O CosSim, P CosSim and the KL of P, docs/metrics.md) and exits 0
-// only if the checks at the end hold: k = L_k is the exact softmax to 1e-12, and the error grows as k shrinks.
+// only if the checks at the end hold: k = L_k is the exact softmax to 1e-12, and the error grows as k shrinks. With
+// OUT_DIR it also writes there
+//   report.md, report.csv   the analysis report (eval::render_report), as `qattn analyze` writes it;
+//   part-K-of-3.json        the same analysis in three shards (eval::analyze_shard): `qattn merge part-*.json`
+//                           writes report.md again, byte for byte;
+//   topk-sweep.csv          top-k's mean and worst O CosSim over k (eval::render_sweep), as `qattn sweep` writes
+//                           one: `qattn plot lines topk-sweep.csv -o topk.png --x k` draws it.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -15,8 +22,13 @@
 #include <string>
 #include <vector>
 
-#include "qattn/eval/evaluate.h"
-#include "qattn/reference/registry.h"
+#include <filesystem>
+#include <fstream>
+
+#include "qattn/engine.h"
+#include "qattn/eval/analysis.h"
+#include "qattn/eval/report.h"
+#include "qattn/eval/shard.h"
 
 namespace {
 
@@ -63,42 +75,52 @@ class TopKSoftmax final : public qattn::Method {
 
 }  // namespace
 
+// Writes text to path; false (with a message) if it cannot.
+bool write_text(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  if (!out.flush()) {
+    std::fprintf(stderr, "own_method_analysis: cannot write %s\n", path.string().c_str());
+    return false;
+  }
+  return true;
+}
+
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s DUMP_DIR (layer{L}_head{H}_{q,k,v}.npy)\n", argv[0]);
+  if (argc != 2 && argc != 3) {
+    std::fprintf(stderr, "usage: %s DUMP_DIR (layer{L}_head{H}_{q,k,v}.npy) [OUT_DIR]\n", argv[0]);
     return 2;
   }
   try {
-    // The dump without a whole-head reference: evaluate_methods computes it block by block.
-    const std::vector<qattn::eval::DumpLayer> dump =
-        qattn::eval::load_dump(argv[1], qattn::eval::DumpTarget::attention, qattn::eval::SoftmaxReference::fp64,
-                               nullptr, false);
+    namespace eval = qattn::eval;
+    const std::filesystem::path source = argv[1];
+    // The dump without a whole-head reference: the evaluation computes it block by block.
+    const std::vector<eval::DumpLayer> dump =
+        eval::load_dump(source, eval::DumpTarget::attention, eval::SoftmaxReference::fp64, nullptr, false);
     const int lk = static_cast<int>(dump.front().k.front().front().rows());
-    const qattn::Registry& registry = qattn::ref::reference_registry();
-    std::vector<std::unique_ptr<qattn::Method>> own;
-    std::vector<qattn::eval::EvalMethod> methods;
-    for (const std::string spec : {"fp32", "index@paper"}) {
-      own.push_back(registry.create(spec));
-      methods.push_back({own.back().get(), spec, registry.traits(qattn::parse_method_spec(spec))});
-    }
-    // The user's methods: MethodTraits{} (nothing declared) runs them on whole calls, compared block by block.
+    std::size_t n_heads = 0;
+    for (const eval::DumpLayer& l : dump) n_heads += l.heads.size();
+
+    // The plan: two of the registry's methods (each spec parsed and resolved once, on the default engine), then the
+    // user's, each with the label its rows carry. MethodTraits{} (nothing declared) runs them on whole calls.
+    eval::AnalysisPlan analysis =
+        eval::plan_analysis({"fp32", "index@paper"}, "", "", false, eval::SoftmaxReference::fp64, false,
+                            [](const qattn::MethodSpec& spec) { return qattn::build_method(spec).method; });
     const std::vector<int> ks = {lk, 32, 8, 2};
-    for (const int k : ks) {
-      own.push_back(std::make_unique<TopKSoftmax>(k));
-      methods.push_back({own.back().get(), "topk:k=" + std::to_string(k), qattn::MethodTraits{}});
-    }
-    qattn::eval::EvalOptions options;
+    for (const int k : ks) analysis.add_own("topk:k=" + std::to_string(k), std::make_unique<TopKSoftmax>(k));
+    eval::EvalOptions options;
     options.threads = 0;  // every core
-    const std::vector<qattn::eval::HeadResult> results = qattn::eval::evaluate_methods(dump, methods, options);
+    const std::vector<eval::HeadResult> results = eval::evaluate_plan(dump, analysis, options);
+
     std::printf("%-16s %14s %14s %12s\n", "method", "O CosSim", "P CosSim", "P KL");
-    std::vector<qattn::eval::Summary> summaries;
-    const std::size_t heads = results.size() / methods.size();
-    for (std::size_t m = 0; m < methods.size(); ++m) {
-      const std::vector<qattn::eval::HeadResult> mine(results.begin() + static_cast<std::ptrdiff_t>(m * heads),
-                                                      results.begin() + static_cast<std::ptrdiff_t>((m + 1) * heads));
-      summaries.push_back(qattn::eval::summarise(mine));
-      const qattn::eval::Metrics& mean = summaries.back().mean;
-      std::printf("%-16s %14.10f %14.10f %12.3e\n", methods[m].label.c_str(), mean.o_cossim, mean.p_cossim, mean.p_kl);
+    std::vector<eval::Summary> summaries;
+    for (const eval::PlannedMethod& m : analysis.methods) {
+      std::vector<eval::HeadResult> mine;
+      for (const eval::HeadResult& r : results)
+        if (r.method == m.label) mine.push_back(r);
+      summaries.push_back(eval::summarise(mine));
+      const eval::Metrics& mean = summaries.back().mean;
+      std::printf("%-16s %14.10f %14.10f %12.3e\n", m.label.c_str(), mean.o_cossim, mean.p_cossim, mean.p_kl);
     }
     // The checks: top-k with k = L_k keeps every key (the exact softmax up to rounding); fewer keys lose more.
     const std::size_t first_topk = 2;
@@ -107,7 +129,34 @@ int main(int argc, char** argv) {
       ok = ok && summaries[i].mean.p_kl > summaries[i - 1].mean.p_kl;
     std::printf(ok ? "ok: top-k at k = L_k is the exact softmax, and its KL grows as k shrinks\n"
                    : "FAILED: the top-k checks do not hold\n");
-    return ok ? 0 : 1;
+    if (!ok) return 1;
+    if (argc == 2) return 0;
+
+    const std::filesystem::path out = argv[2];
+    std::filesystem::create_directories(out);
+    // The report `qattn analyze --method fp32 --method index@paper` writes, with the top-k rows after them.
+    const eval::ReportView view = eval::report_view(analysis, source.string(), n_heads);
+    if (!write_text(out / "report.md", eval::render_report(view, results, "md")) ||
+        !write_text(out / "report.csv", eval::render_report(view, results, "csv")))
+      return 3;
+    // Three shards, as three jobs of a cluster would run them (each reads only its own heads).
+    for (std::size_t k = 0; k < 3; ++k)
+      if (!write_text(out / ("part-" + std::to_string(k) + "-of-3.json"),
+                      eval::analyze_shard(source, analysis, {k, 3}, options, "md")))
+        return 3;
+    // A sweep of k: one grid axis, top-k's mean and worst O CosSim over the heads at each point.
+    eval::SweepTable sweep;
+    sweep.keys = {"k"};
+    sweep.heads = n_heads;
+    const eval::Metric metric = eval::sweep_metric(sweep.target, sweep.metric);
+    for (std::size_t i = 0; i < ks.size(); ++i) {
+      const eval::Summary& s = summaries[first_topk + i];
+      sweep.rows.push_back({{std::to_string(ks[i])}, analysis.methods[first_topk + i].label, s.mean[metric],
+                            s.worst[metric]});
+    }
+    if (!write_text(out / "topk-sweep.csv", eval::render_sweep(sweep, "csv"))) return 3;
+    std::printf("wrote report.md, report.csv, part-{0,1,2}-of-3.json and topk-sweep.csv to %s\n", out.string().c_str());
+    return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "own_method_analysis: %s\n", e.what());
     return 3;

@@ -24,6 +24,7 @@
 
 #include "qattn/engine.h"
 #include "qattn/eval/analysis.h"
+#include "qattn/eval/report.h"
 #include "qattn/error.h"
 #include "qattn/metrics.h"
 #include "qattn/reference/kv_quant.h"
@@ -549,7 +550,7 @@ py::dict analyze_report(const std::string& tensors, const std::vector<std::strin
   EngineOptions engine_options;
   engine_options.engine = parse_engine(engine);
   std::vector<eval::HeadResult> results;
-  std::vector<std::string> plan_specs;
+  std::vector<eval::ReportMethod> plan_methods;
   std::vector<std::unique_ptr<Method>> users;
   std::vector<std::string> user_labels;
   for (const py::tuple& t : own) {
@@ -559,8 +560,6 @@ py::dict analyze_report(const std::string& tensors, const std::vector<std::strin
       throw std::invalid_argument(label + ": kind must be 'softmax' or 'attention', got '" + kind + "'");
     if (softmax_only && kind == "attention")
       throw std::invalid_argument(label + ": an attention callable has no softmax-only form");
-    for (const std::string& other : specs)
-      if (other == label) throw std::invalid_argument(label + ": the name of a method given twice");
     users.push_back(std::make_unique<PythonMethod>(label, t[1].cast<py::object>(), kind == "attention"));
     user_labels.push_back(label);
   }
@@ -569,11 +568,9 @@ py::dict analyze_report(const std::string& tensors, const std::vector<std::strin
     eval::AnalysisPlan plan = eval::plan_analysis(
         specs, kv, weights, softmax_only, reference, false,
         [&](const MethodSpec& spec) { return build_method(spec, engine_options).method; }, own.empty());
-    for (std::size_t u = 0; u < users.size(); ++u) {
-      plan.methods.push_back(std::move(users[u]));
-      plan.specs.push_back(user_labels[u]);
-      plan.traits.push_back(MethodTraits{});  // nothing declared: whole calls, compared block by block
-    }
+    // Nothing declared: whole calls, compared block by block. (A PythonMethod's destructor takes the GIL itself, so
+    // the plan may go out of scope here on an error.)
+    for (std::size_t u = 0; u < users.size(); ++u) plan.add_own(user_labels[u], std::move(users[u]));
     std::vector<eval::DumpLayer> dump =
         eval::load_dump(tensors, softmax_only ? eval::DumpTarget::softmax : eval::DumpTarget::attention, reference,
                         nullptr, /*with_reference=*/false);
@@ -581,10 +578,8 @@ py::dict analyze_report(const std::string& tensors, const std::vector<std::strin
     eval::EvalOptions options;
     options.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     results = eval::evaluate_plan(dump, plan, options);
-    plan_specs = plan.specs;
-    users = std::move(plan.methods);  // destroyed below, with the GIL held (PythonMethod's destructor takes it)
+    plan_methods = eval::report_view(plan, tensors, 0).methods;
   }
-  users.clear();
   py::list heads, summary;
   for (const eval::HeadResult& r : results) {
     py::dict h;
@@ -593,24 +588,21 @@ py::dict analyze_report(const std::string& tensors, const std::vector<std::strin
     h["P_kl_mean"] = r.kl.mean, h["P_kl_max"] = r.kl.max, h["K_bits"] = r.k_bits, h["V_bits"] = r.v_bits;
     heads.append(h);
   }
-  for (const std::string& spec : plan_specs) {
+  for (const eval::ReportMethod& method : plan_methods) {
     std::vector<eval::HeadResult> mine;
     for (const eval::HeadResult& r : results)
-      if (r.method == spec) mine.push_back(r);
-    const eval::Summary s = eval::summarise(mine);
+      if (r.method == method.label) mine.push_back(r);
+    const eval::MethodSummary s = eval::summarise_method(mine);
     py::dict mean, worst, entry;
-    for (const eval::MetricInfo& m : eval::kMetrics) mean[m.name] = s.mean[m.metric], worst[m.name] = s.worst[m.metric];
+    for (const eval::MetricInfo& m : eval::kMetrics)
+      mean[m.name] = s.metrics.mean[m.metric], worst[m.name] = s.metrics.worst[m.metric];
     py::object nonfinite = py::none();
-    for (const eval::HeadResult& r : mine)
-      if (r.o.nonfinite > 0 || r.p.nonfinite > 0) {
-        py::dict where;
-        where["layer"] = r.layer, where["head"] = r.head;
-        nonfinite = where;
-        break;
-      }
-    entry["method"] = spec;
-    const bool user = std::find(user_labels.begin(), user_labels.end(), spec) != user_labels.end();
-    entry["canonical"] = user ? spec : ref::reference_registry().canonical(parse_method_spec(spec));
+    if (const eval::HeadResult* r = s.first_nonfinite) {
+      py::dict where;
+      where["layer"] = r->layer, where["head"] = r->head;
+      nonfinite = where;
+    }
+    entry["method"] = method.label, entry["canonical"] = method.canonical;
     entry["mean"] = mean, entry["worst"] = worst, entry["first_nonfinite_head"] = nonfinite;
     summary.append(entry);
   }

@@ -18,14 +18,27 @@ namespace qattn::eval {
 // Builds the method a spec names (for example qattn::build_method(spec, engine_options).method).
 using MethodBuilder = std::function<std::unique_ptr<Method>(const MethodSpec&)>;
 
+// One method of a plan, resolved once: the name its results carry, its canonical spec, its traits and the method.
+struct PlannedMethod {
+  std::string label;      // the spec as given (or the registry's default name), or a user's own label
+  std::string canonical;  // the registry's canonical spec (every parameter spelled out); a user's method: its label
+  MethodTraits traits;    // the registry's for its spec; a user's method: its own (MethodTraits{}: whole calls)
+  std::unique_ptr<Method> method;
+};
+
 struct AnalysisPlan {
   bool softmax = false;  // softmax-only analysis of dumped logits
   SoftmaxReference reference = SoftmaxReference::fp64;
-  std::vector<std::string> specs;  // as given (or the registry's defaults), one per method: its label in the results
-  std::vector<std::unique_ptr<Method>> methods;
-  std::vector<MethodTraits> traits;  // the registry's for its specs; a user's own method appended with its own
+  std::vector<PlannedMethod> methods;
   std::unique_ptr<ref::KvQuantizer> kv;
   std::unique_ptr<ref::WeightQuantizer> wq;
+  std::string kv_canonical, weights_canonical;  // the quantizers' canonical specs; empty: none
+
+  // Appends a user's own method; SpecError if `label` is empty or another method of the plan carries it.
+  void add_own(std::string label, std::unique_ptr<Method> method, MethodTraits traits = {});
+  // Whether every method's heads are independent (MethodTraits::heads_independent) and no quantizer looks across
+  // heads: then a shard of the dump needs only its own heads.
+  bool heads_independent() const;
 };
 
 // Resolves the methods (the registry's defaults when `specs` is empty: every method but the reference, fp64 too with
@@ -37,9 +50,8 @@ AnalysisPlan plan_analysis(const std::vector<std::string>& specs, const std::str
                            bool softmax, SoftmaxReference reference, bool explicit_files, const MethodBuilder& build,
                            bool defaults = true);
 
-// Every method of the plan over the dump, streamed (docs/streaming.md) with `options` (its kv is the plan's); with
-// whole_calls every method runs on whole calls. Results in (layer, head) order, each head's methods in plan order.
-std::vector<HeadResult> evaluate_plan(const std::vector<DumpLayer>& dump, const AnalysisPlan& plan, EvalOptions options,
-                                      bool whole_calls = false);
+// Every method of the plan over the dump, streamed (docs/streaming.md) with `options` (its kv is the plan's).
+// Results in (layer, head) order, each head's methods in plan order.
+std::vector<HeadResult> evaluate_plan(const std::vector<DumpLayer>& dump, const AnalysisPlan& plan, EvalOptions options);
 
 }  // namespace qattn::eval

@@ -161,6 +161,7 @@ struct EvalOptions {
   // Streamed methods per block item (0: all): each item computes the block's reference rows once for its methods,
   // and a head holds the prepared calls (Method::prepare) of one item's methods at a time.
   std::size_t methods_per_item = 0;
+  bool whole_calls = false;  // every method on whole calls, none streamed (a check: the results are the same)
   // Called after each finished item (from the worker that finished it) with the count done and the total.
   std::function<void(std::size_t done, std::size_t total)> progress;
 };

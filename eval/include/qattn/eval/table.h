@@ -1,10 +1,11 @@
-// A small text table rendered as Markdown, CSV or LaTeX (booktabs), used by every qattn subcommand that prints results.
+// A small text table rendered as Markdown, CSV or LaTeX (booktabs): the analysis report, sweeps, merges and the
+// experiments all print through it.
 #pragma once
 
 #include <string>
 #include <vector>
 
-namespace qattn::cli {
+namespace qattn::eval {
 
 struct Table {
   std::vector<std::string> header;
@@ -24,4 +25,4 @@ std::string fmt_sim(double v);
 std::string fmt_err(double v);
 std::string fmt_bits(double v);  // bits per element, 3 decimals
 
-}  // namespace qattn::cli
+}  // namespace qattn::eval

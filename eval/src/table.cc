@@ -1,10 +1,10 @@
-#include "table.h"
+#include "qattn/eval/table.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 
-namespace qattn::cli {
+namespace qattn::eval {
 
 std::string Table::markdown() const {
   std::vector<std::size_t> width(header.size(), 3);
@@ -101,4 +101,4 @@ std::string fmt_sim(double v) { return printf_double("%.8f", v); }
 std::string fmt_err(double v) { return printf_double("%.3e", v); }
 std::string fmt_bits(double v) { return printf_double("%.3f", v); }
 
-}  // namespace qattn::cli
+}  // namespace qattn::eval
