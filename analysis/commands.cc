@@ -464,6 +464,7 @@ struct AttentionOptions {
   bool raw = false, causal = false;
   std::optional<double> scale;
   int threads = 0;
+  EngineSetting engine;
 };
 
 std::vector<std::int64_t> leading(const Tensor& t) { return {t.shape.begin(), t.shape.end() - 2}; }
@@ -473,7 +474,7 @@ void run_attention(const AttentionOptions& o) {
   const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   // Without --probs the fused kernels never hold P: memory O(B_r L_k) per thread instead of O(L_q L_k).
   // O is written as float32: the fused path hands it over as float32 (AttentionResult::o_f32), with no float64 copy.
-  const auto method = make_method(parse_method_spec(o.spec), threads, !o.probs.empty(), /*o_float32=*/true);
+  const auto method = make_method(parse_method_spec(o.spec), o.engine, threads, !o.probs.empty(), /*o_float32=*/true);
   require_tensor_extension("--out", o.out);
   if (!o.probs.empty()) require_tensor_extension("--probs", o.probs);
   require_distinct_files({{"--q", o.q}, {"--k", o.k}, {"--v", o.v}}, {{"--out", o.out}, {"--probs", o.probs}});
@@ -610,7 +611,7 @@ AnalyzePlan plan_analyze(const AnalyzeOptions& o) {
   AnalyzePlan plan;
   static_cast<eval::AnalysisPlan&>(plan) =
       eval::plan_analysis(o.specs, o.kv, o.weights, o.softmax_only || !o.logits.empty(), parse_softmax_reference(o.reference),
-                          !o.q.empty(), [](const MethodSpec& spec) { return make_method(spec); });
+                          !o.q.empty(), [&o](const MethodSpec& spec) { return make_method(spec, o.engine); });
   plan.tensors = !o.q.empty() ? o.q : !o.logits.empty() ? o.logits : o.tensors;
   plan.threads = o.threads;
   plan.block_rows = static_cast<Eigen::Index>(o.block_rows);
@@ -729,7 +730,7 @@ void add_attention(CLI::App& app) {
   sub->add_option("--scale", o->scale, "Logit scale (default 1/sqrt(d))");
   sub->add_option("--threads", o->threads, "threads of each fused call, at most " + std::to_string(kMaxThreads) +
                   " (default 0: all cores; every count gives the same bits)");
-  add_engine_options(sub);
+  add_engine_options(sub, o->engine);
   sub->callback([=] { run_attention(*o); });
 }
 
@@ -799,7 +800,7 @@ void add_analyze(CLI::App& app) {
   sub->add_flag("--whole-calls", o->whole_calls,
                 "run every method on whole attention calls, none in blocks (memory O(L_q L_k) per call): a check that "
                 "streaming changes no figure (docs/streaming.md)");
-  add_engine_options(sub);
+  add_engine_options(sub, o->engine);
   sub->callback([=] { emit(analyze_report(*o), o->out); });
 }
 

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "data_paths.h"
+#include "engine_setting.h"
 #include "evaluate.h"
 #include <nlohmann/json.hpp>
 #include "qattn/tensor_io.h"
@@ -54,6 +55,7 @@ struct AnalyzeOptions {
   int threads = 0;    // workers over (head, block) items; 0: every core
   long long block_rows = 0;  // query rows per streamed block (multiple of 64); 0: chosen from L_k
   bool whole_calls = false;  // every method on whole calls, none streamed (a check: the tables are the same)
+  EngineSetting engine;      // --engine, --verbose
 };
 std::string analyze_report(const AnalyzeOptions& o);
 

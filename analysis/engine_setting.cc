@@ -10,29 +10,25 @@
 
 namespace qattn::cli {
 
-EngineSetting& engine_setting() {
-  static EngineSetting setting;
-  return setting;
-}
-
-void add_engine_options(CLI::App* sub) {
+void add_engine_options(CLI::App* sub, EngineSetting& setting) {
   sub->add_option_function<std::string>(
-         "--engine", [](const std::string& name) { engine_setting().engine = parse_engine(name); },
+         "--engine", [&setting](const std::string& name) { setting.engine = parse_engine(name); },
          "auto: the fused kernels where they support the method (bit-exact to its reference model), else the "
          "reference model; fast: the fused kernels or an error; reference: the reference model (default auto)")
       ->check(CLI::IsMember({"auto", "fast", "reference"}));
-  sub->add_flag_callback("--verbose", [] { engine_setting().verbose = true; },
+  sub->add_flag_callback("--verbose", [&setting] { setting.verbose = true; },
                          "say on stderr which path (fused kernels or reference model) runs each method");
 }
 
-std::unique_ptr<Method> make_method(const MethodSpec& spec, int threads, bool probs, bool o_float32) {
+std::unique_ptr<Method> make_method(const MethodSpec& spec, const EngineSetting& engine, int threads, bool probs,
+                                    bool o_float32) {
   EngineOptions options;
   options.o_float32 = o_float32;
-  options.engine = engine_setting().engine;
+  options.engine = engine.engine;
   options.threads = threads;
   options.probs = probs;
   BuiltMethod built = build_method(spec, options);
-  if (engine_setting().verbose) {
+  if (engine.verbose) {
     static std::mutex mutex;
     static std::set<std::string> said;
     const std::string canonical = ref::reference_registry().canonical(spec);
@@ -42,8 +38,8 @@ std::unique_ptr<Method> make_method(const MethodSpec& spec, int threads, bool pr
   return std::move(built.method);
 }
 
-std::unique_ptr<Method> make_method(const std::string& spec, int threads, bool probs) {
-  return make_method(parse_method_spec(spec), threads, probs);
+std::unique_ptr<Method> make_method(const std::string& spec, const EngineSetting& engine, int threads, bool probs) {
+  return make_method(parse_method_spec(spec), engine, threads, probs);
 }
 
 void check_isa_environment() {

@@ -84,24 +84,25 @@ int run_plot_script(const std::vector<std::string>& args) {
   return run_program(argv);
 }
 
-std::vector<Summary> summaries(const std::vector<DumpLayer>& dump, const std::vector<std::string>& specs) {
+std::vector<Summary> summaries(const std::vector<DumpLayer>& dump, const std::vector<std::string>& specs,
+                               const EngineSetting& engine) {
   std::vector<Summary> out;
-  for (const auto& s : specs) out.push_back(summarise(evaluate(dump, *make_method(s), s)));
+  for (const auto& s : specs) out.push_back(summarise(evaluate(dump, *make_method(s, engine), s)));
   return out;
 }
 
 Sweep2 sweep_bc(const std::vector<DumpLayer>& dump, const std::string& spec, const std::string& b_grid,
-                const std::string& c_grid, int threads) {
+                const std::string& c_grid, const ExperimentContext& ctx) {
   Sweep2 s;
   s.b = parse_grid_axis("b=" + b_grid).values;
   s.c = parse_grid_axis("c=" + c_grid).values;
   s.mean.assign(s.b.size(), std::vector<double>(s.c.size(), NAN));
-  parallel_for(s.b.size() * s.c.size(), threads, [&](std::size_t i) {
+  parallel_for(s.b.size() * s.c.size(), ctx.threads, [&](std::size_t i) {
     const std::size_t bi = i / s.c.size(), ci = i % s.c.size();
     MethodSpec m = parse_method_spec(spec);
     m.overrides.emplace_back("b", s.b[bi]);
     m.overrides.emplace_back("c", s.c[ci]);
-    s.mean[bi][ci] = summarise(evaluate(dump, *make_method(m), spec)).mean.o_cossim;
+    s.mean[bi][ci] = summarise(evaluate(dump, *make_method(m, ctx.engine), spec)).mean.o_cossim;
   });
   return s;
 }

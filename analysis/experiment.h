@@ -16,8 +16,10 @@
 #include <utility>
 #include <vector>
 
+#include "engine_setting.h"
 #include "evaluate.h"
 #include "qattn/method.h"
+#include "engine_setting.h"
 #include "evaluate.h"
 
 namespace qattn::cli {
@@ -28,6 +30,7 @@ struct ExperimentContext {
   bool fast = false;               // --fast: the reduced variant CI re-checks under sanitizers
   bool plots = true;               // draw figures (needs Python with matplotlib)
   int threads = 0;                 // worker threads, 0 = all cores
+  EngineSetting engine;            // --engine, --verbose: every method the experiment builds (make_method)
 };
 
 struct Experiment {
@@ -62,7 +65,8 @@ int run_plot_script(const std::vector<std::string>& args);
 int run_program(std::vector<std::string> argv);
 
 // Each spec evaluated on the dump; the summaries in the order given.
-std::vector<Summary> summaries(const std::vector<DumpLayer>& dump, const std::vector<std::string>& specs);
+std::vector<Summary> summaries(const std::vector<DumpLayer>& dump, const std::vector<std::string>& specs,
+                               const EngineSetting& engine);
 std::size_t head_count(const std::vector<DumpLayer>& dump);
 
 // A two-axis sweep (b rows, c columns) of mean O CosSim, threaded over points.
@@ -71,7 +75,7 @@ struct Sweep2 {
   std::vector<std::vector<double>> mean;  // [b][c]
 };
 Sweep2 sweep_bc(const std::vector<DumpLayer>& dump, const std::string& spec, const std::string& b_grid,
-                const std::string& c_grid, int threads);
+                const std::string& c_grid, const ExperimentContext& ctx);
 void write_sweep_csv(const Sweep2& s, const std::string& spec, std::size_t heads, const std::filesystem::path& path);
 
 // A Pareto table [label, bits, O_error] (numbers as printed): written as out_dir/NAME.csv and drawn as NAME.png by

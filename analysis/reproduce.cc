@@ -26,6 +26,7 @@ struct ReproduceOptions {
   std::string name, tensors = default_tensors(), out_dir = ".", out;
   bool list = false, fast = false, no_plots = false;
   int threads = 0;
+  EngineSetting engine;
 };
 
 void run_reproduce(const ReproduceOptions& o) {
@@ -76,7 +77,7 @@ void run_reproduce(const ReproduceOptions& o) {
       fs::remove_all(dir, e);
     }
   } cleanup{staging};
-  const ExperimentContext ctx{o.tensors, staging, o.fast, !o.no_plots, o.threads};
+  const ExperimentContext ctx{o.tensors, staging, o.fast, !o.no_plots, o.threads, o.engine};
   const std::string report = it->run(ctx);
   std::vector<std::unique_ptr<PendingFile>> files;
   if (!o.out.empty()) files.push_back(std::make_unique<PendingFile>(o.out, std::as_bytes(std::span(report.data(), report.size()))));
@@ -103,7 +104,7 @@ void add_reproduce(CLI::App& app) {
   sub->add_option("--out", o->out, "write the report here instead of stdout");
   sub->add_flag("--no-plots", o->no_plots, "skip the figures (no Python needed)");
   sub->add_option("--threads", o->threads, "worker threads, at most " + std::to_string(kMaxThreads) + " (default 0: all cores)");
-  add_engine_options(sub);
+  add_engine_options(sub, o->engine);
   sub->callback([o] { run_reproduce(*o); });
 }
 

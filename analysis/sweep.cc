@@ -37,6 +37,7 @@ struct SweepOptions {
   long long max_points = kDefaultMaxSweepPoints;
   std::string shard;
   std::string order = "point-major";  // how --shard numbers the (grid point, head) units
+  EngineSetting engine;
 };
 
 // Every grid point (the axes' values in order, last axis fastest) and its spec, validated before anything runs: a
@@ -105,7 +106,7 @@ void evaluate_points(const std::vector<DumpLayer>& dump, const std::vector<Metho
   std::vector<std::unique_ptr<Method>> built;
   std::vector<EvalMethod> methods;
   for (const MethodSpec& spec : specs) {
-    built.push_back(make_method(spec));
+    built.push_back(make_method(spec, o.engine));
     // Each point is labelled by its canonical spec, so an error names the point; its results carry --method's text.
     methods.push_back({built.back().get(), canonical[methods.size()], ref::reference_registry().traits(spec)});
   }
@@ -232,7 +233,7 @@ void add_sweep(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--threads", o->threads, "worker threads over grid points, at most " + std::to_string(kMaxThreads) +
                                                " and never more than the points (default 0: all cores)");
-  add_engine_options(sub);
+  add_engine_options(sub, o->engine);
   sub->add_option("--max-points", o->max_points,
                   "refuse a grid of more points than this (the product of the axes; at most " +
                       std::to_string(kMaxSweepPointsLimit) + ")")

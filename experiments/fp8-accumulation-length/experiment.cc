@@ -45,7 +45,7 @@ std::string run_fp8_accumulation_length(const ExperimentContext& ctx) {
   std::vector<std::unique_ptr<Method>> built;
   std::vector<EvalMethod> methods;
   for (const auto& a : accs) {
-    built.push_back(make_method(a.second));
+    built.push_back(make_method(a.second, ctx.engine));
     methods.push_back({built.back().get(), a.second, ref::reference_registry().traits(parse_method_spec(a.second))});
   }
   // One length at a time (its K and V are the largest tensors), through the streamed evaluation: the three

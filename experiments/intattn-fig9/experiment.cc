@@ -28,7 +28,7 @@ std::string run_fig9(const ExperimentContext& ctx) {
   int band_presets = 0;  // presets whose b = 4 plateau holds the paper's band
   for (const std::string preset : {"paper", "upstream-sim", "upstream-neon"}) {
     const std::string spec = "intattention@" + preset;
-    const Sweep2 s = sweep_bc(dump, spec, "2:8", c_grid, ctx.threads);
+    const Sweep2 s = sweep_bc(dump, spec, "2:8", c_grid, ctx);
     double best = -INFINITY;
     std::size_t bb = 0, bc = 0;
     for (std::size_t bi = 0; bi < s.b.size(); ++bi)

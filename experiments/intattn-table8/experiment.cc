@@ -25,7 +25,7 @@ std::string run_table8(const ExperimentContext& ctx) {
   std::ostringstream magnitudes;
   for (const std::string preset : {"paper", "upstream-sim"}) {
     const std::vector<std::string> specs = {"intattention@" + preset + ":p=s8", "intattention@" + preset + ":p=u8"};
-    const std::vector<Summary> s = summaries(dump, specs);
+    const std::vector<Summary> s = summaries(dump, specs, ctx.engine);
     for (int i = 0; i < 2; ++i)
       t.rows.push_back({"intattention@" + preset, i == 0 ? "INT8 x127" : "UINT8 x255", fmt_sim(s[i].mean.p_cossim),
                         fmt_err(s[i].mean.p_rel_l1), fmt_err(s[i].mean.p_rmse), fmt_sim(s[i].mean.o_cossim)});

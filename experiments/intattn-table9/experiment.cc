@@ -109,7 +109,7 @@ std::string run_table9(const ExperimentContext& ctx) {
   parallel_for(out.size(), ctx.threads, [&](std::size_t i) {
     const std::string& spec = specs[i / fams.size()];
     const MethodEntry& entry = *ref::reference_registry().find(parse_method_spec(spec).name);
-    out[i] = run_family(*make_method(spec), entry, fams[i % fams.size()], *reference);
+    out[i] = run_family(*make_method(spec, ctx.engine), entry, fams[i % fams.size()], *reference);
   });
   std::ostringstream r;
   r << "intattn-table9: NaN/Inf events of every method and preset on extreme inputs (" << specs.size()

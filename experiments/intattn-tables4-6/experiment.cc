@@ -40,7 +40,7 @@ std::string run_tables4_6(const ExperimentContext& ctx) {
   std::vector<Summary> results(rows.size() * sources.size());
   parallel_for(results.size(), ctx.threads, [&](std::size_t i) {
     const Row& row = rows[i / sources.size()];
-    results[i] = summarise(evaluate(sources[i % sources.size()].dump, *make_method(row.spec), row.spec));
+    results[i] = summarise(evaluate(sources[i % sources.size()].dump, *make_method(row.spec, ctx.engine), row.spec));
   });
   auto cos = [&](std::size_t row, std::size_t s) { return results[row * sources.size() + s].mean.o_cossim; };
   std::ostringstream r;

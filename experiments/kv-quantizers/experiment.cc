@@ -97,7 +97,7 @@ std::string run_kv_quantizers(const ExperimentContext& ctx) {
   const int L = ctx.fast ? 1024 : 4096;
   g.sources.push_back({"USE-Lite", load_dump(ctx.tensors)});
   g.sources.push_back({"synthetic", synthetic_outlier_dump(4, L, 64, 11)});
-  const auto fp32 = make_method("fp32");
+  const auto fp32 = make_method("fp32", ctx.engine);
   g.res.resize(g.specs.size() * g.sources.size());
   parallel_for(g.res.size(), ctx.threads, [&](std::size_t i) {
     const auto kv = ref::kv_registry().create(g.specs[i / g.sources.size()]);

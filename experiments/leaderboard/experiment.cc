@@ -17,7 +17,7 @@ namespace {
 std::string run_leaderboard(const ExperimentContext& ctx) {
   const std::vector<DumpLayer> dump = load_dump(ctx.tensors);
   const auto [names, canon] = method_rows([](const MethodEntry& e) { return !e.reference; });
-  const std::vector<Summary> s = summaries(dump, canon);
+  const std::vector<Summary> s = summaries(dump, canon, ctx.engine);
   std::vector<std::size_t> order(canon.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return s[a].mean.o_cossim > s[b].mean.o_cossim; });

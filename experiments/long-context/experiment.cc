@@ -91,7 +91,7 @@ std::string run_long_context(const ExperimentContext& ctx) {
   const std::vector<int> lengths = ctx.fast ? std::vector<int>{128, 1024, 8192} : std::vector<int>{128, 256, 512, 1024, 2048, 4096, 8192, 16384};
   const auto reference = ref::reference_registry().create("fp64");
   std::vector<std::unique_ptr<Method>> methods;
-  for (const auto& spec : canon) methods.push_back(make_method(spec));
+  for (const auto& spec : canon) methods.push_back(make_method(spec, ctx.engine));
   std::mt19937_64 g(20261122);
   Table t{{"L"}, {}};
   for (const auto& spec : specs) t.header.push_back(spec + " rel L1");

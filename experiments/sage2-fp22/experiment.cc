@@ -91,7 +91,7 @@ std::string run_sage2_fp22(const ExperimentContext& ctx) {
   std::vector<Summary> results(accs.size() * sources.size());
   parallel_for(results.size(), ctx.threads, [&](std::size_t i) {
     const std::string spec = "sage2@8b:acc=" + accs[i / sources.size()].first;
-    results[i] = summarise(evaluate(sources[i % sources.size()].dump, *make_method(spec), spec));
+    results[i] = summarise(evaluate(sources[i % sources.size()].dump, *make_method(spec, ctx.engine), spec));
   });
   Table t{{"acc", "what"}, {}};
   for (const Source& s : sources)

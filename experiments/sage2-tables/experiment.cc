@@ -76,7 +76,7 @@ std::string run_sage2_tables(const ExperimentContext& ctx) {
   std::vector<Summary> results(distinct.size() * sources.size());
   parallel_for(results.size(), ctx.threads, [&](std::size_t i) {
     const std::string& spec = distinct[i / sources.size()];
-    results[i] = summarise(evaluate(sources[i % sources.size()].dump, *make_method(spec), spec));
+    results[i] = summarise(evaluate(sources[i % sources.size()].dump, *make_method(spec, ctx.engine), spec));
   });
   auto result = [&](const std::string& spec, std::size_t si) -> const Summary& {
     return results[(std::find(distinct.begin(), distinct.end(), spec) - distinct.begin()) * sources.size() + si];

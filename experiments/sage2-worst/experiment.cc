@@ -40,7 +40,7 @@ std::string run_sage2_worst(const ExperimentContext& ctx) {
   std::vector<Summary> results(specs.size() * sources.size());
   parallel_for(results.size(), ctx.threads, [&](std::size_t i) {
     const std::string& spec = specs[i / sources.size()];
-    results[i] = summarise(evaluate(sources[i % sources.size()].dump, *make_method(spec), spec));
+    results[i] = summarise(evaluate(sources[i % sources.size()].dump, *make_method(spec, ctx.engine), spec));
   });
   std::ostringstream r;
   r << "sage2-worst: SageAttention2's worst-case tables, the worst head's O CosSim, relative L1 and RMSE vs the fp64 "

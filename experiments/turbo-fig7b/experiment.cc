@@ -41,23 +41,23 @@ double gap_std(const RowMatrixXd& x) {
 }
 double variation(const RowMatrixXd& k, const RowMatrixXd& v) { return gap_std(k) + gap_std(v); }
 
-std::vector<Call> measure(const std::vector<DumpLayer>& dump, int threads) {
+std::vector<Call> measure(const std::vector<DumpLayer>& dump, const ExperimentContext& ctx) {
   std::vector<std::pair<const DumpLayer*, std::size_t>> at;  // (layer, sentence)
   for (const DumpLayer& l : dump)
     for (std::size_t b = 0; b < l.q.front().size(); ++b) at.push_back({&l, b});
   std::vector<Call> calls(at.size());
-  parallel_for(at.size(), threads, [&](std::size_t i) {
+  parallel_for(at.size(), ctx.threads, [&](std::size_t i) {
     const DumpLayer& l = *at[i].first;
     const std::size_t b = at[i].second;
     std::vector<RowMatrixXd> q, k, v;
     for (std::size_t h = 0; h < l.q.size(); ++h) q.push_back(l.q[h][b]), k.push_back(l.k[h][b]), v.push_back(l.v[h][b]);
     Call& c = calls[i];
     for (const auto& [spec, out] : {std::pair{"turbo@decode:kv=4", &c.e4}, std::pair{"turbo@decode:kv=2", &c.e2}}) {
-      const std::vector<AttentionResult> r = make_method(spec)->attention_heads(views(q), views(k), views(v), l.logit_scale(), {});
+      const std::vector<AttentionResult> r = make_method(spec, ctx.engine)->attention_heads(views(q), views(k), views(v), l.logit_scale(), {});
       for (std::size_t h = 0; h < r.size(); ++h) out->push_back(rel_l1(r[h].o, l.reference[h][b].o));
     }
     const std::string half = "turbo@decode:nh=" + std::to_string(q.size() / 2);
-    const std::vector<AttentionResult> r = make_method(half)->attention_heads(views(q), views(k), views(v), l.logit_scale(), {});
+    const std::vector<AttentionResult> r = make_method(half, ctx.engine)->attention_heads(views(q), views(k), views(v), l.logit_scale(), {});
     for (std::size_t h = 0; h < r.size(); ++h) c.e_half.push_back(rel_l1(r[h].o, l.reference[h][b].o));
     c.priority.resize(4);
     for (std::size_t h = 0; h < k.size(); ++h) {
@@ -108,7 +108,7 @@ std::string run_fig7b(const ExperimentContext& ctx) {
   std::size_t best = 0, tied = 0, worse = 0, cases = 0;
   std::vector<std::string> losses;
   for (const Source& src : sources) {
-    const std::vector<Call> calls = measure(src.dump, ctx.threads);
+    const std::vector<Call> calls = measure(src.dump, ctx);
     const int heads = static_cast<int>(calls.front().e4.size());
     Table t{{"2-bit heads"}, {}};
     for (const auto& name : rules) t.header.push_back(name);

@@ -48,7 +48,7 @@ std::string run_turbo_tables(const ExperimentContext& ctx) {
   std::vector<Summary> results(rows.size() * sources.size());
   parallel_for(results.size(), ctx.threads, [&](std::size_t i) {
     const Row& row = rows[i / sources.size()];
-    results[i] = summarise(evaluate(sources[i % sources.size()].dump, *make_method(row.spec), row.spec));
+    results[i] = summarise(evaluate(sources[i % sources.size()].dump, *make_method(row.spec, ctx.engine), row.spec));
   });
   auto result = [&](std::size_t row, std::size_t s) -> const Summary& { return results[row * sources.size() + s]; };
 

@@ -42,7 +42,7 @@ std::string run_weight_quantizers(const ExperimentContext& ctx) {
     // The reference: fp64 attention of the unquantized projections, per evaluation window and head.
     DumpLayer exact = project_layer(dl, x_eval, T, w, proj->b);
     compute_reference(exact);
-    const auto fp32 = make_method("fp32"), intatt = make_method("intattention@upstream-neon");
+    const auto fp32 = make_method("fp32", ctx.engine), intatt = make_method("intattention@upstream-neon", ctx.engine);
     auto attention_row = [&](const std::string& bits, const std::string& name, const std::array<RowMatrixXd, 3>& wq,
                              const std::array<double, 3>& err) {
       DumpLayer l = project_layer(dl, x_eval, T, wq, proj->b);
