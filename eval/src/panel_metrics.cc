@@ -50,27 +50,73 @@ void ScaledSum::rescale(int from, int to) {
   comp = std::ldexp(comp, from - to);
 }
 
-PanelStats panel_stats(const double* out, const double* ref, std::size_t n) {
-  PanelStats s;
-  s.count = static_cast<std::int64_t>(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    const double o = out[i], r = ref[i];
-    if (!std::isfinite(o) || !std::isfinite(r)) ++s.nonfinite;
-    if (o == r || (std::isnan(o) && std::isnan(r))) ++s.zero_errors;
+namespace {
+
+// Two compensated sums side by side in one vector of two doubles (GCC's vector extensions: SSE2 on x86-64, NEON on
+// AArch64): each lane performs add_unchecked's operations on its own sum, so it gives the same bits as two scalar
+// sums, with half the instructions.
+using Double2 = double __attribute__((vector_size(16)));
+using Mask2 = std::int64_t __attribute__((vector_size(16)));
+
+inline Double2 abs2(Double2 x) {
+  return reinterpret_cast<Double2>(reinterpret_cast<Mask2>(x) & Mask2{INT64_MAX, INT64_MAX});
+}
+
+struct ScaledSum2 {
+  Double2 sum{0, 0}, comp{0, 0};
+  void add(Double2 x) {
+    const Double2 t = sum + x;
+    const Double2 larger_sum = (sum - t) + x, larger_x = (x - t) + sum;
+    const Mask2 pick_sum = abs2(sum) >= abs2(x);  // all ones where |sum| >= |x|
+    comp += reinterpret_cast<Double2>((reinterpret_cast<Mask2>(larger_sum) & pick_sum) |
+                                      (reinterpret_cast<Mask2>(larger_x) & ~pick_sum));
+    sum = t;
   }
-  if (s.nonfinite > 0) return s;  // the head's distances are undefined: only the counts matter
-  for (std::size_t i = 0; i < n; ++i) {
-    s.max_o = std::max(s.max_o, std::fabs(out[i]));
-    s.max_r = std::max(s.max_r, std::fabs(ref[i]));
-    s.max_e = std::max(s.max_e, std::fabs(out[i] - ref[i]));
+  ScaledSum lane(int i) const {
+    ScaledSum s;
+    s.sum = sum[i], s.comp = comp[i];
+    return s;
   }
-  s.eo = exponent_of_max(s.max_o), s.er = exponent_of_max(s.max_r), s.ee = exponent_of_max(s.max_e);
+};
+
+// std::ilogb of a finite x > 0, read off its bits (subnormals too).
+inline int exponent_of(double x) {
+  const std::uint64_t u = std::bit_cast<std::uint64_t>(x);
+  const int biased = static_cast<int>(u >> 52);  // x > 0: no sign bit
+  if (biased != 0) return biased - 1023;
+  return 63 - std::countl_zero(u & ((std::uint64_t{1} << 52) - 1)) - 1074;
+}
+
+constexpr int kMinExponent = -1074, kMaxExponent = 1023;
+// One count per exponent a finite double has, and one slot (the last) where the zero errors go uncounted.
+using ExponentCounts = std::array<std::int64_t, kMaxExponent - kMinExponent + 2>;
+constexpr std::size_t kZeroSlot = kMaxExponent - kMinExponent + 1;
+
+// The seven sums and the histogram of one panel (its maxima and exponents set). With Checked false the sums skip
+// ScaledSum::add's finiteness check (ScaledSum2): that gives add()'s bits while every partial sum is finite, and once
+// one is not the sum stays non-finite, so the caller starts again with Checked true if any sum ends non-finite.
+template <bool Checked>
+void accumulate(PanelStats& s, const double* out, const double* ref, std::size_t n, ExponentCounts& counts,
+                std::int64_t& infinite) {
   const ScaleDown by_o(s.eo), by_r(s.er), by_e(s.ee);
-  // The histogram counted in an array over every exponent a finite double has, then moved into the map (as compare
-  // does); an infinite error keeps std::ilogb's key, INT_MAX.
-  constexpr int kMinExponent = -1074, kMaxExponent = 1023;
-  std::array<std::int64_t, kMaxExponent - kMinExponent + 1> counts{};
-  std::int64_t infinite = 0;
+  if constexpr (!Checked) {  // the seven sums in four pairs: (dot, oo), (rr, sq), (l1, r1), (signed_err, unused)
+    ScaledSum2 dot_oo, rr_sq, l1_r1, signed_unused;
+    for (std::size_t i = 0; i < n; ++i) {
+      const double o = by_o(out[i]), r = by_r(ref[i]), abs_err = std::fabs(out[i] - ref[i]), e = by_e(abs_err);
+      dot_oo.add(Double2{o, o} * Double2{r, o});
+      rr_sq.add(Double2{r, e} * Double2{r, e});
+      l1_r1.add(Double2{abs_err, std::fabs(ref[i])});
+      signed_unused.add(Double2{out[i] - ref[i], 0});
+      if (std::isinf(abs_err)) {
+        ++infinite;
+        continue;
+      }
+      ++counts[abs_err == 0 ? kZeroSlot : static_cast<std::size_t>(exponent_of(abs_err) - kMinExponent)];
+    }
+    s.dot = dot_oo.lane(0), s.oo = dot_oo.lane(1), s.rr = rr_sq.lane(0), s.sq = rr_sq.lane(1);
+    s.l1 = l1_r1.lane(0), s.r1 = l1_r1.lane(1), s.signed_err = signed_unused.lane(0);
+    return;
+  }
   for (std::size_t i = 0; i < n; ++i) {
     const double o = by_o(out[i]), r = by_r(ref[i]), abs_err = std::fabs(out[i] - ref[i]), e = by_e(abs_err);
     s.dot.add(o * r);
@@ -80,11 +126,50 @@ PanelStats panel_stats(const double* out, const double* ref, std::size_t n) {
     s.r1.add(std::fabs(ref[i]));
     s.sq.add(e * e);
     s.signed_err.add(out[i] - ref[i]);
-    if (abs_err == 0) continue;
-    if (std::isinf(abs_err)) ++infinite;
-    else ++counts[static_cast<std::size_t>(std::ilogb(abs_err) - kMinExponent)];
+    if (std::isinf(abs_err)) {
+      ++infinite;
+      continue;
+    }
+    ++counts[abs_err == 0 ? kZeroSlot : static_cast<std::size_t>(exponent_of(abs_err) - kMinExponent)];
   }
-  for (std::size_t k = 0; k < counts.size(); ++k)
+}
+
+bool all_finite(const PanelStats& s) {
+  for (const ScaledSum* sum : {&s.dot, &s.oo, &s.rr, &s.l1, &s.r1, &s.sq, &s.signed_err})
+    if (!std::isfinite(sum->sum) || !std::isfinite(sum->comp)) return false;
+  return true;
+}
+
+}  // namespace
+
+PanelStats panel_stats(const double* out, const double* ref, std::size_t n) {
+  PanelStats s;
+  s.count = static_cast<std::int64_t>(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const double o = out[i], r = ref[i];
+    if (!std::isfinite(o) || !std::isfinite(r)) ++s.nonfinite;
+    if (o == r || (std::isnan(o) && std::isnan(r))) ++s.zero_errors;
+    s.max_o = std::max(s.max_o, std::fabs(o));
+    s.max_r = std::max(s.max_r, std::fabs(r));
+    s.max_e = std::max(s.max_e, std::fabs(o - r));
+  }
+  if (s.nonfinite > 0) {  // the head's distances are undefined: only the counts matter
+    s.max_o = s.max_r = s.max_e = 0;
+    return s;
+  }
+  s.eo = exponent_of_max(s.max_o), s.er = exponent_of_max(s.max_r), s.ee = exponent_of_max(s.max_e);
+  // The histogram counted in an array over every exponent a finite double has, then moved into the map (as compare
+  // does); an infinite error keeps std::ilogb's key, INT_MAX.
+  ExponentCounts counts{};
+  std::int64_t infinite = 0;
+  accumulate<false>(s, out, ref, n, counts, infinite);
+  if (!all_finite(s)) {  // a partial sum overflowed: again with ScaledSum::add's handling of it
+    for (ScaledSum* sum : {&s.dot, &s.oo, &s.rr, &s.l1, &s.r1, &s.sq, &s.signed_err}) *sum = ScaledSum{};
+    counts.fill(0);
+    infinite = 0;
+    accumulate<true>(s, out, ref, n, counts, infinite);
+  }
+  for (std::size_t k = 0; k < kZeroSlot; ++k)
     if (counts[k] != 0) s.log2_histogram[static_cast<int>(k) + kMinExponent] = counts[k];
   if (infinite) s.log2_histogram[std::ilogb(INFINITY)] = infinite;
   return s;

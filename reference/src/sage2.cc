@@ -216,15 +216,20 @@ AttentionResult Sage2Call::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
   r.p = RowMatrixXd::Zero(rows, lk);
   const float range = p_range(p.p_format);
   const Eigen::Index blocks = (lk + key_block - 1) / key_block;
-  // Rows go in chunks of kChunkRows: each key block serves every row of the chunk before the next block, so the
-  // block's V8 stays in cache. Each row's operations, and their order, are those of the row alone.
-  constexpr Eigen::Index kChunkRows = 32;
+  // Rows go in chunks: each key block serves every row of the chunk before the next block, so the block's V8 stays
+  // in cache. Each row's operations, and their order, are those of the row alone, so the chunk's size changes no
+  // bit: 64 rows up to 8192 keys, 32 beyond (the chunk's logits and P~ are 2 x rows x L_k floats).
+  const Eigen::Index kChunkRows = lk <= 8192 ? 64 : 32;
   RowMatrixXf s(kChunkRows, lk), p8(kChunkRows, lk), out(kChunkRows, dv), m_block(kChunkRows, blocks);
-  std::vector<float> m(kChunkRows), l(kChunkRows), block(static_cast<std::size_t>(dv)),
-      group_factor(kq.scales.size());
+  std::vector<float> m(static_cast<std::size_t>(kChunkRows)), l(static_cast<std::size_t>(kChunkRows)),
+      block(static_cast<std::size_t>(dv)), group_factor(kq.scales.size());
   const bool wgmma = p.accumulation == SageAccumulation::wgmma || p.accumulation == SageAccumulation::wgmma_single;
-  std::vector<float> v8f(wgmma ? static_cast<std::size_t>(key_block * dv) : 0);  // one key block of V8, decoded
+  // V8 decoded for the wgmma step: all of it once per call where it is at most 2^20 values (5 MiB), else one key
+  // block at a time for each chunk.
+  const bool decode_all = wgmma && lk * dv <= (Eigen::Index{1} << 20);
+  std::vector<float> v8f(!wgmma ? 0 : static_cast<std::size_t>(decode_all ? lk * dv : key_block * dv));
   std::vector<std::int8_t> v8e(v8f.size());
+  if (decode_all) e4m3_decode(v8_codes.data(), v8f.size(), v8f.data(), v8e.data());
   // Delta S of one query block against every key, fp32: fl32((mean_b . K'_j) scale), formed once per block.
   std::vector<float> delta_s(p.smooth_q ? static_cast<std::size_t>(lk) : 0);
   Eigen::Index delta_block = -1;
@@ -264,8 +269,9 @@ AttentionResult Sage2Call::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
     // (4)-(6) online softmax over key blocks
     for (Eigen::Index b = 0; b < blocks; ++b) {
       const Eigen::Index b0 = b * key_block, b1 = std::min<Eigen::Index>(lk, b0 + key_block);
-      if (wgmma)
+      if (wgmma && !decode_all)
         e4m3_decode(v8_codes.data() + b0 * dv, static_cast<std::size_t>((b1 - b0) * dv), v8f.data(), v8e.data());
+      const std::size_t v8_at = decode_all ? static_cast<std::size_t>(b0 * dv) : 0;  // block b's first value
       for (Eigen::Index t = 0; t < n; ++t) {
         float m_new = m[t];
         for (Eigen::Index j = b0; j < b1; ++j) m_new = std::max(m_new, s.data()[t * lk + j]);
@@ -290,7 +296,7 @@ AttentionResult Sage2Call::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
             std::fill(block.begin(), block.end(), 0.0f);
             for (Eigen::Index s0 = b0; s0 < b1; s0 += kStep)
               wgmma_e4m3_step(block.data(), pr + s0, static_cast<std::size_t>(std::min(kStep, b1 - s0)),
-                              v8f.data() + (s0 - b0) * dv, v8e.data() + (s0 - b0) * dv, static_cast<std::size_t>(dv),
+                              v8f.data() + v8_at + (s0 - b0) * dv, v8e.data() + v8_at + (s0 - b0) * dv, static_cast<std::size_t>(dv),
                               static_cast<std::size_t>(dv));
             for (Eigen::Index c = 0; c < dv; ++c) o[c] = o[c] * rescale + block[c];
             break;
@@ -298,7 +304,7 @@ AttentionResult Sage2Call::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
             for (Eigen::Index c = 0; c < dv; ++c) o[c] *= rescale;
             for (Eigen::Index s0 = b0; s0 < b1; s0 += kStep)
               wgmma_e4m3_step(o, pr + s0, static_cast<std::size_t>(std::min(kStep, b1 - s0)),
-                              v8f.data() + (s0 - b0) * dv, v8e.data() + (s0 - b0) * dv, static_cast<std::size_t>(dv),
+                              v8f.data() + v8_at + (s0 - b0) * dv, v8e.data() + v8_at + (s0 - b0) * dv, static_cast<std::size_t>(dv),
                               static_cast<std::size_t>(dv));
             break;
           case SageAccumulation::mma: {  // a fresh buffer per block; each 32 keys: two HMMA halves, then + buffer
