@@ -442,7 +442,8 @@ void run_compare(const std::string& a, const std::string& b, const std::string& 
   }
   Table t{{"metric", "value"}, {}};
   t.rows = {{"elements", std::to_string(s.count)},  {"non-finite", std::to_string(s.nonfinite)},
-            {"CosSim", fmt_sim(s.cossim)},          {"relative L1", fmt_err(s.rel_l1)},
+            {"CosSim", fmt_sim(s.cossim)},          {"1 - CosSim", fmt_err(s.one_minus_cossim)},
+            {"relative L1", fmt_err(s.rel_l1)},
             {"RMSE", fmt_err(s.rmse)},              {"max |A-B|", fmt_err(s.max_abs)},
             {"bias mean(A-B)", fmt_err(s.bias)},    {"median |A-B|", fmt_err(s.median_abs)},
             {"exact matches", std::to_string(s.zero_errors)}};

@@ -227,7 +227,7 @@ void add_sweep(CLI::App& app) {
       ->required();
   sub->add_option("--tensors", o->tensors, "Dump: a directory of layer{L}_head{H}_{q,k,v}.npy, or one .npz/.safetensors file")
       ->capture_default_str();
-  sub->add_option("--metric", o->metric, "cossim|rel_l1|rmse (O and P), kl (P only)")->capture_default_str();
+  sub->add_option("--metric", o->metric, "cossim|one_minus_cossim|rel_l1|rmse (O and P), kl (P only)")->capture_default_str();
   sub->add_option("--target", o->target, "O (attention output) or P (probabilities)")
       ->check(CLI::IsMember({"O", "P"}))
       ->capture_default_str();

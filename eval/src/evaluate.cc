@@ -842,7 +842,8 @@ std::vector<HeadResult> evaluate(const std::vector<DumpLayer>& dump, const Metho
 }
 
 Metrics metric_values(const HeadResult& r) {
-  return {r.o.cossim, r.o.rel_l1, r.o.rmse, r.p.cossim, r.p.rel_l1, r.p.rmse, r.kl.mean};
+  return {r.o.cossim, r.o.rel_l1,      r.o.rmse, r.p.cossim, r.p.rel_l1, r.p.rmse, r.kl.mean, r.o.one_minus_cossim,
+          r.p.one_minus_cossim};
 }
 
 Summary summarise(const std::vector<HeadResult>& results) {

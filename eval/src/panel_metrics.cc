@@ -289,13 +289,16 @@ ErrorStats MetricFold::stats() const {
   s.nonfinite = t.nonfinite;
   s.zero_errors = t.zero_errors;
   if (s.count == 0 || s.nonfinite > 0) {
-    s.cossim = s.rel_l1 = s.rmse = s.max_abs = s.bias = s.median_abs = kNaN;
+    s.cossim = s.rel_l1 = s.rmse = s.max_abs = s.bias = s.median_abs = s.one_minus_cossim = kNaN;
     return s;
   }
   const double n = static_cast<double>(s.count);
   if (t.max_o == 0 && t.max_r == 0) s.cossim = 1.0;
   else if (t.max_o == 0 || t.max_r == 0) s.cossim = 0.0;
   else s.cossim = t.dot.value() / (std::sqrt(t.oo.value()) * std::sqrt(t.rr.value()));  // the 2^e cancel
+  if (t.max_o == 0 || t.max_r == 0 || !std::isfinite(t.max_e)) s.one_minus_cossim = 1 - s.cossim;
+  else if (t.ee == kNoExponent) s.one_minus_cossim = 0;
+  else s.one_minus_cossim = one_minus_cossim_from_sums(t.oo.value(), t.eo, t.rr.value(), t.er, t.sq.value(), t.ee, s.cossim);
   const double l1 = t.l1.value(), r1 = t.r1.value();
   s.rel_l1 = r1 > 0 ? l1 / r1 : (l1 == 0 ? 0.0 : std::numeric_limits<double>::infinity());
   s.rmse = t.ee == kNoExponent ? 0.0 : std::ldexp(std::sqrt(t.sq.value() / n), t.ee);

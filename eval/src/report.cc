@@ -84,6 +84,7 @@ ErrorStats stats_from_json(const json& j) {
   s.max_abs = exact_number(j.at("max_abs"));
   s.bias = exact_number(j.at("bias"));
   s.median_abs = exact_number(j.at("median_abs"));
+  s.one_minus_cossim = exact_number(j.at("one_minus_cossim"));
   s.zero_errors = j.at("zero_errors").get<std::int64_t>();
   for (const auto& [k, n] : j.at("log2_histogram").items()) s.log2_histogram[std::stoi(k)] = n.get<std::int64_t>();
   return s;
@@ -114,7 +115,8 @@ json stats_json(const ErrorStats& s) {
   return {{"count", s.count}, {"nonfinite", s.nonfinite}, {"cossim", exact_number(s.cossim)},
           {"rel_l1", exact_number(s.rel_l1)}, {"rmse", exact_number(s.rmse)}, {"max_abs", exact_number(s.max_abs)},
           {"bias", exact_number(s.bias)}, {"median_abs", exact_number(s.median_abs)},
-          {"zero_errors", s.zero_errors}, {"log2_histogram", hist}};
+          {"one_minus_cossim", exact_number(s.one_minus_cossim)}, {"zero_errors", s.zero_errors},
+          {"log2_histogram", hist}};
 }
 
 json head_result_json(const HeadResult& r) {
@@ -210,17 +212,28 @@ std::string render_report(const ReportView& view, std::vector<HeadResult> result
     return std::make_pair(a.layer, a.head) < std::make_pair(b.layer, b.head);
   });
   const bool softmax = view.softmax, kv = !view.kv.empty();
-  Table t{{"layer", "head", "method", "O CosSim", "O rel L1", "O RMSE", "P CosSim", "P rel L1", "P RMSE", "P max abs",
-           "P bias", "P KL"},
+  Table t{{"layer", "head", "method", "O CosSim", "O 1-CosSim", "O rel L1", "O RMSE", "P CosSim", "P 1-CosSim",
+           "P rel L1", "P RMSE", "P max abs", "P bias", "P KL"},
           {}};
-  if (softmax) t.header.erase(t.header.begin() + 3, t.header.begin() + 6);
+  if (softmax) t.header.erase(t.header.begin() + 3, t.header.begin() + 7);
   if (kv) t.header.insert(t.header.begin() + 3, {"K bits", "V bits"});
   auto row = [&](const std::string& l, const std::string& h, const std::string& m, double k_bits, double v_bits,
                  const Metrics& v, double p_max_abs, double p_bias) {
-    std::vector<std::string> cells = {l, h, m, fmt_sim(v.o_cossim), fmt_err(v.o_rel_l1), fmt_err(v.o_rmse),
-                                      fmt_sim(v.p_cossim), fmt_err(v.p_rel_l1), fmt_err(v.p_rmse), fmt_err(p_max_abs),
-                                      fmt_err(p_bias), fmt_err(v.p_kl)};
-    if (softmax) cells.erase(cells.begin() + 3, cells.begin() + 6);
+    std::vector<std::string> cells = {l,
+                                      h,
+                                      m,
+                                      fmt_sim(v.o_cossim),
+                                      fmt_err(v.o_one_minus_cossim),
+                                      fmt_err(v.o_rel_l1),
+                                      fmt_err(v.o_rmse),
+                                      fmt_sim(v.p_cossim),
+                                      fmt_err(v.p_one_minus_cossim),
+                                      fmt_err(v.p_rel_l1),
+                                      fmt_err(v.p_rmse),
+                                      fmt_err(p_max_abs),
+                                      fmt_err(p_bias),
+                                      fmt_err(v.p_kl)};
+    if (softmax) cells.erase(cells.begin() + 3, cells.begin() + 7);
     if (kv) cells.insert(cells.begin() + 3, {fmt_bits(k_bits), fmt_bits(v_bits)});
     t.rows.push_back(std::move(cells));
   };
@@ -286,7 +299,7 @@ Metric sweep_metric(const std::string& target, const std::string& metric) {
   for (const MetricInfo& m : kMetrics)
     if (name == m.name) return m.metric;
   throw SpecError("metric '" + metric + "' on target '" + target +
-                  "' is not one of cossim, rel_l1, rmse (O or P) or kl (P only)");
+                  "' is not one of cossim, one_minus_cossim, rel_l1, rmse (O or P) or kl (P only)");
 }
 
 std::string render_sweep(const SweepTable& table, const std::string& format) {

@@ -327,9 +327,11 @@ def analyze(dump, methods=None, kv=None, weights=None, softmax_only=False, refer
     Returns
     -------
     list of dict, or pandas.DataFrame
-        One record per layer, head and method: ``layer``, ``head``, ``method``, ``O_cossim``, ``O_rel_l1``,
-        ``O_rmse``, ``P_cossim``, ``P_rel_l1``, ``P_rmse``, ``P_max_abs``, ``P_bias``, ``P_kl_mean``, ``K_bits``,
-        ``V_bits`` (the O columns are absent for softmax-only analysis). ``records.summary`` (or
+        One record per layer, head and method: ``layer``, ``head``, ``method``, ``O_cossim``,
+        ``O_one_minus_cossim``, ``O_rel_l1``, ``O_rmse``, ``P_cossim``, ``P_one_minus_cossim``, ``P_rel_l1``,
+        ``P_rmse``, ``P_max_abs``, ``P_bias``, ``P_kl_mean``, ``K_bits``, ``V_bits`` (the O columns are absent for
+        softmax-only analysis). ``*_one_minus_cossim`` is 1 - CosSim from the error's own sums: it keeps the digits
+        of a CosSim that rounds to 1. ``records.summary`` (or
         ``frame.attrs["summary"]``) holds the mean and worst rows of each method.
     """
     import os
@@ -340,8 +342,10 @@ def analyze(dump, methods=None, kv=None, weights=None, softmax_only=False, refer
     for h in report["heads"]:
         r = {"layer": h["layer"], "head": h["head"], "method": h["method"]}
         if not softmax_only:
-            r.update(O_cossim=h["O"]["cossim"], O_rel_l1=h["O"]["rel_l1"], O_rmse=h["O"]["rmse"])
-        r.update(P_cossim=h["P"]["cossim"], P_rel_l1=h["P"]["rel_l1"], P_rmse=h["P"]["rmse"],
+            r.update(O_cossim=h["O"]["cossim"], O_one_minus_cossim=h["O"]["one_minus_cossim"],
+                     O_rel_l1=h["O"]["rel_l1"], O_rmse=h["O"]["rmse"])
+        r.update(P_cossim=h["P"]["cossim"], P_one_minus_cossim=h["P"]["one_minus_cossim"], P_rel_l1=h["P"]["rel_l1"],
+                 P_rmse=h["P"]["rmse"],
                  P_max_abs=h["P"]["max_abs"], P_bias=h["P"]["bias"], P_kl_mean=h["P_kl_mean"],
                  K_bits=h["K_bits"], V_bits=h["V_bits"])
         records.append({k: (v if k in ("layer", "head", "method") else _number(v)) for k, v in r.items()})
@@ -370,7 +374,7 @@ class _Records(list):
         self.summary = summary
 
 
-_SWEEP_METRICS = ("cossim", "rel_l1", "rmse", "kl")
+_SWEEP_METRICS = ("cossim", "one_minus_cossim", "rel_l1", "rmse", "kl")
 
 
 def sweep(dump, method, grid, metric="cossim", target="O", softmax_only=False, engine="auto"):
@@ -385,7 +389,7 @@ def sweep(dump, method, grid, metric="cossim", target="O", softmax_only=False, e
         keyword arguments of its ``fn``).
     grid : dict
         ``{key: [values...]}``, one axis per key; points in the order of ``itertools.product`` (last key fastest).
-    metric : {"cossim", "rel_l1", "rmse", "kl"}
+    metric : {"cossim", "one_minus_cossim", "rel_l1", "rmse", "kl"}
     target : {"O", "P"}
         kl applies to P only; softmax_only has P only.
 
@@ -396,7 +400,8 @@ def sweep(dump, method, grid, metric="cossim", target="O", softmax_only=False, e
     """
     import itertools
     if metric not in _SWEEP_METRICS or target not in ("O", "P") or (metric == "kl" and target != "P"):
-        raise ValueError("sweep: metric must be one of cossim, rel_l1, rmse (O or P) or kl (P), got %r on %r"
+        raise ValueError("sweep: metric must be one of cossim, one_minus_cossim, rel_l1, rmse (O or P) or kl (P), "
+                         "got %r on %r"
                          % (metric, target))
     if not grid:
         raise ValueError("sweep: the grid needs at least one axis")
@@ -431,8 +436,8 @@ def compare(a, b):
     Returns
     -------
     dict
-        ``count``, ``nonfinite``, ``cossim``, ``rel_l1`` (sum |a - b| / sum |b|), ``rmse``, ``max_abs``, ``bias``
-        (mean of a - b), ``median_abs``, as ``qattn analyze`` computes them.
+        ``count``, ``nonfinite``, ``cossim``, ``one_minus_cossim``, ``rel_l1`` (sum |a - b| / sum |b|), ``rmse``,
+        ``max_abs``, ``bias`` (mean of a - b), ``median_abs``, as ``qattn analyze`` computes them.
     """
     return _qattn.compare(_widen16(a), _widen16(b))
 

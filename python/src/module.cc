@@ -442,6 +442,7 @@ py::dict stats_dict(const ErrorStats& e) {
   for (const auto& [k, n] : e.log2_histogram) hist[py::str(std::to_string(k))] = n;
   py::dict d;
   d["count"] = e.count, d["nonfinite"] = e.nonfinite, d["cossim"] = e.cossim, d["rel_l1"] = e.rel_l1;
+  d["one_minus_cossim"] = e.one_minus_cossim;
   d["rmse"] = e.rmse, d["max_abs"] = e.max_abs, d["bias"] = e.bias, d["median_abs"] = e.median_abs;
   d["zero_errors"] = e.zero_errors, d["log2_histogram"] = hist;
   return d;
@@ -747,6 +748,7 @@ py::dict compare(const py::handle& out, const py::handle& ref) {
   r["count"] = e.count;
   r["nonfinite"] = e.nonfinite;
   r["cossim"] = e.cossim;
+  r["one_minus_cossim"] = e.one_minus_cossim;
   r["rel_l1"] = e.rel_l1;
   r["rmse"] = e.rmse;
   r["max_abs"] = e.max_abs;

@@ -178,12 +178,12 @@ fi
 # fp64 to its declared contract (relative error ~ 1e-16, far below 1e-14) while fp32 sits near 1e-7; pipelines have
 # no softmax-only form; a logits-only directory asks for --softmax-only; --logits of one head equals that head's dir.
 sm_csv=$(q analyze --softmax-only --method index --format csv)
-if [ "$(head -1 <<<"$sm_csv")" = "layer,head,method,P CosSim,P rel L1,P RMSE,P max abs,P bias,P KL" ] &&
+if [ "$(head -1 <<<"$sm_csv")" = "layer,head,method,P CosSim,P 1-CosSim,P rel L1,P RMSE,P max abs,P bias,P KL" ] &&
    [ "$(wc -l <<<"$sm_csv")" -eq 11 ]; then pass=$((pass + 1)); else
   echo "FAIL: analyze --softmax-only layout"; head -3 <<<"$sm_csv"; fail=$((fail + 1)); fi
 ex_csv=$(q analyze --softmax-only --reference exact --method fp64 --method fp32 --format csv)
-fp64_worst=$(awk -F, '$2 == "worst" && $3 == "fp64" {print $5}' <<<"$ex_csv")
-fp32_worst=$(awk -F, '$2 == "worst" && $3 == "fp32" {print $5}' <<<"$ex_csv")
+fp64_worst=$(awk -F, '$2 == "worst" && $3 == "fp64" {print $6}' <<<"$ex_csv")
+fp32_worst=$(awk -F, '$2 == "worst" && $3 == "fp32" {print $6}' <<<"$ex_csv")
 if awk -v a="$fp64_worst" -v b="$fp32_worst" 'BEGIN {exit !(a != "" && a + 0 > 0 && a + 0 < 1e-14 && b + 0 > 1e-9 && b + 0 < 1e-6)}'; then
   pass=$((pass + 1)); else echo "FAIL: exact reference: fp64 worst rel L1 '$fp64_worst', fp32 '$fp32_worst'"; fail=$((fail + 1)); fi
 expect 2 "no softmax-only form" "analyze --softmax-only pipeline" -- analyze --softmax-only --method intattention

@@ -16,6 +16,7 @@ namespace {
 
 struct ExactMetrics {
   double cossim, rel_l1, rmse, bias;
+  double one_minus_cossim, error_to_norm;  // 1 - cos, and ||o - r|| / ||r||
 };
 
 ExactMetrics exact_metrics(const std::vector<double>& o, const std::vector<double>& r) {
@@ -32,7 +33,7 @@ ExactMetrics exact_metrics(const std::vector<double>& o, const std::vector<doubl
   }
   const Exact n = static_cast<double>(o.size());
   return {static_cast<double>(dot / sqrt(oo * rr)), static_cast<double>(l1 / r1), static_cast<double>(sqrt(sq / n)),
-          static_cast<double>(sum / n)};
+          static_cast<double>(sum / n), static_cast<double>(1 - dot / sqrt(oo * rr)), static_cast<double>(sqrt(sq / rr))};
 }
 
 bool close(double got, double want, double rel) { return std::fabs(got - want) <= rel * std::fabs(want) + 1e-300; }
@@ -57,7 +58,10 @@ TEST_CASE("metrics agree with 50-digit arithmetic", "[metrics][exact]") {
     const ExactMetrics e = exact_metrics(o, r);
     INFO("trial " << trial << " size " << size << " scale " << scale << " noise " << noise);
     CHECK(std::fabs(s.cossim - e.cossim) <= 4e-16);
-    CHECK(close(s.rel_l1, e.rel_l1, 1e-14));
+    // 1 - CosSim from the error's sums: relative 1e-13, plus the rounding of ||o|| / ||r|| - 1 (a few ulps of 1) times
+    // 2 | ||o|| / ||r|| - 1 | <= 2 ||o - r|| / ||r||: digits a CosSim of 1 - 1e-20 still has (1 - cossim has none).
+    CHECK(std::fabs(s.one_minus_cossim - e.one_minus_cossim) <=
+          1e-13 * e.one_minus_cossim + 2e-15 * e.error_to_norm + 1e-300);
     CHECK(close(s.rmse, e.rmse, 1e-14));
     CHECK(close(s.bias, e.bias, 1e-12));  // cancellation: mean of signed errors
     double mx = 0;
@@ -114,16 +118,20 @@ TEST_CASE("degenerate inputs give the documented results", "[metrics]") {
   CHECK(std::isnan(nan.rel_l1));
   const ErrorStats zeros = compare(std::vector<double>{0.0, 0.0}, std::vector<double>{0.0, 0.0});
   CHECK(zeros.cossim == 1.0);
+  CHECK(zeros.one_minus_cossim == 0.0);
   CHECK(zeros.rel_l1 == 0.0);
   CHECK(zeros.rmse == 0.0);
   const ErrorStats one_zero = compare(std::vector<double>{0.0, 0.0}, std::vector<double>{1.0, 0.0});
   CHECK(one_zero.cossim == 0.0);
+  CHECK(one_zero.one_minus_cossim == 1.0);
   const ErrorStats ref_zero = compare(std::vector<double>{1.0, 0.0}, std::vector<double>{0.0, 0.0});
   CHECK(ref_zero.rel_l1 == INFINITY);
   CHECK(ref_zero.cossim == 0.0);
   // Huge values: no overflow in the norms.
   const ErrorStats huge = compare(std::vector<double>{1e300, -1e300}, std::vector<double>{1e300, -1e300});
   CHECK(huge.cossim == 1.0);
+  CHECK(huge.one_minus_cossim == 0.0);
+  CHECK(std::isnan(nan.one_minus_cossim));
   CHECK(huge.rmse == 0.0);
 }
 

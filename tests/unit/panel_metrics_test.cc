@@ -56,8 +56,29 @@ TEST_CASE("panel metrics: the fold equals compare() to a few ulps, counts and ma
     check_close(got.rel_l1, want.rel_l1, 4);
     check_close(got.rmse, want.rmse, 4);
     check_close(got.bias, want.bias, 1e6);  // a sum of signed terms that cancel: relative to the sum, not each term
+    check_close(got.one_minus_cossim, want.one_minus_cossim, 64);
     const ErrorStats bucketed = fold(out, ref, rows, cols, false, false).stats();
     CHECK(std::fabs(bucketed.median_abs - want.median_abs) <= 0x1p-12 * want.median_abs);
+  }
+}
+
+TEST_CASE("panel metrics: sums that overflow give compare()'s results (the checked path)", "[metrics]") {
+  const long rows = 130, cols = 5;
+  std::vector<double> ref(rows * cols), out(rows * cols);
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    ref[i] = (i % 3 == 0 ? -1.5 : 1.25) * 0x1p+1023;
+    out[i] = i % 11 == 0 ? -ref[i] : ref[i];  // |o - r| = 2.5 or 3 times 2^1023 overflows: infinite errors and sums
+  }
+  const ErrorStats want = compare(std::span<const double>(out), std::span<const double>(ref));
+  const ErrorStats got = fold(out, ref, rows, cols, true, false).stats();
+  CHECK(std::isinf(want.max_abs));
+  CHECK(got.max_abs == want.max_abs);
+  CHECK(got.log2_histogram == want.log2_histogram);
+  CHECK(got.zero_errors == want.zero_errors);
+  for (const auto& [a, b] : {std::pair{got.rel_l1, want.rel_l1}, {got.rmse, want.rmse}, {got.bias, want.bias},
+                             {got.cossim, want.cossim}, {got.one_minus_cossim, want.one_minus_cossim}}) {
+    INFO(a << " vs " << b);
+    CHECK((a == b || (std::isnan(a) && std::isnan(b)) || std::fabs(a - b) <= 1e-12 * std::fabs(b)));
   }
 }
 
@@ -65,6 +86,8 @@ TEST_CASE("panel metrics: degenerate inputs as compare() defines them", "[metric
   const long rows = 70, cols = 3;
   std::vector<double> zero(rows * cols, 0.0), ones(rows * cols, 1.0);
   CHECK(fold(zero, zero, rows, cols, true, false).stats().cossim == 1.0);
+  CHECK(fold(zero, zero, rows, cols, true, false).stats().one_minus_cossim == 0.0);
+  CHECK(fold(ones, zero, rows, cols, true, false).stats().one_minus_cossim == 1.0);
   CHECK(fold(ones, zero, rows, cols, true, false).stats().cossim == 0.0);
   CHECK(std::isinf(fold(ones, zero, rows, cols, true, false).stats().rel_l1));
   CHECK(fold(zero, zero, rows, cols, false, false).stats().median_abs == 0.0);

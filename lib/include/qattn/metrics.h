@@ -16,7 +16,7 @@
 //   - sizes differ: std::invalid_argument;
 //   - empty: count = 0, every metric NaN;
 //   - any NaN or +-inf in o or r: nonfinite = number of such positions, every metric NaN;
-//   - r = 0 and o = 0: cossim 1, rel_l1 0;  exactly one of them all zero: cossim 0;
+//   - r = 0 and o = 0: cossim 1, rel_l1 0;  exactly one of them all zero: cossim 0 (one_minus_cossim follows);
 //   - r = 0, o != 0: rel_l1 = +inf.
 #pragma once
 
@@ -33,11 +33,20 @@ struct ErrorStats {
   std::int64_t count = 0;
   std::int64_t nonfinite = 0;
   double cossim = 0, rel_l1 = 0, rmse = 0, max_abs = 0, bias = 0, median_abs = 0;
+  // 1 - cossim from the error's own sums, (||o - r||^2 - (||o|| - ||r||)^2) / (2 ||o|| ||r||), so that it keeps its
+  // digits where cossim rounds to 1 (docs/metrics.md); 0 for o = r, 1 when exactly one of them is all zero.
+  double one_minus_cossim = 0;
   // Power-of-two histogram of |o - r|: key k counts errors with 2^k <= |e| < 2^(k+1). zero_errors counts exact
   // matches, o == r or NaN in both; it is the one count kept when an element is non-finite.
   std::int64_t zero_errors = 0;
   std::map<int, std::int64_t> log2_histogram;
 };
+
+// 1 - cos(o, r) from sums of power-of-two-scaled values: oo = sum (o 2^-eo)^2, rr = sum (r 2^-er)^2, sq = sum
+// (|o - r| 2^-ee)^2, all > 0 (the degenerate cases are the caller's): with x = ||o - r||^2 / (||o|| ||r||) and
+// rho = ||o|| / ||r||, it is (x - (rho - 1)^2 / rho) / 2, at least 0; 1 - cossim where x or rho is not a finite
+// double (norms 2^1000 apart).
+double one_minus_cossim_from_sums(double oo, int eo, double rr, int er, double sq, int ee, double cossim);
 
 ErrorStats compare(std::span<const double> out, std::span<const double> ref);
 // The same statistics of float32 values, read as they are (each widens to double exactly: the same result as

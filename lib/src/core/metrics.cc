@@ -70,7 +70,7 @@ ErrorStats compare_values(std::span<const T> out_values, std::span<const T> ref_
     // The distances are undefined, but which elements agree is not: equal values, or NaN in both.
     for (std::size_t i = 0; i < size; ++i)
       if (out(i) == ref(i) || (std::isnan(out(i)) && std::isnan(ref(i)))) ++s.zero_errors;
-    s.cossim = s.rel_l1 = s.rmse = s.max_abs = s.bias = s.median_abs = kNaN;
+    s.cossim = s.rel_l1 = s.rmse = s.max_abs = s.bias = s.median_abs = s.one_minus_cossim = kNaN;
     return s;
   }
   double max_o = 0, max_r = 0, max_e = 0;
@@ -98,6 +98,12 @@ ErrorStats compare_values(std::span<const T> out_values, std::span<const T> ref_
   if (max_o == 0 && max_r == 0) s.cossim = 1.0;
   else if (max_o == 0 || max_r == 0) s.cossim = 0.0;
   else s.cossim = dot.value() / (std::sqrt(oo.value()) * std::sqrt(rr.value()));
+  if (max_o == 0 || max_r == 0 || !std::isfinite(max_e)) s.one_minus_cossim = 1 - s.cossim;
+  else if (max_e == 0) s.one_minus_cossim = 0;
+  else
+    s.one_minus_cossim = one_minus_cossim_from_sums(oo.value(), std::ilogb(power_of_two_scale(max_o)), rr.value(),
+                                                    std::ilogb(power_of_two_scale(max_r)), sq.value(), std::ilogb(se),
+                                                    s.cossim);
   const double l1v = l1.value(), r1v = r1.value();
   s.rel_l1 = r1v > 0 ? l1v / r1v : (l1v == 0 ? 0.0 : std::numeric_limits<double>::infinity());
   s.rmse = se * std::sqrt(sq.value() / n);
@@ -128,6 +134,14 @@ double median_in_place(std::vector<double>& values) {
   if (values.size() % 2 == 1) return upper;
   const double lower = *std::max_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid));
   return lower + (upper - lower) / 2;
+}
+
+double one_minus_cossim_from_sums(double oo, int eo, double rr, int er, double sq, int ee, double cossim) {
+  const double no = std::sqrt(oo), nr = std::sqrt(rr);         // ||o|| 2^-eo, ||r|| 2^-er
+  const double x = std::ldexp(sq / (no * nr), 2 * ee - eo - er);  // ||o - r||^2 / (||o|| ||r||)
+  const double rho = std::ldexp(no / nr, eo - er);                // ||o|| / ||r||
+  if (!std::isfinite(x) || !std::isfinite(rho) || rho == 0) return 1 - cossim;
+  return std::max(0.0, (x - (rho - 1) * (rho - 1) / rho) / 2);
 }
 
 ErrorStats compare(std::span<const double> out, std::span<const double> ref) { return compare_values(out, ref); }

@@ -189,9 +189,10 @@ std::vector<HeadResult> evaluate_methods(const std::vector<DumpLayer>& dump, con
 std::vector<HeadResult> evaluate(const std::vector<DumpLayer>& dump, const Method& method, const std::string& label,
                                  const ref::KvQuantizer* kv = nullptr);
 
-// The seven summary metrics. kMetrics lists them in the order tables and JSON show them, with their names and
-// which direction is worse; PerMetric<T> holds one value per metric in named fields.
-enum class Metric { o_cossim, o_rel_l1, o_rmse, p_cossim, p_rel_l1, p_rmse, p_kl };
+// The nine summary metrics. kMetrics lists them with their names and which direction is worse; PerMetric<T> holds
+// one value per metric in named fields. 1 - CosSim (ErrorStats::one_minus_cossim) keeps the digits a CosSim printed
+// as 1.00000000 hides.
+enum class Metric { o_cossim, o_rel_l1, o_rmse, p_cossim, p_rel_l1, p_rmse, p_kl, o_one_minus_cossim, p_one_minus_cossim };
 struct MetricInfo {
   Metric metric;
   const char* name;     // JSON key, `qattn sweep --metric` (with its O_/P_ prefix)
@@ -200,11 +201,13 @@ struct MetricInfo {
 inline constexpr MetricInfo kMetrics[] = {
     {Metric::o_cossim, "O_cossim", true},  {Metric::o_rel_l1, "O_rel_l1", false}, {Metric::o_rmse, "O_rmse", false},
     {Metric::p_cossim, "P_cossim", true},  {Metric::p_rel_l1, "P_rel_l1", false}, {Metric::p_rmse, "P_rmse", false},
-    {Metric::p_kl, "P_kl", false}};
+    {Metric::p_kl, "P_kl", false},
+    {Metric::o_one_minus_cossim, "O_one_minus_cossim", false}, {Metric::p_one_minus_cossim, "P_one_minus_cossim", false}};
 
 template <class T>
 struct PerMetric {
-  T o_cossim{}, o_rel_l1{}, o_rmse{}, p_cossim{}, p_rel_l1{}, p_rmse{}, p_kl{};
+  T o_cossim{}, o_rel_l1{}, o_rmse{}, p_cossim{}, p_rel_l1{}, p_rmse{}, p_kl{}, o_one_minus_cossim{},
+      p_one_minus_cossim{};
   T& operator[](Metric m) {
     switch (m) {
       case Metric::o_cossim: return o_cossim;
@@ -214,6 +217,8 @@ struct PerMetric {
       case Metric::p_rel_l1: return p_rel_l1;
       case Metric::p_rmse: return p_rmse;
       case Metric::p_kl: return p_kl;
+      case Metric::o_one_minus_cossim: return o_one_minus_cossim;
+      case Metric::p_one_minus_cossim: return p_one_minus_cossim;
     }
     throw std::logic_error("PerMetric: not a metric");
   }
@@ -221,14 +226,14 @@ struct PerMetric {
 };
 using Metrics = PerMetric<double>;
 
-// One head's seven metrics (P ones NaN for methods without P, O ones NaN for a softmax-only dump).
+// One head's nine metrics (P ones NaN for methods without P, O ones NaN for a softmax-only dump).
 Metrics metric_values(const HeadResult& r);
 
 // Mean over heads and the worst head of each metric. A NaN metric (a head whose output is not finite) is the worst
 // there is: the mean is NaN too, and worst_at names the first such head.
 struct Summary {
   Metrics mean, worst;
-  PerMetric<int> worst_at{-1, -1, -1, -1, -1, -1, -1};  // index into the results summarised
+  PerMetric<int> worst_at{-1, -1, -1, -1, -1, -1, -1, -1, -1};  // index into the results summarised
 };
 Summary summarise(const std::vector<HeadResult>& results);
 
