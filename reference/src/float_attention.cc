@@ -113,8 +113,11 @@ AttentionResult float_attention(const MatrixView& q, const MatrixView& k, const 
   RowMatrixXf prob = softmax_ref_rows(s);
   s = RowMatrixXf();
   round_in_place(prob, p);  // R3
-  const RowMatrixXf vf = to_storage_float(v, p);  // R1
-  RowMatrixXf o = prob * vf;
+  RowMatrixXf o = [&] {  // V's storage copy released before P widens to double
+    const RowMatrixXf vf = to_storage_float(v, p);  // R1
+    RowMatrixXf product = prob * vf;
+    return product;
+  }();
   round_in_place(o, p);  // R4
   return {o.cast<double>(), prob.cast<double>()};
 }
