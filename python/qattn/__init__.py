@@ -303,7 +303,7 @@ def _split_methods(methods):
 
 
 def analyze(dump, methods=None, kv=None, weights=None, softmax_only=False, reference="fp64", engine="auto",
-            as_frame=None):
+            as_frame=None, format=None):
     """Error of each method against the fp64 (or exact) reference over a dump, as ``qattn analyze`` reports it.
 
     Parameters
@@ -323,10 +323,13 @@ def analyze(dump, methods=None, kv=None, weights=None, softmax_only=False, refer
     engine : {"auto", "fast", "reference"}
     as_frame : bool, optional
         Return a pandas DataFrame. Default: when pandas can be imported. pandas is never required.
+    format : {"md", "csv", "latex", "json"}, optional
+        Return the report as text instead, byte for byte what ``qattn analyze --format FORMAT`` writes for the same
+        dump path and specs, with your own methods' rows after the registry's.
 
     Returns
     -------
-    list of dict, or pandas.DataFrame
+    list of dict, pandas.DataFrame, or str (with ``format``)
         One record per layer, head and method: ``layer``, ``head``, ``method``, ``O_cossim``,
         ``O_one_minus_cossim``, ``O_rel_l1``, ``O_rmse``, ``P_cossim``, ``P_one_minus_cossim``, ``P_rel_l1``,
         ``P_rmse``, ``P_max_abs``, ``P_bias``, ``P_kl_mean``, ``K_bits``, ``V_bits`` (the O columns are absent for
@@ -336,8 +339,12 @@ def analyze(dump, methods=None, kv=None, weights=None, softmax_only=False, refer
     """
     import os
     specs, own = _split_methods(methods)
+    if format is not None and format not in ("md", "csv", "latex", "json"):
+        raise ValueError("analyze: format must be one of md, csv, latex, json, got %r" % (format,))
     report = _qattn.analyze_report(os.fspath(dump), specs, kv or "", weights or "", softmax_only, reference, engine,
-                                   own)
+                                   own, format or "")
+    if format is not None:
+        return report["text"]
     records = []
     for h in report["heads"]:
         r = {"layer": h["layer"], "head": h["head"], "method": h["method"]}

@@ -52,6 +52,7 @@ def analyze(
     reference: str = ...,
     engine: str = ...,
     as_frame: Optional[bool] = ...,
+    format: Optional[str] = ...,
 ) -> Any: ...
 def sweep(
     dump: Union[str, os.PathLike],

@@ -543,7 +543,7 @@ class PythonMethod final : public Method {
 // methods and no spec, only they run.
 py::dict analyze_report(const std::string& tensors, const std::vector<std::string>& specs, const std::string& kv,
                         const std::string& weights, bool softmax_only, const std::string& reference_name,
-                        const std::string& engine, const std::vector<py::tuple>& own) {
+                        const std::string& engine, const std::vector<py::tuple>& own, const std::string& format) {
   const eval::SoftmaxReference reference = eval::parse_softmax_reference(reference_name);
   if (reference == eval::SoftmaxReference::exact && !softmax_only)
     throw std::invalid_argument("--reference: exact applies to softmax-only analysis (softmax_only=True); attention "
@@ -552,6 +552,7 @@ py::dict analyze_report(const std::string& tensors, const std::vector<std::strin
   engine_options.engine = parse_engine(engine);
   std::vector<eval::HeadResult> results;
   std::vector<eval::ReportMethod> plan_methods;
+  std::string text;  // the report in `format`, when one is asked for
   std::vector<std::unique_ptr<Method>> users;
   std::vector<std::string> user_labels;
   for (const py::tuple& t : own) {
@@ -579,7 +580,11 @@ py::dict analyze_report(const std::string& tensors, const std::vector<std::strin
     eval::EvalOptions options;
     options.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     results = eval::evaluate_plan(dump, plan, options);
-    plan_methods = eval::report_view(plan, tensors, 0).methods;
+    std::size_t n_heads = 0;
+    for (const eval::DumpLayer& l : dump) n_heads += l.heads.size();
+    const eval::ReportView view = eval::report_view(plan, tensors, n_heads);
+    plan_methods = view.methods;
+    if (!format.empty()) text = eval::render_report(view, results, format);
   }
   py::list heads, summary;
   for (const eval::HeadResult& r : results) {
@@ -609,6 +614,7 @@ py::dict analyze_report(const std::string& tensors, const std::vector<std::strin
   }
   py::dict report;
   report["heads"] = heads, report["summary"] = summary;
+  if (!format.empty()) report["text"] = text;
   return report;
 }
 
@@ -884,7 +890,8 @@ PYBIND11_MODULE(_qattn, m) {
   m.def("quantize_weights", &quantize_weights, py::arg("w"), py::arg("x"), py::arg("spec"));
   m.def("quantizers", &quantizers);
   m.def("analyze_report", &analyze_report, py::arg("tensors"), py::arg("methods"), py::arg("kv"), py::arg("weights"),
-        py::arg("softmax_only"), py::arg("reference"), py::arg("engine"), py::arg("own") = std::vector<py::tuple>{});
+        py::arg("softmax_only"), py::arg("reference"), py::arg("engine"), py::arg("own") = std::vector<py::tuple>{},
+        py::arg("format") = std::string());
   m.attr("__version__") = QATTN_VERSION;  // the project's version, as `qattn --version` prints it
   m.def("fp8_encode", &fp8_encode, py::arg("x"), py::arg("format"), py::arg("saturate") = true);
   m.def("mma", &mma, py::arg("a"), py::arg("bt"), py::arg("c"), py::arg("model"));

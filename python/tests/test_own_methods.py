@@ -32,6 +32,21 @@ def test_an_own_softmax_is_analysed_beside_the_registry_methods():
     assert records.summary[1]["canonical"] == "np-softmax"
 
 
+def test_the_report_text_is_qattn_analyzes_with_the_own_methods_rows_after():
+    # The registry's rows are the command's, byte for byte; the own method adds its rows and summary after them.
+    cli = subprocess.run([os.environ.get("QATTN_CLI", "qattn"), "analyze", "--tensors", SAMPLE, "--method", "fp32",
+                          "--method", "index@paper", "--format", "csv"], capture_output=True, text=True,
+                         check=True).stdout
+    alone = qattn.analyze(SAMPLE, ["fp32", "index@paper"], format="csv")
+    assert alone == cli
+    mine = qattn.analyze(SAMPLE, ["fp32", "index@paper", qattn.Method("top8", topk, k=8)], format="csv")
+    assert all(line + "\n" in mine for line in cli.splitlines())
+    assert "\nall,mean,top8:k=8," in mine and len(mine.splitlines()) == len(cli.splitlines()) + 8 + 2
+    assert qattn.analyze(SAMPLE, "fp32", format="md").startswith("Attention error vs the fp64 reference on " + SAMPLE)
+    with pytest.raises(ValueError, match="format"):
+        qattn.analyze(SAMPLE, "fp32", format="html")
+
+
 def test_sweep_over_an_own_methods_parameter_and_over_a_registry_spec():
     rows = qattn.sweep(SAMPLE, qattn.Method("topk", topk), {"k": [2, 8, 32]}, metric="kl", target="P")
     assert [r["method"] for r in rows] == ["topk:k=2", "topk:k=8", "topk:k=32"]
