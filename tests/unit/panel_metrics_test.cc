@@ -124,3 +124,40 @@ TEST_CASE("panel metrics: KL of probability rows equals kl_rows'", "[metrics]") 
   CHECK(got2.max == want2.max);
   CHECK(std::isfinite(got2.mean));
 }
+
+TEST_CASE("panel metrics: the paired vector sums equal ScaledSum::add's, bit for bit", "[metrics]") {
+  // panel_stats adds two compensated sums per SIMD vector (GCC vector extensions); the scalar ScaledSum::add over
+  // the same terms in the same order must give the same sum and compensation, bit for bit.
+  std::mt19937_64 g(7);
+  std::normal_distribution<double> n(0, 1);
+  for (const double magnitude : {1.0, 0x1p-1000, 0x1p+900, 3e-7}) {
+    const std::size_t size = 64 * 37;
+    std::vector<double> ref(size), out(size);
+    for (std::size_t i = 0; i < size; ++i) {
+      ref[i] = i % 13 == 0 ? 0.0 : n(g) * magnitude;
+      out[i] = i % 5 == 0 ? ref[i] : ref[i] * (1 + 0.01 * n(g)) + (i % 17 == 0 ? magnitude * n(g) : 0.0);
+    }
+    const eval::PanelStats s = eval::panel_stats(out.data(), ref.data(), size);
+    REQUIRE(s.nonfinite == 0);
+    // 2^-e as panel_stats scales: the panel maxima's exponents, a multiplication (exact for these magnitudes)
+    auto scaled = [](double x, int e) { return std::ldexp(x, -e); };
+    eval::ScaledSum dot, oo, rr, l1, r1, sq, signed_err;
+    for (std::size_t i = 0; i < size; ++i) {
+      const double o = scaled(out[i], s.eo), r = scaled(ref[i], s.er), abs_err = std::fabs(out[i] - ref[i]),
+                   e = scaled(abs_err, s.ee);
+      dot.add(o * r);
+      oo.add(o * o);
+      rr.add(r * r);
+      l1.add(abs_err);
+      r1.add(std::fabs(ref[i]));
+      sq.add(e * e);
+      signed_err.add(out[i] - ref[i]);
+    }
+    INFO("magnitude " << magnitude);
+    for (const auto& [got, want] : {std::pair{s.dot, dot}, {s.oo, oo}, {s.rr, rr}, {s.l1, l1}, {s.r1, r1}, {s.sq, sq},
+                                    {s.signed_err, signed_err}}) {
+      CHECK(got.sum == want.sum);
+      CHECK(got.comp == want.comp);
+    }
+  }
+}
