@@ -45,9 +45,6 @@ namespace {
 
 const Registry& registry() { return ref::reference_registry(); }
 
-void check_format(const std::string& f, std::initializer_list<const char*> valid) { check_format_option(f, valid); }
-
-// Writes text to `path` atomically, or to stdout when path is empty.
 }  // namespace
 
 void check_format_option(const std::string& f, std::initializer_list<const char*> valid) {
@@ -578,7 +575,7 @@ void run_attention(const AttentionOptions& o) {
 
 // The option checks of `qattn analyze` that CLI11 cannot express: CLI::ValidationError naming the option.
 void check_analyze_options(const AnalyzeOptions& o) {
-  check_format(o.format, {"md", "csv", "latex", "json"});
+  check_format_option(o.format, {"md", "csv", "latex", "json"});
   require_range("--threads", o.threads, 0, kMaxThreads);
   if (o.block_rows < 0 || o.block_rows % 64 != 0 || o.block_rows > (1 << 20))
     throw CLI::ValidationError("--block-rows", "must be a multiple of 64 in [64, 1048576], or 0 (chosen from L_k); got " +
@@ -681,7 +678,7 @@ void add_info(CLI::App& app) {
   sub->add_option("files", *files, "Tensor files (.npy, .npz, .safetensors)")->required();
   sub->add_option("--format", *format, "md|csv|json")->capture_default_str();
   sub->callback([=] {
-    check_format(*format, {"md", "csv", "json"});
+    check_format_option(*format, {"md", "csv", "json"});
     run_info(*files, *format);
   });
 }
@@ -692,7 +689,7 @@ void add_methods(CLI::App& app) {
   sub->add_option("--format", *format, "text|json|md (md: the method table and the softmax-model list of the docs)")
       ->capture_default_str();
   sub->callback([=] {
-    check_format(*format, {"text", "json", "md"});
+    check_format_option(*format, {"text", "json", "md"});
     run_methods(*format);
   });
 }
@@ -750,7 +747,7 @@ void add_compare(CLI::App& app) {
                       "; 0 (default): every core. The figures do not depend on it")
       ->capture_default_str();
   sub->callback([=] {
-    check_format(*format, {"md", "json"});
+    check_format_option(*format, {"md", "json"});
     require_range("--threads", *threads, 0, kMaxThreads);
     run_compare(*a, *b, *name, *format, *threads);
   });

@@ -58,6 +58,26 @@ Part read_part(const std::string& file) {
   } catch (const json::exception& e) {
     throw InputError(file, "provenance", std::string("incomplete: ") + e.what());
   }
+  // The result as the merge reads it, checked here so that a part of another layout is named before anything runs.
+  try {
+    const json& result = p.doc.at("result");
+    const bool analyze = p.doc.at("provenance").at("command") == "analyze";
+    if (analyze) report_view_from_json(result.at("view"));
+    else sweep_header_from_json(result);
+    for (const json& row : result.at("rows")) {
+      if (analyze) {
+        head_result_from_json(row);
+      } else {
+        row.at("point").get<std::size_t>();
+        row.at("values").get<std::vector<std::string>>();
+        row.at("method").get<std::string>();
+        head_result_from_json(row.at("head"));
+      }
+    }
+  } catch (const std::exception& e) {  // json::exception, or exact_number's std::invalid_argument
+    throw InputError(file, "result",
+                     std::string("is not a result this qattn reads (written by another version?): ") + e.what());
+  }
   return p;
 }
 

@@ -53,8 +53,8 @@ void ScaledSum::rescale(int from, int to) {
 namespace {
 
 // Two compensated sums side by side in one vector of two doubles (GCC's vector extensions: SSE2 on x86-64, NEON on
-// AArch64): each lane performs add_unchecked's operations on its own sum, so it gives the same bits as two scalar
-// sums, with half the instructions.
+// AArch64): each lane performs ScaledSum::add's operations, without its finiteness check, on its own sum, so it
+// gives the same bits as two scalar sums (while every partial sum is finite), with half the instructions.
 using Double2 = double __attribute__((vector_size(16)));
 using Mask2 = std::int64_t __attribute__((vector_size(16)));
 
@@ -78,14 +78,6 @@ struct ScaledSum2 {
     return s;
   }
 };
-
-// std::ilogb of a finite x > 0, read off its bits (subnormals too).
-inline int exponent_of(double x) {
-  const std::uint64_t u = std::bit_cast<std::uint64_t>(x);
-  const int biased = static_cast<int>(u >> 52);  // x > 0: no sign bit
-  if (biased != 0) return biased - 1023;
-  return 63 - std::countl_zero(u & ((std::uint64_t{1} << 52) - 1)) - 1074;
-}
 
 constexpr int kMinExponent = -1074, kMaxExponent = 1023;
 // One count per exponent a finite double has, and one slot (the last) where the zero errors go uncounted.
@@ -111,7 +103,7 @@ void accumulate(PanelStats& s, const double* out, const double* ref, std::size_t
         ++infinite;
         continue;
       }
-      ++counts[abs_err == 0 ? kZeroSlot : static_cast<std::size_t>(exponent_of(abs_err) - kMinExponent)];
+      ++counts[abs_err == 0 ? kZeroSlot : static_cast<std::size_t>(binary_exponent(abs_err) - kMinExponent)];
     }
     s.dot = dot_oo.lane(0), s.oo = dot_oo.lane(1), s.rr = rr_sq.lane(0), s.sq = rr_sq.lane(1);
     s.l1 = l1_r1.lane(0), s.r1 = l1_r1.lane(1), s.signed_err = signed_unused.lane(0);
@@ -130,7 +122,7 @@ void accumulate(PanelStats& s, const double* out, const double* ref, std::size_t
       ++infinite;
       continue;
     }
-    ++counts[abs_err == 0 ? kZeroSlot : static_cast<std::size_t>(exponent_of(abs_err) - kMinExponent)];
+    ++counts[abs_err == 0 ? kZeroSlot : static_cast<std::size_t>(binary_exponent(abs_err) - kMinExponent)];
   }
 }
 

@@ -87,6 +87,8 @@ def test_own_methods_that_fail_name_themselves():
         qattn.analyze(SAMPLE, qattn.Method("short", lambda logits: logits[:, :3]))
     with pytest.raises(ValueError, match="no softmax-only form"):
         qattn.analyze(SAMPLE, qattn.Method("a", lambda q, k, v, s, m: q, kind="attention"), softmax_only=True)
+    with pytest.raises(ValueError, match="fp32.*given twice"):
+        qattn.analyze(SAMPLE, ["fp32", qattn.Method("fp32", np_softmax)])
     with pytest.raises(TypeError, match="callable"):
         qattn.Method("x", 3)
     with pytest.raises(TypeError, match="qattn.Method"):

@@ -149,6 +149,13 @@ expect 3 "of-three.json: provenance.shard.count: foreign part: 3 here, 4" "parts
 echo '{"rows": []}' >"$tmp/not-a-part.json"
 expect 3 "not-a-part.json: qattn_partial: is not a partial result" "a JSON file that is not a part is refused" -- \
   merge "$tmp/not-a-part.json" --out "$tmp/no.md"
+/usr/bin/python3 -c "
+import json, sys
+d = json.load(open(sys.argv[1]))
+d['result']['view']['specs'] = [m['label'] for m in d['result']['view'].pop('methods')]  # an older layout
+json.dump(d, open(sys.argv[2], 'w'))" "${p[0]}" "$tmp/old-layout.json"
+expect 3 "old-layout.json: result: is not a result this qattn reads" "a part of another layout is named, not a crash" -- \
+  merge "$tmp/old-layout.json" "${p[1]}" "${p[2]}" "${p[3]}" --out "$tmp/no.md"
 printf 'not json' >"$tmp/garbage.json"
 expect 3 "garbage.json: json: is not JSON" "a file that is not JSON is refused" -- merge "$tmp/garbage.json" --out "$tmp/no.md"
 expect 3 "analyze: file: is not a regular file" "a directory given as a part is refused" -- merge "$tmp/analyze" --out "$tmp/no.md"

@@ -1,6 +1,7 @@
 // Every metric against a 50-digit recomputation written here, plus the documented degenerate cases.
 #include <boost/multiprecision/cpp_bin_float.hpp>
 #include <catch2/catch.hpp>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -83,6 +84,22 @@ TEST_CASE("histogram buckets are powers of two", "[metrics]") {
   CHECK(s.log2_histogram.at(0) == 2);   // 1.0, 1.5 in [1, 2)
   CHECK(s.log2_histogram.at(1) == 1);   // 2.0
   CHECK(s.log2_histogram.at(-2) == 1);  // 0.25
+}
+
+TEST_CASE("binary_exponent is std::ilogb, normal and subnormal, both signs", "[metrics]") {
+  std::mt19937_64 gen(11);
+  for (int i = 0; i < 200000; ++i) {
+    // every exponent field, subnormals (field 0) included, with random fraction bits and sign
+    const std::uint64_t bits = gen() & ~(std::uint64_t{0x7ff} << 52);
+    const std::uint64_t field = gen() % 2047;
+    const double x = std::bit_cast<double>(bits | field << 52);
+    if (x == 0) continue;
+    INFO(x);
+    REQUIRE(binary_exponent(x) == std::ilogb(x));
+  }
+  for (const double x : {std::numeric_limits<double>::denorm_min(), std::numeric_limits<double>::min(),
+                         std::numeric_limits<double>::max(), -3 * std::numeric_limits<double>::denorm_min(), 1.0})
+    CHECK(binary_exponent(x) == std::ilogb(x));
 }
 
 TEST_CASE("the ends of the double range: subnormal and infinite errors, scales whose inverse is no double", "[metrics]") {

@@ -20,6 +20,7 @@
 //   - r = 0, o != 0: rel_l1 = +inf.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <map>
 #include <span>
@@ -41,6 +42,15 @@ struct ErrorStats {
   std::int64_t zero_errors = 0;
   std::map<int, std::int64_t> log2_histogram;
 };
+
+// std::ilogb of a finite nonzero double, read off its bits: the exponent field where it is normal, the position of
+// the leading fraction bit where it is subnormal (the histogram's key, without a library call per value).
+inline int binary_exponent(double x) {
+  const std::uint64_t u = std::bit_cast<std::uint64_t>(x);
+  const int field = static_cast<int>((u >> 52) & 0x7ff);
+  if (field != 0) return field - 1023;
+  return 63 - std::countl_zero(u & ((std::uint64_t{1} << 52) - 1)) - 1074;
+}
 
 // 1 - cos(o, r) from sums of power-of-two-scaled values: oo = sum (o 2^-eo)^2, rr = sum (r 2^-er)^2, sq = sum
 // (|o - r| 2^-ee)^2, all > 0 (the degenerate cases are the caller's): with x = ||o - r||^2 / (||o|| ||r||) and

@@ -47,12 +47,6 @@ class DivideByPowerOfTwo {
   bool exact_;
 };
 
-// std::ilogb of a finite nonzero double, read from its exponent field where it is normal (subnormals ask std::ilogb).
-int exponent_of(double x) {
-  const int field = static_cast<int>((std::bit_cast<std::uint64_t>(x) >> 52) & 0x7ff);
-  return field != 0 ? field - 1023 : std::ilogb(x);
-}
-
 template <class T>
 ErrorStats compare_values(std::span<const T> out_values, std::span<const T> ref_values) {
   // Every access widens to double, so both element types compute the same statistics of the same numbers.
@@ -116,7 +110,7 @@ ErrorStats compare_values(std::span<const T> out_values, std::span<const T> ref_
   for (double e : abs_err) {
     if (e == 0) ++s.zero_errors;
     else if (std::isinf(e)) ++s.log2_histogram[std::ilogb(e)];
-    else ++counts[static_cast<std::size_t>(exponent_of(e) - kMinExponent)];
+    else ++counts[static_cast<std::size_t>(binary_exponent(e) - kMinExponent)];
   }
   for (std::size_t k = 0; k < counts.size(); ++k)
     if (counts[k] != 0) s.log2_histogram[static_cast<int>(k) + kMinExponent] = counts[k];

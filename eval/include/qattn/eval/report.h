@@ -33,7 +33,7 @@ struct ReportView {
 // The view of a plan's analysis of `tensors` (as the report should name it) over n_heads heads.
 ReportView report_view(const AnalysisPlan& plan, const std::string& tensors, std::size_t n_heads);
 
-// One method's summary rows: the seven metrics' mean and worst over heads (summarise), with P max abs and bias (mean
+// One method's summary rows: the nine metrics' mean and worst over heads (summarise), with P max abs and bias (mean
 // over heads; worst = the largest |value|) and the mean K/V bits.
 struct MethodSummary {
   Summary metrics;
