@@ -667,10 +667,8 @@ std::vector<HeadResult> evaluate_methods(const std::vector<DumpLayer>& dump, con
     }
     const std::size_t batch = l.q.front().size();
     const Eigen::Index lq = l.q.front().front().rows(), lk = l.k.front().front().rows();
-    // Where fp64 does not stream (its GEMM is not block-invariant on this CPU), each head is one block.
-    const bool reference_streams = ref::reference_registry().traits(parse_method_spec("fp64")).query_block_rows > 0;
-    const Eigen::Index block_rows = !reference_streams ? (lq + eval::kPanelRows - 1) / eval::kPanelRows * eval::kPanelRows
-                                    : options.block_rows > 0 ? options.block_rows : default_block_rows(lk);
+    // The reference streams (fp64's products give a block the whole call's rows: fp64_product.h).
+    const Eigen::Index block_rows = options.block_rows > 0 ? options.block_rows : default_block_rows(lk);
     std::vector<std::size_t> all_streamed, whole;
     for (std::size_t m = 0; m < n_methods; ++m) {
       const int n = methods[m].traits.query_block_rows;

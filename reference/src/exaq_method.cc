@@ -114,7 +114,7 @@ void register_exaq_method(Registry& registry) {
     MethodTraits t{false, per_row, 1e-12, per_row, 0};
     t.calls_in_order = m.integer("calib") > 0;  // the first `calib` calls set the frozen C and min
     // sigma=tensor: sigma and min in prepare()'s first passes. With calib, calls run whole, in order.
-    t.query_block_rows = kFp64GemmBlockInvariant && !t.calls_in_order ? 64 : 0;
+    t.query_block_rows = t.calls_in_order ? 0 : 64;
     return t;
   };
   registry.add(std::move(e));

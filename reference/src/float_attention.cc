@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "qattn/float_format.h"
+#include "qattn/reference/fp64_product.h"
 #include "qattn/reference/softmax.h"
 
 namespace qattn::ref {
@@ -85,11 +86,12 @@ AttentionResult float_attention(const MatrixView& q, const MatrixView& k, const 
                                 FloatPrecision p, const AttentionMask& mask, RowMatrixXd* logits) {
   require_attention_shapes(q, k, v);
   if (p == FloatPrecision::fp64) {
-    RowMatrixXd s = (q * k.transpose()) * scale;
+    RowMatrixXd s = product_abt(q, k);  // fl(fl(q k^T) scale), q k^T in product_abt's order
+    s *= scale;
     mask.apply_to_logits(s);
     AttentionResult r;
     r.p = softmax_ref_rows(s);
-    r.o = r.p * v;
+    r.o = product_ab(r.p, v);
     if (logits) *logits = std::move(s);
     return r;
   }

@@ -209,7 +209,7 @@ void register_ibert_method(Registry& registry) {
   // stay out of max |x|. P is integer per entry, O = P V in fp64.
   e.traits = [](const ParamMap& m) {
     MethodTraits t{false, choice_value(m, "scope", kScopes) == IbertScope::row, 1e-12, true, 0};
-    t.query_block_rows = kFp64GemmBlockInvariant ? 64 : 0;  // scope=tensor: max |x| in prepare()'s first pass
+    t.query_block_rows = 64;  // scope=tensor: max |x| in prepare()'s first pass
     return t;
   };
   registry.add(std::move(e));

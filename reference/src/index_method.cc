@@ -125,7 +125,7 @@ void register_index_method(Registry& registry) {
   // Row by row on x - max (exact for logits the format holds); P V in fp64 around it.
   e.traits = [](const ParamMap&) {
     MethodTraits t{true, true, 1e-12, true, 0};
-    t.query_block_rows = kFp64GemmBlockInvariant ? 64 : 0;  // row by row, between Eigen's fp64 GEMMs
+    t.query_block_rows = 64;  // row by row, between the fp64 products
     return t;
   };
   registry.add(std::move(e));

@@ -45,7 +45,7 @@ void register_sas_method(Registry& registry) {
   // y = max - x per row; the FP sum reordered moves P by rounding (one binary16 ulp with half=true).
   e.traits = [](const ParamMap& m) {
     MethodTraits t{true, true, m.boolean("half") ? 0x1p-9 : 1e-12, true, 0};
-    t.query_block_rows = kFp64GemmBlockInvariant ? 64 : 0;  // row by row, between Eigen's fp64 GEMMs
+    t.query_block_rows = 64;  // row by row, between the fp64 products
     return t;
   };
   registry.add(std::move(e));

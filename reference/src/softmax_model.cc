@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "qattn/reference/fp64_product.h"
 #include "qattn/reference/method_entries.h"
 
 namespace qattn::ref {
@@ -10,7 +11,8 @@ namespace {
 // scale * q k^T in float64, refused where it overflows (row indices counted from row0), with the mask applied.
 RowMatrixXd masked_logits(const MatrixView& q, const MatrixView& k, double scale, const AttentionMask& mask,
                           Eigen::Index row0) {
-  RowMatrixXd s = (q * k.transpose()) * scale;
+  RowMatrixXd s = product_abt(q, k);  // fl(fl(q k^T) scale), q k^T in product_abt's order
+  s *= scale;
   // Beyond float64 a logit is +-inf; -inf would read as masked, so overflow is refused before the mask applies.
   if (!s.allFinite())
     for (Eigen::Index i = 0; i < s.size(); ++i)
@@ -22,8 +24,7 @@ RowMatrixXd masked_logits(const MatrixView& q, const MatrixView& k, double scale
 
 // A softmax model's prepared call. With a tensor-wide state (a scope): the passes over the logits in blocks of rows
 // in the constructor, then each block's logits again in rows(). Without one, each block is an attention call of its
-// own. Blocks of 64 rows: where Eigen's float64 GEMM is block-invariant (kFp64GemmBlockInvariant), a block's
-// logits are the whole matrix's rows, and the fp64 reference's (rows_from_logits).
+// own. A block's logits (fp64_product.h) are the whole matrix's rows, and the fp64 reference's (rows_from_logits).
 class SoftmaxModelCall final : public PreparedCall {
  public:
   SoftmaxModelCall(const Method& method, std::unique_ptr<LogitScope> scope, const MatrixView& q, const MatrixView& k,
@@ -55,7 +56,7 @@ class SoftmaxModelCall final : public PreparedCall {
   AttentionResult softmax_then_pv(const RowMatrixXd& logits) const {
     AttentionResult r;
     r.p = scope_ ? scope_->softmax_rows(logits) : method_.softmax_rows(logits);
-    r.o = r.p * v_;
+    r.o = product_ab(r.p, v_);
     return r;
   }
 
@@ -73,7 +74,7 @@ AttentionResult SoftmaxModelMethod::attention_impl(const MatrixView& q, const Ma
   require_attention_shapes(q, k, v);
   AttentionResult r;
   r.p = softmax_rows(masked_logits(q, k, scale, mask, 0));
-  r.o = r.p * v;
+  r.o = product_ab(r.p, v);
   return r;
 }
 

@@ -331,7 +331,7 @@ void register_tflite_int8_method(Registry& registry) {
     const bool per_row = choice_value(m, "scope", kScopes) == tflite::CalibrationScope::row ||
                          choice_value(m, "calib", kCalibrations) == tflite::Calibration::fixed;
     MethodTraits t{false, per_row, 1e-12, true, 0};
-    t.query_block_rows = kFp64GemmBlockInvariant ? 64 : 0;  // scope=tensor: the range in prepare()'s first pass
+    t.query_block_rows = 64;  // scope=tensor: the range in prepare()'s first pass
     return t;
   };
   registry.add(std::move(e));

@@ -224,7 +224,7 @@ class PreparedCall {
   AttentionResult rows(Eigen::Index r0, Eigen::Index n) const;
   // The same rows from their logits, for a call whose softmax reads the float64 logits scale * q k^T (a softmax
   // model: MethodKind::softmax_model): `logits` [n, L_k] must be those rows' logits as the fp64 reference forms
-  // them, ((q k^T) * scale in Eigen's float64 GEMM, masked pairs -inf), and the result is rows(r0, n)'s, bit for bit.
+  // them, (fl(q k^T) * scale, q k^T by qattn::ref::product_abt, masked pairs -inf), and the result is rows(r0, n)'s, bit for bit.
   // An evaluation computes them once per block for its reference and every softmax model. nullopt where the call
   // does not read them so (every other method), or where a logit is +inf or NaN (rows() then names the overflow).
   std::optional<AttentionResult> rows_from_logits(Eigen::Index r0, Eigen::Index n, const RowMatrixXd& logits) const;

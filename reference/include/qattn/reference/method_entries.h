@@ -12,14 +12,9 @@
 namespace qattn::ref {
 
 // A softmax model inside attention: exact fp64 logits scale * q k^T, the model's softmax_rows, exact fp64 P V. The
-// attention table of such a method isolates its softmax approximation.
-// Whether Eigen's float64 GEMM gives each element the same bits wherever a block of 64 rows of the left operand
-// starts (MethodTraits::query_block_rows): measured true on x86-64, false under NEON (aarch64).
-#if defined(__x86_64__)
-inline constexpr bool kFp64GemmBlockInvariant = true;
-#else
-inline constexpr bool kFp64GemmBlockInvariant = false;
-#endif
+// attention table of such a method isolates its softmax approximation. Both products are fp64_product.h's, whose
+// elements do not depend on which rows are computed together: a block of 64 query rows gets the whole call's rows
+// (MethodTraits::query_block_rows) on every instruction set.
 
 // The whole call's state of a softmax model whose rows depend on each other (a tensor-wide scale, EXAQ's tensor
 // sigma), gathered from the call's logits one block of rows at a time. Every pass visits every row once, in row
