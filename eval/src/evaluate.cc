@@ -732,7 +732,7 @@ std::vector<HeadResult> evaluate_methods(const std::vector<DumpLayer>& dump, con
         }
         const std::string where = l.q_paths[h].string() + " (layer " + std::to_string(l.layer) + ", batch entry " +
                                   std::to_string(b) + ")";
-        const auto prepared = [&, li, b, h, calls, streamed, where](std::size_t s) -> const PreparedCall& {
+        const auto prepare = [&, li, b, h, calls, streamed, where](std::size_t s) {
           PreparedSlot& slot = (*calls)[s];
           std::call_once(slot.once, [&] {
             const DumpLayer& l = dump[li];
@@ -740,9 +740,14 @@ std::vector<HeadResult> evaluate_methods(const std::vector<DumpLayer>& dump, con
               return methods[streamed[s]].method->prepare(l.q[h][b], l.k[h][b], l.v[h][b], l.logit_scale(), slot.mask);
             });
           });
-          return *slot.call;
         };
-        for (std::size_t s = 0; s < streamed.size(); ++s) streamed_items.push_back([prepared, s] { prepared(s); });
+        // A block's call: alive until the block counts itself done below. The prepare item reads nothing of it,
+        // because by the time it runs every block may have finished and released the call.
+        const auto prepared = [prepare, calls](std::size_t s) -> const PreparedCall& {
+          prepare(s);
+          return *(*calls)[s].call;
+        };
+        for (std::size_t s = 0; s < streamed.size(); ++s) streamed_items.push_back([prepare, s] { prepare(s); });
         for (Eigen::Index r0 = 0; r0 < lq; r0 += block_rows)
           streamed_items.push_back([&, li, b, h, r0, block_rows, streamed, calls, prepared, where] {
             const DumpLayer& l = dump[li];

@@ -97,6 +97,7 @@ struct KernelArgs {
   double* c;
   long ldc, m, n, k;
   bool transposed;
+  ProductKernel kernel;
 };
 
 template <class V>
@@ -117,24 +118,24 @@ __attribute__((target("avx2"))) void product_kernel_avx2(const KernelArgs& g) { 
 void product_kernel(const KernelArgs& g) {
 #ifdef QATTN_FP64_PRODUCT_AVX2
   static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2) return product_kernel_avx2(g);
+  if (avx2 && g.kernel == ProductKernel::widest) return product_kernel_avx2(g);
 #endif
   product_kernel_base(g);
 }
 
 }  // namespace
 
-RowMatrixXd product_ab(const MatrixView& a, const MatrixView& b) {
+RowMatrixXd product_ab(const MatrixView& a, const MatrixView& b, ProductKernel kernel) {
   if (a.cols() != b.rows()) throw std::invalid_argument("product_ab: A has " + std::to_string(a.cols()) +
                                                         " columns, B " + std::to_string(b.rows()) + " rows");
   RowMatrixXd c(a.rows(), b.cols());
   if (c.size() > 0)
     product_kernel({a.data(), a.outerStride(), b.data(), b.outerStride(), kColTile, c.data(), c.cols(), a.rows(),
-                    b.cols(), a.cols(), false});
+                    b.cols(), a.cols(), false, kernel});
   return c;
 }
 
-RowMatrixXd product_abt(const MatrixView& a, const MatrixView& b) {
+RowMatrixXd product_abt(const MatrixView& a, const MatrixView& b, ProductKernel kernel) {
   if (a.cols() != b.cols()) throw std::invalid_argument("product_abt: A has " + std::to_string(a.cols()) +
                                                          " columns, B " + std::to_string(b.cols()));
   const Eigen::Index m = a.rows(), n = b.rows(), k = a.cols();
@@ -153,7 +154,7 @@ RowMatrixXd product_abt(const MatrixView& a, const MatrixView& b) {
       for (Eigen::Index t = 0; t < k; ++t)
         packed[static_cast<std::size_t>((i / kColTile * k + t) * kColTile + i % kColTile)] = a(r0 + i, t);
     product_kernel({b.data(), b.outerStride(), packed.data(), kColTile, kColTile * k, c.data() + r0 * n, n, n, rows, k,
-                    true});
+                    true, kernel});
   }
   return c;
 }

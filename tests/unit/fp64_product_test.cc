@@ -1,5 +1,6 @@
 // The float64 products of the fp64 reference (fp64_product.h): every element is the plain sequential sum, bit for
-// bit, on whichever copy of the kernel this CPU runs (AVX2 or baseline on x86-64, NEON under qemu).
+// bit, on the widest copy of the kernel this CPU runs (AVX2 on x86-64 where it has it, NEON under qemu) and on the
+// baseline one (SSE2).
 #include <catch2/catch.hpp>
 #include <bit>
 #include <cmath>
@@ -74,8 +75,12 @@ TEST_CASE("product_ab and product_abt equal the plain sequential sum bit for bit
                       bt_wide = spread_matrix(n, k + 2, g);
     const MatrixView a = a_wide.leftCols(k), b = b_wide.leftCols(n), bt = bt_wide.leftCols(k);
     INFO("m " << m << ", n " << n << ", k " << k);
-    CHECK(first_difference(product_ab(a, b), plain_product(a, b, false)) == "");
-    CHECK(first_difference(product_abt(a, bt), plain_product(a, bt, true)) == "");
+    const RowMatrixXd c = plain_product(a, b, false), ct = plain_product(a, bt, true);
+    for (const ProductKernel kernel : {ProductKernel::widest, ProductKernel::baseline}) {
+      INFO((kernel == ProductKernel::widest ? "the widest kernel" : "the baseline kernel"));
+      CHECK(first_difference(product_ab(a, b, kernel), c) == "");
+      CHECK(first_difference(product_abt(a, bt, kernel), ct) == "");
+    }
   }
 }
 

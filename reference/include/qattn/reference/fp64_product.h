@@ -6,9 +6,9 @@
 //
 //   c_ij = fl( ... fl( fl(a_i0 b_0j) + fl(a_i1 b_1j) ) + ... + fl(a_i,K-1 b_K-1,j) ),  starting from 0.
 //
-// The order belongs to the element alone: it does not depend on the instruction set (the x86-64 build carries
-// AVX-512, AVX2 and baseline copies of the kernel, aarch64 runs NEON), on the cache sizes, or on which rows or
-// columns are computed together. So a block of rows of the left operand gets the whole product's rows, bit for bit
+// The order belongs to the element alone: it does not depend on the instruction set (the x86-64 build carries an
+// AVX2 and a baseline SSE2 copy of the kernel and runs the AVX2 one where the CPU has it; aarch64 runs NEON), on the
+// cache sizes, or on which rows or columns are computed together. So a block of rows of the left operand gets the whole product's rows, bit for bit
 // (streaming in blocks of query rows, docs/streaming.md), and every machine computes the same reference. Eigen's
 // float64 GEMM guarantees neither: its blocking follows the L1 size it reads from the CPU and its row paths follow
 // the vector width.
@@ -18,10 +18,14 @@
 
 namespace qattn::ref {
 
+// Which copy of the kernel runs: the widest this CPU has, or the baseline one (SSE2 on x86-64, NEON on aarch64),
+// for checking that both give the same bits.
+enum class ProductKernel { widest, baseline };
+
 // C = A B: A [m, K], B [K, n].
-RowMatrixXd product_ab(const MatrixView& a, const MatrixView& b);
+RowMatrixXd product_ab(const MatrixView& a, const MatrixView& b, ProductKernel kernel = ProductKernel::widest);
 
 // C = A B^T: A [m, K], B [n, K] (q k^T: both operands by rows). The same order over K as product_ab(A, B^T).
-RowMatrixXd product_abt(const MatrixView& a, const MatrixView& b);
+RowMatrixXd product_abt(const MatrixView& a, const MatrixView& b, ProductKernel kernel = ProductKernel::widest);
 
 }  // namespace qattn::ref
