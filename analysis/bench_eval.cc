@@ -1,6 +1,7 @@
 // `qattn bench-eval`: the streamed evaluation (docs/streaming.md) measured as a user runs it. For each L it writes
 // one Gaussian head (Q std 3, K and V std 1, float32, [L, d]) to a scratch directory, times the anchor (one float64
-// Q K^T and one P V of the same shapes, Eigen, this thread: the two GEMMs every attention evaluation contains), then
+// Q K^T and one P V of the same shapes, Eigen, this thread: the two GEMMs every attention evaluation contains) and
+// the fp64 reference's own two products on the same head (fp64_product.h, in 64-row blocks), then
 // runs `qattn analyze` on the head as a child process per configuration and reports its wall time, its peak RSS
 // (the child's own, from wait4) and the time as a multiple of the anchor, with the CPU printed. At the first L it also
 // checks that other thread counts, block sizes and a 3-way shard + merge write the same bytes as the first run.
@@ -29,6 +30,7 @@
 #include "commands.h"
 #include "experiment.h"  // fixed
 #include "qattn/error.h"
+#include "qattn/reference/fp64_product.h"
 #include "qattn/tensor.h"
 #include "qattn/tensor_io.h"
 #include "evaluate.h"
@@ -107,6 +109,24 @@ double anchor_seconds(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatri
   return t[t.size() / 2];
 }
 
+// The same two products as the fp64 reference forms them in an evaluation (docs/softmax-reference.md §7): block by
+// block of 64 query rows, S = q_block K^T then O = S V, one thread; median seconds over the whole head.
+double reference_products_seconds(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, int reps) {
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const auto start = Clock::now();
+    double sink = 0;
+    for (Eigen::Index r0 = 0; r0 < q.rows(); r0 += 64) {
+      const RowMatrixXd s = ref::product_abt(q.middleRows(r0, std::min<Eigen::Index>(64, q.rows() - r0)), k);
+      sink += ref::product_ab(s, v)(0, 0);
+    }
+    t.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    if (!std::isfinite(sink)) std::cerr << "";  // keeps the products from being optimised away
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
 void run_bench_eval(const BenchEvalOptions& o) {
   for (int l : o.lengths) require_range("--L", l, 64, 1 << 20);
   require_range("--d", o.d, 1, 1024);
@@ -132,13 +152,14 @@ void run_bench_eval(const BenchEvalOptions& o) {
                  return m;
                }())
             << "\nanchor: one float64 Q K^T plus one P V, Eigen, one thread, median of " << o.reps
+            << "; the fp64 reference's two products (qattn's own, 64-row blocks), one thread, median of " << o.reps
             << "; analyze runs as a child process (peak RSS is its own)\n\n";
   Table t{{"L", "run", "wall s", "peak RSS MB", "x anchor", "same bytes as the first run"}, {}};
   for (std::size_t li = 0; li < o.lengths.size(); ++li) {
     const Eigen::Index L = o.lengths[li];
     const fs::path head = dir / ("L" + std::to_string(L));
     fs::create_directories(head);
-    double anchor = 0;
+    double anchor = 0, reference = 0;
     {
       std::mt19937_64 g(20261126 + static_cast<unsigned>(L));
       std::normal_distribution<float> n(0.0f, 1.0f);
@@ -151,9 +172,16 @@ void run_bench_eval(const BenchEvalOptions& o) {
         write_npy(head / (std::string("layer0_head0_") + "qkv"[which] + ".npy"),
                   Tensor::from_double(DType::f32, {L, o.d}, std::span<const double>(m[which].data(), static_cast<std::size_t>(m[which].size()))));
       }
-      if (L <= o.anchor_max_l) anchor = anchor_seconds(m[0], m[1], m[2], o.reps);
+      if (L <= o.anchor_max_l) {
+        anchor = anchor_seconds(m[0], m[1], m[2], o.reps);
+        reference = reference_products_seconds(m[0], m[1], m[2], o.reps);
+      }
     }
-    if (anchor > 0) t.rows.push_back({std::to_string(L), "anchor (2 GEMMs)", fixed(anchor, 3), "", "1.0", ""});
+    if (anchor > 0) {
+      t.rows.push_back({std::to_string(L), "anchor (2 GEMMs)", fixed(anchor, 3), "", "1.0", ""});
+      t.rows.push_back({std::to_string(L), "fp64 reference's 2 products, 64-row blocks", fixed(reference, 3), "",
+                        fixed(reference / anchor, 2), ""});
+    }
     std::string first;
     auto analyze = [&](const std::string& label, std::vector<std::string> extra) {
       const fs::path out = dir / "out.json";
