@@ -11,6 +11,8 @@ float64 (int32 for integer logits), exactly.
 Outputs are new arrays. The GIL is released while qattn computes. python/README.md says which method copies what.
 """
 
+import operator
+
 from . import _qattn
 
 __version__ = _qattn.__version__  # the project's version: `qattn --version` prints the same
@@ -105,7 +107,8 @@ def attention(q, k, v, method, scale=None, causal=False, mask=None, return_probs
         ``auto`` runs the fused kernels where they compute the method's bits, else the reference model; ``fast``
         refuses a method without fused kernels; ``reference`` always runs the reference model.
     threads : int
-        Threads of one fused call; every count gives the same bits.
+        Threads of one fused call, in [0, 1024]; 0 is one per hardware thread, as ``qattn attention --threads 0``.
+        Every count gives the same bits.
     kv : str, optional
         A KV-cache quantizer spec (``qattn.quantizers()["kv"]``, e.g. ``"turboquant:bits=3"``) applied to the K and
         V of every call before the method, as ``qattn analyze --kv`` does: Q is rotated where the quantizer rotates
@@ -121,7 +124,7 @@ def attention(q, k, v, method, scale=None, causal=False, mask=None, return_probs
         Only with ``return_probs``.
     """
     return _qattn.attention(_widen16(q), _widen16(k), _widen16(v), method, scale, causal, mask, return_probs, engine,
-                            threads, kv or "", raw)
+                            operator.index(threads), kv or "", raw)
 
 
 def softmax_integer(logits, method, cint=None, alpha=None):
@@ -250,20 +253,32 @@ class Method:
         ``-inf``, P of the same shape; inside attention it sits between float64 logits ``scale q k^T`` and float64
         ``P V``, as the registry's softmax models do. ``kind="attention"``: ``fn(q, k, v, scale, mask, **params)``
         returning O ``(L_q, d_v)`` or ``(O, P)``; ``mask`` is None or a bool array ``(L_q, L_k)``, True where the
-        query sees the key. It is called from qattn's worker threads, one call at a time (under the GIL).
+        query sees the key. It is called from qattn's worker threads, under the GIL, and one call at a time unless
+        ``thread_safe``: the calls of every method of an analysis that is not thread-safe are made one after another,
+        even where ``fn`` releases the GIL (``time.sleep``, NumPy on large arrays), so ``fn`` may keep state between
+        calls (in which order the heads come is not fixed). What ``fn`` raises (``KeyboardInterrupt`` and
+        ``SystemExit`` included) leaves ``analyze`` as itself, with its traceback, and a note naming the method, the
+        file, the layer and the head (``BaseException.add_note``, Python 3.11 and newer); a result of the wrong shape
+        or with NaN raises ValueError naming the method.
     kind : {"softmax", "attention"}
+    thread_safe : bool
+        ``fn`` may run in several threads at once (it keeps no state, or guards it): its calls overlap wherever it
+        releases the GIL. Default False. ``with_params`` keeps it.
     **params
         Fixed keyword arguments of ``fn``; ``sweep`` varies them as grid axes.
     """
 
-    def __init__(self, name, fn, kind="softmax", **params):
+    def __init__(self, name, fn, kind="softmax", *, thread_safe=False, **params):
         if not callable(fn):
             raise TypeError("Method: fn must be callable, got " + type(fn).__name__)
         if kind not in ("softmax", "attention"):
             raise ValueError("Method: kind must be 'softmax' or 'attention', got " + repr(kind))
         if not isinstance(name, str) or not name or ":" in name:
             raise ValueError("Method: name must be a non-empty string without ':', got " + repr(name))
+        if not isinstance(thread_safe, bool):
+            raise TypeError("Method: thread_safe must be True or False, got " + repr(thread_safe))
         self.name, self.fn, self.kind, self.params = name, fn, kind, dict(params)
+        self.thread_safe = thread_safe
 
     @property
     def label(self):
@@ -274,15 +289,15 @@ class Method:
 
     def with_params(self, **params):
         """The same method with these parameters set (the others kept)."""
-        return Method(self.name, self.fn, self.kind, **dict(self.params, **params))
+        return Method(self.name, self.fn, self.kind, thread_safe=self.thread_safe, **dict(self.params, **params))
 
     def __repr__(self):
-        return "qattn.Method(%r, kind=%r)" % (self.label, self.kind)
+        return "qattn.Method(%r, kind=%r%s)" % (self.label, self.kind, ", thread_safe=True" if self.thread_safe else "")
 
     def _entry(self):
         import functools
         fn = functools.partial(self.fn, **self.params) if self.params else self.fn
-        return (self.label, fn, self.kind)
+        return (self.label, fn, self.kind, self.thread_safe)
 
 
 def _split_methods(methods):
@@ -303,7 +318,7 @@ def _split_methods(methods):
 
 
 def analyze(dump, methods=None, kv=None, weights=None, softmax_only=False, reference="fp64", engine="auto",
-            as_frame=None, format=None):
+            as_frame=None, format=None, threads=0):
     """Error of each method against the fp64 (or exact) reference over a dump, as ``qattn analyze`` reports it.
 
     Parameters
@@ -326,6 +341,9 @@ def analyze(dump, methods=None, kv=None, weights=None, softmax_only=False, refer
     format : {"md", "csv", "latex", "json"}, optional
         Return the report as text instead, byte for byte what ``qattn analyze --format FORMAT`` writes for the same
         dump path and specs, with your own methods' rows after the registry's.
+    threads : int
+        Worker threads over the (head, block of query rows) items, in [0, 1024]; 0 (the default) is one per hardware
+        thread, as ``qattn analyze --threads 0``. The results do not depend on it (docs/streaming.md).
 
     Returns
     -------
@@ -336,13 +354,21 @@ def analyze(dump, methods=None, kv=None, weights=None, softmax_only=False, refer
         softmax-only analysis). ``*_one_minus_cossim`` is 1 - CosSim from the error's own sums: it keeps the digits
         of a CosSim that rounds to 1. ``records.summary`` (or
         ``frame.attrs["summary"]``) holds the mean and worst rows of each method.
+
+    Raises
+    ------
+    KeyboardInterrupt
+        On Ctrl-C, within about a second: the workers stop between blocks and between calls of your methods, and
+        are joined first (a block, or a call of a method without blocks, already running is finished).
+    BaseException
+        Whatever a ``Method``'s callable raised, as itself (see ``Method``).
     """
     import os
     specs, own = _split_methods(methods)
     if format is not None and format not in ("md", "csv", "latex", "json"):
         raise ValueError("analyze: format must be one of md, csv, latex, json, got %r" % (format,))
     report = _qattn.analyze_report(os.fspath(dump), specs, kv or "", weights or "", softmax_only, reference, engine,
-                                   own, format or "")
+                                   own, format or "", operator.index(threads))
     if format is not None:
         return report["text"]
     records = []
@@ -384,7 +410,7 @@ class _Records(list):
 _SWEEP_METRICS = ("cossim", "one_minus_cossim", "rel_l1", "rmse", "kl")
 
 
-def sweep(dump, method, grid, metric="cossim", target="O", softmax_only=False, engine="auto"):
+def sweep(dump, method, grid, metric="cossim", target="O", softmax_only=False, engine="auto", threads=0):
     """One method over a grid of its parameters: the mean and worst over the dump's heads at each point, as
     ``qattn sweep`` reports them.
 
@@ -399,6 +425,8 @@ def sweep(dump, method, grid, metric="cossim", target="O", softmax_only=False, e
     metric : {"cossim", "one_minus_cossim", "rel_l1", "rmse", "kl"}
     target : {"O", "P"}
         kl applies to P only; softmax_only has P only.
+    threads : int
+        As ``analyze``'s: [0, 1024], 0 (the default) one per hardware thread.
 
     Returns
     -------
@@ -430,7 +458,7 @@ def sweep(dump, method, grid, metric="cossim", target="O", softmax_only=False, e
         raise TypeError("sweep: method must be a spec (str) or a qattn.Method, got " + type(method).__name__)
     if len(set(labels)) != len(labels):
         raise ValueError("sweep: grid points that name the same method: " + ", ".join(labels))
-    records = analyze(dump, entries, softmax_only=softmax_only, engine=engine, as_frame=False)
+    records = analyze(dump, entries, softmax_only=softmax_only, engine=engine, as_frame=False, threads=threads)
     name = target + "_" + metric
     summary = {s["method"]: s for s in records.summary}
     return [dict(p, method=label, mean=summary[label]["mean"][name], worst=summary[label]["worst"][name])

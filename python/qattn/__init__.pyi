@@ -39,7 +39,10 @@ class Method:
     fn: Callable[..., Any]
     kind: str
     params: Dict[str, Any]
-    def __init__(self, name: str, fn: Callable[..., Any], kind: str = ..., **params: Any) -> None: ...
+    thread_safe: bool
+    def __init__(
+        self, name: str, fn: Callable[..., Any], kind: str = ..., *, thread_safe: bool = ..., **params: Any
+    ) -> None: ...
     @property
     def label(self) -> str: ...
     def with_params(self, **params: Any) -> "Method": ...
@@ -53,6 +56,7 @@ def analyze(
     engine: str = ...,
     as_frame: Optional[bool] = ...,
     format: Optional[str] = ...,
+    threads: int = ...,
 ) -> Any: ...
 def sweep(
     dump: Union[str, os.PathLike],
@@ -62,6 +66,7 @@ def sweep(
     target: str = ...,
     softmax_only: bool = ...,
     engine: str = ...,
+    threads: int = ...,
 ) -> List[Dict[str, Any]]: ...
 def fp8_encode(x: _FloatArray, format: str = ..., saturate: bool = ...) -> npt.NDArray[np.uint8]: ...
 def mma(a: np.ndarray, bt: np.ndarray, c: Optional[_FloatArray] = ..., model: str = ...) -> np.ndarray: ...

@@ -12,8 +12,13 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <cstring>
@@ -140,11 +145,21 @@ py::array_t<double> to_array(const std::vector<double>& values, const std::vecto
 
 py::array tensor_to_array(const Tensor& t);
 
-EngineOptions engine_options(const std::string& engine, int threads, bool probs) {
+// The bound of the CLI's --threads (analysis/commands.h, kMaxThreads).
+constexpr std::int64_t kMaxThreads = 1024;
+
+// `threads` as the CLI takes --threads: [0, 1024], 0 meaning one per hardware thread. ValueError otherwise.
+int thread_count(std::int64_t threads) {
+  if (threads < 0 || threads > kMaxThreads)
+    throw py::value_error("threads: " + std::to_string(threads) + " is outside [0, " + std::to_string(kMaxThreads) +
+                          "] (0: every core)");
+  return threads > 0 ? static_cast<int>(threads) : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+EngineOptions engine_options(const std::string& engine, std::int64_t threads, bool probs) {
   EngineOptions o;
   o.engine = parse_engine(engine);
-  if (threads < 1) throw py::value_error("threads: must be >= 1, got " + std::to_string(threads));
-  o.threads = threads;
+  o.threads = thread_count(threads);
   o.probs = probs;
   return o;
 }
@@ -170,8 +185,9 @@ py::array_t<double> softmax(const py::handle& logits, const std::string& method,
 // attention(q, k, v, method, ...): [..., L, d]; the axis before L (when there is one) is the heads of one call.
 py::object attention(const py::handle& q_obj, const py::handle& k_obj, const py::handle& v_obj, const std::string& method,
                      std::optional<double> scale, bool causal, const std::optional<py::array>& mask, bool return_probs,
-                     const std::string& engine, int threads, const std::string& kv, bool raw) {
+                     const std::string& engine, std::int64_t threads, const std::string& kv, bool raw) {
   if (raw && !return_probs) throw py::value_error("raw: applies to P; give return_probs=True with it");
+  thread_count(threads);  // refused before any array is read
   // float32 q, k and v read in place go to the float32 entry; a float32 array next to a float64 one, or with a KV
   // quantizer (which takes float64), is widened.
   Input q = read_float_array(q_obj, "q", true), k = read_float_array(k_obj, "k", true),
@@ -448,17 +464,42 @@ py::dict stats_dict(const ErrorStats& e) {
   return d;
 }
 
+// Thrown inside an analysis once a signal's handler has raised (Ctrl-C): it stops the workers between blocks and the
+// user's callables between calls. Python sees the handler's exception, never this.
+struct AnalysisInterrupted : std::exception {
+  const char* what() const noexcept override { return "analysis interrupted"; }
+};
+
+// What the calls of the user's callables share within one analysis: the lock under which the callables not declared
+// thread-safe run, one call at a time across all of them; the flag that stops every call once a signal is seen; and
+// what the callables raised, each Python exception beside the reason of the std::invalid_argument it became, so that
+// analyze_report can re-raise the exception itself once the evaluation has named the file, layer and method.
+struct CallableRaised {
+  std::string reason;   // "<method> raised <type>: <message>" and the head of the call: the key
+  std::string summary;  // the same without the message, which the exception shows itself
+  py::error_already_set error;
+};
+struct CallableCalls {
+  std::mutex serial;
+  std::atomic<bool> stop{false};
+  std::mutex raised_lock;
+  std::vector<CallableRaised> raised;
+};
+
 // A user's Python callable as a qattn::Method, for qattn.analyze and qattn.sweep (python/qattn/__init__.py, Method).
 // kind "softmax": fn(logits) -> P, logits a float64 array [rows, L] (masked entries -inf), P of the same shape; inside
 // attention it sits between float64 logits scale q k^T and float64 P V, as the registry's softmax models do.
 // kind "attention": fn(q, k, v, scale, mask) -> O [L_q, d_v] or (O, P); mask None or a bool array [L_q, L_k] (True =
-// the query sees the key). The evaluation calls it from its worker threads, each call under the GIL. Whatever it
-// raises, or a result of the wrong shape or with NaN, becomes std::invalid_argument naming the method (a ValueError
-// in Python naming the file, head and method).
+// the query sees the key). The evaluation calls it from its worker threads, each call under the GIL. Unless
+// `thread_safe`, a call first takes calls.serial and only then the GIL, never the other way round (a thread holding
+// the GIL never waits for the lock, so the two cannot deadlock): the callable runs one call at a time even where it
+// releases the GIL (time.sleep, NumPy on large arrays). Whatever it raises, a BaseException included, is kept in
+// calls.raised and becomes std::invalid_argument naming the method and the head of the call; a result of the wrong
+// shape or with NaN is a std::invalid_argument naming the method (a ValueError naming the file, head and method).
 class PythonMethod final : public Method {
  public:
-  PythonMethod(std::string name, py::object fn, bool attention)
-      : name_(std::move(name)), fn_(std::move(fn)), attention_(attention) {}
+  PythonMethod(std::string name, py::object fn, bool attention, bool thread_safe, CallableCalls& calls)
+      : name_(std::move(name)), fn_(std::move(fn)), attention_(attention), thread_safe_(thread_safe), calls_(calls) {}
   ~PythonMethod() override {
     py::gil_scoped_acquire gil;
     fn_ = py::object();
@@ -467,8 +508,21 @@ class PythonMethod final : public Method {
  protected:
   RowMatrixXd softmax_rows_impl(const MatrixView& logits) const override {
     if (attention_) throw SpecError(name_ + ": an attention callable has no softmax-only form");
+    const std::unique_lock<std::mutex> turn = take_turn();
     py::gil_scoped_acquire gil;
-    return call([&] { return fn_(to_numpy(logits)); }, logits.rows(), logits.cols(), "P");
+    return matrix(invoke([&] { return fn_(to_numpy(logits)); }), logits.rows(), logits.cols(), "P");
+  }
+
+  // The heads of a layer's call one after another, each head's index kept for the message of what fn raises.
+  std::vector<AttentionResult> attention_heads_impl(const std::vector<MatrixView>& q, const std::vector<MatrixView>& k,
+                                                    const std::vector<MatrixView>& v, double scale,
+                                                    const AttentionMask& mask) const override {
+    std::vector<AttentionResult> out;
+    for (std::size_t h = 0; h < q.size(); ++h) {
+      const HeadOfCall head(h, q.size());
+      out.push_back(attention_impl(q[h], k[h], v[h], scale, mask));
+    }
+    return out;
   }
 
   AttentionResult attention_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
@@ -481,6 +535,7 @@ class PythonMethod final : public Method {
       r.o = r.p * v;
       return r;
     }
+    const std::unique_lock<std::mutex> turn = take_turn();
     py::gil_scoped_acquire gil;
     py::object m = py::none();
     if (!mask.empty()) {
@@ -489,35 +544,64 @@ class PythonMethod final : public Method {
       std::copy(visible.data(), visible.data() + visible.size(), b.mutable_data());
       m = b;
     }
-    py::object out;
-    try {
-      out = fn_(to_numpy(q), to_numpy(k), to_numpy(v), scale, m);
-    } catch (py::error_already_set& e) {
-      throw std::invalid_argument(name_ + " raised " + e.what());
-    }
+    const py::object out = invoke([&] { return fn_(to_numpy(q), to_numpy(k), to_numpy(v), scale, m); });
     py::object o = out, p = py::none();
     if (py::isinstance<py::tuple>(out) && py::len(out) == 2) o = out[py::int_(0)], p = out[py::int_(1)];
-    r.o = call([&] { return o; }, q.rows(), v.cols(), "O");
-    if (!p.is_none()) r.p = call([&] { return p; }, q.rows(), k.rows(), "P");
+    r.o = matrix(o, q.rows(), v.cols(), "O");
+    if (!p.is_none()) r.p = matrix(p, q.rows(), k.rows(), "P");
     return r;
   }
 
  private:
+  // " (head h of the call's n)" while attention_heads_impl runs head h of n > 1 on this thread, else "".
+  static inline thread_local std::string head_of_call;
+  struct HeadOfCall {
+    HeadOfCall(std::size_t h, std::size_t n) {
+      if (n > 1) head_of_call = " (head " + std::to_string(h) + " of the call's " + std::to_string(n) + ")";
+    }
+    ~HeadOfCall() { head_of_call.clear(); }
+  };
+
+  // This call's turn: the serial lock unless the callable is thread-safe, taken before the GIL. AnalysisInterrupted
+  // once a signal is seen, before and after the wait.
+  std::unique_lock<std::mutex> take_turn() const {
+    if (calls_.stop) throw AnalysisInterrupted();
+    std::unique_lock<std::mutex> turn(calls_.serial, std::defer_lock);
+    if (!thread_safe_) turn.lock();
+    if (calls_.stop) throw AnalysisInterrupted();
+    return turn;
+  }
+
   static py::array_t<double> to_numpy(const MatrixView& x) {
     py::array_t<double> a({x.rows(), x.cols()});
     Eigen::Map<RowMatrixXd>(a.mutable_data(), x.rows(), x.cols()) = x;
     return a;
   }
 
-  // The array fn() returns, as a [rows, cols] float64 matrix (under the GIL).
+  // fn() under the GIL. What it raises is kept, with the reason of the std::invalid_argument thrown in its place:
+  // "<method> raised <type>: <message>" and the head of the call.
   template <class Fn>
-  RowMatrixXd call(Fn&& fn, Eigen::Index rows, Eigen::Index cols, const char* what) const {
-    py::object out;
+  py::object invoke(Fn&& fn) const {
     try {
-      out = fn();
+      return fn();
     } catch (py::error_already_set& e) {
-      throw std::invalid_argument(name_ + " raised " + e.what());
+      const std::string raised = name_ + " raised " + e.type().attr("__name__").cast<std::string>();
+      std::string message;
+      try {
+        message = py::str(e.value());
+      } catch (py::error_already_set&) {  // a __str__ that raises: the type alone
+      }
+      const std::string reason = raised + (message.empty() ? "" : ": " + message) + head_of_call;
+      {
+        const std::lock_guard<std::mutex> hold(calls_.raised_lock);
+        calls_.raised.push_back({reason, raised + head_of_call, e});
+      }
+      throw std::invalid_argument(reason);
     }
+  }
+
+  // What fn returned, as a [rows, cols] float64 matrix (under the GIL).
+  RowMatrixXd matrix(const py::object& out, Eigen::Index rows, Eigen::Index cols, const char* what) const {
     py::array_t<double, py::array::c_style | py::array::forcecast> a;
     try {
       a = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(out);
@@ -534,39 +618,111 @@ class PythonMethod final : public Method {
 
   std::string name_;
   py::object fn_;
-  bool attention_;
+  bool attention_, thread_safe_;
+  CallableCalls& calls_;
 };
+
+// Runs body() on a thread of its own while the calling thread, which must not hold the GIL, looks for signals every
+// 100 ms: Python runs its signal handlers on the main thread only, under the GIL, so a body run on this thread would
+// leave Ctrl-C pending until it ends. Once a handler raises (KeyboardInterrupt), `stop` is set, the body is waited
+// for (its workers stop between blocks) and the handler's exception is returned. Otherwise the body's own exception
+// is rethrown, or nothing is returned.
+std::optional<py::error_already_set> run_checking_signals(const std::function<void()>& body, std::atomic<bool>& stop) {
+  std::mutex m;
+  std::condition_variable ended;
+  bool finished = false;
+  std::exception_ptr error;
+  std::thread runner([&] {
+    try {
+      body();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    const std::lock_guard<std::mutex> hold(m);
+    finished = true;
+    ended.notify_one();
+  });
+  std::optional<py::error_already_set> signal;
+  std::unique_lock<std::mutex> lock(m);
+  while (!ended.wait_for(lock, std::chrono::milliseconds(100), [&] { return finished; })) {
+    if (signal) continue;
+    lock.unlock();
+    {
+      py::gil_scoped_acquire gil;
+      if (PyErr_CheckSignals() != 0) {
+        signal.emplace();  // fetches the handler's exception
+        stop = true;
+      }
+    }
+    lock.lock();
+  }
+  lock.unlock();
+  runner.join();
+  if (!signal && error) std::rethrow_exception(error);
+  return signal;
+}
+
+// Rethrows `failure`. Where it is what a user's callable raised (the evaluation's InputError or the
+// std::invalid_argument around it), the callable's own exception is raised instead, with its type and traceback
+// (pdb.pm() reaches the callable's frame), and a note with the evaluation's context: the file, layer and batch entry
+// or head, the method, and the head of the call. Called with the GIL.
+[[noreturn]] void rethrow_raised(const std::exception_ptr& failure, CallableCalls& calls) {
+  const auto raise_own = [&](const std::string& reason, const std::string& where) {
+    for (CallableRaised& r : calls.raised) {
+      if (r.reason != reason) continue;
+      if (py::hasattr(r.error.value(), "add_note"))  // Python 3.11 and newer
+        r.error.value().attr("add_note")("qattn.analyze: " + where + r.summary);
+      throw r.error;
+    }
+  };
+  try {
+    std::rethrow_exception(failure);
+  } catch (const InputError& e) {
+    raise_own(e.reason(), printable(e.source(), 1024) + ": " + printable(e.field(), 200) + ": ");
+    throw;
+  } catch (const SpecError&) {
+    throw;
+  } catch (const std::invalid_argument& e) {
+    raise_own(e.what(), "");
+    throw;
+  }
+}
 
 // analyze(...): the evaluation layer's analysis (qattn/eval/analysis.h) over a dump, on the engine named here, as
 // {"heads": [...], "summary": [...]} shaped as `qattn analyze --format json` writes them.
-// `own`: the user's methods, (label, callable, kind) with kind "softmax" or "attention" (PythonMethod); with own
-// methods and no spec, only they run.
+// `own`: the user's methods, (label, callable, kind, thread_safe) with kind "softmax" or "attention" (PythonMethod);
+// with own methods and no spec, only they run. `threads`: the workers, as `qattn analyze --threads` (0: every core).
+// The analysis runs on a thread of its own while this one answers Ctrl-C (run_checking_signals); what a callable
+// raised is re-raised as itself (rethrow_raised).
 py::dict analyze_report(const std::string& tensors, const std::vector<std::string>& specs, const std::string& kv,
                         const std::string& weights, bool softmax_only, const std::string& reference_name,
-                        const std::string& engine, const std::vector<py::tuple>& own, const std::string& format) {
+                        const std::string& engine, const std::vector<py::tuple>& own, const std::string& format,
+                        std::int64_t threads) {
   const eval::SoftmaxReference reference = eval::parse_softmax_reference(reference_name);
   if (reference == eval::SoftmaxReference::exact && !softmax_only)
     throw std::invalid_argument("--reference: exact applies to softmax-only analysis (softmax_only=True); attention "
                                 "is compared with fp64");
+  const int workers = thread_count(threads);
   EngineOptions engine_options;
   engine_options.engine = parse_engine(engine);
   std::vector<eval::HeadResult> results;
   std::vector<eval::ReportMethod> plan_methods;
   std::string text;  // the report in `format`, when one is asked for
+  CallableCalls calls;  // outlives the methods that refer to it
   std::vector<std::unique_ptr<Method>> users;
   std::vector<std::string> user_labels;
   for (const py::tuple& t : own) {
-    if (t.size() != 3) throw std::invalid_argument("own methods: (label, callable, kind) tuples");
+    if (t.size() != 4) throw std::invalid_argument("own methods: (label, callable, kind, thread_safe) tuples");
     const std::string label = t[0].cast<std::string>(), kind = t[2].cast<std::string>();
     if (kind != "softmax" && kind != "attention")
       throw std::invalid_argument(label + ": kind must be 'softmax' or 'attention', got '" + kind + "'");
     if (softmax_only && kind == "attention")
       throw std::invalid_argument(label + ": an attention callable has no softmax-only form");
-    users.push_back(std::make_unique<PythonMethod>(label, t[1].cast<py::object>(), kind == "attention"));
+    users.push_back(std::make_unique<PythonMethod>(label, t[1].cast<py::object>(), kind == "attention",
+                                                   t[3].cast<bool>(), calls));
     user_labels.push_back(label);
   }
-  {
-    py::gil_scoped_release release;
+  const auto analysis = [&] {
     eval::AnalysisPlan plan = eval::plan_analysis(
         specs, kv, weights, softmax_only, reference, false,
         [&](const MethodSpec& spec) { return build_method(spec, engine_options).method; }, own.empty());
@@ -576,16 +732,33 @@ py::dict analyze_report(const std::string& tensors, const std::vector<std::strin
     std::vector<eval::DumpLayer> dump =
         eval::load_dump(tensors, softmax_only ? eval::DumpTarget::softmax : eval::DumpTarget::attention, reference,
                         nullptr, /*with_reference=*/false);
-    if (plan.wq) eval::quantize_projections(dump, tensors, *plan.wq);
+    if (plan.wq && !calls.stop) eval::quantize_projections(dump, tensors, *plan.wq);
+    if (calls.stop) throw AnalysisInterrupted();
     eval::EvalOptions options;
-    options.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    options.threads = workers;
+    // A worker that finishes an item after Ctrl-C throws: parallel_for starts no further item and joins the others.
+    options.progress = [&calls](std::size_t, std::size_t) {
+      if (calls.stop) throw AnalysisInterrupted();
+    };
     results = eval::evaluate_plan(dump, plan, options);
     std::size_t n_heads = 0;
     for (const eval::DumpLayer& l : dump) n_heads += l.heads.size();
     const eval::ReportView view = eval::report_view(plan, tensors, n_heads);
     plan_methods = view.methods;
     if (!format.empty()) text = eval::render_report(view, results, format);
+  };
+  std::optional<py::error_already_set> signal;
+  std::exception_ptr failure;
+  {
+    py::gil_scoped_release release;
+    try {
+      signal = run_checking_signals(analysis, calls.stop);
+    } catch (...) {
+      failure = std::current_exception();
+    }
   }
+  if (signal) throw *signal;
+  if (failure) rethrow_raised(failure, calls);
   py::list heads, summary;
   for (const eval::HeadResult& r : results) {
     py::dict h;
@@ -891,7 +1064,7 @@ PYBIND11_MODULE(_qattn, m) {
   m.def("quantizers", &quantizers);
   m.def("analyze_report", &analyze_report, py::arg("tensors"), py::arg("methods"), py::arg("kv"), py::arg("weights"),
         py::arg("softmax_only"), py::arg("reference"), py::arg("engine"), py::arg("own") = std::vector<py::tuple>{},
-        py::arg("format") = std::string());
+        py::arg("format") = std::string(), py::arg("threads") = 0);
   m.attr("__version__") = QATTN_VERSION;  // the project's version, as `qattn --version` prints it
   m.def("fp8_encode", &fp8_encode, py::arg("x"), py::arg("format"), py::arg("saturate") = true);
   m.def("mma", &mma, py::arg("a"), py::arg("bt"), py::arg("c"), py::arg("model"));

@@ -81,8 +81,9 @@ def test_own_methods_that_fail_name_themselves():
     def broken(logits):
         raise RuntimeError("my bug")
 
-    with pytest.raises(ValueError, match="broken.*my bug"):
+    with pytest.raises(RuntimeError, match="my bug") as raised:  # as itself, with a note naming the method
         qattn.analyze(SAMPLE, qattn.Method("broken", broken))
+    assert "method broken: broken raised RuntimeError" in raised.value.__notes__[0]
     with pytest.raises(ValueError, match="short.*shape"):
         qattn.analyze(SAMPLE, qattn.Method("short", lambda logits: logits[:, :3]))
     with pytest.raises(ValueError, match="no softmax-only form"):
