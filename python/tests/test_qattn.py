@@ -81,7 +81,7 @@ def test_engines_agree_and_fast_refuses_what_it_cannot_run():
     with pytest.raises(ValueError, match="unknown engine"):
         qattn.attention(q, k, v, "fp64", engine="bogus")
     with pytest.raises(ValueError, match="threads"):
-        qattn.attention(q, k, v, "fp64", threads=0)
+        qattn.attention(q, k, v, "fp64", threads=-1)
 
 
 def test_attention_shapes_heads_and_defaults():
