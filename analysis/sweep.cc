@@ -176,6 +176,8 @@ std::string sweep_partial(const SweepOptions& o, Shard shard, const std::vector<
                   {"target", o.target}, {"order", o.order}};
   prov.dump = {{"source", o.tensors}, {"files", listing.files}};
   prov.units = specs.size() * n_heads;
+  prov.heads = listing.units;
+  prov.points = specs.size();
   prov.shard = shard;
   nlohmann::json doc = partial_document(prov, header);
   doc["format"] = o.format;

@@ -149,11 +149,25 @@ expect 3 "of-three.json: provenance.shard.count: foreign part: 3 here, 4" "parts
 echo '{"rows": []}' >"$tmp/not-a-part.json"
 expect 3 "not-a-part.json: qattn_partial: is not a partial result" "a JSON file that is not a part is refused" -- \
   merge "$tmp/not-a-part.json" --out "$tmp/no.md"
-/usr/bin/python3 -c "
-import json, sys
-d = json.load(open(sys.argv[1]))
-d['result']['view']['specs'] = [m['label'] for m in d['result']['view'].pop('methods')]  # an older layout
-json.dump(d, open(sys.argv[2], 'w'))" "${p[0]}" "$tmp/old-layout.json"
+# edit IN OUT CODE [--keep-digest]: part IN as `d`, changed by the Python CODE and written to OUT, its
+# provenance.result_sha256 recomputed (the SHA-256 of the result's compact form, keys sorted, every number spelled as
+# the part spells it) unless --keep-digest
+cat >"$tmp/edit.py" <<'PY'
+import hashlib, json, re, sys
+raw = lambda s: '\x00N' + s
+d = json.load(open(sys.argv[1]), parse_float=raw, parse_int=raw)
+exec(sys.argv[3])
+def dump(v, **kw):
+    return re.sub(r'"\\u0000N([^"]*)"', r'\1', json.dumps(v, sort_keys=True, ensure_ascii=False, **kw))
+if sys.argv[4:] != ['--keep-digest']:
+    d['provenance']['result_sha256'] = hashlib.sha256(dump(d['result'], separators=(',', ':')).encode()).hexdigest()
+open(sys.argv[2], 'w').write(dump(d, indent=1))
+PY
+edit() { /usr/bin/python3 "$tmp/edit.py" "$@"; }
+edit "${p[1]}" "$tmp/resealed.json" "pass"
+check "a part read and written again by the test's editor keeps its SHA-256" cmp <(grep result_sha256 "${p[1]}") \
+  <(grep result_sha256 "$tmp/resealed.json")
+edit "${p[0]}" "$tmp/old-layout.json" "d['result']['view']['specs'] = [m['label'] for m in d['result']['view'].pop('methods')]"
 expect 3 "old-layout.json: result: is not a result this qattn reads" "a part of another layout is named, not a crash" -- \
   merge "$tmp/old-layout.json" "${p[1]}" "${p[2]}" "${p[3]}" --out "$tmp/no.md"
 printf 'not json' >"$tmp/garbage.json"
@@ -170,6 +184,91 @@ a = np.load(sys.argv[1]); a.flat[0] += 1; np.save(sys.argv[1], a)" "$tmp/dump/la
 q sweep --method exaq --grid bits=2,3 --tensors "$tmp/dump" --shard 1/2 --out "$tmp/changed-1.json" 2>/dev/null
 expect 3 "changed-1.json: provenance.inputs.*layer1_head3_v.npy: foreign part: it read .* with SHA-256 [0-9a-f]{64}, .*changed-0.json read it with [0-9a-f]{64}" \
   "an input that changed between shards is named, with both hashes" -- merge "$tmp/changed-0.json" "$tmp/changed-1.json"
+
+# --- parts that lie: each is refused (exit 3, the part and the field named, nothing written), and no merge hangs ----
+saved_emu=("${emu[@]}")
+emu=(timeout -s KILL 60 "${emu[@]}")  # a merge that hangs is killed and fails its check
+lying() {  # lying WHAT PATTERN PARTS...: merge PARTS is refused with PATTERN, and nothing is written
+  local what=$1 pattern=$2
+  shift 2
+  expect 3 "$pattern" "$what" -- merge "$@" --out "$tmp/no.md"
+  check "$what: nothing is written" test ! -e "$tmp/no.md"
+}
+# The shard: an integer count in [1, 1000000] (-3 and 10^12 hung the merge in its missing-shard loop; 0 and 2^64+3
+# made 3 of 4 parts a complete set), an integer index below it (7, -1, 1.5 counted a part's heads twice)
+for count in -3 1000000000000 0 18446744073709551619; do
+  edit "${p[3]}" "$tmp/count.json" "d['provenance']['shard']['count'] = $count"
+  lying "a shard count of $count is refused" "count.json: provenance.shard.count: .* is not an integer in \[1, 1000000\]" \
+    "${p[0]}" "${p[1]}" "${p[2]}" "$tmp/count.json"
+done
+for index in 7 -1 1.5; do
+  edit "${p[3]}" "$tmp/index.json" "d['provenance']['shard']['index'] = $index"
+  lying "a shard index of $index is refused" "index.json: provenance.shard.index: " "${p[0]}" "${p[1]}" "${p[2]}" "$tmp/index.json"
+done
+edit "${p[1]}" "$tmp/alone.json" "d['provenance']['shard'] = {'index': 0, 'count': 1}"
+lying "a part of 2 heads relabelled as the whole run (shard 0/1) is refused" \
+  "alone.json: result.rows: 8 rows, where shard 0/1's block \(units 0 to 8 of 8\) holds 32" "$tmp/alone.json"
+# The rows: exactly the part's own (layer, head) x methods, each once
+edit "${p[1]}" "$tmp/foreign-row.json" "
+o = json.load(open('${p[2]}'), parse_float=raw, parse_int=raw)
+d['result']['rows'][0] = o['result']['rows'][0]"
+lying "a part holding another shard's row is refused" \
+  "foreign-row.json: result.rows\[0\]: layer 1 head 0 \(.*\) is unit 4 of the run, outside shard 1/4's block" \
+  "${p[0]}" "$tmp/foreign-row.json" "${p[2]}" "${p[3]}"
+edit "${p[1]}" "$tmp/row-twice.json" "d['result']['rows'][1] = d['result']['rows'][0]"
+lying "a part holding a row twice is refused" "row-twice.json: result.rows\[1\]: layer 0 head 2 \(.*\) is given twice" \
+  "${p[0]}" "$tmp/row-twice.json" "${p[2]}" "${p[3]}"
+edit "${p[1]}" "$tmp/row-missing.json" "del d['result']['rows'][3]"
+lying "a part with a row missing is refused" "row-missing.json: result.rows: 7 rows, where shard 1/4's block .* holds 8" \
+  "${p[0]}" "$tmp/row-missing.json" "${p[2]}" "${p[3]}"
+edit "${p[1]}" "$tmp/other-method.json" "d['result']['rows'][0]['method'] = 'fp32'"
+lying "a row of a method the run does not have is refused" "other-method.json: result.rows\[0\].method: 'fp32' is not a method of the run" \
+  "${p[0]}" "$tmp/other-method.json" "${p[2]}" "${p[3]}"
+# Sweep parts: exactly their own (point, head) pairs, and a point's values the same in every part (3 shards of
+# 2 points x 8 heads: part 0 holds point 0, heads 0-4; part 1 point 0, heads 5-7 and point 1, heads 0-1)
+s=("$tmp"/sweep-kl/part-{0,1,2}.json)
+edit "${s[0]}" "$tmp/sweep-twice.json" "d['result']['rows'][1]['head'] = d['result']['rows'][0]['head']"
+lying "a sweep part with one head's row in place of another's is refused" \
+  "sweep-twice.json: result.rows\[1\]: point 0, layer 0 head 0 is given twice" "$tmp/sweep-twice.json" "${s[1]}" "${s[2]}"
+edit "${s[0]}" "$tmp/sweep-foreign.json" "
+o = json.load(open('${s[2]}'), parse_float=raw, parse_int=raw)
+d['result']['rows'][0] = o['result']['rows'][0]"
+lying "a sweep part holding another shard's (point, head) is refused" \
+  "sweep-foreign.json: result.rows\[0\]: point 1, layer 0 head 2 is unit 10 of the run, outside shard 0/3's block" \
+  "$tmp/sweep-foreign.json" "${s[1]}" "${s[2]}"
+edit "${s[1]}" "$tmp/sweep-values.json" "d['result']['rows'][0]['values'] = ['3']"
+lying "sweep parts that give a point different values are refused" \
+  "sweep-values.json: result.rows\[0\]: point 0 has other values or another method here than in .*part-0.json" \
+  "${s[0]}" "$tmp/sweep-values.json" "${s[2]}"
+# The digest: a number edited after the part was written, and a part of the previous format
+edit "${p[1]}" "$tmp/edited.json" "d['result']['rows'][0]['O']['cossim'] = 0.5" --keep-digest
+lying "a part whose result was edited is refused" \
+  "edited.json: provenance.result_sha256: the result's SHA-256 is [0-9a-f]{64}, the part records [0-9a-f]{64}" \
+  "${p[0]}" "$tmp/edited.json" "${p[2]}" "${p[3]}"
+edit "${p[1]}" "$tmp/format-1.json" "d['qattn_partial'] = 1" --keep-digest
+lying "a part of format 1 is refused with the reason" "format-1.json: qattn_partial: format 1, this qattn reads format 2" \
+  "${p[0]}" "$tmp/format-1.json" "${p[2]}" "${p[3]}"
+# Size: a file over the cap is refused before it is read; a part is checked while it is parsed, so a 100 MB file
+# whose first key is wrong, or a part whose rows outnumber its block, is refused within 1 GB of address space
+truncate -s 300M "$tmp/huge.json"
+lying "a part over 256 MiB is refused unread" "huge.json: file: 314572800 bytes, more than the 268435456" "$tmp/huge.json"
+/usr/bin/python3 -c "
+import sys; open(sys.argv[1], 'w').write('{\"aaa\": [' + '0,' * 50000000 + '0]}')" "$tmp/bloated.json"
+/usr/bin/python3 -c "
+import json, sys
+t = open(sys.argv[1]).read()
+start = t.index('\"rows\": [') + len('\"rows\": ')
+end = start + json.JSONDecoder().raw_decode(t[start:])[1]
+open(sys.argv[2], 'w').write(t[:start] + '[' + ','.join([t[start + 1:end - 1]] * 6000) + ']' + t[end:])" \
+  "${p[1]}" "$tmp/many-rows.json"  # 48000 rows, 90 MB
+emu=(prlimit --as=1000000000 -- "${emu[@]}")
+lying "a 100 MB file that is not a part is refused at its first key" \
+  "bloated.json: qattn_partial: is not a partial result .*: it has a key 'aaa'" "$tmp/bloated.json"
+lying "a part with more rows than its block is refused at the first row too many" \
+  "many-rows.json: result.rows: holds more than the 8 rows of shard 1/4's block" \
+  "${p[0]}" "$tmp/many-rows.json" "${p[2]}" "${p[3]}"
+emu=("${saved_emu[@]}")
+rm -f "$tmp/huge.json" "$tmp/bloated.json" "$tmp/many-rows.json"
 
 # --- bad --shard values: exit 2 before any work ------------------------------------------------------------------
 expect 2 "K counts from 0 and must be below N" "--shard 4/4 is refused" -- analyze --shard 4/4

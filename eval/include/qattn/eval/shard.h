@@ -7,9 +7,12 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <utility>
+#include <vector>
 
 #include "qattn/eval/analysis.h"
 #include "qattn/eval/evaluate.h"
@@ -30,6 +33,9 @@ std::pair<std::size_t, std::size_t> shard_block(std::size_t n, Shard s);
 
 // SHA-256 of a file's bytes as 64 lower-case hex digits; InputError naming the file if it cannot be read.
 std::string sha256_file(const std::filesystem::path& path);
+// SHA-256 of `bytes` as 64 lower-case hex digits (a part's result_sha256 hashes its result this way);
+// std::runtime_error in a build without OpenSSL's libcrypto.
+std::string sha256_hex(std::string_view bytes);
 
 // Shard `shard` of the plan's analysis of the dump directory or file `source`: the part file's text (JSON), which
 // `qattn merge` joins with the other shards' into the report render_report writes for the whole dump, in `format`
@@ -40,5 +46,38 @@ std::string sha256_file(const std::filesystem::path& path);
 // methods raise them.
 std::string analyze_shard(const std::filesystem::path& source, const AnalysisPlan& plan, Shard shard,
                           const EvalOptions& options, const std::string& format = "md");
+
+// The largest part file `merge_part_files` reads. The merge holds every part as parsed JSON, about 20 bytes of memory
+// per byte of part; a run whose parts are larger needs more shards (a row of analyze, one head and method, is about
+// 1.5 KB; a sweep row about 1.6 KB).
+inline constexpr std::uintmax_t kMaxPartBytes = std::uintmax_t{256} << 20;
+
+// One part as `merge_parts` reads it: the name its errors give (the file) and its text.
+struct PartText {
+  std::string file, text;
+};
+
+// What `merge_parts` wrote: the table, the command of the run, and how many distinct input files the parts hashed.
+struct MergedParts {
+  std::string text, command;
+  std::size_t inputs_hashed = 0;
+};
+
+// Joins the parts of one sharded run (in any order) into the table its unsharded run writes, byte for byte, in
+// `format` (md|csv|latex|json for analyze parts, csv|md for sweep parts; empty: the format the shards were given,
+// SpecError for another). Every part is checked before anything is joined (docs/scale-out.md, "Merging"): its
+// layout and format version, its shard (an integer count in [1, kMaxShards], an integer index below it), the SHA-256
+// of its result against the one its provenance records, and its rows against its block of the run's units, which
+// the provenance lists: exactly one row per (layer, head) it owns and method of the run (analyze), or per (grid
+// point, head) it owns (sweep). A set is refused when its parts differ in anything but the shard index, the inputs
+// they read and the result's rows, when an input file has two hashes, when a shard is given twice or missing, and
+// when two sweep parts give a point different values. Each part is parsed with a check of its keys as they come, so
+// a file that is not a part, a part of another version or one with more rows than its block is refused at the first
+// wrong key or row. InputError(part, JSON field, reason) for all of these; no exception of another type.
+MergedParts merge_parts(const std::vector<PartText>& parts, const std::string& format = "");
+
+// merge_parts of part files: InputError(file, "file", reason) for a path that is not a regular file, cannot be read
+// or holds more than kMaxPartBytes, before it is read.
+MergedParts merge_part_files(const std::vector<std::filesystem::path>& files, const std::string& format = "");
 
 }  // namespace qattn::eval
