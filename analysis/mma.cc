@@ -1,6 +1,8 @@
 // qattn mma and qattn mma-check: the tensor-core MMA models (qattn/reference/mma.h) on a user's arrays, and against
 // vectors measured on a GPU (docs/mma.md).
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -95,49 +97,26 @@ void run_mma(const MmaOptions& o) {
   require_distinct_files(inputs, {{"--out", o.out}});
   const MmaModel& m = model_or_usage(o.model);
   const Tensor a = read_one(o.a, "--a"), bt = read_one(o.bt, "--bt");
-  if (a.shape.size() < 2 || bt.shape.size() < 2)
-    throw InputError(a.shape.size() < 2 ? o.a : o.bt, "shape", "expected [..., M, K] and [..., N, K]");
-  const std::size_t rank = a.shape.size();
-  const std::vector<std::int64_t> lead(a.shape.begin(), a.shape.end() - 2);
-  if (bt.shape.size() != rank || !std::equal(lead.begin(), lead.end(), bt.shape.begin()) ||
-      bt.shape.back() != a.shape.back())
-    throw InputError(o.bt, "shape", bt.shape_string() + " does not fit A " + a.shape_string() +
-                                        ": expected [..., N, K] with A's leading dimensions and K = " +
-                                        std::to_string(a.shape.back()));
-  const auto rows = static_cast<std::size_t>(a.shape[rank - 2]), depth = static_cast<std::size_t>(a.shape.back()),
-             cols = static_cast<std::size_t>(bt.shape[rank - 2]);
-  std::size_t batch = 1;
-  for (std::int64_t d : lead) batch *= static_cast<std::size_t>(d);
-  std::vector<std::int64_t> out_shape = lead;
-  out_shape.push_back(static_cast<std::int64_t>(rows));
-  out_shape.push_back(static_cast<std::int64_t>(cols));
-  const bool f16 = m.accumulator == ref::MmaAccumulator::f16;
+  const ref::MmaShape shape = ref::mma_shape(a.shape, bt.shape, o.a, o.bt);  // before anything is allocated
   std::vector<float> c;
   if (!o.c.empty()) {
     const Tensor ct = read_one(o.c, "--c");
-    if (ct.shape != out_shape)
-      throw InputError(o.c, "shape", ct.shape_string() + ": expected [..., M, N] = " +
-                                         Tensor{DType::f32, out_shape, {}}.shape_string());
-    if (ct.dtype != DType::f32 && ct.dtype != DType::f16)
-      throw InputError(o.c, "dtype", std::string(dtype_name(ct.dtype)) + ": expected float32 or float16");
-    const Eigen::ArrayXd v = ct.to_double();
-    for (Eigen::Index i = 0; i < v.size(); ++i) {
-      if (f16 && std::isfinite(v[i]) &&
-          ref::lowp_round(v[i], ref::fp16_binary16(), ref::LowpRounding::rne, ref::LowpOverflow::non_saturating) != v[i])
-        throw InputError(o.c, "element " + std::to_string(i), "not a float16 value, and " + m.name +
-                                                                  " has an f16 accumulator");
-      c.push_back(static_cast<float>(v[i]));
-    }
+    c = ref::mma_accumulator(m, shape, dtype_name(ct.dtype), ct.shape, ct.bytes.data(), o.c);
   }
   const std::vector<std::uint16_t> ac = operand_codes(a, m, o.a), bc = operand_codes(bt, m, o.bt);
-  std::vector<float> d(batch * rows * cols);
-  for (std::size_t t = 0; t < batch; ++t)
-    ref::mma_matmul(m, std::span(ac).subspan(t * rows * depth, rows * depth),
-                    std::span(bc).subspan(t * cols * depth, cols * depth),
-                    c.empty() ? std::span<const float>() : std::span<const float>(c).subspan(t * rows * cols, rows * cols),
-                    std::span(d).subspan(t * rows * cols, rows * cols), rows, cols, depth);
-  std::vector<double> dv(d.begin(), d.end());
-  write_tensor_file(o.out, {{"D", Tensor::from_double(f16 ? DType::f16 : DType::f32, out_shape, dv)}});
+  std::vector<float> d(shape.outputs);
+  ref::mma_batched(m, shape, ac, bc, c, d);
+  const bool f16 = m.accumulator == ref::MmaAccumulator::f16;
+  Tensor out{f16 ? DType::f16 : DType::f32, shape.d, std::vector<std::byte>(shape.outputs * (f16 ? 2 : 4))};
+  for (std::size_t i = 0; i < d.size(); ++i) {
+    if (f16) {
+      const std::uint16_t h = f32_to_f16_bits(d[i]);  // exact: an f16 accumulator's outputs are binary16 values
+      std::memcpy(out.bytes.data() + 2 * i, &h, 2);
+    } else {
+      std::memcpy(out.bytes.data() + 4 * i, &d[i], 4);
+    }
+  }
+  write_tensor_file(o.out, {{"D", std::move(out)}});
 }
 
 std::string percent(double share) {
@@ -146,11 +125,32 @@ std::string percent(double share) {
   return s.str();
 }
 
+// The last column of the report: the largest relative error of the differing outputs where there is one, and how
+// many differ where no relative error exists (a NaN or an infinity on either side, or a GPU zero).
+std::string disagreement(const ref::MmaAgreement& r) {
+  if (r.equal == r.outputs) return "-";
+  std::ostringstream s;
+  if (r.measured() > 0) s << std::setprecision(3) << r.max_rel_error;
+  for (const auto& [n, what] : {std::pair{r.nonfinite, " NaN/inf"}, std::pair{r.gpu_zero, " vs a GPU zero"}})
+    if (n > 0) s << (s.tellp() > 0 ? "; " : "") << n << what;
+  return s.str();
+}
+
+// The vector file's members, refused before reading when the file alone is beyond the bound on them.
+std::vector<NamedTensor> read_vectors(const std::string& path) {
+  std::error_code ec;
+  const std::uintmax_t size = std::filesystem::file_size(path, ec);  // a non-regular file: the reader says why
+  if (!ec && size > ref::kMmaMaxVectorBytes)
+    throw InputError(path, "file", std::to_string(size) + " bytes, beyond the bound of " +
+                                       std::to_string(ref::kMmaMaxVectorBytes) + " bytes on a vector file (docs/mma.md)");
+  return read_tensor_file(path);
+}
+
 void run_mma_check(const MmaCheckOptions& o) {
   if (o.format != "md" && o.format != "json") throw CLI::ValidationError("--format", "md or json, not '" + o.format + "'");
   require_distinct_files({{"vectors", o.vectors}}, {{"--out", o.out}});
   const MmaModel& start = model_or_usage(o.model);
-  const std::vector<ref::MmaVectorSet> sets = ref::mma_vector_sets(read_tensor_file(o.vectors), o.vectors);
+  const std::vector<ref::MmaVectorSet> sets = ref::mma_vector_sets(read_vectors(o.vectors), o.vectors);
   for (const ref::MmaVectorSet& s : sets)
     if (ref::mma_input_bits(start.input) != s.input_bits || (start.accumulator == ref::MmaAccumulator::f16) != s.f16_output)
       throw InputError(o.vectors, s.name + "_A", std::to_string(s.input_bits) + "-bit codes with a " +
@@ -162,26 +162,30 @@ void run_mma_check(const MmaCheckOptions& o) {
     model = ref::mma_fit(start, sets, o.fit_limit, &log);
     for (const std::string& line : log) std::cerr << "qattn mma-check --fit: " << line << "\n";
   }
+  const bool changed = model.name != start.name;
   nlohmann::json rows = nlohmann::json::array();
   std::ostringstream md;
   md << "# " << o.vectors << " against " << model.name << "\n\n" << model.describe() << "\n\n";
   if (!model.provenance.empty()) md << "Provenance: " << model.provenance << "\n\n";
+  if (o.fit && !changed)
+    md << "--fit: no setting of the parameters reproduces more outputs than " << start.name
+       << "; the preset is reported unchanged.\n\n";
   md << "| set | variant | tests | M x N x K | outputs | bit-equal | share | max rel. error where not equal |\n"
      << "|---|---|---:|---|---:|---:|---:|---:|\n";
   std::size_t all = 0, equal = 0;
-  for (const ref::MmaVectorSet& s : sets) {
-    const ref::MmaAgreement r = ref::mma_agreement(model, s, o.limit);
+  const std::vector<ref::MmaAgreement> agreements = ref::mma_agreements(model, sets, o.limit);
+  for (std::size_t i = 0; i < sets.size(); ++i) {
+    const ref::MmaVectorSet& s = sets[i];
+    const ref::MmaAgreement& r = agreements[i];
     all += r.outputs, equal += r.equal;
     const std::size_t tests = o.limit > 0 ? std::min(o.limit, s.batch) : s.batch;
-    std::ostringstream err;
-    if (r.equal == r.outputs) err << "-";
-    else err << std::setprecision(3) << r.max_rel_error;
     md << "| " << s.name << " | " << (s.variant.empty() ? "-" : s.variant) << " | " << tests << " | " << s.rows << " x "
        << s.cols << " x " << s.depth << " | " << r.outputs << " | " << r.equal << " | " << percent(r.share()) << " | "
-       << err.str() << " |\n";
+       << disagreement(r) << " |\n";
     rows.push_back({{"set", s.name}, {"variant", s.variant}, {"tests", tests}, {"m", s.rows}, {"n", s.cols},
                     {"k", s.depth}, {"outputs", r.outputs}, {"equal", r.equal}, {"share", r.share()},
-                    {"max_rel_error", r.max_rel_error}});
+                    {"max_rel_error", r.measured() > 0 ? nlohmann::json(r.max_rel_error) : nlohmann::json()},
+                    {"nonfinite", r.nonfinite}, {"gpu_zero", r.gpu_zero}});
   }
   md << "\nAll sets: " << equal << " of " << all << " outputs bit-equal ("
      << percent(all == 0 ? 0.0 : static_cast<double>(equal) / static_cast<double>(all)) << ").\n";
@@ -189,7 +193,7 @@ void run_mma_check(const MmaCheckOptions& o) {
     nlohmann::json j{{"vectors", o.vectors}, {"model", model.name}, {"parameters", model.describe()},
                      {"provenance", model.provenance}, {"fitted", o.fit}, {"sets", rows}, {"outputs", all},
                      {"equal", equal}};
-    if (o.fit) j["fit_log"] = log;
+    if (o.fit) j["fit_log"] = log, j["fit_changed"] = changed;
     emit(j.dump(2) + "\n", o.out);
   } else {
     emit(md.str(), o.out);

@@ -483,8 +483,10 @@ def fp8_encode(x, format="e4m3fn", saturate=True):
     Both round to nearest, ties to even. ``saturate=True`` is PTX ``cvt.rn.satfinite`` (beyond the largest finite
     value, infinities included: +-max; NaN: 0x7F); ``saturate=False`` is torch's ``x.to(torch.float8_e4m3fn)`` /
     ``.to(torch.float8_e5m2)`` (E4M3FN overflows to NaN past 464, E5M2 to inf; NaN keeps its sign). Bit-exact to the
-    H100's codes (docs/lowp-float.md). float64 input is rounded to float32 first.
+    H100's codes (docs/lowp-float.md). float64 input is rounded to float32 first; float16 widens exactly.
 
+    x : a float array of any shape (0-d included), a NumPy float scalar or a Python float (a scalar gives a 0-d
+        array). Integer, bool, complex and object input raises TypeError: it is not converted.
     format : {"e4m3fn", "e5m2"}
     """
     return _qattn.fp8_encode(x, format, saturate)
@@ -496,12 +498,16 @@ def mma(a, bt, c=None, model="h100-wgmma-e4m3"):
     a : array [..., M, K]; bt : array [..., N, K] (row n is column n of B). Either uint8 FP8 codes, uint16 bit
         patterns of 16-bit inputs, or floats whose every value is exact in the model's input format (round first:
         ``fp8_encode`` for FP8; anything else raises ValueError naming the element).
-    c : float array [..., M, N] or None (zero).
+    c : float32 or float16 array [..., M, N], or None (zero). For ``h100-hmma-f16-acc16`` every finite value must be
+        a float16 value. The checks are those of ``qattn mma --c``: another dtype raises TypeError, another shape or
+        a value the accumulator cannot hold ValueError; nothing is cast.
     model : a preset of ``mma_models()``: ``h100-wgmma-e4m3`` (FP8 wgmma, fast accumulation),
         ``h100-wgmma-e4m3-promote`` (cuBLASLt's default mode), ``h100-mma-e4m3`` (FP8 mma.sync on sm_90),
         ``h100-hmma-f16``, ``h100-hmma-bf16``, ``h100-hmma-f16-acc16``, or the bound ``per-product-fp22``.
 
-    Returns float32 [..., M, N], or float16 for the f16 accumulator.
+    Returns float32 [..., M, N], or float16 for the f16 accumulator. K = 0 gives D = C (docs/mma.md "K = 0"). D is
+    at most 1 GiB as float32 (2^28 outputs): a larger product raises ValueError naming both shapes and the size,
+    before anything is allocated.
     """
     return _qattn.mma(a, bt, c, model)
 

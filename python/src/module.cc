@@ -792,14 +792,22 @@ py::dict analyze_report(const std::string& tensors, const std::vector<std::strin
 }
 
 // fp8_encode(x, format, saturate): float32 values -> FP8 codes as an H100 converts them (ref::fp8_from_float):
-// saturate=True is PTX cvt.rn.satfinite, False is torch's .to(float8_*). float64 input is first rounded to float32
-// (the conversions take float32), as torch does.
+// saturate=True is PTX cvt.rn.satfinite, False is torch's .to(float8_*). x is a float array of any shape (0-d
+// included), a NumPy float scalar or a Python float; float64 input is first rounded to float32 (the conversions take
+// float32), as torch does, float16 widens exactly. Other dtypes (integers, bool, complex) are a TypeError, not a cast.
 py::array_t<std::uint8_t> fp8_encode(const py::handle& x_obj, const std::string& format, bool saturate) {
   const ref::LowpFormat* f = format == "e4m3fn" ? &ref::fp8_e4m3fn() : format == "e5m2" ? &ref::fp8_e5m2() : nullptr;
   if (!f) throw std::invalid_argument("fp8_encode: format must be 'e4m3fn' or 'e5m2', got '" + format + "'");
-  if (!py::isinstance<py::array>(x_obj))
-    throw py::type_error("x: expected a NumPy array of float32 or float64, got " + std::string(py::str(py::type::of(x_obj))));
-  const auto x = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(x_obj);
+  const bool scalar = py::isinstance<py::float_>(x_obj) ||
+                      py::isinstance(x_obj, py::module_::import("numpy").attr("floating"));
+  if (!py::isinstance<py::array>(x_obj) && !scalar)
+    throw py::type_error("x: expected a NumPy float array, a NumPy float scalar or a Python float, got " +
+                         std::string(py::str(py::type::of(x_obj))));
+  const py::array given = py::array::ensure(x_obj);
+  if (!given || given.dtype().kind() != 'f')
+    throw py::type_error("x: dtype " + (given ? std::string(py::str(given.dtype())) : std::string("unknown")) +
+                         ": expected floats (float16, float32 or float64)");
+  const auto x = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(given);
   if (!x) throw py::type_error("x: expected a float array");
   std::vector<py::ssize_t> shape(x.shape(), x.shape() + x.ndim());
   py::array_t<std::uint8_t> out(shape);
@@ -813,14 +821,10 @@ py::array_t<std::uint8_t> fp8_encode(const py::handle& x_obj, const std::string&
   return out;
 }
 
-// The codes of an MMA operand: uint8 FP8 codes, uint16 16-bit patterns, or floats exact in the model's input format.
-std::vector<std::uint16_t> mma_operand(const py::handle& obj, const ref::MmaModel& m, const char* name,
-                                       std::vector<py::ssize_t>& shape) {
-  if (!py::isinstance<py::array>(obj))
-    throw py::type_error(std::string(name) + ": expected a NumPy array, got " + std::string(py::str(py::type::of(obj))));
-  const auto arr = py::reinterpret_borrow<py::array>(obj);
-  if (arr.ndim() < 2) throw py::value_error(std::string(name) + ": expected [..., rows, K], got " + std::to_string(arr.ndim()) + " dimensions");
-  shape.assign(arr.shape(), arr.shape() + arr.ndim());
+// The codes of an MMA operand (an array whose shape ref::mma_shape passed): uint8 FP8 codes, uint16 16-bit
+// patterns, or floats exact in the model's input format.
+std::vector<std::uint16_t> mma_operand(const py::array& arr, const ref::MmaModel& m, const char* name) {
+  const py::handle obj = arr;
   const int bits = ref::mma_input_bits(m.input);
   const ref::LowpFormat& f = ref::mma_input_format(m.input);
   std::vector<std::uint16_t> codes(static_cast<std::size_t>(arr.size()));
@@ -853,7 +857,9 @@ std::vector<std::uint16_t> mma_operand(const py::handle& obj, const ref::MmaMode
   return codes;
 }
 
-// mma(a, bt, c, model): D = A·B + C through an MMA model, batched over the leading dimensions.
+// mma(a, bt, c, model): D = A·B + C through an MMA model, batched over the leading dimensions. The shapes and C pass
+// the checks of qattn mma (ref::mma_shape, ref::mma_accumulator) before anything is allocated: a refusal is a
+// ValueError (a TypeError for C's dtype) with the CLI's message, "a", "bt" or "c" in place of the file.
 py::array mma(const py::handle& a_obj, const py::handle& bt_obj, const py::handle& c_obj, const std::string& model) {
   const ref::MmaModel* m = nullptr;
   try {
@@ -861,45 +867,36 @@ py::array mma(const py::handle& a_obj, const py::handle& bt_obj, const py::handl
   } catch (const std::invalid_argument& e) {
     throw py::value_error(e.what());
   }
-  std::vector<py::ssize_t> sa, sb;
-  const std::vector<std::uint16_t> a = mma_operand(a_obj, *m, "a", sa), bt = mma_operand(bt_obj, *m, "bt", sb);
-  const std::size_t r = sa.size();
-  if (sb.size() != r || !std::equal(sa.begin(), sa.end() - 2, sb.begin()) || sa.back() != sb.back())
-    throw py::value_error("bt: shape " + shape_string(sb) + " does not fit a " + shape_string(sa) +
-                          ": expected [..., N, K] with a's leading dimensions and K");
-  const auto rows = static_cast<std::size_t>(sa[r - 2]), depth = static_cast<std::size_t>(sa[r - 1]),
-             cols = static_cast<std::size_t>(sb[r - 2]);
-  std::vector<py::ssize_t> out_shape(sa.begin(), sa.end() - 2);
-  out_shape.push_back(static_cast<py::ssize_t>(rows));
-  out_shape.push_back(static_cast<py::ssize_t>(cols));
-  std::size_t batch = 1;
-  for (std::size_t i = 0; i + 2 < r; ++i) batch *= static_cast<std::size_t>(sa[i]);
+  for (const auto& [obj, name] : {std::pair{a_obj, "a"}, std::pair{bt_obj, "bt"}})
+    if (!py::isinstance<py::array>(obj))
+      throw py::type_error(std::string(name) + ": expected a NumPy array, got " + std::string(py::str(py::type::of(obj))));
+  const auto a_arr = py::reinterpret_borrow<py::array>(a_obj), bt_arr = py::reinterpret_borrow<py::array>(bt_obj);
+  const std::vector<std::int64_t> sa(a_arr.shape(), a_arr.shape() + a_arr.ndim()),
+      sb(bt_arr.shape(), bt_arr.shape() + bt_arr.ndim());
+  const ref::MmaShape shape = ref::mma_shape(sa, sb, "a", "bt");
   std::vector<float> c;
   if (!c_obj.is_none()) {
-    const auto ca = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(c_obj);
-    if (!ca) throw py::type_error("c: expected a float array");
-    if (std::vector<py::ssize_t>(ca.shape(), ca.shape() + ca.ndim()) != out_shape)
-      throw py::value_error("c: shape " + shape_string(std::vector<py::ssize_t>(ca.shape(), ca.shape() + ca.ndim())) +
-                            ", expected " + shape_string(out_shape));
-    c.assign(ca.data(), ca.data() + ca.size());
+    const py::array ca = py::array::ensure(c_obj, py::array::c_style);
+    if (!ca) throw py::type_error("c: expected a float32 or float16 array, got " + std::string(py::str(py::type::of(c_obj))));
+    const std::vector<std::int64_t> sc(ca.shape(), ca.shape() + ca.ndim());
+    try {
+      c = ref::mma_accumulator(*m, shape, std::string(py::str(ca.dtype())), sc, ca.data(), "c");
+    } catch (const InputError& e) {
+      if (e.field() == "dtype") throw py::type_error(e.what());
+      throw;
+    }
   }
-  std::vector<float> d(batch * rows * cols);
+  const std::vector<std::uint16_t> a = mma_operand(a_arr, *m, "a"), bt = mma_operand(bt_arr, *m, "bt");
+  const bool f16 = m->accumulator == ref::MmaAccumulator::f16;
+  py::array out(py::dtype(f16 ? "float16" : "float32"), shape.d);
+  std::vector<float> d16(f16 ? shape.outputs : 0);  // f16: the float32 results before they are stored as binary16
   {
     py::gil_scoped_release release;
-    for (std::size_t t = 0; t < batch; ++t)
-      ref::mma_matmul(*m, std::span(a).subspan(t * rows * depth, rows * depth),
-                      std::span(bt).subspan(t * cols * depth, cols * depth),
-                      c.empty() ? std::span<const float>() : std::span<const float>(c).subspan(t * rows * cols, rows * cols),
-                      std::span(d).subspan(t * rows * cols, rows * cols), rows, cols, depth);
-  }
-  if (m->accumulator == ref::MmaAccumulator::f16) {
-    py::array out(py::dtype("float16"), out_shape);
+    const std::span<float> d = f16 ? std::span<float>(d16) : std::span(static_cast<float*>(out.mutable_data()), shape.outputs);
+    ref::mma_batched(*m, shape, a, bt, c, d);
     auto* bits = static_cast<std::uint16_t*>(out.mutable_data());
-    for (std::size_t i = 0; i < d.size(); ++i) bits[i] = f32_to_f16_bits(d[i]);
-    return out;
+    for (std::size_t i = 0; i < d16.size(); ++i) bits[i] = f32_to_f16_bits(d16[i]);  // exact: binary16 values
   }
-  py::array_t<float> out(out_shape);
-  std::copy(d.begin(), d.end(), out.mutable_data());
   return out;
 }
 

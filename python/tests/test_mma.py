@@ -69,3 +69,73 @@ def test_version_is_the_programs():
     if cli:
         out = subprocess.run([cli, "--version"], check=True, capture_output=True, text=True).stdout
         assert out.strip() == "qattn " + qattn.__version__
+
+
+def run_isolated(code):
+    """Runs `code` in a fresh interpreter (a case that once killed the interpreter cannot take the tests with it)."""
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_products_beyond_the_bound_are_refused_before_anything_is_allocated():
+    # K = 0: a holds no data, and the count of D (2^64 outputs) once wrapped to 0 and killed the interpreter.
+    r = run_isolated(
+        "import numpy as np, qattn\n"
+        "a = np.empty((1 << 22, 1 << 21, 0), np.uint8)\n"
+        "try:\n"
+        "    qattn.mma(a, a)\n"
+        "except ValueError as e:\n"
+        "    print('refused:', e)\n")
+    assert r.returncode == 0, r.stderr
+    assert ("refused: a: shape: A (4194304, 2097152, 0) and Bt (4194304, 2097152, 0) give D (4194304, 2097152, "
+            "2097152): more than 2^64 bytes of float32 outputs") in r.stdout
+    a = np.empty((200000, 0), np.uint8)
+    with pytest.raises(ValueError, match=r"give D \(200000, 200000\): 160000000000 bytes of float32 outputs, beyond "
+                                         r"the bound of 1073741824 bytes"):
+        qattn.mma(a, a)
+    with pytest.raises(ValueError, match=r"a: shape: \(4,\) has 1 dimension: A \[\.\.\., M, K\] needs 2 or more"):
+        qattn.mma(np.zeros(4, np.uint8), np.zeros((2, 4), np.uint8))
+
+
+def test_k_zero_gives_c():
+    a, bt = np.zeros((2, 3, 0), np.uint8), np.zeros((2, 2, 0), np.uint8)
+    c = (np.arange(12, dtype=np.float32) - 5.5).reshape(2, 3, 2)
+    assert np.array_equal(qattn.mma(a, bt, c, model="h100-wgmma-e4m3"), c)
+    d = qattn.mma(a, bt)
+    assert d.shape == (2, 3, 2) and d.dtype == np.float32 and not d.any()
+
+
+def test_c_passes_the_checks_of_the_cli():
+    a = np.zeros((1, 2, 16), np.uint16)
+    ones = np.ones((1, 2, 2), np.float32)
+    for bad in (ones.astype(np.float64), ones.astype(np.int32), ones.astype(np.int64)):
+        with pytest.raises(TypeError, match="c: dtype: " + str(bad.dtype) + ": expected float32 or float16"):
+            qattn.mma(a, a, bad, model="h100-hmma-f16")
+    with pytest.raises(TypeError, match="c: dtype: float64"):
+        qattn.mma(a, a, 0.5, model="h100-hmma-f16")
+    with pytest.raises(ValueError, match=r"c: shape: \(2, 2\): expected \[\.\.\., M, N\] = \(1, 2, 2\)"):
+        qattn.mma(a, a, np.ones((2, 2), np.float32), model="h100-hmma-f16")
+    # 0.1 is no float16 value: once cast silently, giving 16.1 with A = B = 4
+    with pytest.raises(ValueError, match="c: element 0: 0.100000001 is not a float16 value, and h100-hmma-f16-acc16 "
+                                         "has an f16 accumulator"):
+        qattn.mma(a, a, np.full((1, 2, 2), 0.1, np.float32), model="h100-hmma-f16-acc16")
+    four = np.full((1, 2, 1), np.float16(2.0).view(np.uint16), np.uint16)  # 2 * 2 = 4 in one product
+    d = qattn.mma(four, four, np.full((1, 2, 2), 0.25, np.float16), model="h100-hmma-f16-acc16")
+    assert d.dtype == np.float16 and d.tolist() == [[[4.25, 4.25], [4.25, 4.25]]]
+    assert qattn.mma(four, four, np.full((1, 2, 2), 0.1, np.float32), model="h100-hmma-f16")[0, 0, 0] == np.float32(
+        np.float32(0.1) + np.float32(4.0))
+
+
+def test_fp8_encode_takes_scalars_and_refuses_what_is_not_float():
+    three = qattn.fp8_encode(np.array([3.0], np.float32))[0]
+    for x in (np.float32(3), np.float64(3), np.float16(3), 3.0, np.array(3.0, np.float32)):
+        code = qattn.fp8_encode(x)
+        assert code.shape == () and code.dtype == np.uint8 and code == three, type(x)
+    assert qattn.fp8_encode(np.float32(1e9), "e5m2", saturate=False) == qattn.fp8_encode(np.array([np.inf]), "e5m2",
+                                                                                         saturate=False)[0]
+    for bad in (np.array([3], np.int64), np.array([True]), np.array([3 + 0j]), np.int64(3), 3, True,
+                np.array(["3"])):
+        with pytest.raises(TypeError, match="x: "):
+            qattn.fp8_encode(bad)

@@ -1,11 +1,13 @@
 #include "qattn/reference/mma_vectors.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <sstream>
 #include <stdexcept>
+#include <unordered_map>
 
 #include "qattn/error.h"
 
@@ -47,11 +49,48 @@ Shape3 shape3(const Tensor& t, const std::string& source, const std::string& mem
   if (t.shape.size() < 2) throw InputError(source, member, "shape " + t.shape_string() + ": expected [..., rows, cols]");
   Shape3 s{1, static_cast<std::size_t>(t.shape[t.shape.size() - 2]), static_cast<std::size_t>(t.shape.back()), {}};
   for (std::size_t i = 0; i + 2 < t.shape.size(); ++i) {
-    s.batch *= static_cast<std::size_t>(t.shape[i]);
+    if (__builtin_mul_overflow(s.batch, static_cast<std::size_t>(t.shape[i]), &s.batch))
+      throw InputError(source, member, "shape " + t.shape_string() + ": the product of the leading dimensions overflows");
     s.lead.push_back(t.shape[i]);
   }
   return s;
 }
+
+// The set names as a trie over their characters: for an output member, the set with the longest name S such that
+// S + "_" begins the member's name, in time linear in that name (however many sets there are).
+class SetNames {
+ public:
+  static constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+  // False when a set of this name was added before.
+  bool add(const std::string& name, std::size_t set) {
+    std::size_t node = 0;
+    for (const char ch : name) {
+      const auto [it, fresh] = children_.try_emplace(edge(node, ch), set_of_.size());
+      if (fresh) set_of_.push_back(kNone);
+      node = it->second;
+    }
+    if (set_of_[node] != kNone) return false;
+    set_of_[node] = set;
+    return true;
+  }
+  std::size_t owner(const std::string& member) const {
+    std::size_t found = kNone, node = 0;
+    for (const char ch : member) {
+      if (ch == '_' && set_of_[node] != kNone) found = set_of_[node];
+      const auto it = children_.find(edge(node, ch));
+      if (it == children_.end()) break;
+      node = it->second;
+    }
+    return found;
+  }
+
+ private:
+  static std::uint64_t edge(std::size_t node, char ch) {
+    return static_cast<std::uint64_t>(node) << 8 | static_cast<unsigned char>(ch);
+  }
+  std::unordered_map<std::uint64_t, std::size_t> children_;
+  std::vector<std::size_t> set_of_{kNone};  // per node: the set named by the path to it
+};
 
 bool same_bits(float model, float gpu, bool f16) {
   if (std::isnan(model) && std::isnan(gpu)) return true;
@@ -62,14 +101,36 @@ bool same_bits(float model, float gpu, bool f16) {
 }  // namespace
 
 std::vector<MmaVectorSet> mma_vector_sets(const std::vector<NamedTensor>& members, const std::string& source) {
+  std::size_t total = 0;
+  for (const NamedTensor& t : members) total += t.tensor.bytes.size();
+  if (total > kMmaMaxVectorBytes)
+    throw InputError(source, "members", "hold " + std::to_string(total) + " bytes, beyond the bound of " +
+                                            std::to_string(kMmaMaxVectorBytes) + " bytes (256 MiB, docs/mma.md)");
   std::map<std::string, const Tensor*> by;
   for (const NamedTensor& t : members) by[t.name] = &t.tensor;
-  std::vector<MmaVectorSet> sets;
+  // The sets in member order, and each set's outputs in member order.
+  std::vector<const NamedTensor*> set_a;
+  SetNames names;
   for (const NamedTensor& member : members) {
     if (!ends_with(member.name, "_A")) continue;
     const std::string name = member.name.substr(0, member.name.size() - 2);
+    if (name.empty())
+      throw InputError(source, member.name, "a set needs a name: S_A, S_Bt and S_D for a set S (docs/mma.md)");
+    if (!names.add(name, set_a.size())) throw InputError(source, member.name, "set '" + name + "' is given twice");
+    set_a.push_back(&member);
+  }
+  std::vector<std::vector<const NamedTensor*>> outputs(set_a.size());
+  for (const NamedTensor& out : members)
+    if (ends_with(out.name, "_D"))
+      if (const std::size_t set = names.owner(out.name); set != SetNames::kNone) outputs[set].push_back(&out);
+  std::vector<MmaVectorSet> sets;
+  for (std::size_t i = 0; i < set_a.size(); ++i) {
+    const NamedTensor& member = *set_a[i];
+    const std::string name = member.name.substr(0, member.name.size() - 2);
     const auto bt_it = by.find(name + "_Bt");
     if (bt_it == by.end()) throw InputError(source, name + "_Bt", "missing: set '" + name + "' has an _A member");
+    if (outputs[i].empty())
+      throw InputError(source, name + "_D", "missing: set '" + name + "' has no output (_D or _<variant>_D)");
     const Tensor& a = member.tensor;
     const Tensor& bt = *bt_it->second;
     const Shape3 sa = shape3(a, source, member.name), sb = shape3(bt, source, name + "_Bt");
@@ -79,6 +140,27 @@ std::vector<MmaVectorSet> mma_vector_sets(const std::vector<NamedTensor>& member
     if (a.dtype != bt.dtype)
       throw InputError(source, name + "_Bt", "dtype " + std::string(dtype_name(bt.dtype)) + " differs from " + name +
                                                  "_A's " + std::string(dtype_name(a.dtype)));
+    auto check_out = [&](const Tensor& t, const std::string& key) {
+      const Shape3 s = shape3(t, source, key);
+      if (s.lead != sa.lead || s.x != sa.x || s.y != sb.x)
+        throw InputError(source, key, "shape " + t.shape_string() + ": expected [..., M, N] = [..., " +
+                                          std::to_string(sa.x) + ", " + std::to_string(sb.x) + "]");
+      if (sa.batch == 0 || sa.x == 0 || sb.x == 0)
+        throw InputError(source, key, "shape " + t.shape_string() + ": no output to check (a set needs tests, M and "
+                                                                    "N of 1 or more)");
+    };
+    for (const NamedTensor* out : outputs[i]) {
+      check_out(out->tensor, out->name);
+      if (out->name.size() == name.size() + 3)  // S__D
+        throw InputError(source, out->name, "an output S_<variant>_D needs a variant name (S_D has none)");
+    }
+    auto operands = std::make_shared<MmaSetOperands>();
+    operands->a = codes_of(a, source, member.name);
+    operands->bt = codes_of(bt, source, name + "_Bt");
+    if (const auto c = by.find(name + "_C"); c != by.end()) {
+      check_out(*c->second, c->first);
+      operands->c = floats_of(*c->second, source, c->first);
+    }
     MmaVectorSet base;
     base.name = name;
     base.batch = sa.batch;
@@ -86,44 +168,26 @@ std::vector<MmaVectorSet> mma_vector_sets(const std::vector<NamedTensor>& member
     base.cols = sb.x;
     base.depth = sa.y;
     base.input_bits = a.dtype == DType::u8 ? 8 : 16;
-    base.a = codes_of(a, source, member.name);
-    base.bt = codes_of(bt, source, name + "_Bt");
-    auto check_out = [&](const Tensor& t, const std::string& key) {
-      const Shape3 s = shape3(t, source, key);
-      if (s.lead != sa.lead || s.x != base.rows || s.y != base.cols)
-        throw InputError(source, key, "shape " + t.shape_string() + ": expected [..., M, N] = [..., " +
-                                          std::to_string(base.rows) + ", " + std::to_string(base.cols) + "]");
-    };
-    if (const auto c = by.find(name + "_C"); c != by.end()) {
-      check_out(*c->second, c->first);
-      base.c = floats_of(*c->second, source, c->first);
-    }
-    bool any = false;
-    for (const NamedTensor& out : members) {
-      const std::string& key = out.name;
-      if (key.rfind(name + "_", 0) != 0 || !ends_with(key, "_D")) continue;
-      const std::string middle = key.substr(name.size() + 1, key.size() - name.size() - 3);
-      bool longer_set = false;  // S_x_D belongs to set S_x when S_x_A exists
-      for (const NamedTensor& other : members)
-        if (ends_with(other.name, "_A") && other.name.size() > member.name.size() &&
-            key.rfind(other.name.substr(0, other.name.size() - 1), 0) == 0)
-          longer_set = true;
-      if (longer_set) continue;
-      check_out(out.tensor, key);
+    base.a = operands->a;
+    base.bt = operands->bt;
+    base.c = operands->c;
+    base.operands = std::move(operands);
+    for (const NamedTensor* out : outputs[i]) {
+      const std::string& key = out->name;
       MmaVectorSet s = base;
-      s.variant = key == name + "_D" ? "" : middle;
-      s.d = floats_of(out.tensor, source, key);
-      s.f16_output = out.tensor.dtype == DType::f16;
+      s.variant = key == name + "_D" ? "" : key.substr(name.size() + 1, key.size() - name.size() - 3);
+      s.d = floats_of(out->tensor, source, key);
+      s.f16_output = out->tensor.dtype == DType::f16;
       sets.push_back(std::move(s));
-      any = true;
     }
-    if (!any) throw InputError(source, name + "_D", "missing: set '" + name + "' has no output (_D or _<variant>_D)");
   }
   if (sets.empty()) throw InputError(source, "members", "no set: no member named <set>_A (docs/mma.md \"Vector files\")");
   return sets;
 }
 
-MmaAgreement mma_agreement(const MmaModel& m, const MmaVectorSet& set, std::size_t limit) {
+namespace {
+
+void check_fits(const MmaModel& m, const MmaVectorSet& set) {
   if (mma_input_bits(m.input) != set.input_bits)
     throw std::invalid_argument("model " + m.name + " takes " + std::to_string(mma_input_bits(m.input)) +
                                 "-bit codes; set " + set.name + " holds " + std::to_string(set.input_bits) + "-bit codes");
@@ -131,50 +195,85 @@ MmaAgreement mma_agreement(const MmaModel& m, const MmaVectorSet& set, std::size
     throw std::invalid_argument("model " + m.name + " has an " +
                                 (m.accumulator == MmaAccumulator::f16 ? "f16" : "f32") + " accumulator; set " +
                                 set.name + "'s D is " + (set.f16_output ? "float16" : "float32"));
-  const std::size_t batch = limit > 0 ? std::min(limit, set.batch) : set.batch;
+}
+
+std::size_t tests_of(const MmaVectorSet& set, std::size_t limit) {
+  return limit > 0 ? std::min(limit, set.batch) : set.batch;
+}
+
+// The model's outputs for the first `tests` tests of the set: tests x rows x cols.
+std::vector<float> model_outputs(const MmaModel& m, const MmaVectorSet& set, std::size_t tests) {
   const std::size_t mk = set.rows * set.depth, nk = set.cols * set.depth, mn = set.rows * set.cols;
+  std::vector<float> d(tests * mn);
+  for (std::size_t t = 0; t < tests; ++t)
+    mma_matmul(m, set.a.subspan(t * mk, mk), set.bt.subspan(t * nk, nk),
+               set.c.empty() ? set.c : set.c.subspan(t * mn, mn), std::span(d).subspan(t * mn, mn), set.rows,
+               set.cols, set.depth);
+  return d;
+}
+
+MmaAgreement agreement(const std::vector<float>& model, const MmaVectorSet& set) {
   MmaAgreement r;
-  std::vector<float> d(mn);
-  for (std::size_t t = 0; t < batch; ++t) {
-    mma_matmul(m, std::span(set.a).subspan(t * mk, mk), std::span(set.bt).subspan(t * nk, nk),
-               set.c.empty() ? std::span<const float>() : std::span<const float>(set.c).subspan(t * mn, mn), d,
-               set.rows, set.cols, set.depth);
-    for (std::size_t i = 0; i < mn; ++i) {
-      const float gpu = set.d[t * mn + i];
-      ++r.outputs;
-      if (same_bits(d[i], gpu, set.f16_output)) {
-        ++r.equal;
-      } else if (std::isfinite(d[i]) && std::isfinite(gpu) && gpu != 0) {
-        r.max_rel_error = std::max(r.max_rel_error, std::fabs(static_cast<double>(d[i]) - gpu) / std::fabs(gpu));
-      }
+  for (std::size_t i = 0; i < model.size(); ++i) {
+    const float gpu = set.d[i];
+    ++r.outputs;
+    if (same_bits(model[i], gpu, set.f16_output)) {
+      ++r.equal;
+    } else if (!std::isfinite(model[i]) || !std::isfinite(gpu)) {
+      ++r.nonfinite;
+    } else if (gpu == 0) {
+      ++r.gpu_zero;
+    } else {
+      r.max_rel_error = std::max(r.max_rel_error, std::fabs(static_cast<double>(model[i]) - gpu) / std::fabs(gpu));
     }
   }
   return r;
 }
 
+}  // namespace
+
+MmaAgreement mma_agreement(const MmaModel& m, const MmaVectorSet& set, std::size_t limit) {
+  check_fits(m, set);
+  return agreement(model_outputs(m, set, tests_of(set, limit)), set);
+}
+
+std::vector<MmaAgreement> mma_agreements(const MmaModel& m, const std::vector<MmaVectorSet>& sets, std::size_t limit) {
+  std::vector<MmaAgreement> out;
+  std::vector<float> model;
+  const MmaVectorSet* modelled = nullptr;  // the set `model` was computed for
+  for (const MmaVectorSet& s : sets) {
+    check_fits(m, s);
+    if (modelled == nullptr || s.operands == nullptr || s.operands != modelled->operands) {
+      model = model_outputs(m, s, tests_of(s, limit));
+      modelled = &s;
+    }
+    out.push_back(agreement(model, s));
+  }
+  return out;
+}
+
 MmaModel mma_fit(const MmaModel& start, const std::vector<MmaVectorSet>& sets, std::size_t limit,
                  std::vector<std::string>* log) {
+  const bool any_depth_not_4 = std::any_of(sets.begin(), sets.end(), [](const MmaVectorSet& s) { return s.depth % 4; });
   auto score = [&](const MmaModel& m) {
+    if (m.partition == MmaPartition::k_mod4_pairs && any_depth_not_4) return std::size_t{0};
     std::size_t equal = 0;
-    for (const MmaVectorSet& s : sets) {
-      try {
-        if (m.partition == MmaPartition::k_mod4_pairs && s.depth % 4 != 0) return std::size_t{0};
-        equal += mma_agreement(m, s, limit).equal;
-      } catch (const std::invalid_argument&) {
-        return std::size_t{0};
-      }
+    try {
+      for (const MmaAgreement& r : mma_agreements(m, sets, limit)) equal += r.equal;
+    } catch (const std::invalid_argument&) {
+      return std::size_t{0};
     }
     return equal;
   };
+  std::size_t total = 0;
+  for (const MmaVectorSet& s : sets) total += tests_of(s, limit) * s.rows * s.cols;
+  const std::size_t start_score = score(start);
+  // The search moves the parameters of the fused step, which a per-product model does not read: it starts from the
+  // same model without per-product rounding.
   MmaModel best = start;
   best.per_product = false;
-  best.validated = false;
-  best.name = start.name + "-fit";
-  best.provenance = "fitted by mma_fit from " + start.name;
-  std::size_t best_score = score(best);
-  std::size_t total = 0;
-  for (const MmaVectorSet& s : sets) total += (limit > 0 ? std::min(limit, s.batch) : s.batch) * s.rows * s.cols;
-  auto note = [&](const char* what) {
+  std::size_t best_score = start.per_product ? score(best) : start_score;
+  auto note = [&](const std::string& what) {
     if (log != nullptr) {
       std::ostringstream line;
       line << what << ": " << best_score << " / " << total << " outputs equal: " << best.describe();
@@ -206,6 +305,15 @@ MmaModel mma_fit(const MmaModel& start, const std::vector<MmaVectorSet>& sets, s
     try_values([](MmaModel& m, int v) { m.c_add = static_cast<MmaCAdd>(v); }, {0, 1}, "c_add");
     try_values([](MmaModel& m, int v) { m.promote_steps = v; }, promote, "promote_steps");
   }
+  if (best_score <= start_score) {
+    if (log != nullptr)
+      log->push_back("no change: no setting reproduces more than the " + std::to_string(start_score) + " / " +
+                     std::to_string(total) + " outputs of " + start.name + ", which is kept as it is");
+    return start;
+  }
+  best.validated = false;
+  best.name = start.name + "-fit";
+  best.provenance = "fitted by mma_fit from " + start.name;
   return best;
 }
 

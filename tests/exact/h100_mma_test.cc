@@ -4,16 +4,21 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "qattn/error.h"
 #include "qattn/reference/mma.h"
 #include "qattn/reference/mma_vectors.h"
 #include "qattn/tensor_io.h"
@@ -198,6 +203,206 @@ TEST_CASE("f16 subnormal inputs: h100-hmma-f16 reproduces 32459 of 32768 probe o
   CHECK(r.outputs == 32768);
   CHECK(r.equal == 32459);
   CHECK(r.max_rel_error < 3e-5);
+}
+
+}  // namespace
+
+// ---- the checks of a user's shapes, C and vector files (qattn mma, mma-check, qattn.mma; docs/mma.md "Bounds") ----
+namespace {
+
+using qattn::InputError;
+using qattn::NamedTensor;
+using qattn::Tensor;
+using Shape = std::vector<std::int64_t>;
+
+// The InputError a call throws, or a failed check.
+template <class F>
+InputError input_error(F&& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e;
+  }
+  FAIL("no InputError");
+  throw std::logic_error("unreachable");
+}
+
+Tensor tensor_of(qattn::DType dtype, Shape shape, std::size_t bytes_per_element) {
+  std::size_t n = 1;
+  for (std::int64_t d : shape) n *= static_cast<std::size_t>(d);
+  return Tensor{dtype, std::move(shape), std::vector<std::byte>(n * bytes_per_element)};
+}
+
+TEST_CASE("mma_shape: products whose count wraps or passes 1 GiB are refused with both shapes and the bytes", "[mma]") {
+  // K = 0: the files hold no data, and D's count once wrapped to 0 (SIGSEGV) or to 16 (an out-of-bounds write).
+  const InputError wide = input_error([] {
+    qattn::ref::mma_shape(Shape{1 << 22, 1 << 21, 0}, Shape{1 << 22, 1 << 21, 0}, "a.npy", "bt.npy");
+  });
+  CHECK(wide.source() == "a.npy");
+  CHECK(wide.field() == "shape");
+  CHECK(wide.reason() == "A (4194304, 2097152, 0) and Bt (4194304, 2097152, 0) give D (4194304, 2097152, 2097152): "
+                         "more than 2^64 bytes of float32 outputs, beyond the bound of 1073741824 bytes (1 GiB, "
+                         "docs/mma.md)");
+  const InputError wraps = input_error([] {
+    qattn::ref::mma_shape(Shape{(std::int64_t{1} << 60) + 1, 0}, Shape{16, 0}, "a.npy", "bt.npy");
+  });
+  CHECK(wraps.reason().find("give D (1152921504606846977, 16): more than 2^64 bytes") != std::string::npos);
+  const InputError big = input_error([] { qattn::ref::mma_shape(Shape{200000, 0}, Shape{200000, 0}, "a", "bt"); });
+  CHECK(big.reason() == "A (200000, 0) and Bt (200000, 0) give D (200000, 200000): 160000000000 bytes of float32 "
+                        "outputs, beyond the bound of 1073741824 bytes (1 GiB, docs/mma.md)");
+  // The bound itself: 2^28 outputs pass, one row more does not.
+  CHECK(qattn::ref::mma_shape(Shape{1 << 14, 0}, Shape{1 << 14, 0}, "a", "bt").outputs == std::size_t{1} << 28);
+  CHECK_THROWS_AS(qattn::ref::mma_shape(Shape{(1 << 14) + 1, 0}, Shape{1 << 14, 0}, "a", "bt"), InputError);
+  // A one-dimensional operand: the shape it got.
+  const InputError flat = input_error([] { qattn::ref::mma_shape(Shape{5}, Shape{4, 5}, "a.npy", "bt.npy"); });
+  CHECK(std::string(flat.what()) == "a.npy: shape: (5,) has 1 dimension: A [..., M, K] needs 2 or more");
+  const InputError misfit = input_error([] { qattn::ref::mma_shape(Shape{2, 3, 4}, Shape{3, 3, 4}, "a", "bt.npy"); });
+  CHECK(misfit.source() == "bt.npy");
+  CHECK(misfit.reason().find("(3, 3, 4) does not fit A (2, 3, 4)") == 0);
+  // An empty D with a leading product that overflows computes nothing.
+  const qattn::ref::MmaShape empty =
+      qattn::ref::mma_shape(Shape{1 << 30, 1 << 30, 1 << 30, 0, 0}, Shape{1 << 30, 1 << 30, 1 << 30, 7, 0}, "a", "bt");
+  CHECK(empty.outputs == 0);
+  CHECK(empty.d == Shape{1 << 30, 1 << 30, 1 << 30, 0, 7});
+}
+
+TEST_CASE("K = 0: every output is the empty sum, D = C (a -0 C gives +0 where C is added after the steps)", "[mma]") {
+  const qattn::ref::MmaShape s = qattn::ref::mma_shape(Shape{2, 3, 0}, Shape{2, 2, 0}, "a", "bt");
+  REQUIRE(s.outputs == 12);
+  const std::vector<float> c{1.5f, -0.0f, 3e38f, -2.25f, 0.0f, 7.0f, 1e-40f, -1.0f, 0.5f, 4.0f, -8.0f, 0.25f};
+  for (const MmaModel& m : qattn::ref::mma_presets()) {
+    if (m.accumulator == qattn::ref::MmaAccumulator::f16) continue;  // 3e38 and 1e-40 are no binary16 values
+    std::vector<float> d(s.outputs, 99.0f), zero(s.outputs, 99.0f);
+    qattn::ref::mma_batched(m, s, {}, {}, c, d);
+    qattn::ref::mma_batched(m, s, {}, {}, {}, zero);
+    const bool plus_zero = m.c_add == qattn::ref::MmaCAdd::after || m.promote_steps > 0;
+    for (std::size_t i = 0; i < c.size(); ++i) {
+      INFO(m.name << " output " << i);
+      CHECK(std::bit_cast<std::uint32_t>(d[i]) == std::bit_cast<std::uint32_t>(i == 1 && plus_zero ? 0.0f : c[i]));
+      CHECK(std::bit_cast<std::uint32_t>(zero[i]) == 0u);
+    }
+  }
+}
+
+TEST_CASE("mma_accumulator: C float32 or float16, D's shape, and float16 values for an f16 accumulator", "[mma]") {
+  const qattn::ref::MmaShape s = qattn::ref::mma_shape(Shape{1, 2, 4}, Shape{1, 2, 4}, "a", "bt");
+  const MmaModel& acc16 = qattn::ref::mma_preset("h100-hmma-f16-acc16");
+  const MmaModel& acc32 = qattn::ref::mma_preset("h100-hmma-f16");
+  const std::vector<double> f64(4, 0.5);
+  const InputError f64_error =
+      input_error([&] { qattn::ref::mma_accumulator(acc32, s, "float64", Shape{1, 2, 2}, f64.data(), "c.npy"); });
+  CHECK(std::string(f64_error.what()) == "c.npy: dtype: float64: expected float32 or float16");
+  CHECK_THROWS_AS(qattn::ref::mma_accumulator(acc32, s, "int32", Shape{1, 2, 2}, f64.data(), "c"), InputError);
+  const std::vector<float> tenth{0.1f, 1.0f, 2.0f, 3.0f};
+  const InputError shape_error =
+      input_error([&] { qattn::ref::mma_accumulator(acc32, s, "float32", Shape{2, 2}, tenth.data(), "c"); });
+  CHECK(shape_error.reason() == "(2, 2): expected [..., M, N] = (1, 2, 2)");
+  const InputError f16_error =
+      input_error([&] { qattn::ref::mma_accumulator(acc16, s, "float32", Shape{1, 2, 2}, tenth.data(), "c"); });
+  CHECK(f16_error.field() == "element 0");
+  CHECK(f16_error.reason() == "0.100000001 is not a float16 value, and h100-hmma-f16-acc16 has an f16 accumulator "
+                              "(round C to float16 first)");
+  CHECK(qattn::ref::mma_accumulator(acc32, s, "float32", Shape{1, 2, 2}, tenth.data(), "c") == tenth);
+  const std::vector<std::uint16_t> half{0x3c00, 0xc000, 0x7c00, 0x0001};  // 1, -2, inf, the least subnormal
+  CHECK(qattn::ref::mma_accumulator(acc16, s, "float16", Shape{1, 2, 2}, half.data(), "c") ==
+        std::vector<float>{1.0f, -2.0f, INFINITY, std::ldexp(1.0f, -24)});
+}
+
+// A vector file of one set "s" (A, Bt [batch, M, K] u8 codes) with `variants` outputs s_v<i>_D.
+std::vector<NamedTensor> variants_file(std::size_t variants, Shape a, Shape bt, Shape d) {
+  std::vector<NamedTensor> members{{"s_A", tensor_of(qattn::DType::u8, a, 1)},
+                                   {"s_Bt", tensor_of(qattn::DType::u8, bt, 1)}};
+  for (std::size_t i = 0; i < variants; ++i)
+    members.push_back({"s_v" + std::to_string(i) + "_D", tensor_of(qattn::DType::f32, d, 4)});
+  return members;
+}
+
+TEST_CASE("mma_vector_sets: the variants of a set share its operands, and the scan is linear in the members", "[mma]") {
+  // 300 variants of A, Bt [1, 1, 2^23]: once 300 copies of 16 MiB of codes each (3.94 GB, then bad_alloc).
+  const std::vector<MmaVectorSet> sets =
+      qattn::ref::mma_vector_sets(variants_file(300, {1, 1, 1 << 23}, {1, 1, 1 << 23}, {1, 1, 1}), "v.npz");
+  REQUIRE(sets.size() == 300);
+  for (const MmaVectorSet& s : sets) {
+    CHECK(s.operands == sets[0].operands);
+    CHECK(s.a.data() == sets[0].operands->a.data());
+    CHECK(s.bt.size() == std::size_t{1} << 23);
+  }
+  CHECK(sets[299].variant == "v299");
+  // 100,000 variants of a tiny set: the scan once compared every output with every member (minutes); now well under
+  // a second, bounded here at 20 s for a loaded machine.
+  const std::vector<NamedTensor> many = variants_file(100000, {1, 1, 4}, {1, 1, 4}, {1, 1, 1});
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<MmaVectorSet> wide = qattn::ref::mma_vector_sets(many, "many.npz");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO("100000 variants read in " << seconds << " s");
+  CHECK(wide.size() == 100000);
+  CHECK(seconds < 20);
+  // The model runs once for all the variants of a set.
+  const std::vector<qattn::ref::MmaAgreement> r =
+      qattn::ref::mma_agreements(qattn::ref::mma_preset("h100-wgmma-e4m3"), sets, 1);
+  REQUIRE(r.size() == 300);
+  CHECK(r[0].outputs == 1);
+  CHECK(r[299].equal == 1);  // zeros times zeros: +0
+}
+
+TEST_CASE("mma_vector_sets refuses a set without a name or without outputs, and an output S_x_D belongs to set S_x", "[mma]") {
+  std::vector<NamedTensor> unnamed{{"_A", tensor_of(qattn::DType::u8, {1, 2, 4}, 1)},
+                                   {"_Bt", tensor_of(qattn::DType::u8, {1, 2, 4}, 1)},
+                                   {"_D", tensor_of(qattn::DType::f32, {1, 2, 2}, 4)}};
+  const InputError no_name = input_error([&] { qattn::ref::mma_vector_sets(unnamed, "v.npz"); });
+  CHECK(no_name.field() == "_A");
+  CHECK(no_name.reason().find("a set needs a name") == 0);
+  const InputError empty =
+      input_error([] { qattn::ref::mma_vector_sets(variants_file(1, {0, 2, 4}, {0, 2, 4}, {0, 2, 2}), "v.npz"); });
+  CHECK(empty.field() == "s_v0_D");
+  CHECK(empty.reason() == "shape (0, 2, 2): no output to check (a set needs tests, M and N of 1 or more)");
+  CHECK_THROWS_AS(qattn::ref::mma_vector_sets(variants_file(1, {3, 0, 4}, {3, 2, 4}, {3, 0, 2}), "v.npz"), InputError);
+  // Sets s and s_x: s_x_D and s_x_y_D are s_x's, s_y_D is s's.
+  std::vector<NamedTensor> nested = variants_file(0, {1, 1, 4}, {1, 1, 4}, {});
+  for (const char* name : {"s_x_A", "s_x_Bt"}) nested.push_back({name, tensor_of(qattn::DType::u8, {1, 1, 4}, 1)});
+  for (const char* name : {"s_x_D", "s_y_D", "s_x_y_D"}) nested.push_back({name, tensor_of(qattn::DType::f32, {1, 1, 1}, 4)});
+  const std::vector<MmaVectorSet> sets = qattn::ref::mma_vector_sets(nested, "v.npz");
+  REQUIRE(sets.size() == 3);
+  CHECK((sets[0].name == "s" && sets[0].variant == "y"));
+  CHECK((sets[1].name == "s_x" && sets[1].variant.empty()));
+  CHECK((sets[2].name == "s_x" && sets[2].variant == "y"));
+  nested.push_back({"s_A", tensor_of(qattn::DType::u8, {1, 1, 4}, 1)});
+  CHECK(input_error([&] { qattn::ref::mma_vector_sets(nested, "v.npz"); }).reason() == "set 's' is given twice");
+  // The members' bytes are bounded before anything is converted.
+  const InputError large = input_error(
+      [] { qattn::ref::mma_vector_sets(variants_file(1, {1, 1, 1 << 27}, {1, 1, 1 << 27}, {1, 1, 1}), "big.npz"); });
+  CHECK(large.field() == "members");
+  CHECK(large.reason() == "hold 268435460 bytes, beyond the bound of 268435456 bytes (256 MiB, docs/mma.md)");
+}
+
+TEST_CASE("mma_agreement counts NaN/inf and GPU-zero mismatches apart from the relative error", "[mma]") {
+  std::vector<NamedTensor> members = variants_file(0, {1, 2, 4}, {1, 2, 4}, {});
+  members[0].tensor.bytes[0] = std::byte{0x7f};  // an E4M3 NaN in A's first row: both of its outputs are NaN
+  Tensor d = tensor_of(qattn::DType::f32, {1, 2, 2}, 4);
+  const float gpu[4] = {1.0f, 2.0f, 0.0f, 4.0f};  // the model gives NaN, NaN, +0, +0
+  std::memcpy(d.bytes.data(), gpu, sizeof gpu);
+  members.push_back({"s_D", std::move(d)});
+  const MmaVectorSet set = qattn::ref::mma_vector_sets(members, "v.npz").at(0);
+  const qattn::ref::MmaAgreement r = qattn::ref::mma_agreement(qattn::ref::mma_preset("h100-wgmma-e4m3"), set);
+  CHECK(r.outputs == 4);
+  CHECK(r.equal == 1);
+  CHECK(r.nonfinite == 2);
+  CHECK(r.gpu_zero == 0);
+  CHECK(r.measured() == 1);
+  CHECK(r.max_rel_error == 1.0);  // +0 against 4
+}
+
+TEST_CASE("mma_fit keeps the start model and its name when no setting reproduces more outputs", "[mma]") {
+  const fs::path file = kEmbedded / "mma_sync_m16n8k16_f16f32.safetensors";
+  const std::vector<MmaVectorSet> sets = qattn::ref::mma_vector_sets(qattn::read_tensor_file(file), file.string());
+  const MmaModel& start = qattn::ref::mma_preset("h100-hmma-f16");
+  std::vector<std::string> log;
+  const MmaModel fitted = qattn::ref::mma_fit(start, sets, 1, &log);
+  CHECK(fitted.name == "h100-hmma-f16");
+  CHECK(fitted.validated);
+  CHECK(fitted.describe() == start.describe());
+  REQUIRE(!log.empty());
+  CHECK(log.back().find("no change") == 0);
 }
 
 }  // namespace

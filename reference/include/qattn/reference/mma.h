@@ -87,6 +87,40 @@ float mma_dot(const MmaModel& m, std::span<const std::uint16_t> a, std::span<con
 void mma_matmul(const MmaModel& m, std::span<const std::uint16_t> a, std::span<const std::uint16_t> bt,
                 std::span<const float> c, std::span<float> d, std::size_t rows, std::size_t cols, std::size_t depth);
 
+// --- A batched product from a user's arrays (qattn mma, qattn.mma): one set of checks for both -----------------
+
+// The bound on D: its outputs as float32, 4 bytes each (an f16 accumulator computes them in float32 too), at most
+// 1 GiB (2^28 outputs). A product beyond it is refused before anything is allocated (docs/mma.md "Bounds").
+inline constexpr std::size_t kMmaMaxOutputBytes = std::size_t{1} << 30;
+
+// The sizes of D[..., M, N] = A[..., M, K] · Bt[..., N, K]^T + C[..., M, N].
+struct MmaShape {
+  std::size_t batch = 0;        // the product of the leading dimensions (0 when D is empty and that product overflows)
+  std::size_t rows = 0, cols = 0, depth = 0;  // M, N, K
+  std::size_t outputs = 0;      // batch·M·N, at most kMmaMaxOutputBytes / 4
+  std::vector<std::int64_t> d;  // D's (and C's) shape [..., M, N]
+};
+
+// A's and Bt's shapes checked, nothing allocated: both of rank 2 or more, the same rank, leading dimensions and K,
+// no negative dimension; the element counts of A, Bt and D computed without overflow (a zero dimension makes a count
+// 0) and D within kMmaMaxOutputBytes. K = 0 is valid: every output is an empty sum, D = C (docs/mma.md "K = 0").
+// Throws InputError(a_source or bt_source, "shape", reason); the reason gives the shape it got, and for a product
+// that is refused both shapes, D's and D's size in bytes.
+MmaShape mma_shape(std::span<const std::int64_t> a, std::span<const std::int64_t> bt, const std::string& a_source,
+                   const std::string& bt_source);
+
+// C as the model adds it, in float32. Refused with InputError(source, field, reason) unless its dtype (`dtype`, as
+// numpy and dtype_name() spell it) is float32 or float16 (field "dtype"), its shape is D's ("shape"), and, for a
+// model with an f16 accumulator, every finite value is a binary16 value ("element i", i the flat C-order index).
+// `data` holds shape's elements in C order, native byte order (float16 as its bit patterns).
+std::vector<float> mma_accumulator(const MmaModel& m, const MmaShape& s, std::string_view dtype,
+                                   std::span<const std::int64_t> shape, const void* data, const std::string& source);
+
+// D = A·B + C for every batch entry of a checked shape: a and bt hold batch·M·K and batch·N·K codes, c is empty
+// (zero) or holds s.outputs values, d holds s.outputs values. An empty D computes nothing.
+void mma_batched(const MmaModel& m, const MmaShape& s, std::span<const std::uint16_t> a,
+                 std::span<const std::uint16_t> bt, std::span<const float> c, std::span<float> d);
+
 // One fused step of the H100's FP8 wgmma (h100-wgmma-e4m3, docs/mma.md) for `cols` outputs at once:
 //   acc[c] <- RZ_14( trunc(acc[c]) + sum_j trunc(p[j] v[j][c]) ), every term truncated at 2^(E_c - 13),
 //   E_c = max(e(acc[c]), max_j e(p[j]) + e(v[j][c])) with E4M3 field exponents (subnormals and zero at -6).
