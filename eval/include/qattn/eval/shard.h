@@ -47,9 +47,9 @@ std::string sha256_hex(std::string_view bytes);
 std::string analyze_shard(const std::filesystem::path& source, const AnalysisPlan& plan, Shard shard,
                           const EvalOptions& options, const std::string& format = "md");
 
-// The largest part file `merge_part_files` reads. The merge holds every part as parsed JSON, about 20 bytes of memory
+// The largest part file `merge_part_files` reads. The merge holds every part as parsed JSON, about 10 bytes of memory
 // per byte of part; a run whose parts are larger needs more shards (a row of analyze, one head and method, is about
-// 1.5 KB; a sweep row about 1.6 KB).
+// 1.9 KB, a sweep row about 2.0 KB: a part holds up to about 130,000 rows).
 inline constexpr std::uintmax_t kMaxPartBytes = std::uintmax_t{256} << 20;
 
 // One part as `merge_parts` reads it: the name its errors give (the file) and its text.
