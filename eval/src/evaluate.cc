@@ -17,6 +17,7 @@
 #include <optional>
 #include <regex>
 #include <string>
+#include <tuple>
 
 #include "qattn/error.h"
 #include "qattn/eval/panel_metrics.h"
@@ -42,12 +43,15 @@ struct HeadTensors {
   Tensor t[kKinds];
 };
 
-// Parses "layer{L}_head{H}_{q|k|v|logits}" followed by `suffix` (L, H decimal); false for any other name.
+// Parses "layer{L}_head{H}_{q|k|v|logits}" followed by `suffix` (L, H decimal, leading zeros allowed, each at most
+// kMaxDumpNumber); false for any other name.
+constexpr long long kMaxDumpNumber = INT32_MAX;
 bool parse_head_name(const std::string& name, const std::string& suffix, int* layer, int* head, int* kind) {
   auto number = [&](std::size_t& i, int* out) {
     const std::size_t start = i;
-    long v = 0;
-    while (i < name.size() && name[i] >= '0' && name[i] <= '9' && i - start < 9) v = v * 10 + (name[i++] - '0');
+    long long v = 0;
+    for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i)
+      if ((v = v * 10 + (name[i] - '0')) > kMaxDumpNumber) return false;
     *out = static_cast<int>(v);
     return i > start;
   };
@@ -67,8 +71,31 @@ bool parse_head_name(const std::string& name, const std::string& suffix, int* la
   return false;
 }
 
+// Why a name of the form "layer{L}_head{H}_{q|k|v|logits}" + `suffix` that parse_head_name refuses is not a dump
+// file name: L or H is not a decimal number ("head+1", "head-1", "head0x1") or exceeds kMaxDumpNumber (10 digits and
+// more). Empty for a name of any other form, which is a stray rather than a head file.
+std::string bad_head_number(const std::string& name, const std::string& suffix) {
+  static const std::regex kHeadLike(R"(layer([^_]*)_head([^_]*)_(q|k|v|logits))");
+  static const std::regex kHeadLikeNpy(R"(layer([^_]*)_head([^_]*)_(q|k|v|logits)\.npy)");
+  std::smatch m;
+  if (!std::regex_match(name, m, suffix.empty() ? kHeadLike : kHeadLikeNpy)) return "";
+  for (int part : {1, 2}) {
+    const std::string what = part == 1 ? "layer" : "head", digits = m[part].str();
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos)
+      return what + " number '" + digits + "' is not a decimal number (files are named layer{L}_head{H}_{q,k,v,logits}" +
+             suffix + ")";
+    long long v = 0;
+    for (const char c : digits)
+      if ((v = v * 10 + (c - '0')) > kMaxDumpNumber)
+        return what + " number " + digits + " is out of range [0, " + std::to_string(kMaxDumpNumber) + "]";
+  }
+  return "";
+}
+
 // A directory of layer{L}_head{H}_{q,k,v,logits}.npy, or one .npz / .safetensors file holding tensors of those
-// names (".npy" suffixes inside an .npz are accepted). Keeps the kinds `target` needs.
+// names (".npy" suffixes inside an .npz are accepted). Keeps the kinds `target` needs. Refuses (InputError) a name
+// of that form whose L or H is not a number in [0, kMaxDumpNumber], and two names of one (layer, head, kind), whatever
+// the target and the filter keep.
 std::vector<HeadTensors> read_heads(const fs::path& source, DumpTarget target, const DumpFilter* filter = nullptr) {
   std::error_code ec;
   std::map<std::pair<int, int>, HeadTensors> found;
@@ -83,52 +110,66 @@ std::vector<HeadTensors> read_heads(const fs::path& source, DumpTarget target, c
   };
   const bool directory = fs::is_directory(source, ec);
   const std::string names = softmax ? "layer{L}_head{H}_logits" : "layer{L}_head{H}_{q,k,v}";
-  std::string strays;  // .npy files named like none of the dump's files (a misspelt head name), for the messages
+  std::string strays;  // files named like none of the dump's files (a misspelt head name), for the messages
+  // Every name is classified before any tensor is kept: a head file, one named like a head file whose number does not
+  // parse (refused, naming it), a layer's projection file, or a stray. Two names of one (layer, head, kind), such as
+  // layer0_head0_k.npy and layer0_head00_k.npy, are refused: either could be the one read.
+  struct HeadFile {
+    int layer, head, kind;
+  };
+  std::map<std::tuple<int, int, int>, std::string> named;  // (layer, head, kind) -> the name that gave it
+  static const std::regex kLayerFile(R"(layer\d+_(attn_input|[wb][qkv])(\.npy)?)");
+  auto classify = [&](const std::string& name, const std::string& where) -> std::optional<HeadFile> {
+    if (parse_head_name(name, ".npy", &layer, &head, &kind) || (!directory && parse_head_name(name, "", &layer, &head, &kind))) {
+      if (auto [it, fresh] = named.try_emplace({layer, head, kind}, name); !fresh)
+        throw InputError(source.string(), "--tensors",
+                         it->second + " and " + name + " both name layer " + std::to_string(layer) + " head " +
+                             std::to_string(head) + "'s " + kKindNames[kind] + ": keep one");
+      return HeadFile{layer, head, kind};
+    }
+    const bool npy = name.size() >= 4 && name.compare(name.size() - 4, 4, ".npy") == 0;
+    if (const std::string why = bad_head_number(name, npy ? ".npy" : ""); !why.empty()) throw InputError(where, "name", why);
+    if (!std::regex_match(name, kLayerFile)) strays += (strays.empty() ? "" : ", ") + name;
+    return std::nullopt;
+  };
+  // Keeps one classified tensor file or member where the target and the filter want it; `read` gives its tensor.
+  auto keep = [&](const HeadFile& hf, const std::string& where, auto&& read) {
+    if (!wanted(hf.kind)) {
+      other_kind = true;
+      return;
+    }
+    if (filter && !filter->keep(hf.layer, hf.head)) return;
+    HeadTensors& h = slot(hf.layer, hf.head);
+    h.where[hf.kind] = where;
+    h.t[hf.kind] = read();
+    if (directory && filter && filter->files_read) filter->files_read->push_back(where);
+  };
   if (directory) {
     std::vector<fs::path> files;
     for (const auto& entry : fs::directory_iterator(source)) files.push_back(entry.path());
     std::sort(files.begin(), files.end());
-    static const std::regex kLayerFile(R"(layer\d+_(attn_input|[wb][qkv])\.npy)");
-    for (const auto& f : files) {
-      const std::string name = f.filename().string();
-      if (f.extension() == ".npy" && !parse_head_name(name, ".npy", &layer, &head, &kind) &&
-          !std::regex_match(name, kLayerFile))
-        strays += (strays.empty() ? "" : ", ") + name;
-    }
+    std::vector<std::pair<fs::path, HeadFile>> head_files;
     for (const auto& f : files)
-      if (parse_head_name(f.filename().string(), ".npy", &layer, &head, &kind)) {
-        if (!wanted(kind)) {
-          other_kind = true;
-          continue;
-        }
-        if (filter && !filter->keep(layer, head)) continue;
-        HeadTensors& h = slot(layer, head);
-        h.where[kind] = f.string();
-        h.t[kind] = read_npy(f);
-        if (filter && filter->files_read) filter->files_read->push_back(f.string());
-      }
+      if (f.extension() == ".npy")
+        if (const auto hf = classify(f.filename().string(), f.string())) head_files.push_back({f, *hf});
+    for (const auto& [f, hf] : head_files) keep(hf, f.string(), [&] { return read_npy(f); });
   } else if (fs::is_regular_file(source, ec)) {
     if (filter && filter->files_read) filter->files_read->push_back(source.string());
-    for (NamedTensor& nt : read_tensor_file(source))
-      if (parse_head_name(nt.name, "", &layer, &head, &kind) || parse_head_name(nt.name, ".npy", &layer, &head, &kind)) {
-        if (!wanted(kind)) {
-          other_kind = true;
-          continue;
-        }
-        if (filter && !filter->keep(layer, head)) continue;
-        HeadTensors& h = slot(layer, head);
-        h.where[kind] = source.string() + ":" + nt.name;
-        h.t[kind] = std::move(nt.tensor);
-      }
+    std::vector<NamedTensor> tensors = read_tensor_file(source);
+    std::vector<std::optional<HeadFile>> kinds;
+    for (const NamedTensor& nt : tensors) kinds.push_back(classify(nt.name, source.string() + ":" + nt.name));
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+      if (kinds[i]) keep(*kinds[i], source.string() + ":" + tensors[i].name, [&] { return std::move(tensors[i].tensor); });
   } else if (!fs::exists(source, ec)) {
     throw InputError(source.string(), "--tensors", "does not exist");
   } else {
     throw InputError(source.string(), "--tensors", "is neither a directory nor a regular file");
   }
-  const std::string stray_note = strays.empty() ? "" : "; files not read, named like none of the dump's: " + strays;
+  const std::string stray_note =
+      strays.empty() ? "" : std::string(directory ? "; files" : "; tensors") + " not read, named like none of the dump's: " + strays;
   if (found.empty() && !filter) {
     std::string what = directory ? "no " + names + ".npy files found" + stray_note
-                                 : "is not a dump directory and holds no tensors named " + names;
+                                 : "is not a dump directory and holds no tensors named " + names + stray_note;
     if (other_kind)
       what += softmax ? " (it holds q/k/v: drop --softmax-only)" : " (it holds only logits: add --softmax-only)";
     throw InputError(source.string(), "--tensors", what);
@@ -152,24 +193,111 @@ struct LayerManifest {
   std::optional<int> num_heads, head_dim;
 };
 
+// The keys a manifest may hold, per level: first those qattn reads, then those other writers put there, accepted and
+// not read (analysis/dump_torch.py: format, files, source, layout, num_kv_heads; the USE-Lite dump tools that wrote
+// the full sample, ../shared/data/use-lite: the others). Any other key is refused, so that a misspelt "scale" cannot
+// leave the default in place without a word.
+constexpr const char* kManifestKeys[] = {"causal",         "layers",          "format",      "source",     "files",
+                                         "model",          "weights_source",  "weights_license", "text_source",
+                                         "text_license_note", "text_sha256",  "n_seq",       "seq_len",    "layout",
+                                         "token_ids",      "tokens",          "layout_projections", "final_embedding",
+                                         "sanity"};
+constexpr const char* kLayerKeys[] = {"layer",  "scale",   "causal",  "num_heads", "n_heads",    "head_dim",
+                                      "source", "layout",  "num_kv_heads", "heads", "d_model",   "d_out",
+                                      "attn_input", "projections", "projection_source"};
+
+// Refuses a key of `object` that is not in `known`, naming it and the known ones.
+template <std::size_t N>
+void require_known_keys(const nlohmann::json& object, const char* const (&known)[N], const std::string& where,
+                        const std::string& field) {
+  for (const auto& [key, value] : object.items()) {
+    if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return key == k; }) != std::end(known))
+      continue;
+    std::string list;
+    for (const char* k : known) list += (list.empty() ? "" : ", ") + std::string(k);
+    throw InputError(where, field.empty() ? key : field + "." + key, "is not a key of a manifest here (known: " + list + ")");
+  }
+}
+
+// The value of an integer field in [lo, INT32_MAX]; nullopt for a non-integer or a value outside (nlohmann holds
+// 4294967296 as an integer, which a plain cast to int would read as 0).
+std::optional<int> int_field(const nlohmann::json& v, long long lo) {
+  if (v.is_number_unsigned()) {
+    const std::uint64_t u = v.get<std::uint64_t>();
+    if (u > static_cast<std::uint64_t>(INT32_MAX) || static_cast<long long>(u) < lo) return std::nullopt;
+    return static_cast<int>(u);
+  }
+  if (!v.is_number_integer()) return std::nullopt;
+  const std::int64_t i = v.get<std::int64_t>();
+  if (i < lo || i > INT32_MAX) return std::nullopt;
+  return static_cast<int>(i);
+}
+
+// Parses a manifest's bytes, refusing a key given twice in one object (nlohmann keeps the last; another reader may
+// keep the first), named by its path: layers[1].scale, layers.0.scale.
+nlohmann::json parse_manifest(const std::vector<std::byte>& bytes, const std::string& where) {
+  using Event = nlohmann::json::parse_event_t;
+  struct Level {
+    bool array;
+    std::string path;
+    std::size_t elements = 0;  // of an array, so far
+    std::set<std::string> keys;  // of an object, so far
+    std::string key;             // of an object: the member being read
+  };
+  std::vector<Level> levels;
+  auto child_path = [&]() -> std::string {
+    if (levels.empty()) return "";
+    Level& up = levels.back();
+    if (up.array) return up.path + "[" + std::to_string(up.elements++) + "]";
+    return up.path.empty() ? up.key : up.path + "." + up.key;
+  };
+  auto track = [&](int /*depth*/, Event event, nlohmann::json& parsed) {
+    switch (event) {
+      case Event::object_start:
+      case Event::array_start: {
+        std::string path = child_path();
+        levels.push_back({event == Event::array_start, std::move(path)});
+        break;
+      }
+      case Event::object_end:
+      case Event::array_end:
+        levels.pop_back();
+        break;
+      case Event::key: {
+        Level& object = levels.back();
+        object.key = parsed.get<std::string>();
+        if (!object.keys.insert(object.key).second)
+          throw InputError(where, object.path.empty() ? object.key : object.path + "." + object.key,
+                           "the key is given twice in one object");
+        break;
+      }
+      case Event::value:
+        if (!levels.empty() && levels.back().array) ++levels.back().elements;
+        break;
+    }
+    return true;
+  };
+  const char* text = reinterpret_cast<const char*>(bytes.data());
+  try {
+    return nlohmann::json::parse(text, text + bytes.size(), track);
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(where, "json", std::string("does not parse: ") + e.what());
+  }
+}
+
 // Reads the optional manifest.json of a dump directory: "layers" is an array of objects with "layer", or an object
-// keyed by the layer number; each may carry "scale" (> 0), "causal" (bool), "num_heads" (or "n_heads") and
-// "head_dim". A top-level "causal" applies to every layer. Other keys are ignored.
+// keyed by the layer number (an inner "layer" must equal its key); each may carry "scale" (> 0), "causal" (bool),
+// "num_heads" (or "n_heads", equal where both are given) and "head_dim". A top-level "causal" applies to every layer.
+// Keys outside kManifestKeys and kLayerKeys, and keys given twice in one object, are refused.
 std::map<int, LayerManifest> read_manifest(const fs::path& dir) {
   std::map<int, LayerManifest> out;
   const fs::path path = dir / "manifest.json";
   std::error_code ec;
   if (!fs::is_directory(dir, ec) || !fs::exists(path, ec)) return out;
   const std::string where = path.string();
-  const std::vector<std::byte> bytes = read_file_bytes(path);  // refuses a directory, FIFO or device
-  const char* text = reinterpret_cast<const char*>(bytes.data());
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text, text + bytes.size());
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(where, "json", std::string("does not parse: ") + e.what());
-  }
+  const nlohmann::json j = parse_manifest(read_file_bytes(path), where);  // refuses a directory, FIFO or device
   if (!j.is_object()) throw InputError(where, "json", "expected an object at the top level");
+  require_known_keys(j, kManifestKeys, where, "");
   std::optional<bool> causal_all;
   if (j.contains("causal")) {
     if (!j["causal"].is_boolean()) throw InputError(where, "causal", "expected true or false");
@@ -178,6 +306,7 @@ std::map<int, LayerManifest> read_manifest(const fs::path& dir) {
   auto read_layer = [&](int layer, const nlohmann::json& e) {
     const std::string field = "layers[" + std::to_string(layer) + "]";
     if (!e.is_object()) throw InputError(where, field, "expected an object");
+    require_known_keys(e, kLayerKeys, where, field);
     LayerManifest m;
     m.causal = causal_all;
     if (layer < 0) throw InputError(where, field, "layer numbers are >= 0");
@@ -192,9 +321,13 @@ std::map<int, LayerManifest> read_manifest(const fs::path& dir) {
     }
     for (const char* key : {"num_heads", "n_heads", "head_dim"}) {
       if (!e.contains(key)) continue;
-      if (!e[key].is_number_integer() || e[key].get<long long>() <= 0)
-        throw InputError(where, field + "." + key, "expected a positive integer");
-      (std::string(key) == "head_dim" ? m.head_dim : m.num_heads) = static_cast<int>(e[key].get<long long>());
+      const std::optional<int> n = int_field(e[key], 1);
+      if (!n) throw InputError(where, field + "." + key, "expected an integer in [1, " + std::to_string(INT32_MAX) + "]");
+      std::optional<int>& slot = std::string(key) == "head_dim" ? m.head_dim : m.num_heads;
+      if (slot && *slot != *n)
+        throw InputError(where, field + ".n_heads",
+                         "says " + std::to_string(*n) + " heads, num_heads " + std::to_string(*slot) + ": give one");
+      slot = n;
     }
     if (out.count(layer)) throw InputError(where, field, "layer " + std::to_string(layer) + " is described twice");
     out[layer] = m;
@@ -209,7 +342,11 @@ std::map<int, LayerManifest> read_manifest(const fs::path& dir) {
       const nlohmann::json& e = layers[i];
       if (!e.is_object() || !e.contains("layer") || !e["layer"].is_number_integer())
         throw InputError(where, "layers[" + std::to_string(i) + "]", "expected an object with an integer \"layer\"");
-      read_layer(static_cast<int>(e["layer"].get<long long>()), e);
+      const std::optional<int> layer = int_field(e["layer"], 0);
+      if (!layer)
+        throw InputError(where, "layers[" + std::to_string(i) + "].layer",
+                         "expected a layer number in [0, " + std::to_string(INT32_MAX) + "]");
+      read_layer(*layer, e);
     }
   } else if (layers.is_object()) {
     for (const auto& [key, e] : layers.items()) {
@@ -218,6 +355,9 @@ std::map<int, LayerManifest> read_manifest(const fs::path& dir) {
       const long n = std::strtol(key.c_str(), &end, 10);
       if (key.empty() || *end != '\0' || n < 0 || n > INT32_MAX || errno != 0 || key[0] < '0' || key[0] > '9')
         throw InputError(where, "layers", "key '" + key + "' is not a layer number");
+      if (e.is_object() && e.contains("layer") && int_field(e["layer"], 0) != std::optional<int>(static_cast<int>(n)))
+        throw InputError(where, "layers[" + std::to_string(n) + "].layer",
+                         "is " + e["layer"].dump() + " in the entry keyed \"" + key + "\" (drop it, or make it equal)");
       read_layer(static_cast<int>(n), e);
     }
   } else {
