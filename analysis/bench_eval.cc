@@ -4,13 +4,16 @@
 // the fp64 reference's own two products on the same head (fp64_product.h, in 64-row blocks), then
 // runs `qattn analyze` on the head as a child process per configuration and reports its wall time, its peak RSS
 // (the child's own, from wait4) and the time as a multiple of the anchor, with the CPU printed. At the first L it also
-// checks that other thread counts, block sizes and a 3-way shard + merge write the same bytes as the first run.
+// checks that other thread counts, block sizes and a 3-way shard + merge write the same bytes as the first run. Before
+// any of it, the methods are resolved and a trial child runs on a 64-row head, so that what a child would refuse
+// fails at once; a child that fails is reported with its exit status and the end of its own stderr.
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cerrno>
 #include <cmath>
@@ -29,7 +32,9 @@
 
 #include "commands.h"
 #include "experiment.h"  // fixed
+#include "engine_setting.h"
 #include "qattn/error.h"
+#include "qattn/eval/analysis.h"
 #include "qattn/reference/fp64_product.h"
 #include "qattn/tensor.h"
 #include "qattn/tensor_io.h"
@@ -55,8 +60,27 @@ struct ChildRun {
   double peak_mb = 0;  // ru_maxrss of the child
 };
 
-// Runs this program with `args` (stdout and stderr to /dev/null), waits, and measures it; nonzero exit: InputError.
-ChildRun run_self(const std::vector<std::string>& args) {
+// The last `lines` lines of a text file (within its last 4 KiB), each indented for a message.
+std::string last_lines(const fs::path& p, std::size_t lines) {
+  std::ifstream f(p, std::ios::binary);
+  f.seekg(0, std::ios::end);
+  const std::streamoff size = f.tellg();
+  if (!f || size <= 0) return "";
+  f.seekg(std::max<std::streamoff>(0, size - 4096));
+  std::vector<std::string> kept;
+  for (std::string line; std::getline(f, line);) {
+    kept.push_back(line);
+    if (kept.size() > lines) kept.erase(kept.begin());
+  }
+  std::string out;
+  for (const std::string& line : kept) out += "  " + line + "\n";
+  return out;
+}
+
+// Runs this program with `args` (stdout to /dev/null, stderr to `log`), waits, and measures it. A child that fails:
+// its command, exit status (or signal) and the last lines of its stderr go to stderr, then ExitCode (the child's
+// 2 or 3, else 3).
+ChildRun run_self(const std::vector<std::string>& args, const fs::path& log) {
   std::error_code ec;
   const std::string self = fs::read_symlink("/proc/self/exe", ec).string();
   std::vector<std::string> all = {self};
@@ -66,28 +90,57 @@ ChildRun run_self(const std::vector<std::string>& args) {
   argv.push_back(nullptr);
   // fork, not posix_spawn: a vfork-style child records the parent's peak RSS as its own when it execs (the anchor's
   // [L, L] matrix); a forked child's own address space starts at the parent's current RSS, a few MB here.
+  const std::string log_path = log.string();
   const auto start = Clock::now();
   const pid_t pid = fork();
   if (pid < 0) throw InputError(self, "fork", std::string("cannot start: ") + std::strerror(errno));
   if (pid == 0) {
     const int null = open("/dev/null", O_WRONLY);
+    const int err = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     dup2(null, 1);
-    dup2(null, 2);
+    dup2(err >= 0 ? err : null, 2);
     execv(self.c_str(), argv.data());
     _exit(127);
   }
   int status = 0;
   struct rusage usage {};
-  wait4(pid, &status, 0, &usage);
+  while (wait4(pid, &status, 0, &usage) < 0 && errno == EINTR) {
+  }
   ChildRun r;
   r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   r.peak_mb = static_cast<double>(usage.ru_maxrss) / 1024.0;
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     std::string line;
     for (const std::string& a : args) line += " " + a;
-    throw InputError("qattn" + line, "exit", "the child run failed (status " + std::to_string(status) + ")");
+    const std::string how = WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
+                                              : "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
+                                                    strsignal(WTERMSIG(status)) + ")";
+    const std::string said = last_lines(log, 5);
+    std::cout << std::flush;
+    std::cerr << "qattn: error: bench-eval: the child run `qattn" << line << "` " << how
+              << (said.empty() ? ", saying nothing\n" : "; the end of its stderr:\n" + said);
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+    throw ExitCode{code == kExitUsage || code == kExitBadInput ? code : kExitBadInput};
   }
   return r;
+}
+
+// Writes dir/layer0_head0_{q,k,v}.npy: one Gaussian head [L, d] (Q std 3, K and V std 1, float32, seeded by L),
+// and returns Q, K and V as float64.
+std::array<RowMatrixXd, 3> write_head(const fs::path& dir, Eigen::Index L, int d) {
+  fs::create_directories(dir);
+  std::mt19937_64 g(20261126 + static_cast<unsigned>(L));
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::array<RowMatrixXd, 3> m;
+  for (int which = 0; which < 3; ++which) {
+    std::vector<float> values(static_cast<std::size_t>(L * d));
+    for (float& x : values) x = n(g) * (which == 0 ? 3.0f : 1.0f);
+    m[which] = Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(values.data(), L, d)
+                   .cast<double>();
+    write_npy(dir / (std::string("layer0_head0_") + "qkv"[which] + ".npy"),
+              Tensor::from_double(DType::f32, {L, d}, std::span<const double>(m[which].data(), static_cast<std::size_t>(m[which].size()))));
+  }
+  return m;
 }
 
 std::string file_bytes(const fs::path& p) {
@@ -132,6 +185,11 @@ void run_bench_eval(const BenchEvalOptions& o) {
   require_range("--d", o.d, 1, 1024);
   require_range("--reps", o.reps, 1, 100);
   for (int t : o.threads) require_range("--threads", t, 1, kMaxThreads);
+  require_range("--anchor-max-L", o.anchor_max_l, 0, 1 << 20);
+  // The children's methods are resolved here, as analyze resolves them, so that a spec it would refuse fails before
+  // the heads are written and the anchor is timed (8.6 GB at L = 32768), with analyze's own message.
+  eval::plan_analysis(o.specs, "", "", /*softmax=*/false, SoftmaxReference::fp64, /*explicit_files=*/false,
+                      [](const MethodSpec& spec) { return make_method(spec, EngineSetting{}); });
   char tmpl[] = "/tmp/qattn-bench-eval-XXXXXX";
   if (!mkdtemp(tmpl)) throw InputError("/tmp", "scratch", "cannot create a directory");
   const fs::path dir = tmpl;
@@ -144,6 +202,15 @@ void run_bench_eval(const BenchEvalOptions& o) {
   } cleanup{dir};
   std::vector<std::string> methods;
   for (const std::string& s : o.specs) methods.insert(methods.end(), {"--method", s});
+  {  // A trial run on a 64-row head of the same d: what a child would refuse for the head's shape (fa3-fp8 past
+     // d = 256) fails here, in about a second, rather than after the first head is written and the anchor timed.
+    const fs::path trial = dir / "trial";
+    write_head(trial, 64, o.d);
+    std::vector<std::string> args = {"analyze", "--tensors", trial.string(), "--format", "json", "--threads", "1",
+                                     "--out", (dir / "trial.json").string()};
+    args.insert(args.end(), methods.begin(), methods.end());
+    run_self(args, dir / "stderr.txt");
+  }
   std::cout << "qattn bench-eval: " << cpu_model() << ", " << std::thread::hardware_concurrency()
             << " hardware threads, d = " << o.d << ", methods: "
             << (o.specs.empty() ? std::string("analyze's default list") : [&] {
@@ -158,20 +225,9 @@ void run_bench_eval(const BenchEvalOptions& o) {
   for (std::size_t li = 0; li < o.lengths.size(); ++li) {
     const Eigen::Index L = o.lengths[li];
     const fs::path head = dir / ("L" + std::to_string(L));
-    fs::create_directories(head);
     double anchor = 0, reference = 0;
     {
-      std::mt19937_64 g(20261126 + static_cast<unsigned>(L));
-      std::normal_distribution<float> n(0.0f, 1.0f);
-      RowMatrixXd m[3];
-      for (int which = 0; which < 3; ++which) {
-        std::vector<float> values(static_cast<std::size_t>(L * o.d));
-        for (float& x : values) x = n(g) * (which == 0 ? 3.0f : 1.0f);
-        m[which] = Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(values.data(), L, o.d)
-                       .cast<double>();
-        write_npy(head / (std::string("layer0_head0_") + "qkv"[which] + ".npy"),
-                  Tensor::from_double(DType::f32, {L, o.d}, std::span<const double>(m[which].data(), static_cast<std::size_t>(m[which].size()))));
-      }
+      const std::array<RowMatrixXd, 3> m = write_head(head, L, o.d);
       if (L <= o.anchor_max_l) {
         anchor = anchor_seconds(m[0], m[1], m[2], o.reps);
         reference = reference_products_seconds(m[0], m[1], m[2], o.reps);
@@ -188,7 +244,7 @@ void run_bench_eval(const BenchEvalOptions& o) {
       std::vector<std::string> args = {"analyze", "--tensors", head.string(), "--format", "json", "--out", out.string()};
       args.insert(args.end(), methods.begin(), methods.end());
       args.insert(args.end(), extra.begin(), extra.end());
-      const ChildRun r = run_self(args);
+      const ChildRun r = run_self(args, dir / "stderr.txt");
       const std::string bytes = file_bytes(out);
       const bool same = first.empty() || bytes == first;
       if (first.empty()) first = bytes;
@@ -209,16 +265,16 @@ void run_bench_eval(const BenchEvalOptions& o) {
       std::vector<std::string> args = {"analyze", "--tensors", head.string(), "--format", "json", "--threads", "1",
                                        "--shard", std::to_string(k) + "/3", "--out", part.string()};
       args.insert(args.end(), methods.begin(), methods.end());
-      const ChildRun r = run_self(args);
+      const ChildRun r = run_self(args, dir / "stderr.txt");
       seconds += r.seconds, peak = std::max(peak, r.peak_mb);
       parts.push_back(part.string());
     }
     std::vector<std::string> merge = {"merge"};
     merge.insert(merge.end(), parts.begin(), parts.end());
     merge.insert(merge.end(), {"--format", "json", "--out", (dir / "merged.json").string()});
-    run_self(merge);
+    run_self(merge, dir / "stderr.txt");
     t.rows.push_back({std::to_string(L), "3 shards + merge (sum of shard times)", fixed(seconds, 2), fixed(peak, 0),
-                      fixed(seconds / anchor, 1), file_bytes(dir / "merged.json") == first ? "yes" : "NO"});
+                      anchor > 0 ? fixed(seconds / anchor, 1) : "", file_bytes(dir / "merged.json") == first ? "yes" : "NO"});
   }
   std::cout << "\n" << t.markdown();
 }

@@ -179,6 +179,31 @@ void require_range(const std::string& option, long long value, long long lo, lon
                                            std::to_string(hi) + "]");
 }
 
+CLI::Validator decimal_integer() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        const std::string given = value;
+        std::size_t i = !value.empty() && (value[0] == '+' || value[0] == '-') ? 1 : 0;
+        if (i == value.size() || value.find_first_not_of("0123456789", i) != std::string::npos)
+          return "'" + given + "' is not a decimal integer";
+        const bool negative = value[0] == '-';
+        while (i + 1 < value.size() && value[i] == '0') ++i;  // leading zeros: not octal
+        std::string digits = value.substr(i);
+        const std::string limit = negative ? "9223372036854775808" : "9223372036854775807";
+        if (digits.size() > limit.size() || (digits.size() == limit.size() && digits > limit))
+          return given + " is outside the range of a 64-bit integer";
+        value = (negative && digits != "0" ? "-" : "") + digits;
+        return "";
+      },
+      "", "DECIMAL");
+}
+
+void require_decimal_counts(CLI::App& app) {
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    for (const char* name : {"--threads", "--block-rows"})
+      if (CLI::Option* option = sub->get_option_no_throw(name)) option->transform(decimal_integer());
+}
+
 namespace {
 
 // ---- info ------------------------------------------------------------------------------------------------

@@ -83,6 +83,14 @@ void require_tensor_extension(const std::string& option, const std::string& path
 // Checks that a numeric option lies in [lo, hi]; CLI::ValidationError naming the option otherwise.
 void require_range(const std::string& option, long long value, long long lo, long long hi);
 
+// A transform for integer options: the value must be decimal digits after an optional sign, within 64 bits;
+// otherwise CLI::ValidationError (exit 2) quoting what was given. Left to CLI11, "" reads as 0 (for --threads: every
+// core), 99999999999999999999 as 2^63 - 1 and "010" as octal 8. The value goes on without '+' and leading zeros.
+CLI::Validator decimal_integer();
+
+// Puts decimal_integer() on every --threads and --block-rows option of every subcommand of `app`.
+void require_decimal_counts(CLI::App& app);
+
 // Flushes stdout; 0, or the errno of the failure when anything written to it was lost (e.g. > /dev/full).
 int flush_stdout();
 

@@ -230,5 +230,77 @@ if [ -z "${emu[*]}" ] && $py -c "import matplotlib" 2>/dev/null; then
   check "no figure from a bad CSV" test ! -e h.png
 fi
 
+# ---- messages and edges: the dump's names, manifest keys, integer options, bench-eval's children ---------------------
+# Each case runs in a 4 GB address space (not under an emulator or AddressSanitizer, which reserve more): an exit code
+# and a message, never a signal.
+if [ -z "${emu[*]}" ] && ! ldd "$bin" 2>/dev/null | grep -q libasan; then
+  q() { (ulimit -v 4000000 && exec "$bin" "$@"); }
+fi
+$py - <<'PY'
+import numpy as np, os
+rng = np.random.default_rng(49)
+def head(d, names):
+    os.makedirs(d, exist_ok=True)
+    for n in names:
+        np.save(f"{d}/{n}.npy", rng.standard_normal((1, 16, 8)).astype(np.float32))
+head("twins", ["layer0_head0_q", "layer0_head0_k", "layer0_head0_v", "layer0_head00_k"])
+head("plus", ["layer0_head0_q", "layer0_head0_k", "layer0_head0_v", "layer0_head+1_q"])
+head("long", ["layer0_head0_q", "layer0_head0_k", "layer0_head0_v", "layer0_head12345678901_v"])
+head("mf", ["layer0_head0_q", "layer0_head0_k", "layer0_head0_v"])
+t = {n: rng.standard_normal((1, 16, 8)).astype(np.float32) for n in ("q", "k", "v")}
+np.savez("twins.npz", layer0_head0_q=t["q"], layer0_head0_k=t["k"], layer0_head0_v=t["v"], layer0_head00_v=t["v"])
+np.savez("plus.npz", layer0_head0_q=t["q"], layer0_head0_k=t["k"], layer0_head0_v=t["v"], **{"layer1_head+1_q": t["q"]})
+PY
+expect 3 "twins: --tensors: layer0_head00_k.npy and layer0_head0_k.npy both name layer 0 head 0's k" \
+  "two spellings of one head file" -- analyze --tensors twins --method fp32
+expect 3 "plus/layer0_head\+1_q.npy: name: head number '\+1' is not a decimal number" "head+1 is refused, not dropped" -- \
+  analyze --tensors plus --method fp32
+expect 3 "long/layer0_head12345678901_v.npy: name: head number 12345678901 is out of range \[0, 2147483647\]" \
+  "an 11-digit head number is refused, not dropped" -- analyze --tensors long --method fp32
+expect 3 "layer0_head12345678901_v.npy: name: head number" "a shard refuses it too" -- \
+  analyze --tensors long --method fp32 --shard 0/1 --out part.json
+if [ "$has_npz" -eq 1 ]; then
+  expect 3 "twins.npz: --tensors: layer0_head00_v and layer0_head0_v both name layer 0 head 0.s v|layer0_head0_v and layer0_head00_v both name" \
+    "two spellings of one member in an .npz" -- analyze --tensors twins.npz --method fp32
+  expect 3 "plus.npz:layer1_head\+1_q: name: head number '\+1' is not a decimal number" "head+1 in an .npz" -- \
+    analyze --tensors plus.npz --method fp32
+fi
+printf '{"layers": [{"layer": 0, "scale": 0.5, "scale": 0.25}]}' >mf/manifest.json
+expect 3 "manifest.json: layers\[0\].scale: the key is given twice in one object" "a manifest key given twice" -- \
+  analyze --tensors mf --method fp32
+printf '{"layers": {"0": {"layer": 1}}}' >mf/manifest.json
+expect 3 "manifest.json: layers\[0\].layer: is 1 in the entry keyed \"0\"" "an inner layer that contradicts its key" -- \
+  analyze --tensors mf --method fp32
+printf '{"layers": [{"layer": 0, "scael": 0.5}]}' >mf/manifest.json
+expect 3 "manifest.json: layers\[0\].scael: is not a key of a manifest here \(known: layer, scale, causal" \
+  "a misspelt manifest key" -- analyze --tensors mf --method fp32
+rm mf/manifest.json
+expect 2 "--block-rows: 99999999999999999999 is outside the range of a 64-bit integer" "--block-rows beyond 64 bits" -- \
+  analyze --tensors mf --method fp32 --block-rows 99999999999999999999
+expect 2 "--block-rows: must be a multiple of 64 .*got 100$" "--block-rows 0100 is decimal 100, not octal 64" -- \
+  analyze --tensors mf --method fp32 --block-rows 0100
+expect 0 "" "--block-rows +064 is 64" -- analyze --tensors mf --method fp32 --block-rows +064 --threads 01
+for cmd in "analyze --tensors mf --method fp32" "compare q.npy q.npy" "attention --q q.npy --k k.npy --v v.npy --method fp32 --out o.npy" \
+           "sweep --method index --grid b=4:5" "reproduce intattn-table8 --no-plots" "bench --L 16 --reps 1" "bench-eval --L 64"; do
+  # shellcheck disable=SC2086
+  expect 2 "--threads: '' is not a decimal integer" "$cmd --threads ''" -- $cmd --threads ""
+  # shellcheck disable=SC2086
+  expect 2 "--threads: '0x10' is not a decimal integer" "$cmd --threads 0x10" -- $cmd --threads 0x10
+done
+check "nothing written by the refused attention" test ! -e o.npy
+# bench-eval resolves its methods before it writes a head or times the anchor, with analyze's message
+start=$(date +%s)
+out=$(q bench-eval --method nope --L 4096 --reps 1 2>&1); rc=$?
+if [ "$rc" -eq 2 ] && grep -q "nope" <<<"$out" && ! grep -q "anchor" <<<"$out" && [ $(($(date +%s) - start)) -lt 10 ]; then
+  pass=$((pass + 1)); else echo "FAIL: bench-eval --method nope: exit $rc after $(($(date +%s) - start)) s: $out"; fail=$((fail + 1)); fi
+expect 2 "--anchor-max-L: -1 is outside" "bench-eval --anchor-max-L -1" -- bench-eval --L 64 --anchor-max-L -1
+# what a child refuses for the head's shape fails in the trial run on 64 rows: its exit status (not the wait status)
+# and the end of its own stderr
+out=$(q bench-eval --L 4096 --d 512 --reps 1 --method fa3-fp8 2>&1); rc=$?
+if [ "$rc" -eq 3 ] && grep -q "the child run \`qattn analyze .*\` exited with status 3; the end of its stderr:" <<<"$out" &&
+   grep -q "^  qattn: error: .*FlashAttention-3's FP8 kernel takes head dimensions up to 256" <<<"$out" && ! grep -q "anchor" <<<"$out"; then
+  pass=$((pass + 1)); else echo "FAIL: bench-eval --d 512 --method fa3-fp8: exit $rc: $out"; fail=$((fail + 1)); fi
+q() { "${emu[@]}" "$bin" "$@"; }
+
 echo "hardening_test: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
