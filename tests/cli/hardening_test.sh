@@ -231,11 +231,12 @@ if [ -z "${emu[*]}" ] && $py -c "import matplotlib" 2>/dev/null; then
 fi
 
 # ---- messages and edges: the dump's names, manifest keys, integer options, bench-eval's children ---------------------
-# Each case runs in a 4 GB address space (not under an emulator or AddressSanitizer, which reserve more): an exit code
+# Each case runs in a 4 GB address space (where no sanitizer's shadow memory or emulator needs more): an exit code
 # and a message, never a signal.
-if [ -z "${emu[*]}" ] && ! ldd "$bin" 2>/dev/null | grep -q libasan; then
-  q() { (ulimit -v 4000000 && exec "$bin" "$@"); }
-fi
+vlimit=4000000
+{ [ -n "${emu[*]}" ] || ldd "$bin" 2>/dev/null | grep -q 'libasan\|libtsan' || nm "$bin" 2>/dev/null | grep -q ' __asan_init'; } &&
+  vlimit=""
+q() { (if [ -n "$vlimit" ]; then ulimit -v "$vlimit"; fi; exec "${emu[@]}" "$bin" "$@"); }
 $py - <<'PY'
 import numpy as np, os
 rng = np.random.default_rng(49)
