@@ -193,13 +193,14 @@ lying() {  # lying WHAT PATTERN PARTS...: merge PARTS is refused with PATTERN, a
   shift 2
   expect 3 "$pattern" "$what" -- merge "$@" --out "$tmp/no.md"
   check "$what: nothing is written" test ! -e "$tmp/no.md"
+  rm -f "$tmp/no.md"
 }
-# The shard: an integer count in [1, 1000000] (-3 and 10^12 hung the merge in its missing-shard loop; 0 and 2^64+3
-# made 3 of 4 parts a complete set), an integer index below it (7, -1, 1.5 counted a part's heads twice)
+# The shard: an integer count in [1, 1000000] (a part of count -3 or 10^12 hung the merge in its missing-shard loop;
+# 0 and 2^64+3 made one part of 4 a complete set), an integer index below it (7, -1, 1.5 counted a part's heads twice)
 for count in -3 1000000000000 0 18446744073709551619; do
   edit "${p[3]}" "$tmp/count.json" "d['provenance']['shard']['count'] = $count"
   lying "a shard count of $count is refused" "count.json: provenance.shard.count: .* is not an integer in \[1, 1000000\]" \
-    "${p[0]}" "${p[1]}" "${p[2]}" "$tmp/count.json"
+    "$tmp/count.json"
 done
 for index in 7 -1 1.5; do
   edit "${p[3]}" "$tmp/index.json" "d['provenance']['shard']['index'] = $index"
