@@ -636,7 +636,15 @@ DumpListing list_dump(const fs::path& source, DumpTarget target) {
           wanted(kind))
         units.insert({layer, head});
   }
-  if (units.empty()) read_heads(source, target);  // throws the unsharded run's error, with its hints
+  if (units.empty()) {
+    read_heads(source, target);  // throws the unsharded run's error, with its hints
+  } else if (out.directory) {
+    // The names alone, so that every shard refuses what the unsharded run refuses (two spellings of one file, a head
+    // number that does not parse), including a shard that owns no head.
+    DumpFilter names_only;
+    names_only.keep = [](int, int) { return false; };
+    read_heads(source, target, &names_only);
+  }
   out.units.assign(units.begin(), units.end());
   return out;
 }
