@@ -116,6 +116,7 @@ void run_mma(const MmaOptions& o) {
       std::memcpy(out.bytes.data() + 4 * i, &d[i], 4);
     }
   }
+  std::vector<float>().swap(d);  // D is now held twice at most: the tensor and the encoded file
   write_tensor_file(o.out, {{"D", std::move(out)}});
 }
 
