@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -74,10 +75,23 @@ std::string analysis_caption(const ReportView& v) {
          QATTN_VERSION + ".";
 }
 
+// A JSON integer in [lo, hi]; std::invalid_argument for anything else. A float is refused, not converted: the
+// conversion of one out of the integer's range (1e67 to int64) is undefined, and 1.5 would read as 1.
+std::int64_t integer_in(const json& j, std::int64_t lo, std::int64_t hi) {
+  if (j.is_number_unsigned() && j.get<std::uint64_t>() <= static_cast<std::uint64_t>(hi) &&
+      static_cast<std::int64_t>(j.get<std::uint64_t>()) >= lo)
+    return static_cast<std::int64_t>(j.get<std::uint64_t>());
+  if (j.is_number_integer() && !j.is_number_unsigned() && j.get<std::int64_t>() >= lo && j.get<std::int64_t>() <= hi)
+    return j.get<std::int64_t>();
+  throw std::invalid_argument(j.dump(-1, ' ', false, json::error_handler_t::replace) + " is not an integer in [" +
+                              std::to_string(lo) + ", " + std::to_string(hi) + "]");
+}
+constexpr std::int64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
+
 ErrorStats stats_from_json(const json& j) {
   ErrorStats s;
-  s.count = j.at("count").get<std::int64_t>();
-  s.nonfinite = j.at("nonfinite").get<std::int64_t>();
+  s.count = integer_in(j.at("count"), 0, kInt64Max);
+  s.nonfinite = integer_in(j.at("nonfinite"), 0, kInt64Max);
   s.cossim = exact_number(j.at("cossim"));
   s.rel_l1 = exact_number(j.at("rel_l1"));
   s.rmse = exact_number(j.at("rmse"));
@@ -85,8 +99,8 @@ ErrorStats stats_from_json(const json& j) {
   s.bias = exact_number(j.at("bias"));
   s.median_abs = exact_number(j.at("median_abs"));
   s.one_minus_cossim = exact_number(j.at("one_minus_cossim"));
-  s.zero_errors = j.at("zero_errors").get<std::int64_t>();
-  for (const auto& [k, n] : j.at("log2_histogram").items()) s.log2_histogram[std::stoi(k)] = n.get<std::int64_t>();
+  s.zero_errors = integer_in(j.at("zero_errors"), 0, kInt64Max);
+  for (const auto& [k, n] : j.at("log2_histogram").items()) s.log2_histogram[std::stoi(k)] = integer_in(n, 0, kInt64Max);
   return s;
 }
 
@@ -129,8 +143,8 @@ json head_result_json(const HeadResult& r) {
 
 HeadResult head_result_from_json(const json& j) {
   HeadResult r;
-  r.layer = j.at("layer").get<int>();
-  r.head = j.at("head").get<int>();
+  r.layer = static_cast<int>(integer_in(j.at("layer"), 0, std::numeric_limits<int>::max()));
+  r.head = static_cast<int>(integer_in(j.at("head"), 0, std::numeric_limits<int>::max()));
   r.method = j.at("method").get<std::string>();
   r.o = stats_from_json(j.at("O"));
   r.p = stats_from_json(j.at("P"));
@@ -159,7 +173,7 @@ ReportView report_view_from_json(const json& j) {
   v.weights = j.at("weights").get<std::string>();
   for (const json& m : j.at("methods"))
     v.methods.push_back({m.at("label").get<std::string>(), m.at("canonical").get<std::string>()});
-  v.n_heads = j.at("n_heads").get<std::size_t>();
+  v.n_heads = static_cast<std::size_t>(integer_in(j.at("n_heads"), 0, kInt64Max));
   return v;
 }
 
@@ -172,7 +186,7 @@ SweepTable sweep_header_from_json(const json& j) {
   t.keys = j.at("keys").get<std::vector<std::string>>();
   t.target = j.at("target").get<std::string>();
   t.metric = j.at("metric").get<std::string>();
-  t.heads = j.at("heads").get<std::size_t>();
+  t.heads = static_cast<std::size_t>(integer_in(j.at("heads"), 0, kInt64Max));
   return t;
 }
 

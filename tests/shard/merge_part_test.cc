@@ -117,6 +117,11 @@ TEST_CASE("merge_parts: a part's rows are exactly its own (layer, head) x method
           "is not an integer");
   refused(with(1, [](json& d) { d["result"]["rows"][0]["layer"] = 7; }), "part-1.json", "result.rows[0]",
           "layer 7 head 2 is not a head of the run");
+  // A count or histogram entry that is not an integer (2e67 to int64 was an undefined conversion, 1.5 read as 1)
+  refused(with(1, [](json& d) { d["result"]["rows"][0]["O"]["count"] = 2.05444e67; }), "part-1.json", "result.rows[0]",
+          "is not a row this qattn reads");
+  refused(with(1, [](json& d) { d["result"]["rows"][0]["P"]["log2_histogram"]["-5"] = 1.5; }), "part-1.json",
+          "result.rows[0]", "is not a row this qattn reads");
   // The run's heads: listed once each, in order, as every part lists them
   refused(with(1, [](json& d) { d["provenance"]["heads"][1] = d["provenance"]["heads"][0]; }), "part-1.json",
           "provenance.heads[1]", "in (layer, head) order");
