@@ -7,6 +7,7 @@
 #include <map>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
 #include <unordered_map>
 
 #include "qattn/error.h"
@@ -56,40 +57,50 @@ Shape3 shape3(const Tensor& t, const std::string& source, const std::string& mem
   return s;
 }
 
-// The set names as a trie over their characters: for an output member, the set with the longest name S such that
-// S + "_" begins the member's name, in time linear in that name (however many sets there are).
+// The set names, by a polynomial hash of their characters (mod 2^61 - 1): for an output member, the set with the
+// longest name S such that S + "_" begins the member's name, in one pass over that name and one lookup per '_' in it,
+// however many sets there are. Memory: one entry per set; the names are views of the members' own.
 class SetNames {
  public:
   static constexpr std::size_t kNone = static_cast<std::size_t>(-1);
-  // False when a set of this name was added before.
-  bool add(const std::string& name, std::size_t set) {
-    std::size_t node = 0;
-    for (const char ch : name) {
-      const auto [it, fresh] = children_.try_emplace(edge(node, ch), set_of_.size());
-      if (fresh) set_of_.push_back(kNone);
-      node = it->second;
-    }
-    if (set_of_[node] != kNone) return false;
-    set_of_[node] = set;
+  // Adds the next set (its index is the count of sets before it); false when a set of this name exists already.
+  bool add(std::string_view name) {
+    const auto [head, fresh] = first_.try_emplace(hash(name), kNone);
+    for (std::size_t s = head->second; s != kNone; s = next_[s])
+      if (names_[s] == name) return false;
+    names_.push_back(name);
+    next_.push_back(head->second);
+    head->second = names_.size() - 1;
     return true;
   }
-  std::size_t owner(const std::string& member) const {
-    std::size_t found = kNone, node = 0;
-    for (const char ch : member) {
-      if (ch == '_' && set_of_[node] != kNone) found = set_of_[node];
-      const auto it = children_.find(edge(node, ch));
-      if (it == children_.end()) break;
-      node = it->second;
+  std::size_t owner(std::string_view member) const {
+    std::vector<std::uint64_t> prefix(member.size() + 1, 0);  // prefix[i]: the hash of member[0, i)
+    for (std::size_t i = 0; i < member.size(); ++i) prefix[i + 1] = step(prefix[i], member[i]);
+    for (std::size_t i = member.size(); i-- > 1;) {
+      if (member[i] != '_') continue;
+      const auto head = first_.find(prefix[i]);
+      if (head == first_.end()) continue;
+      for (std::size_t s = head->second; s != kNone; s = next_[s])
+        if (names_[s] == member.substr(0, i)) return s;
     }
-    return found;
+    return kNone;
   }
 
  private:
-  static std::uint64_t edge(std::size_t node, char ch) {
-    return static_cast<std::uint64_t>(node) << 8 | static_cast<unsigned char>(ch);
+  static constexpr std::uint64_t kPrime = (std::uint64_t{1} << 61) - 1, kBase = 0x2f0b3c5d7e1a9u;
+  static std::uint64_t step(std::uint64_t h, char ch) {
+    const unsigned __int128 x = static_cast<unsigned __int128>(h) * kBase + static_cast<unsigned char>(ch) + 1;
+    const std::uint64_t r = static_cast<std::uint64_t>(x & kPrime) + static_cast<std::uint64_t>(x >> 61);
+    return r >= kPrime ? r - kPrime : r;
   }
-  std::unordered_map<std::uint64_t, std::size_t> children_;
-  std::vector<std::size_t> set_of_{kNone};  // per node: the set named by the path to it
+  static std::uint64_t hash(std::string_view s) {
+    std::uint64_t h = 0;
+    for (const char ch : s) h = step(h, ch);
+    return h;
+  }
+  std::unordered_map<std::uint64_t, std::size_t> first_;  // hash -> the last set added with it
+  std::vector<std::size_t> next_;                          // per set: the set added before it with the same hash
+  std::vector<std::string_view> names_;
 };
 
 bool same_bits(float model, float gpu, bool f16) {
@@ -116,7 +127,8 @@ std::vector<MmaVectorSet> mma_vector_sets(const std::vector<NamedTensor>& member
     const std::string name = member.name.substr(0, member.name.size() - 2);
     if (name.empty())
       throw InputError(source, member.name, "a set needs a name: S_A, S_Bt and S_D for a set S (docs/mma.md)");
-    if (!names.add(name, set_a.size())) throw InputError(source, member.name, "set '" + name + "' is given twice");
+    if (!names.add(std::string_view(member.name).substr(0, name.size())))
+      throw InputError(source, member.name, "set '" + name + "' is given twice");
     set_a.push_back(&member);
   }
   std::vector<std::vector<const NamedTensor*>> outputs(set_a.size());
