@@ -195,19 +195,21 @@ std::string head_name(const std::pair<int, int>& h) {
 }
 std::string shard_name(std::size_t k, std::size_t n) { return std::to_string(k) + "/" + std::to_string(n); }
 
-// parent[key] as an integer in [lo, hi]; InputError naming `field` for a float (1.5, and 1.0 too), a string, a
-// negative or a too large value, or none.
+// v as an integer in [lo, hi]; InputError naming `field` for a float (1.5, and 1.0 too), a string, a negative or a
+// too large value.
+std::uint64_t integer_value(const std::string& file, const json& v, const std::string& field, std::uint64_t lo,
+                            std::uint64_t hi) {
+  const bool integer = v.is_number_integer() && (v.is_number_unsigned() || v.get<std::int64_t>() >= 0);
+  const std::uint64_t u = integer ? v.get<std::uint64_t>() : 0;
+  if (!integer || u < lo || u > hi)
+    throw InputError(file, field, shown(v) + " is not an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return u;
+}
+// parent[key] as integer_value; InputError naming `field` if there is none.
 std::uint64_t integer_at(const std::string& file, const json& parent, const char* key, const std::string& field,
                          std::uint64_t lo, std::uint64_t hi) {
   if (!parent.is_object() || !parent.contains(key)) throw InputError(file, field, "is missing");
-  const json& v = parent.at(key);
-  const std::string want = "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
-  if (!v.is_number_integer()) throw InputError(file, field, shown(v) + " is not " + want);
-  if (v.is_number_unsigned() ? v.get<std::uint64_t>() > hi || v.get<std::uint64_t>() < lo
-                             : v.get<std::int64_t>() < 0 || static_cast<std::uint64_t>(v.get<std::int64_t>()) < lo ||
-                                   static_cast<std::uint64_t>(v.get<std::int64_t>()) > hi)
-    throw InputError(file, field, shown(v) + " is not " + want);
-  return v.is_number_unsigned() ? v.get<std::uint64_t>() : static_cast<std::uint64_t>(v.get<std::int64_t>());
+  return integer_value(file, parent.at(key), field, lo, hi);
 }
 
 const json& member(const std::string& file, const json& parent, const char* key, const std::string& field,
@@ -264,14 +266,19 @@ PartPlace check_provenance(const std::string& file, const json& prov) {
   place.heads.reserve(heads.size());
   for (std::size_t i = 0; i < heads.size(); ++i) {
     const json& h = heads[i];
-    const std::string field = index_field("provenance.heads", i);
-    if (!h.is_array() || h.size() != 2) throw InputError(file, field, shown(h) + " is not [layer, head]");
-    const json pair = {{"layer", h[0]}, {"head", h[1]}};
-    place.heads.emplace_back(static_cast<int>(integer_at(file, pair, "layer", field + "[0]", 0, INT_MAX)),
-                             static_cast<int>(integer_at(file, pair, "head", field + "[1]", 0, INT_MAX)));
+    if (!h.is_array() || h.size() != 2)
+      throw InputError(file, index_field("provenance.heads", i), shown(h) + " is not [layer, head]");
+    const auto number = [&](std::size_t e) {  // the field's name is built only for an error
+      const json& v = h[e];
+      if (v.is_number_unsigned() && v.get<std::uint64_t>() <= INT_MAX) return static_cast<int>(v.get<std::uint64_t>());
+      return static_cast<int>(
+          integer_value(file, v, index_field("provenance.heads", i) + "[" + std::to_string(e) + "]", 0, INT_MAX));
+    };
+    place.heads.emplace_back(number(0), number(1));
     if (i > 0 && !(place.heads[i - 1] < place.heads[i]))
-      throw InputError(file, field, head_name(place.heads[i]) + " after " + head_name(place.heads[i - 1]) +
-                                        ": the run's heads are listed once each, in (layer, head) order");
+      throw InputError(file, index_field("provenance.heads", i),
+                       head_name(place.heads[i]) + " after " + head_name(place.heads[i - 1]) +
+                           ": the run's heads are listed once each, in (layer, head) order");
   }
   const std::uint64_t units = integer_at(file, prov, "units", "provenance.units", 1, kMaxUnits);
   if (place.command == "sweep") {
@@ -552,9 +559,11 @@ struct Difference {
   json::json_pointer at;
 };
 std::optional<Difference> first_difference(const json& a, const json& b, const Difference& here) {
+  if (a == b) return std::nullopt;
   if (a.type() != b.type()) return here;
   if (a.is_object()) {
     for (const auto& [k, v] : a.items()) {
+      if (b.contains(k) && v == b.at(k)) continue;
       const Difference next{here.shown + "." + k, here.at / k};
       if (!b.contains(k)) return next;
       if (auto d = first_difference(v, b.at(k), next)) return d;
@@ -565,7 +574,8 @@ std::optional<Difference> first_difference(const json& a, const json& b, const D
   }
   if (a.is_array()) {
     for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i)
-      if (auto d = first_difference(a[i], b[i], {here.shown + "[" + std::to_string(i) + "]", here.at / i})) return d;
+      if (a[i] != b[i])
+        if (auto d = first_difference(a[i], b[i], {here.shown + "[" + std::to_string(i) + "]", here.at / i})) return d;
     return a.size() == b.size() ? std::nullopt : std::optional<Difference>(here);
   }
   return a == b ? std::nullopt : std::optional<Difference>(here);
@@ -574,12 +584,13 @@ std::optional<Difference> first_difference(const json& a, const json& b, const D
 std::string value_at(const json& j, const json::json_pointer& at) { return j.contains(at) ? shown(j.at(at)) : "nothing"; }
 
 // What must be equal in every part of a set: all of the provenance but the shard index, the inputs and the result's
-// SHA-256, and the result's header (everything in it but the rows).
+// SHA-256, and the result's header (everything in it but the rows). The run's heads are compared apart (PartPlace),
+// not copied into it for every part.
 json identity(const Part& p) {
-  json id = p.doc.at("provenance");
+  json id = json::object();
+  for (const auto& [key, value] : p.doc.at("provenance").items())
+    if (key != "heads" && key != "inputs" && key != "result_sha256") id[key] = value;
   id["shard"].erase("index");
-  id.erase("inputs");
-  id.erase("result_sha256");
   id["result"] = p.doc.at("result");
   return id;
 }
@@ -606,6 +617,15 @@ MergedParts merge(std::vector<Part> parts, const std::string& format_option) {
                        "foreign part: " + value_at(id, d->at) + " here, " + value_at(first_id, d->at) + " in " +
                            first.file + " (parts of one run have the same command, version, options, dump, heads and "
                            "shard count)");
+    if (p.place.heads != first.place.heads) {
+      const auto [here, there] = std::mismatch(p.place.heads.begin(), p.place.heads.end(), first.place.heads.begin(),
+                                               first.place.heads.end());
+      const std::size_t i = static_cast<std::size_t>(here - p.place.heads.begin());
+      throw InputError(p.file, index_field("provenance.heads", i),
+                       "foreign part: " + (here == p.place.heads.end() ? "nothing" : head_name(*here)) + " here, " +
+                           (there == first.place.heads.end() ? "nothing" : head_name(*there)) + " in " + first.file +
+                           " (parts of one run list the same heads)");
+    }
     for (const auto& [file, hash] : p.doc.at("provenance").at("inputs").items()) {
       auto [it, fresh] = hashes.try_emplace(file, hash.get<std::string>(), &p);
       if (!fresh && it->second.first != hash.get<std::string>())

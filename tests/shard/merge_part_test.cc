@@ -125,6 +125,8 @@ TEST_CASE("merge_parts: a part's rows are exactly its own (layer, head) x method
   // The run's heads: listed once each, in order, as every part lists them
   refused(with(1, [](json& d) { d["provenance"]["heads"][1] = d["provenance"]["heads"][0]; }), "part-1.json",
           "provenance.heads[1]", "in (layer, head) order");
+  refused(with(2, [](json& d) { d["provenance"]["heads"][7] = {1, 9}; }), "part-2.json", "provenance.heads[7]",
+          "foreign part: layer 1 head 9 here, layer 1 head 3 in part-0.json");
   refused(with(1, [](json& d) { d["provenance"]["units"] = 9; }), "part-1.json", "provenance.units",
           "is not the run's 8 heads");
   refused(with(1, [](json& d) { d["provenance"]["heads"].push_back({9, 0}), d["provenance"]["units"] = 9; }),
