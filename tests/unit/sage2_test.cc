@@ -22,7 +22,7 @@ using qattn::test::random_matrix;
 namespace {
 
 
-double rel_l1(const RowMatrixXd& o, const RowMatrixXd& ref) {
+double sage2_rel_l1(const RowMatrixXd& o, const RowMatrixXd& ref) {
   return compare(std::span(o.data(), o.size()), std::span(ref.data(), ref.size())).rel_l1;
 }
 
@@ -83,8 +83,8 @@ TEST_CASE("K smoothing removes a per-channel K bias (SageAttention2's motivation
     RowMatrixXd k = k0;
     for (int c = 0; c < 64; ++c) k.col(c).array() += bias * std::sin(c);  // channel-wise offsets, as in real K
     const RowMatrixXd ref = float_attention(q, k, v, 0.125, FloatPrecision::fp64).o;
-    e_on[i] = rel_l1(sage2_attention(q, k, v, 0.125, {}, on).o, ref);
-    e_off[i++] = rel_l1(sage2_attention(q, k, v, 0.125, {}, off).o, ref);
+    e_on[i] = sage2_rel_l1(sage2_attention(q, k, v, 0.125, {}, on).o, ref);
+    e_off[i++] = sage2_rel_l1(sage2_attention(q, k, v, 0.125, {}, off).o, ref);
   }
   INFO("rel L1 with smoothing " << e_on[0] << " / " << e_on[1] << ", without " << e_off[0] << " / " << e_off[1]);
   CHECK(e_on[1] == Approx(e_on[0]).epsilon(0.02));  // smoothing removes the bias: the error does not depend on it
@@ -101,7 +101,7 @@ TEST_CASE("two-level FP22 accumulation beats one FP22 accumulator on long rows",
   int i = 0;
   for (SageAccumulation a : {SageAccumulation::fp32, SageAccumulation::two_level_fp22, SageAccumulation::fp22}) {
     p.accumulation = a;
-    err[i++] = rel_l1(sage2_attention(q, k, v, 0.125, {}, p).o, ref);
+    err[i++] = sage2_rel_l1(sage2_attention(q, k, v, 0.125, {}, p).o, ref);
   }
   INFO("rel L1: fp32 " << err[0] << ", two-level FP22 " << err[1] << ", single FP22 " << err[2]);
   CHECK(err[0] <= err[1]);
@@ -113,9 +113,9 @@ TEST_CASE("INT4 Q/K costs more than INT8, E5M2 P~ more than E4M3, every variant 
   const RowMatrixXd q = random_matrix(64, 64, 0, 1, g), k = random_matrix(128, 64, 0, 1, g), v = random_matrix(128, 32, 0, 1, g);
   const RowMatrixXd ref = float_attention(q, k, v, 0.125, FloatPrecision::fp64).o;
   const auto m8 = reference_registry().create("sage2@8b"), m4 = reference_registry().create("sage2@4b");
-  CHECK(rel_l1(m8->attention(q, k, v, 0.125, {}).o, ref) * 3 < rel_l1(m4->attention(q, k, v, 0.125, {}).o, ref));
-  CHECK(rel_l1(m8->attention(q, k, v, 0.125, {}).o, ref) <
-        rel_l1(reference_registry().create("sage2:p=e5m2")->attention(q, k, v, 0.125, {}).o, ref));
+  CHECK(sage2_rel_l1(m8->attention(q, k, v, 0.125, {}).o, ref) * 3 < sage2_rel_l1(m4->attention(q, k, v, 0.125, {}).o, ref));
+  CHECK(sage2_rel_l1(m8->attention(q, k, v, 0.125, {}).o, ref) <
+        sage2_rel_l1(reference_registry().create("sage2:p=e5m2")->attention(q, k, v, 0.125, {}).o, ref));
   for (const char* spec : {"sage2@8b", "sage2@4b", "sage2:p=e5m2", "sage2:p=int8,acc=fp32", "sage2:p=fp16,smooth-v=true"}) {
     const auto m = reference_registry().create(spec);
     CHECK(m->attention(q, k, v, 0.125, {}).o == m->attention(q, k, v, 0.125, {}).o);
@@ -124,7 +124,7 @@ TEST_CASE("INT4 Q/K costs more than INT8, E5M2 P~ more than E4M3, every variant 
 
 namespace {
 
-std::uint16_t e4m3_code(double v) { return static_cast<std::uint16_t>(lowp_encode(v, fp8_e4m3fn())); }
+std::uint16_t sage2_e4m3_code(double v) { return static_cast<std::uint16_t>(lowp_encode(v, fp8_e4m3fn())); }
 
 // O of sage2 (8b quantisation, E4M3 P~ and V) written out with the hardware accumulators through the generic MMA
 // model (mma_dot on E4M3 codes, 32 keys per instruction), one output column at a time.
@@ -156,8 +156,8 @@ float loop_o(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, d
     for (Eigen::Index j = b0; j < b1; ++j) {
       const float pt = 448.0f * std::exp(s[j] - mn);
       l += pt;
-      pc.push_back(e4m3_code(lowp_round(pt, fp8_e4m3fn(), LowpRounding::rne, LowpOverflow::saturate)));
-      vc.push_back(e4m3_code(lowp_round(v(j, c) / (amax / 448), fp8_e4m3fn(), LowpRounding::rne, LowpOverflow::saturate)));
+      pc.push_back(sage2_e4m3_code(lowp_round(pt, fp8_e4m3fn(), LowpRounding::rne, LowpOverflow::saturate)));
+      vc.push_back(sage2_e4m3_code(lowp_round(v(j, c) / (amax / 448), fp8_e4m3fn(), LowpRounding::rne, LowpOverflow::saturate)));
     }
     pc.resize((pc.size() + 31) / 32 * 32, 0), vc.resize(pc.size(), 0);  // the last instruction's keys padded with 0
     float buffer = acc == SageAccumulation::wgmma_single ? out * resc : 0.0f;
@@ -233,7 +233,7 @@ TEST_CASE("the H100 wgmma accumulator per 128-key block beats one wgmma accumula
                              SageAccumulation::two_level_fp22}) {
     Sage2Params p;
     p.accumulation = a;
-    err[i++] = rel_l1(sage2_attention(q, k, v, 0.125, {}, p).o, ref);
+    err[i++] = sage2_rel_l1(sage2_attention(q, k, v, 0.125, {}, p).o, ref);
   }
   INFO("rel L1: fp32 " << err[0] << ", wgmma per block " << err[1] << ", one wgmma accumulator " << err[2]
                        << ", per-product FP22 per block " << err[3]);
