@@ -29,6 +29,17 @@ double number(const std::string& text, const std::string& grid) {
   }
 }
 
+// The fields of s between separators, empty ones included ("3:8:" -> "3", "8", "").
+std::vector<std::string> fields(const std::string& s, char separator) {
+  std::vector<std::string> out;
+  for (std::size_t start = 0;;) {
+    const auto end = s.find(separator, start);
+    out.push_back(s.substr(start, end - start));
+    if (end == std::string::npos) return out;
+    start = end + 1;
+  }
+}
+
 }  // namespace
 
 GridAxis parse_grid_axis(const std::string& text) {
@@ -37,16 +48,16 @@ GridAxis parse_grid_axis(const std::string& text) {
     throw CLI::ValidationError("--grid", "'" + text + "': expected KEY=A:B, KEY=A:STEP:B or KEY=V1,V2,...");
   GridAxis axis{text.substr(0, eq), {}};
   const std::string range = text.substr(eq + 1);
-  if (range.find(':') == std::string::npos) {  // a list
-    std::stringstream ss(range);
-    std::string item;
-    while (std::getline(ss, item, ','))
-      if (!item.empty()) axis.values.push_back(item);
+  const bool is_range = range.find(':') != std::string::npos;
+  const char separator = is_range ? ':' : ',';
+  const std::vector<std::string> parts = fields(range, separator);
+  // "b=3:8:" or "b=3,4,,5" is a typo, not the range 3:8 or the list 3,4,5
+  if (std::any_of(parts.begin(), parts.end(), [](const std::string& p) { return p.empty(); }))
+    throw CLI::ValidationError("--grid", "'" + text + "': an empty item (a leading, trailing or doubled '" +
+                                             std::string(1, separator) + "')");
+  if (!is_range) {  // a list
+    axis.values = parts;
   } else {
-    std::vector<std::string> parts;
-    std::stringstream ss(range);
-    std::string item;
-    while (std::getline(ss, item, ':')) parts.push_back(item);
     if (parts.size() != 2 && parts.size() != 3)
       throw CLI::ValidationError("--grid", "'" + text + "': a range is A:B or A:STEP:B");
     const double a = number(parts.front(), text), b = number(parts.back(), text);
@@ -63,16 +74,14 @@ GridAxis parse_grid_axis(const std::string& text) {
       axis.values.push_back(v.str());
     }
   }
-  if (axis.values.empty()) throw CLI::ValidationError("--grid", "'" + text + "': no values");
   // A value twice is a point twice: a list that repeats itself, or a step finer than the decimals it is written with
   // ("c=0:1e-1:1" prints 0, 0, 0, ...).
   std::vector<std::string> sorted = axis.values;
   std::sort(sorted.begin(), sorted.end());
   if (const auto dup = std::adjacent_find(sorted.begin(), sorted.end()); dup != sorted.end())
-    throw CLI::ValidationError("--grid", "'" + text + "': value '" + *dup + "' occurs twice" +
-                                             (range.find(':') != std::string::npos
-                                                  ? " (write A, STEP and B with as many decimals as the values need)"
-                                                  : ""));
+    throw CLI::ValidationError(
+        "--grid", "'" + text + "': value '" + *dup + "' occurs twice" +
+                      (is_range ? " (write A, STEP and B with as many decimals as the values need)" : ""));
   return axis;
 }
 

@@ -421,7 +421,10 @@ def sweep(dump, method, grid, metric="cossim", target="O", softmax_only=False, e
         A spec (``"index@paper"``: the grid's keys are its parameters) or a method of your own (the grid's keys are
         keyword arguments of its ``fn``).
     grid : dict
-        ``{key: [values...]}``, one axis per key; points in the order of ``itertools.product`` (last key fastest).
+        ``{key: values}``, one axis per key; points in the order of ``itertools.product`` (last key fastest). An
+        axis is a list, tuple, range or 1-D ``numpy.ndarray`` of at least one value; anything else (``4``, ``6.6``,
+        ``"s8"``, ``True``, a 0-d array) is a single value: ``{"b": 4}`` is ``{"b": [4]}``, and a string is one value,
+        not its characters.
     metric : {"cossim", "one_minus_cossim", "rel_l1", "rmse", "kl"}
     target : {"O", "P"}
         kl applies to P only; softmax_only has P only.
@@ -434,6 +437,17 @@ def sweep(dump, method, grid, metric="cossim", target="O", softmax_only=False, e
         One per point: its values by key, ``method`` (the point's spec or label), ``mean`` and ``worst``.
     """
     import itertools
+
+    import numpy as np
+
+    def axis(key, values):  # a sequence's values, or a scalar as the one value
+        if isinstance(values, np.ndarray):
+            if values.ndim > 1:
+                raise ValueError("sweep: grid axis %r is a %d-D array; an axis is a scalar or 1-D"
+                                 % (key, values.ndim))
+            return list(values) if values.ndim == 1 else [values[()]]
+        return list(values) if isinstance(values, (list, tuple, range)) else [values]
+
     if metric not in _SWEEP_METRICS or target not in ("O", "P") or (metric == "kl" and target != "P"):
         raise ValueError("sweep: metric must be one of cossim, one_minus_cossim, rel_l1, rmse (O or P) or kl (P), "
                          "got %r on %r"
@@ -441,9 +455,10 @@ def sweep(dump, method, grid, metric="cossim", target="O", softmax_only=False, e
     if not grid:
         raise ValueError("sweep: the grid needs at least one axis")
     keys = list(grid)
-    axes = [list(grid[k]) for k in keys]
+    axes = [axis(k, grid[k]) for k in keys]
     if any(not a for a in axes):
-        raise ValueError("sweep: every grid axis needs at least one value")
+        raise ValueError("sweep: every grid axis needs at least one value; empty: "
+                         + ", ".join(repr(k) for k, a in zip(keys, axes) if not a))
     points = [dict(zip(keys, p)) for p in itertools.product(*axes)]
     if isinstance(method, str):
         base, _, given = method.partition(":")

@@ -61,6 +61,28 @@ def test_sweep_over_an_own_methods_parameter_and_over_a_registry_spec():
         qattn.sweep(SAMPLE, "index", {"b": [4]}, metric="kl", target="O")
 
 
+def test_a_scalar_grid_value_is_one_point_and_an_empty_axis_is_refused():
+    def points(grid):
+        return [(r["method"], r["mean"], r["worst"]) for r in qattn.sweep(SAMPLE, "index@paper", grid)]
+
+    lists = points({"b": [4], "c": [6.0, 7.0]})
+    assert [m for m, _, _ in lists] == ["index@paper:b=4,c=6.0", "index@paper:b=4,c=7.0"]
+    for scalars in ({"b": 4, "c": [6.0, 7.0]}, {"b": "4", "c": (6.0, 7.0)},
+                    {"b": np.int64(4), "c": np.array([6.0, 7.0])}, {"b": np.array(4), "c": [6.0, 7.0]}):
+        assert points(scalars) == lists
+    # A string is one value, not its characters ("46" is b = 46, which index refuses, not b = 4 and b = 6)
+    with pytest.raises(ValueError, match="46"):
+        qattn.sweep(SAMPLE, "index@paper", {"b": "46"})
+    # The same for a method of one's own, whose parameter may be any object
+    rows = qattn.sweep(SAMPLE, qattn.Method("topk", topk), {"k": 8}, metric="kl", target="P")
+    assert [r["method"] for r in rows] == ["topk:k=8"] and rows[0]["k"] == 8
+    for empty in ([], (), range(0), np.array([], dtype=np.int64)):
+        with pytest.raises(ValueError, match="at least one value; empty: 'b'"):
+            qattn.sweep(SAMPLE, "index@paper", {"c": 6.6, "b": empty})
+    with pytest.raises(ValueError, match="'b' is a 2-D array"):
+        qattn.sweep(SAMPLE, "index@paper", {"b": np.array([[4, 5]])})
+
+
 def test_an_own_attention_method_with_and_without_p():
     def attention(q, k, v, scale, mask, with_p):
         s = scale * q @ k.T

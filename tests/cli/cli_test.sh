@@ -281,6 +281,10 @@ if [ -n "$sw_mean" ] && [ "$sw_mean" = "$an_mean" ]; then pass=$((pass + 1)); el
   echo "FAIL: sweep mean $sw_mean != analyze mean $an_mean"; fail=$((fail + 1)); fi
 expect 2 "--grid.*A <= B" "sweep bad range" -- sweep --method index --grid c=5:1 --out "$tmp/bad.csv"
 expect 2 "--grid.*not a finite number" "sweep bad number" -- sweep --method index --grid c=x:2 --out "$tmp/bad.csv"
+# an empty item is a typo, not a shorter range or list: b=3:8: is not b=3:8, nor b=3,4,,5 b=3,4,5
+for g in b=3:8: b=:3:8 b=3::8 b=3,4,,5 b=,4 b=4,; do
+  expect 2 "--grid: '$g': an empty item" "sweep grid $g" -- sweep --method index --grid "$g" --out "$tmp/bad.csv"
+done
 expect 2 "b" "sweep bad value" -- sweep --method index --grid b=0,4 --out "$tmp/bad.csv"
 expect 2 "given twice" "sweep repeated key" -- sweep --method index --grid b=4 --grid b=5 --out "$tmp/bad.csv"
 expect 2 "kl" "sweep bad metric" -- sweep --method index --grid b=4 --metric kl --target O --out "$tmp/bad.csv"
