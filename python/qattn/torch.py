@@ -16,6 +16,11 @@ What ``route`` replaces, for the duration of the ``with`` block (and restores af
 - ``torch.nn.functional.scaled_dot_product_attention`` where it exists (PyTorch 2.0 and newer; tested here only on
   Debian's PyTorch 1.13, which does not have it).
 
+An attention written by hand (``softmax(q @ k.transpose(-2, -1) * scale) @ v`` in the model's own ``forward``) calls
+none of these, so ``route`` cannot reach it: call ``qattn.torch.attention(q, k, v, method)`` in its place. A ``with``
+block that ends without one call through qattn is never silent: ``route`` warns (``RouteWarning``), or with
+``strict=True`` raises ``RuntimeError``, naming the functions it replaced.
+
 The projections, layer norms and feed-forward stay in PyTorch, in the model's dtype; only the attention core runs in
 qattn, in float64 inputs converted exactly from the model's float32, float64, float16 or bfloat16 tensors, and its
 output is rounded back to the model's dtype. Gradients are not supported: with gradients enabled the output carries a
@@ -26,6 +31,7 @@ other than 0/-inf) raise ``NotImplementedError`` naming the argument.
 """
 import contextlib
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -33,7 +39,12 @@ import torch.nn.functional as F
 
 from . import attention as _attention
 
-__all__ = ["attention", "route"]
+__all__ = ["attention", "route", "RouteWarning"]
+
+
+class RouteWarning(UserWarning):
+    """A ``route`` block ended without one attention call through qattn: the model's attention is not one of the
+    functions ``route`` replaces (a hand-written attention, say), and its output is PyTorch's, not the method's."""
 
 
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -247,21 +258,35 @@ class _Route:
 
 
 @contextlib.contextmanager
-def route(method, **options):
+def route(method, strict=False, **options):
     """Route a PyTorch model's multi-head attention through a qattn method inside a ``with`` block.
 
     Parameters
     ----------
     method : str
         Any registered method spec (checked on entry: ``ValueError`` for a bad one).
+    strict : bool
+        What a block that ends without one call through qattn does: ``False`` (the default) warns with
+        ``RouteWarning``, ``True`` raises ``RuntimeError``. Neither when the block itself raised.
     **options
         ``engine``, ``threads``, ``kv``: as ``qattn.attention``.
 
     Yields
     ------
     object
-        With ``calls``: how many qattn attention calls the block made (0 means the model's attention never went
-        through qattn).
+        With ``calls``: how many qattn attention calls the block made.
+
+    Warns
+    -----
+    RouteWarning
+        The block ended with ``calls == 0`` (``strict=False``). The message names the functions ``route`` replaced;
+        a model that calls none of them (a hand-written attention) routes by calling ``qattn.torch.attention`` in
+        its attention instead.
+
+    Raises
+    ------
+    RuntimeError
+        The block ended with ``calls == 0`` (``strict=True``), with the same message.
 
     Notes
     -----
@@ -284,3 +309,13 @@ def route(method, **options):
     finally:
         for obj, name, fn in originals:
             setattr(obj, name, fn)
+    # Only a block that ran to its end gets here: an exception in it propagates from the finally above.
+    if r.calls == 0:
+        wrapped = ", ".join(obj.__name__ + "." + name for obj, name, _ in saved)
+        message = (f"qattn.torch.route({method!r}): no attention call went through qattn (calls == 0), so the "
+                   f"block's outputs are PyTorch's own. route replaces {wrapped}; the model called none of them. For "
+                   "an attention written by hand, call qattn.torch.attention(q, k, v, method, scale=..., causal=..., "
+                   "mask=...) inside it in place of its softmax(q k^T) v.")
+        if strict:
+            raise RuntimeError(message)
+        warnings.warn(message, RouteWarning, stacklevel=3)

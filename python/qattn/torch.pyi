@@ -1,6 +1,6 @@
 # Types of qattn.torch (docs in torch.py). Tensors are typed Any: the stubs do not import torch.
 from contextlib import AbstractContextManager
-from typing import Any, Optional, Tuple, Union
+from typing import Any, Optional, Protocol, Tuple, Union
 
 _Tensor = Any
 
@@ -15,4 +15,11 @@ def attention(
     return_probs: bool = ...,
     **options: Any,
 ) -> Union[_Tensor, Tuple[_Tensor, _Tensor]]: ...
-def route(method: str, **options: Any) -> AbstractContextManager[None]: ...
+
+class RouteWarning(UserWarning): ...
+
+class _Routed(Protocol):  # what route's `with ... as r` gives (stub only)
+    @property
+    def calls(self) -> int: ...  # attention calls the block sent through qattn
+
+def route(method: str, strict: bool = ..., **options: Any) -> AbstractContextManager[_Routed]: ...

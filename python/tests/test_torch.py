@@ -1,6 +1,7 @@
 """Tests of qattn.torch on Debian's PyTorch: the tensor function, and route() on small transformers built here, whose
 outputs must equal the projections of the same q/k/v through qattn.attention."""
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -100,6 +101,70 @@ def test_route_restores_pytorch_and_refuses_what_it_does_not_model(mha):
     with pytest.raises(NotImplementedError, match="dropout"):
         with qt.route("fp32"):
             train(x, x, x)
+
+
+class HandWrittenAttention(torch.nn.Module):
+    """Self-attention as many models write it, softmax(q k^T / sqrt(d)) v in its own forward: no PyTorch attention
+    function is called, so route cannot reach it; with ``method`` it calls qattn.torch.attention instead."""
+
+    def __init__(self, method=None):
+        super().__init__()
+        self.method = method
+        self.qkv = torch.nn.Linear(E, 3 * E)
+        self.out = torch.nn.Linear(E, E)
+
+    def forward(self, x):
+        n = x.shape[0]
+        q, k, v = (t.reshape(n, L, H, E // H).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        if self.method is None:
+            o = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(E // H), dim=-1) @ v
+        else:
+            o = qt.attention(q, k, v, self.method)
+        return self.out(o.transpose(1, 2).reshape(n, L, E))
+
+
+def test_route_warns_or_raises_when_no_attention_call_went_through_qattn():
+    torch.manual_seed(5)
+    model = HandWrittenAttention().eval()
+    x = torch.randn(2, L, E)
+    with torch.no_grad():
+        native = model(x)
+        with pytest.warns(qt.RouteWarning, match=r"calls == 0.*multi_head_attention_forward.*"
+                                                 r"_transformer_encoder_layer_fwd.*qattn\.torch\.attention") as caught:
+            with qt.route("intattention") as r:
+                y = model(x)
+        assert r.calls == 0 and torch.equal(y, native)
+        assert len(caught) == 1 and caught[0].filename == __file__  # pointed at the with statement
+        with pytest.raises(RuntimeError, match=r"calls == 0.*qattn\.torch\.attention"):
+            with qt.route("intattention", strict=True):
+                model(x)
+        # What the message says to do: the model's attention calls qattn.torch.attention
+        exact, quant = HandWrittenAttention("fp64").eval(), HandWrittenAttention("intattention").eval()
+        exact.load_state_dict(model.state_dict())
+        quant.load_state_dict(model.state_dict())
+        assert torch.allclose(exact(x), native, atol=1e-5) and (quant(x) - native).abs().max() > 1e-4
+    # A block that raised reports its own exception, not a missing route
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", qt.RouteWarning)
+        with pytest.raises(KeyError, match="inside"):
+            with qt.route("fp32", strict=True):
+                raise KeyError("inside")
+        with pytest.raises(KeyError, match="inside"):
+            with qt.route("fp32"):
+                raise KeyError("inside")
+
+
+def test_route_through_multihead_attention_neither_warns_nor_raises(mha):
+    x = torch.randn(2, L, E)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", qt.RouteWarning)
+        for grad in (True, False):
+            with torch.set_grad_enabled(grad), qt.route("intattention", strict=True) as r:
+                mha(x, x, x, need_weights=False)
+            assert r.calls > 0
+            with torch.set_grad_enabled(grad), qt.route("intattention") as r:
+                mha(x, x, x, need_weights=False)
+            assert r.calls > 0
 
 
 def test_attention_on_torch_tensors():
