@@ -619,32 +619,23 @@ DumpListing list_dump(const fs::path& source, DumpTarget target) {
   DumpListing out;
   std::error_code ec;
   std::set<std::pair<int, int>> units;
-  int layer = 0, head = 0, kind = 0;
-  auto wanted = [&](int k) { return target == DumpTarget::softmax ? k == 3 : k < 3; };
   out.directory = fs::is_directory(source, ec);
   if (out.directory) {
-    for (const auto& entry : fs::directory_iterator(source)) {
-      if (!entry.is_regular_file(ec)) continue;
-      const std::string name = entry.path().filename().string();
-      out.files[name] = entry.file_size(ec);
-      if (parse_head_name(name, ".npy", &layer, &head, &kind) && wanted(kind)) units.insert({layer, head});
-    }
+    for (const auto& entry : fs::directory_iterator(source))
+      if (entry.is_regular_file(ec)) out.files[entry.path().filename().string()] = entry.file_size(ec);
   } else if (fs::is_regular_file(source, ec)) {
     out.files[source.filename().string()] = fs::file_size(source, ec);
-    for (const NamedTensor& nt : read_tensor_file(source))
-      if ((parse_head_name(nt.name, "", &layer, &head, &kind) || parse_head_name(nt.name, ".npy", &layer, &head, &kind)) &&
-          wanted(kind))
-        units.insert({layer, head});
   }
-  if (units.empty()) {
-    read_heads(source, target);  // throws the unsharded run's error, with its hints
-  } else if (out.directory) {
-    // The names alone, so that every shard refuses what the unsharded run refuses (two spellings of one file, a head
-    // number that does not parse), including a shard that owns no head.
-    DumpFilter names_only;
-    names_only.keep = [](int, int) { return false; };
-    read_heads(source, target, &names_only);
-  }
+  // The names as the reader classifies them, so that every shard refuses what the unsharded run refuses (two
+  // spellings of one file, a head number that does not parse), a shard that owns no head included. Nothing is kept:
+  // a directory's files are not read, an archive's members are read once, here.
+  DumpFilter names_only;
+  names_only.keep = [&units](int layer, int head) {
+    units.insert({layer, head});
+    return false;
+  };
+  read_heads(source, target, &names_only);
+  if (units.empty()) read_heads(source, target);  // throws the unsharded run's error, with its hints
   out.units.assign(units.begin(), units.end());
   return out;
 }

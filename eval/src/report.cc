@@ -1,6 +1,7 @@
 #include "qattn/eval/report.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <iostream>
@@ -100,7 +101,14 @@ ErrorStats stats_from_json(const json& j) {
   s.median_abs = exact_number(j.at("median_abs"));
   s.one_minus_cossim = exact_number(j.at("one_minus_cossim"));
   s.zero_errors = integer_in(j.at("zero_errors"), 0, kInt64Max);
-  for (const auto& [k, n] : j.at("log2_histogram").items()) s.log2_histogram[std::stoi(k)] = integer_in(n, 0, kInt64Max);
+  for (const auto& [k, n] : j.at("log2_histogram").items()) {
+    // a bin is a binary exponent as std::to_string writes it: "1x", " 1" or "01" would fold two keys into one bin
+    int bin = 0;
+    const auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), bin);
+    if (ec != std::errc() || end != k.data() + k.size() || std::to_string(bin) != k)
+      throw std::invalid_argument("log2_histogram key '" + k + "' is not a binary exponent");
+    s.log2_histogram[bin] = integer_in(n, 0, kInt64Max);
+  }
   return s;
 }
 

@@ -1,5 +1,5 @@
 import os
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -61,7 +61,7 @@ def analyze(
 def sweep(
     dump: Union[str, os.PathLike],
     method: Union[str, Method],
-    grid: Dict[str, Sequence[Any]],
+    grid: Mapping[str, Any],
     metric: str = ...,
     target: str = ...,
     softmax_only: bool = ...,

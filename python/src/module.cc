@@ -804,7 +804,7 @@ py::array_t<std::uint8_t> fp8_encode(const py::handle& x_obj, const std::string&
     throw py::type_error("x: expected a NumPy float array, a NumPy float scalar or a Python float, got " +
                          std::string(py::str(py::type::of(x_obj))));
   const py::array given = py::array::ensure(x_obj);
-  if (!given || given.dtype().kind() != 'f')
+  if (!given || given.dtype().kind() != 'f' || given.itemsize() > 8)  // float16, float32, float64; not longdouble
     throw py::type_error("x: dtype " + (given ? std::string(py::str(given.dtype())) : std::string("unknown")) +
                          ": expected floats (float16, float32 or float64)");
   const auto x = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(given);

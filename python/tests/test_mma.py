@@ -97,6 +97,10 @@ def test_products_beyond_the_bound_are_refused_before_anything_is_allocated():
         qattn.mma(a, a)
     with pytest.raises(ValueError, match=r"a: shape: \(4,\) has 1 dimension: A \[\.\.\., M, K\] needs 2 or more"):
         qattn.mma(np.zeros(4, np.uint8), np.zeros((2, 4), np.uint8))
+    # a view of one byte with 2^31 elements: its codes (4 GiB) are refused before they are made
+    wide = np.broadcast_to(np.uint8(0), (1, 1 << 31))
+    with pytest.raises(ValueError, match=r"a: shape: .*: A holds 2147483648 elements, beyond the bound of 1073741824"):
+        qattn.mma(wide, wide)
 
 
 def test_k_zero_gives_c():
@@ -136,6 +140,6 @@ def test_fp8_encode_takes_scalars_and_refuses_what_is_not_float():
     assert qattn.fp8_encode(np.float32(1e9), "e5m2", saturate=False) == qattn.fp8_encode(np.array([np.inf]), "e5m2",
                                                                                          saturate=False)[0]
     for bad in (np.array([3], np.int64), np.array([True]), np.array([3 + 0j]), np.int64(3), 3, True,
-                np.array(["3"])):
+                np.array(["3"]), np.array([3], np.longdouble)):
         with pytest.raises(TypeError, match="x: "):
             qattn.fp8_encode(bad)

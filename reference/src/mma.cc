@@ -486,6 +486,11 @@ MmaShape mma_shape(std::span<const std::int64_t> a, std::span<const std::int64_t
   if (!element_count(a) || !element_count(bt))  // a file or an array holding them could not exist
     throw InputError(!element_count(a) ? a_source : bt_source, "shape",
                      both + ": the element count of " + (!element_count(a) ? "A" : "Bt") + " overflows");
+  for (const auto& [shape, source, name] : {std::tuple{a, &a_source, "A"}, std::tuple{bt, &bt_source, "Bt"}})
+    if (const std::size_t n = *element_count(shape); n > kMmaMaxOperandElements)
+      throw InputError(*source, "shape", both + ": " + name + " holds " + std::to_string(n) +
+                                             " elements, beyond the bound of " +
+                                             std::to_string(kMmaMaxOperandElements) + " (2^30, docs/mma.md)");
   s.outputs = *outputs;
   const std::optional<std::size_t> batch = element_count(a.first(rank - 2));
   s.batch = batch ? *batch : 0;  // overflows only when M or N is 0: D is empty and nothing is computed

@@ -103,8 +103,10 @@ expect 3 "ct.npy: element 0: 0.100000001 is not a float16 value, and h100-hmma-f
 start=$(date +%s)
 expect 0 "All sets: 40000 of 40000 outputs bit-equal" "40,000 variants of a set" -- \
   mma-check many.safetensors --model h100-wgmma-e4m3
-check "40,000 variants are read in linear time (under 15 s; a quadratic scan takes minutes)" \
-  test $(($(date +%s) - start)) -lt 15
+if [ -n "$vlimit" ]; then  # natively, without a sanitizer: under qemu or ASan the bound would measure them
+  check "40,000 variants are read in linear time (under 15 s; a quadratic scan takes minutes)" \
+    test $(($(date +%s) - start)) -lt 15
+fi
 if [ "$has_npz" -eq 1 ]; then
   expect 0 "All sets: 300 of 300 outputs bit-equal" "300 variants of a 2^23-deep set share its operands (was 3.94 GB)" -- \
     mma-check variants.npz --model h100-wgmma-e4m3

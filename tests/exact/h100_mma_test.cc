@@ -22,6 +22,7 @@
 #include "qattn/reference/mma.h"
 #include "qattn/reference/mma_vectors.h"
 #include "qattn/tensor_io.h"
+#include "support/test_scale.h"
 
 namespace {
 
@@ -328,14 +329,16 @@ TEST_CASE("mma_vector_sets: the variants of a set share its operands, and the sc
     CHECK(s.bt.size() == std::size_t{1} << 23);
   }
   CHECK(sets[299].variant == "v299");
-  // 100,000 variants of a tiny set: the scan once compared every output with every member (minutes); now well under
-  // a second, bounded here at 20 s for a loaded machine.
-  const std::vector<NamedTensor> many = variants_file(100000, {1, 1, 4}, {1, 1, 4}, {1, 1, 1});
+  // 100,000 variants of a tiny set (QATTN_TEST_SCALE of them under qemu or the sanitizers): the scan once compared
+  // every output with every member (minutes); now well under a second, bounded here at 20 s for a loaded machine.
+  const int n_variants = qattn::test::scaled(100000, 1000);
+  qattn::test::announce_scale("mma_vector_sets: variants of one set", n_variants);
+  const std::vector<NamedTensor> many = variants_file(n_variants, {1, 1, 4}, {1, 1, 4}, {1, 1, 1});
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<MmaVectorSet> wide = qattn::ref::mma_vector_sets(many, "many.npz");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   INFO("100000 variants read in " << seconds << " s");
-  CHECK(wide.size() == 100000);
+  CHECK(wide.size() == static_cast<std::size_t>(n_variants));
   CHECK(seconds < 20);
   // The model runs once for all the variants of a set.
   const std::vector<qattn::ref::MmaAgreement> r =

@@ -122,6 +122,11 @@ TEST_CASE("merge_parts: a part's rows are exactly its own (layer, head) x method
           "is not a row this qattn reads");
   refused(with(1, [](json& d) { d["result"]["rows"][0]["P"]["log2_histogram"]["-5"] = 1.5; }), "part-1.json",
           "result.rows[0]", "is not a row this qattn reads");
+  // A histogram bin spelt otherwise than std::to_string writes it ("-05" would share the bin of "-5")
+  refused(with(1, [](json& d) { d["result"]["rows"][0]["P"]["log2_histogram"]["-05"] = 1; }), "part-1.json",
+          "result.rows[0]", "is not a row this qattn reads");
+  refused(with(1, [](json& d) { d["result"]["rows"][0]["P"]["log2_histogram"]["1x"] = 1; }), "part-1.json",
+          "result.rows[0]", "is not a row this qattn reads");
   // The run's heads: listed once each, in order, as every part lists them
   refused(with(1, [](json& d) { d["provenance"]["heads"][1] = d["provenance"]["heads"][0]; }), "part-1.json",
           "provenance.heads[1]", "in (layer, head) order");

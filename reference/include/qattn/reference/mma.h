@@ -92,6 +92,9 @@ void mma_matmul(const MmaModel& m, std::span<const std::uint16_t> a, std::span<c
 // The bound on D: its outputs as float32, 4 bytes each (an f16 accumulator computes them in float32 too), at most
 // 1 GiB (2^28 outputs). A product beyond it is refused before anything is allocated (docs/mma.md "Bounds").
 inline constexpr std::size_t kMmaMaxOutputBytes = std::size_t{1} << 30;
+// The bound on A and Bt: at most 2^30 elements each (2 GiB as the 16-bit codes the models read), so that an array
+// that holds few bytes but many elements (a NumPy view with a zero stride) is refused before its codes are made.
+inline constexpr std::size_t kMmaMaxOperandElements = std::size_t{1} << 30;
 
 // The sizes of D[..., M, N] = A[..., M, K] · Bt[..., N, K]^T + C[..., M, N].
 struct MmaShape {
@@ -103,7 +106,8 @@ struct MmaShape {
 
 // A's and Bt's shapes checked, nothing allocated: both of rank 2 or more, the same rank, leading dimensions and K,
 // no negative dimension; the element counts of A, Bt and D computed without overflow (a zero dimension makes a count
-// 0) and D within kMmaMaxOutputBytes. K = 0 is valid: every output is an empty sum, D = C (docs/mma.md "K = 0").
+// 0), D within kMmaMaxOutputBytes and A and Bt within kMmaMaxOperandElements. K = 0 is valid: every output is an
+// empty sum, D = C (docs/mma.md "K = 0").
 // Throws InputError(a_source or bt_source, "shape", reason); the reason gives the shape it got, and for a product
 // that is refused both shapes, D's and D's size in bytes.
 MmaShape mma_shape(std::span<const std::int64_t> a, std::span<const std::int64_t> bt, const std::string& a_source,
