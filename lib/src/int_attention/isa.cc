@@ -15,8 +15,27 @@
 #define HWCAP2_I8MM (1 << 13)
 #endif
 #endif
+#if defined(QATTN_HAVE_X86_KERNELS) && defined(__clang__)
+#include <cpuid.h>
+#endif
 
 namespace qattn {
+namespace {
+
+#if defined(QATTN_HAVE_X86_KERNELS)
+// AVX-VNNI (VEX-encoded vpdpbusd): CPUID leaf 7 sub-leaf 1, EAX bit 4, which is what GCC's
+// __builtin_cpu_supports("avxvnni") reads. Clang 14 (the fuzz build's compiler) does not know that feature string.
+bool cpu_has_avxvnni() {
+#if defined(__clang__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 && ((eax >> 4) & 1u) != 0;
+#else
+  return __builtin_cpu_supports("avxvnni");
+#endif
+}
+#endif
+
+}  // namespace
 
 std::string_view isa_name(Isa isa) {
   switch (isa) {
@@ -46,7 +65,7 @@ bool isa_available(Isa isa) {
     case Isa::scalar: return true;
 #if defined(QATTN_HAVE_X86_KERNELS)
     case Isa::avx2: return __builtin_cpu_supports("avx2");
-    case Isa::avxvnni: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avxvnni");
+    case Isa::avxvnni: return __builtin_cpu_supports("avx2") && cpu_has_avxvnni();
     case Isa::avx512vnni:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
