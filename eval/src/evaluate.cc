@@ -152,7 +152,7 @@ std::vector<HeadTensors> read_heads(const fs::path& source, DumpTarget target, c
     for (const auto& f : files)
       if (f.extension() == ".npy")
         if (const auto hf = classify(f.filename().string(), f.string())) head_files.push_back({f, *hf});
-    for (const auto& [f, hf] : head_files) keep(hf, f.string(), [&] { return read_npy(f); });
+    for (const auto& file : head_files) keep(file.second, file.first.string(), [&] { return read_npy(file.first); });
   } else if (fs::is_regular_file(source, ec)) {
     if (filter && filter->files_read) filter->files_read->push_back(source.string());
     std::vector<NamedTensor> tensors = read_tensor_file(source);
@@ -210,7 +210,8 @@ constexpr const char* kLayerKeys[] = {"layer",  "scale",   "causal",  "num_heads
 template <std::size_t N>
 void require_known_keys(const nlohmann::json& object, const char* const (&known)[N], const std::string& where,
                         const std::string& field) {
-  for (const auto& [key, value] : object.items()) {
+  for (const auto& item : object.items()) {
+    const std::string& key = item.key();
     if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return key == k; }) != std::end(known))
       continue;
     std::string list;
