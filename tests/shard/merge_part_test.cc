@@ -197,8 +197,9 @@ namespace {
 json sweep_part(std::size_t points, std::size_t k, std::size_t n, bool head_major) {
   const json& whole = analyze_parts().whole;
   std::vector<json> head_rows;
-  for (const json& r : whole["result"]["rows"])
-    if (r["method"] == "fp16") head_rows.push_back(r);
+  const json& rows_of_run = whole["result"]["rows"];
+  for (const json& r : rows_of_run)  // one method's rows: the first row's
+    if (r["method"] == rows_of_run[0]["method"]) head_rows.push_back(r);
   const std::size_t heads = head_rows.size(), units = points * heads;
   const auto [begin, end] = eval::shard_block(units, {k, n});
   json rows = json::array();
