@@ -13,8 +13,7 @@ if ! $py -c "import numpy" 2>/dev/null; then echo "hardening_mma_test: needs /us
 cd "$tmp" || exit 1
 # The address-space limit: a sanitizer's shadow memory or an emulator needs more than 4 GB of it.
 vlimit=4000000
-{ [ -n "${emu[*]}" ] || ldd "$bin" 2>/dev/null | grep -q 'libasan\|libtsan' || nm "$bin" 2>/dev/null | grep -q ' __asan_init'; } &&
-  vlimit=""
+{ [ -n "${emu[*]}" ] || sanitized; } && vlimit=""
 q() { (if [ -n "$vlimit" ]; then ulimit -v "$vlimit"; fi; exec "${emu[@]}" "$bin" "$@"); }
 has_npz=0
 q info "$root/tests/fixtures/deflated.npz" >/dev/null 2>&1 && has_npz=1

@@ -3,6 +3,7 @@
 #   q ARGS...                                   runs qattn (under the emulator, if any)
 #   expect CODE PATTERN DESCRIPTION -- ARGS...  runs qattn, checks its exit code and that its output matches PATTERN
 #   check DESCRIPTION COMMAND...                passes when COMMAND succeeds
+#   sanitized                                   succeeds when the binary is built with ASan or TSan
 bin=$(realpath "$1")
 root=$(realpath "$2")
 shift 2
@@ -32,4 +33,15 @@ check() {
   local what=$1
   shift
   if "$@"; then pass=$((pass + 1)); else echo "FAIL: $what"; fail=$((fail + 1)); fi
+}
+
+# No pipe into `grep -q`: under `set -o pipefail` grep's early exit kills ldd or nm with SIGPIPE and the pipeline
+# fails, so the answer would depend on timing.
+sanitized() {
+  local libs syms
+  libs=$(ldd "$bin" 2>/dev/null)
+  case $libs in *libasan* | *libtsan*) return 0 ;; esac
+  syms=$(nm "$bin" 2>/dev/null)
+  case $syms in *" __asan_init"* | *" __tsan_init"*) return 0 ;; esac
+  return 1
 }

@@ -263,7 +263,7 @@ end = start + json.JSONDecoder().raw_decode(t[start:])[1]
 open(sys.argv[2], 'w').write(t[:start] + '[' + ','.join([t[start + 1:end - 1]] * 6000) + ']' + t[end:])" \
   "${p[1]}" "$tmp/many-rows.json"  # 48000 rows, 90 MB
 # A 1 GB address space, where no sanitizer's shadow memory needs more (ASan reserves terabytes of it)
-if ! { ldd "$bin" 2>/dev/null | grep -q 'libasan\|libtsan' || nm "$bin" 2>/dev/null | grep -q ' __asan_init'; }; then
+if ! sanitized; then
   emu=(prlimit --as=1000000000 -- "${emu[@]}")
 fi
 lying "a 100 MB file that is not a part is refused at its first key" \
