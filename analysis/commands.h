@@ -76,6 +76,9 @@ void emit(const std::string& text, const std::string& path);
 void require_distinct_files(const std::vector<std::pair<std::string, std::string>>& inputs,
                             const std::vector<std::pair<std::string, std::string>>& outputs);
 
+// One tensor of a file: the only one, or the one called `name` (InputError naming the file otherwise).
+qattn::Tensor pick_tensor(const std::string& path, const std::string& name);
+
 // The tensor file format an output path's extension names (.npy, .npz, .safetensors); CLI::ValidationError (exit 2)
 // naming `option` otherwise, before any work is done.
 void require_tensor_extension(const std::string& option, const std::string& path);
