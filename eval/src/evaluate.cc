@@ -194,7 +194,7 @@ struct LayerManifest {
 };
 
 // The keys a manifest may hold, per level: first those qattn reads, then those other writers put there, accepted and
-// not read (analysis/dump_torch.py: format, files, source, layout, num_kv_heads; the USE-Lite dump tools that wrote
+// not read (analysis/dump_torch.py: format, files, source, layout, num_kv_heads, function, rope; the USE-Lite dump tools that wrote
 // the full sample, ../shared/data/use-lite: the others). Any other key is refused, so that a misspelt "scale" cannot
 // leave the default in place without a word.
 constexpr const char* kManifestKeys[] = {"causal",         "layers",          "format",      "source",     "files",
@@ -204,7 +204,7 @@ constexpr const char* kManifestKeys[] = {"causal",         "layers",          "f
                                          "sanity"};
 constexpr const char* kLayerKeys[] = {"layer",  "scale",   "causal",  "num_heads", "n_heads",    "head_dim",
                                       "source", "layout",  "num_kv_heads", "heads", "d_model",   "d_out",
-                                      "attn_input", "projections", "projection_source"};
+                                      "attn_input", "projections", "projection_source", "function", "rope"};
 
 // Refuses a key of `object` that is not in `known`, naming it and the known ones.
 template <std::size_t N>
