@@ -565,15 +565,42 @@ std::string analyze_partial(const AnalyzeOptions& o, const AnalyzePlan& plan) {
   return analyze_shard(o.tensors, plan, shard, eval_options(plan), o.format);
 }
 
-}  // namespace
+// --summary and --columns LIST as the evaluation layer's report options: LIST split at every comma, empty items
+// kept (check_report_options refuses them, naming the item).
+eval::ReportOptions table_options(bool summary, const std::optional<std::string>& columns) {
+  eval::ReportOptions options;
+  options.summary = summary;
+  if (columns) {
+    std::size_t start = 0;
+    for (std::size_t comma; (comma = columns->find(',', start)) != std::string::npos; start = comma + 1)
+      options.columns.push_back(columns->substr(start, comma - start));
+    options.columns.push_back(columns->substr(start));
+  }
+  return options;
+}
 
-std::string analyze_report(const AnalyzeOptions& o) {
+// The report of `qattn analyze` showing what `table` chooses (docs/metrics.md, "The analysis table"). The choices
+// are checked against the plan before any tensor is read.
+std::string analyze_table(const AnalyzeOptions& o, const eval::ReportOptions& table) {
   check_analyze_options(o);
+  const bool chosen = table.summary || !table.columns.empty();
+  const std::string option = table.summary ? "--summary" : "--columns";
+  if (chosen && o.format == "json")
+    throw CLI::ValidationError(option, "chooses what a table shows (md, csv, latex); the JSON report keeps every row "
+                                       "and metric");
+  if (chosen && !o.shard.empty())
+    throw CLI::ValidationError(option, "chooses what a rendered table shows; a --shard part holds every row and "
+                                       "metric");
   const bool explicit_files = !o.q.empty() || !o.logits.empty();
   require_distinct_files({{"--tensors", explicit_files ? "" : o.tensors}, {"--q", o.q}, {"--k", o.k}, {"--v", o.v},
                           {"--logits", o.logits}},
                          {{"--out", o.out}});
   const AnalyzePlan plan = plan_analyze(o);
+  try {
+    check_report_options(report_view(plan, plan.tensors, 0), table, o.format);
+  } catch (const SpecError& e) {
+    throw CLI::ValidationError("--columns", e.what());
+  }
   if (!o.shard.empty()) return analyze_partial(o, plan);
   std::vector<DumpLayer> dump =
       !o.q.empty()        ? load_explicit(o.q, o.k, o.v, /*with_reference=*/false)
@@ -583,8 +610,13 @@ std::string analyze_report(const AnalyzeOptions& o) {
   if (plan.wq) quantize_projections(dump, o.tensors, *plan.wq);
   std::size_t n_heads = 0;
   for (const DumpLayer& l : dump) n_heads += l.heads.size();
-  return render_report(report_view(plan, plan.tensors, n_heads), eval::evaluate_plan(dump, plan, eval_options(plan)), o.format);
+  return render_report(report_view(plan, plan.tensors, n_heads), eval::evaluate_plan(dump, plan, eval_options(plan)),
+                       o.format, table);
 }
+
+}  // namespace
+
+std::string analyze_report(const AnalyzeOptions& o) { return analyze_table(o, {}); }
 
 void add_info(CLI::App& app) {
   auto* sub = app.add_subcommand("info", "Print dtype, shape, min/max/mean/std and NaN/Inf counts of tensor files");
@@ -677,6 +709,15 @@ void add_analyze(CLI::App& app) {
                   "Method spec, repeatable (default: every registered method but fp64; the softmax models only with "
                   "--softmax-only, fp64 included with --reference exact)");
   sub->add_option("--format", o->format, "md|csv|latex|json (latex: a booktabs table)")->capture_default_str();
+  auto summary = std::make_shared<bool>(false);
+  auto columns = std::make_shared<std::optional<std::string>>();
+  sub->add_flag("--summary", *summary,
+                "Only each method's mean and worst rows, no per-head rows (md, csv, latex; the JSON report keeps "
+                "every row)");
+  sub->add_option("--columns", *columns,
+                  "Comma-separated metric columns, shown in this order after layer, head and method: K_bits, V_bits "
+                  "(with --kv), O_cossim, O_one_minus_cossim, O_rel_l1, O_rmse (attention), P_cossim, "
+                  "P_one_minus_cossim, P_rel_l1, P_rmse, P_max_abs, P_bias, P_kl_mean (md, csv, latex; default: all)");
   sub->add_option("--out", o->out, "Write the table here instead of stdout");
   sub->add_option("--shard", o->shard,
                   "K/N: evaluate only block K (0-based) of N of the dump's (layer, head) pairs and write a partial "
@@ -693,7 +734,7 @@ void add_analyze(CLI::App& app) {
                 "run every method on whole attention calls, none in blocks (memory O(L_q L_k) per call): a check that "
                 "streaming changes no figure (docs/streaming.md)");
   add_engine_options(sub, o->engine);
-  sub->callback([=] { emit(analyze_report(*o), o->out); });
+  sub->callback([=] { emit(analyze_table(*o, table_options(*summary, *columns)), o->out); });
 }
 
 }  // namespace qattn::cli

@@ -5,10 +5,12 @@
 #include <cmath>
 #include <filesystem>
 #include <iostream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <sstream>
 #include <stdexcept>
+#include <tuple>
 
 #include "qattn/error.h"
 #include "qattn/eval/table.h"
@@ -64,15 +66,53 @@ std::string describe_analysis(const ReportView& v, const std::vector<HeadResult>
          "|bias| over heads; qattn " QATTN_VERSION ")";
 }
 
-// A caption short enough for a paper's table: what is compared with what, on which tensors, by which version. The
-// full description (describe_analysis) goes into a comment above the table.
-std::string analysis_caption(const ReportView& v) {
+// The metric columns of the analysis table, in its order: the id (the key of qattn.analyze's records, --columns)
+// and the header.
+struct ReportColumn {
+  const char* id;
+  const char* header;
+};
+constexpr ReportColumn kReportColumns[] = {
+    {"K_bits", "K bits"},     {"V_bits", "V bits"},     {"O_cossim", "O CosSim"},   {"O_one_minus_cossim", "O 1-CosSim"},
+    {"O_rel_l1", "O rel L1"}, {"O_rmse", "O RMSE"},     {"P_cossim", "P CosSim"},   {"P_one_minus_cossim", "P 1-CosSim"},
+    {"P_rel_l1", "P rel L1"}, {"P_rmse", "P RMSE"},     {"P_max_abs", "P max abs"}, {"P_bias", "P bias"},
+    {"P_kl_mean", "P KL"}};
+constexpr std::size_t kFirstO = 2, kFirstP = 6;  // the first O and P columns; before them the K and V bits
+
+// Whether the view's table has column c: the bits with a KV quantizer, the O columns for attention.
+bool has_column(const ReportView& v, std::size_t c) {
+  if (c < kFirstO) return !v.kv.empty();
+  return c >= kFirstP || !v.softmax;
+}
+
+// The indices (into kReportColumns) of the columns `options` shows, in the order shown.
+std::vector<std::size_t> shown_columns(const ReportView& v, const ReportOptions& options) {
+  std::vector<std::size_t> shown;
+  if (options.columns.empty()) {
+    for (std::size_t c = 0; c < std::size(kReportColumns); ++c)
+      if (has_column(v, c)) shown.push_back(c);
+    return shown;
+  }
+  for (const std::string& id : options.columns)
+    for (std::size_t c = 0; c < std::size(kReportColumns); ++c)
+      if (id == kReportColumns[c].id) shown.push_back(c);
+  return shown;
+}
+
+// A caption short enough for a paper's table: what is compared with what, on which tensors, by which version, and
+// of the choices only what the table shows: the columns, when chosen, and "mean and worst" for a summary. The full
+// description (describe_analysis) goes into a comment above the table.
+std::string analysis_caption(const ReportView& v, const ReportOptions& options) {
   const std::string source = std::filesystem::path(v.tensors).filename().string();
   const std::string what = v.softmax ? "Softmax error vs the " + std::string(v.reference == "exact" ? "exact" : "fp64") +
                                            " softmax"
                                      : "Attention error vs fp64 attention";
+  std::string columns;
+  if (!options.columns.empty())
+    for (std::size_t c : shown_columns(v, options)) columns += (columns.empty() ? ": " : ", ") + std::string(kReportColumns[c].header);
   return what + (v.kv.empty() ? "" : " (KV " + v.kv + ")") + (v.weights.empty() ? "" : " (weights " + v.weights + ")") +
-         ", " + std::to_string(v.n_heads) + " heads of " + (source.empty() ? v.tensors : source) + "; qattn " +
+         (columns.empty() ? ", " : columns + "; ") + (options.summary ? "mean and worst over " : "") +
+         std::to_string(v.n_heads) + " heads of " + (source.empty() ? v.tensors : source) + "; qattn " +
          QATTN_VERSION + ".";
 }
 
@@ -228,35 +268,95 @@ MethodSummary summarise_method(const std::vector<HeadResult>& mine) {
   return s;
 }
 
-std::string render_report(const ReportView& view, std::vector<HeadResult> results, const std::string& format) {
+std::vector<std::string> report_columns(const ReportView& view) {
+  std::vector<std::string> ids;
+  for (std::size_t c : shown_columns(view, {})) ids.push_back(kReportColumns[c].id);
+  return ids;
+}
+
+void check_report_options(const ReportView& view, const ReportOptions& options, const std::string& format) {
   check_format(format, {"md", "csv", "latex", "json"});
-  std::stable_sort(results.begin(), results.end(), [](const HeadResult& a, const HeadResult& b) {
-    return std::make_pair(a.layer, a.head) < std::make_pair(b.layer, b.head);
+  if (format == "json" && (options.summary || !options.columns.empty()))
+    throw SpecError(std::string(options.summary ? "summary" : "columns") +
+                    " chooses what a table shows (md, csv, latex); the JSON report keeps every row and metric");
+  const std::vector<std::string> valid = report_columns(view);
+  std::string list;
+  for (const std::string& id : valid) list += (list.empty() ? "" : ", ") + id;
+  const std::string valid_ones = "; the columns of this analysis are " + list;
+  for (std::size_t i = 0; i < options.columns.size(); ++i) {
+    const std::string& id = options.columns[i];
+    if (id.empty())
+      throw SpecError("column item " + std::to_string(i + 1) + " of " + std::to_string(options.columns.size()) +
+                      " is empty" + valid_ones);
+    if (std::find(valid.begin(), valid.end(), id) == valid.end()) {
+      std::size_t c = 0;
+      while (c < std::size(kReportColumns) && id != kReportColumns[c].id) ++c;
+      const std::string why = c == std::size(kReportColumns) ? " is not a column"
+                              : c < kFirstO ? " needs a KV quantizer (the bits per element of its cache)"
+                                            : " is an O column and softmax-only analysis has no O";
+      throw SpecError("column '" + id + "'" + why + valid_ones);
+    }
+    if (std::find(options.columns.begin(), options.columns.begin() + static_cast<std::ptrdiff_t>(i), id) !=
+        options.columns.begin() + static_cast<std::ptrdiff_t>(i))
+      throw SpecError("column '" + id + "' is given twice" + valid_ones);
+  }
+  if (options.methods.empty()) return;
+  std::vector<std::string> labels;  // the view's labels, each once
+  for (const ReportMethod& m : view.methods)
+    if (std::find(labels.begin(), labels.end(), m.label) == labels.end()) labels.push_back(m.label);
+  std::string label_list;
+  for (const std::string& l : labels) label_list += (label_list.empty() ? "" : ", ") + l;
+  for (std::size_t i = 0; i < options.methods.size(); ++i) {
+    const std::string& label = options.methods[i];
+    if (std::find(labels.begin(), labels.end(), label) == labels.end())
+      throw SpecError("method order: '" + label + "' is not a method of this report (" + label_list + ")");
+    if (std::find(options.methods.begin(), options.methods.begin() + static_cast<std::ptrdiff_t>(i), label) !=
+        options.methods.begin() + static_cast<std::ptrdiff_t>(i))
+      throw SpecError("method order: '" + label + "' is given twice (give each of " + label_list + " once)");
+  }
+  for (const std::string& label : labels)
+    if (std::find(options.methods.begin(), options.methods.end(), label) == options.methods.end())
+      throw SpecError("method order: '" + label + "' is missing (give each of " + label_list + " once)");
+}
+
+std::string render_report(const ReportView& view, std::vector<HeadResult> results, const std::string& format,
+                          const ReportOptions& options) {
+  check_report_options(view, options, format);
+  // A method's place in options.methods (the view's labels, each once); a result of another label goes last.
+  const auto rank = [&](const std::string& label) {
+    return static_cast<std::size_t>(std::find(options.methods.begin(), options.methods.end(), label) -
+                                    options.methods.begin());
+  };
+  std::vector<ReportMethod> methods = view.methods;
+  std::stable_sort(results.begin(), results.end(), [&](const HeadResult& a, const HeadResult& b) {
+    if (options.methods.empty()) return std::make_pair(a.layer, a.head) < std::make_pair(b.layer, b.head);
+    return std::make_tuple(a.layer, a.head, rank(a.method)) < std::make_tuple(b.layer, b.head, rank(b.method));
   });
+  if (!options.methods.empty())
+    std::stable_sort(methods.begin(), methods.end(),
+                     [&](const ReportMethod& a, const ReportMethod& b) { return rank(a.label) < rank(b.label); });
   const bool softmax = view.softmax, kv = !view.kv.empty();
-  Table t{{"layer", "head", "method", "O CosSim", "O 1-CosSim", "O rel L1", "O RMSE", "P CosSim", "P 1-CosSim",
-           "P rel L1", "P RMSE", "P max abs", "P bias", "P KL"},
-          {}};
-  if (softmax) t.header.erase(t.header.begin() + 3, t.header.begin() + 7);
-  if (kv) t.header.insert(t.header.begin() + 3, {"K bits", "V bits"});
+  const std::vector<std::size_t> shown = shown_columns(view, options);
+  Table t{{"layer", "head", "method"}, {}};
+  for (std::size_t c : shown) t.header.push_back(kReportColumns[c].header);
   auto row = [&](const std::string& l, const std::string& h, const std::string& m, double k_bits, double v_bits,
                  const Metrics& v, double p_max_abs, double p_bias) {
-    std::vector<std::string> cells = {l,
-                                      h,
-                                      m,
-                                      fmt_sim(v.o_cossim),
-                                      fmt_err(v.o_one_minus_cossim),
-                                      fmt_err(v.o_rel_l1),
-                                      fmt_err(v.o_rmse),
-                                      fmt_sim(v.p_cossim),
-                                      fmt_err(v.p_one_minus_cossim),
-                                      fmt_err(v.p_rel_l1),
-                                      fmt_err(v.p_rmse),
-                                      fmt_err(p_max_abs),
-                                      fmt_err(p_bias),
-                                      fmt_err(v.p_kl)};
-    if (softmax) cells.erase(cells.begin() + 3, cells.begin() + 7);
-    if (kv) cells.insert(cells.begin() + 3, {fmt_bits(k_bits), fmt_bits(v_bits)});
+    const std::string all[] = {fmt_bits(k_bits),
+                               fmt_bits(v_bits),
+                               fmt_sim(v.o_cossim),
+                               fmt_err(v.o_one_minus_cossim),
+                               fmt_err(v.o_rel_l1),
+                               fmt_err(v.o_rmse),
+                               fmt_sim(v.p_cossim),
+                               fmt_err(v.p_one_minus_cossim),
+                               fmt_err(v.p_rel_l1),
+                               fmt_err(v.p_rmse),
+                               fmt_err(p_max_abs),
+                               fmt_err(p_bias),
+                               fmt_err(v.p_kl)};
+    static_assert(std::size(all) == std::size(kReportColumns));
+    std::vector<std::string> cells = {l, h, m};
+    for (std::size_t c : shown) cells.push_back(all[c]);
     t.rows.push_back(std::move(cells));
   };
   json j = {{"tensors", view.tensors},
@@ -271,15 +371,16 @@ std::string render_report(const ReportView& view, std::vector<HeadResult> result
             {"heads", json::array()},
             {"summary", json::array()}};
   for (const auto& r : results) {
-    row(std::to_string(r.layer), std::to_string(r.head), r.method, r.k_bits, r.v_bits, metric_values(r), r.p.max_abs,
-        r.p.bias);
+    if (!options.summary)
+      row(std::to_string(r.layer), std::to_string(r.head), r.method, r.k_bits, r.v_bits, metric_values(r), r.p.max_abs,
+          r.p.bias);
     j["heads"].push_back({{"layer", r.layer}, {"head", r.head}, {"method", r.method}, {"O", stats_json(r.o)},
                           {"P", stats_json(r.p)}, {"P_kl_mean", exact_number(r.kl.mean)},
                           {"P_kl_max", exact_number(r.kl.max)}, {"K_bits", exact_number(r.k_bits)},
                           {"V_bits", exact_number(r.v_bits)}});
   }
   const std::size_t summary_start = t.rows.size();
-  for (const ReportMethod& method : view.methods) {
+  for (const ReportMethod& method : methods) {
     const std::string& spec = method.label;
     std::vector<HeadResult> mine;
     for (const auto& r : results)
@@ -310,7 +411,9 @@ std::string render_report(const ReportView& view, std::vector<HeadResult> result
   }
   if (format == "json") return j.dump(2) + "\n";
   if (format == "csv") return t.csv();
-  if (format == "latex") return t.latex(analysis_caption(view), {summary_start}, what);
+  if (format == "latex")  // a summary has no per-head rows for a rule to set apart
+    return t.latex(analysis_caption(view, options), options.summary ? std::vector<std::size_t>{} : std::vector{summary_start},
+                   what);
   return what + "\n\n" + t.markdown();
 }
 

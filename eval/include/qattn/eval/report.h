@@ -42,11 +42,34 @@ struct MethodSummary {
 };
 MethodSummary summarise_method(const std::vector<HeadResult>& mine);
 
-// The report of `results` (in any order: they are put in (layer, head) order, each head's methods in the view's
-// order) as format md | csv | latex | json (docs/metrics.md: %.8f similarities, %.3e errors; JSON numbers read back
-// to the same doubles, non-finite ones as "nan", "inf", "-inf"). SpecError for another format. A method whose output
-// is not finite on some head is named on stderr, and its worst row names the head.
-std::string render_report(const ReportView& view, std::vector<HeadResult> results, const std::string& format);
+// What a rendered report shows (docs/metrics.md, "The analysis table"); the default shows everything, as before
+// these choices existed.
+struct ReportOptions {
+  bool summary = false;              // only each method's mean and worst rows, no per-head rows
+  std::vector<std::string> columns;  // metric column ids (report_columns), in the order shown; empty: all of them
+  // The methods' order, by label: each of the view's labels exactly once. Empty: the view's order, and each head's
+  // rows in the order of `results`. Given: the summary rows and each head's rows in this order.
+  std::vector<std::string> methods;
+  bool operator==(const ReportOptions&) const = default;
+};
+
+// The metric column ids of the view's table, in its order: K_bits, V_bits (with a KV quantizer), O_cossim,
+// O_one_minus_cossim, O_rel_l1, O_rmse (attention, not softmax-only), P_cossim, P_one_minus_cossim, P_rel_l1, P_rmse,
+// P_max_abs, P_bias, P_kl_mean; the names of qattn.analyze's records. Layer, head and method always come first.
+std::vector<std::string> report_columns(const ReportView& view);
+
+// Refuses (SpecError naming the id or label and listing the valid ones) a column id that is empty, given twice or
+// not one of report_columns(view), a method order that is not a permutation of the view's labels, and --summary or
+// columns with format json (the JSON report keeps every row and metric). Also the format check of render_report.
+void check_report_options(const ReportView& view, const ReportOptions& options, const std::string& format);
+
+// The report of `results` (in any order: they are put in (layer, head) order, each head's methods in the order of
+// `results`, or of options.methods) as format md | csv | latex | json (docs/metrics.md: %.8f similarities, %.3e
+// errors; JSON numbers read back to the same doubles, non-finite ones as "nan", "inf", "-inf"), showing what
+// `options` chooses (check_report_options refuses the rest). SpecError for another format. A method whose output is
+// not finite on some head is named on stderr, and its worst row names the head.
+std::string render_report(const ReportView& view, std::vector<HeadResult> results, const std::string& format,
+                          const ReportOptions& options = {});
 
 // A sweep's table: the grid's keys, then target, metric, mean, worst, heads and method, one row per grid point in
 // grid order. `qattn plot heatmap|lines` draws its CSV.
