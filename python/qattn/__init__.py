@@ -21,6 +21,64 @@ __all__ = ["methods", "quantizers", "canonical", "softmax", "softmax_integer", "
            "quantize_kv", "quantize_weights", "compare", "Method", "analyze", "sweep", "fp8_encode", "mma", "mma_models", "load", "save"]
 
 
+def _native(public, fn, *args):
+    """``fn(*args)``, a function of the native module called positionally by the public function ``public``. Where
+    the native binding refuses an argument's type, the TypeError names the parameter, the type it takes and the type
+    given, never the value (an array's repr can run to thousands of lines)."""
+    try:
+        return fn(*args)
+    except TypeError as e:
+        if "incompatible function arguments" not in str(e):
+            raise
+        raise TypeError("%s: %s" % (public, _misfit(str(e), args))) from None
+
+
+def _misfit(message, args):
+    """The first argument whose type the binding's signature (in ``message``) does not take, in words."""
+    import re
+
+    import numpy as np
+    m = re.search(r"1\. \((.*)\) -> ", message)
+    params = []
+    if m:
+        depth, item = 0, ""
+        for ch in m.group(1) + ",":
+            if ch == "," and depth == 0:
+                params.append(item.strip())
+                item = ""
+                continue
+            depth += ch in "[(" and 1 or ch in "])" and -1 or 0
+            item += ch
+    def fits(typ, x):
+        typ = typ.split("=")[0].strip()
+        if typ.startswith("Optional["):
+            return x is None or fits(typ[len("Optional["):-1], x)
+        if typ == "str":
+            return isinstance(x, str)
+        if typ == "bool":
+            return isinstance(x, (bool, np.bool_))
+        if typ == "int":
+            return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+        if typ == "float":
+            return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
+        if typ == "numpy.ndarray":
+            return isinstance(x, np.ndarray)
+        if typ.startswith("List["):
+            return isinstance(x, (list, tuple)) and all(fits(typ[len("List["):-1], y) for y in x)
+        return True  # handle, object and anything not modelled here
+    for param, x in zip(params, args):
+        name, _, typ = param.partition(":")
+        if typ and not fits(typ, x):
+            words = {"str": "a str", "bool": "True or False", "int": "an int", "float": "a real number",
+                     "numpy.ndarray": "a NumPy array"}
+            t = typ.split("=")[0].strip()
+            want = ("None or " + words.get(t[len("Optional["):-1], t[len("Optional["):-1])) if t.startswith(
+                "Optional[") else words.get(t, t)
+            return "%s must be %s, got %s" % (name.strip(), want, type(x).__module__ + "." + type(x).__qualname__
+                                              if type(x).__module__ not in ("builtins",) else type(x).__qualname__)
+    return "the arguments' types (%s) do not fit" % ", ".join(type(x).__qualname__ for x in args)
+
+
 def _widen16(x):
     """A NumPy float16 array as float32 (exact, as ``qattn analyze`` reads float16 .npy); anything else as it is."""
     import numpy as np
@@ -57,7 +115,7 @@ def canonical(spec):
     ValueError
         For an unknown method, preset or key, or a value out of range, with the CLI's message.
     """
-    return _qattn.canonical(spec)
+    return _native("canonical", _qattn.canonical, spec)
 
 
 def softmax(logits, method, engine="auto"):
@@ -76,7 +134,7 @@ def softmax(logits, method, engine="auto"):
     ndarray of float64, shape (..., L)
         The probabilities (an integer P divided by its scale for the integer methods).
     """
-    return _qattn.softmax(_widen16(logits), method, engine)
+    return _native("softmax", _qattn.softmax, _widen16(logits), method, engine)
 
 
 def attention(q, k, v, method, scale=None, causal=False, mask=None, return_probs=False, engine="auto", threads=1,
@@ -88,13 +146,17 @@ def attention(q, k, v, method, scale=None, causal=False, mask=None, return_probs
     q : ndarray of float32 or float64, shape (..., L_q, d)
     k : ndarray of float32 or float64, shape (..., L_k, d)
     v : ndarray of float32 or float64, shape (..., L_k, d_v)
-        Leading axes must match. With three or more axes, the axis before L is the heads of one layer: methods
-        that treat heads together (TurboAttention's head-wise KV bits) see them in one call. C-contiguous float64
+        Leading axes must match, but for the heads' (below). With three or more axes, the axis before L is the heads
+        of one layer: methods that treat heads together (TurboAttention's head-wise KV bits) see them in one call.
+        Grouped-query attention: k and v may have H_kv heads on that axis where q has H_q, H_kv dividing H_q; query
+        head h reads K/V head ``h // (H_q // H_kv)`` (contiguous groups, as Hugging Face's ``repeat_kv``), from your
+        array, not a repeated copy; a count that does not divide is a ValueError naming both. C-contiguous float64
         arrays, and C-contiguous float32 q, k and v together, are read in place: the fused kernels quantise float32
         straight from your buffer; reference models widen one call's heads to float64. The bits are the same either
         way (float32 widens exactly).
-    method : str
-        Any registered method spec.
+    method : str or Method
+        Any registered method spec, or a method of your own (``qattn.Method``, softmax or attention kind), run on the
+        calling thread; what its callable raises is raised as itself (``engine`` and ``threads`` do not apply).
     scale : float, optional
         Logit scale; default ``1 / sqrt(d)``.
     causal : bool
@@ -123,8 +185,12 @@ def attention(q, k, v, method, scale=None, causal=False, mask=None, return_probs
     p : ndarray of float64 (uint8 or int8 with ``raw``), shape (..., L_q, L_k)
         Only with ``return_probs``.
     """
-    return _qattn.attention(_widen16(q), _widen16(k), _widen16(v), method, scale, causal, mask, return_probs, engine,
-                            operator.index(threads), kv or "", raw)
+    if isinstance(method, Method):
+        method = method._entry()
+    elif not isinstance(method, str):
+        raise TypeError("attention: method must be a spec (str) or a qattn.Method, got " + type(method).__name__)
+    return _native("attention", _qattn.attention, _widen16(q), _widen16(k), _widen16(v), method, scale, causal, mask,
+                   return_probs, engine, operator.index(threads), kv or "", raw)
 
 
 def softmax_integer(logits, method, cint=None, alpha=None):
@@ -158,7 +224,7 @@ def softmax_integer(logits, method, cint=None, alpha=None):
     ValueError
         For both or neither of ``cint`` and ``alpha``, or a method without an integer form.
     """
-    return _qattn.softmax_integer(logits, method, cint, alpha)
+    return _native("softmax_integer", _qattn.softmax_integer, logits, method, cint, alpha)
 
 
 def exact_softmax(logits, decimal=False):
@@ -178,7 +244,7 @@ def exact_softmax(logits, decimal=False):
     -------
     ndarray of float64 (or of object, holding Decimal), shape (..., L)
     """
-    return _qattn.exact_softmax(logits, decimal)
+    return _native("exact_softmax", _qattn.exact_softmax, logits, decimal)
 
 
 def quantize_kv(k, v, spec):
@@ -199,7 +265,7 @@ def quantize_kv(k, v, spec):
         expressed in, or None: attention must then use ``q @ rotation``), ``v_rotated`` (V too: the output is then
         ``o @ rotation.T``), ``k_bits`` and ``v_bits`` (bits per stored element, scales included).
     """
-    return _qattn.quantize_kv(k, v, spec)
+    return _native("quantize_kv", _qattn.quantize_kv, k, v, spec)
 
 
 def quantize_weights(w, x, spec):
@@ -217,7 +283,7 @@ def quantize_weights(w, x, spec):
     ndarray of float64, shape (in, out)
         The dequantized weights.
     """
-    return _qattn.quantize_weights(w, x, spec)
+    return _native("quantize_weights", _qattn.quantize_weights, w, x, spec)
 
 
 def quantizers():
@@ -318,7 +384,7 @@ def _split_methods(methods):
 
 
 def analyze(dump, methods=None, kv=None, weights=None, softmax_only=False, reference="fp64", engine="auto",
-            as_frame=None, format=None, threads=0):
+            as_frame=False, format=None, threads=0):
     """Error of each method against the fp64 (or exact) reference over a dump, as ``qattn analyze`` reports it.
 
     Parameters
@@ -336,8 +402,9 @@ def analyze(dump, methods=None, kv=None, weights=None, softmax_only=False, refer
     reference : {"fp64", "exact"}
         The softmax-only reference.
     engine : {"auto", "fast", "reference"}
-    as_frame : bool, optional
-        Return a pandas DataFrame. Default: when pandas can be imported. pandas is never required.
+    as_frame : bool
+        Return a pandas DataFrame instead of the records (``analyze(...).to_frame()`` is the same). Default False:
+        the type returned does not depend on what is installed; pandas is needed only for a frame.
     format : {"md", "csv", "latex", "json"}, optional
         Return the report as text instead, byte for byte what ``qattn analyze --format FORMAT`` writes for the same
         dump path and specs, with your own methods' rows after the registry's.
@@ -367,8 +434,8 @@ def analyze(dump, methods=None, kv=None, weights=None, softmax_only=False, refer
     specs, own = _split_methods(methods)
     if format is not None and format not in ("md", "csv", "latex", "json"):
         raise ValueError("analyze: format must be one of md, csv, latex, json, got %r" % (format,))
-    report = _qattn.analyze_report(os.fspath(dump), specs, kv or "", weights or "", softmax_only, reference, engine,
-                                   own, format or "", operator.index(threads))
+    report = _native("analyze", _qattn.analyze_report, os.fspath(dump), specs, kv or "", weights or "", softmax_only,
+                     reference, engine, own, format or "", operator.index(threads))
     if format is not None:
         return report["text"]
     records = []
@@ -385,18 +452,17 @@ def analyze(dump, methods=None, kv=None, weights=None, softmax_only=False, refer
     for s in report["summary"]:
         for part in ("mean", "worst"):
             s[part] = {k: _number(v) for k, v in s[part].items()}
-    if as_frame is None:
-        try:
-            import pandas  # noqa: F401
-            as_frame = True
-        except ImportError:
-            as_frame = False
-    if as_frame:
-        import pandas
-        frame = pandas.DataFrame.from_records(records)
-        frame.attrs["summary"] = report["summary"]
-        return frame
-    return _Records(records, report["summary"])
+    # The methods in the order given (the native report has the registry's specs first, then the own methods)
+    order = {}
+    for m in ([methods] if isinstance(methods, (str, Method)) else list(methods or [])):
+        order.setdefault(m if isinstance(m, str) else m.label, len(order))
+    heads = {}
+    for r in records:
+        heads.setdefault((r["layer"], r["head"]), len(heads))
+    records.sort(key=lambda r: (heads[(r["layer"], r["head"])], order.get(r["method"], len(order))))
+    summary = sorted(report["summary"], key=lambda s: order.get(s["method"], len(order)))
+    result = _Records(records, summary)
+    return result.to_frame() if as_frame else result
 
 
 class _Records(list):
@@ -405,6 +471,23 @@ class _Records(list):
     def __init__(self, records, summary):
         super().__init__(records)
         self.summary = summary
+
+    def to_frame(self, summary=False):
+        """The records as a pandas DataFrame (one row per layer, head and method; ``frame.attrs["summary"]`` holds
+        ``summary``), or with ``summary=True`` the summary: one row per method and statistic (``stat``: "mean" or
+        "worst"), in the order of ``summary``, metric columns named as the records'. ImportError without pandas."""
+        import pandas
+        if not summary:
+            frame = pandas.DataFrame.from_records(list(self))
+            frame.attrs["summary"] = self.summary
+            return frame
+        rows = []
+        for s in self.summary:
+            for stat in ("mean", "worst"):
+                row = {"method": s["method"], "stat": stat}
+                row.update((k, v) for k, v in s[stat].items())
+                rows.append(row)
+        return pandas.DataFrame.from_records(rows)
 
 
 _SWEEP_METRICS = ("cossim", "one_minus_cossim", "rel_l1", "rmse", "kl")
@@ -489,7 +572,7 @@ def compare(a, b):
         ``count``, ``nonfinite``, ``cossim``, ``one_minus_cossim``, ``rel_l1`` (sum |a - b| / sum |b|), ``rmse``,
         ``max_abs``, ``bias`` (mean of a - b), ``median_abs``, as ``qattn analyze`` computes them.
     """
-    return _qattn.compare(_widen16(a), _widen16(b))
+    return _native("compare", _qattn.compare, _widen16(a), _widen16(b))
 
 
 def fp8_encode(x, format="e4m3fn", saturate=True):
@@ -504,7 +587,7 @@ def fp8_encode(x, format="e4m3fn", saturate=True):
         array). Integer, bool, complex and object input raises TypeError: it is not converted.
     format : {"e4m3fn", "e5m2"}
     """
-    return _qattn.fp8_encode(x, format, saturate)
+    return _native("fp8_encode", _qattn.fp8_encode, x, format, saturate)
 
 
 def mma(a, bt, c=None, model="h100-wgmma-e4m3"):
@@ -524,7 +607,7 @@ def mma(a, bt, c=None, model="h100-wgmma-e4m3"):
     at most 1 GiB as float32 (2^28 outputs): a larger product raises ValueError naming both shapes and the size,
     before anything is allocated.
     """
-    return _qattn.mma(a, bt, c, model)
+    return _native("mma", _qattn.mma, a, bt, c, model)
 
 
 def mma_models():
@@ -541,7 +624,7 @@ def load(path):
     dict of str to ndarray
         In the file's dtype; float16 and bfloat16 are widened exactly to float32.
     """
-    return _qattn.load(path)
+    return _native("load", _qattn.load, path)
 
 
 def save(path, arrays):
@@ -552,4 +635,4 @@ def save(path, arrays):
     path : str
     arrays : dict of str to ndarray
     """
-    _qattn.save(path, arrays)
+    _native("save", _qattn.save, path, arrays)

@@ -21,7 +21,7 @@ def attention(
     q: _FloatArray,
     k: _FloatArray,
     v: _FloatArray,
-    method: str,
+    method: Union[str, "Method"],
     scale: Optional[float] = ...,
     causal: bool = ...,
     mask: Optional[npt.NDArray[np.bool_]] = ...,
@@ -46,6 +46,11 @@ class Method:
     @property
     def label(self) -> str: ...
     def with_params(self, **params: Any) -> "Method": ...
+class _Records(List[Dict[str, Any]]):
+    summary: List[Dict[str, Any]]
+    def __init__(self, records: List[Dict[str, Any]], summary: List[Dict[str, Any]]) -> None: ...
+    def to_frame(self, summary: bool = ...) -> Any: ...
+
 def analyze(
     dump: Union[str, os.PathLike],
     methods: Union[None, str, Method, Sequence[Union[str, Method]]] = ...,
@@ -54,7 +59,7 @@ def analyze(
     softmax_only: bool = ...,
     reference: str = ...,
     engine: str = ...,
-    as_frame: Optional[bool] = ...,
+    as_frame: bool = ...,
     format: Optional[str] = ...,
     threads: int = ...,
 ) -> Any: ...

@@ -182,93 +182,6 @@ py::array_t<double> softmax(const py::handle& logits, const std::string& method,
   return out;
 }
 
-// attention(q, k, v, method, ...): [..., L, d]; the axis before L (when there is one) is the heads of one call.
-py::object attention(const py::handle& q_obj, const py::handle& k_obj, const py::handle& v_obj, const std::string& method,
-                     std::optional<double> scale, bool causal, const std::optional<py::array>& mask, bool return_probs,
-                     const std::string& engine, std::int64_t threads, const std::string& kv, bool raw) {
-  if (raw && !return_probs) throw py::value_error("raw: applies to P; give return_probs=True with it");
-  thread_count(threads);  // refused before any array is read
-  // float32 q, k and v read in place go to the float32 entry; a float32 array next to a float64 one, or with a KV
-  // quantizer (which takes float64), is widened.
-  Input q = read_float_array(q_obj, "q", true), k = read_float_array(k_obj, "k", true),
-        v = read_float_array(v_obj, "v", true);
-  const bool f32 = q.f32 && k.f32 && v.f32 && kv.empty();
-  if (!f32) q.widen(), k.widen(), v.widen();
-  if (q.shape.size() < 2 || q.shape.size() != k.shape.size() || q.shape.size() != v.shape.size())
-    throw py::value_error("q, k, v: expected arrays [..., L, d] of the same rank, got " + shape_string(q.shape) + ", " +
-                          shape_string(k.shape) + ", " + shape_string(v.shape));
-  const std::size_t n = q.shape.size();
-  const bool batch_ok = std::equal(q.shape.begin(), q.shape.end() - 2, k.shape.begin()) &&
-                        std::equal(q.shape.begin(), q.shape.end() - 2, v.shape.begin());
-  const Eigen::Index lq = q.shape[n - 2], d = q.shape[n - 1], lk = k.shape[n - 2], dv = v.shape[n - 1];
-  if (!batch_ok || k.shape[n - 1] != d || v.shape[n - 2] != lk)
-    throw py::value_error("q, k, v: shapes " + shape_string(q.shape) + ", " + shape_string(k.shape) + ", " +
-                          shape_string(v.shape) + " do not fit [..., L_q, d], [..., L_k, d], [..., L_k, d_v]");
-  AttentionMask m;
-  m.causal = causal;
-  if (mask) {
-    if (!mask->dtype().is(py::dtype::of<bool>()) || mask->ndim() != 2 || mask->shape(0) != lq || mask->shape(1) != lk)
-      throw py::value_error("mask: expected a bool array of shape (" + std::to_string(lq) + ", " + std::to_string(lk) +
-                            ") (True = visible)");
-    const auto c = py::array_t<bool, py::array::c_style | py::array::forcecast>::ensure(*mask);
-    m.valid = Eigen::Map<const RowMatrixXb>(c.data(), lq, lk);
-  }
-  const double s = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(d));
-  const std::size_t heads = n >= 3 ? static_cast<std::size_t>(q.shape[n - 3]) : 1;
-  std::size_t calls = 1;
-  for (std::size_t i = 0; i + 3 < n; ++i) calls *= static_cast<std::size_t>(q.shape[i]);  // the axes before heads
-  std::vector<double> o(calls * heads * lq * dv), p(return_probs ? calls * heads * lq * lk : 0);
-  std::vector<std::int32_t> p_int(raw ? calls * heads * lq * lk : 0);
-  DType p_dtype = DType::u8;
-  bool have_p = true;
-  {
-    py::gil_scoped_release release;
-    require_finite_array(q, "Q"), require_finite_array(k, "K"), require_finite_array(v, "V");
-    const BuiltMethod built = build_method(method, engine_options(engine, threads, return_probs));
-    const std::unique_ptr<ref::KvQuantizer> kvq = kv.empty() ? nullptr : ref::kv_registry().create(kv);
-    for (std::size_t c = 0; c < calls; ++c) {
-      std::vector<MatrixView> qh, kh, vh;
-      std::vector<MatrixViewF> qf, kf, vf;
-      for (std::size_t h = 0; h < heads; ++h) {
-        const std::size_t b = c * heads + h;
-        if (f32) {
-          qf.push_back(matrix_at_f32(q, b, lq, d)), kf.push_back(matrix_at_f32(k, b, lk, d));
-          vf.push_back(matrix_at_f32(v, b, lk, dv));
-        } else {
-          qh.push_back(matrix_at(q, b, lq, d)), kh.push_back(matrix_at(k, b, lk, d)), vh.push_back(matrix_at(v, b, lk, dv));
-        }
-      }
-      const std::vector<AttentionResult> r = kvq   ? ref::attention_with_kv(*built.method, *kvq, qh, kh, vh, s, m)
-                                             : f32 ? built.method->attention_heads(qf, kf, vf, s, m)
-                                                   : built.method->attention_heads(qh, kh, vh, s, m);
-      for (std::size_t h = 0; h < heads; ++h) {
-        std::copy_n(r[h].o.data(), r[h].o.size(), o.data() + (c * heads + h) * lq * dv);
-        if (!return_probs) continue;
-        if (r[h].p.size() != lq * lk || (raw && r[h].p_int.size() != lq * lk)) {
-          have_p = false;
-          continue;
-        }
-        std::copy_n(r[h].p.data(), r[h].p.size(), p.data() + (c * heads + h) * lq * lk);
-        if (!raw) continue;
-        std::copy_n(r[h].p_int.data(), r[h].p_int.size(), p_int.data() + (c * heads + h) * lq * lk);
-        p_dtype = r[h].p_dtype;
-      }
-    }
-  }
-  std::vector<Eigen::Index> o_shape(q.shape.begin(), q.shape.end() - 1);
-  o_shape.push_back(dv);
-  py::array_t<double> o_array = to_array(o, o_shape);
-  if (!return_probs) return o_array;
-  if (!have_p)
-    throw py::value_error(method + (raw ? ": this method has no integer P; call with raw=False"
-                                        : ": this method does not materialise P; call with return_probs=False"));
-  std::vector<Eigen::Index> p_shape(q.shape.begin(), q.shape.end() - 1);
-  p_shape.push_back(lk);
-  if (!raw) return py::make_tuple(o_array, to_array(p, p_shape));
-  std::vector<std::int64_t> t_shape(p_shape.begin(), p_shape.end());
-  std::vector<double> widened(p_int.begin(), p_int.end());
-  return py::make_tuple(o_array, tensor_to_array(Tensor::from_double(p_dtype, t_shape, widened)));
-}
 
 
 // An int8, int16 or int32 array of integer logits: read in place when it is C-contiguous and aligned (the model
@@ -666,12 +579,13 @@ std::optional<py::error_already_set> run_checking_signals(const std::function<vo
 // std::invalid_argument around it), the callable's own exception is raised instead, with its type and traceback
 // (pdb.pm() reaches the callable's frame), and a note with the evaluation's context: the file, layer and batch entry
 // or head, the method, and the head of the call. Called with the GIL.
-[[noreturn]] void rethrow_raised(const std::exception_ptr& failure, CallableCalls& calls) {
+[[noreturn]] void rethrow_raised(const std::exception_ptr& failure, CallableCalls& calls,
+                                 const char* caller = "qattn.analyze") {
   const auto raise_own = [&](const std::string& reason, const std::string& where) {
     for (CallableRaised& r : calls.raised) {
       if (r.reason != reason) continue;
       if (py::hasattr(r.error.value(), "add_note"))  // Python 3.11 and newer
-        r.error.value().attr("add_note")("qattn.analyze: " + where + r.summary);
+        r.error.value().attr("add_note")(std::string(caller) + ": " + where + r.summary);
       throw r.error;
     }
   };
@@ -686,6 +600,136 @@ std::optional<py::error_already_set> run_checking_signals(const std::function<vo
     raise_own(e.what(), "");
     throw;
   }
+}
+
+// attention(q, k, v, method, ...): [..., L, d]; the axis before L (when there is one) is the heads of one call.
+// `method_obj`: a spec (str), or a user's method as (label, callable, kind, thread_safe) (qattn.Method._entry), run
+// as a PythonMethod on this thread; what its callable raises is re-raised as itself.
+// Grouped-query attention: with three or more axes, k and v may have H_kv heads on the axis before L where q has H_q,
+// H_kv dividing H_q; query head h reads K/V head h / (H_q / H_kv) (contiguous groups, as Hugging Face's repeat_kv),
+// a view of the caller's array, not a copy. The other leading axes must be equal.
+py::object attention(const py::handle& q_obj, const py::handle& k_obj, const py::handle& v_obj,
+                     const py::object& method_obj, std::optional<double> scale, bool causal,
+                     const std::optional<py::array>& mask, bool return_probs, const std::string& engine,
+                     std::int64_t threads, const std::string& kv, bool raw) {
+  if (raw && !return_probs) throw py::value_error("raw: applies to P; give return_probs=True with it");
+  thread_count(threads);  // refused before any array is read
+  CallableCalls own_calls;  // outlives the method that refers to it
+  std::unique_ptr<Method> own;
+  std::string method;  // the spec, or the user's method's label
+  if (py::isinstance<py::str>(method_obj)) {
+    method = method_obj.cast<std::string>();
+  } else {
+    const auto t = py::reinterpret_borrow<py::tuple>(method_obj);
+    if (!py::isinstance<py::tuple>(method_obj) || t.size() != 4)
+      throw py::type_error("method: a spec (str) or a qattn.Method");
+    method = t[0].cast<std::string>();
+    const std::string kind = t[2].cast<std::string>();
+    if (kind != "softmax" && kind != "attention")
+      throw py::value_error(method + ": kind must be 'softmax' or 'attention', got '" + kind + "'");
+    own = std::make_unique<PythonMethod>(method, t[1].cast<py::object>(), kind == "attention", t[3].cast<bool>(),
+                                         own_calls);
+  }
+  // float32 q, k and v read in place go to the float32 entry; a float32 array next to a float64 one, or with a KV
+  // quantizer (which takes float64), is widened.
+  Input q = read_float_array(q_obj, "q", true), k = read_float_array(k_obj, "k", true),
+        v = read_float_array(v_obj, "v", true);
+  const bool f32 = q.f32 && k.f32 && v.f32 && kv.empty();
+  if (!f32) q.widen(), k.widen(), v.widen();
+  if (q.shape.size() < 2 || q.shape.size() != k.shape.size() || q.shape.size() != v.shape.size())
+    throw py::value_error("q, k, v: expected arrays [..., L, d] of the same rank, got " + shape_string(q.shape) + ", " +
+                          shape_string(k.shape) + ", " + shape_string(v.shape));
+  const std::size_t n = q.shape.size();
+  // The axes before the heads' must be equal; the heads' (n >= 3) equal, or H_kv (k and v alike) dividing H_q.
+  const std::size_t before_heads = n >= 3 ? n - 3 : 0;
+  const bool batch_ok = std::equal(q.shape.begin(), q.shape.begin() + before_heads, k.shape.begin()) &&
+                        std::equal(q.shape.begin(), q.shape.begin() + before_heads, v.shape.begin());
+  const Eigen::Index lq = q.shape[n - 2], d = q.shape[n - 1], lk = k.shape[n - 2], dv = v.shape[n - 1];
+  if (!batch_ok || k.shape[n - 1] != d || v.shape[n - 2] != lk)
+    throw py::value_error("q, k, v: shapes " + shape_string(q.shape) + ", " + shape_string(k.shape) + ", " +
+                          shape_string(v.shape) + " do not fit [..., L_q, d], [..., L_k, d], [..., L_k, d_v]");
+  const std::size_t heads = n >= 3 ? static_cast<std::size_t>(q.shape[n - 3]) : 1;
+  const std::size_t kv_heads = n >= 3 ? static_cast<std::size_t>(k.shape[n - 3]) : 1;
+  if (n >= 3 && v.shape[n - 3] != k.shape[n - 3])
+    throw py::value_error("k, v: " + std::to_string(kv_heads) + " heads in k " + shape_string(k.shape) + " but " +
+                          std::to_string(v.shape[n - 3]) + " in v " + shape_string(v.shape) +
+                          " (axis -3): K and V have one head count");
+  if (kv_heads == 0 || heads % kv_heads != 0)
+    throw py::value_error("q, k: " + std::to_string(heads) + " query heads and " + std::to_string(kv_heads) +
+                          " K/V heads (axis -3 of " + shape_string(q.shape) + " and " + shape_string(k.shape) +
+                          "): grouped-query attention needs the K/V head count to divide the query head count");
+  const std::size_t group = heads / std::max<std::size_t>(kv_heads, 1);
+  AttentionMask m;
+  m.causal = causal;
+  if (mask) {
+    if (!mask->dtype().is(py::dtype::of<bool>()) || mask->ndim() != 2 || mask->shape(0) != lq || mask->shape(1) != lk)
+      throw py::value_error("mask: expected a bool array of shape (" + std::to_string(lq) + ", " + std::to_string(lk) +
+                            ") (True = visible)");
+    const auto c = py::array_t<bool, py::array::c_style | py::array::forcecast>::ensure(*mask);
+    m.valid = Eigen::Map<const RowMatrixXb>(c.data(), lq, lk);
+  }
+  const double s = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(d));
+  std::size_t calls = 1;
+  for (std::size_t i = 0; i + 3 < n; ++i) calls *= static_cast<std::size_t>(q.shape[i]);  // the axes before heads
+  std::vector<double> o(calls * heads * lq * dv), p(return_probs ? calls * heads * lq * lk : 0);
+  std::vector<std::int32_t> p_int(raw ? calls * heads * lq * lk : 0);
+  DType p_dtype = DType::u8;
+  bool have_p = true;
+  std::exception_ptr failure;
+  {
+    py::gil_scoped_release release;
+    try {
+      require_finite_array(q, "Q"), require_finite_array(k, "K"), require_finite_array(v, "V");
+      const BuiltMethod built = own ? BuiltMethod{} : build_method(method, engine_options(engine, threads, return_probs));
+      const Method& run = own ? *own : *built.method;
+      const std::unique_ptr<ref::KvQuantizer> kvq = kv.empty() ? nullptr : ref::kv_registry().create(kv);
+      for (std::size_t c = 0; c < calls; ++c) {
+        std::vector<MatrixView> qh, kh, vh;
+        std::vector<MatrixViewF> qf, kf, vf;
+        for (std::size_t h = 0; h < heads; ++h) {
+          const std::size_t b = c * heads + h, bkv = c * kv_heads + h / group;  // query head h reads K/V head h / group
+          if (f32) {
+            qf.push_back(matrix_at_f32(q, b, lq, d)), kf.push_back(matrix_at_f32(k, bkv, lk, d));
+            vf.push_back(matrix_at_f32(v, bkv, lk, dv));
+          } else {
+            qh.push_back(matrix_at(q, b, lq, d)), kh.push_back(matrix_at(k, bkv, lk, d));
+            vh.push_back(matrix_at(v, bkv, lk, dv));
+          }
+        }
+        const std::vector<AttentionResult> r = kvq   ? ref::attention_with_kv(run, *kvq, qh, kh, vh, s, m)
+                                               : f32 ? run.attention_heads(qf, kf, vf, s, m)
+                                                     : run.attention_heads(qh, kh, vh, s, m);
+        for (std::size_t h = 0; h < heads; ++h) {
+          std::copy_n(r[h].o.data(), r[h].o.size(), o.data() + (c * heads + h) * lq * dv);
+          if (!return_probs) continue;
+          if (r[h].p.size() != lq * lk || (raw && r[h].p_int.size() != lq * lk)) {
+            have_p = false;
+            continue;
+          }
+          std::copy_n(r[h].p.data(), r[h].p.size(), p.data() + (c * heads + h) * lq * lk);
+          if (!raw) continue;
+          std::copy_n(r[h].p_int.data(), r[h].p_int.size(), p_int.data() + (c * heads + h) * lq * lk);
+          p_dtype = r[h].p_dtype;
+        }
+      }
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  if (failure) rethrow_raised(failure, own_calls, "qattn.attention");
+  std::vector<Eigen::Index> o_shape(q.shape.begin(), q.shape.end() - 1);
+  o_shape.push_back(dv);
+  py::array_t<double> o_array = to_array(o, o_shape);
+  if (!return_probs) return o_array;
+  if (!have_p)
+    throw py::value_error(method + (raw ? ": this method has no integer P; call with raw=False"
+                                        : ": this method does not materialise P; call with return_probs=False"));
+  std::vector<Eigen::Index> p_shape(q.shape.begin(), q.shape.end() - 1);
+  p_shape.push_back(lk);
+  if (!raw) return py::make_tuple(o_array, to_array(p, p_shape));
+  std::vector<std::int64_t> t_shape(p_shape.begin(), p_shape.end());
+  std::vector<double> widened(p_int.begin(), p_int.end());
+  return py::make_tuple(o_array, tensor_to_array(Tensor::from_double(p_dtype, t_shape, widened)));
 }
 
 // analyze(...): the evaluation layer's analysis (qattn/eval/analysis.h) over a dump, on the engine named here, as

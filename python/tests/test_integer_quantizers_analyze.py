@@ -190,15 +190,15 @@ def test_analyze_softmax_only_kv_and_errors(tmp_path):
         qattn.analyze(SAMPLE, ["nope"])
 
 
-def test_analyze_returns_a_dataframe_when_pandas_is_there():
+def test_analyze_returns_records_and_a_dataframe_on_request():
+    assert isinstance(qattn.analyze(SAMPLE, ["fp32"]), list)  # the default, whatever is installed: records
     try:
         import pandas  # noqa: F401
     except ImportError:
         with pytest.raises(ImportError):
             qattn.analyze(SAMPLE, ["fp32"], as_frame=True)
-        assert isinstance(qattn.analyze(SAMPLE, ["fp32"]), list)  # the default without pandas: records
         return
-    frame = qattn.analyze(SAMPLE, ["fp32"])
+    frame = qattn.analyze(SAMPLE, ["fp32"], as_frame=True)
     assert list(frame["method"].unique()) == ["fp32"] and "summary" in frame.attrs
 
 
