@@ -7,6 +7,15 @@ manager under which a model's multi-head attention computes ``softmax(scale q k^
         y = model(x)
     r.calls  # how many attention calls went through qattn
 
+``capture(dumper)`` and ``AttentionDumper`` (``qattn.dump_torch``, which needs only NumPy and PyTorch, also found as
+``analysis/dump_torch.py``) dump the q, k and v a model's attention computes with into the files ``qattn analyze``
+reads (docs/dumping.md):
+
+    dumper = qattn.torch.AttentionDumper("dump/")
+    with torch.no_grad(), qattn.torch.capture(dumper):  # the calls of torch.nn.functional.scaled_dot_product_attention
+        model(**inputs)
+    dumper.write()
+
 What ``route`` replaces, for the duration of the ``with`` block (and restores afterwards, also on an exception):
 
 - ``torch.nn.functional.multi_head_attention_forward``: what ``nn.MultiheadAttention`` (and so
@@ -38,8 +47,9 @@ import torch
 import torch.nn.functional as F
 
 from . import attention as _attention
+from .dump_torch import AttentionDumper, capture
 
-__all__ = ["attention", "route", "RouteWarning"]
+__all__ = ["attention", "route", "RouteWarning", "AttentionDumper", "capture"]
 
 
 class RouteWarning(UserWarning):

@@ -2,6 +2,8 @@
 from contextlib import AbstractContextManager
 from typing import Any, Optional, Protocol, Tuple, Union
 
+from .dump_torch import AttentionDumper as AttentionDumper, capture as capture
+
 _Tensor = Any
 
 def attention(

@@ -1,6 +1,8 @@
 #!/usr/bin/python3
-"""analysis/dump_torch.py on tiny random modules built here (no downloads): the files it writes hold exactly the
-heads of the projections, in qattn's naming, and `qattn analyze` reads them.
+"""The projection hooks of python/qattn/dump_torch.py (imported as analysis/dump_torch.py, a link to that one file) on
+tiny random modules built here (no downloads): the files they write hold exactly the heads of the projections, in
+qattn's naming (grouped-query K/V repeated per query head), and `qattn analyze` reads them, with --weights too. The
+capture at the attention call is tested by python/tests/test_capture.py.
 
     check_dump_torch.py QATTN_BINARY REPO_ROOT
 Without PyTorch it reports a skip, except under CI=true, where the project's install script provides it.
@@ -13,6 +15,9 @@ import tempfile
 
 qattn, root = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(root, "analysis"))
+if os.path.realpath(os.path.join(root, "analysis", "dump_torch.py")) != \
+        os.path.realpath(os.path.join(root, "python", "qattn", "dump_torch.py")):
+    sys.exit("FAIL: analysis/dump_torch.py is not a link to python/qattn/dump_torch.py (one source)")
 try:
     import numpy as np
     import torch
@@ -124,6 +129,9 @@ with tempfile.TemporaryDirectory() as tmp:
     check(m["format"] == "qattn dump v1" and len(m["files"]) == 4 * H * 3 + 4 * 7, "manifest lists every file")
     check(m["layers"]["2"].get("scale") == 0.5 and m["layers"]["2"].get("causal") is True
           and "scale" not in m["layers"]["0"], f"manifest scale/causal: {m['layers']}")
+    # the projections before RoPE, K/V repeated: the files hold H heads of each, so no num_kv_heads
+    check(m["layers"]["0"] == {"source": "projections", "num_heads": H, "rope": False},
+          f"manifest of a projection dump: {m['layers']['0']}")
     try:
         AttentionDumper(os.path.join(tmp, "x")).record(0, *(torch.zeros(1, 1, 2, 2),) * 3, scale=-1.0)
         check(False, "a negative scale was accepted")

@@ -1,0 +1,1 @@
+../python/qattn/dump_torch.py
