@@ -1,0 +1,1 @@
+../../python/qattn/plot.py
