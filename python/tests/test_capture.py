@@ -167,6 +167,10 @@ def watch(model):
     return seen, handles
 
 
+def written_layers(dumper):
+    return json.load(open(os.path.join(dumper.out_dir, "manifest.json")))["layers"]
+
+
 def load(out, layer, head, kind):
     return np.load(os.path.join(out, f"layer{layer}_head{head}_{kind}.npy"))
 
@@ -325,7 +329,8 @@ def test_the_attribute_is_restored_and_what_a_dump_cannot_hold_is_refused(sdpa, 
             raise RuntimeError("inside")
     assert F.scaled_dot_product_attention is sdpa
     for mask, message in (("dropout", r"dropout_p=0\.1.*model\.eval\(\)"),
-                          ("padding", r"attn_mask is neither the causal mask .*nor all-visible.*one causal flag per layer"),
+                          ("padding", r"attn_mask is neither the causal mask .*nor all-visible.*one causal flag "
+                                      r"per layer"),
                           ("bias", r"attn_mask adds values other than 0 and -inf")):
         with pytest.raises(ValueError, match=r"capture: layer 0 \(torch\.nn\.functional\.scaled_dot_product_attention"
                                              r"\): " + message):
@@ -343,25 +348,29 @@ def test_the_attribute_is_restored_and_what_a_dump_cannot_hold_is_refused(sdpa, 
         y = F.scaled_dot_product_attention(q[:, :, -3:], k, k, enable_gqa=True)  # no mask: L_q != L_k is fine
     assert torch.equal(y, sdpa(q[:, :, -3:], k, k, enable_gqa=True))
     assert F.scaled_dot_product_attention is sdpa
-    assert json.dumps(d._meta) == json.dumps({0: {
+    d.write()  # only the one call that was not refused
+    assert written_layers(d) == {"0": {
         "source": "capture", "function": "torch.nn.functional.scaled_dot_product_attention", "num_heads": HQ,
-        "num_kv_heads": HKV, "scale": 0.25, "causal": False}})  # only the one call that was not refused
+        "num_kv_heads": HKV, "scale": 0.25, "causal": False}}
+    assert load(d.out_dir, 0, 0, "q").shape == (1, 3, HD)
     # a mask that hides nothing is no mask; the causal mask of L_q < L_k is aligned at the bottom right
     e = AttentionDumper(tmp_path / "e")
     with torch.no_grad(), capture(e, layers=1):
         F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(L, L, dtype=torch.bool))
-    assert e._meta[0]["causal"] is False
+    e.write()
+    assert written_layers(e)["0"]["causal"] is False
     f = AttentionDumper(tmp_path / "f")
     with torch.no_grad(), capture(f):
         with pytest.raises(ValueError, match="neither the causal mask"):  # top-left causal, L_q != L_k
             F.scaled_dot_product_attention(q[:, :, :3], q, q, attn_mask=torch.ones(3, L, dtype=torch.bool).tril())
         F.scaled_dot_product_attention(q[:, :, :3], q, q, attn_mask=torch.ones(3, L, dtype=torch.bool).tril(L - 3))
-    assert f._meta[0]["causal"] is True
+    f.write()
+    assert written_layers(f)["0"]["causal"] is True
 
 
 def test_the_function_to_wrap_is_named_or_refused_clearly(sdpa, monkeypatch):
     d = AttentionDumper("unused")
-    for fn, error, message in (("no_such_module_qattn:f", ValueError, "cannot import the module 'no_such_module_qattn'"),
+    for fn, error, message in (("no_such_module_qattn:f", ValueError, "cannot import the module 'no_such_module_q"),
                                ("math:no_such_function", ValueError, "has no attribute 'no_such_function'"),
                                ("math.pi", TypeError, "math.pi is a float, not a function"),
                                ("math", ValueError, "expected 'package.module:attr' or 'package.module.attr'"),
@@ -404,7 +413,8 @@ def test_fn_names_the_models_own_attention_function(sdpa, tmp_path, fn):
             f"{__name__}.my_attention"
         for h in range(HQ):
             for kind in "qkv":
-                assert np.array_equal(load(tmp_path / "ours", layer, h, kind), load(tmp_path / "standard", layer, h, kind))
+                assert np.array_equal(load(tmp_path / "ours", layer, h, kind),
+                                      load(tmp_path / "standard", layer, h, kind))
 
 
 class TestOriginals:
@@ -472,3 +482,14 @@ def test_qattn_analyze_reads_a_capture(sdpa, tmp_path):
     error = header.index("O 1-CosSim")
     assert all(float(r[error]) < 1e-9 for r in heads if r[2] == "fp32")
     assert all(float(r[error]) > 1e-6 for r in heads if r[2] == "intattention")
+
+
+def test_qattn_analyze_reads_a_grouped_query_capture_as_its_repeated_twin(sdpa, tmp_path):
+    """K/V as given (2 heads for 4 query heads) analyse as the same K/V repeated per query head, byte for byte."""
+    for kv in ("gqa", "repeat"):
+        d = AttentionDumper(tmp_path / kv)
+        with torch.no_grad(), capture(d):
+            Decoder(kv, "is_causal")(inputs())
+        d.write()
+    assert not os.path.exists(tmp_path / "gqa" / "layer0_head2_k.npy")
+    assert analyze(tmp_path / "gqa") == analyze(tmp_path / "repeat")
