@@ -70,9 +70,9 @@ void run_attention(const AttentionOptions& o) {
     qs = split_batch(tq, o.q), ks = split_batch(tk, o.k), vs = split_batch(tv, o.v);
   }
   const std::int64_t entries = batch_entries(tq, o.q);
-  if (leading(tq) != leading(tk) || leading(tk) != leading(tv))
-    throw InputError(o.k, "shape", "leading (batch) dimensions of q " + tq.shape_string() + ", k " + tk.shape_string() +
-                                       " and v " + tv.shape_string() + " differ");
+  // Grouped-query attention: K and V may hold fewer heads than Q (the axis before L); each Q matrix reads its
+  // group's K/V matrix in place, none is repeated.
+  const KvGrouping kv = group_kv_heads(tq.shape, tk.shape, tv.shape, o.q, o.k, o.v);
   if (tq.shape.back() != tk.shape.back())
     throw InputError(o.k, "shape", "head dimension d of k (" + std::to_string(tk.shape.back()) + ") differs from q (" +
                                        std::to_string(tq.shape.back()) + ")");
@@ -85,11 +85,21 @@ void run_attention(const AttentionOptions& o) {
   std::vector<double> p_all;
   DType p_dtype = DType::f64;
   // [..., H, L, d] with 4 or more axes: the axis before L is the heads of one layer, handed over together (turbo's
-  // head-wise KV precision ranks them); with 3 axes every matrix is its own call.
+  // head-wise KV precision ranks them; under grouped-query attention a group's query heads get the same K/V views);
+  // with 3 axes every matrix is its own call.
   const std::size_t heads = tq.shape.size() >= 4 ? static_cast<std::size_t>(tq.shape[tq.shape.size() - 3]) : 1;
   std::vector<AttentionResult> results;
-  const auto entry_views = [&](const std::vector<RowMatrixXd>& m, std::size_t b0) {
-    return std::vector<MatrixView>(m.begin() + static_cast<std::ptrdiff_t>(b0), m.begin() + static_cast<std::ptrdiff_t>(b0 + heads));
+  // Q's entries [b0, b0 + heads), or the K/V entries they read (`kv_of`)
+  const auto entry_views = [&](const std::vector<RowMatrixXd>& m, std::size_t b0, bool kv_of) {
+    std::vector<MatrixView> views;
+    for (std::size_t e = b0; e < b0 + heads; ++e)
+      views.emplace_back(m[kv_of ? static_cast<std::size_t>(kv.kv_entry(static_cast<std::int64_t>(e))) : e]);
+    return views;
+  };
+  const auto kv_views_f32 = [&](const Tensor& t, const std::string& path, std::int64_t first, std::int64_t n) {
+    std::vector<MatrixViewF> views;
+    for (std::int64_t e = first; e < first + n; ++e) views.push_back(batch_views_f32(t, path, kv.kv_entry(e), 1).front());
+    return views;
   };
   for (std::size_t b0 = 0; b0 < static_cast<std::size_t>(entries); b0 += heads) {
     const std::string where =
@@ -97,9 +107,10 @@ void run_attention(const AttentionOptions& o) {
                                                                        std::to_string(b0 + heads - 1)) + ")";
     const auto n = static_cast<std::int64_t>(heads), first = static_cast<std::int64_t>(b0);
     for (AttentionResult& r : with_source(where, o.spec, [&] {
-           return in_place ? method->attention_heads(batch_views_f32(tq, o.q, first, n), batch_views_f32(tk, o.k, first, n),
-                                                     batch_views_f32(tv, o.v, first, n), scale, mask)
-                           : method->attention_heads(entry_views(qs, b0), entry_views(ks, b0), entry_views(vs, b0), scale, mask);
+           return in_place ? method->attention_heads(batch_views_f32(tq, o.q, first, n), kv_views_f32(tk, o.k, first, n),
+                                                     kv_views_f32(tv, o.v, first, n), scale, mask)
+                           : method->attention_heads(entry_views(qs, b0, false), entry_views(ks, b0, true),
+                                                     entry_views(vs, b0, true), scale, mask);
          }))
       results.push_back(std::move(r));
   }
@@ -139,8 +150,9 @@ void add_attention(CLI::App& app) {
                                  "optionally P (float64, or the integer P with --raw)");
   auto o = std::make_shared<AttentionOptions>();
   sub->add_option("--q", o->q, "Queries [..., L_q, d]")->required();
-  sub->add_option("--k", o->k, "Keys [..., L_k, d]")->required();
-  sub->add_option("--v", o->v, "Values [..., L_k, d_v]")->required();
+  sub->add_option("--k", o->k, "Keys [..., L_k, d]; [..., H_kv, L_k, d] with H_kv dividing Q's heads H_q: grouped-query "
+                  "attention, query head h reads K/V head h / (H_q / H_kv)")->required();
+  sub->add_option("--v", o->v, "Values [..., L_k, d_v], with K's heads")->required();
   sub->add_option("--method", o->spec, "Method spec (see `qattn methods`)")->required();
   sub->add_option("--out", o->out, "Output O .npy [..., L_q, d_v], float32")->required();
   sub->add_option("--probs", o->probs,

@@ -92,11 +92,50 @@ std::string bad_head_number(const std::string& name, const std::string& suffix) 
   return "";
 }
 
+// The grouped-query layers of an attention dump, decided from the names alone (so that every shard decides alike):
+// layer -> H_q / H_kv (query heads per K/V head) for each layer whose q heads are exactly 0 .. H_q - 1, its k heads
+// 0 .. H_k - 1 and its v heads 0 .. H_v - 1, with min(H_k, H_v) < H_q and max(H_k, H_v) <= H_q. Refused (InputError,
+// --tensors) where H_k and H_v differ (naming the first missing file) or H_kv = H_k does not divide H_q, naming the
+// counts. Every other layer has one K/V head per query head, and its missing files are found per head.
+std::map<int, int> grouped_layers(const std::map<std::tuple<int, int, int>, std::string>& named, const fs::path& source,
+                                  bool directory) {
+  std::map<int, std::array<std::vector<int>, 3>> heads;  // layer -> [kind] -> head numbers, ascending
+  for (const auto& [lhk, name] : named)
+    if (std::get<2>(lhk) < 3) heads[std::get<0>(lhk)][static_cast<std::size_t>(std::get<2>(lhk))].push_back(std::get<1>(lhk));
+  const auto from_zero = [](const std::vector<int>& h) {
+    for (std::size_t i = 0; i < h.size(); ++i)
+      if (h[i] != static_cast<int>(i)) return false;
+    return !h.empty();
+  };
+  std::map<int, int> out;
+  for (const auto& [layer, kinds] : heads) {
+    const std::size_t nq = kinds[0].size(), nk = kinds[1].size(), nv = kinds[2].size();
+    if (!from_zero(kinds[0]) || !from_zero(kinds[1]) || !from_zero(kinds[2]) || std::min(nk, nv) >= nq ||
+        std::max(nk, nv) > nq)
+      continue;
+    const std::string l = std::to_string(layer), counts = "layer " + l + " has " + std::to_string(nq) + " q heads, ";
+    if (nk != nv)
+      throw InputError(source.string(), "--tensors",
+                       counts + std::to_string(nk) + " k heads and " + std::to_string(nv) +
+                           " v heads: grouped-query attention needs as many k heads as v heads (layer" + l + "_head" +
+                           std::to_string(std::min(nk, nv)) + "_" + (nk < nv ? "k" : "v") + (directory ? ".npy" : "") +
+                           " is missing)");
+    if (nq % nk != 0)
+      throw InputError(source.string(), "--tensors",
+                       counts + std::to_string(nk) + " k and v heads: grouped-query attention needs the K/V head count "
+                       "to divide the query head count");
+    out[layer] = static_cast<int>(nq / nk);
+  }
+  return out;
+}
+
 // A directory of layer{L}_head{H}_{q,k,v,logits}.npy, or one .npz / .safetensors file holding tensors of those
 // names (".npy" suffixes inside an .npz are accepted). Keeps the kinds `target` needs. Refuses (InputError) a name
 // of that form whose L or H is not a number in [0, kMaxDumpNumber], and two names of one (layer, head, kind), whatever
-// the target and the filter keep.
-std::vector<HeadTensors> read_heads(const fs::path& source, DumpTarget target, const DumpFilter* filter = nullptr) {
+// the target and the filter keep. An attention dump's grouped-query layers (grouped_layers) go to *grouped, layer ->
+// query heads per K/V head; a K/V head of one is read where the filter keeps any query head of its group.
+std::vector<HeadTensors> read_heads(const fs::path& source, DumpTarget target, const DumpFilter* filter = nullptr,
+                                    std::map<int, int>* grouped = nullptr) {
   std::error_code ec;
   std::map<std::pair<int, int>, HeadTensors> found;
   bool other_kind = false;  // files of the other target were seen (for the hint in the error)
@@ -132,13 +171,25 @@ std::vector<HeadTensors> read_heads(const fs::path& source, DumpTarget target, c
     if (!std::regex_match(name, kLayerFile)) strays += (strays.empty() ? "" : ", ") + name;
     return std::nullopt;
   };
+  std::map<int, int> groups;  // layer -> H_q / H_kv of the grouped-query layers, once every name is classified
+  // Whether the filter keeps a file of (layer, head, kind): a grouped layer's K/V head where it keeps any query head
+  // of the group (each one asked, so that a listing sees them all).
+  auto kept = [&](const HeadFile& hf) {
+    if (!filter) return true;
+    const auto g = groups.find(hf.layer);
+    if (hf.kind == 0 || hf.kind == 3 || g == groups.end()) return filter->keep(hf.layer, hf.head);
+    const int group = g->second;
+    bool any = false;
+    for (int h = hf.head * group; h < (hf.head + 1) * group; ++h) any = filter->keep(hf.layer, h) || any;
+    return any;
+  };
   // Keeps one classified tensor file or member where the target and the filter want it; `read` gives its tensor.
   auto keep = [&](const HeadFile& hf, const std::string& where, auto&& read) {
     if (!wanted(hf.kind)) {
       other_kind = true;
       return;
     }
-    if (filter && !filter->keep(hf.layer, hf.head)) return;
+    if (!kept(hf)) return;
     HeadTensors& h = slot(hf.layer, hf.head);
     h.where[hf.kind] = where;
     h.t[hf.kind] = read();
@@ -152,12 +203,14 @@ std::vector<HeadTensors> read_heads(const fs::path& source, DumpTarget target, c
     for (const auto& f : files)
       if (f.extension() == ".npy")
         if (const auto hf = classify(f.filename().string(), f.string())) head_files.push_back({f, *hf});
+    if (!softmax) groups = grouped_layers(named, source, true);
     for (const auto& file : head_files) keep(file.second, file.first.string(), [&] { return read_npy(file.first); });
   } else if (fs::is_regular_file(source, ec)) {
     if (filter && filter->files_read) filter->files_read->push_back(source.string());
     std::vector<NamedTensor> tensors = read_tensor_file(source);
     std::vector<std::optional<HeadFile>> kinds;
     for (const NamedTensor& nt : tensors) kinds.push_back(classify(nt.name, source.string() + ":" + nt.name));
+    if (!softmax) groups = grouped_layers(named, source, false);
     for (std::size_t i = 0; i < tensors.size(); ++i)
       if (kinds[i]) keep(*kinds[i], source.string() + ":" + tensors[i].name, [&] { return std::move(tensors[i].tensor); });
   } else if (!fs::exists(source, ec)) {
@@ -177,12 +230,13 @@ std::vector<HeadTensors> read_heads(const fs::path& source, DumpTarget target, c
   std::vector<HeadTensors> heads;
   for (auto& [lh, h] : found) {
     for (int k = 0; k < kKinds; ++k)
-      if (wanted(k) && h.where[k].empty())
+      if (wanted(k) && h.where[k].empty() && !groups.count(lh.first))
         throw InputError(source.string(), "--tensors",
                          "layer" + std::to_string(lh.first) + "_head" + std::to_string(lh.second) + "_" + kKindNames[k] +
                              (directory ? ".npy" : "") + " is missing (q, k and v are all needed)" + stray_note);
     heads.push_back(std::move(h));
   }
+  if (grouped) *grouped = std::move(groups);
   return heads;
 }
 
@@ -191,10 +245,11 @@ struct LayerManifest {
   std::optional<double> scale;
   std::optional<bool> causal;
   std::optional<int> num_heads, head_dim;
+  std::optional<int> num_kv_heads;  // grouped-query attention: the layer's K/V heads
 };
 
 // The keys a manifest may hold, per level: first those qattn reads, then those other writers put there, accepted and
-// not read (analysis/dump_torch.py: format, files, source, layout, num_kv_heads, function, rope; the USE-Lite dump tools that wrote
+// not read (analysis/dump_torch.py: format, files, source, layout, function, rope; the USE-Lite dump tools that wrote
 // the full sample, ../shared/data/use-lite: the others). Any other key is refused, so that a misspelt "scale" cannot
 // leave the default in place without a word.
 constexpr const char* kManifestKeys[] = {"causal",         "layers",          "format",      "source",     "files",
@@ -203,7 +258,7 @@ constexpr const char* kManifestKeys[] = {"causal",         "layers",          "f
                                          "token_ids",      "tokens",          "layout_projections", "final_embedding",
                                          "sanity"};
 constexpr const char* kLayerKeys[] = {"layer",  "scale",   "causal",  "num_heads", "n_heads",    "head_dim",
-                                      "source", "layout",  "num_kv_heads", "heads", "d_model",   "d_out",
+                                      "num_kv_heads", "source", "layout", "heads", "d_model",   "d_out",
                                       "attn_input", "projections", "projection_source", "function", "rope"};
 
 // Refuses a key of `object` that is not in `known`, naming it and the known ones.
@@ -288,7 +343,8 @@ nlohmann::json parse_manifest(const std::vector<std::byte>& bytes, const std::st
 
 // Reads the optional manifest.json of a dump directory: "layers" is an array of objects with "layer", or an object
 // keyed by the layer number (an inner "layer" must equal its key); each may carry "scale" (> 0), "causal" (bool),
-// "num_heads" (or "n_heads", equal where both are given) and "head_dim". A top-level "causal" applies to every layer.
+// "num_heads" (or "n_heads", equal where both are given), "num_kv_heads" and "head_dim". A top-level "causal"
+// applies to every layer.
 // Keys outside kManifestKeys and kLayerKeys, and keys given twice in one object, are refused.
 std::map<int, LayerManifest> read_manifest(const fs::path& dir) {
   std::map<int, LayerManifest> out;
@@ -320,11 +376,12 @@ std::map<int, LayerManifest> read_manifest(const fs::path& dir) {
       if (!e["causal"].is_boolean()) throw InputError(where, field + ".causal", "expected true or false");
       m.causal = e["causal"].get<bool>();
     }
-    for (const char* key : {"num_heads", "n_heads", "head_dim"}) {
+    for (const char* key : {"num_heads", "n_heads", "head_dim", "num_kv_heads"}) {
       if (!e.contains(key)) continue;
       const std::optional<int> n = int_field(e[key], 1);
       if (!n) throw InputError(where, field + "." + key, "expected an integer in [1, " + std::to_string(INT32_MAX) + "]");
-      std::optional<int>& slot = std::string(key) == "head_dim" ? m.head_dim : m.num_heads;
+      const std::string k = key;
+      std::optional<int>& slot = k == "head_dim" ? m.head_dim : k == "num_kv_heads" ? m.num_kv_heads : m.num_heads;
       if (slot && *slot != *n)
         throw InputError(where, field + ".n_heads",
                          "says " + std::to_string(*n) + " heads, num_heads " + std::to_string(*slot) + ": give one");
@@ -492,19 +549,30 @@ void add_softmax_head(DumpLayer& l, const HeadTensors& ht, const AttentionMask& 
   l.p_reference.push_back(std::move(refs));
 }
 
-// One head of an attention dump into l: q, k, v checked against each other, the layer's other heads and the
-// manifest's head_dim (field names its layer), and the fp64 reference attention.
-void add_attention_head(DumpLayer& l, const HeadTensors& ht, const LayerManifest* m, const std::string& manifest_path,
-                        const std::string& field, const AttentionMask& mask, const Method* reference) {
+// One head of an attention dump into l: q from qt, k and v from kvt (the same head, or under grouped-query attention
+// the K/V head of qt's group), which are l.k[kv] and l.v[kv] once read (kv == l.k.size(): read here, from kvt);
+// checked against each other, the layer's other heads and the manifest's head_dim (field names its layer), and the
+// fp64 reference attention.
+void add_attention_head(DumpLayer& l, const HeadTensors& qt, const HeadTensors& kvt, std::size_t kv,
+                        const LayerManifest* m, const std::string& manifest_path, const std::string& field,
+                        const AttentionMask& mask, const Method* reference) {
+  const bool new_kv = kv == l.k.size();
+  const HeadTensors& ht = qt;
   l.q_paths.push_back(ht.where[0]);
-  for (int kind = 0; kind < 3; ++kind) require_finite_tensor(ht.t[kind], ht.where[kind], kKindRoles[kind]);
+  for (int kind = 0; kind < 3; ++kind)
+    if (kind == 0 || new_kv) require_finite_tensor((kind ? kvt : qt).t[kind], (kind ? kvt : qt).where[kind], kKindRoles[kind]);
   l.q.push_back(split_batch(ht.t[0], ht.where[0]));
-  l.k.push_back(split_batch(ht.t[1], ht.where[1]));
-  l.v.push_back(split_batch(ht.t[2], ht.where[2]));
-  if (l.q.back().size() != l.k.back().size() || l.k.back().size() != l.v.back().size())
-    throw InputError(ht.where[1], "shape",
+  if (new_kv) {
+    l.k.push_back(split_batch(kvt.t[1], kvt.where[1]));
+    l.v.push_back(split_batch(kvt.t[2], kvt.where[2]));
+  }
+  const auto q_entries = static_cast<std::int64_t>(l.q.back().size());
+  if (q_entries % l.kv_entries.q_heads != 0 ||
+      static_cast<std::size_t>(q_entries / l.kv_entries.q_heads * l.kv_entries.kv_heads) != l.k[kv].size() ||
+      l.k[kv].size() != l.v[kv].size())
+    throw InputError(kvt.where[1], "shape",
                      "batch size differs between q, k and v: " + std::to_string(l.q.back().size()) + ", " +
-                         std::to_string(l.k.back().size()) + " and " + std::to_string(l.v.back().size()) +
+                         std::to_string(l.k[kv].size()) + " and " + std::to_string(l.v[kv].size()) +
                          " [L, d] matrices (leading axes flattened)");
   if (l.q.back().size() != l.q.front().size())
     throw InputError(ht.where[0], "shape", "batch size differs from the other heads of layer " + std::to_string(ht.layer));
@@ -515,19 +583,19 @@ void add_attention_head(DumpLayer& l, const HeadTensors& ht, const LayerManifest
                      "says " + std::to_string(*m->head_dim) + ", " + ht.where[0] + " has d = " +
                          std::to_string(l.q.back().front().cols()));
   for (std::size_t b = 0; b < l.q.back().size(); ++b) {
-    const RowMatrixXd &q = l.q.back()[b], &k = l.k.back()[b], &v = l.v.back()[b];
+    const RowMatrixXd &q = l.q.back()[b], &k = l.k[kv][l.kv_entry(b)], &v = l.v[kv][l.kv_entry(b)];
     if (q.cols() != k.cols())
-      throw InputError(ht.where[1], "shape", "head dimension d = " + std::to_string(k.cols()) + " differs from q's d = " +
-                                                 std::to_string(q.cols()) + " (" + ht.where[0] + ")");
+      throw InputError(kvt.where[1], "shape", "head dimension d = " + std::to_string(k.cols()) + " differs from q's d = " +
+                                                  std::to_string(q.cols()) + " (" + ht.where[0] + ")");
     if (k.rows() != v.rows())
-      throw InputError(ht.where[2], "shape", "v has " + std::to_string(v.rows()) + " keys, k has " +
-                                                 std::to_string(k.rows()) + " (" + ht.where[1] + ")");
+      throw InputError(kvt.where[2], "shape", "v has " + std::to_string(v.rows()) + " keys, k has " +
+                                                  std::to_string(k.rows()) + " (" + kvt.where[1] + ")");
   }
   if (!reference) return;  // computed block by block when evaluated
   std::vector<AttentionResult> refs;
   const double scale = l.logit_scale();
   for (std::size_t b = 0; b < l.q.back().size(); ++b) {
-    refs.push_back(reference->attention(l.q.back()[b], l.k.back()[b], l.v.back()[b], scale, mask));
+    refs.push_back(reference->attention(l.q.back()[b], l.k[kv][l.kv_entry(b)], l.v[kv][l.kv_entry(b)], scale, mask));
     // fp64 propagates overflow as NaN; a reference that is not finite cannot measure anything
     if (!refs.back().o.allFinite())
       throw InputError(ht.where[0], "values", "scale * Q K^T overflows float64 in the fp64 reference (batch entry " +
@@ -537,11 +605,12 @@ void add_attention_head(DumpLayer& l, const HeadTensors& ht, const LayerManifest
 }
 
 // Groups heads (in (layer, head) order) into layers, checks shapes against each other and the manifest, computes
-// the reference.
+// the reference. `grouped`: the grouped-query layers (read_heads), whose query heads share their group's K/V.
 // With `listing` (a shard), the manifest is checked against the whole dump's layers and heads, not the ones read.
 std::vector<DumpLayer> build_layers(std::vector<HeadTensors> heads, DumpTarget target, SoftmaxReference ref_kind,
                                     const std::map<int, LayerManifest>& manifest, const std::string& manifest_path,
-                                    const DumpListing* listing = nullptr, bool with_reference = true) {
+                                    const DumpListing* listing = nullptr, bool with_reference = true,
+                                    const std::map<int, int>& grouped = {}, const KvGrouping& kv_entries = {}) {
   const std::map<int, int> listed = listing ? listing->heads_per_layer() : std::map<int, int>{};
   const auto reference = ref::reference_registry().create("fp64");
   std::vector<DumpLayer> layers;
@@ -560,12 +629,39 @@ std::vector<DumpLayer> build_layers(std::vector<HeadTensors> heads, DumpTarget t
     if (m && m->num_heads && *m->num_heads != n_heads)
       throw InputError(manifest_path, field + ".num_heads",
                        "says " + std::to_string(*m->num_heads) + " heads, the dump has " + std::to_string(n_heads));
+    const auto group = grouped.find(l.layer);
+    l.kv_group = group == grouped.end() ? 1 : group->second;
+    l.kv_entries = kv_entries;
+    if (m && m->num_kv_heads && target == DumpTarget::attention && *m->num_kv_heads != n_heads / l.kv_group)
+      throw InputError(manifest_path, field + ".num_kv_heads",
+                       "says " + std::to_string(*m->num_kv_heads) + " K/V heads, the dump has " +
+                           std::to_string(n_heads / l.kv_group) + " (k and v files of layer " +
+                           std::to_string(l.layer) + ", for " + std::to_string(n_heads) + " query heads)");
     const AttentionMask mask{RowMatrixXb(), l.causal};
-    for (std::size_t h = h0; h < h1; ++h) {
-      l.heads.push_back(heads[h].head);
-      if (target == DumpTarget::softmax) add_softmax_head(l, heads[h], mask, ref_kind);
-      else add_attention_head(l, heads[h], m, manifest_path, field, mask, with_reference ? reference.get() : nullptr);
-      heads[h] = HeadTensors{};  // the matrices are kept; the tensors are not needed any more
+    if (target == DumpTarget::attention && l.kv_group > 1) {
+      // Each query head reads its group's K/V head, read once: l.k and l.v hold the K/V heads in order.
+      std::map<int, std::size_t> kv_at;  // K/V head number -> index into l.k
+      for (std::size_t h = h0; h < h1; ++h) {
+        if (heads[h].where[0].empty()) continue;  // a K/V head whose own query head this shard does not read
+        const int g = heads[h].head / l.kv_group;
+        std::size_t s = h0;
+        while (heads[s].head != g) ++s;  // heads are in order; g <= the query head
+        const auto [at, fresh] = kv_at.try_emplace(g, l.k.size());
+        l.heads.push_back(heads[h].head);
+        add_attention_head(l, heads[h], heads[s], at->second, m, manifest_path, field, mask,
+                           with_reference ? reference.get() : nullptr);
+        l.kv_of.push_back(at->second);
+        heads[h].t[0] = Tensor{};  // the matrices are kept; the tensors are not needed any more
+        if (fresh) heads[s].t[1] = Tensor{}, heads[s].t[2] = Tensor{};
+      }
+    } else {
+      for (std::size_t h = h0; h < h1; ++h) {
+        l.heads.push_back(heads[h].head);
+        if (target == DumpTarget::softmax) add_softmax_head(l, heads[h], mask, ref_kind);
+        else add_attention_head(l, heads[h], heads[h], l.k.size(), m, manifest_path, field, mask,
+                                with_reference ? reference.get() : nullptr);
+        heads[h] = HeadTensors{};  // the matrices are kept; the tensors are not needed any more
+      }
     }
     layers.push_back(std::move(l));
     h0 = h1;
@@ -606,8 +702,10 @@ std::vector<DumpLayer> load_dump(const fs::path& source, DumpTarget target, Soft
                                  const DumpFilter* filter, bool with_reference) {
   const auto manifest = read_manifest(source);  // before the tensors: a bad manifest fails fast
   if (filter && filter->files_read && !manifest.empty()) filter->files_read->push_back((source / "manifest.json").string());
-  return build_layers(read_heads(source, target, filter), target, reference, manifest,
-                      (source / "manifest.json").string(), filter ? filter->listing : nullptr, with_reference);
+  std::map<int, int> grouped;
+  std::vector<HeadTensors> heads = read_heads(source, target, filter, &grouped);
+  return build_layers(std::move(heads), target, reference, manifest, (source / "manifest.json").string(),
+                      filter ? filter->listing : nullptr, with_reference, grouped);
 }
 
 std::map<int, int> DumpListing::heads_per_layer() const {
@@ -641,12 +739,52 @@ DumpListing list_dump(const fs::path& source, DumpTarget target) {
   return out;
 }
 
+KvGrouping group_kv_heads(const std::vector<std::int64_t>& q_shape, const std::vector<std::int64_t>& k_shape,
+                          const std::vector<std::int64_t>& v_shape, const std::string& q, const std::string& k,
+                          const std::string& v) {
+  const auto leading = [](const std::vector<std::int64_t>& s) {
+    return std::vector<std::int64_t>(s.begin(), s.end() - static_cast<std::ptrdiff_t>(std::min<std::size_t>(2, s.size())));
+  };
+  const auto shown = [](const std::vector<std::int64_t>& s) {
+    Tensor t;
+    t.shape = s;
+    return t.shape_string();
+  };
+  const std::vector<std::int64_t> lq = leading(q_shape), lk = leading(k_shape), lv = leading(v_shape);
+  if (lq == lk && lk == lv) return {};
+  // Only the heads axis (the last leading one) may differ.
+  const auto others_equal = [](const std::vector<std::int64_t>& a, const std::vector<std::int64_t>& b) {
+    return a.size() == b.size() && std::equal(a.begin(), a.end() - 1, b.begin());
+  };
+  if (lq.empty() || !others_equal(lq, lk) || !others_equal(lk, lv))
+    throw InputError(k, "shape", "leading (batch) dimensions of q " + shown(q_shape) + ", k " + shown(k_shape) +
+                                     " and v " + shown(v_shape) + " differ");
+  const std::int64_t hq = lq.back(), hk = lk.back(), hv = lv.back();
+  if (hk != hv)
+    throw InputError(v, "shape", "v has " + std::to_string(hv) + " heads (axis -3 of " + shown(v_shape) + "), k has " +
+                                     std::to_string(hk) + " (" + k + ", " + shown(k_shape) +
+                                     "): grouped-query attention needs as many K heads as V heads");
+  if (hk < 1 || hq % hk != 0)
+    throw InputError(k, "shape", "k and v have " + std::to_string(hk) + " heads (axis -3 of " + shown(k_shape) +
+                                     "), q has " + std::to_string(hq) + " (" + q + ", " + shown(q_shape) +
+                                     "): grouped-query attention needs the K/V head count to divide the query head count");
+  return {hq, hk};
+}
+
 std::vector<DumpLayer> load_explicit(const std::string& q, const std::string& k, const std::string& v,
                                      bool with_reference) {
   HeadTensors h{0, 0, {q, k, v, ""}, {single_tensor(q), single_tensor(k), single_tensor(v), Tensor{}}};
+  // K and V with fewer heads than Q (only the heads axis differing: other mismatches keep the batch-size message)
+  KvGrouping kv_entries;
+  const std::vector<std::int64_t>&qs = h.t[0].shape, &ks = h.t[1].shape, &vs = h.t[2].shape;
+  if (qs.size() >= 3 && qs.size() == ks.size() && ks.size() == vs.size() &&
+      std::equal(qs.begin(), qs.end() - 3, ks.begin()) && std::equal(ks.begin(), ks.end() - 3, vs.begin()) &&
+      (qs[qs.size() - 3] != ks[ks.size() - 3] || ks[ks.size() - 3] != vs[vs.size() - 3]))
+    kv_entries = group_kv_heads(qs, ks, vs, q, k, v);
   std::vector<HeadTensors> heads;
   heads.push_back(std::move(h));
-  return build_layers(std::move(heads), DumpTarget::attention, SoftmaxReference::fp64, {}, "", nullptr, with_reference);
+  return build_layers(std::move(heads), DumpTarget::attention, SoftmaxReference::fp64, {}, "", nullptr, with_reference,
+                      {}, kv_entries);
 }
 
 std::vector<DumpLayer> load_explicit_logits(const std::string& logits, SoftmaxReference reference) {
@@ -731,7 +869,7 @@ void reference_rows(ReferenceRows& out, const DumpLayer& l, std::size_t h, std::
   }
   const Eigen::Index lq = l.q[h][b].rows();
   const AttentionMask mask{RowMatrixXb(), l.causal, l.causal ? r0 + n - lq : 0};
-  out.computed = ref::float_attention(l.q[h][b].middleRows(r0, n), l.k[h][b], l.v[h][b], l.logit_scale(),
+  out.computed = ref::float_attention(l.q[h][b].middleRows(r0, n), l.k_at(h, b), l.v_at(h, b), l.logit_scale(),
                                       ref::FloatPrecision::fp64, mask, &out.logits);
   // fp64 propagates overflow as NaN; a reference that is not finite cannot measure anything
   if (!out.computed.o.allFinite())
@@ -832,7 +970,8 @@ std::vector<HeadResult> evaluate_methods(const std::vector<DumpLayer>& dump, con
           const std::size_t nh = l.heads.size();
           const AttentionMask mask{RowMatrixXb(), l.causal};
           std::vector<MatrixView> q, k, v;
-          for (std::size_t h = 0; h < nh; ++h) q.push_back(l.q[h][b]), k.push_back(l.k[h][b]), v.push_back(l.v[h][b]);
+          // a group's query heads get the same K/V view each (turbo's head-wise KV precision ranks them as given)
+          for (std::size_t h = 0; h < nh; ++h) q.push_back(l.q[h][b]), k.push_back(l.k_at(h, b)), v.push_back(l.v_at(h, b));
           ref::KvQuantized used;
           const std::vector<AttentionResult> r = with_source(layer_where + std::to_string(b) + ")", methods[m].label, [&] {
             return options.kv ? ref::attention_with_kv(*methods[m].method, *options.kv, q, k, v, l.logit_scale(), mask, &used)
@@ -877,7 +1016,7 @@ std::vector<HeadResult> evaluate_methods(const std::vector<DumpLayer>& dump, con
           std::call_once(slot.once, [&] {
             const DumpLayer& l = dump[li];
             slot.call = with_source(where, methods[streamed[s]].label, [&] {
-              return methods[streamed[s]].method->prepare(l.q[h][b], l.k[h][b], l.v[h][b], l.logit_scale(), slot.mask);
+              return methods[streamed[s]].method->prepare(l.q[h][b], l.k_at(h, b), l.v_at(h, b), l.logit_scale(), slot.mask);
             });
           });
         };
@@ -915,7 +1054,7 @@ std::vector<HeadResult> evaluate_methods(const std::vector<DumpLayer>& dump, con
                 } catch (const std::exception&) {
                   // The whole call's error, whose row indices are the head's own, not the block's.
                   with_source(where, methods[m].label, [&] {
-                    return methods[m].method->attention(l.q[h][b], l.k[h][b], l.v[h][b], l.logit_scale(),
+                    return methods[m].method->attention(l.q[h][b], l.k_at(h, b), l.v_at(h, b), l.logit_scale(),
                                                         AttentionMask{RowMatrixXb(), l.causal});
                   });
                   with_source(where, methods[m].label, []() -> int { throw; });  // the whole call passed: the block's
@@ -1031,8 +1170,9 @@ std::optional<LayerProjections> load_projections(const fs::path& dir, int layer)
       throw InputError(wf.string(), "shape", "expected [" + std::to_string(xt.shape[2]) + ", d_out], got " + wt.shape_string());
     if (bt.shape.size() != 1 || bt.shape[0] != wt.shape[1])
       throw InputError(bf.string(), "shape", "expected [" + std::to_string(wt.shape[1]) + "], got " + bt.shape_string());
-    if (k > 0 && wt.shape[1] != p.w[0].cols())
-      throw InputError(wf.string(), "shape", "d_out differs from " + pre + "wq.npy");
+    // K's and V's may be narrower than Q's (grouped-query attention): checked against the dump's heads by the caller
+    if (k == 2 && wt.shape[1] != p.w[1].cols())
+      throw InputError(wf.string(), "shape", "d_out differs from " + pre + "wk.npy");
     p.w[k] = wt.as_rows();
     const Eigen::ArrayXd bv = bt.to_double();
     p.b[k] = bv.matrix().transpose();
@@ -1047,22 +1187,30 @@ DumpLayer project_layer(const DumpLayer& like, const RowMatrixXd& x, std::int64_
   l.scale = like.logit_scale();
   l.causal = like.causal;
   l.heads = like.heads;
+  l.kv_group = like.kv_group;
+  l.kv_of = like.kv_of;
   const Eigen::Index heads = static_cast<Eigen::Index>(like.heads.size()), d = w[0].cols() / heads;
+  const Eigen::Index kv_heads = static_cast<Eigen::Index>(like.k.size());  // H_kv of a grouped-query layer
   if (d * heads != w[0].cols())
     throw InputError("layer" + std::to_string(like.layer) + "_wq.npy", "shape",
                      std::to_string(w[0].cols()) + " outputs do not split into " + std::to_string(heads) + " heads");
+  for (int k = 1; k < 3; ++k)
+    if (w[k].cols() != kv_heads * d)
+      throw InputError("layer" + std::to_string(like.layer) + "_w" + "qkv"[k] + ".npy", "shape",
+                       std::to_string(w[k].cols()) + " outputs do not split into " + std::to_string(kv_heads) +
+                           " K/V heads of d = " + std::to_string(d));
   std::array<RowMatrixXd, 3> y;
   for (int k = 0; k < 3; ++k) y[k] = (x * w[k]).rowwise() + b[k];
   const std::int64_t windows = x.rows() / tokens;
-  for (Eigen::Index h = 0; h < heads; ++h) {
-    l.q_paths.push_back("layer" + std::to_string(like.layer) + " projections, head " + std::to_string(like.heads[h]));
-    std::array<std::vector<RowMatrixXd>, 3> per;
-    for (std::int64_t t = 0; t < windows; ++t)
-      for (int k = 0; k < 3; ++k) per[k].push_back(y[k].block(t * tokens, h * d, tokens, d));
-    l.q.push_back(std::move(per[0]));
-    l.k.push_back(std::move(per[1]));
-    l.v.push_back(std::move(per[2]));
-  }
+  // Q per query head; K and V per K/V head (the same as per query head where every head has its own)
+  for (int k = 0; k < 3; ++k)
+    for (Eigen::Index h = 0; h < (k == 0 ? heads : kv_heads); ++h) {
+      if (k == 0)
+        l.q_paths.push_back("layer" + std::to_string(like.layer) + " projections, head " + std::to_string(like.heads[h]));
+      std::vector<RowMatrixXd> per;
+      for (std::int64_t t = 0; t < windows; ++t) per.push_back(y[k].block(t * tokens, h * d, tokens, d));
+      (k == 0 ? l.q : k == 1 ? l.k : l.v).push_back(std::move(per));
+    }
   return l;
 }
 
@@ -1073,7 +1221,7 @@ void compute_reference(DumpLayer& l) {
   for (std::size_t h = 0; h < l.q.size(); ++h) {
     std::vector<AttentionResult> refs;
     for (std::size_t b = 0; b < l.q[h].size(); ++b)
-      refs.push_back(fp64->attention(l.q[h][b], l.k[h][b], l.v[h][b], l.logit_scale(), mask));
+      refs.push_back(fp64->attention(l.q[h][b], l.k_at(h, b), l.v_at(h, b), l.logit_scale(), mask));
     l.reference.push_back(std::move(refs));
   }
 }
@@ -1088,10 +1236,16 @@ void quantize_projections(std::vector<DumpLayer>& dump, const fs::path& dir, con
       continue;
     }
     const Eigen::Index d = l.q.front().front().cols(), heads = static_cast<Eigen::Index>(l.heads.size());
+    const Eigen::Index kv_heads = static_cast<Eigen::Index>(l.k.size());
     if (p->w[0].cols() != heads * d)
       throw InputError((dir / ("layer" + std::to_string(l.layer) + "_wq.npy")).string(), "shape",
                        std::to_string(p->w[0].cols()) + " outputs, but the dump's layer " + std::to_string(l.layer) +
                            " has " + std::to_string(heads) + " heads of d = " + std::to_string(d));
+    // grouped-query attention: K and V project onto the K/V heads, each read by its group's query heads
+    if (p->w[1].cols() != kv_heads * d)
+      throw InputError((dir / ("layer" + std::to_string(l.layer) + "_wk.npy")).string(), "shape",
+                       std::to_string(p->w[1].cols()) + " outputs, but the dump's layer " + std::to_string(l.layer) +
+                           " has " + std::to_string(kv_heads) + " K/V heads of d = " + std::to_string(d));
     DumpLayer exact = project_layer(l, p->x, p->tokens, p->w, p->b);
     compute_reference(exact);
     std::array<RowMatrixXd, 3> w;

@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -55,14 +56,41 @@ enum class SoftmaxReference { fp64, exact };
 SoftmaxReference parse_softmax_reference(const std::string& name);
 std::string softmax_reference_name(SoftmaxReference reference);
 
+// Grouped-query attention on tensors [..., H, L, d] (the axis before L is the heads; with 3 axes, the first): K and
+// V may hold H_kv heads where Q holds H_q, H_kv dividing H_q and the other leading axes equal. Q's [L, d] matrix e
+// (leading axes flattened, C order) reads K's and V's matrix kv_entry(e): query head h reads K/V head
+// h / (H_q / H_kv) (contiguous groups, as Hugging Face's repeat_kv), with no copy. Shapes with equal leading axes
+// give kv_entry(e) = e.
+struct KvGrouping {
+  std::int64_t q_heads = 1, kv_heads = 1;  // H_q, H_kv (1 and 1: leading axes equal, or no heads axis)
+  std::int64_t group() const { return q_heads / kv_heads; }
+  std::int64_t kv_entry(std::int64_t q_entry) const {
+    return q_entry / q_heads * kv_heads + q_entry % q_heads / group();
+  }
+};
+
 // One layer of a dump: its heads in order, each a batch of matrices (leading axes flattened).
+//
+// Grouped-query attention (GQA, docs/dumping.md): a layer of H_q query heads may hold H_kv K/V heads, H_kv dividing
+// H_q; query head h reads K/V head h / kv_group (contiguous groups, as Hugging Face's repeat_kv). k and v then hold
+// each K/V head once, and kv_of maps a query head's position to its K/V's: no K/V matrix is copied per query head.
 struct DumpLayer {
   int layer = 0;
   double scale = 0;      // logit scale of softmax(scale Q K^T); 0 = 1/sqrt(d). manifest.json may set it per layer.
   bool causal = false;   // causal mask, bottom-right aligned (manifest.json)
   std::vector<int> heads;
   std::vector<std::filesystem::path> q_paths;              // [head], for error messages (the logits file if softmax)
-  std::vector<std::vector<RowMatrixXd>> q, k, v;           // [head][batch], attention dumps
+  std::vector<std::vector<RowMatrixXd>> q;                 // [head][batch], attention dumps
+  std::vector<std::vector<RowMatrixXd>> k, v;              // [K/V head][batch]: kv_index(head) of each head
+  int kv_group = 1;                 // query heads per K/V head: H_q / H_kv (1: one K/V head per query head)
+  std::vector<std::size_t> kv_of;   // [head] -> index into k and v; empty: the head's own index
+  std::size_t kv_index(std::size_t head) const { return kv_of.empty() ? head : kv_of[head]; }
+  KvGrouping kv_entries;  // q's batch entry -> k's and v's (explicit files whose K/V hold fewer heads than Q's)
+  const RowMatrixXd& k_at(std::size_t head, std::size_t b) const { return k[kv_index(head)][kv_entry(b)]; }
+  const RowMatrixXd& v_at(std::size_t head, std::size_t b) const { return v[kv_index(head)][kv_entry(b)]; }
+  std::size_t kv_entry(std::size_t b) const {
+    return static_cast<std::size_t>(kv_entries.kv_entry(static_cast<std::int64_t>(b)));
+  }
   std::vector<std::vector<AttentionResult>> reference;     // [head][batch], fp64 attention (empty: computed when needed)
   std::vector<std::vector<RowMatrixXd>> logits;            // [head][batch] [L_q, L_k], softmax dumps (mask applied)
   std::vector<std::vector<RowMatrixXd>> p_reference;       // [head][batch], reference probabilities of `logits`
@@ -71,8 +99,8 @@ struct DumpLayer {
 };
 
 // What a dump holds, without reading its tensors (a directory is listed; a single file is read for its names):
-// every (layer, head) pair the target needs, in (layer, head) order, and every regular file of the source with its
-// size in bytes (names relative to the directory; the file's own name for a single file).
+// every (layer, head) pair the target needs, in (layer, head) order (a GQA layer's query heads), and every regular
+// file of the source with its size in bytes (names relative to the directory; the file's own name for a single file).
 struct DumpListing {
   std::vector<std::pair<int, int>> units;
   std::map<std::string, std::uintmax_t> files;
@@ -86,6 +114,10 @@ DumpListing list_dump(const std::filesystem::path& source, DumpTarget target);
 // optional manifest.json may set each layer's "scale" and "causal" (docs/dumping.md). Throws InputError naming the
 // file (or file:tensor), field and reason for a missing tensor, a non-float dtype, a bad shape, batch sizes that
 // differ or a manifest that contradicts the files.
+//
+// A layer whose k and v heads are exactly 0 .. H_kv - 1 and its q heads 0 .. H_q - 1, H_kv < H_q, is grouped-query
+// attention (DumpLayer::kv_group = H_q / H_kv): refused (--tensors) where the k and v counts differ or H_kv does not
+// divide H_q; a manifest's "num_kv_heads" must equal the files' K/V head count (H_q where every head has its own).
 //
 // With a filter (a shard of the dump, docs/scale-out.md), only the (layer, head) pairs it keeps are read (from a
 // directory; a single file is read whole and the rest dropped) and given a reference; the manifest's num_heads and
@@ -103,8 +135,16 @@ std::vector<DumpLayer> load_dump(const std::filesystem::path& source, DumpTarget
                                  bool with_reference = true);
 
 // One head from three tensor files (.npy, or .npz/.safetensors holding exactly one tensor), [..., L, d] each.
+// K and V may hold fewer heads than Q (group_kv_heads); each batch entry of Q reads its group's K/V entry.
 std::vector<DumpLayer> load_explicit(const std::string& q, const std::string& k, const std::string& v,
                                      bool with_reference = true);
+// The KvGrouping of Q, K and V from their shapes ([..., L, d] each; L and d are not looked at, nor is a rank below
+// 2). InputError (field "shape") naming the tensors by q, k, v (files, or argument names): K's and V's head counts
+// differ (on v), H_kv does not divide H_q (on k; both counts named), or other leading axes differ (on k).
+KvGrouping group_kv_heads(const std::vector<std::int64_t>& q_shape, const std::vector<std::int64_t>& k_shape,
+                          const std::vector<std::int64_t>& v_shape, const std::string& q, const std::string& k,
+                          const std::string& v);
+
 // One head's logits [..., L_q, L_k] from one tensor file, for softmax-only analysis.
 std::vector<DumpLayer> load_explicit_logits(const std::string& logits, SoftmaxReference reference);
 
