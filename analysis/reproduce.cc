@@ -1,7 +1,7 @@
 // qattn reproduce: lists the experiments (experiments/<name>/, analysis/experiment.h) and runs one, staging its data
 // files so that a failure leaves nothing behind. An experiment prints a deterministic report (the numbers it
 // measured, the paper's numbers, a verdict) that CTest compares with the committed expected output. `qattn plot`
-// renders qattn's CSV with analysis/plots/qattn_plot.py.
+// renders qattn's CSV with analysis/plots/qattn_plot.py, a link to python/qattn/plot.py (qattn.plot in Python).
 #include <stdlib.h>
 
 #include <cerrno>
@@ -111,7 +111,7 @@ void add_reproduce(CLI::App& app) {
 void add_plot(CLI::App& app) {
   auto* sub = app.add_subcommand(
       "plot", "Render qattn CSV with matplotlib: heatmap|lines|pareto CSV -o FIG.{png,pdf,svg} [options] "
-              "(analysis/plots/qattn_plot.py; `qattn plot heatmap --help` lists the options)");
+              "(python/qattn/plot.py, also qattn.plot in Python; `qattn plot heatmap --help` lists the options)");
   sub->prefix_command();  // everything after `plot` goes to the script as given
   sub->callback([sub] {
     const std::vector<std::string> args = sub->remaining();

@@ -12,7 +12,8 @@ Error metrics are drawn on a log scale: a CosSim as 1 - CosSim, an error (one_mi
 column named *error) as itself; --linear draws the column's own values on a linear axis. Axes are named in words
 (known columns and, through `qattn methods`, a method's parameters; --xlabel/--ylabel override). Point labels are
 placed where their rendered boxes meet no other text, marker or legend (a leader line joins a label set apart from
-its point); when one cannot be placed, every point is numbered instead and the numbers are listed beside the axes.
+its point); when one cannot be placed, every point is numbered instead and the numbers are listed beside the axes
+(points too crowded for their numbers are refused, exit 3).
 
 FIG's extension picks the format: .png (200 dpi), .pdf or .svg. The file is written whole or not at all. Exit
 status 3 with a message naming the file and column on bad input; 2 on a usage error. With QATTN_PLOT_ARTISTS set,
@@ -92,7 +93,8 @@ def _rows(source, metric=None, target=None):
             raise TypeError(f"rows: row {i} is a {type(r).__name__}, expected a dict")
         if set(r) != set(rows[0]):
             raise _InputError(f"rows: row {i} has the columns {sorted(r)}, row 0 {sorted(rows[0])}")
-    extra = {"target": target or getattr(source, "target", "O"), "metric": metric or getattr(source, "metric", "cossim")}
+    extra = {"target": target or getattr(source, "target", "O"),
+             "metric": metric or getattr(source, "metric", "cossim")}
     if "mean" in rows[0]:
         rows = [dict(r, **{k: v for k, v in extra.items() if k not in r}) for r in rows]
     return rows, "rows"
@@ -507,7 +509,8 @@ def pareto(source, x="bits", y="error", label="method", logy=False, linear=False
     ``label``, the Pareto front (each point with a lower ``y`` than every point at fewer or as many bits) joined. The
     error is drawn on a log axis (a CosSim as 1 - CosSim) unless ``linear``; ``logy`` is that default, kept for
     scripts. Labels never overlap: placed beside their points (with a leader line when set apart) or, where they do
-    not fit, numbered and listed beside the axes. Returns the Figure."""
+    not fit, numbered and listed beside the axes (ValueError where even the numbers do not fit). Returns the
+    Figure."""
     from matplotlib.lines import Line2D
     rows, path = _rows(source)
     xs, ys = column(rows, path, x), column(rows, path, y)
@@ -536,8 +539,8 @@ def pareto(source, x="bits", y="error", label="method", logy=False, linear=False
     if placed is None:  # numbered points, the numbers listed beside the axes
         legend.remove()
         numbers = [str(i + 1) for i in range(len(labels))]
-        _place_labels(fig, ax, list(zip(xs, ys)), numbers, 7, []) or [
-            ax.annotate(n, p, xytext=(3, 3), textcoords="offset points", fontsize=7) for n, p in zip(numbers, zip(xs, ys))]
+        if _place_labels(fig, ax, list(zip(xs, ys)), numbers, 7, []) is None:
+            raise _InputError(f"{path}: {len(labels)} points too crowded to number apart; draw fewer rows")
         handles = [Line2D([], [], color="tab:red")] + [Line2D([], [], linestyle="none")] * len(labels)
         ax.legend(handles, ["Pareto front"] + [f"{n}  {t}" for n, t in zip(numbers, labels)], fontsize=7,
                   loc="upper left", bbox_to_anchor=(1.02, 1), borderaxespad=0, handlelength=1.5)

@@ -173,6 +173,10 @@ def test_bad_input_names_file_and_column(tmp_path, b_sweep):
     bad.write_text("method,bits,error\na,4,x\n")
     with pytest.raises(ValueError, match="bad.csv: row 2, column 'error': 'x' is not a number"):
         qattn.plot.pareto(str(bad))
+    crowd = tmp_path / "crowd.csv"
+    crowd.write_text("method,bits,error\n" + "".join(f"m{i},8,1e-3\n" for i in range(150)))
+    with pytest.raises(ValueError, match="crowd.csv: 150 points too crowded to number apart"):
+        qattn.plot.pareto(str(crowd))
     with pytest.raises(TypeError, match="CSV path or a list of rows"):
         qattn.plot.lines(5, x="b")
     out = tmp_path / "never.csv"

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """`qattn plot` as a reviewer reads its figures. The script (analysis/plots/qattn_plot.py, a link to the package's
 python/qattn/plot.py) writes, under QATTN_PLOT_ARTISTS, every drawn text's box and each axes' names and scales; the
-checks read that: no two texts intersect (the leaderboard's Pareto figure with its fifteen points, a sweep's lines,
+checks read that: no two texts intersect (the leaderboard's Pareto figure with its dozen-plus points, a sweep's lines,
 a heatmap), the axes are named in words, error metrics lie on a log axis of 1 - CosSim (--logy never logs CosSim;
 --linear is the escape), the heatmap's caption names the dashed threshold only where its contour is drawn. Also: a
 heatmap's title names the preset, the plateau outline runs along the cells' edges, a one-axis sweep is one line per
@@ -123,7 +123,8 @@ with tempfile.TemporaryDirectory() as tmp:
         check(rc == 0 and os.path.exists(png), f"qattn plot lines {extra}: {err}")
         figure_checks(f"lines {extra}", drawn, "b: ", "CosSim", yscale)
         if drawn and yscale == "log":
-            check(drawn["axes"][0]["ylabel"].startswith("1 − O CosSim"), f"lines {extra}: {drawn['axes'][0]['ylabel']!r}")
+            ylabel = drawn["axes"][0]["ylabel"]
+            check(ylabel.startswith("1 − O CosSim"), f"lines {extra}: {ylabel!r}")
 
     # bad input: exit 3, the file and column named, nothing written
     out = os.path.join(tmp, "never.png")
@@ -131,6 +132,11 @@ with tempfile.TemporaryDirectory() as tmp:
     check(rc == 3 and "no column 'L'" in err and csv in err and not os.path.exists(out), f"missing column: {rc} {err}")
     rc, err, _ = plot(tmp, "pareto", os.path.join(tmp, "none.csv"), "-o", out)
     check(rc == 3 and "none.csv: cannot read" in err and not os.path.exists(out), f"missing file: {rc} {err}")
+    # more coincident points than any placement can number apart: refused, never drawn overlapping
+    crowd = os.path.join(tmp, "crowd.csv")
+    open(crowd, "w").write("method,bits,error\n" + "".join(f"m{i},8,1e-3\n" for i in range(150)))
+    rc, err, _ = plot(tmp, "pareto", crowd, "-o", out)
+    check(rc == 3 and "crowd.csv: 150 points too crowded" in err and not os.path.exists(out), f"crowded: {rc} {err}")
 
 print(f"plot_test: {'FAILED' if failures else 'passed'} ({failures} failures)")
 sys.exit(1 if failures else 0)
