@@ -565,17 +565,11 @@ std::string analyze_partial(const AnalyzeOptions& o, const AnalyzePlan& plan) {
   return analyze_shard(o.tensors, plan, shard, eval_options(plan), o.format);
 }
 
-// --summary and --columns LIST as the evaluation layer's report options: LIST split at every comma, empty items
-// kept (check_report_options refuses them, naming the item).
+// --summary and --columns LIST as the evaluation layer's report options (LIST as eval::split_columns splits it).
 eval::ReportOptions table_options(bool summary, const std::optional<std::string>& columns) {
   eval::ReportOptions options;
   options.summary = summary;
-  if (columns) {
-    std::size_t start = 0;
-    for (std::size_t comma; (comma = columns->find(',', start)) != std::string::npos; start = comma + 1)
-      options.columns.push_back(columns->substr(start, comma - start));
-    options.columns.push_back(columns->substr(start));
-  }
+  if (columns) options.columns = eval::split_columns(*columns);
   return options;
 }
 

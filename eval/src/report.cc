@@ -274,6 +274,15 @@ std::vector<std::string> report_columns(const ReportView& view) {
   return ids;
 }
 
+std::vector<std::string> split_columns(const std::string& list) {
+  std::vector<std::string> ids;
+  std::size_t start = 0;
+  for (std::size_t comma; (comma = list.find(',', start)) != std::string::npos; start = comma + 1)
+    ids.push_back(list.substr(start, comma - start));
+  ids.push_back(list.substr(start));
+  return ids;
+}
+
 void check_report_options(const ReportView& view, const ReportOptions& options, const std::string& format) {
   check_format(format, {"md", "csv", "latex", "json"});
   if (format == "json" && (options.summary || !options.columns.empty()))

@@ -58,6 +58,10 @@ struct ReportOptions {
 // P_max_abs, P_bias, P_kl_mean; the names of qattn.analyze's records. Layer, head and method always come first.
 std::vector<std::string> report_columns(const ReportView& view);
 
+// A --columns LIST as ids: split at every comma, empty items kept ("a,,b" has three, "" one), so that
+// check_report_options refuses them naming the item.
+std::vector<std::string> split_columns(const std::string& list);
+
 // Refuses (SpecError naming the id or label and listing the valid ones) a column id that is empty, given twice or
 // not one of report_columns(view), a method order that is not a permutation of the view's labels, and --summary or
 // columns with format json (the JSON report keeps every row and metric). Also the format check of render_report.
