@@ -78,8 +78,9 @@ def read_csv(path):
 
 
 def _rows(source, metric=None, target=None):
-    """(rows, name): a CSV path read, or qattn.sweep's rows (dicts) taken as they are, with target and metric added
-    where the rows lack them (sweep's defaults: O, cossim)."""
+    """(rows, name): a CSV path read, or qattn.sweep's rows (dicts) taken as they are, with target, metric and heads
+    added where the rows lack them (from the arguments, else the rows' attributes, else sweep's defaults O and
+    cossim; heads only where known)."""
     if isinstance(source, (str, bytes, os.PathLike)):
         return read_csv(source), os.fsdecode(source)
     if isinstance(source, dict) or not hasattr(source, "__iter__"):
@@ -95,6 +96,8 @@ def _rows(source, metric=None, target=None):
             raise _InputError(f"rows: row {i} has the columns {sorted(r)}, row 0 {sorted(rows[0])}")
     extra = {"target": target or getattr(source, "target", "O"),
              "metric": metric or getattr(source, "metric", "cossim")}
+    if getattr(source, "heads", None) is not None:
+        extra["heads"] = source.heads
     if "mean" in rows[0]:
         rows = [dict(r, **{k: v for k, v in extra.items() if k not in r}) for r in rows]
     return rows, "rows"
@@ -427,10 +430,31 @@ def _distance(box, point):
     return math.hypot(dx, dy)
 
 
+_RINGS = (5, 14, 26, 40, 56, 74, 96, 122, 150)  # points from the marker's centre; ring k has 8 + 4k directions
+_COLUMNS = (40, 70, 100, 135)  # points left or right of the marker, any height within 240 points (steps of 4)
+
+
+def _label_offsets():
+    """The offsets a label is tried at, (leader line?, dx, dy, ha, va) in points, nearest first within each kind:
+    rings around the point (the first without a leader line), then columns of leader-lined labels beside it."""
+    out = []
+    for ring, radius in enumerate(_RINGS):
+        steps = 8 + 4 * ring
+        for k in range(steps):
+            dx, dy = radius * math.cos(2 * math.pi * k / steps), radius * math.sin(2 * math.pi * k / steps)
+            out.append((ring > 0, dx, dy, "left" if dx > 1e-9 else "right" if dx < -1e-9 else "center",
+                        "bottom" if dy > 1e-9 else "top" if dy < -1e-9 else "center"))
+    column = [(dx * side, dy) for dx in _COLUMNS for side in (1, -1) for dy in range(-240, 241, 4)]
+    for dx, dy in sorted(column, key=lambda o: (math.hypot(*o), -o[0], -o[1])):
+        out.append((True, dx, dy, "left" if dx > 0 else "right", "center"))
+    return out
+
+
 def _place_labels(fig, ax, xy, texts, fontsize, obstacles):
-    """Annotations of texts at points xy, each placed greedily at the nearest offset (outwards in rings of 8, 12,
-    16 ... directions) whose rendered box stays inside the axes and meets no placed label, leader line, marker or
-    obstacle box; a label set further than one ring out gets a leader line. Returns the annotations, or None when
+    """Annotations of texts at points xy, each placed greedily (most crowded point first) at the first offset of
+    _label_offsets() whose rendered box stays inside the axes and meets no placed label, leader line, marker or
+    obstacle box; a label beside its point must be nearer to it than to any other point, a label further out gets a
+    leader line that meets no label or marker and crosses no other leader. Returns the annotations, or None when
     some label finds no place (the caller numbers the points instead)."""
     from matplotlib.transforms import Bbox
     renderer = fig.canvas.get_renderer()
@@ -440,57 +464,50 @@ def _place_labels(fig, ax, xy, texts, fontsize, obstacles):
     r = 4.5 * px  # a marker's radius (scatter's default size, 6 points across) in pixels
     markers = [Bbox.from_extents(cx - r, cy - r, cx + r, cy + r) for cx, cy in centres]
     boxes, leaders, placed = list(obstacles), [], []
-    # most crowded points first: they have the fewest places left
     crowd = [sum(math.hypot(cx - ox, cy - oy) < 40 * px for ox, oy in centres) for cx, cy in centres]
-    order = sorted(range(len(xy)), key=lambda i: (-crowd[i], i))
+    order = sorted(range(len(xy)), key=lambda i: (-crowd[i], -centres[i][1], i))
+    offsets = _label_offsets()
     result = [None] * len(xy)
     for i in order:
         ann = ax.annotate(texts[i], xy[i], xytext=(0, 0), textcoords="offset points", fontsize=fontsize)
         found = False
-        for ring, radius in enumerate((5, 14, 26, 40, 56, 74, 96, 122, 150)):
-            steps = 8 + 4 * ring
-            for k in range(steps):
-                angle = 2 * math.pi * k / steps
-                dx, dy = radius * math.cos(angle), radius * math.sin(angle)
-                ann.set_ha("left" if dx > 1e-9 else "right" if dx < -1e-9 else "center")
-                ann.set_va("bottom" if dy > 1e-9 else "top" if dy < -1e-9 else "center")
-                ann.xyann = (dx, dy)
-                box = _text_extent(ann, renderer)
-                if not (frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1):
+        for leader, dx, dy, ha, va in offsets:
+            ann.set_ha(ha)
+            ann.set_va(va)
+            ann.xyann = (dx, dy)
+            box = _text_extent(ann, renderer)
+            if not (frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1):
+                continue
+            if any(_overlap(box, b, 1.0) for b in boxes + placed):
+                continue
+            if any(_overlap(box, m) for j, m in enumerate(markers) if j != i):
+                continue
+            if any(_segment_hits(p, q, box) for _, p, q in leaders):
+                continue
+            start = centres[i]
+            if not leader:  # no leader line: the label must sit nearer its own point than any other
+                own = _distance(box, start)
+                if any(_distance(box, c) < own for j, c in enumerate(centres)
+                       if j != i and not _overlap(markers[j], markers[i])):
                     continue
-                if any(_overlap(box, b, 1.0) for b in boxes + placed):
+            else:
+                end = ((box.x0 + box.x1) / 2, (box.y0 + box.y1) / 2)  # matplotlib aims the line at the box's centre
+                if any(_segment_hits(start, end, b) for b in placed):
                     continue
-                if any(_overlap(box, m) for j, m in enumerate(markers) if j != i):
+                # a marker on top of this point's own (coincident points) cannot be avoided by any line
+                if any(_segment_hits(start, end, m) for j, m in enumerate(markers)
+                       if j != i and not _overlap(m, markers[i])):
                     continue
-                if any(_segment_hits(p, q, box) for p, q in leaders):
+                # lines out of one blob of coincident markers fan out from it: only others' lines count
+                if any(_segments_cross(start, end, p, q) for j, p, q in leaders if not _overlap(markers[j], markers[i])):
                     continue
-                start = centres[i]
-                end = (min(max(start[0], box.x0), box.x1), min(max(start[1], box.y0), box.y1))
-                if ring == 0:  # no leader line: the label must sit nearer its own point than any other
-                    own = math.hypot(start[0] - end[0], start[1] - end[1])
-                    if any(_distance(box, c) < own for j, c in enumerate(centres)
-                           if j != i and not _overlap(markers[j], markers[i])):
-                        continue
-                else:
-                    if any(_segment_hits(start, end, b) for b in placed):
-                        continue
-                    # a marker on top of this point's own (coincident points) cannot be avoided by any line
-                    if any(_segment_hits(start, end, m) for j, m in enumerate(markers)
-                           if j != i and not _overlap(m, markers[i])):
-                        continue
-                    if any(_segments_cross(start, end, p, q) for p, q in leaders):
-                        continue
-                    leaders.append((start, end))
-                    ha, va = ann.get_ha(), ann.get_va()
-                    ann.remove()
-                    ann = ax.annotate(texts[i], xy[i], xytext=(dx, dy), textcoords="offset points",
-                                      fontsize=fontsize, ha=ha, va=va,
-                                      arrowprops=dict(arrowstyle="-", color="0.45", linewidth=0.6, shrinkA=0,
-                                                      shrinkB=r / px))
-                found = True
-                break
-            if found:
-                break
+                leaders.append((i, start, end))
+                ann.remove()
+                ann = ax.annotate(texts[i], xy[i], xytext=(dx, dy), textcoords="offset points", fontsize=fontsize,
+                                  ha=ha, va=va, arrowprops=dict(arrowstyle="-", color="0.45", linewidth=0.6,
+                                                                shrinkA=0, shrinkB=r / px))
+            found = True
+            break
         if not found:
             for a in result:
                 if a is not None:
