@@ -1,5 +1,5 @@
 import os
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -17,6 +17,38 @@ def softmax_integer(
     logits: _IntArray, method: str, cint: Optional[int] = ..., alpha: Optional[float] = ...
 ) -> Tuple[npt.NDArray[np.float64], Optional[np.ndarray], float]: ...
 def exact_softmax(logits: _FloatArray, decimal: bool = ...) -> np.ndarray: ...
+@overload
+def attention(
+    q: _FloatArray,
+    k: _FloatArray,
+    v: _FloatArray,
+    method: Union[str, "Method"],
+    scale: Optional[float] = ...,
+    causal: bool = ...,
+    mask: Optional[npt.NDArray[np.bool_]] = ...,
+    return_probs: Literal[False] = ...,
+    engine: str = ...,
+    threads: int = ...,
+    kv: Optional[str] = ...,
+    raw: bool = ...,
+) -> npt.NDArray[np.float64]: ...
+@overload
+def attention(
+    q: _FloatArray,
+    k: _FloatArray,
+    v: _FloatArray,
+    method: Union[str, "Method"],
+    scale: Optional[float] = ...,
+    causal: bool = ...,
+    mask: Optional[npt.NDArray[np.bool_]] = ...,
+    *,
+    return_probs: Literal[True],
+    engine: str = ...,
+    threads: int = ...,
+    kv: Optional[str] = ...,
+    raw: bool = ...,
+) -> Tuple[npt.NDArray[np.float64], np.ndarray]: ...
+@overload
 def attention(
     q: _FloatArray,
     k: _FloatArray,
