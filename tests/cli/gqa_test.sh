@@ -159,6 +159,14 @@ else
     q merge part-*.json --out merged.csv 2>merge.err
     check "GQA analyze ${args#*|} in $n shards merges to the unsharded table ($(head -c 300 merge.err))" cmp full.csv merged.csv
   done
+  # sweep: points x query heads, in shards that cut the groups
+  q sweep --tensors g --method index@paper --grid b=4,6 --format csv >sweep.csv 2>/dev/null
+  q sweep --tensors r --method index@paper --grid b=4,6 --format csv >sweep-r.csv 2>/dev/null
+  check "sweep on the GQA dump equals the repeated dump's" test -s sweep.csv -a "$(cat sweep.csv)" = "$(cat sweep-r.csv)"
+  rm -f part-*.json
+  for k in 0 1 2 3 4; do q sweep --tensors g --method index@paper --grid b=4,6 --shard "$k/5" --out "part-$k.json"; done
+  q merge part-*.json --out sweep-merged.csv 2>merge.err
+  check "GQA sweep in 5 shards merges to the unsharded table ($(head -c 300 merge.err))" cmp sweep.csv sweep-merged.csv
   # shard 1/3 owns units 2..4 of 8, query heads 2, 3 of layer 0 and 0 of layer 1: it reads their groups' K/V heads, 1
   # of layer 0 and 0 of layer 1, and no other file
   q analyze --tensors g --method fp32 --shard 1/3 --out part.json 2>/dev/null

@@ -37,7 +37,7 @@ struct AnalysisPlan {
   // Appends a user's own method; SpecError if `label` is empty or another method of the plan carries it.
   void add_own(std::string label, std::unique_ptr<Method> method, MethodTraits traits = {});
   // Whether every method's heads are independent (MethodTraits::heads_independent) and no quantizer looks across
-  // heads: then a shard of the dump needs only its own heads.
+  // heads: then a shard of the dump needs only its own heads (and, under grouped-query attention, their groups' K/V).
   bool heads_independent() const;
 };
 
@@ -51,7 +51,10 @@ AnalysisPlan plan_analysis(const std::vector<std::string>& specs, const std::str
                            bool defaults = true);
 
 // Every method of the plan over the dump, streamed (docs/streaming.md) with `options` (its kv is the plan's).
-// Results in (layer, head) order, each head's methods in plan order.
+// Results in (layer, head) order, each head's methods in plan order; a grouped-query layer's results are per query
+// head. A method or quantizer that takes a layer's heads together (attention_heads: turbo's head-wise KV precision,
+// flashq's nh) gets one entry per query head, a group's query heads the same K/V views: the K/V repeated per query
+// head (Hugging Face's repeat_kv) without a copy, so its results are those of the dump with K/V files repeated.
 std::vector<HeadResult> evaluate_plan(const std::vector<DumpLayer>& dump, const AnalysisPlan& plan, EvalOptions options);
 
 }  // namespace qattn::eval

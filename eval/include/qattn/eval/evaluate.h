@@ -219,6 +219,9 @@ Eigen::Index default_block_rows(Eigen::Index lk);
 // block_rows x L_k) for the streamed methods, plus O(L_q x L_k) per whole call in flight.
 // Results: method by method in the order given, each in the dump's (layer, head) order. An InputError names the
 // file, layer, head and method; a block's error is the whole call's (its row indices are the head's).
+// Grouped-query attention: every item of a query head reads its group's K/V (DumpLayer::k_at), and a whole-layer
+// call gets the same K/V view for each query head of a group, as if the K/V were repeated (repeat_kv), no copy made;
+// the memory bound above holds, the K/V counted once per K/V head.
 std::vector<HeadResult> evaluate_methods(const std::vector<DumpLayer>& dump, const std::vector<EvalMethod>& methods,
                                          const EvalOptions& options);
 
