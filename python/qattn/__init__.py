@@ -14,11 +14,14 @@ Outputs are new arrays. The GIL is released while qattn computes. python/README.
 import operator
 
 from . import _qattn
+from . import plot
+from .plot import write_csv
 
 __version__ = _qattn.__version__  # the project's version: `qattn --version` prints the same
 
 __all__ = ["methods", "quantizers", "canonical", "softmax", "softmax_integer", "exact_softmax", "attention",
-           "quantize_kv", "quantize_weights", "compare", "Method", "analyze", "sweep", "fp8_encode", "mma", "mma_models", "load", "save"]
+           "quantize_kv", "quantize_weights", "compare", "Method", "analyze", "sweep", "fp8_encode", "mma", "mma_models", "load", "save",
+           "plot", "write_csv"]
 
 
 def _native(public, fn, *args):
@@ -384,7 +387,7 @@ def _split_methods(methods):
 
 
 def analyze(dump, methods=None, kv=None, weights=None, softmax_only=False, reference="fp64", engine="auto",
-            as_frame=False, format=None, threads=0):
+            as_frame=False, format=None, threads=0, summary=False, columns=None):
     """Error of each method against the fp64 (or exact) reference over a dump, as ``qattn analyze`` reports it.
 
     Parameters
@@ -407,7 +410,12 @@ def analyze(dump, methods=None, kv=None, weights=None, softmax_only=False, refer
         the type returned does not depend on what is installed; pandas is needed only for a frame.
     format : {"md", "csv", "latex", "json"}, optional
         Return the report as text instead, byte for byte what ``qattn analyze --format FORMAT`` writes for the same
-        dump path and specs, with your own methods' rows after the registry's.
+        dump path and specs, the methods in the order given (your own among them).
+    summary : bool
+        With ``format`` md, csv or latex: only each method's mean and worst rows (``qattn analyze --summary``).
+    columns : str or sequence of str, optional
+        With ``format`` md, csv or latex: the metric columns shown, in this order (``qattn analyze --columns``; ids
+        as the records' keys, docs/metrics.md "The analysis table"). For a frame: ``records.to_frame(columns=...)``.
     threads : int
         Worker threads over the (head, block of query rows) items, in [0, 1024]; 0 (the default) is one per hardware
         thread, as ``qattn analyze --threads 0``. The results do not depend on it (docs/streaming.md).
@@ -434,8 +442,19 @@ def analyze(dump, methods=None, kv=None, weights=None, softmax_only=False, refer
     specs, own = _split_methods(methods)
     if format is not None and format not in ("md", "csv", "latex", "json"):
         raise ValueError("analyze: format must be one of md, csv, latex, json, got %r" % (format,))
+    columns = _column_list(columns)
+    if (summary or columns) and format is None:
+        raise ValueError("analyze: summary and columns choose what a text table shows (format='md', 'csv' or "
+                         "'latex'); records keep every row and metric: records.to_frame(summary=..., columns=...)")
+    if not isinstance(summary, bool):
+        raise TypeError("analyze: summary must be True or False, got " + type(summary).__name__)
+    order = []
+    for m in ([methods] if isinstance(methods, (str, Method)) else list(methods or [])):
+        label = m if isinstance(m, str) else m.label if isinstance(m, Method) else None
+        if label is not None and label not in order:
+            order.append(label)
     report = _native("analyze", _qattn.analyze_report, os.fspath(dump), specs, kv or "", weights or "", softmax_only,
-                     reference, engine, own, format or "", operator.index(threads))
+                     reference, engine, own, format or "", operator.index(threads), summary, columns, order)
     if format is not None:
         return report["text"]
     records = []
@@ -452,16 +471,13 @@ def analyze(dump, methods=None, kv=None, weights=None, softmax_only=False, refer
     for s in report["summary"]:
         for part in ("mean", "worst"):
             s[part] = {k: _number(v) for k, v in s[part].items()}
-    # The methods in the order given (the native report has the registry's specs first, then the own methods)
-    order = {}
-    for m in ([methods] if isinstance(methods, (str, Method)) else list(methods or [])):
-        order.setdefault(m if isinstance(m, str) else m.label, len(order))
+    # The methods in the order given (the native records have the registry's specs first, then the own methods)
+    rank = {label: i for i, label in enumerate(order)}
     heads = {}
     for r in records:
         heads.setdefault((r["layer"], r["head"]), len(heads))
-    records.sort(key=lambda r: (heads[(r["layer"], r["head"])], order.get(r["method"], len(order))))
-    summary = sorted(report["summary"], key=lambda s: order.get(s["method"], len(order)))
-    result = _Records(records, summary)
+    records.sort(key=lambda r: (heads[(r["layer"], r["head"])], rank.get(r["method"], len(rank))))
+    result = _Records(records, sorted(report["summary"], key=lambda s: rank.get(s["method"], len(rank))))
     return result.to_frame() if as_frame else result
 
 
@@ -472,22 +488,47 @@ class _Records(list):
         super().__init__(records)
         self.summary = summary
 
-    def to_frame(self, summary=False):
+    def to_frame(self, summary=False, columns=None):
         """The records as a pandas DataFrame (one row per layer, head and method; ``frame.attrs["summary"]`` holds
         ``summary``), or with ``summary=True`` the summary: one row per method and statistic (``stat``: "mean" or
-        "worst"), in the order of ``summary``, metric columns named as the records'. ImportError without pandas."""
+        "worst"), in the order of ``summary``, metric columns named as the records'. ``columns`` keeps these metric
+        columns, in this order, after the row's names (a comma-separated str or a sequence; an id that is not a
+        column, or given twice, is a ValueError listing the columns). ImportError without pandas."""
         import pandas
         if not summary:
+            names = ["layer", "head", "method"]
             frame = pandas.DataFrame.from_records(list(self))
+        else:
+            names = ["method", "stat"]
+            rows = []
+            for s in self.summary:
+                for stat in ("mean", "worst"):
+                    row = {"method": s["method"], "stat": stat}
+                    row.update((k, v) for k, v in s[stat].items())
+                    rows.append(row)
+            frame = pandas.DataFrame.from_records(rows)
+        chosen = _column_list(columns)
+        if chosen:
+            valid = [c for c in frame.columns if c not in names]
+            for i, c in enumerate(chosen):
+                if c not in valid or c in chosen[:i]:
+                    raise ValueError("to_frame: column %r is %s; the columns are %s"
+                                     % (c, "given twice" if c in chosen[:i] else "not a column", ", ".join(valid)))
+            frame = frame[names + chosen]
+        if not summary:
             frame.attrs["summary"] = self.summary
-            return frame
-        rows = []
-        for s in self.summary:
-            for stat in ("mean", "worst"):
-                row = {"method": s["method"], "stat": stat}
-                row.update((k, v) for k, v in s[stat].items())
-                rows.append(row)
-        return pandas.DataFrame.from_records(rows)
+        return frame
+
+
+def _column_list(columns):
+    """Column ids from None, a comma-separated str, or a sequence of str."""
+    if columns is None:
+        return []
+    if isinstance(columns, str):
+        return columns.split(",")
+    if not all(isinstance(c, str) for c in columns):
+        raise TypeError("columns: a comma-separated str or a sequence of str")
+    return list(columns)
 
 
 _SWEEP_METRICS = ("cossim", "one_minus_cossim", "rel_l1", "rmse", "kl")
@@ -559,8 +600,17 @@ def sweep(dump, method, grid, metric="cossim", target="O", softmax_only=False, e
     records = analyze(dump, entries, softmax_only=softmax_only, engine=engine, as_frame=False, threads=threads)
     name = target + "_" + metric
     summary = {s["method"]: s for s in records.summary}
-    return [dict(p, method=label, mean=summary[label]["mean"][name], worst=summary[label]["worst"][name])
-            for p, label in zip(points, labels)]
+    heads = sum(1 for r in records if r["method"] == labels[0])
+    return _SweepRows([dict(p, method=label, mean=summary[label]["mean"][name], worst=summary[label]["worst"][name])
+                       for p, label in zip(points, labels)], target, metric, heads)
+
+
+class _SweepRows(list):
+    """qattn.sweep's rows, with the sweep's ``target``, ``metric`` and ``heads`` (read by qattn.plot.write_csv)."""
+
+    def __init__(self, rows, target, metric, heads):
+        super().__init__(rows)
+        self.target, self.metric, self.heads = target, metric, heads
 
 
 def compare(a, b):

@@ -7,6 +7,9 @@ import numpy.typing as npt
 _FloatArray = npt.NDArray[Union[np.float32, np.float64]]
 _IntArray = npt.NDArray[Union[np.int8, np.int16, np.int32]]
 
+from . import plot as plot
+from .plot import write_csv as write_csv
+
 __version__: str
 
 def methods() -> List[Dict[str, Any]]: ...
@@ -81,7 +84,7 @@ class Method:
 class _Records(List[Dict[str, Any]]):
     summary: List[Dict[str, Any]]
     def __init__(self, records: List[Dict[str, Any]], summary: List[Dict[str, Any]]) -> None: ...
-    def to_frame(self, summary: bool = ...) -> Any: ...
+    def to_frame(self, summary: bool = ..., columns: Union[None, str, Sequence[str]] = ...) -> Any: ...
 
 def analyze(
     dump: Union[str, os.PathLike],
@@ -94,6 +97,8 @@ def analyze(
     as_frame: bool = ...,
     format: Optional[str] = ...,
     threads: int = ...,
+    summary: bool = ...,
+    columns: Union[None, str, Sequence[str]] = ...,
 ) -> Any: ...
 def sweep(
     dump: Union[str, os.PathLike],

@@ -640,25 +640,20 @@ py::object attention(const py::handle& q_obj, const py::handle& k_obj, const py:
     throw py::value_error("q, k, v: expected arrays [..., L, d] of the same rank, got " + shape_string(q.shape) + ", " +
                           shape_string(k.shape) + ", " + shape_string(v.shape));
   const std::size_t n = q.shape.size();
-  // The axes before the heads' must be equal; the heads' (n >= 3) equal, or H_kv (k and v alike) dividing H_q.
-  const std::size_t before_heads = n >= 3 ? n - 3 : 0;
-  const bool batch_ok = std::equal(q.shape.begin(), q.shape.begin() + before_heads, k.shape.begin()) &&
-                        std::equal(q.shape.begin(), q.shape.begin() + before_heads, v.shape.begin());
+  // The axes before the heads' must be equal; the heads' (n >= 3) equal, or H_kv (k and v alike) dividing H_q
+  // (eval::group_kv_heads, as `qattn attention`).
+  eval::KvGrouping grouping;
+  try {
+    grouping = eval::group_kv_heads({q.shape.begin(), q.shape.end()}, {k.shape.begin(), k.shape.end()},
+                                    {v.shape.begin(), v.shape.end()}, "q", "k", "v");
+  } catch (const InputError& e) {
+    throw py::value_error(e.what());
+  }
   const Eigen::Index lq = q.shape[n - 2], d = q.shape[n - 1], lk = k.shape[n - 2], dv = v.shape[n - 1];
-  if (!batch_ok || k.shape[n - 1] != d || v.shape[n - 2] != lk)
+  if (k.shape[n - 1] != d || v.shape[n - 2] != lk)
     throw py::value_error("q, k, v: shapes " + shape_string(q.shape) + ", " + shape_string(k.shape) + ", " +
                           shape_string(v.shape) + " do not fit [..., L_q, d], [..., L_k, d], [..., L_k, d_v]");
   const std::size_t heads = n >= 3 ? static_cast<std::size_t>(q.shape[n - 3]) : 1;
-  const std::size_t kv_heads = n >= 3 ? static_cast<std::size_t>(k.shape[n - 3]) : 1;
-  if (n >= 3 && v.shape[n - 3] != k.shape[n - 3])
-    throw py::value_error("k, v: " + std::to_string(kv_heads) + " heads in k " + shape_string(k.shape) + " but " +
-                          std::to_string(v.shape[n - 3]) + " in v " + shape_string(v.shape) +
-                          " (axis -3): K and V have one head count");
-  if (kv_heads == 0 || heads % kv_heads != 0)
-    throw py::value_error("q, k: " + std::to_string(heads) + " query heads and " + std::to_string(kv_heads) +
-                          " K/V heads (axis -3 of " + shape_string(q.shape) + " and " + shape_string(k.shape) +
-                          "): grouped-query attention needs the K/V head count to divide the query head count");
-  const std::size_t group = heads / std::max<std::size_t>(kv_heads, 1);
   AttentionMask m;
   m.causal = causal;
   if (mask) {
@@ -687,7 +682,8 @@ py::object attention(const py::handle& q_obj, const py::handle& k_obj, const py:
         std::vector<MatrixView> qh, kh, vh;
         std::vector<MatrixViewF> qf, kf, vf;
         for (std::size_t h = 0; h < heads; ++h) {
-          const std::size_t b = c * heads + h, bkv = c * kv_heads + h / group;  // query head h reads K/V head h / group
+          const std::size_t b = c * heads + h;  // query head h reads K/V head h / (H_q / H_kv)
+        const auto bkv = static_cast<std::size_t>(grouping.kv_entry(static_cast<std::int64_t>(b)));
           if (f32) {
             qf.push_back(matrix_at_f32(q, b, lq, d)), kf.push_back(matrix_at_f32(k, bkv, lk, d));
             vf.push_back(matrix_at_f32(v, bkv, lk, dv));
@@ -741,7 +737,8 @@ py::object attention(const py::handle& q_obj, const py::handle& k_obj, const py:
 py::dict analyze_report(const std::string& tensors, const std::vector<std::string>& specs, const std::string& kv,
                         const std::string& weights, bool softmax_only, const std::string& reference_name,
                         const std::string& engine, const std::vector<py::tuple>& own, const std::string& format,
-                        std::int64_t threads) {
+                        std::int64_t threads, bool summary_only, const std::vector<std::string>& columns,
+                        const std::vector<std::string>& order) {
   const eval::SoftmaxReference reference = eval::parse_softmax_reference(reference_name);
   if (reference == eval::SoftmaxReference::exact && !softmax_only)
     throw std::invalid_argument("--reference: exact applies to softmax-only analysis (softmax_only=True); attention "
@@ -773,6 +770,18 @@ py::dict analyze_report(const std::string& tensors, const std::vector<std::strin
     // Nothing declared: whole calls, compared block by block. (A PythonMethod's destructor takes the GIL itself, so
     // the plan may go out of scope here on an error.)
     for (std::size_t u = 0; u < users.size(); ++u) plan.add_own(user_labels[u], std::move(users[u]));
+    // The table's choices, refused before the dump is read; the methods in the order the caller gave them (the plan
+    // has the registry's specs first), where that order names each of the plan's methods once.
+    eval::ReportOptions choices;
+    choices.summary = summary_only, choices.columns = columns;
+    if (!format.empty()) {
+      const eval::ReportView planned = eval::report_view(plan, tensors, 0);
+      std::vector<std::string> labels, wanted = order;
+      for (const eval::ReportMethod& m : planned.methods) labels.push_back(m.label);
+      std::sort(labels.begin(), labels.end()), std::sort(wanted.begin(), wanted.end());
+      if (labels == wanted && std::adjacent_find(labels.begin(), labels.end()) == labels.end()) choices.methods = order;
+      eval::check_report_options(planned, choices, format);
+    }
     std::vector<eval::DumpLayer> dump =
         eval::load_dump(tensors, softmax_only ? eval::DumpTarget::softmax : eval::DumpTarget::attention, reference,
                         nullptr, /*with_reference=*/false);
@@ -789,7 +798,7 @@ py::dict analyze_report(const std::string& tensors, const std::vector<std::strin
     for (const eval::DumpLayer& l : dump) n_heads += l.heads.size();
     const eval::ReportView view = eval::report_view(plan, tensors, n_heads);
     plan_methods = view.methods;
-    if (!format.empty()) text = eval::render_report(view, results, format);
+    if (!format.empty()) text = eval::render_report(view, results, format, choices);
   };
   std::optional<py::error_already_set> signal;
   std::exception_ptr failure;
@@ -1105,7 +1114,8 @@ PYBIND11_MODULE(_qattn, m) {
   m.def("quantizers", &quantizers);
   m.def("analyze_report", &analyze_report, py::arg("tensors"), py::arg("methods"), py::arg("kv"), py::arg("weights"),
         py::arg("softmax_only"), py::arg("reference"), py::arg("engine"), py::arg("own") = std::vector<py::tuple>{},
-        py::arg("format") = std::string(), py::arg("threads") = 0);
+        py::arg("format") = std::string(), py::arg("threads") = 0, py::arg("summary") = false,
+        py::arg("columns") = std::vector<std::string>{}, py::arg("order") = std::vector<std::string>{});
   m.attr("__version__") = QATTN_VERSION;  // the project's version, as `qattn --version` prints it
   m.def("fp8_encode", &fp8_encode, py::arg("x"), py::arg("format"), py::arg("saturate") = true);
   m.def("mma", &mma, py::arg("a"), py::arg("bt"), py::arg("c"), py::arg("model"));

@@ -39,12 +39,14 @@ def test_gqa_equals_the_repeated_heads_bit_for_bit(method, dtype):
 
 def test_gqa_shapes_that_do_not_divide_name_both_counts():
     q, k, v = qkv(heads=4, kv_heads=3)
-    with pytest.raises(ValueError, match="4 query heads and 3 K/V heads"):
+    with pytest.raises(ValueError, match=r"k and v have 3 heads .*, q has 4 .*: grouped-query attention needs the "
+                                         "K/V head count to divide the query head count"):
         qattn.attention(q, k, v, "fp32")
     q, k, _ = qkv(heads=4, kv_heads=2)
-    with pytest.raises(ValueError, match="2 heads in k .* but 4 in v"):
+    with pytest.raises(ValueError, match=r"v has 4 heads .*, k has 2 .*: grouped-query attention needs as many K "
+                                         "heads as V heads"):
         qattn.attention(q, k, q, "fp32")
-    with pytest.raises(ValueError, match="do not fit"):  # another leading axis still has to match
+    with pytest.raises(ValueError, match="leading \\(batch\\) dimensions"):  # the other leading axes must match
         qattn.attention(q, k[:1], k[:1], "fp32")
 
 
@@ -118,3 +120,39 @@ def test_records_to_frame():
     assert list(summary["stat"]) == ["mean", "worst"] * 2
     assert summary["O_cossim"][1] == records.summary[0]["worst"]["O_cossim"]
     assert qattn.analyze(SAMPLE, ["fp16"], as_frame=True).equals(qattn.analyze(SAMPLE, ["fp16"]).to_frame())
+
+
+def test_analyze_tables_for_a_paper_as_the_cli_writes_them():
+    import subprocess
+    mine = qattn.Method("np-softmax", np_softmax)
+    text = qattn.analyze(SAMPLE, ["fp16", mine, "index@paper"], format="csv", summary=True,
+                         columns="P_kl_mean,O_rmse")
+    assert text.splitlines()[0] == "layer,head,method,P KL,O RMSE"
+    assert [line.split(",")[2] for line in text.splitlines()[1:]] == [
+        "fp16", "fp16", "np-softmax", "np-softmax", "index@paper", "index@paper"]
+    cli = os.environ.get("QATTN_CLI")
+    if cli:
+        out = subprocess.run([cli, "analyze", "--tensors", SAMPLE, "--method", "fp16", "--method", "index@paper",
+                              "--format", "latex", "--summary", "--columns", "O_one_minus_cossim,P_kl_mean"],
+                             check=True, capture_output=True, text=True).stdout
+        assert qattn.analyze(SAMPLE, ["fp16", "index@paper"], format="latex", summary=True,
+                             columns=["O_one_minus_cossim", "P_kl_mean"]) == out
+    with pytest.raises(ValueError, match="column 'nope' is not a column"):
+        qattn.analyze(SAMPLE, ["fp16"], format="md", columns="nope")
+    with pytest.raises(ValueError, match="records keep every row and metric"):
+        qattn.analyze(SAMPLE, ["fp16"], summary=True)
+    with pytest.raises(ValueError, match="summary"):
+        qattn.analyze(SAMPLE, ["fp16"], format="json", summary=True)
+
+
+def test_to_frame_chooses_columns():
+    pytest.importorskip("pandas")
+    records = qattn.analyze(SAMPLE, ["fp16", "index@paper"])
+    frame = records.to_frame(columns="P_kl_mean,O_rmse")
+    assert list(frame.columns) == ["layer", "head", "method", "P_kl_mean", "O_rmse"]
+    summary = records.to_frame(summary=True, columns=["O_rmse"])
+    assert list(summary.columns) == ["method", "stat", "O_rmse"] and len(summary) == 4
+    with pytest.raises(ValueError, match="column 'O_rmse' is given twice"):
+        records.to_frame(columns="O_rmse,O_rmse")
+    with pytest.raises(ValueError, match="column 'nope' is not a column; the columns are O_cossim"):
+        records.to_frame(columns=["nope"])

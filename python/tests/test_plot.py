@@ -184,3 +184,11 @@ def test_bad_input_names_file_and_column(tmp_path, b_sweep):
         qattn.plot.write_csv(out, [{k: v for k, v in r.items()} for r in b_sweep])
     assert not out.exists()
     assert math.isfinite(b_sweep[0]["mean"])
+
+
+def test_write_csv_reads_the_sweeps_own_heads(tmp_path):
+    rows = qattn.sweep(SAMPLE, "index@paper", {"b": [4, 5]}, metric="rmse")
+    qattn.write_csv(tmp_path / "py.csv", rows)
+    subprocess.run([CLI, "sweep", "--method", "index@paper", "--grid", "b=4,5", "--metric", "rmse", "--tensors",
+                    SAMPLE, "--out", str(tmp_path / "cli.csv")], check=True)
+    assert (tmp_path / "py.csv").read_bytes() == (tmp_path / "cli.csv").read_bytes()
