@@ -8,8 +8,9 @@ package's qattn/_cli_prefix/: the layout of an install prefix, so the program fi
 an installed one does (analysis/data_paths.cc), and the console script `qattn` (qattn._cli) runs it. The interpreter
 that runs pip is the one CMake builds for (Python3_EXECUTABLE), so a venv gets a module for its Python.
 
-Every phase prints one line (with the seconds the previous ones took) and CMake's and Ninja's own output, "[n/m]"
-per compiled file; pip shows them with `pip install -v` (without -v it shows only "Building wheel ...").
+Each of the four phases prints one line (with the seconds since the build began), then CMake's and Ninja's own
+output, "[n/m]" per compiled file. pip shows them with `pip install -v`; without -v it shows only "Building wheel for
+qattn (pyproject.toml)" and a spinner (on a terminal) or "still running..." at most once a minute (otherwise).
 """
 import glob
 import os
