@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "commands.h"
@@ -24,6 +25,8 @@ namespace {
 struct MergeOptions {
   std::vector<std::string> parts;
   std::string out, format;
+  bool summary = false;                // analyze parts: only the mean and worst rows
+  std::optional<std::string> columns;  // analyze parts: the metric columns shown (eval::split_columns)
 };
 
 void run_merge(const MergeOptions& o) {
@@ -31,11 +34,20 @@ void run_merge(const MergeOptions& o) {
   for (const std::string& f : o.parts) inputs.emplace_back("part", f);
   require_distinct_files(inputs, outputs);
   const std::vector<fs::path> files(o.parts.begin(), o.parts.end());
+  ReportOptions report;
+  report.summary = o.summary;
+  if (o.columns) report.columns = split_columns(*o.columns);
   MergedParts merged;
   try {
-    merged = merge_part_files(files, o.format);
-  } catch (const SpecError& e) {  // --format names a table the parts' command does not write
-    throw CLI::ValidationError("--format", e.what());
+    merged = merge_part_files(files, o.format, report);
+  } catch (const SpecError& e) {
+    // --format names a table the parts' command does not write, or --summary / --columns a choice its table cannot
+    // show (check_report_options' messages begin with the choice)
+    const std::string why = e.what();
+    throw CLI::ValidationError(why.rfind("summary", 0) == 0  ? "--summary"
+                               : why.rfind("column", 0) == 0 ? "--columns"
+                                                             : "--format",
+                               why);
   }
   emit(merged.text, o.out);
   std::cerr << "qattn merge: " << o.parts.size() << " part" << (o.parts.size() == 1 ? "" : "s") << " of one "
@@ -54,6 +66,10 @@ void add_merge(CLI::App& app) {
   sub->add_option("--out", o->out, "Write here (atomically) instead of stdout");
   sub->add_option("--format", o->format,
                   "Table format (default: the one the shards were given): md|csv|latex|json for analyze, csv|md for sweep");
+  sub->add_flag("--summary", o->summary,
+                "analyze parts: only each method's mean and worst rows, as `qattn analyze --summary` (md, csv, latex)");
+  sub->add_option("--columns", o->columns,
+                  "analyze parts: the metric columns shown, in this order, as `qattn analyze --columns` (md, csv, latex)");
   sub->callback([o] { run_merge(*o); });
 }
 

@@ -605,7 +605,7 @@ void check_format(const std::string& format, std::initializer_list<const char*> 
   throw SpecError("'" + format + "' is not one of " + list);
 }
 
-MergedParts merge(std::vector<Part> parts, const std::string& format_option) {
+MergedParts merge(std::vector<Part> parts, const std::string& format_option, const ReportOptions& report) {
   if (parts.empty()) throw SpecError("merge needs at least one part");
   const Part& first = parts.front();
   const json first_id = identity(first);
@@ -673,9 +673,15 @@ MergedParts merge(std::vector<Part> parts, const std::string& format_option) {
   if (place.command == "analyze") {
     for (Part& p : parts)
       for (std::size_t i = 0; i < p.rows.size(); ++i) slots[p.slots[i]] = std::move(p.rows[i]);
-    merged.text = render_report(report_view_from_json(first.doc.at("result").at("view")), std::move(slots), format);
+    merged.text =
+        render_report(report_view_from_json(first.doc.at("result").at("view")), std::move(slots), format, report);
     return merged;
   }
+  if (report != ReportOptions{})
+    throw SpecError(std::string(report.summary            ? "summary chooses"
+                                : !report.columns.empty() ? "columns choose"
+                                                          : "a method order chooses") +
+                    " what an analyze table shows; these are sweep parts");
   // sweep: each point's heads from all parts, in (layer, head) order, summarised as the unsharded run does; a point's
   // values and method are the same in every part that holds it
   SweepTable table = sweep_header_from_json(first.doc.at("result"));
@@ -715,13 +721,14 @@ MergedParts merge(std::vector<Part> parts, const std::string& format_option) {
 
 }  // namespace
 
-MergedParts merge_parts(const std::vector<PartText>& parts, const std::string& format) {
+MergedParts merge_parts(const std::vector<PartText>& parts, const std::string& format, const ReportOptions& report) {
   std::vector<Part> read;
   for (const PartText& p : parts) read.push_back(read_part(p.file, p.text));
-  return merge(std::move(read), format);
+  return merge(std::move(read), format, report);
 }
 
-MergedParts merge_part_files(const std::vector<fs::path>& files, const std::string& format) {
+MergedParts merge_part_files(const std::vector<fs::path>& files, const std::string& format,
+                             const ReportOptions& report) {
   std::vector<Part> read;
   for (const fs::path& path : files) {
     const std::string file = path.string();
@@ -740,7 +747,7 @@ MergedParts merge_part_files(const std::vector<fs::path>& files, const std::stri
     if (static_cast<std::uintmax_t>(in.gcount()) != size) throw InputError(file, "file", "read failed (it changed while read?)");
     read.push_back(read_part(file, text));
   }
-  return merge(std::move(read), format);
+  return merge(std::move(read), format, report);
 }
 
 }  // namespace qattn::eval

@@ -108,6 +108,16 @@ expect 2 "--columns: column 'nope' is not a column" "a refusal writes nothing" -
   analyze "${methods[@]}" --columns nope --out "$tmp/t.md"
 check "a refusal writes nothing: no --out file" [ ! -e "$tmp/t.md" ]
 
+# ---- merge renders the same choices ------------------------------------------------------------------------------
+if q analyze "${methods[@]}" --format csv --shard 0/2 --out "$tmp/p0.json" 2>/dev/null; then
+  q analyze "${methods[@]}" --format csv --shard 1/2 --out "$tmp/p1.json" 2>/dev/null
+  same "merge --summary --columns: the unsharded table" \
+    "$(q analyze "${methods[@]}" --format csv --summary --columns P_kl_mean,O_rmse)" \
+    "$(q merge "$tmp/p0.json" "$tmp/p1.json" --summary --columns P_kl_mean,O_rmse 2>/dev/null)"
+  expect 2 "--columns: column 'nope' is not a column" "merge --columns unknown" -- merge "$tmp/p0.json" "$tmp/p1.json" --columns nope
+  expect 2 "--summary: .*summary" "merge --summary json" -- merge "$tmp/p0.json" "$tmp/p1.json" --summary --format json
+else echo "tables_test: this build cannot hash (no OpenSSL): merge not checked"; fi
+
 expect 0 "--summary .*mean and worst rows" "--help names --summary" -- analyze --help
 expect 0 "--columns .*P_kl_mean" "--help names --columns and the ids" -- analyze --help
 

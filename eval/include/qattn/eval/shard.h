@@ -16,6 +16,7 @@
 
 #include "qattn/eval/analysis.h"
 #include "qattn/eval/evaluate.h"
+#include "qattn/eval/report.h"
 
 namespace qattn::eval {
 
@@ -73,11 +74,15 @@ struct MergedParts {
 // they read and the result's rows, when an input file has two hashes, when a shard is given twice or missing, and
 // when two sweep parts give a point different values. Each part is parsed with a check of its keys as they come, so
 // a file that is not a part, a part of another version or one with more rows than its block is refused at the first
-// wrong key or row. InputError(part, JSON field, reason) for all of these; no exception of another type.
-MergedParts merge_parts(const std::vector<PartText>& parts, const std::string& format = "");
+// wrong key or row. InputError(part, JSON field, reason) for all of these; no exception of another type but the
+// SpecError of a format, and of `report`: what an analyze table shows (render_report, check_report_options; any
+// choice on sweep parts is refused).
+MergedParts merge_parts(const std::vector<PartText>& parts, const std::string& format = "",
+                        const ReportOptions& report = {});
 
 // merge_parts of part files: InputError(file, "file", reason) for a path that is not a regular file, cannot be read
 // or holds more than kMaxPartBytes, before it is read.
-MergedParts merge_part_files(const std::vector<std::filesystem::path>& files, const std::string& format = "");
+MergedParts merge_part_files(const std::vector<std::filesystem::path>& files, const std::string& format = "",
+                             const ReportOptions& report = {});
 
 }  // namespace qattn::eval
