@@ -31,7 +31,7 @@ native_pkgs=(
   libeigen3-dev libboost-dev librapidcheck-dev catch2 libbenchmark-dev
   libmpfr-dev libgmp-dev nlohmann-json3-dev libzip-dev libcli11-dev
   clang libclang-rt-14-dev
-  python3-numpy python3-matplotlib
+  python3-numpy python3-matplotlib python3-pandas
   pybind11-dev python3-dev python3-pytest python3-hypothesis
   python3-pip python3-venv python3-setuptools python3-wheel python3-mypy
   libdnnl-dev libssl-dev
