@@ -205,19 +205,13 @@ def axis_name(rows, name, log_error=False):
     return name
 
 
-def _plt():
-    os.environ.setdefault("MPLBACKEND", "Agg")
+def _figure(size):
+    """A figure detached from pyplot (nothing to close, nothing shown), on an Agg canvas of its own. pyplot is never
+    imported and no backend is chosen: the caller's matplotlib session (a notebook's backend) is left as it is."""
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib  # noqa: F401
     except ImportError:
         raise _InputError("matplotlib is missing: apt-get install python3-matplotlib") from None
-    return plt
-
-
-def _figure(plt, size):
-    """A figure detached from pyplot's list of open figures (nothing to close, nothing shown), on an Agg canvas."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     fig = Figure(figsize=size)
@@ -296,8 +290,7 @@ def heatmap(source, x=None, y=None, value="mean", threshold=None, plateau_tol=1e
         higher_better = False
         label_value = f"log10(1 - {value})" if metric_name == "cossim" else f"log10({value})"
         tol = math.log10(1 + plateau_tol / (10 ** best)) if plateau_tol > 0 else 0
-    plt = _plt()
-    fig = _figure(plt, (8, 4.2))
+    fig = _figure((8, 4.2))
     ax = fig.add_subplot()
     xe, ye = cell_edges(xu), cell_edges(yu)  # cells centred on the grid values, evenly spaced or not
     im = ax.pcolormesh(xe, ye, grid, shading="flat", cmap="viridis" if higher_better else "viridis_r")
@@ -370,8 +363,7 @@ def lines(source, x, y="mean", series="method", logx=False, logy=False, linear=F
     rows, path = _rows(source, metric, target)
     xs, ys = column(rows, path, x), column(rows, path, y)
     names = series_labels(rows, column(rows, path, series, numeric=False), series, x)
-    plt = _plt()
-    fig = _figure(plt, (7, 4))
+    fig = _figure((7, 4))
     ax = fig.add_subplot()
     ys, log_error = _value_axis(ax, rows, y, linear, logy, ys)
     for s in dict.fromkeys(names):
@@ -532,8 +524,7 @@ def pareto(source, x="bits", y="error", label="method", logy=False, linear=False
     rows, path = _rows(source)
     xs, ys = column(rows, path, x), column(rows, path, y)
     labels = column(rows, path, label, numeric=False)
-    plt = _plt()
-    fig = _figure(plt, (8, 5))
+    fig = _figure((8, 5))
     ax = fig.add_subplot()
     ys, log_error = _value_axis(ax, rows, y, linear, logy, ys)
     ax.scatter(xs, ys, color="tab:blue", zorder=3, s=36)

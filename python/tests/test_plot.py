@@ -151,6 +151,19 @@ def test_figures_are_not_shown_or_kept_by_pyplot(b_sweep):
     assert plt.get_fignums() == before
 
 
+def test_drawing_leaves_the_callers_backend_and_environment_alone(b_sweep):
+    script = f"""
+import os, sys, matplotlib
+matplotlib.use("svg")  # a session's own backend, as a notebook's inline one
+import qattn.plot
+qattn.plot.lines({list(b_sweep)!r}, x="b", metric="cossim", target="O")
+print(matplotlib.get_backend(), os.environ.get("MPLBACKEND"), "matplotlib.pyplot" in sys.modules)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
+    out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True, env=env).stdout
+    assert out.split() == ["svg", "None", "False"]
+
+
 @pytest.mark.parametrize("grid, options, cli_grid", [
     ({"b": [4, 5], "c": [5, 6.6]}, {}, ["--grid", "b=4,5", "--grid", "c=5,6.6"]),
     ({"b": range(3, 6)}, {"metric": "rel_l1", "target": "P"},
