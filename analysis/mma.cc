@@ -98,6 +98,7 @@ void run_mma(const MmaOptions& o) {
   const MmaModel& m = model_or_usage(o.model);
   const Tensor a = read_one(o.a, "--a"), bt = read_one(o.bt, "--bt");
   const ref::MmaShape shape = ref::mma_shape(a.shape, bt.shape, o.a, o.bt);  // before anything is allocated
+  ref::mma_check_depth(m, shape, o.a);
   std::vector<float> c;
   if (!o.c.empty()) {
     const Tensor ct = read_one(o.c, "--c");

@@ -927,6 +927,7 @@ py::array mma(const py::handle& a_obj, const py::handle& bt_obj, const py::handl
   const std::vector<std::int64_t> sa(a_arr.shape(), a_arr.shape() + a_arr.ndim()),
       sb(bt_arr.shape(), bt_arr.shape() + bt_arr.ndim());
   const ref::MmaShape shape = ref::mma_shape(sa, sb, "a", "bt");
+  ref::mma_check_depth(*m, shape, "a");
   std::vector<float> c;
   if (!c_obj.is_none()) {
     const py::array ca = py::array::ensure(c_obj, py::array::c_style);

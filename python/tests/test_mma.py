@@ -111,6 +111,12 @@ def test_k_zero_gives_c():
     assert d.shape == (2, 3, 2) and d.dtype == np.float32 and not d.any()
 
 
+def test_a_k_the_model_cannot_pair_names_a_and_k():
+    with pytest.raises(ValueError, match=r"^a: shape: K = 6 \(the last axis\) is not a multiple of 4, which model "
+                                         "h100-mma-e4m3 needs"):
+        qattn.mma(np.zeros((16, 6), np.uint8), np.zeros((8, 6), np.uint8), model="h100-mma-e4m3")
+
+
 def test_c_passes_the_checks_of_the_cli():
     a = np.zeros((1, 2, 16), np.uint16)
     ones = np.ones((1, 2, 2), np.float32)

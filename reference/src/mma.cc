@@ -451,6 +451,13 @@ std::optional<std::size_t> element_count(std::span<const std::int64_t> shape) {
 
 }  // namespace
 
+void mma_check_depth(const MmaModel& m, const MmaShape& shape, const std::string& a_source) {
+  if (m.partition == MmaPartition::k_mod4_pairs && shape.depth % 4 != 0)
+    throw InputError(a_source, "shape",
+                     "K = " + std::to_string(shape.depth) + " (the last axis) is not a multiple of 4, which model " +
+                         m.name + " needs: it adds the products in pairs by k mod 4");
+}
+
 MmaShape mma_shape(std::span<const std::int64_t> a, std::span<const std::int64_t> bt, const std::string& a_source,
                    const std::string& bt_source) {
   for (const auto& [shape, source, what] : {std::tuple{a, &a_source, "A [..., M, K]"},

@@ -34,6 +34,7 @@ c = np.arange(12, dtype=np.float32).reshape(2, 3, 2) - 5.5
 c[0, 0, 0] = np.inf
 np.save("c0.npy", c)
 np.save("a1.npy", np.zeros(5, np.uint8))
+np.save("ak6.npy", np.zeros((16, 6), np.uint8)); np.save("btk6.npy", np.zeros((8, 6), np.uint8))
 np.save("bt1.npy", np.zeros((4, 5), np.uint8))
 np.save("c64.npy", np.zeros((1, 1), np.float64))
 np.save("a14.npy", np.zeros((1, 4), np.float32))
@@ -89,6 +90,8 @@ expect 3 "big.npy: shape: .* give D \(200000, 200000\): 160000000000 bytes of fl
 check "nothing written for a refused product" test ! -e d.npy
 expect 3 "a1.npy: shape: \(5,\) has 1 dimension: A \[\.\.\., M, K\] needs 2 or more" "a one-dimensional A names its shape" -- \
   mma --model h100-wgmma-e4m3 --a a1.npy --bt bt1.npy --out d.npy
+expect 3 "ak6.npy: shape: K = 6 \(the last axis\) is not a multiple of 4, which model h100-mma-e4m3 needs" \
+  "mma.sync's k mod 4 pairing names the file and K" -- mma --model h100-mma-e4m3 --a ak6.npy --bt btk6.npy --out d.npy
 expect 0 "" "K = 0 within the bound" -- mma --model h100-mma-e4m3 --a a0.npy --bt bt0.npy --c c0.npy --out d0.npy
 check "K = 0: D = C" $py -c "import numpy as np, sys; sys.exit(not np.array_equal(np.load('d0.npy'), np.load('c0.npy')))"
 expect 0 "" "K = 0 without C" -- mma --model h100-wgmma-e4m3 --a a0.npy --bt bt0.npy --out z0.npy

@@ -113,6 +113,10 @@ struct MmaShape {
 MmaShape mma_shape(std::span<const std::int64_t> a, std::span<const std::int64_t> bt, const std::string& a_source,
                    const std::string& bt_source);
 
+// K fits model `m`: a model that pairs k by k mod 4 (MmaPartition::k_mod4_pairs) needs K a multiple of 4.
+// Throws InputError(a_source, "shape", reason) naming K, the model and the rule.
+void mma_check_depth(const MmaModel& m, const MmaShape& shape, const std::string& a_source);
+
 // C as the model adds it, in float32. Refused with InputError(source, field, reason) unless its dtype (`dtype`, as
 // numpy and dtype_name() spell it) is float32 or float16 (field "dtype"), its shape is D's ("shape"), and, for a
 // model with an f16 accumulator, every finite value is a binary16 value ("element i", i the flat C-order index).
