@@ -15,31 +15,18 @@
 #include "qattn/error.h"
 #include "qattn/eval/evaluate.h"
 #include "qattn/tensor_io.h"
+#include "support/dump_files.h"
 
 using namespace qattn;
 namespace fs = std::filesystem;
 
 namespace dump_gqa_test {
 
-struct Scratch {
-  fs::path dir;
-  explicit Scratch(const std::string& name)
-      : dir(fs::temp_directory_path() / ("qattn-dump-gqa-" + name + "-" + std::to_string(::getpid()))) {
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  ~Scratch() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
+// A fresh scratch directory, removed with the object.
+struct Scratch : test::ScratchDir {
+  explicit Scratch(const std::string& name) : ScratchDir("qattn-dump-gqa-", name) {}
 };
-
-// [2, 4, 8] float32 whose entries start at `offset` (each head's tensors are told apart by it)
-Tensor head_tensor(double offset) {
-  std::vector<double> v(2 * 4 * 8);
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = offset + 0.01 * static_cast<double>(i % 13) - 0.05;
-  return Tensor::from_double(DType::f32, {2, 4, 8}, v);
-}
+using test::head_tensor;
 
 std::string name(int layer, int head, const char* kind) {
   return "layer" + std::to_string(layer) + "_head" + std::to_string(head) + "_" + kind;

@@ -12,6 +12,7 @@
 #include "qattn/error.h"
 #include "qattn/eval/evaluate.h"
 #include "qattn/tensor_io.h"
+#include "support/dump_files.h"
 
 using namespace qattn;
 namespace fs = std::filesystem;
@@ -19,24 +20,10 @@ namespace fs = std::filesystem;
 namespace dump_reader_test {
 
 // A fresh scratch directory, removed with the object.
-struct Scratch {
-  fs::path dir;
-  explicit Scratch(const std::string& name)
-      : dir(fs::temp_directory_path() / ("qattn-dump-reader-" + name + "-" + std::to_string(::getpid()))) {
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  ~Scratch() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
+struct Scratch : test::ScratchDir {
+  explicit Scratch(const std::string& name) : ScratchDir("qattn-dump-reader-", name) {}
 };
-
-Tensor head_tensor(double offset) {
-  std::vector<double> v(2 * 4 * 8);
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = offset + 0.01 * static_cast<double>(i % 13) - 0.05;
-  return Tensor::from_double(DType::f32, {2, 4, 8}, v);
-}
+using test::head_tensor;
 
 // layer{L}_head{H}_{q,k,v}.npy for each (L, H).
 void write_heads(const fs::path& dir, std::initializer_list<std::pair<int, int>> heads) {

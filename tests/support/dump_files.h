@@ -1,0 +1,40 @@
+// Fixtures of the dump reader's tests: a scratch directory removed with the object, and small head tensors told
+// apart by their offset.
+#pragma once
+
+#include <unistd.h>
+
+#include <cstddef>
+#include <filesystem>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "qattn/tensor.h"
+
+namespace qattn::test {
+
+// A fresh directory under the system's temporary one, named by `prefix`, `name` and the process id.
+struct ScratchDir {
+  std::filesystem::path dir;
+  ScratchDir(const std::string& prefix, const std::string& name)
+      : dir(std::filesystem::temp_directory_path() / (prefix + name + "-" + std::to_string(::getpid()))) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+};
+
+// [2, 4, 8] float32 whose entries start at `offset`.
+inline Tensor head_tensor(double offset) {
+  std::vector<double> v(2 * 4 * 8);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = offset + 0.01 * static_cast<double>(i % 13) - 0.05;
+  return Tensor::from_double(DType::f32, {2, 4, 8}, v);
+}
+
+}  // namespace qattn::test
