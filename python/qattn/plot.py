@@ -615,13 +615,18 @@ def save(fig, out):
     ext = os.path.splitext(out)[1].lower()
     if ext not in (".png", ".pdf", ".svg"):
         raise _InputError(f"{out}: the output must end in .png, .pdf or .svg")
+    _replace_atomically(out, ext, lambda fd, tmp: (os.close(fd), fig.savefig(tmp, dpi=200, bbox_inches="tight")))
+
+
+def _replace_atomically(out, suffix, write):
+    """write(fd, tmp) fills a temporary beside `out` (mkstemp: O_EXCL, unguessable name), which then takes `out`'s
+    place with the umask's permissions; on an OSError the temporary is removed and _InputError names `out`."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".qattn-", suffix=ext, dir=os.path.dirname(os.path.abspath(out)))
-        os.close(fd)
+        fd, tmp = tempfile.mkstemp(prefix=".qattn-", suffix=suffix, dir=os.path.dirname(os.path.abspath(out)))
     except OSError as e:
         raise _InputError(f"{out}: cannot write ({e.strerror})") from None
     try:
-        fig.savefig(tmp, dpi=200, bbox_inches="tight")
+        write(fd, tmp)
         os.chmod(tmp, 0o666 & ~_current_umask())
         os.replace(tmp, out)
     except OSError as e:
@@ -676,20 +681,11 @@ def write_csv(path, rows, target=None, metric=None, heads=None):
         lines_out.append(",".join(cell(c) for c in [r[k] for k in keys] + [
             target, metric, number(r["mean"]), number(r["worst"]), str(int(heads)), canonical(str(r["method"]))]))
     text = "\n".join(lines_out) + "\n"
-    out = os.fsdecode(path)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".qattn-", suffix=".csv", dir=os.path.dirname(os.path.abspath(out)))
-    except OSError as e:
-        raise ValueError(f"{out}: cannot write ({e.strerror})") from None
-    try:
+    def write(fd, _tmp):
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
-        os.chmod(tmp, 0o666 & ~_current_umask())
-        os.replace(tmp, out)
-    except OSError as e:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise ValueError(f"{out}: cannot write ({e.strerror})") from None
+
+    _replace_atomically(os.fsdecode(path), ".csv", write)
 
 
 def main(argv=None):
