@@ -250,6 +250,7 @@ std::string type_name(const ParamInfo& p) {
     case ParamType::integer: return "integer";
     case ParamType::real: return "real";
     case ParamType::boolean: return "bool";
+    case ParamType::text: return "text";
     case ParamType::choice: {
       std::string s;
       for (const auto& c : p.choices) s += (s.empty() ? "" : "|") + c;
@@ -315,6 +316,8 @@ void run_methods(const std::string& format) {
         entry["kind"] = method_kind_name(e.kind);
         entry["doc"] = e.doc;
         entry["reference"] = e.reference;
+        entry["in_default_lists"] = e.in_default_lists;
+        if (!e.positional_key.empty()) entry["positional_key"] = e.positional_key;
       }
       j.push_back(entry);
     }

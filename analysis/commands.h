@@ -42,6 +42,7 @@ void add_reproduce(CLI::App& app);
 void add_plot(CLI::App& app);
 void add_mma(CLI::App& app);        // analysis/mma.cc
 void add_mma_check(CLI::App& app);
+void add_kernel(CLI::App& app);     // analysis/kernel_command.cc
 
 // The options of `qattn analyze`, and its report (the table in `format`, eval::render_report) as text. Throws
 // CLI::ValidationError for options that do not fit together, SpecError for a bad spec and InputError for a bad dump.

@@ -149,7 +149,7 @@ std::pair<std::vector<std::string>, std::vector<std::string>> method_rows(
     const std::function<bool(const MethodEntry&)>& keep) {
   std::vector<std::string> names, canon;
   for (const auto& e : ref::reference_registry().entries()) {
-    if (!keep(e)) continue;
+    if (!e.in_default_lists || !keep(e)) continue;
     std::vector<std::string> specs{e.name};
     for (const auto& p : e.presets) specs.push_back(e.name + "@" + p.name);
     for (const auto& spec : specs) {

@@ -147,6 +147,7 @@ int main(int argc, char** argv) {
   add_merge(app);
   add_mma(app);
   add_mma_check(app);
+  add_kernel(app);
   require_decimal_counts(app);  // every command's --threads and --block-rows: "" and 2^70 are refused, not 0 and 2^63 - 1
   if (unknown_command(app, argc, argv)) return kExitUsage;
   try {

@@ -44,7 +44,7 @@ AnalysisPlan plan_analysis(const std::vector<std::string>& given, const std::str
   const bool defaults = specs.empty() && use_defaults;
   if (defaults)
     for (const auto& e : registry.entries())
-      if (!e.reference || reference == SoftmaxReference::exact) specs.push_back(e.name);
+      if (e.in_default_lists && (!e.reference || reference == SoftmaxReference::exact)) specs.push_back(e.name);
   for (const auto& s : specs) {
     const MethodSpec spec = parse_method_spec(s);
     auto m = build(spec);

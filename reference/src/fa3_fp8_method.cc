@@ -1,29 +1,11 @@
 // The "fa3-fp8" method: FlashAttention-3's FP8 forward pass in the registry (docs/pipelines/fa3-fp8.md).
 #include "qattn/error.h"
 #include "qattn/reference/fa3_fp8.h"
+#include "qattn/reference/kernel_file.h"
 #include "qattn/reference/method_entries.h"
 
 namespace qattn::ref {
 namespace {
-
-class Fa3Fp8Method final : public Method {
- public:
-  explicit Fa3Fp8Method(Fa3Fp8Params p) : p_(p) {}
-  RowMatrixXd softmax_rows_impl(const MatrixView&) const override {
-    throw SpecError("fa3-fp8 is an attention pipeline; it has no softmax-only form");
-  }
-  AttentionResult attention_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
-                                 const AttentionMask& mask) const override {
-    return fa3_fp8_attention(q, k, v, scale, mask, p_);
-  }
-  std::unique_ptr<PreparedCall> prepare_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
-                                             const AttentionMask& mask) const override {
-    return prepare_fa3_fp8(q, k, v, scale, mask, p_);
-  }
-
- private:
-  Fa3Fp8Params p_;
-};
 
 constexpr Choice<Fa3Scaling> kScalings[] = {{"amax", Fa3Scaling::amax}, {"none", Fa3Scaling::none}};
 constexpr Choice<bool> kOutputs[] = {{"bf16", true}, {"fp32", false}};
@@ -51,7 +33,7 @@ void register_fa3_fp8_method(Registry& registry) {
     p.key_block = static_cast<int>(m.integer("kv-block"));
     if (p.key_block % 32 != 0)
       throw SpecError("method 'fa3-fp8': kv-block must be a multiple of 32 (the wgmma's k), or 0");
-    return std::make_unique<Fa3Fp8Method>(p);
+    return make_flash_method(fa3_fp8_kernel(p));
   };
   e.overflow = OverflowRule::refuse;
   e.overflow_note = "Q, K, V read as float32 and E4M3 (scale=none refuses |x| >= 464); S s2 beyond float32 is refused";

@@ -1,29 +1,11 @@
 // The "sage1" method: SageAttention 1 in the registry (docs/pipelines/sage1.md).
 #include "qattn/error.h"
+#include "qattn/reference/kernel_file.h"
 #include "qattn/reference/method_entries.h"
 #include "qattn/reference/sage1.h"
 
 namespace qattn::ref {
 namespace {
-
-class Sage1Method final : public Method {
- public:
-  explicit Sage1Method(Sage1Params p) : p_(p) {}
-  RowMatrixXd softmax_rows_impl(const MatrixView&) const override {
-    throw SpecError("sage1 is an attention pipeline; it has no softmax-only form");
-  }
-  AttentionResult attention_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
-                                 const AttentionMask& mask) const override {
-    return sage1_attention(q, k, v, scale, mask, p_);
-  }
-  std::unique_ptr<PreparedCall> prepare_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
-                                             const AttentionMask& mask) const override {
-    return prepare_sage1(q, k, v, scale, mask, p_);
-  }
-
- private:
-  Sage1Params p_;
-};
 
 constexpr Choice<Sage1Accumulation> kAccumulations[] = {{"f16", Sage1Accumulation::f16}, {"fp32", Sage1Accumulation::fp32}};
 constexpr Choice<bool> kOutputs[] = {{"fp16", true}, {"fp32", false}};
@@ -55,7 +37,7 @@ void register_sage1_method(Registry& registry) {
     p.accumulation = choice_value(m, "acc", kAccumulations);
     p.output_fp16 = choice_value(m, "out", kOutputs);
     p.pad_upstream = choice_value(m, "pad", kPads);
-    return std::make_unique<Sage1Method>(p);
+    return make_flash_method(sage1_kernel(p));
   };
   e.overflow = OverflowRule::refuse;
   e.overflow_note = "Q, K beyond float32, V beyond binary16, S beyond float32 and a P V block beyond binary16 are "

@@ -1,31 +1,13 @@
 // The "sage2" method: SageAttention2 in the registry.
 #include "qattn/error.h"
+#include "qattn/reference/kernel_file.h"
 #include "qattn/reference/method_entries.h"
 #include "qattn/reference/sage2.h"
 
 namespace qattn::ref {
 namespace {
 
-class Sage2Method final : public Method {
- public:
-  explicit Sage2Method(Sage2Params p) : p_(p) {}
-  RowMatrixXd softmax_rows_impl(const MatrixView&) const override {
-    throw SpecError("sage2 is an attention pipeline; it has no softmax-only form");
-  }
-  AttentionResult attention_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
-                            const AttentionMask& mask) const override {
-    return sage2_attention(q, k, v, scale, mask, p_);
-  }
-  std::unique_ptr<PreparedCall> prepare_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
-                                             const AttentionMask& mask) const override {
-    return prepare_sage2(q, k, v, scale, mask, p_);
-  }
-
- private:
-  Sage2Params p_;
-};
-
-constexpr Choice<SageGranularity> kGranularities[] = {{"tensor", SageGranularity::tensor}, {"block", SageGranularity::block},
+constexpr Choice<SageGranularity> kSageGranularities[] = {{"tensor", SageGranularity::tensor}, {"block", SageGranularity::block},
                                                      {"warp", SageGranularity::warp}, {"thread", SageGranularity::thread},
                                                      {"token", SageGranularity::token}};
 constexpr Choice<SageRounding> kRoundings[] = {{"away", SageRounding::half_away}, {"even", SageRounding::half_even}};
@@ -65,7 +47,7 @@ void register_sage2_method(Registry& registry) {
       {"smooth-k", ParamType::boolean, "true", "subtract the token mean of K (softmax-invariant)"},
       {"smooth-q", ParamType::boolean, "false", "subtract each Q block's mean, add Delta S = mean(Q) K^T back"},
       {"smooth-v", ParamType::boolean, "false", "subtract the token mean of V, add it to O"},
-      {"gran", ParamType::choice, "thread", "Q/K scale groups", choice_names(kGranularities)},
+      {"gran", ParamType::choice, "thread", "Q/K scale groups", choice_names(kSageGranularities)},
       {"qk", ParamType::integer, "8", "Q/K bits: 4 or 8", {}, 4, 8},
       {"round", ParamType::choice, "away", "Q/K rounding: away (upstream Triton) or even (upstream CUDA)",
        choice_names(kRoundings)},
@@ -99,7 +81,7 @@ void register_sage2_method(Registry& registry) {
     p.smooth_k = m.boolean("smooth-k");
     p.smooth_q = m.boolean("smooth-q");
     p.smooth_v = m.boolean("smooth-v");
-    p.granularity = choice_value(m, "gran", kGranularities);
+    p.granularity = choice_value(m, "gran", kSageGranularities);
     p.qk_bits = static_cast<int>(m.integer("qk"));
     if (p.qk_bits != 4 && p.qk_bits != 8) throw SpecError("method 'sage2': qk must be 4 or 8");
     p.rounding = choice_value(m, "round", kRoundings);
@@ -112,7 +94,7 @@ void register_sage2_method(Registry& registry) {
          p.accumulation == SageAccumulation::mma) && p.p_format != SagePFormat::e4m3)
       throw SpecError("method 'sage2': acc=" + m.choice("acc") + " is an FP8 E4M3 instruction and needs p=e4m3 (for p=" +
                       m.choice("p") + " choose acc=two-level, fp22 or fp32)");
-    return std::make_unique<Sage2Method>(p);
+    return make_flash_method(sage2_kernel(p));
   };
   e.overflow = OverflowRule::refuse;
   e.overflow_note = "S = s_Q s_K (Q K^T) (+ Delta S) in float32; an entry beyond 3.4e38 is refused";

@@ -19,6 +19,9 @@
 //
 // Inputs are seeded (the seed is in each INFO) and small: the suite runs every configuration the registry has.
 #include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <filesystem>
 #include <algorithm>
 #include <numeric>
 #include <random>
@@ -29,6 +32,7 @@
 #include "qattn/reference/float_attention.h"
 #include "qattn/reference/registry.h"
 #include "support/random_matrix.h"
+#include "support/registry_specs.h"
 
 using namespace qattn;
 using qattn::test::random_matrix;
@@ -41,12 +45,12 @@ struct Config {
   MethodTraits traits;
 };
 
-// Every method of the registry, bare and under each preset.
+// Every method of the registry, bare (support/registry_specs.h) and under each preset.
 std::vector<Config> all_configs() {
   const Registry& r = ref::reference_registry();
   std::vector<Config> out;
   for (const MethodEntry& e : r.entries()) {
-    std::vector<std::string> specs{e.name};
+    std::vector<std::string> specs = test::bare_specs(e);
     for (const PresetInfo& p : e.presets) specs.push_back(e.name + "@" + p.name);
     for (const std::string& s : specs) out.push_back({s, &e, r.traits(parse_method_spec(s))});
   }

@@ -8,6 +8,7 @@
 #include "qattn/error.h"
 #include "qattn/method.h"
 #include "qattn/reference/registry.h"
+#include "support/registry_specs.h"
 
 using namespace qattn;
 using Catch::Matchers::Contains;
@@ -50,8 +51,14 @@ TEST_CASE("spec syntax", "[method]") {
   CHECK(s.overrides[0] == std::pair<std::string, std::string>{"b", "5"});
   CHECK(s.overrides[1] == std::pair<std::string, std::string>{"c", "6.6"});
   CHECK(parse_method_spec("fp16").overrides.empty());
-  for (const char* bad : {"", ":b=1", "x:", "x:b", "x:b=", "x:=1", "x:b=1,", "x@", "x y", "x@:b=1"})
+  for (const char* bad : {"", ":b=1", "x:", "x:b=", "x:=1", "x:b=1,", "x@", "x y", "x@:b=1", "x:p,", "x:p,q", "x:b=1,p"})
     CHECK_THROWS_AS(parse_method_spec(bad), SpecError);
+  // a bare first value is the positional one (file:PATH), the rest key=value
+  const MethodSpec f = parse_method_spec("file:/tmp/k.json,p.offset=4");
+  CHECK(f.positional == "/tmp/k.json");
+  REQUIRE(f.overrides.size() == 1);
+  CHECK(f.overrides[0] == std::pair<std::string, std::string>{"p.offset", "4"});
+  CHECK(parse_method_spec("x:b").positional == "b");
 }
 
 TEST_CASE("defaults, presets and overrides resolve in that order", "[method]") {
@@ -64,6 +71,8 @@ TEST_CASE("defaults, presets and overrides resolve in that order", "[method]") {
   const ParamMap p = r.resolve(parse_method_spec("toy@paper"));
   CHECK(p.integer("b") == 4);
   CHECK(p.choice("p") == "s8");
+  // a bare value where the method takes none is refused at resolution
+  CHECK_THROWS_WITH(r.resolve(parse_method_spec("toy:7")), Catch::Contains("'7' is not key=value"));
   const ParamMap o = r.resolve(parse_method_spec("toy@paper:b=7,mask=true"));
   CHECK(o.integer("b") == 7);
   CHECK(o.choice("p") == "s8");
@@ -154,14 +163,15 @@ TEST_CASE("every registered method gives the same bits on a view of some columns
   const RowMatrixXd wide = RowMatrixXd::NullaryExpr(
       16, 12, [](Eigen::Index i, Eigen::Index j) { return std::sin(1.7 * static_cast<double>(i * 12 + j)); });
   const RowMatrixXd q = wide.leftCols(8), k = wide.rightCols(8), v = wide.middleCols(2, 8);
-  for (const auto& entry : ref::reference_registry().entries()) {
-    INFO(entry.name);
-    const auto m = ref::reference_registry().create(entry.name);
-    const AttentionResult packed = m->attention(q, k, v, 0.3, {});
-    const AttentionResult strided = m->attention(wide.leftCols(8), wide.rightCols(8), wide.middleCols(2, 8), 0.3, {});
-    CHECK(packed.o == strided.o);
-    CHECK(packed.p == strided.p);
-  }
+  for (const auto& entry : ref::reference_registry().entries())
+    for (const std::string& spec : test::bare_specs(entry)) {
+      INFO(spec);
+      const auto m = ref::reference_registry().create(spec);
+      const AttentionResult packed = m->attention(q, k, v, 0.3, {});
+      const AttentionResult strided = m->attention(wide.leftCols(8), wide.rightCols(8), wide.middleCols(2, 8), 0.3, {});
+      CHECK(packed.o == strided.o);
+      CHECK(packed.p == strided.p);
+    }
   for (const char* spec : {"intattention", "quant-only:softmax=lanes16"}) {  // and the fused kernels
     INFO(spec);
     const BuiltMethod m = build_method(spec, {.engine = Engine::fast});
@@ -223,8 +233,10 @@ TEST_CASE("the float32 entry gives the float64 entry's bits, for every registere
   };
   for (const auto& entry : ref::reference_registry().entries()) {
     INFO(entry.name);
-    same(*ref::reference_registry().create(entry.name));
-    same_softmax(*ref::reference_registry().create(entry.name));
+    for (const std::string& spec : test::bare_specs(entry)) {
+      same(*ref::reference_registry().create(spec));
+      same_softmax(*ref::reference_registry().create(spec));
+    }
     for (const auto& preset : entry.presets) {
       INFO(preset.name);
       same_softmax(*ref::reference_registry().create(entry.name + "@" + preset.name));

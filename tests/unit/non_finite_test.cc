@@ -15,6 +15,7 @@
 
 #include "qattn/error.h"
 #include "qattn/reference/registry.h"
+#include "support/registry_specs.h"
 #include "qattn/tensor.h"
 #include "support/random_matrix.h"
 
@@ -25,11 +26,11 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// Every method of the registry, bare and under each preset.
+// Every method of the registry, bare (support/registry_specs.h) and under each preset.
 std::vector<std::pair<std::string, const MethodEntry*>> all_specs() {
   std::vector<std::pair<std::string, const MethodEntry*>> out;
   for (const MethodEntry& e : ref::reference_registry().entries()) {
-    out.emplace_back(e.name, &e);
+    for (const std::string& s : test::bare_specs(e)) out.emplace_back(s, &e);
     for (const PresetInfo& p : e.presets) out.emplace_back(e.name + "@" + p.name, &e);
   }
   return out;

@@ -26,7 +26,9 @@
 
 namespace qattn {
 
-enum class ParamType { integer, real, choice, boolean };
+// text: any value; its meaning is the method's own (the fields of a kernel file, whose values it checks when it is
+// built). An empty default means "not given": canonical() leaves such a key out.
+enum class ParamType { integer, real, choice, boolean, text };
 
 struct ParamInfo {
   std::string key;
@@ -47,9 +49,12 @@ struct MethodSpec {
   std::string name;
   std::string preset;  // empty when none
   std::vector<std::pair<std::string, std::string>> overrides;
+  std::string positional;  // a bare first value (file:PATH); empty when none
 };
 
-// Parses the syntax only; validation against a method's parameters happens in Registry::create.
+// Parses the syntax only; validation against a method's parameters happens in Registry::create. The first item after
+// ':' may be a bare value (file:PATH): MethodSpec::positional, which the method's positional_key takes; it runs to
+// the first ',' (a value holding ',' or '=' is given as key=value).
 MethodSpec parse_method_spec(std::string_view text);
 
 // Resolved, validated parameter values of one method instance.
@@ -315,6 +320,9 @@ struct MethodEntry {
   std::string doc;  // its derivation page, relative to the source root: "docs/methods/exaq.md"
   bool reference = false;  // the fp64 reference every error table compares against (left out of default lists)
   std::function<MethodTraits(const ParamMap&)> traits;  // empty: MethodTraits{}
+  std::string positional_key;    // NAME:VALUE sets this key (file:PATH sets path); empty: no bare value is taken
+  bool in_default_lists = true;  // false for a method its defaults alone do not build (file): left out of the lists
+                                 // of every method (analyze without --method, the leaderboard)
 
   bool has_softmax_form() const { return kind != MethodKind::attention_pipeline; }
   MethodTraits traits_of(const ParamMap& params) const { return traits ? traits(params) : MethodTraits{}; }

@@ -48,6 +48,7 @@ std::string describe_param(const ParamInfo& p) {
     case ParamType::boolean: return p.key + " (true|false)";
     case ParamType::integer: return p.key + " (integer)";
     case ParamType::real: return p.key + " (real)";
+    case ParamType::text: return p.key + " (text)";
   }
   return p.key;
 }
@@ -90,6 +91,7 @@ void validate(const MethodEntry& e, const ParamInfo& p, const std::string& value
     case ParamType::boolean:
       if (value != "true" && value != "false") throw SpecError(where + "'" + value + "' is not true|false" + hint);
       break;
+    case ParamType::text: break;  // the method checks it when it is built
   }
 }
 
@@ -111,6 +113,17 @@ MethodSpec parse_method_spec(std::string_view text) {
   if (colon == std::string_view::npos) return spec;
   std::string_view rest = text.substr(colon + 1);
   if (rest.empty()) throw SpecError("method spec '" + full + "': nothing after ':'");
+  {  // a bare first value
+    const std::string_view first = rest.substr(0, rest.find(','));
+    if (!first.empty() && first.find('=') == std::string_view::npos) {
+      spec.positional = std::string(first);
+      rest = rest.substr(first.size());
+      if (!rest.empty()) {
+        rest = rest.substr(1);
+        if (rest.empty()) throw SpecError("method spec '" + full + "': trailing ','");
+      }
+    }
+  }
   while (!rest.empty()) {
     const std::size_t comma = rest.find(',');
     const std::string_view item = rest.substr(0, comma);
@@ -420,7 +433,17 @@ ParamMap Registry::resolve(const MethodSpec& spec) const {
     }
     for (const auto& [k, v] : pr->values) values[k] = v;
   }
-  for (const auto& [key, v] : spec.overrides) {
+  std::vector<std::pair<std::string, std::string>> overrides = spec.overrides;
+  if (!spec.positional.empty()) {
+    if (e->positional_key.empty())
+      throw SpecError("method '" + e->name + "': '" + spec.positional + "' is not key=value");
+    for (const auto& [k, v] : overrides)
+      if (k == e->positional_key)
+        throw SpecError("method '" + e->name + "': key '" + k + "' given twice (" + e->name + ":" + spec.positional +
+                        " sets it)");
+    overrides.insert(overrides.begin(), {e->positional_key, spec.positional});
+  }
+  for (const auto& [key, v] : overrides) {
     const std::string& k = key;
     const auto it = std::find_if(e->params.begin(), e->params.end(), [&](const ParamInfo& p) { return p.key == k; });
     if (it == e->params.end()) {
@@ -451,6 +474,7 @@ std::string Registry::canonical(const MethodSpec& spec) const {
   std::string s = e->name;
   char sep = ':';
   for (const ParamInfo& p : e->params) {
+    if (p.type == ParamType::text && params.values().at(p.key).empty()) continue;
     s += sep + p.key + "=" + params.values().at(p.key);
     sep = ',';
   }

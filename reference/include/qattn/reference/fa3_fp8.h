@@ -23,6 +23,7 @@
 #pragma once
 
 #include "qattn/method.h"
+#include "qattn/reference/flash_kernel.h"
 
 namespace qattn::ref {
 
@@ -35,9 +36,10 @@ struct Fa3Fp8Params {
   int query_tile = 0;   // kBlockM; 0: the kernel's tile size for the head dimension
 };
 
-// The kernel's tile sizes for FP8 (tile_size_fwd_sm90 with element size 1, no paged KV, V row-major, no softcap).
-int fa3_fp8_key_block(Eigen::Index head_dim);
-int fa3_fp8_query_tile(Eigen::Index head_dim);
+// The description of these steps for the one flash loop (flash_kernel.h). The kernel's tile sizes for FP8
+// (tile_size_fwd_sm90 with element size 1, no paged KV, V row-major, no softcap) are fa3_fp8_key_block and
+// fa3_fp8_query_tile there.
+FlashKernel fa3_fp8_kernel(const Fa3Fp8Params& p);
 
 AttentionResult fa3_fp8_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                   const AttentionMask& mask, const Fa3Fp8Params& p);

@@ -19,6 +19,7 @@
 #pragma once
 
 #include "qattn/method.h"
+#include "qattn/reference/flash_kernel.h"
 
 namespace qattn::ref {
 
@@ -31,6 +32,9 @@ struct Sage1Params {
   bool pad_upstream = false;
   int block_q = 128, block_k = 64;  // BLKQ, BLKK of the quantiser; block_k is also the kernel's BLOCK_N
 };
+
+// The description of these steps for the one flash loop (flash_kernel.h).
+FlashKernel sage1_kernel(const Sage1Params& p);
 
 AttentionResult sage1_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                 const AttentionMask& mask, const Sage1Params& p);

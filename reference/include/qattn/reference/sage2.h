@@ -29,6 +29,7 @@
 #include <cstdint>
 
 #include "qattn/method.h"
+#include "qattn/reference/flash_kernel.h"
 #include "qattn/reference/sage_quant.h"
 
 namespace qattn::ref {
@@ -55,6 +56,10 @@ struct Sage2Params {
   }
   SageGroupSizes groups;
 };
+
+// The description of these steps for the one flash loop (flash_kernel.h). SpecError for an accumulation the P
+// format cannot take (wgmma, wgmma-single and mma need p=e4m3).
+FlashKernel sage2_kernel(const Sage2Params& p);
 
 // Step (0) alone: q and k in place through p.qk_transform (nothing for none). InputError for hadamard with a head
 // dimension that is not a power of 2, or a channel scale that overflows.

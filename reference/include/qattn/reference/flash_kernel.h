@@ -1,0 +1,130 @@
+// An online-softmax ("flash") attention kernel as a description: the formats, scales, matrix units, softmax and P~
+// rules and accumulation of a quantised attention kernel, as values (docs/kernels-as-data.md). One loop,
+// prepare_flash, runs any description; sage1, sage2 and fa3-fp8 are descriptions of it (sage1_kernel, sage2_kernel,
+// fa3_fp8_kernel). One call, Q [L_q, d], K [L_k, d], V [L_k, d_v], every step in the order below:
+//
+//   (1) Q and K: change of basis (qk.transform), K smoothing (qk.smooth_k: K - mean over tokens, float64), Q block
+//       smoothing with Delta S (qk.smooth_q); with softmax.scale_at = q, Q becomes fl32(fl32(Q) fl32(scale log2 e))
+//   (2) Q and K quantised (qk.format, granularity, scale, arith, rounding)
+//   (3) S on the S unit (int: exact integer products; e4m3: the H100 FP8 wgmma over d in steps of 32), float32:
+//         scale_at = q        S = fl32(fl32(A s_Q) s_K)                      (log2 e and the scale are in Q)
+//         scale_at = dequant  S = fl32(A) fl32(s_Q s_K scale [log2 e])  + Delta S
+//         scale_at = exp      S raw; s2 = fl32(fl32(fl32(scale) log2 e) fl32(d_Q d_K)) enters each exponent
+//   (4) key blocks of keys.block (first to last, or last first); per row: m_new = max(m, rowmax S_blk), unless
+//       softmax.rescale_threshold > 0 and the growth (in exponent units) does not exceed it (the max is kept);
+//       ref = m_new (s2 m_new with scale_at = exp) - p.offset; P~ = p.scale exp_b(S - ref) (exp: fma(S, s2, -ref)),
+//       r = exp_b(m - m_new) (times s2 with scale_at = exp); the row sum l takes P~ before or after its rounding
+//   (5) P = P~ rounded to p.format; P V on pv.unit, in steps of the unit's k; the accumulator is promoted (added to
+//       the float32 output after its rescale) every pv.promote_keys keys, or never (one accumulator, rescaled)
+//   (6) O from the accumulator, l, V's scale and mean (output.finalize), rounded to output.format
+// Every rounding is named in docs/kernels-as-data.md; the parts no measured vector validates are listed there.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "qattn/method.h"
+#include "qattn/reference/quant.h"
+#include "qattn/reference/sage_quant.h"
+
+namespace qattn::ref {
+
+enum class KernelFormat { int4, int8, e4m3, e5m2, fp16, bf16, fp32 };
+
+enum class QkTransform { none, hadamard, smoothquant, qserve };
+enum class ScaleRule { amax, amax_eps, one };  // amax / qmax; amax / qmax + 1e-7 (SageAttention2); 1 (a plain cast)
+enum class ScaleArith { f32, f64 };
+enum class ScaleAt { q, dequant, exp };
+enum class SoftmaxBase { two, e };
+enum class ExpImpl { f64_rounded, libm_f32 };  // exp in float64 rounded once to float32; the C library's expf/exp2f
+enum class RowSumUpdate { block, running };    // l = l r + (this block's sum); or l = l r, then each P~ added
+enum class RowSumOf { unrounded, rounded };
+enum class PvUnit { fp32, fp22, h100_hmma_f16_acc16, h100_wgmma_e4m3, h100_mma_e4m3 };
+enum class VScale { none, channel, tensor };
+enum class KeyOrder { forward, reverse };
+enum class KeyPad { masked, zeros };
+enum class Finalize { divide, f64, reciprocal };
+
+struct FlashKernel {
+  std::string name = "kernel";  // how error messages name it
+
+  struct Qk {
+    KernelFormat format = KernelFormat::int8;  // int8, int4 or e4m3
+    SageGranularity granularity = SageGranularity::thread;
+    SageGroupSizes groups;
+    ScaleRule scale = ScaleRule::amax_eps;
+    ScaleArith arith = ScaleArith::f64;
+    QuantRounding rounding = QuantRounding::half_away;  // e4m3: round to nearest even, whatever this says
+    QkTransform transform = QkTransform::none;
+    double alpha = 0.5;               // smoothquant, qserve
+    std::uint64_t hadamard_seed = 0;  // hadamard: signs from std::mt19937_64(seed)
+    bool smooth_k = true, smooth_q = false;
+  } qk;
+
+  struct V {
+    KernelFormat format = KernelFormat::e4m3;  // e4m3, e5m2, int8, fp16
+    VScale scale = VScale::channel;
+    ScaleRule rule = ScaleRule::amax;  // tensor: amax (descale fl32(amax / 448)) or one
+    bool smooth = false;               // V - mean over tokens, the mean added to O
+  } v;
+
+  struct Softmax {
+    ScaleAt scale_at = ScaleAt::dequant;
+    SoftmaxBase base = SoftmaxBase::e;
+    ExpImpl exp = ExpImpl::libm_f32;
+    double rescale_threshold = 0;  // 0: the max follows every growth; > 0: kept while growth <= this (FA4)
+    int row_sum_threads = 1;       // 1, or 4: the quad of threads of a wgmma accumulator row ((col mod 8) / 2)
+    RowSumUpdate row_sum_update = RowSumUpdate::running;
+    RowSumOf row_sum_of = RowSumOf::unrounded;
+  } softmax;
+
+  struct P {
+    double offset = 0;  // subtracted from the max in the exponent: P~ <= base^offset (FA3's max_offset 8)
+    double scale = 1;   // multiplies P~ after the exp (SageAttention2's 448)
+    KernelFormat format = KernelFormat::e4m3;  // e4m3, e5m2 (RNE, saturating), int8 (nearest), fp16, fp32
+  } p;
+
+  struct Pv {
+    PvUnit unit = PvUnit::h100_wgmma_e4m3;
+    int promote_keys = 0;  // 0: one accumulator over the key loop; N: promoted every N keys (a multiple of keys.block)
+  } pv;
+
+  struct Keys {
+    int block = 128;  // 0: FlashAttention-3's FP8 tile for the head dimension (fa3_fp8_key_block)
+    KeyOrder order = KeyOrder::forward;
+    KeyPad pad = KeyPad::masked;
+  } keys;
+
+  struct Output {
+    Finalize finalize = Finalize::f64;
+    KernelFormat format = KernelFormat::fp32;  // fp32, fp16, bf16
+  } output;
+};
+
+// The first field of a description the loop cannot run, and why (the values it allows there); nullopt if it runs.
+struct KernelProblem {
+  std::string field, why;
+};
+std::optional<KernelProblem> check_kernel(const FlashKernel& k);
+// The same as SpecError("kernel 'NAME': FIELD: WHY").
+void validate(const FlashKernel& k);
+
+// One call prepared: steps (1)-(3)'s tensor-wide parts first, then any block of query rows (Method::prepare).
+// q, k, v and mask must outlive the returned call.
+std::unique_ptr<PreparedCall> prepare_flash(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
+                                            const AttentionMask& mask, const FlashKernel& kernel);
+AttentionResult flash_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
+                                const AttentionMask& mask, const FlashKernel& kernel);
+
+// Step (1)'s change of basis alone: q and k in place (Q K^T unchanged in exact arithmetic). InputError for hadamard
+// with a head dimension that is not a power of 2, or a channel scale that overflows.
+void transform_qk(RowMatrixXd& q, RowMatrixXd& k, QkTransform t, double alpha, std::uint64_t seed,
+                  const std::string& name);
+
+// FlashAttention-3's FP8 tile sizes for the head dimension (tile_size_fwd_sm90, element size 1).
+int fa3_fp8_key_block(Eigen::Index head_dim);
+int fa3_fp8_query_tile(Eigen::Index head_dim);
+
+}  // namespace qattn::ref

@@ -1,0 +1,746 @@
+#include "qattn/reference/flash_kernel.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numbers>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "qattn/error.h"
+#include "qattn/float_format.h"
+#include "qattn/reference/int_pipelines.h"
+#include "qattn/reference/lowp_float.h"
+#include "qattn/reference/mma.h"
+
+namespace qattn::ref {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kLog2eF32 = 1.44269504f;  // the log2 e of SageAttention's Triton quantiser (a float32 constant)
+
+// A value as an error message shows it: 9 significant digits, exponent where large or small.
+std::string shown(double x) {
+  std::ostringstream s;
+  s.precision(9);
+  s << x;
+  return s.str();
+}
+
+std::string at(Eigen::Index i, Eigen::Index j) { return "[" + std::to_string(i) + ", " + std::to_string(j) + "]"; }
+
+bool is_int(KernelFormat f) { return f == KernelFormat::int4 || f == KernelFormat::int8; }
+
+// The largest value of a P~/V format: the factor that puts a channel's amax at the top of the format.
+double format_max(KernelFormat f) {
+  switch (f) {
+    case KernelFormat::e4m3: return 448;
+    case KernelFormat::e5m2: return 57344;
+    case KernelFormat::int8: return 127;
+    case KernelFormat::int4: return 7;
+    case KernelFormat::fp16: return 65504;
+    case KernelFormat::bf16:
+    case KernelFormat::fp32: return std::numeric_limits<float>::max();
+  }
+  return 1;
+}
+
+// P~ (float32) rounded to the P format.
+inline float round_p(float x, KernelFormat f) {
+  switch (f) {
+    case KernelFormat::e4m3: return e4m3_round_saturate(x);
+    case KernelFormat::e5m2:
+      return static_cast<float>(lowp_round(x, fp8_e5m2(), LowpRounding::rne, LowpOverflow::saturate));
+    case KernelFormat::int8: return std::nearbyint(x);
+    case KernelFormat::fp16: return static_cast<float>(round_to_binary16(x));
+    case KernelFormat::bf16: return static_cast<float>(round_to_bfloat16(x));
+    default: return x;
+  }
+}
+
+float fp22(double x) {
+  return static_cast<float>(lowp_round(x, fp22_accumulator(), LowpRounding::rz, LowpOverflow::non_saturating));
+}
+
+// exp_b(x) in float32 by the description's implementation.
+inline float exp_b(float x, SoftmaxBase base, ExpImpl impl) {
+  if (impl == ExpImpl::f64_rounded)
+    return static_cast<float>(base == SoftmaxBase::two ? std::exp2(static_cast<double>(x)) : std::exp(static_cast<double>(x)));
+  return base == SoftmaxBase::two ? std::exp2(x) : std::exp(x);
+}
+
+// Q or K quantised: codes [L, d] and one scale per group (arith f32: float32 values widened; f64: float64).
+struct IntQuantized {
+  RowMatrixXi32 codes;
+  std::vector<double> scales;
+  std::vector<int> group;
+};
+
+// Integer codes of x per group, scale fl32(amax / qmax) and codes trunc(fl32(fl32(x / s) + 0.5 sign)) (half away)
+// or nearbyint (half even) in float32; an all-zero group has scale 0 and codes 0. x holds float32 values.
+IntQuantized quantize_f32(const std::vector<float>& x, Eigen::Index rows, Eigen::Index cols, bool is_query,
+                          const FlashKernel::Qk& qk) {
+  const float qmax = qk.format == KernelFormat::int4 ? 7.0f : 127.0f;
+  IntQuantized r;
+  r.codes.resize(rows, cols);
+  r.group.resize(static_cast<std::size_t>(rows));
+  int groups = 0;
+  for (Eigen::Index n = 0; n < rows; ++n) {
+    r.group[static_cast<std::size_t>(n)] = sage_group_of(static_cast<int>(n), is_query, qk.granularity, qk.groups);
+    groups = std::max(groups, r.group[static_cast<std::size_t>(n)] + 1);
+  }
+  std::vector<float> amax(static_cast<std::size_t>(groups), 0.0f);
+  for (Eigen::Index n = 0; n < rows; ++n)
+    for (Eigen::Index c = 0; c < cols; ++c) {
+      float& a = amax[static_cast<std::size_t>(r.group[static_cast<std::size_t>(n)])];
+      a = std::max(a, std::fabs(x[static_cast<std::size_t>(n * cols + c)]));
+    }
+  std::vector<float> s(amax.size());
+  for (std::size_t g = 0; g < s.size(); ++g) s[g] = qk.scale == ScaleRule::amax_eps ? amax[g] / qmax + 1e-7f : amax[g] / qmax;
+  r.scales.assign(s.begin(), s.end());
+  for (Eigen::Index n = 0; n < rows; ++n) {
+    const float sg = s[static_cast<std::size_t>(r.group[static_cast<std::size_t>(n)])];
+    for (Eigen::Index c = 0; c < cols; ++c) {
+      if (sg == 0) {
+        r.codes(n, c) = 0;
+        continue;
+      }
+      const float y = x[static_cast<std::size_t>(n * cols + c)] / sg;
+      const float code = qk.rounding == QuantRounding::half_away ? std::trunc(y + (y >= 0 ? 0.5f : -0.5f)) : std::nearbyint(y);
+      r.codes(n, c) = static_cast<std::int32_t>(std::clamp(code, -qmax, qmax));
+    }
+  }
+  return r;
+}
+
+// x read as float32; values beyond float32 are refused, naming the tensor.
+float to_f32(double x, const char* tensor, Eigen::Index i, Eigen::Index j, const std::string& name, const char* what) {
+  const float f = static_cast<float>(x);
+  if (!std::isfinite(f))
+    throw InputError(tensor, at(i, j), shown(x) + " is beyond float32, in which " + name + " " + what + " " + tensor);
+  return f;
+}
+
+// E4M3 codes of one tensor and its descale: amax: descale fl32(amax / 448), X8 = E4M3(fl32(fl32(X) / descale));
+// one: descale 1, X8 = E4M3(fl32(X)), refusing what torch's cast makes NaN (|x| >= 464).
+std::vector<std::uint8_t> e4m3_tensor(const MatrixView& x, ScaleRule rule, const char* tensor, const std::string& name,
+                                      float& descale) {
+  float amax = 0;
+  for (Eigen::Index i = 0; i < x.rows(); ++i)
+    for (Eigen::Index j = 0; j < x.cols(); ++j) amax = std::max(amax, std::fabs(to_f32(x(i, j), tensor, i, j, name, "reads")));
+  descale = rule != ScaleRule::one && amax > 0 ? amax / 448.0f : 1.0f;
+  std::vector<std::uint8_t> codes(static_cast<std::size_t>(x.rows() * x.cols()));
+  for (Eigen::Index i = 0; i < x.rows(); ++i)
+    for (Eigen::Index j = 0; j < x.cols(); ++j) {
+      const float xf = static_cast<float>(x(i, j));
+      const float y = rule != ScaleRule::one ? xf / descale : xf;
+      if (rule == ScaleRule::one && !(std::fabs(y) < 464.0f))
+        throw InputError(tensor, at(i, j),
+                         shown(xf) + " is beyond E4M3's range: torch's .to(float8_e4m3fn) makes it NaN (" + name +
+                             " casts without a scale; a scale of amax / 448 per tensor avoids it)");
+      codes[static_cast<std::size_t>(i * x.cols() + j)] =
+          static_cast<std::uint8_t>(lowp_encode(e4m3_round_saturate(y), fp8_e4m3fn()));
+    }
+  return codes;
+}
+
+class FlashCall final : public PreparedCall {
+ public:
+  FlashCall(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale, const AttentionMask& mask,
+            const FlashKernel& kernel);
+
+ private:
+  AttentionResult rows_impl(Eigen::Index r0, Eigen::Index rows) const override;
+  void logits(Eigen::Index c0, Eigen::Index n, RowMatrixXf& s) const;  // step (3) for rows [c0, c0 + n), all keys
+  void prepare_int_qk(const MatrixView& q, const MatrixView& k);
+  void prepare_fp8_qk(const MatrixView& q, const MatrixView& k);
+  void prepare_v(const MatrixView& v);
+
+  const FlashKernel f;
+  const double scale;
+  const AttentionMask& mask;
+  const Eigen::Index lq, lk, d, dv;
+  Eigen::Index key_block = 64;
+  // int S: the codes' products, the scales and groups; Delta S's parts (smooth_q)
+  std::unique_ptr<IntMatmulAbt> qk;
+  IntQuantized qq, kq;  // codes released once qk holds them
+  MatrixView k_in;
+  RowMatrixXd k_basis;        // K' after a change of basis, for Delta S
+  Eigen::RowVectorXd k_mean;  // K' = K_in - k_mean (smooth_k without a change of basis), for Delta S
+  RowMatrixXd q_block_mean;   // row b: the mean subtracted from the queries of block b
+  // e4m3 S: Q8 [L_q, d], K8^T [d, L_k] codes; s2
+  std::vector<std::uint8_t> q8_codes, k8t_codes;
+  float s2 = 1;
+  // V as the PV unit reads it: values (float32, exact in the format) by row, or E4M3 codes by row / by column;
+  // binary16 exponents for HMMA
+  std::vector<float> v_values;
+  std::vector<std::int8_t> v_exponents;
+  std::vector<std::uint8_t> v_codes;
+  Eigen::Matrix<std::uint16_t, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> v_codes_t;
+  Eigen::RowVectorXd v_scale, v_mean;  // per channel (scale: finalize f64)
+  float v_descale = 1;                 // per tensor (finalize reciprocal)
+};
+
+FlashCall::FlashCall(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
+                     const AttentionMask& mask, const FlashKernel& kernel)
+    : PreparedCall(q.rows()), f(kernel), scale(scale), mask(mask), lq(q.rows()), lk(k.rows()), d(q.cols()),
+      dv(v.cols()), k_in(k) {
+  key_block = f.keys.block > 0 ? f.keys.block : fa3_fp8_key_block(d);
+  if (f.pv.promote_keys % key_block != 0)
+    throw SpecError(f.name + ": pv.promote_keys = " + std::to_string(f.pv.promote_keys) +
+                    " is not a multiple of the key block (" + std::to_string(key_block) + " keys for d = " +
+                    std::to_string(d) + ")");
+  if (f.qk.format == KernelFormat::e4m3) {
+    if (d > 256 || dv > 256)
+      throw InputError("Q", "head_dim", "d = " + std::to_string(d) + ", d_v = " + std::to_string(dv) + ": e4m3 Q/K on the wgmma as "
+                                            "FlashAttention-3's FP8 kernel takes head dimensions up to 256");
+    prepare_fp8_qk(q, k);
+  } else {
+    prepare_int_qk(q, k);
+  }
+  prepare_v(v);
+}
+
+void FlashCall::prepare_int_qk(const MatrixView& q_in, const MatrixView& k_raw) {
+  const FlashKernel::Qk& p = f.qk;
+  RowMatrixXd q = q_in;
+  RowMatrixXd k = k_raw;
+  transform_qk(q, k, p.transform, p.alpha, p.hadamard_seed, f.name);
+  if (p.smooth_k && lk > 0) k.rowwise() -= Eigen::RowVectorXd(k.colwise().mean());
+  if (p.smooth_q) {
+    const Eigen::Index bq = p.groups.block_q;
+    q_block_mean.resize((lq + bq - 1) / bq, d);
+    for (Eigen::Index b0 = 0; b0 < lq; b0 += bq) {
+      const Eigen::Index n = std::min(bq, lq - b0);
+      q_block_mean.row(b0 / bq) = q.middleRows(b0, n).colwise().mean();
+      for (Eigen::Index i = b0; i < b0 + n; ++i) q.row(i) -= q_block_mean.row(b0 / bq);
+    }
+  }
+  if (p.arith == ScaleArith::f32) {
+    std::vector<float> xq(static_cast<std::size_t>(lq * d)), xk(static_cast<std::size_t>(lk * d));
+    const float factor = static_cast<float>(scale * static_cast<double>(kLog2eF32));
+    for (Eigen::Index i = 0; i < lq; ++i)
+      for (Eigen::Index c = 0; c < d; ++c) {
+        float x = to_f32(q(i, c), "Q", i, c, f.name, "quantises");
+        if (f.softmax.scale_at == ScaleAt::q) {
+          x *= factor;
+          if (!std::isfinite(x)) throw_logit_overflow(f.name, "float32", i, 0);
+        }
+        xq[static_cast<std::size_t>(i * d + c)] = x;
+      }
+    for (Eigen::Index j = 0; j < lk; ++j)
+      for (Eigen::Index c = 0; c < d; ++c) xk[static_cast<std::size_t>(j * d + c)] = to_f32(k(j, c), "K", j, c, f.name, "quantises");
+    qq = quantize_f32(xq, lq, d, true, p);
+    kq = quantize_f32(xk, lk, d, false, p);
+  } else {
+    const int bits = p.format == KernelFormat::int4 ? 4 : 8;
+    const SageRounding r = p.rounding == QuantRounding::half_away ? SageRounding::half_away : SageRounding::half_even;
+    SageQuantized sq = sage_quantize(q, true, p.granularity, bits, r, p.groups);
+    qq = IntQuantized{std::move(sq.values), std::move(sq.scales), std::move(sq.group)};
+    SageQuantized sk = sage_quantize(k, false, p.granularity, bits, r, p.groups);
+    kq = IntQuantized{std::move(sk.values), std::move(sk.scales), std::move(sk.group)};
+  }
+  qk = std::make_unique<IntMatmulAbt>(qq.codes, kq.codes);
+  qq.codes.resize(0, 0);
+  kq.codes.resize(0, 0);
+  // Delta S reads K' only with smooth_q. Without a change of basis K' is K_in - mean (or K_in), formed again from
+  // the caller's K and the mean (the same doubles) instead of held.
+  if (p.smooth_q && p.transform == QkTransform::none && p.smooth_k && lk > 0) k_mean = k_raw.colwise().mean();
+  if (p.smooth_q && p.transform != QkTransform::none) k_basis = std::move(k);
+}
+
+void FlashCall::prepare_fp8_qk(const MatrixView& q, const MatrixView& k) {
+  float q_descale = 1, k_descale = 1;
+  q8_codes = e4m3_tensor(q, f.qk.scale, "Q", f.name, q_descale);
+  const std::vector<std::uint8_t> k8 = e4m3_tensor(k, f.qk.scale, "K", f.name, k_descale);
+  k8t_codes.resize(k8.size());
+  for (Eigen::Index j = 0; j < lk; ++j)
+    for (Eigen::Index c = 0; c < d; ++c)
+      k8t_codes[static_cast<std::size_t>(c * lk + j)] = k8[static_cast<std::size_t>(j * d + c)];
+  // The host's softmax_scale_log2 (float = float * double), then the kernel's *= q_descale * k_descale.
+  const float softmax_scale_log2 =
+      static_cast<float>(static_cast<double>(static_cast<float>(scale)) * std::numbers::log2e);
+  s2 = softmax_scale_log2 * (q_descale * k_descale);
+}
+
+void FlashCall::prepare_v(const MatrixView& v) {
+  const FlashKernel::V& p = f.v;
+  const std::size_t count = static_cast<std::size_t>(lk * dv);
+  v_scale = Eigen::RowVectorXd::Ones(dv);
+  v_mean = Eigen::RowVectorXd::Zero(dv);
+  if (p.scale == VScale::tensor) {  // E4M3 per tensor (validate); decoded for the units that read values
+    v_codes = e4m3_tensor(v, p.rule, "V", f.name, v_descale);
+    if (f.pv.unit == PvUnit::fp32 || f.pv.unit == PvUnit::fp22) {
+      v_values.resize(count);
+      for (std::size_t i = 0; i < count; ++i) v_values[i] = static_cast<float>(lowp_decode(v_codes[i], fp8_e4m3fn()));
+    }
+  } else if (p.format == KernelFormat::fp16 && p.scale == VScale::none) {
+    v_values.resize(count);
+    for (Eigen::Index j = 0; j < lk; ++j)
+      for (Eigen::Index c = 0; c < dv; ++c) {
+        const double x = round_to_binary16(v(j, c));
+        if (!std::isfinite(x))
+          throw InputError("V", at(j, c), shown(v(j, c)) + " is beyond binary16 (65504), in which " + f.name + " holds V");
+        v_values[static_cast<std::size_t>(j * dv + c)] = static_cast<float>(x);
+      }
+  } else {  // per channel, float64: V (- mean) scaled to the format's top, rounded
+    RowMatrixXd v8 = v;
+    if (p.smooth && lk > 0) {
+      v_mean = v.colwise().mean();
+      v8.rowwise() -= v_mean;
+    }
+    const double range = p.format == KernelFormat::fp16 ? 1 : format_max(p.format);
+    for (Eigen::Index c = 0; c < dv; ++c) {
+      const double amax = lk ? v8.col(c).cwiseAbs().maxCoeff() : 0.0;
+      v_scale(c) = p.format == KernelFormat::fp16 ? 1.0 : (amax > 0 ? amax / range : 1.0);
+      for (Eigen::Index j = 0; j < lk; ++j) {
+        const double x = v8(j, c) / v_scale(c);
+        switch (p.format) {
+          case KernelFormat::e4m3: v8(j, c) = lowp_round(x, fp8_e4m3fn(), LowpRounding::rne, LowpOverflow::saturate); break;
+          case KernelFormat::e5m2: v8(j, c) = lowp_round(x, fp8_e5m2(), LowpRounding::rne, LowpOverflow::saturate); break;
+          case KernelFormat::int8: v8(j, c) = std::clamp(std::nearbyint(x), -127.0, 127.0); break;
+          default: v8(j, c) = round_to_binary16(x); break;
+        }
+      }
+    }
+    if (f.pv.unit == PvUnit::h100_wgmma_e4m3 || f.pv.unit == PvUnit::h100_mma_e4m3) {
+      v_codes.resize(count);
+      for (Eigen::Index j = 0; j < lk; ++j)
+        for (Eigen::Index c = 0; c < dv; ++c)
+          v_codes[static_cast<std::size_t>(j * dv + c)] = static_cast<std::uint8_t>(lowp_encode(v8(j, c), fp8_e4m3fn()));
+    } else {
+      v_values.resize(count);
+      for (Eigen::Index j = 0; j < lk; ++j)
+        for (Eigen::Index c = 0; c < dv; ++c) v_values[static_cast<std::size_t>(j * dv + c)] = static_cast<float>(v8(j, c));
+    }
+  }
+  if (f.pv.unit == PvUnit::h100_hmma_f16_acc16) {
+    v_exponents.resize(count);
+    for (std::size_t i = 0; i < count; ++i) v_exponents[i] = hmma_f16_exponent(v_values[i]);
+  }
+  if (f.pv.unit == PvUnit::h100_mma_e4m3) {
+    v_codes_t.resize(dv, lk);
+    for (Eigen::Index j = 0; j < lk; ++j)
+      for (Eigen::Index c = 0; c < dv; ++c) v_codes_t(c, j) = v_codes[static_cast<std::size_t>(j * dv + c)];
+    v_codes.clear();
+    v_codes.shrink_to_fit();
+  }
+}
+
+void FlashCall::logits(Eigen::Index c0, Eigen::Index n, RowMatrixXf& s) const {
+  if (f.qk.format == KernelFormat::e4m3) {  // the H100 FP8 wgmma: d in steps of 32 from zero, each output alone
+    constexpr Eigen::Index kKeyTile = 512;
+    constexpr std::size_t kStep = 32;
+    std::array<float, 256> q_row;  // d <= 256 (the constructor's check)
+    std::array<std::int8_t, 256> q_row_e;
+    std::vector<float> k_tile(static_cast<std::size_t>(d * kKeyTile));
+    std::vector<std::int8_t> k_tile_e(k_tile.size());
+    s.topRows(n).setZero();
+    for (Eigen::Index k0 = 0; k0 < lk; k0 += kKeyTile) {
+      const auto cols = static_cast<std::size_t>(std::min(kKeyTile, lk - k0));
+      for (Eigen::Index c = 0; c < d; ++c)
+        e4m3_decode(k8t_codes.data() + c * lk + k0, cols, k_tile.data() + c * kKeyTile, k_tile_e.data() + c * kKeyTile);
+      for (Eigen::Index t = 0; t < n; ++t) {
+        e4m3_decode(q8_codes.data() + (c0 + t) * d, static_cast<std::size_t>(d), q_row.data(), q_row_e.data());
+        for (Eigen::Index d0 = 0; d0 < d; d0 += static_cast<Eigen::Index>(kStep))
+          wgmma_e4m3_step(&s(t, k0), q_row.data() + d0, static_cast<std::size_t>(std::min<Eigen::Index>(kStep, d - d0)),
+                          k_tile.data() + d0 * kKeyTile, k_tile_e.data() + d0 * kKeyTile,
+                          static_cast<std::size_t>(kKeyTile), cols);
+      }
+    }
+    return;
+  }
+  const RowMatrixXi32 a = qk->rows(c0, n);  // exact
+  std::vector<float> factor(kq.scales.size());
+  std::vector<float> delta_s(f.qk.smooth_q ? static_cast<std::size_t>(lk) : 0);
+  Eigen::Index delta_block = -1;
+  const bool sequential = f.softmax.scale_at == ScaleAt::q;
+  const double log2e = f.softmax.base == SoftmaxBase::two ? std::numbers::log2e : 1.0;
+  for (Eigen::Index t = 0; t < n; ++t) {
+    const Eigen::Index i = c0 + t;
+    const double sqi = qq.scales[static_cast<std::size_t>(qq.group[static_cast<std::size_t>(i)])];
+    if (!sequential)
+      for (std::size_t g = 0; g < kq.scales.size(); ++g)
+        factor[g] = static_cast<float>(log2e == 1.0 ? sqi * kq.scales[g] * scale : sqi * kq.scales[g] * scale * log2e);
+    if (f.qk.smooth_q && i / f.qk.groups.block_q != delta_block) {  // Delta S of the block, fp32
+      delta_block = i / f.qk.groups.block_q;
+      const auto mean = q_block_mean.row(delta_block);
+      for (Eigen::Index j = 0; j < lk; ++j) {
+        double dot;
+        if (k_basis.size()) dot = mean.dot(k_basis.row(j));
+        else if (k_mean.size()) dot = mean.dot(k_in.row(j) - k_mean);
+        else dot = mean.dot(k_in.row(j));
+        delta_s[static_cast<std::size_t>(j)] = static_cast<float>(dot * scale * log2e);
+      }
+    }
+    const float sqf = static_cast<float>(sqi);
+    for (Eigen::Index j = 0; j < lk; ++j) {
+      const std::size_t g = static_cast<std::size_t>(kq.group[static_cast<std::size_t>(j)]);
+      float x = sequential ? static_cast<float>(a(t, j)) * sqf * static_cast<float>(kq.scales[g])
+                           : static_cast<float>(a(t, j)) * factor[g];
+      if (f.qk.smooth_q) x += delta_s[static_cast<std::size_t>(j)];
+      s(t, j) = x;
+    }
+  }
+}
+
+AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
+  const FlashKernel::Softmax& sm = f.softmax;
+  const bool unmasked = mask.empty();
+  const RowMatrixXb visible = unmasked ? RowMatrixXb() : mask.rows(r0, rows, lq).visible(rows, lk);
+  AttentionResult r;
+  r.o = RowMatrixXd::Zero(rows, dv);
+  r.p = RowMatrixXd::Zero(rows, lk);
+  const Eigen::Index bk = key_block;
+  // pad zeros: the keys of the last block past L_k exist, with logit 0 and V = 0
+  const Eigen::Index lk_padded = f.keys.pad == KeyPad::zeros ? (lk + bk - 1) / bk * bk : lk;
+  const Eigen::Index blocks = (lk_padded + bk - 1) / bk;
+  const bool in_exp = sm.scale_at == ScaleAt::exp;
+  const float offset = static_cast<float>(f.p.offset), p_scale = static_cast<float>(f.p.scale);
+  const float threshold = static_cast<float>(sm.rescale_threshold);
+  const int threads = sm.row_sum_threads;
+  const Eigen::Index promote_blocks = f.pv.promote_keys / bk;  // 0: one accumulator
+  const PvUnit unit = f.pv.unit;
+  const bool codes_by_row = unit == PvUnit::h100_wgmma_e4m3;
+  // Rows go in chunks: each key block serves every row of the chunk before the next block, so the block's V stays
+  // in cache. Each row's operations, and their order, are those of the row alone, so the chunk's size changes no
+  // bit: 64 rows up to 8192 keys, 32 beyond (the chunk's logits and P are 2 x rows x L_k floats).
+  const Eigen::Index kChunkRows = lk_padded <= 8192 ? 64 : 32;
+  RowMatrixXf s(kChunkRows, lk_padded), p8(kChunkRows, lk_padded), out(kChunkRows, dv), buf(kChunkRows, dv),
+      ref_block(kChunkRows, blocks);
+  std::vector<float> m(kChunkRows);
+  std::vector<std::array<float, 4>> l(kChunkRows);
+  std::vector<char> any(kChunkRows);
+  std::vector<float> vb(codes_by_row ? static_cast<std::size_t>(bk * dv) : 0);
+  std::vector<std::int8_t> vbe(vb.size());
+  for (Eigen::Index c0 = r0; c0 < r0 + rows; c0 += kChunkRows) {
+    const Eigen::Index n = std::min(kChunkRows, r0 + rows - c0);
+    logits(c0, n, s);
+    for (Eigen::Index t = 0; t < n; ++t) {
+      const Eigen::Index i = c0 + t, row = i - r0;
+      float* sr = &s(t, 0);
+      for (Eigen::Index j = 0; j < lk; ++j) {
+        if (!unmasked && !visible(row, j)) sr[j] = kNegInf;
+        else if (!std::isfinite(in_exp ? sr[j] * s2 : sr[j])) throw_logit_overflow(f.name, "float32", i, j);
+      }
+      for (Eigen::Index j = lk; j < lk_padded; ++j) sr[j] = 0.0f;
+    }
+    std::fill(m.begin(), m.end(), kNegInf);
+    for (auto& x : l) x.fill(0.0f);
+    std::fill(any.begin(), any.end(), 0);
+    out.setZero();
+    buf.setZero();
+    // (4)-(5) the key blocks
+    for (Eigen::Index bi = 0; bi < blocks; ++bi) {
+      const Eigen::Index b = f.keys.order == KeyOrder::forward ? bi : blocks - 1 - bi;
+      const Eigen::Index b0 = b * bk, b1 = std::min(lk_padded, b0 + bk);
+      const Eigen::Index real_end = std::min(lk, b1);  // padded keys have V = 0: their products vanish
+      const bool promote = promote_blocks > 0 && ((bi + 1) % promote_blocks == 0 || bi + 1 == blocks);
+      if (codes_by_row && real_end > b0)
+        e4m3_decode(v_codes.data() + b0 * dv, static_cast<std::size_t>((real_end - b0) * dv), vb.data(), vbe.data());
+      for (Eigen::Index t = 0; t < n; ++t) {
+        const float* sr = &s(t, 0);
+        float* pr = &p8(t, 0);
+        float m_new = m[t];
+        for (Eigen::Index j = b0; j < b1; ++j) m_new = std::max(m_new, sr[j]);
+        if (m_new == kNegInf) {  // nothing visible yet
+          ref_block(t, b) = kNegInf;
+          continue;
+        }
+        // the max is kept while its growth, in exponent units, is within the threshold (FA4); else it moves
+        if (threshold > 0 && m[t] != kNegInf && (in_exp ? (m_new - m[t]) * s2 : m_new - m[t]) <= threshold) m_new = m[t];
+        float rescale = 0;
+        if (m[t] != kNegInf) rescale = m_new == m[t] ? 1.0f : exp_b(in_exp ? (m[t] - m_new) * s2 : m[t] - m_new, sm.base, sm.exp);
+        const float ref = in_exp ? m_new * s2 - offset : (offset != 0 ? m_new - offset : m_new);
+        ref_block(t, b) = ref;
+        any[t] = 1;
+        std::array<float, 4> part{};
+        std::array<float, 4>& lt = l[t];
+        if (sm.row_sum_update == RowSumUpdate::running) lt[0] *= rescale;
+        // P~, and the row sum of P~ before its rounding (row_sum_of unrounded) or after it
+        const bool sum_unrounded = sm.row_sum_of == RowSumOf::unrounded;
+        for (Eigen::Index j = b0; j < b1; ++j) {
+          float pt = 0;
+          if (sr[j] != kNegInf) {
+            pt = exp_b(in_exp ? std::fma(sr[j], s2, -ref) : sr[j] - ref, sm.base, sm.exp);
+            if (p_scale != 1) pt *= p_scale;
+          }
+          pr[j] = pt;
+          if (!sum_unrounded) continue;
+          if (sm.row_sum_update == RowSumUpdate::running) lt[0] += pt;
+          else part[threads == 4 ? static_cast<std::size_t>((j - b0) % 8 / 2) : 0] += pt;
+        }
+        if (f.p.format == KernelFormat::e4m3)  // the hot case without the format switch, so that it vectorises
+          for (Eigen::Index j = b0; j < b1; ++j) pr[j] = e4m3_round_saturate(pr[j]);
+        else
+          for (Eigen::Index j = b0; j < b1; ++j) pr[j] = round_p(pr[j], f.p.format);
+        if (!sum_unrounded)
+          for (Eigen::Index j = b0; j < b1; ++j) {
+            if (sm.row_sum_update == RowSumUpdate::running) lt[0] += pr[j];
+            else part[threads == 4 ? static_cast<std::size_t>((j - b0) % 8 / 2) : 0] += pr[j];
+          }
+        if (sm.row_sum_update == RowSumUpdate::block)
+          for (int th = 0; th < threads; ++th) lt[static_cast<std::size_t>(th)] = lt[static_cast<std::size_t>(th)] * rescale + part[static_cast<std::size_t>(th)];
+        // P V: into the accumulator acc (one over the key loop when nothing promotes, else buf, added to out)
+        float* o = &out(t, 0);
+        float* acc = promote_blocks > 0 ? &buf(t, 0) : o;
+        if (promote_blocks > 0)
+          for (Eigen::Index c = 0; c < dv; ++c) o[c] *= rescale;
+        if (promote_blocks != 1) {
+          if (unit == PvUnit::fp22)
+            for (Eigen::Index c = 0; c < dv; ++c) acc[c] = fp22(static_cast<double>(acc[c]) * rescale);
+          else
+            for (Eigen::Index c = 0; c < dv; ++c) acc[c] *= rescale;
+        } else {
+          std::fill(acc, acc + dv, 0.0f);
+        }
+        switch (unit) {
+          case PvUnit::h100_hmma_f16_acc16:
+            for (Eigen::Index s0 = b0; s0 < real_end; s0 += 16)
+              hmma_f16_acc16_step(acc, pr + s0, static_cast<std::size_t>(std::min<Eigen::Index>(16, real_end - s0)),
+                                  v_values.data() + s0 * dv, v_exponents.data() + s0 * dv, static_cast<std::size_t>(dv),
+                                  static_cast<std::size_t>(dv));
+            break;
+          case PvUnit::h100_wgmma_e4m3:
+            for (Eigen::Index s0 = b0; s0 < real_end; s0 += 32)
+              wgmma_e4m3_step(acc, pr + s0, static_cast<std::size_t>(std::min<Eigen::Index>(32, real_end - s0)),
+                              vb.data() + (s0 - b0) * dv, vbe.data() + (s0 - b0) * dv, static_cast<std::size_t>(dv),
+                              static_cast<std::size_t>(dv));
+            break;
+          case PvUnit::h100_mma_e4m3: {  // each 32 keys: two HMMA halves (mma_dot), a short last chunk padded with 0
+            static const MmaModel& model = mma_preset("h100-mma-e4m3");
+            std::array<std::uint16_t, 32> pc{}, vc{};
+            for (Eigen::Index c = 0; c < dv; ++c) {
+              float x = acc[c];
+              for (Eigen::Index s0 = b0; s0 < real_end; s0 += 32) {
+                const Eigen::Index cnt = std::min<Eigen::Index>(32, real_end - s0);
+                pc.fill(0), vc.fill(0);
+                for (Eigen::Index j = 0; j < cnt; ++j)
+                  pc[static_cast<std::size_t>(j)] = static_cast<std::uint16_t>(lowp_encode(pr[s0 + j], fp8_e4m3fn())),
+                  vc[static_cast<std::size_t>(j)] = v_codes_t(c, s0 + j);
+                x = mma_dot(model, pc, vc, x);
+              }
+              acc[c] = x;
+            }
+            break;
+          }
+          case PvUnit::fp22:
+            for (Eigen::Index c = 0; c < dv; ++c) {
+              float x = acc[c];
+              for (Eigen::Index j = b0; j < real_end; ++j)
+                x = fp22(static_cast<double>(x) + static_cast<double>(pr[j]) * v_values[static_cast<std::size_t>(j * dv + c)]);
+              acc[c] = x;
+            }
+            break;
+          case PvUnit::fp32:
+            for (Eigen::Index c = 0; c < dv; ++c) {
+              float x = acc[c];
+              for (Eigen::Index j = b0; j < real_end; ++j) x += pr[j] * v_values[static_cast<std::size_t>(j * dv + c)];
+              acc[c] = x;
+            }
+            break;
+        }
+        if (promote) {
+          for (Eigen::Index c = 0; c < dv; ++c) o[c] += acc[c];
+          if (promote_blocks != 1) std::fill(acc, acc + dv, 0.0f);
+        }
+        m[t] = m_new;
+      }
+    }
+    // (6) finalize
+    for (Eigen::Index t = 0; t < n; ++t) {
+      const Eigen::Index i = c0 + t, row = i - r0;
+      if (!any[t]) continue;  // no visible key: O = 0, P = 0
+      const std::array<float, 4>& lt = l[t];
+      const float sum = threads == 4 ? (lt[0] + lt[2]) + (lt[1] + lt[3]) : lt[0];
+      const float* o = &out(t, 0);
+      switch (f.output.finalize) {
+        case Finalize::divide:
+          for (Eigen::Index c = 0; c < dv; ++c) {
+            const float x = o[c] / sum;
+            if (!std::isfinite(x))
+              throw InputError("V", "values",
+                               "row " + std::to_string(i) + ": P V overflows " + f.name + "'s FP16 accumulator (a block's "
+                               "sum beyond 65504); the kernel would return inf there (docs/kernels-as-data.md)");
+            r.o(row, c) = x;
+          }
+          break;
+        case Finalize::f64:
+          for (Eigen::Index c = 0; c < dv; ++c) r.o(row, c) = static_cast<float>(o[c] * v_scale(c) / sum + v_mean(c));
+          break;
+        case Finalize::reciprocal: {
+          const float os = (1.0f / sum) * v_descale;
+          for (Eigen::Index c = 0; c < dv; ++c) r.o(row, c) = o[c] * os;
+          break;
+        }
+      }
+      if (f.output.format == KernelFormat::fp16)
+        for (Eigen::Index c = 0; c < dv; ++c) r.o(row, c) = round_to_binary16(r.o(row, c));
+      else if (f.output.format == KernelFormat::bf16)
+        for (Eigen::Index c = 0; c < dv; ++c) r.o(row, c) = round_to_bfloat16(r.o(row, c));
+      // P as probabilities: P8 base^(ref_block - ref_final) / l, the factor once per key block
+      // the reference of the last block processed is the row's final one (the max only grows; a row's first
+      // visible block is processed before its last)
+      const double last = ref_block(t, f.keys.order == KeyOrder::forward ? blocks - 1 : 0);
+      for (Eigen::Index b = 0; b < blocks; ++b) {
+        if (ref_block(t, b) == kNegInf) continue;
+        const double x = static_cast<double>(ref_block(t, b)) - last;
+        const double e = sm.base == SoftmaxBase::two ? std::exp2(x) : std::exp(x);
+        for (Eigen::Index j = b * bk; j < std::min(lk, (b + 1) * bk); ++j)
+          if (s(t, j) != kNegInf && p8(t, j) != 0) r.p(row, j) = p8(t, j) * e / sum;
+      }
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
+  const bool qk_int = is_int(k.qk.format);
+  if (!qk_int && k.qk.format != KernelFormat::e4m3) return KernelProblem{"qk.format", "must be int8, int4 or e4m3"};
+  if (k.qk.groups.block_q < 1 || k.qk.groups.block_k < 1 || k.qk.groups.warp_q < 1 || k.qk.groups.warp_k < 1)
+    return KernelProblem{"qk.groups", "every group size must be >= 1"};
+  if (!(k.qk.alpha >= 0 && k.qk.alpha <= 1)) return KernelProblem{"qk.alpha", "must be in [0, 1]"};
+  if (k.qk.format == KernelFormat::e4m3) {
+    if (k.qk.granularity != SageGranularity::tensor) return KernelProblem{"qk.granularity", "e4m3 Q/K take one scale per tensor: tensor"};
+    if (k.qk.scale == ScaleRule::amax_eps) return KernelProblem{"qk.scale", "e4m3 Q/K: amax (descale amax / 448) or one"};
+    if (k.qk.arith != ScaleArith::f32) return KernelProblem{"qk.arith", "e4m3 Q/K are scaled in float32: f32"};
+    if (k.softmax.scale_at != ScaleAt::exp) return KernelProblem{"softmax.scale_at", "e4m3 Q/K (S on the FP8 wgmma): exp"};
+    if (k.qk.transform != QkTransform::none || k.qk.smooth_k || k.qk.smooth_q)
+      return KernelProblem{"qk.transform", "e4m3 Q/K take no transform and no smoothing (transform none, smooth_k and smooth_q false)"};
+  } else {
+    if (k.softmax.scale_at == ScaleAt::exp) return KernelProblem{"softmax.scale_at", "integer Q/K: q or dequant"};
+    if (k.qk.scale == ScaleRule::one) return KernelProblem{"qk.scale", "integer Q/K: amax or amax+1e-7"};
+    if (k.qk.arith == ScaleArith::f64 && k.qk.scale != ScaleRule::amax_eps)
+      return KernelProblem{"qk.scale", "arith f64 (SageAttention2's quantiser) takes amax+1e-7"};
+    if (k.softmax.scale_at == ScaleAt::q && k.qk.arith != ScaleArith::f32)
+      return KernelProblem{"qk.arith", "softmax.scale_at q folds the scale into Q in float32: f32"};
+  }
+  if ((k.softmax.scale_at == ScaleAt::q || k.softmax.scale_at == ScaleAt::exp) && k.softmax.base != SoftmaxBase::two)
+    return KernelProblem{"softmax.base", "scale_at q and exp fold log2 e into the scale: 2"};
+  if (!(k.softmax.rescale_threshold >= 0) || !std::isfinite(k.softmax.rescale_threshold))
+    return KernelProblem{"softmax.rescale_threshold", "must be finite and >= 0"};
+  if (k.softmax.row_sum_threads != 1 && k.softmax.row_sum_threads != 4) return KernelProblem{"softmax.row_sum_threads", "1 or 4"};
+  if (k.softmax.row_sum_update == RowSumUpdate::running && k.softmax.row_sum_threads != 1)
+    return KernelProblem{"softmax.row_sum_threads", "row_sum_update running keeps one sum: 1"};
+  if (!std::isfinite(k.p.offset)) return KernelProblem{"p.offset", "must be finite"};
+  if (!(k.p.scale > 0) || !std::isfinite(k.p.scale)) return KernelProblem{"p.scale", "must be finite and > 0"};
+  if (k.p.format == KernelFormat::int4) return KernelProblem{"p.format", "e4m3, e5m2, int8, fp16, bf16 or fp32"};
+  const KernelFormat vf = k.v.format;
+  if (vf != KernelFormat::e4m3 && vf != KernelFormat::e5m2 && vf != KernelFormat::int8 && vf != KernelFormat::fp16)
+    return KernelProblem{"v.format", "e4m3, e5m2, int8 or fp16"};
+  switch (k.v.scale) {
+    case VScale::none:
+      if (vf != KernelFormat::fp16) return KernelProblem{"v.scale", "none holds V as binary16: v.format fp16"};
+      if (k.output.finalize != Finalize::divide) return KernelProblem{"output.finalize", "v.scale none: divide"};
+      break;
+    case VScale::tensor:
+      if (vf != KernelFormat::e4m3) return KernelProblem{"v.scale", "tensor (a descale per tensor) takes v.format e4m3"};
+      if (k.output.finalize != Finalize::reciprocal) return KernelProblem{"output.finalize", "v.scale tensor: reciprocal"};
+      if (k.v.rule == ScaleRule::amax_eps) return KernelProblem{"v.rule", "amax or one"};
+      break;
+    case VScale::channel:
+      if (k.output.finalize != Finalize::f64) return KernelProblem{"output.finalize", "v.scale channel: f64"};
+      break;
+  }
+  if (k.v.smooth && k.v.scale != VScale::channel) return KernelProblem{"v.smooth", "needs v.scale channel"};
+  switch (k.pv.unit) {
+    case PvUnit::h100_hmma_f16_acc16:
+      if (k.p.format != KernelFormat::fp16 || vf != KernelFormat::fp16)
+        return KernelProblem{"pv.unit", "h100-hmma-f16-acc16 takes binary16 P and V (p.format and v.format fp16)"};
+      break;
+    case PvUnit::h100_wgmma_e4m3:
+    case PvUnit::h100_mma_e4m3:
+      if (k.p.format != KernelFormat::e4m3 || vf != KernelFormat::e4m3)
+        return KernelProblem{"pv.unit", "an FP8 E4M3 instruction takes E4M3 P and V (p.format and v.format e4m3)"};
+      break;
+    default: break;
+  }
+  if (k.pv.promote_keys < 0) return KernelProblem{"pv.promote_keys", "0 (one accumulator) or a multiple of keys.block"};
+  if (k.keys.block < 0) return KernelProblem{"keys.block", "a key count >= 1, or 0 for FlashAttention-3's FP8 tile"};
+  const KernelFormat of = k.output.format;
+  if (of != KernelFormat::fp32 && of != KernelFormat::fp16 && of != KernelFormat::bf16)
+    return KernelProblem{"output.format", "fp32, fp16 or bf16"};
+  return std::nullopt;
+}
+
+void validate(const FlashKernel& k) {
+  if (const std::optional<KernelProblem> p = check_kernel(k))
+    throw SpecError("kernel '" + k.name + "': " + p->field + ": " + p->why);
+}
+
+void transform_qk(RowMatrixXd& q, RowMatrixXd& k, QkTransform t, double alpha, std::uint64_t seed,
+                  const std::string& name) {
+  const Eigen::Index d = q.cols();
+  switch (t) {
+    case QkTransform::none: return;
+    case QkTransform::hadamard: {
+      if (d == 0 || (d & (d - 1)) != 0)
+        throw InputError("Q", "shape", "head dimension " + std::to_string(d) + " is not a power of 2, which " + name +
+                                           "'s qk-transform=hadamard needs");
+      std::mt19937_64 gen(seed);
+      std::vector<double> sign(static_cast<std::size_t>(d));
+      for (double& s : sign) s = (gen() >> 63) != 0 ? -1.0 : 1.0;
+      const double norm = 1.0 / std::sqrt(static_cast<double>(d));
+      for (RowMatrixXd* m : {&q, &k})
+        for (Eigen::Index i = 0; i < m->rows(); ++i) {
+          double* x = m->row(i).data();
+          for (Eigen::Index c = 0; c < d; ++c) x[c] *= sign[static_cast<std::size_t>(c)];
+          for (Eigen::Index span = 1; span < d; span *= 2)  // butterflies, spans 1, 2, 4, ...
+            for (Eigen::Index b = 0; b < d; b += 2 * span)
+              for (Eigen::Index c = b; c < b + span; ++c) {
+                const double u = x[c], w = x[c + span];
+                x[c] = u + w, x[c + span] = u - w;
+              }
+          for (Eigen::Index c = 0; c < d; ++c) x[c] *= norm;
+        }
+      return;
+    }
+    case QkTransform::smoothquant:
+    case QkTransform::qserve: {
+      for (Eigen::Index c = 0; c < d; ++c) {
+        const double qmax = q.rows() ? q.col(c).cwiseAbs().maxCoeff() : 0.0;
+        const double kmax = k.rows() ? k.col(c).cwiseAbs().maxCoeff() : 0.0;
+        double s = 1;  // Q_c / s, K_c * s
+        if (t == QkTransform::smoothquant && qmax > 0 && kmax > 0) s = std::pow(qmax, alpha) / std::pow(kmax, 1 - alpha);
+        if (t == QkTransform::qserve && kmax > 0) s = 1 / std::pow(kmax, alpha);
+        q.col(c) /= s;
+        k.col(c) *= s;
+      }
+      if (!q.allFinite() || !k.allFinite())
+        throw InputError("Q", "values", "a channel scale of " + name + "'s qk-transform overflows float64; rescale the inputs");
+      return;
+    }
+  }
+}
+
+int fa3_fp8_key_block(Eigen::Index head_dim) {
+  return head_dim <= 64 ? 160 : head_dim <= 96 ? 128 : head_dim <= 128 ? 224 : head_dim <= 192 ? 160 : 128;
+}
+
+int fa3_fp8_query_tile(Eigen::Index head_dim) { return head_dim <= 96 ? 192 : 128; }
+
+std::unique_ptr<PreparedCall> prepare_flash(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
+                                            const AttentionMask& mask, const FlashKernel& kernel) {
+  validate(kernel);
+  require_attention_shapes(q, k, v);
+  return std::make_unique<FlashCall>(q, k, v, scale, mask, kernel);
+}
+
+AttentionResult flash_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
+                                const AttentionMask& mask, const FlashKernel& kernel) {
+  if (q.rows() == 0) {
+    validate(kernel);
+    require_attention_shapes(q, k, v);
+    return AttentionResult{RowMatrixXd::Zero(0, v.cols()), RowMatrixXd::Zero(0, k.rows())};
+  }
+  return prepare_flash(q, k, v, scale, mask, kernel)->rows(0, q.rows());
+}
+
+}  // namespace qattn::ref

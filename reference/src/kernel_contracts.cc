@@ -1,0 +1,151 @@
+// The contract checker of a flash kernel description (docs/kernels-as-data.md "Contracts"). Each contract bounds
+// what one stage can reach from the description alone, whatever the inputs, or states the input range it needs.
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
+
+#include "qattn/reference/kernel_file.h"
+
+namespace qattn::ref {
+namespace {
+
+std::string num(double x) {
+  char b[48];
+  std::snprintf(b, sizeof b, "%.6g", x);
+  return b;
+}
+
+// The largest finite value of a P format, and its name.
+double format_max(KernelFormat f) {
+  switch (f) {
+    case KernelFormat::e4m3: return 448;
+    case KernelFormat::e5m2: return 57344;
+    case KernelFormat::int8: return 127;
+    case KernelFormat::int4: return 7;
+    case KernelFormat::fp16: return 65504;
+    case KernelFormat::bf16: return 3.3895313892515355e38;
+    case KernelFormat::fp32: return std::numeric_limits<float>::max();
+  }
+  return 0;
+}
+
+// The largest value the format rounds to zero (round to nearest, ties to even): half its smallest positive value.
+double flush_level(KernelFormat f) {
+  switch (f) {
+    case KernelFormat::e4m3: return std::ldexp(1.0, -10);   // smallest subnormal 2^-9
+    case KernelFormat::e5m2: return std::ldexp(1.0, -17);   // 2^-16
+    case KernelFormat::int8:
+    case KernelFormat::int4: return 0.5;                    // nearest integer
+    case KernelFormat::fp16: return std::ldexp(1.0, -25);   // 2^-24
+    case KernelFormat::bf16: return std::ldexp(1.0, -134);  // 2^-133
+    case KernelFormat::fp32: return std::ldexp(1.0, -150);  // 2^-149
+  }
+  return 0;
+}
+
+std::string format_name(KernelFormat f) {
+  switch (f) {
+    case KernelFormat::e4m3: return "e4m3";
+    case KernelFormat::e5m2: return "e5m2";
+    case KernelFormat::int8: return "int8";
+    case KernelFormat::int4: return "int4";
+    case KernelFormat::fp16: return "fp16";
+    case KernelFormat::bf16: return "bf16";
+    case KernelFormat::fp32: return "fp32";
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::vector<KernelContract> kernel_contracts(const FlashKernel& k, const ContractOptions& o) {
+  std::vector<KernelContract> out;
+  const bool two = k.softmax.base == SoftmaxBase::two;
+  const std::string b = two ? "2" : "e";
+  const auto pow_b = [&](double x) { return two ? std::exp2(x) : std::exp(x); };
+  const auto log_b = [&](double x) { return two ? std::log2(x) : std::log(x); };
+  const double theta = k.softmax.rescale_threshold;
+  const double p_max = format_max(k.p.format);
+
+  // (1) The largest P~: the max is kept while the growth is within the threshold, so an exponent reaches
+  // offset + threshold before the rescale moves it.
+  {
+    KernelContract c;
+    c.name = "largest P~ within p.format";
+    const double top = k.p.scale * pow_b(k.p.offset + theta);
+    c.bound = "p.scale " + b + "^(p.offset + softmax.rescale_threshold) = " + num(k.p.scale) + " " + b + "^(" +
+              num(k.p.offset) + " + " + num(theta) + ") = " + num(top);
+    c.limit = num(p_max) + " (" + format_name(k.p.format) + " max)";
+    c.violated = top > p_max;
+    if (c.violated)
+      c.fix = "p.offset + softmax.rescale_threshold <= log_" + b + "(" + num(p_max) + " / p.scale) = " +
+              num(log_b(p_max / k.p.scale)) + ": the largest weights saturate while the row sum counts them in full";
+    out.push_back(c);
+  }
+  // (2) Diffuse mass: one key at the row max (P~ = p.scale b^offset) and keys - 1 keys at the format's flush level.
+  // Their weights round to zero in P, so the output loses their share of the row's mass; with the row sum taken
+  // before the rounding (row_sum_of unrounded) the sum still counts it, and O shrinks by that share.
+  {
+    KernelContract c;
+    const double top = k.p.scale * pow_b(k.p.offset);
+    const double tau = flush_level(k.p.format);
+    const double n = static_cast<double>(o.keys - 1);
+    const double lost = n * tau / (top + n * tau);
+    c.name = "diffuse mass kept (" + std::to_string(o.keys) + " keys)";
+    c.bound = "one key at P~ = " + num(top) + ", " + std::to_string(o.keys - 1) + " at the flush level " + num(tau) +
+              " (" + format_name(k.p.format) + "): " + num(100 * lost) + "% of the row's mass lost";
+    c.limit = num(100 * o.tolerance) + "%";
+    c.violated = lost > o.tolerance;
+    if (c.violated)
+      c.fix = "raise p.offset or p.scale (P~ at the max " + num(top) + ") so that the flush level sits further below "
+              "it, as FlashInfer's 2^8 pre-scale of P (p.offset 8), or choose a p.format with a smaller subnormal";
+    out.push_back(c);
+  }
+  // (3) An FP16 accumulator over the keys it holds before promotion.
+  if (k.pv.unit == PvUnit::h100_hmma_f16_acc16) {
+    KernelContract c;
+    c.name = "P V's FP16 accumulator within binary16";
+    const double top = k.p.scale * pow_b(k.p.offset + theta);
+    if (k.pv.promote_keys == 0) {
+      c.bound = "one accumulator over every key: unbounded in L_k";
+      c.limit = "65504";
+      c.violated = true;
+      c.fix = "pv.promote_keys > 0: promote the FP16 accumulator to float32 every N keys";
+    } else {
+      const double per_v = static_cast<double>(k.pv.promote_keys) * top;
+      c.bound = std::to_string(k.pv.promote_keys) + " keys x largest P~ " + num(top) + " x max|V| = " + num(per_v) +
+                " max|V|";
+      c.limit = "65504: holds for inputs with max|V| <= " + num(65504 / per_v) + " (V is held unscaled)";
+    }
+    out.push_back(c);
+  }
+  // (4) The integer products of Q K^T: int32 partial sums of d products of codes.
+  if (k.qk.format == KernelFormat::int8 || k.qk.format == KernelFormat::int4) {
+    KernelContract c;
+    const double qmax = k.qk.format == KernelFormat::int8 ? 127 : 7;
+    c.name = "integer Q K^T within int32";
+    c.bound = "d x " + num(qmax) + " x " + num(qmax) + " = " + num(qmax * qmax) + " d";
+    c.limit = "2^31 - 1: holds for head dimensions d <= " + num(std::floor(2147483647.0 / (qmax * qmax)));
+    out.push_back(c);
+  }
+  // (5) The matrix unit's k: a key block that is not a whole number of its steps is a partial step no kernel issues.
+  {
+    const int step = k.pv.unit == PvUnit::h100_hmma_f16_acc16                                       ? 16
+                     : k.pv.unit == PvUnit::h100_wgmma_e4m3 || k.pv.unit == PvUnit::h100_mma_e4m3 ? 32
+                                                                                                   : 1;
+    if (step > 1) {
+      KernelContract c;
+      c.name = "keys.block a whole number of P V steps";
+      c.bound = k.keys.block == 0 ? "FlashAttention-3's FP8 tile (160, 128, 224, 160, 128 keys)"
+                                  : std::to_string(k.keys.block) + " keys";
+      c.limit = "a multiple of " + std::to_string(step) + " (the unit's k)";
+      c.violated = k.keys.block % step != 0;
+      if (c.violated) c.fix = "keys.block: a multiple of " + std::to_string(step);
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+}  // namespace qattn::ref

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Kernels as descriptions (docs/kernels-as-data.md): `qattn kernel show` prints a kernel as a file that `--method
+# file:PATH` runs to the same numbers as the method it came from, and that `kernel show` prints back unchanged; a
+# spec's key=value changes one field (also as a sweep's grid axis); `qattn kernel check` exits 1 on a violated
+# contract (FlashAttention-4's FP8 P path with max_offset 8 and rescale_threshold 4) and 0 once it holds; bad files
+# and values are refused naming the file or key, with nothing written.
+#
+#   kernel_test.sh QATTN_BINARY REPO_ROOT [EMULATOR...]
+set -uo pipefail
+source "$(dirname "$0")/lib.sh" "$@"
+
+sample=$root/experiments/data/use-lite
+
+# the table's numbers without its method column (a quoted spec may hold commas)
+numbers() { sed -E 's/^([^,]*,[^,]*),("[^"]*"|[^,]*),/\1,/' <<<"$1"; }
+
+# ---- show, run, show again: the same numbers, the same file ------------------------------------------------------
+for m in fa3-fp8 sage1 "sage1:acc=fp32,pad=upstream" sage2 sage2@4b "sage2:acc=mma" "sage2:acc=two-level,p=e5m2"; do
+  f=$tmp/k.json
+  if ! q kernel show "$m" > "$f"; then echo "FAIL: kernel show $m"; fail=$((fail + 1)); continue; fi
+  want=$(q analyze --tensors "$sample" --method "$m" --format csv)
+  got=$(q analyze --tensors "$sample" --method "file:$f" --format csv)
+  check "$m: file:k.json gives the same numbers" [ "$(numbers "$want")" == "$(numbers "$got")" ]
+  check "$m: the rows are labelled by the spec given" [ -n "$(grep -F ",file:$f," <<<"$got")" ]
+  check "$m: kernel show of the file prints it back" [ "$(q kernel show "$f")" == "$(cat "$f")" ]
+  check "$m: a path alone is file:PATH" [ "$(q kernel show "file:$f")" == "$(cat "$f")" ]
+done
+
+# ---- one field changed: by the spec, and as a sweep's grid ------------------------------------------------------
+q kernel show fa3-fp8 > "$tmp/fa3.json"
+check "file:PATH,key=value changes that field" \
+  [ -n "$(q kernel show "file:$tmp/fa3.json,p.offset=6" | grep -F '"offset": 6.0')" ]
+a=$(q analyze --tensors "$sample" --method "file:$tmp/fa3.json,p.offset=6" --format csv)
+check "a changed field changes the numbers" [ "$(numbers "$a")" != "$(numbers "$(q analyze --tensors "$sample" --method fa3-fp8 --format csv)")" ]
+sw=$(q sweep --tensors "$sample" --method "file:$tmp/fa3.json" --grid p.offset=4:8 --format csv 2>/dev/null)
+check "sweep --grid p.offset=4:8: five points" [ "$(cut -d, -f1 <<<"$sw" | sort -u | grep -c '^[0-9.]*$')" -eq 5 ]
+check "sweep: a row for the point p.offset=8" \
+  [ -n "$(grep '^8,' <<<"$sw")" ]
+
+# ---- kernel check -----------------------------------------------------------------------------------------------
+expect 0 "0 violated" "kernel check fa3-fp8" -- kernel check fa3-fp8
+expect 0 "0 violated" "kernel check sage1" -- kernel check sage1
+expect 1 "largest P~ within p.format .*4096.*violated" "kernel check: max_offset 8 + rescale_threshold 4" -- \
+  kernel check "file:$tmp/fa3.json,softmax.rescale_threshold=4"
+expect 1 "change p.offset \+ softmax.rescale_threshold <= log_2\(448 / p.scale\) = 8.80735" "kernel check names the fields" -- \
+  kernel check "file:$tmp/fa3.json,softmax.rescale_threshold=4"
+expect 0 "0 violated" "kernel check: 8 + 0.75 fits E4M3" -- kernel check "file:$tmp/fa3.json,softmax.rescale_threshold=0.75"
+expect 1 "diffuse mass kept .*violated" "kernel check: P in (0, 1] cast to E4M3" -- kernel check "file:$tmp/fa3.json,p.offset=0"
+expect 0 '"verdict": "holds"' "kernel check --format json" -- kernel check fa3-fp8 --format json
+expect 2 "not a flash kernel" "kernel show of a method that is not a kernel" -- kernel show turbo
+
+# ---- refusals -----------------------------------------------------------------------------------------------------
+sed 's/"offset": 8.0/"ofset": 8.0/' "$tmp/fa3.json" > "$tmp/bad.json"
+expect 3 "bad.json.*p.ofset.*no such field" "an unknown field names the file and the field" -- \
+  analyze --tensors "$sample" --method "file:$tmp/bad.json"
+grep -v '"offset"' "$tmp/fa3.json" > "$tmp/missing.json"
+expect 3 "missing.json.*p.offset.*missing" "a missing field" -- kernel show "$tmp/missing.json"
+sed 's/"format": "bf16"/"format": "fp8"/' "$tmp/fa3.json" > "$tmp/value.json"
+expect 3 "output.format.*one of int4, int8, e4m3" "a value not allowed lists the allowed ones" -- kernel show "$tmp/value.json"
+sed 's/"unit": "h100-wgmma-e4m3"/"unit": "h100-hmma-f16-acc16"/' "$tmp/fa3.json" > "$tmp/combo.json"
+expect 3 "combo.json.*pv.unit.*binary16 P and V" "an impossible combination names the field" -- kernel show "$tmp/combo.json"
+expect 3 "nope.json.*cannot be read" "a missing file" -- analyze --tensors "$sample" --method "file:$tmp/nope.json"
+expect 2 "p.offset.*'x' is not allowed \(a finite number\)" "a bad value in the spec" -- \
+  analyze --tensors "$sample" --method "file:$tmp/fa3.json,p.offset=x"
+expect 2 "'7' is not key=value" "a bare value where a method takes none" -- analyze --tensors "$sample" --method sage2:7
+expect 2 "no description file" "file without a path" -- analyze --tensors "$sample" --method file
+out=$tmp/out.md
+expect 3 "" "nothing is written on a refused file" -- analyze --tensors "$sample" --method "file:$tmp/bad.json" --out "$out"
+check "no partial output" [ ! -e "$out" ]
+check "analyze without --method leaves the file method out" [ -z "$(q analyze --tensors "$sample" --summary 2>&1 | grep -F 'file')" ]
+
+echo "kernel_test: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

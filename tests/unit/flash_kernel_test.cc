@@ -1,0 +1,189 @@
+// Kernel descriptions (docs/kernels-as-data.md): the file form round-trips, bad files are refused naming the file and
+// field, the contracts find the P-path overflows and flushes, and the loop's parts that no preset uses (the rescale
+// threshold, a row sum of rounded P) do what the doc says. That the presets run on the loop bit for bit as before is
+// flash_loop_digest_test.cc.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <iostream>
+#include <random>
+#include <string>
+
+#include "qattn/error.h"
+#include "qattn/metrics.h"
+#include "qattn/reference/fa3_fp8.h"
+#include "qattn/reference/float_attention.h"
+#include "qattn/reference/kernel_file.h"
+#include "qattn/reference/registry.h"
+#include "qattn/reference/sage1.h"
+#include "qattn/reference/sage2.h"
+#include "support/random_matrix.h"
+
+using namespace qattn;
+using namespace qattn::ref;
+
+namespace {
+
+FlashKernel kernel(const std::string& spec) {
+  const auto m = reference_registry().create(spec);
+  const auto k = kernel_of(*m);
+  REQUIRE(k);
+  return *k;
+}
+
+std::string refusal(const std::string& text) {
+  try {
+    kernel_from_json(text, "k.json");
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+// The fa3-fp8 description's JSON with one line's value replaced.
+std::string edited(const std::string& field_line, const std::string& replacement) {
+  std::string j = kernel_to_json(kernel("fa3-fp8"));
+  const auto at = j.find(field_line);
+  REQUIRE(at != std::string::npos);
+  j.replace(at, field_line.size(), replacement);
+  return j;
+}
+
+double rel_l1(const RowMatrixXd& o, const RowMatrixXd& ref) {
+  return compare(std::span(o.data(), o.size()), std::span(ref.data(), ref.size())).rel_l1;
+}
+
+}  // namespace
+
+TEST_CASE("kernel files: every preset's description round-trips through its file", "[kernel_file]") {
+  for (const char* spec : {"sage1", "sage1:acc=fp32,pad=upstream,out=fp32", "sage2", "sage2@4b", "sage2@hadmdattn",
+                           "sage2:acc=mma", "sage2:acc=two-level,p=e5m2", "fa3-fp8", "fa3-fp8:scale=none,out=fp32"}) {
+    INFO(spec);
+    const FlashKernel k = kernel(spec);
+    const std::string j = kernel_to_json(k);
+    CHECK(kernel_to_json(kernel_from_json(j, "k.json")) == j);
+    // every field is in the file, and reads back as the description holds it
+    for (const KernelField& f : kernel_fields()) CHECK(get_kernel_field(kernel_from_json(j, "k.json"), f.name) == get_kernel_field(k, f.name));
+  }
+  // the presets differ where their kernels do
+  CHECK(get_kernel_field(kernel("fa3-fp8"), "keys.order") == "reverse");
+  CHECK(get_kernel_field(kernel("sage2"), "pv.promote_keys") == "128");
+  CHECK(get_kernel_field(kernel("sage1"), "pv.unit") == "h100-hmma-f16-acc16");
+}
+
+TEST_CASE("kernel files: bad files are refused naming the file, the field and what it takes", "[kernel_file]") {
+  CHECK_THAT(refusal("{"), Catch::Contains("k.json") && Catch::Contains("not valid JSON"));
+  CHECK_THAT(refusal("[1]"), Catch::Contains("a JSON object"));
+  CHECK_THAT(refusal(edited("\"offset\": 8.0", "\"ofset\": 8.0")),
+             Catch::Contains("p.ofset") && Catch::Contains("no such field") && Catch::Contains("p.offset"));
+  CHECK_THAT(refusal(edited("\"offset\": 8.0,", "")), Catch::Contains("p.offset") && Catch::Contains("missing"));
+  CHECK_THAT(refusal(edited("\"offset\": 8.0", "\"offset\": \"8\"")),
+             Catch::Contains("p.offset") && Catch::Contains("expected a number"));
+  CHECK_THAT(refusal(edited("\"row_sum_threads\": 4", "\"row_sum_threads\": 4.5")),
+             Catch::Contains("softmax.row_sum_threads") && Catch::Contains("expected an integer"));
+  CHECK_THAT(refusal(edited("\"order\": \"reverse\"", "\"order\": \"backward\"")),
+             Catch::Contains("keys.order") && Catch::Contains("forward, reverse"));
+  CHECK_THAT(refusal(edited("\"smooth\": false", "\"smooth\": 0")),
+             Catch::Contains("v.smooth") && Catch::Contains("true or false"));
+  // a combination the loop cannot run: the FP8 wgmma with binary16 P
+  const std::string fp16_p = edited("\"scale\": 1.0,\n    \"format\": \"e4m3\"", "\"scale\": 1.0,\n    \"format\": \"fp16\"");
+  CHECK_THAT(refusal(fp16_p), Catch::Contains("pv.unit") && Catch::Contains("E4M3 P and V"));
+  CHECK_THAT(refusal(edited("\"rescale_threshold\": 0.0", "\"rescale_threshold\": -1")),
+             Catch::Contains("softmax.rescale_threshold") && Catch::Contains(">= 0"));
+  CHECK(refusal(kernel_to_json(kernel("fa3-fp8"))) == "accepted");
+  FlashKernel k = kernel("sage2");
+  CHECK_THROWS_WITH(set_kernel_field(k, "p.format", "e3m4"), Catch::Contains("e4m3, e5m2"));
+  CHECK_THROWS_WITH(set_kernel_field(k, "p.nope", "1"), Catch::Contains("does not exist"));
+  CHECK_THROWS_AS(read_kernel_file("/nonexistent/k.json"), InputError);
+}
+
+TEST_CASE("kernel contracts: the FA4 P saturation and the FP8 P flush are found, their fixes pass", "[kernel_file]") {
+  const auto violated = [](const FlashKernel& k, const std::string& name) {
+    for (const KernelContract& c : kernel_contracts(k))
+      if (c.name.rfind(name, 0) == 0) return c.violated;
+    FAIL("no contract " << name);
+    return false;
+  };
+  // FlashAttention-4's FP8 forward: max_offset 8 and rescale_threshold 4 let P~ reach 2^12 against E4M3's 448
+  FlashKernel fa4 = kernel("fa3-fp8");
+  fa4.softmax.rescale_threshold = 4;
+  CHECK(violated(fa4, "largest P~"));
+  const auto contracts = kernel_contracts(fa4);
+  CHECK_THAT(contracts[0].bound, Catch::Contains("4096"));
+  CHECK_THAT(contracts[0].fix, Catch::Contains("8.80735"));
+  fa4.softmax.rescale_threshold = 0.75;  // 8 + 0.75 <= log2 448
+  CHECK(!violated(fa4, "largest P~"));
+  fa4.softmax.rescale_threshold = 0.81;
+  CHECK(violated(fa4, "largest P~"));
+  // P in (0, 1] cast to E4M3 (FlashInfer's sm120 FP8 prefill before its fix): the diffuse mass flushes
+  FlashKernel flush = kernel("fa3-fp8");
+  flush.p.offset = 0;
+  CHECK(violated(flush, "diffuse mass"));
+  flush.p.offset = 8;  // the fix: P pre-scaled by 2^8
+  CHECK(!violated(flush, "diffuse mass"));
+  CHECK(!violated(kernel("sage2"), "largest P~"));  // 448 e^0 = 448: at E4M3's top, not beyond
+  CHECK(violated(kernel("sage2:p=int8,acc=fp32"), "diffuse mass"));  // INT8 P rounds weights below 1/254 of the top
+  // sage1's FP16 accumulator over 64 keys of P~ <= 1: holds for |V| up to 65504 / 64
+  bool found = false;
+  for (const KernelContract& c : kernel_contracts(kernel("sage1")))
+    if (c.name.rfind("P V's FP16", 0) == 0) {
+      found = true;
+      CHECK_THAT(c.limit, Catch::Contains("1023.5"));
+    }
+  CHECK(found);
+  FlashKernel one_acc = kernel("sage1");
+  one_acc.pv.promote_keys = 0;
+  CHECK(violated(one_acc, "P V's FP16"));
+}
+
+TEST_CASE("flash loop: a rescale threshold keeps the max, and E4M3 P saturates when offset + threshold exceeds it",
+          "[kernel_file]") {
+  // Keys in blocks of 128: the first block's logits are N(0, 1), the second's hold one key 3 (log2 units) above every
+  // earlier logit of its row, so the running max grows by 3 at the second block.
+  std::mt19937_64 g(7);
+  const Eigen::Index l = 256, d = 64;
+  RowMatrixXd q = test::random_matrix(16, d, 1.0, g), k = test::random_matrix(l, d, 0.3, g), v = test::random_matrix(l, d, 1.0, g);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  // put a key in the second block along each query's direction: logit 3 log2 units above the row's others
+  for (Eigen::Index i = 0; i < 16; ++i) {
+    RowMatrixXd row = q.row(i) * scale;
+    const double top = (k.topRows(128) * row.transpose()).maxCoeff();
+    k.row(128 + i) = q.row(i) / q.row(i).squaredNorm() / scale * (top + 3 / std::log2(std::exp(1.0)));
+  }
+  const AttentionResult exact = float_attention(q, k, v, scale, FloatPrecision::fp64);
+  FlashKernel base = kernel("fa3-fp8:out=fp32");
+  base.keys.block = 128;
+  base.keys.order = KeyOrder::forward;
+  const auto err = [&](double threshold, KernelFormat p) {
+    FlashKernel kk = base;
+    kk.softmax.rescale_threshold = threshold;
+    kk.p.format = p;
+    if (p != KernelFormat::e4m3) kk.pv.unit = PvUnit::fp32;
+    return rel_l1(flash_attention(q, k, v, scale, {}, kk).o, exact.o);
+  };
+  // without P's rounding, keeping the max changes nothing but roundings: all close to the FP8 Q/K/V error
+  const double exact_p0 = err(0, KernelFormat::fp32), exact_p4 = err(4, KernelFormat::fp32);
+  CHECK(std::abs(exact_p4 - exact_p0) < 1e-3);
+  // E4M3 P: with 8 + 4 the second block's top keys reach 2^11 and saturate at 448; 8 + 0.75 stays within 448
+  const double fp8_0 = err(0, KernelFormat::e4m3), fp8_075 = err(0.75, KernelFormat::e4m3), fp8_4 = err(4, KernelFormat::e4m3);
+  std::cout << "rescale threshold, rel L1 of O: fp32 P " << exact_p0 << " (0), " << exact_p4 << " (4); E4M3 P "
+            << fp8_0 << " (0), " << fp8_075 << " (0.75), " << fp8_4 << " (4)\n";
+  CHECK(fp8_075 < 1.5 * fp8_0);
+  CHECK(fp8_4 > 5 * fp8_0);
+}
+
+TEST_CASE("flash loop: a row sum of rounded P makes P's rows sum to 1; of unrounded P~ it does not", "[kernel_file]") {
+  std::mt19937_64 g(11);
+  const RowMatrixXd q = test::random_matrix(32, 64, 1.0, g), k = test::random_matrix(512, 64, 1.0, g),
+                    v = test::random_matrix(512, 64, 1.0, g);
+  FlashKernel kk = kernel("sage2");
+  const auto worst = [&](RowSumOf of) {
+    kk.softmax.row_sum_of = of;
+    const AttentionResult r = flash_attention(q, k, v, 0.125, {}, kk);
+    return (r.p.rowwise().sum().array() - 1.0).abs().maxCoeff();
+  };
+  std::cout << "max |row sum of P - 1|: rounded " << worst(RowSumOf::rounded) << ", unrounded "
+            << worst(RowSumOf::unrounded) << "\n";
+  CHECK(worst(RowSumOf::rounded) < 1e-5);
+  CHECK(worst(RowSumOf::unrounded) > 1e-4);
+}
