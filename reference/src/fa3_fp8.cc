@@ -11,6 +11,16 @@ FlashKernel fa3_fp8_kernel(const Fa3Fp8Params& p) {
   k.qk.arith = ScaleArith::f32;
   k.qk.rounding = QuantRounding::half_even;
   k.qk.smooth_k = false;
+  if (p.block_quant) {
+    k.qk.granularity = SageGranularity::block;
+    k.qk.groups.block_q = 128;
+    k.qk.groups.block_k = 128;
+    k.softmax.max_rule = MaxRule::scaled;  // an s2 per block pair: the max of fma(S, s2, -8)
+  }
+  if (p.incoherent) {
+    k.qk.transform = QkTransform::hadamard;
+    k.qk.hadamard_seed = p.hadamard_seed;
+  }
   k.v.format = KernelFormat::e4m3;
   k.v.scale = VScale::tensor;
   k.v.rule = k.qk.scale;

@@ -25,12 +25,27 @@ void register_fa3_fp8_method(Registry& registry) {
       {"out", ParamType::choice, "bf16", "O as stored: bf16 (the kernel's output dtype) or fp32 (before the store)",
        choice_names(kOutputs)},
       {"kv-block", ParamType::integer, "0", "keys per block (kBlockN); 0: the kernel's tile for the head dim", {}, 0, 4096},
+      {"block-quant", ParamType::boolean, "false",
+       "the paper's block quantisation (FlashAttention-3 Sec. 3.3): a descale per 128 queries of Q and per 128 keys of "
+       "K (V per tensor); the running max is then of fma(S, s2, -8)"},
+      {"incoherent", ParamType::boolean, "false",
+       "the paper's incoherent processing: Q and K times one random-sign Hadamard matrix (d a power of 2) before FP8"},
+      {"hadamard-seed", ParamType::integer, "0", "incoherent: seed of std::mt19937_64 for the signs", {}, 0, 1 << 30},
+  };
+  e.presets = {
+      {"paper", {{"block-quant", "true"}, {"incoherent", "true"}},
+       "FlashAttention-3's FP8 with the paper's block quantisation and incoherent processing (Sec. 3.3), on the "
+       "official kernel's other parts; not validated by measured vectors: the official kernel takes per-tensor "
+       "descales"},
   };
   e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
     Fa3Fp8Params p;
     p.scaling = choice_value(m, "scale", kScalings);
     p.output_bf16 = choice_value(m, "out", kOutputs);
     p.key_block = static_cast<int>(m.integer("kv-block"));
+    p.block_quant = m.boolean("block-quant");
+    p.incoherent = m.boolean("incoherent");
+    p.hadamard_seed = static_cast<std::uint64_t>(m.integer("hadamard-seed"));
     if (p.key_block % 32 != 0)
       throw SpecError("method 'fa3-fp8': kv-block must be a multiple of 32 (the wgmma's k), or 0");
     return make_flash_method(fa3_fp8_kernel(p));

@@ -126,19 +126,26 @@ float to_f32(double x, const char* tensor, Eigen::Index i, Eigen::Index j, const
   return f;
 }
 
-// E4M3 codes of one tensor and its descale: amax: descale fl32(amax / 448), X8 = E4M3(fl32(fl32(X) / descale));
-// one: descale 1, X8 = E4M3(fl32(X)), refusing what torch's cast makes NaN (|x| >= 464).
-std::vector<std::uint8_t> e4m3_tensor(const MatrixView& x, ScaleRule rule, const char* tensor, const std::string& name,
-                                      float& descale) {
-  float amax = 0;
+// E4M3 codes of one tensor and its descales, one per group of rows (`groups` rows each; 0: the whole tensor): amax:
+// descale fl32(amax / 448), X8 = E4M3(fl32(fl32(X) / descale)); one: descale 1, X8 = E4M3(fl32(X)), refusing what
+// torch's cast makes NaN (|x| >= 464).
+std::vector<std::uint8_t> e4m3_groups(const MatrixView& x, ScaleRule rule, Eigen::Index groups, const char* tensor,
+                                      const std::string& name, std::vector<float>& descale) {
+  const Eigen::Index per = groups > 0 ? groups : std::max<Eigen::Index>(1, x.rows());
+  descale.assign(static_cast<std::size_t>(std::max<Eigen::Index>(1, (x.rows() + per - 1) / per)), 1.0f);
+  std::vector<float> amax(descale.size(), 0.0f);
   for (Eigen::Index i = 0; i < x.rows(); ++i)
-    for (Eigen::Index j = 0; j < x.cols(); ++j) amax = std::max(amax, std::fabs(to_f32(x(i, j), tensor, i, j, name, "reads")));
-  descale = rule != ScaleRule::one && amax > 0 ? amax / 448.0f : 1.0f;
+    for (Eigen::Index j = 0; j < x.cols(); ++j) {
+      float& a = amax[static_cast<std::size_t>(i / per)];
+      a = std::max(a, std::fabs(to_f32(x(i, j), tensor, i, j, name, "reads")));
+    }
+  for (std::size_t g = 0; g < descale.size(); ++g)
+    descale[g] = rule != ScaleRule::one && amax[g] > 0 ? amax[g] / 448.0f : 1.0f;
   std::vector<std::uint8_t> codes(static_cast<std::size_t>(x.rows() * x.cols()));
   for (Eigen::Index i = 0; i < x.rows(); ++i)
     for (Eigen::Index j = 0; j < x.cols(); ++j) {
       const float xf = static_cast<float>(x(i, j));
-      const float y = rule != ScaleRule::one ? xf / descale : xf;
+      const float y = rule != ScaleRule::one ? xf / descale[static_cast<std::size_t>(i / per)] : xf;
       if (rule == ScaleRule::one && !(std::fabs(y) < 464.0f))
         throw InputError(tensor, at(i, j),
                          shown(xf) + " is beyond E4M3's range: torch's .to(float8_e4m3fn) makes it NaN (" + name +
@@ -173,9 +180,12 @@ class FlashCall final : public PreparedCall {
   RowMatrixXd k_basis;        // K' after a change of basis, for Delta S
   Eigen::RowVectorXd k_mean;  // K' = K_in - k_mean (smooth_k without a change of basis), for Delta S
   RowMatrixXd q_block_mean;   // row b: the mean subtracted from the queries of block b
-  // e4m3 S: Q8 [L_q, d], K8^T [d, L_k] codes; s2
+  // e4m3 S: Q8 [L_q, d], K8^T [d, L_k] codes; s2 (one Q and one K group), or s2 of each (Q block, K block) with
+  // qk.granularity block: s2_table[q group][k group], K groups of k_group_rows keys
   std::vector<std::uint8_t> q8_codes, k8t_codes;
   float s2 = 1;
+  RowMatrixXf s2_table;
+  Eigen::Index q_group_rows = 0, k_group_rows = 0;
   // V as the PV unit reads it: values (float32, exact in the format) by row, or E4M3 codes by row / by column;
   // binary16 exponents for HMMA
   std::vector<float> v_values;
@@ -254,10 +264,21 @@ void FlashCall::prepare_int_qk(const MatrixView& q_in, const MatrixView& k_raw) 
   if (p.smooth_q && p.transform != QkTransform::none) k_basis = std::move(k);
 }
 
-void FlashCall::prepare_fp8_qk(const MatrixView& q, const MatrixView& k) {
-  float q_descale = 1, k_descale = 1;
-  q8_codes = e4m3_tensor(q, f.qk.scale, "Q", f.name, q_descale);
-  const std::vector<std::uint8_t> k8 = e4m3_tensor(k, f.qk.scale, "K", f.name, k_descale);
+void FlashCall::prepare_fp8_qk(const MatrixView& q_in, const MatrixView& k_in_) {
+  // incoherent processing: Q and K through the change of basis first (float64), then read as float32
+  RowMatrixXd qt, kt;
+  const bool transformed = f.qk.transform != QkTransform::none;
+  if (transformed) {
+    qt = q_in, kt = k_in_;
+    transform_qk(qt, kt, f.qk.transform, f.qk.alpha, f.qk.hadamard_seed, f.name);
+  }
+  const MatrixView q = transformed ? MatrixView(qt) : q_in, k = transformed ? MatrixView(kt) : k_in_;
+  const bool blocks = f.qk.granularity == SageGranularity::block;
+  q_group_rows = blocks ? f.qk.groups.block_q : 0;
+  k_group_rows = blocks ? f.qk.groups.block_k : 0;
+  std::vector<float> q_descale, k_descale;
+  q8_codes = e4m3_groups(q, f.qk.scale, q_group_rows, "Q", f.name, q_descale);
+  const std::vector<std::uint8_t> k8 = e4m3_groups(k, f.qk.scale, k_group_rows, "K", f.name, k_descale);
   k8t_codes.resize(k8.size());
   for (Eigen::Index j = 0; j < lk; ++j)
     for (Eigen::Index c = 0; c < d; ++c)
@@ -265,7 +286,13 @@ void FlashCall::prepare_fp8_qk(const MatrixView& q, const MatrixView& k) {
   // The host's softmax_scale_log2 (float = float * double), then the kernel's *= q_descale * k_descale.
   const float softmax_scale_log2 =
       static_cast<float>(static_cast<double>(static_cast<float>(scale)) * std::numbers::log2e);
-  s2 = softmax_scale_log2 * (q_descale * k_descale);
+  s2 = softmax_scale_log2 * (q_descale[0] * k_descale[0]);
+  if (blocks) {
+    s2_table.resize(static_cast<Eigen::Index>(q_descale.size()), static_cast<Eigen::Index>(k_descale.size()));
+    for (std::size_t a = 0; a < q_descale.size(); ++a)
+      for (std::size_t b = 0; b < k_descale.size(); ++b)
+        s2_table(static_cast<Eigen::Index>(a), static_cast<Eigen::Index>(b)) = softmax_scale_log2 * (q_descale[a] * k_descale[b]);
+  }
 }
 
 void FlashCall::prepare_v(const MatrixView& v) {
@@ -274,7 +301,9 @@ void FlashCall::prepare_v(const MatrixView& v) {
   v_scale = Eigen::RowVectorXd::Ones(dv);
   v_mean = Eigen::RowVectorXd::Zero(dv);
   if (p.scale == VScale::tensor) {  // E4M3 per tensor (validate); decoded for the units that read values
-    v_codes = e4m3_tensor(v, p.rule, "V", f.name, v_descale);
+    std::vector<float> descale;
+    v_codes = e4m3_groups(v, p.rule, 0, "V", f.name, descale);
+    v_descale = descale[0];
     if (f.pv.unit == PvUnit::fp32 || f.pv.unit == PvUnit::fp22) {
       v_values.resize(count);
       for (std::size_t i = 0; i < count; ++i) v_values[i] = static_cast<float>(lowp_decode(v_codes[i], fp8_e4m3fn()));
@@ -401,6 +430,9 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
   const Eigen::Index lk_padded = f.keys.pad == KeyPad::zeros ? (lk + bk - 1) / bk * bk : lk;
   const Eigen::Index blocks = (lk_padded + bk - 1) / bk;
   const bool in_exp = sm.scale_at == ScaleAt::exp;
+  const bool scaled_max = sm.max_rule == MaxRule::scaled;  // the max of fma(S, s2, -offset) (validate: in_exp)
+  const bool grouped = s2_table.size() > 0;                  // s2 per (Q block, K block)
+  std::vector<float> s2_keys(grouped ? static_cast<std::size_t>(lk_padded) : 0);
   const float offset = static_cast<float>(f.p.offset), p_scale = static_cast<float>(f.p.scale);
   const float threshold = static_cast<float>(sm.rescale_threshold);
   const int threads = sm.row_sum_threads;
@@ -425,8 +457,9 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
       const Eigen::Index i = c0 + t, row = i - r0;
       float* sr = &s(t, 0);
       for (Eigen::Index j = 0; j < lk; ++j) {
+        const float s2j = grouped ? s2_table(i / q_group_rows, j / k_group_rows) : s2;
         if (!unmasked && !visible(row, j)) sr[j] = kNegInf;
-        else if (!std::isfinite(in_exp ? sr[j] * s2 : sr[j])) throw_logit_overflow(f.name, "float32", i, j);
+        else if (!std::isfinite(in_exp ? sr[j] * s2j : sr[j])) throw_logit_overflow(f.name, "float32", i, j);
       }
       for (Eigen::Index j = lk; j < lk_padded; ++j) sr[j] = 0.0f;
     }
@@ -446,17 +479,28 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
       for (Eigen::Index t = 0; t < n; ++t) {
         const float* sr = &s(t, 0);
         float* pr = &p8(t, 0);
+        if (grouped)
+          for (Eigen::Index j = b0; j < b1; ++j)
+            s2_keys[static_cast<std::size_t>(j)] = s2_table((c0 + t) / q_group_rows, std::min(j, lk - 1) / k_group_rows);
+        const auto s2_of = [&](Eigen::Index j) { return grouped ? s2_keys[static_cast<std::size_t>(j)] : s2; };
         float m_new = m[t];
-        for (Eigen::Index j = b0; j < b1; ++j) m_new = std::max(m_new, sr[j]);
+        if (scaled_max) {
+          for (Eigen::Index j = b0; j < b1; ++j)
+            if (sr[j] != kNegInf) m_new = std::max(m_new, std::fma(sr[j], s2_of(j), -offset));
+        } else {
+          for (Eigen::Index j = b0; j < b1; ++j) m_new = std::max(m_new, sr[j]);
+        }
         if (m_new == kNegInf) {  // nothing visible yet
           ref_block(t, b) = kNegInf;
           continue;
         }
         // the max is kept while its growth, in exponent units, is within the threshold (FA4); else it moves
-        if (threshold > 0 && m[t] != kNegInf && (in_exp ? (m_new - m[t]) * s2 : m_new - m[t]) <= threshold) m_new = m[t];
+        const bool raw_exp = in_exp && !scaled_max;  // m in raw S units: differences and the reference times s2
+        if (threshold > 0 && m[t] != kNegInf && (raw_exp ? (m_new - m[t]) * s2 : m_new - m[t]) <= threshold) m_new = m[t];
         float rescale = 0;
-        if (m[t] != kNegInf) rescale = m_new == m[t] ? 1.0f : exp_b(in_exp ? (m[t] - m_new) * s2 : m[t] - m_new, sm.base, sm.exp);
-        const float ref = in_exp ? m_new * s2 - offset : (offset != 0 ? m_new - offset : m_new);
+        if (m[t] != kNegInf)
+          rescale = m_new == m[t] ? 1.0f : exp_b(raw_exp ? (m[t] - m_new) * s2 : m[t] - m_new, sm.base, sm.exp);
+        const float ref = raw_exp ? m_new * s2 - offset : scaled_max ? m_new : (offset != 0 ? m_new - offset : m_new);
         ref_block(t, b) = ref;
         any[t] = 1;
         std::array<float, 4> part{};
@@ -467,7 +511,7 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
         for (Eigen::Index j = b0; j < b1; ++j) {
           float pt = 0;
           if (sr[j] != kNegInf) {
-            pt = exp_b(in_exp ? std::fma(sr[j], s2, -ref) : sr[j] - ref, sm.base, sm.exp);
+            pt = exp_b(in_exp ? std::fma(sr[j], s2_of(j), -ref) : sr[j] - ref, sm.base, sm.exp);
             if (p_scale != 1) pt *= p_scale;
           }
           pr[j] = pt;
@@ -608,12 +652,16 @@ std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
     return KernelProblem{"qk.groups", "every group size must be >= 1"};
   if (!(k.qk.alpha >= 0 && k.qk.alpha <= 1)) return KernelProblem{"qk.alpha", "must be in [0, 1]"};
   if (k.qk.format == KernelFormat::e4m3) {
-    if (k.qk.granularity != SageGranularity::tensor) return KernelProblem{"qk.granularity", "e4m3 Q/K take one scale per tensor: tensor"};
+    if (k.qk.granularity != SageGranularity::tensor && k.qk.granularity != SageGranularity::block)
+      return KernelProblem{"qk.granularity", "e4m3 Q/K: tensor, or block (a descale per block_q queries / block_k keys)"};
+    if (k.qk.granularity == SageGranularity::block && k.softmax.max_rule != MaxRule::scaled)
+      return KernelProblem{"softmax.max_rule", "e4m3 Q/K per block have an s2 per block pair: the max is taken of fma(S, s2, "
+                                               "-offset), scaled"};
     if (k.qk.scale == ScaleRule::amax_eps) return KernelProblem{"qk.scale", "e4m3 Q/K: amax (descale amax / 448) or one"};
     if (k.qk.arith != ScaleArith::f32) return KernelProblem{"qk.arith", "e4m3 Q/K are scaled in float32: f32"};
     if (k.softmax.scale_at != ScaleAt::exp) return KernelProblem{"softmax.scale_at", "e4m3 Q/K (S on the FP8 wgmma): exp"};
-    if (k.qk.transform != QkTransform::none || k.qk.smooth_k || k.qk.smooth_q)
-      return KernelProblem{"qk.transform", "e4m3 Q/K take no transform and no smoothing (transform none, smooth_k and smooth_q false)"};
+    if (k.qk.smooth_k || k.qk.smooth_q)
+      return KernelProblem{"qk.smooth_k", "e4m3 Q/K take no smoothing (smooth_k and smooth_q false)"};
   } else {
     if (k.softmax.scale_at == ScaleAt::exp) return KernelProblem{"softmax.scale_at", "integer Q/K: q or dequant"};
     if (k.qk.scale == ScaleRule::one) return KernelProblem{"qk.scale", "integer Q/K: amax or amax+1e-7"};
@@ -622,6 +670,8 @@ std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
     if (k.softmax.scale_at == ScaleAt::q && k.qk.arith != ScaleArith::f32)
       return KernelProblem{"qk.arith", "softmax.scale_at q folds the scale into Q in float32: f32"};
   }
+  if (k.softmax.max_rule == MaxRule::scaled && k.softmax.scale_at != ScaleAt::exp)
+    return KernelProblem{"softmax.max_rule", "scaled takes the max of fma(S, s2, -offset): softmax.scale_at exp"};
   if ((k.softmax.scale_at == ScaleAt::q || k.softmax.scale_at == ScaleAt::exp) && k.softmax.base != SoftmaxBase::two)
     return KernelProblem{"softmax.base", "scale_at q and exp fold log2 e into the scale: 2"};
   if (!(k.softmax.rescale_threshold >= 0) || !std::isfinite(k.softmax.rescale_threshold))

@@ -34,6 +34,7 @@ const Names<VScale> kVScales = {{"none", VScale::none}, {"channel", VScale::chan
 const Names<ScaleAt> kScaleAt = {{"q", ScaleAt::q}, {"dequant", ScaleAt::dequant}, {"exp", ScaleAt::exp}};
 const Names<SoftmaxBase> kBases = {{"2", SoftmaxBase::two}, {"e", SoftmaxBase::e}};
 const Names<ExpImpl> kExps = {{"f64-rounded", ExpImpl::f64_rounded}, {"libm-f32", ExpImpl::libm_f32}};
+const Names<MaxRule> kMaxRules = {{"raw", MaxRule::raw}, {"scaled", MaxRule::scaled}};
 const Names<RowSumUpdate> kUpdates = {{"block", RowSumUpdate::block}, {"running", RowSumUpdate::running}};
 const Names<RowSumOf> kSumOf = {{"unrounded", RowSumOf::unrounded}, {"rounded", RowSumOf::rounded}};
 const Names<PvUnit> kUnits = {{"fp32", PvUnit::fp32}, {"fp22", PvUnit::fp22},
@@ -206,6 +207,9 @@ const std::vector<FieldAccess>& fields() {
       choice_at("softmax.exp", kExps, &K::softmax, &K::Softmax::exp,
                 "f64-rounded (computed in float64, rounded once to float32) or libm-f32 (the C library's expf / "
                 "exp2f); the GPUs' ex2.approx is not modelled"),
+      choice_at("softmax.max_rule", kMaxRules, &K::softmax, &K::Softmax::max_rule,
+                "scale_at exp: the running max of raw S, s2 applied after (raw, FlashAttention-3), or of "
+                "fma(S, s2, -p.offset) (scaled, SageAttention2's CUDA kernels; needed with a descale per block)"),
       real_at("softmax.rescale_threshold", &K::softmax, &K::Softmax::rescale_threshold,
               "0: the max follows every growth; t > 0: the running max (and the rescale) is kept while the block's max "
               "exceeds it by at most t exponent units (FlashAttention-4's rescale_threshold)"),

@@ -22,6 +22,8 @@
 // --use_fast_math) are not modelled, the one approximation in this model (docs/pipelines/fa3-fp8.md).
 #pragma once
 
+#include <cstdint>
+
 #include "qattn/method.h"
 #include "qattn/reference/flash_kernel.h"
 
@@ -34,6 +36,12 @@ struct Fa3Fp8Params {
   bool output_bf16 = true;
   int key_block = 0;    // kBlockN; 0: the kernel's tile size for the head dimension
   int query_tile = 0;   // kBlockM; 0: the kernel's tile size for the head dimension
+  // The FlashAttention-3 paper's FP8 accuracy features (Sec. 3.3), not in the official kernel's call with per-tensor
+  // descales: block quantisation (a descale per 128 queries of Q and per 128 keys of K; V stays per tensor) and
+  // incoherent processing (Q and K times the same random-sign Hadamard matrix before quantising).
+  bool block_quant = false;
+  bool incoherent = false;
+  std::uint64_t hadamard_seed = 0;
 };
 
 // The description of these steps for the one flash loop (flash_kernel.h). The kernel's tile sizes for FP8

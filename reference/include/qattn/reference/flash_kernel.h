@@ -9,7 +9,9 @@
 //   (3) S on the S unit (int: exact integer products; e4m3: the H100 FP8 wgmma over d in steps of 32), float32:
 //         scale_at = q        S = fl32(fl32(A s_Q) s_K)                      (log2 e and the scale are in Q)
 //         scale_at = dequant  S = fl32(A) fl32(s_Q s_K scale [log2 e])  + Delta S
-//         scale_at = exp      S raw; s2 = fl32(fl32(fl32(scale) log2 e) fl32(d_Q d_K)) enters each exponent
+//         scale_at = exp      S raw; s2 = fl32(fl32(fl32(scale) log2 e) fl32(d_Q d_K)) enters each exponent (per
+//                             pair of Q and K blocks with e4m3 granularity block); the max is of raw S (max_rule
+//                             raw) or of fma(S, s2, -offset) (scaled)
 //   (4) key blocks of keys.block (first to last, or last first); per row: m_new = max(m, rowmax S_blk), unless
 //       softmax.rescale_threshold > 0 and the growth (in exponent units) does not exceed it (the max is kept);
 //       ref = m_new (s2 m_new with scale_at = exp) - p.offset; P~ = p.scale exp_b(S - ref) (exp: fma(S, s2, -ref)),
@@ -38,7 +40,8 @@ enum class ScaleRule { amax, amax_eps, one };  // amax / qmax; amax / qmax + 1e-
 enum class ScaleArith { f32, f64 };
 enum class ScaleAt { q, dequant, exp };
 enum class SoftmaxBase { two, e };
-enum class ExpImpl { f64_rounded, libm_f32 };  // exp in float64 rounded once to float32; the C library's expf/exp2f
+enum class ExpImpl { f64_rounded, libm_f32 };
+enum class MaxRule { raw, scaled };  // scale_at exp: the max of raw S (s2 applied after), or of fma(S, s2, -offset)  // exp in float64 rounded once to float32; the C library's expf/exp2f
 enum class RowSumUpdate { block, running };    // l = l r + (this block's sum); or l = l r, then each P~ added
 enum class RowSumOf { unrounded, rounded };
 enum class PvUnit { fp32, fp22, h100_hmma_f16_acc16, h100_wgmma_e4m3, h100_mma_e4m3 };
@@ -74,6 +77,7 @@ struct FlashKernel {
     ScaleAt scale_at = ScaleAt::dequant;
     SoftmaxBase base = SoftmaxBase::e;
     ExpImpl exp = ExpImpl::libm_f32;
+    MaxRule max_rule = MaxRule::raw;
     double rescale_threshold = 0;  // 0: the max follows every growth; > 0: kept while growth <= this (FA4)
     int row_sum_threads = 1;       // 1, or 4: the quad of threads of a wgmma accumulator row ((col mod 8) / 2)
     RowSumUpdate row_sum_update = RowSumUpdate::running;

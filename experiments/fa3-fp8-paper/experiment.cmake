@@ -1,0 +1,2 @@
+# How CTest checks this experiment (experiments/CMakeLists.txt): the sanitizer build runs --fast (L = 512).
+set(experiment_fast sanitize)
