@@ -29,6 +29,8 @@ def method_specs():
     """Every registered method, bare and under each preset, one row per distinct canonical spec."""
     rows, seen = [], {}
     for m in methods():
+        if not m["in_default_lists"]:  # built from a file only (file:PATH)
+            continue
         for spec in [m["name"]] + [m["name"] + "@" + p["name"] for p in m["presets"]]:
             c = canonical(spec)
             if c in seen:

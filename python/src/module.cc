@@ -1013,6 +1013,8 @@ py::list methods() {
     m["doc"] = e.doc;
     m["params"] = params;
     m["presets"] = presets;
+    m["in_default_lists"] = e.in_default_lists;  // false: its defaults alone do not build it (file:PATH)
+    m["positional_key"] = e.positional_key;
     out.append(m);
   }
   return out;

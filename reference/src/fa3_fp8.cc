@@ -24,6 +24,7 @@ FlashKernel fa3_fp8_kernel(const Fa3Fp8Params& p) {
   k.v.format = KernelFormat::e4m3;
   k.v.scale = VScale::tensor;
   k.v.rule = k.qk.scale;
+  k.v.arith = ScaleArith::f32;
   k.softmax.scale_at = ScaleAt::exp;
   k.softmax.base = SoftmaxBase::two;
   k.softmax.exp = ExpImpl::f64_rounded;

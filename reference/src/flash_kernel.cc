@@ -167,6 +167,13 @@ class FlashCall final : public PreparedCall {
   void prepare_int_qk(const MatrixView& q, const MatrixView& k);
   void prepare_fp8_qk(const MatrixView& q, const MatrixView& k);
   void prepare_v(const MatrixView& v);
+  // fl32(scale) log2 e in float32: in float64 and rounded once (softmax.scale_log2 f64, FlashAttention-3's host) or
+  // as fl32(fl32(scale) fl32(log2 e)) (f32, SageAttention's kernels)
+  float scale_log2() const {
+    const float sf = static_cast<float>(scale);
+    if (f.softmax.scale_log2 == ScaleArith::f32) return sf * static_cast<float>(std::numbers::log2e);
+    return static_cast<float>(static_cast<double>(sf) * std::numbers::log2e);
+  }
 
   const FlashKernel f;
   const double scale;
@@ -185,7 +192,7 @@ class FlashCall final : public PreparedCall {
   std::vector<std::uint8_t> q8_codes, k8t_codes;
   float s2 = 1;
   RowMatrixXf s2_table;
-  Eigen::Index q_group_rows = 0, k_group_rows = 0;
+  std::vector<int> q_group_of, k_group_of;  // the s2_table row of each query, column of each key
   // V as the PV unit reads it: values (float32, exact in the format) by row, or E4M3 codes by row / by column;
   // binary16 exponents for HMMA
   std::vector<float> v_values;
@@ -258,6 +265,16 @@ void FlashCall::prepare_int_qk(const MatrixView& q_in, const MatrixView& k_raw) 
   qk = std::make_unique<IntMatmulAbt>(qq.codes, kq.codes);
   qq.codes.resize(0, 0);
   kq.codes.resize(0, 0);
+  if (f.softmax.scale_at == ScaleAt::exp) {  // S = fl32(A); s2 per (Q group, K group) = fl32(scale_log2 fl32(s_Q s_K))
+    const float sl2 = scale_log2();
+    s2_table.resize(static_cast<Eigen::Index>(qq.scales.size()), static_cast<Eigen::Index>(kq.scales.size()));
+    for (std::size_t a = 0; a < qq.scales.size(); ++a)
+      for (std::size_t b = 0; b < kq.scales.size(); ++b)
+        s2_table(static_cast<Eigen::Index>(a), static_cast<Eigen::Index>(b)) =
+            sl2 * static_cast<float>(static_cast<float>(qq.scales[a]) * static_cast<float>(kq.scales[b]));
+    q_group_of = qq.group;
+    k_group_of = kq.group;
+  }
   // Delta S reads K' only with smooth_q. Without a change of basis K' is K_in - mean (or K_in), formed again from
   // the caller's K and the mean (the same doubles) instead of held.
   if (p.smooth_q && p.transform == QkTransform::none && p.smooth_k && lk > 0) k_mean = k_raw.colwise().mean();
@@ -274,18 +291,20 @@ void FlashCall::prepare_fp8_qk(const MatrixView& q_in, const MatrixView& k_in_) 
   }
   const MatrixView q = transformed ? MatrixView(qt) : q_in, k = transformed ? MatrixView(kt) : k_in_;
   const bool blocks = f.qk.granularity == SageGranularity::block;
-  q_group_rows = blocks ? f.qk.groups.block_q : 0;
-  k_group_rows = blocks ? f.qk.groups.block_k : 0;
+  const Eigen::Index q_group_rows = blocks ? f.qk.groups.block_q : 0, k_group_rows = blocks ? f.qk.groups.block_k : 0;
   std::vector<float> q_descale, k_descale;
   q8_codes = e4m3_groups(q, f.qk.scale, q_group_rows, "Q", f.name, q_descale);
   const std::vector<std::uint8_t> k8 = e4m3_groups(k, f.qk.scale, k_group_rows, "K", f.name, k_descale);
+  if (blocks) {
+    for (Eigen::Index i = 0; i < lq; ++i) q_group_of.push_back(static_cast<int>(i / q_group_rows));
+    for (Eigen::Index j = 0; j < lk; ++j) k_group_of.push_back(static_cast<int>(j / k_group_rows));
+  }
   k8t_codes.resize(k8.size());
   for (Eigen::Index j = 0; j < lk; ++j)
     for (Eigen::Index c = 0; c < d; ++c)
       k8t_codes[static_cast<std::size_t>(c * lk + j)] = k8[static_cast<std::size_t>(j * d + c)];
   // The host's softmax_scale_log2 (float = float * double), then the kernel's *= q_descale * k_descale.
-  const float softmax_scale_log2 =
-      static_cast<float>(static_cast<double>(static_cast<float>(scale)) * std::numbers::log2e);
+  const float softmax_scale_log2 = scale_log2();
   s2 = softmax_scale_log2 * (q_descale[0] * k_descale[0]);
   if (blocks) {
     s2_table.resize(static_cast<Eigen::Index>(q_descale.size()), static_cast<Eigen::Index>(k_descale.size()));
@@ -316,6 +335,26 @@ void FlashCall::prepare_v(const MatrixView& v) {
         if (!std::isfinite(x))
           throw InputError("V", at(j, c), shown(v(j, c)) + " is beyond binary16 (65504), in which " + f.name + " holds V");
         v_values[static_cast<std::size_t>(j * dv + c)] = static_cast<float>(x);
+      }
+  } else if (p.arith == ScaleArith::f32) {  // per channel, float32: v8 = E4M3(fl32(fl32(v) fl32(max / amax)))
+    RowMatrixXd v8(lk, dv);
+    const float range = static_cast<float>(format_max(p.format));
+    for (Eigen::Index c = 0; c < dv; ++c) {
+      float amax = 0;
+      for (Eigen::Index j = 0; j < lk; ++j) amax = std::max(amax, std::fabs(to_f32(v(j, c), "V", j, c, f.name, "scales")));
+      v_scale(c) = amax > 0 ? amax / range : 1.0f;  // an all-zero channel: scale 1 (the kernels divide 0 by 0)
+      const float recip = amax > 0 ? range / amax : 1.0f;
+      for (Eigen::Index j = 0; j < lk; ++j)
+        v8(j, c) = lowp_round(static_cast<float>(v(j, c)) * recip, p.format == KernelFormat::e5m2 ? fp8_e5m2() : fp8_e4m3fn(),
+                              LowpRounding::rne, LowpOverflow::saturate);
+    }
+    v_values.resize(count);
+    if (p.format == KernelFormat::e4m3) v_codes.resize(count);
+    for (Eigen::Index j = 0; j < lk; ++j)
+      for (Eigen::Index c = 0; c < dv; ++c) {
+        const auto at_jc = static_cast<std::size_t>(j * dv + c);
+        if (p.format == KernelFormat::e4m3) v_codes[at_jc] = static_cast<std::uint8_t>(lowp_encode(v8(j, c), fp8_e4m3fn()));
+        v_values[at_jc] = static_cast<float>(v8(j, c));
       }
   } else {  // per channel, float64: V (- mean) scaled to the format's top, rounded
     RowMatrixXd v8 = v;
@@ -389,10 +428,15 @@ void FlashCall::logits(Eigen::Index c0, Eigen::Index n, RowMatrixXf& s) const {
   std::vector<float> delta_s(f.qk.smooth_q ? static_cast<std::size_t>(lk) : 0);
   Eigen::Index delta_block = -1;
   const bool sequential = f.softmax.scale_at == ScaleAt::q;
+  const bool raw = f.softmax.scale_at == ScaleAt::exp;  // S = fl32(A), its scale in the exponent
   const double log2e = f.softmax.base == SoftmaxBase::two ? std::numbers::log2e : 1.0;
   for (Eigen::Index t = 0; t < n; ++t) {
     const Eigen::Index i = c0 + t;
     const double sqi = qq.scales[static_cast<std::size_t>(qq.group[static_cast<std::size_t>(i)])];
+    if (raw) {
+      for (Eigen::Index j = 0; j < lk; ++j) s(t, j) = static_cast<float>(a(t, j));
+      continue;
+    }
     if (!sequential)
       for (std::size_t g = 0; g < kq.scales.size(); ++g)
         factor[g] = static_cast<float>(log2e == 1.0 ? sqi * kq.scales[g] * scale : sqi * kq.scales[g] * scale * log2e);
@@ -457,7 +501,7 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
       const Eigen::Index i = c0 + t, row = i - r0;
       float* sr = &s(t, 0);
       for (Eigen::Index j = 0; j < lk; ++j) {
-        const float s2j = grouped ? s2_table(i / q_group_rows, j / k_group_rows) : s2;
+        const float s2j = grouped ? s2_table(q_group_of[static_cast<std::size_t>(i)], k_group_of[static_cast<std::size_t>(j)]) : s2;
         if (!unmasked && !visible(row, j)) sr[j] = kNegInf;
         else if (!std::isfinite(in_exp ? sr[j] * s2j : sr[j])) throw_logit_overflow(f.name, "float32", i, j);
       }
@@ -481,7 +525,8 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
         float* pr = &p8(t, 0);
         if (grouped)
           for (Eigen::Index j = b0; j < b1; ++j)
-            s2_keys[static_cast<std::size_t>(j)] = s2_table((c0 + t) / q_group_rows, std::min(j, lk - 1) / k_group_rows);
+            s2_keys[static_cast<std::size_t>(j)] =
+                s2_table(q_group_of[static_cast<std::size_t>(c0 + t)], k_group_of[static_cast<std::size_t>(std::min(j, lk - 1))]);
         const auto s2_of = [&](Eigen::Index j) { return grouped ? s2_keys[static_cast<std::size_t>(j)] : s2; };
         float m_new = m[t];
         if (scaled_max) {
@@ -505,7 +550,26 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
         any[t] = 1;
         std::array<float, 4> part{};
         std::array<float, 4>& lt = l[t];
-        if (sm.row_sum_update == RowSumUpdate::running) lt[0] *= rescale;
+        const bool running = sm.row_sum_update == RowSumUpdate::running;
+        if (running)
+          for (int th = 0; th < threads; ++th) lt[static_cast<std::size_t>(th)] *= rescale;
+        std::array<float, 4>& into = running ? lt : part;
+        // The row sum over the block's values in pr: each thread's columns in order ((j - b0) mod 8) / 2, or per
+        // 16-column tile of the mma layout, ((P_2t + P_2t+1) + P_8+2t) + P_8+2t+1 added at once
+        const auto row_sum = [&] {
+          if (threads == 1) {
+            for (Eigen::Index j = b0; j < b1; ++j) into[0] += pr[j];
+          } else if (sm.row_sum_tile == RowSumTile::column) {
+            for (Eigen::Index j = b0; j < b1; ++j) into[static_cast<std::size_t>((j - b0) % 8 / 2)] += pr[j];
+          } else {
+            const auto at_or_0 = [&](Eigen::Index j) { return j < b1 ? pr[j] : 0.0f; };
+            for (Eigen::Index j0 = b0; j0 < b1; j0 += 16)
+              for (int th = 0; th < 4; ++th) {
+                const Eigen::Index c = j0 + 2 * th;
+                into[static_cast<std::size_t>(th)] += ((at_or_0(c) + at_or_0(c + 1)) + at_or_0(c + 8)) + at_or_0(c + 9);
+              }
+          }
+        };
         // P~, and the row sum of P~ before its rounding (row_sum_of unrounded) or after it
         const bool sum_unrounded = sm.row_sum_of == RowSumOf::unrounded;
         for (Eigen::Index j = b0; j < b1; ++j) {
@@ -515,20 +579,14 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
             if (p_scale != 1) pt *= p_scale;
           }
           pr[j] = pt;
-          if (!sum_unrounded) continue;
-          if (sm.row_sum_update == RowSumUpdate::running) lt[0] += pt;
-          else part[threads == 4 ? static_cast<std::size_t>((j - b0) % 8 / 2) : 0] += pt;
         }
+        if (sum_unrounded) row_sum();
         if (f.p.format == KernelFormat::e4m3)  // the hot case without the format switch, so that it vectorises
           for (Eigen::Index j = b0; j < b1; ++j) pr[j] = e4m3_round_saturate(pr[j]);
         else
           for (Eigen::Index j = b0; j < b1; ++j) pr[j] = round_p(pr[j], f.p.format);
-        if (!sum_unrounded)
-          for (Eigen::Index j = b0; j < b1; ++j) {
-            if (sm.row_sum_update == RowSumUpdate::running) lt[0] += pr[j];
-            else part[threads == 4 ? static_cast<std::size_t>((j - b0) % 8 / 2) : 0] += pr[j];
-          }
-        if (sm.row_sum_update == RowSumUpdate::block)
+        if (!sum_unrounded) row_sum();
+        if (!running)
           for (int th = 0; th < threads; ++th) lt[static_cast<std::size_t>(th)] = lt[static_cast<std::size_t>(th)] * rescale + part[static_cast<std::size_t>(th)];
         // P V: into the accumulator acc (one over the key loop when nothing promotes, else buf, added to out)
         float* o = &out(t, 0);
@@ -601,7 +659,9 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
       const Eigen::Index i = c0 + t, row = i - r0;
       if (!any[t]) continue;  // no visible key: O = 0, P = 0
       const std::array<float, 4>& lt = l[t];
-      const float sum = threads == 4 ? (lt[0] + lt[2]) + (lt[1] + lt[3]) : lt[0];
+      const float sum = threads == 1 ? lt[0]
+                        : sm.row_sum_combine == RowSumCombine::pairs_02_13 ? (lt[0] + lt[2]) + (lt[1] + lt[3])
+                                                                          : (lt[0] + lt[1]) + (lt[2] + lt[3]);
       const float* o = &out(t, 0);
       switch (f.output.finalize) {
         case Finalize::divide:
@@ -620,6 +680,15 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
         case Finalize::reciprocal: {
           const float os = (1.0f / sum) * v_descale;
           for (Eigen::Index c = 0; c < dv; ++c) r.o(row, c) = o[c] * os;
+          break;
+        }
+        case Finalize::reciprocal_channel: {  // fl32(fl32(O fl32(1 / l)) scale_c) (+ mean_c), float32
+          const float inv = 1.0f / sum;
+          for (Eigen::Index c = 0; c < dv; ++c) {
+            float x = (o[c] * inv) * static_cast<float>(v_scale(c));
+            if (f.v.smooth) x += static_cast<float>(v_mean(c));
+            r.o(row, c) = x;
+          }
           break;
         }
       }
@@ -663,7 +732,10 @@ std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
     if (k.qk.smooth_k || k.qk.smooth_q)
       return KernelProblem{"qk.smooth_k", "e4m3 Q/K take no smoothing (smooth_k and smooth_q false)"};
   } else {
-    if (k.softmax.scale_at == ScaleAt::exp) return KernelProblem{"softmax.scale_at", "integer Q/K: q or dequant"};
+    if (k.softmax.scale_at == ScaleAt::exp && k.softmax.max_rule != MaxRule::scaled)
+      return KernelProblem{"softmax.max_rule", "integer Q/K with softmax.scale_at exp have an s2 per group pair: scaled"};
+    if (k.softmax.scale_at == ScaleAt::exp && k.qk.smooth_q)
+      return KernelProblem{"qk.smooth_q", "Delta S is added to dequantised S: softmax.scale_at dequant"};
     if (k.qk.scale == ScaleRule::one) return KernelProblem{"qk.scale", "integer Q/K: amax or amax+1e-7"};
     if (k.qk.arith == ScaleArith::f64 && k.qk.scale != ScaleRule::amax_eps)
       return KernelProblem{"qk.scale", "arith f64 (SageAttention2's quantiser) takes amax+1e-7"};
@@ -677,8 +749,8 @@ std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
   if (!(k.softmax.rescale_threshold >= 0) || !std::isfinite(k.softmax.rescale_threshold))
     return KernelProblem{"softmax.rescale_threshold", "must be finite and >= 0"};
   if (k.softmax.row_sum_threads != 1 && k.softmax.row_sum_threads != 4) return KernelProblem{"softmax.row_sum_threads", "1 or 4"};
-  if (k.softmax.row_sum_update == RowSumUpdate::running && k.softmax.row_sum_threads != 1)
-    return KernelProblem{"softmax.row_sum_threads", "row_sum_update running keeps one sum: 1"};
+  if (k.softmax.row_sum_tile == RowSumTile::mma16 && k.softmax.row_sum_threads != 4)
+    return KernelProblem{"softmax.row_sum_tile", "mma16 spreads a row over the quad of threads: row_sum_threads 4"};
   if (!std::isfinite(k.p.offset)) return KernelProblem{"p.offset", "must be finite"};
   if (!(k.p.scale > 0) || !std::isfinite(k.p.scale)) return KernelProblem{"p.scale", "must be finite and > 0"};
   if (k.p.format == KernelFormat::int4) return KernelProblem{"p.format", "e4m3, e5m2, int8, fp16, bf16 or fp32"};
@@ -693,10 +765,15 @@ std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
     case VScale::tensor:
       if (vf != KernelFormat::e4m3) return KernelProblem{"v.scale", "tensor (a descale per tensor) takes v.format e4m3"};
       if (k.output.finalize != Finalize::reciprocal) return KernelProblem{"output.finalize", "v.scale tensor: reciprocal"};
+      if (k.v.arith != ScaleArith::f32) return KernelProblem{"v.arith", "v.scale tensor scales in float32: f32"};
       if (k.v.rule == ScaleRule::amax_eps) return KernelProblem{"v.rule", "amax or one"};
       break;
     case VScale::channel:
-      if (k.output.finalize != Finalize::f64) return KernelProblem{"output.finalize", "v.scale channel: f64"};
+      if (k.output.finalize != Finalize::f64 && k.output.finalize != Finalize::reciprocal_channel)
+        return KernelProblem{"output.finalize", "v.scale channel: f64 or reciprocal-channel"};
+      if (k.v.arith == ScaleArith::f32 && vf != KernelFormat::e4m3 && vf != KernelFormat::e5m2)
+        return KernelProblem{"v.arith", "f32 scales V to an FP8 format (v.format e4m3 or e5m2); f64 for the others"};
+      if (k.v.arith == ScaleArith::f32 && k.v.smooth) return KernelProblem{"v.smooth", "v.arith f32 takes no smoothing"};
       break;
   }
   if (k.v.smooth && k.v.scale != VScale::channel) return KernelProblem{"v.smooth", "needs v.scale channel"};

@@ -42,7 +42,12 @@ const Names<PvUnit> kUnits = {{"fp32", PvUnit::fp32}, {"fp22", PvUnit::fp22},
                               {"h100-wgmma-e4m3", PvUnit::h100_wgmma_e4m3}, {"h100-mma-e4m3", PvUnit::h100_mma_e4m3}};
 const Names<KeyOrder> kOrders = {{"forward", KeyOrder::forward}, {"reverse", KeyOrder::reverse}};
 const Names<KeyPad> kPads = {{"masked", KeyPad::masked}, {"zeros", KeyPad::zeros}};
-const Names<Finalize> kFinalizes = {{"divide", Finalize::divide}, {"f64", Finalize::f64}, {"reciprocal", Finalize::reciprocal}};
+const Names<Finalize> kFinalizes = {{"divide", Finalize::divide},
+                                    {"f64", Finalize::f64},
+                                    {"reciprocal", Finalize::reciprocal},
+                                    {"reciprocal-channel", Finalize::reciprocal_channel}};
+const Names<RowSumTile> kTiles = {{"column", RowSumTile::column}, {"mma16", RowSumTile::mma16}};
+const Names<RowSumCombine> kCombines = {{"(0+2)+(1+3)", RowSumCombine::pairs_02_13}, {"(0+1)+(2+3)", RowSumCombine::pairs_01_23}};
 
 template <class E>
 std::vector<std::string> names_of(const Names<E>& n) {
@@ -198,6 +203,9 @@ const std::vector<FieldAccess>& fields() {
                 "SageAttention2), tensor (e4m3, descale fl32(amax / 448), FlashAttention-3)"),
       choice_at("v.rule", kScaleRules, &K::v, &K::V::rule, "v.scale tensor: amax or one (a plain cast)"),
       bool_at("v.smooth", &K::v, &K::V::smooth, "subtract the token mean of V, add it to O"),
+      choice_at("v.arith", kArith, &K::v, &K::V::arith,
+                "v.scale channel: f64 (amax / max and the division in float64) or f32 (amax / max in float32, V times "
+                "fl32(max / amax): SageAttention's CUDA quantiser); v.scale tensor: f32"),
       choice_at("softmax.scale_at", kScaleAt, &K::softmax, &K::Softmax::scale_at,
                 "where the softmax scale enters: q (Q times fl32(scale 1.44269504) before quantising, SageAttention), "
                 "dequant (in S's dequantisation factor, SageAttention2), exp (s2 in every exponent's fma, "
@@ -210,6 +218,9 @@ const std::vector<FieldAccess>& fields() {
       choice_at("softmax.max_rule", kMaxRules, &K::softmax, &K::Softmax::max_rule,
                 "scale_at exp: the running max of raw S, s2 applied after (raw, FlashAttention-3), or of "
                 "fma(S, s2, -p.offset) (scaled, SageAttention2's CUDA kernels; needed with a descale per block)"),
+      choice_at("softmax.scale_log2", kArith, &K::softmax, &K::Softmax::scale_log2,
+                "scale_at exp: fl32(scale) log2 e in float64 rounded once (f64, FlashAttention-3's host) or "
+                "fl32(fl32(scale) fl32(log2 e)) (f32, SageAttention's kernels)"),
       real_at("softmax.rescale_threshold", &K::softmax, &K::Softmax::rescale_threshold,
               "0: the max follows every growth; t > 0: the running max (and the rescale) is kept while the block's max "
               "exceeds it by at most t exponent units (FlashAttention-4's rescale_threshold)"),
@@ -218,6 +229,12 @@ const std::vector<FieldAccess>& fields() {
              "2), combined as (l0 + l2) + (l1 + l3)"),
       choice_at("softmax.row_sum_update", kUpdates, &K::softmax, &K::Softmax::row_sum_update,
                 "block (l = l r + the block's own sum) or running (l = l r, then each P~ added)"),
+      choice_at("softmax.row_sum_tile", kTiles, &K::softmax, &K::Softmax::row_sum_tile,
+                "4 threads: each adds its columns in order (column, FlashAttention-3) or, per 16-column mma tile, "
+                "((P_2t + P_2t+1) + P_8+2t) + P_9+2t at once (mma16, SageAttention's accumulate_d)"),
+      choice_at("softmax.row_sum_combine", kCombines, &K::softmax, &K::Softmax::row_sum_combine,
+                "4 threads: how the quad's sums combine: (0+2)+(1+3) (FlashAttention-3's Allreduce) or (0+1)+(2+3) "
+                "(shfl_xor 1, then 2: SageAttention)"),
       choice_at("softmax.row_sum_of", kSumOf, &K::softmax, &K::Softmax::row_sum_of,
                 "the row sum adds P~ before (unrounded, every official kernel here) or after its rounding to p.format"),
       real_at("p.offset", &K::p, &K::P::offset,
@@ -240,7 +257,8 @@ const std::vector<FieldAccess>& fields() {
                 "the sum: SageAttention's non-causal Triton kernel)"),
       choice_at("output.finalize", kFinalizes, &K::output, &K::Output::finalize,
                 "divide (fl32(acc / l)), f64 (fl32(acc scale_c / l + mean_c) in float64), reciprocal "
-                "(acc fl32(fl32(1 / l) descale))"),
+                "(acc fl32(fl32(1 / l) descale)), reciprocal-channel (fl32(fl32(acc fl32(1 / l)) scale_c), "
+                "SageAttention's CUDA kernels)"),
       choice_at("output.format", kFormats, &K::output, &K::Output::format, "O as stored: fp32, fp16 or bf16"),
   };
   return f;

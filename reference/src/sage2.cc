@@ -2,7 +2,44 @@
 
 namespace qattn::ref {
 
+namespace {
+
+// The official sm90 kernel (thu-ml/SageAttention; file and line for each part in docs/pipelines/sage2.md).
+FlashKernel sage2_sm90_kernel(const Sage2Params& p) {
+  FlashKernel k;
+  k.name = "sage2";
+  k.qk.format = KernelFormat::int8;
+  k.qk.granularity = SageGranularity::thread;
+  k.qk.groups = SageGroupSizes{64, 128, 16, 128};  // per_thread_int8(BLKQ=64, WARPQ=16, BLKK=128, WARPK=128)
+  k.qk.scale = ScaleRule::amax_eps;                 // max|x| / 127 + 1e-7, float32 (Triton)
+  k.qk.arith = ScaleArith::f32;
+  k.qk.rounding = QuantRounding::half_away;
+  k.qk.smooth_k = p.smooth_k;
+  k.v.format = KernelFormat::e4m3;
+  k.v.scale = VScale::channel;
+  k.v.arith = ScaleArith::f32;  // v_scale = amax / 448, v * (448 / amax) (fused.cu MeanScaleKernel)
+  k.softmax.scale_at = ScaleAt::exp;
+  k.softmax.base = SoftmaxBase::two;
+  k.softmax.exp = ExpImpl::f64_rounded;  // ex2.approx is not modelled
+  k.softmax.max_rule = MaxRule::scaled;  // m = fmaf(max S, sm_scale, -8.807)
+  k.softmax.scale_log2 = ScaleArith::f32;
+  k.softmax.row_sum_threads = 4;
+  k.softmax.row_sum_update = RowSumUpdate::running;
+  k.softmax.row_sum_tile = RowSumTile::mma16;
+  k.softmax.row_sum_combine = RowSumCombine::pairs_01_23;
+  k.p.offset = 8.807;  // S_FP8_OFFSET (log2 448, as a float literal)
+  k.p.format = KernelFormat::e4m3;
+  k.keys.block = 128;  // CTA_K
+  k.pv = {PvUnit::h100_wgmma_e4m3, 128};
+  k.output.finalize = Finalize::reciprocal_channel;
+  k.output.format = p.output;
+  return k;
+}
+
+}  // namespace
+
 FlashKernel sage2_kernel(const Sage2Params& p) {
+  if (p.sm90) return sage2_sm90_kernel(p);
   FlashKernel k;
   k.name = "sage2";
   k.qk.format = p.qk_bits == 4 ? KernelFormat::int4 : KernelFormat::int8;
@@ -39,7 +76,7 @@ FlashKernel sage2_kernel(const Sage2Params& p) {
     case SageAccumulation::fp32: k.pv = {PvUnit::fp32, 0}; break;
   }
   k.output.finalize = Finalize::f64;
-  k.output.format = KernelFormat::fp32;
+  k.output.format = p.output;
   return k;
 }
 

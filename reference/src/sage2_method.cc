@@ -52,6 +52,14 @@ void register_sage2_method(Registry& registry) {
       {"round", ParamType::choice, "away", "Q/K rounding: away (upstream Triton) or even (upstream CUDA)",
        choice_names(kRoundings)},
       {"p", ParamType::choice, "e4m3", "P~ and V format", choice_names(kPFormats)},
+      {"kernel", ParamType::choice, "model",
+       "model: the steps of docs/pipelines/sage2.md (base e, float64 quantiser); sm90: the official Hopper kernel's "
+       "arithmetic (qk_int_sv_f8_cuda_sm90: its groups, float32 quantiser, base 2, the mma row-sum layout, O times "
+       "1 / l then the V scale), which takes qk=8, p=e4m3, acc=wgmma (or auto), gran=thread, round=away and no "
+       "smooth-q, smooth-v or qk-transform",
+       {"model", "sm90"}},
+      {"out", ParamType::choice, "fp32", "O as stored: fp32, or fp16 / bf16 (the kernels' output dtype, the input's)",
+       {"fp32", "fp16", "bf16"}},
       {"acc", ParamType::choice, "auto",
        "PV accumulation (docs/mma.md): wgmma = H100 FP8 wgmma, a fresh accumulator per 128-key block added to fp32 "
        "(the official Hopper kernel); wgmma-single = one wgmma accumulator; mma = H100 FP8 mma.sync per 64-key block; "
@@ -60,6 +68,11 @@ void register_sage2_method(Registry& registry) {
        accumulation_names()},
   };
   e.presets = {
+      {"sm90", {{"kernel", "sm90"}, {"smooth-k", "true"}, {"gran", "thread"}, {"qk", "8"}, {"p", "e4m3"},
+                {"acc", "wgmma"}, {"out", "fp16"}},
+       "the official Hopper kernel (sageattn_qk_int8_pv_fp8_cuda_sm90, pv_accum_dtype fp32+fp32) as it computes: every "
+       "part read from its code (docs/pipelines/sage2.md); ex2.approx, rcp.approx, FP16 inputs and the masked last "
+       "block's dequantisation order are not modelled"},
       {"8b", {{"smooth-k", "true"}, {"smooth-q", "false"}, {"gran", "thread"}, {"qk", "8"}, {"p", "e4m3"}, {"acc", "auto"}},
        "SageAttention2-8b: smooth K, per-thread INT8, E4M3 P~/V, the H100 wgmma accumulator per 128-key block (acc=auto)"},
       {"4b", {{"smooth-k", "true"}, {"smooth-q", "true"}, {"gran", "thread"}, {"qk", "4"}, {"p", "e4m3"}, {"acc", "auto"}},
@@ -90,6 +103,17 @@ void register_sage2_method(Registry& registry) {
       p.accumulation = p.p_format == SagePFormat::e4m3 ? SageAccumulation::wgmma : SageAccumulation::two_level_fp22;
     else
       p.accumulation = choice_value(m, "acc", kAccumulations);
+    p.sm90 = m.choice("kernel") == "sm90";
+    p.output = m.choice("out") == "fp16" ? KernelFormat::fp16 : m.choice("out") == "bf16" ? KernelFormat::bf16 : KernelFormat::fp32;
+    if (p.sm90) {
+      const bool fits = p.qk_bits == 8 && p.p_format == SagePFormat::e4m3 && p.accumulation == SageAccumulation::wgmma &&
+                        p.granularity == SageGranularity::thread && p.rounding == SageRounding::half_away &&
+                        !p.smooth_q && !p.smooth_v && p.qk_transform == SageQkTransform::none;
+      if (!fits)
+        throw SpecError("method 'sage2': kernel=sm90 runs the official Hopper kernel, which takes qk=8, p=e4m3, "
+                        "acc=wgmma (or auto), gran=thread, round=away, smooth-q=false, smooth-v=false and "
+                        "qk-transform=none");
+    }
     if ((p.accumulation == SageAccumulation::wgmma || p.accumulation == SageAccumulation::wgmma_single ||
          p.accumulation == SageAccumulation::mma) && p.p_format != SagePFormat::e4m3)
       throw SpecError("method 'sage2': acc=" + m.choice("acc") + " is an FP8 E4M3 instruction and needs p=e4m3 (for p=" +

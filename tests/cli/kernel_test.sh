@@ -15,7 +15,7 @@ sample=$root/experiments/data/use-lite
 numbers() { sed -E 's/^([^,]*,[^,]*),("[^"]*"|[^,]*),/\1,/' <<<"$1"; }
 
 # ---- show, run, show again: the same numbers, the same file ------------------------------------------------------
-for m in fa3-fp8 fa3-fp8@paper sage1 "sage1:acc=fp32,pad=upstream" sage2 sage2@4b "sage2:acc=mma" "sage2:acc=two-level,p=e5m2"; do
+for m in fa3-fp8 fa3-fp8@paper sage2@sm90 sage1 "sage1:acc=fp32,pad=upstream" sage2 sage2@4b "sage2:acc=mma" "sage2:acc=two-level,p=e5m2"; do
   f=$tmp/k.json
   if ! q kernel show "$m" > "$f"; then echo "FAIL: kernel show $m"; fail=$((fail + 1)); continue; fi
   want=$(q analyze --tensors "$sample" --method "$m" --format csv)

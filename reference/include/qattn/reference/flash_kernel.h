@@ -42,13 +42,15 @@ enum class ScaleAt { q, dequant, exp };
 enum class SoftmaxBase { two, e };
 enum class ExpImpl { f64_rounded, libm_f32 };
 enum class MaxRule { raw, scaled };  // scale_at exp: the max of raw S (s2 applied after), or of fma(S, s2, -offset)  // exp in float64 rounded once to float32; the C library's expf/exp2f
-enum class RowSumUpdate { block, running };    // l = l r + (this block's sum); or l = l r, then each P~ added
+enum class RowSumUpdate { block, running };
+enum class RowSumTile { column, mma16 };              // 4 threads: each column in order, or per 16-column mma tile
+enum class RowSumCombine { pairs_02_13, pairs_01_23 };  // (l0 + l2) + (l1 + l3) (FA3), (l0 + l1) + (l2 + l3) (Sage)    // l = l r + (this block's sum); or l = l r, then each P~ added
 enum class RowSumOf { unrounded, rounded };
 enum class PvUnit { fp32, fp22, h100_hmma_f16_acc16, h100_wgmma_e4m3, h100_mma_e4m3 };
 enum class VScale { none, channel, tensor };
 enum class KeyOrder { forward, reverse };
 enum class KeyPad { masked, zeros };
-enum class Finalize { divide, f64, reciprocal };
+enum class Finalize { divide, f64, reciprocal, reciprocal_channel };
 
 struct FlashKernel {
   std::string name = "kernel";  // how error messages name it
@@ -71,6 +73,7 @@ struct FlashKernel {
     VScale scale = VScale::channel;
     ScaleRule rule = ScaleRule::amax;  // tensor: amax (descale fl32(amax / 448)) or one
     bool smooth = false;               // V - mean over tokens, the mean added to O
+    ScaleArith arith = ScaleArith::f64;  // channel: float64 division, or float32 times fl32(max / amax) (e4m3, e5m2)
   } v;
 
   struct Softmax {
@@ -78,9 +81,12 @@ struct FlashKernel {
     SoftmaxBase base = SoftmaxBase::e;
     ExpImpl exp = ExpImpl::libm_f32;
     MaxRule max_rule = MaxRule::raw;
+    ScaleArith scale_log2 = ScaleArith::f64;  // fl32(scale) log2 e in float64 (FA3's host) or float32 (Sage)
     double rescale_threshold = 0;  // 0: the max follows every growth; > 0: kept while growth <= this (FA4)
     int row_sum_threads = 1;       // 1, or 4: the quad of threads of a wgmma accumulator row ((col mod 8) / 2)
     RowSumUpdate row_sum_update = RowSumUpdate::running;
+    RowSumTile row_sum_tile = RowSumTile::column;
+    RowSumCombine row_sum_combine = RowSumCombine::pairs_02_13;
     RowSumOf row_sum_of = RowSumOf::unrounded;
   } softmax;
 

@@ -55,6 +55,12 @@ struct Sage2Params {
     return accumulation == SageAccumulation::wgmma || accumulation == SageAccumulation::wgmma_single ? 128 : 64;
   }
   SageGroupSizes groups;
+  // The official Hopper kernel's arithmetic (qk_int_sv_f8_cuda_sm90, docs/pipelines/sage2.md "sage2@sm90") instead of
+  // the steps above: per-thread groups BLKQ 64, WARPQ 16, BLKK 128, WARPK 128 quantised in float32, base 2 with
+  // sm_scale log2 e in float32, the max of fma(S, s2, -8.807), the mma row-sum layout, V per channel in float32, O
+  // times fl32(1 / l) then the V scale.
+  bool sm90 = false;
+  KernelFormat output = KernelFormat::fp32;  // O as stored: fp32, fp16 or bf16
 };
 
 // The description of these steps for the one flash loop (flash_kernel.h). SpecError for an accumulation the P
