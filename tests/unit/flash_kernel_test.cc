@@ -172,7 +172,7 @@ TEST_CASE("flash loop: a rescale threshold keeps the max, and E4M3 P saturates w
   CHECK(fp8_4 > 5 * fp8_0);
 }
 
-TEST_CASE("flash loop: a row sum of rounded P makes P's rows sum to 1; of unrounded P~ it does not", "[kernel_file]") {
+TEST_CASE("flash loop: a row sum of rounded P makes P's rows sum to 1, one of unrounded P~ does not", "[kernel_file]") {
   std::mt19937_64 g(11);
   const RowMatrixXd q = test::random_matrix(32, 64, 1.0, g), k = test::random_matrix(512, 64, 1.0, g),
                     v = test::random_matrix(512, 64, 1.0, g);
