@@ -9,6 +9,12 @@
 // float64 bytes of O, then of P (little-endian, as every supported target stores them).
 //
 // QATTN_DIGEST_PRINT=1 prints the table's lines as computed (to renew it after a deliberate change, stating why).
+//
+// The table is x86-64's. On aarch64 glibc's exp2 (double) differs from x86-64's in its last bits, and the pipelines
+// that take exp2 in float64 and round it once (sage1, fa3-fp8) or form P's block factors with it carry that into
+// some outputs: aarch64 checks the sample against its own digests (kSampleAarch64, taken with the shared loop), and
+// the longer heads on x86-64 only. A portable exp2 would make the two tables one (docs/kernels-as-data.md, "Not
+// modelled").
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -144,13 +150,42 @@ const std::map<std::string, Digests> kDigests = {
     {"sage2:qk-transform=qserve,smooth-k=false,qk=4,acc=wgmma", {0x5743104e1d534d7eULL, 0x621b42b9078a3154ULL, 0xc4215393c4af1245ULL}},
 };
 
+#if defined(__aarch64__)
+// The sample's digests on aarch64 (QATTN_DIGEST_PRINT=1 under qemu-aarch64, reduced scale).
+const std::map<std::string, std::uint64_t> kSampleAarch64 = {
+    {"sage1", 0x2a1a11b8419f59d1ULL},
+    {"sage1:acc=fp32", 0x755c53c00d730b58ULL},
+    {"sage1:pad=upstream", 0x2a1a11b8419f59d1ULL},
+    {"sage1:out=fp32,smooth-k=false", 0x92276c9202449be2ULL},
+    {"fa3-fp8", 0x7e0c3f5818b800adULL},
+    {"fa3-fp8:out=fp32", 0x8a18c9346ede1821ULL},
+    {"fa3-fp8:scale=none,kv-block=64", 0xee7ab27c4b47eadcULL},
+    {"turbo", 0xc73231a0b83bce43ULL},
+    {"turbo:mode=decode,kv=4,nb=64", 0x58e6423207a36912ULL},
+    {"turbo:exp=exact,bc=32", 0x77fceff0013c48e8ULL},
+    {"sage2:acc=wgmma", 0x6b2b446866742433ULL},
+    {"sage2:acc=wgmma-single", 0x6b2b446866742433ULL},
+    {"sage2:acc=mma", 0x72993ea4820a9cc2ULL},
+    {"sage2:acc=two-level", 0xcb31dcd3da906562ULL},
+    {"sage2:acc=fp22", 0x6c3b4537c645ea2fULL},
+    {"sage2:acc=fp32,smooth-v=true", 0xfa174c11d8a0287cULL},
+    {"sage2:qk=4,smooth-q=true,acc=wgmma", 0xd6c241a4879f0eb6ULL},
+    {"sage2:gran=block,round=even,acc=wgmma", 0xe16da21913d3daf1ULL},
+    {"sage2:p=e5m2,acc=two-level", 0x5d31bc72f4613354ULL},
+    {"sage2:p=int8,acc=fp32", 0x1089fcdfeadcb2d4ULL},
+    {"sage2:p=fp16,acc=fp32", 0xa9c2d1194251af79ULL},
+    {"sage2:qk-transform=hadamard,smooth-k=false,qk=4,acc=wgmma", 0x1ad2462b73bc0b5fULL},
+    {"sage2:qk-transform=qserve,smooth-k=false,qk=4,acc=wgmma", 0x5743104e1d534d7eULL},
+};
+#endif
+
 }  // namespace
 
 TEST_CASE("the online-softmax pipelines keep their stored O and P digests", "[flash_loop][digest]") {
   const bool print = std::getenv("QATTN_DIGEST_PRINT") != nullptr;
-  // The 2048-key head takes seconds per spec natively: reduced runs (qemu, sanitizers) check the sample only.
+  // The 2048- and 1000-key heads take seconds per spec natively: reduced runs (qemu, sanitizers) check the sample only.
   const bool long_head = test::test_scale() >= 1;
-  test::announce_scale("digests of the 2048-key causal head", long_head ? 1 : 0);
+  test::announce_scale("digests of the 2048-key causal head and the 1000-key head", long_head ? 1 : 0);
   const std::vector<Head> sample = sample_heads();
   REQUIRE(sample.size() == 16);
   const Head causal = causal_head();
@@ -160,8 +195,9 @@ TEST_CASE("the online-softmax pipelines keep their stored O and P digests", "[fl
     std::uint64_t h = 0xcbf29ce484222325ULL;
     for (const Head& x : sample) h = fnv1a(h, digest(method->attention(x.q, x.k, x.v, x.scale, x.mask)));
     const std::uint64_t c =
-        long_head || print ? digest(method->attention(causal.q, causal.k, causal.v, causal.scale, causal.mask)) : 0;
-    const std::uint64_t r = digest(method->attention(ragged.q, ragged.k, ragged.v, ragged.scale, ragged.mask));
+        long_head ? digest(method->attention(causal.q, causal.k, causal.v, causal.scale, causal.mask)) : 0;
+    const std::uint64_t r =
+        long_head ? digest(method->attention(ragged.q, ragged.k, ragged.v, ragged.scale, ragged.mask)) : 0;
     if (print) {
       std::cout << "    {\"" << spec << "\", {0x" << std::hex << std::setfill('0') << std::setw(16) << h << "ULL, 0x"
                 << std::setw(16) << c << "ULL, 0x" << std::setw(16) << r << "ULL}},\n"
@@ -171,8 +207,13 @@ TEST_CASE("the online-softmax pipelines keep their stored O and P digests", "[fl
     INFO(spec);
     const auto want = kDigests.find(spec);
     REQUIRE(want != kDigests.end());
+#if defined(__aarch64__)
+    REQUIRE(kSampleAarch64.count(spec) == 1);
+    CHECK(h == kSampleAarch64.at(spec));
+#else
     CHECK(h == want->second.sample);
+#endif
     if (long_head) CHECK(c == want->second.causal);
-    CHECK(r == want->second.ragged);
+    if (long_head) CHECK(r == want->second.ragged);
   }
 }
