@@ -15,7 +15,12 @@ sample=$root/experiments/data/use-lite
 numbers() { sed -E 's/^([^,]*,[^,]*),("[^"]*"|[^,]*),/\1,/' <<<"$1"; }
 
 # ---- show, run, show again: the same numbers, the same file ------------------------------------------------------
-for m in fa3-fp8 fa3-fp8@paper sage2@sm90 sage1 "sage1:acc=fp32,pad=upstream" sage2 sage2@4b "sage2:acc=mma" "sage2:acc=two-level,p=e5m2"; do
+# Every preset natively; under an emulator or a sanitizer (20-70x slower) three, since the loop's bits are the digest
+# test's and this test's subject is the file's round trip.
+specs=(fa3-fp8 fa3-fp8@paper sage2@sm90 sage1 "sage1:acc=fp32,pad=upstream" sage2 sage2@4b "sage2:acc=mma"
+  "sage2:acc=two-level,p=e5m2")
+if [ ${#emu[@]} -gt 0 ] || sanitized; then specs=(fa3-fp8@paper sage2@sm90 "sage1:acc=fp32,pad=upstream"); fi
+for m in "${specs[@]}"; do
   f=$tmp/k.json
   if ! q kernel show "$m" > "$f"; then echo "FAIL: kernel show $m"; fail=$((fail + 1)); continue; fi
   want=$(q analyze --tensors "$sample" --method "$m" --format csv)
@@ -67,7 +72,10 @@ expect 2 "no description file" "file without a path" -- analyze --tensors "$samp
 out=$tmp/out.md
 expect 3 "" "nothing is written on a refused file" -- analyze --tensors "$sample" --method "file:$tmp/bad.json" --out "$out"
 check "no partial output" [ ! -e "$out" ]
-check "analyze without --method leaves the file method out" [ -z "$(q analyze --tensors "$sample" --summary 2>&1 | grep -F 'file')" ]
+if [ ${#emu[@]} -eq 0 ] && ! sanitized; then  # every default method on the sample: natively only
+  check "analyze without --method leaves the file method out" \
+    [ -z "$(q analyze --tensors "$sample" --summary 2>&1 | grep -F 'file')" ]
+fi
 
 echo "kernel_test: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
