@@ -1,5 +1,6 @@
 // qattn mma and qattn mma-check: the tensor-core MMA models (qattn/reference/mma.h) on a user's arrays, and against
 // vectors measured on a GPU (docs/mma.md).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -7,6 +8,7 @@
 #include <iostream>
 #include <memory>
 #include <sstream>
+#include <tuple>
 
 #include "commands.h"
 #include "qattn/error.h"
@@ -19,7 +21,7 @@ namespace {
 using ref::MmaModel;
 
 struct MmaOptions {
-  std::string model, a, bt, c, out;
+  std::string model, a, bt, c, scale_a, scale_bt, out;
   bool list = false;
 };
 
@@ -44,8 +46,8 @@ Tensor read_one(const std::string& path, const std::string& option) {
   return std::move(ts.front().tensor);
 }
 
-// A or Bt as codes of the model's input format: uint8 codes (FP8), uint16 patterns (16-bit formats), or floats that
-// are values of the format.
+// A or Bt as codes of the model's input format: uint8 codes (FP8; E2M1 one code per byte, in the low nibble), uint16
+// patterns (16-bit formats), or floats that are values of the format.
 std::vector<std::uint16_t> operand_codes(const Tensor& t, const MmaModel& m, const std::string& path) {
   const int bits = ref::mma_input_bits(m.input);
   const ref::LowpFormat& f = ref::mma_input_format(m.input);
@@ -54,10 +56,15 @@ std::vector<std::uint16_t> operand_codes(const Tensor& t, const MmaModel& m, con
     if ((t.dtype == DType::u8) != (bits == 8))
       throw InputError(path, "dtype", std::string(dtype_name(t.dtype)) + " codes, but model " + m.name + " takes " +
                                           f.name + (bits == 8 ? " (uint8 codes)" : " (uint16 bit patterns)"));
-    for (std::size_t i = 0; i < codes.size(); ++i)
+    for (std::size_t i = 0; i < codes.size(); ++i) {
       codes[i] = bits == 8 ? std::to_integer<std::uint16_t>(t.bytes[i])
                            : static_cast<std::uint16_t>(std::to_integer<unsigned>(t.bytes[2 * i]) |
                                                         std::to_integer<unsigned>(t.bytes[2 * i + 1]) << 8);
+      if (m.input == ref::MmaInput::e2m1 && codes[i] > 0x0f)
+        throw InputError(path, "element " + std::to_string(i),
+                         "code " + std::to_string(codes[i]) + " is not an E2M1 code: one code per byte, 0 to 15 "
+                                                              "(the low nibble; packed pairs are not read)");
+    }
     return codes;
   }
   if (!dtype_is_float(t.dtype))
@@ -83,8 +90,9 @@ void run_mma(const MmaOptions& o) {
   if (o.list) {
     std::ostringstream s;
     for (const MmaModel& m : ref::mma_presets())
-      s << m.name << (m.validated ? "" : "  [not validated by vectors]") << "\n  " << m.describe() << "\n  "
-        << m.provenance << "\n";
+      s << m.name
+        << (!m.validated ? "  [not validated by vectors]" : !m.measured ? "  [MMA-Sim model, not measured here]" : "")
+        << "\n  " << m.describe() << "\n  " << m.provenance << "\n";
     emit(s.str(), "");
     return;
   }
@@ -94,6 +102,8 @@ void run_mma(const MmaOptions& o) {
       throw CLI::ValidationError(needed, "is required (or --list)");
   std::vector<std::pair<std::string, std::string>> inputs{{"--a", o.a}, {"--bt", o.bt}};
   if (!o.c.empty()) inputs.emplace_back("--c", o.c);
+  if (!o.scale_a.empty()) inputs.emplace_back("--scale-a", o.scale_a);
+  if (!o.scale_bt.empty()) inputs.emplace_back("--scale-bt", o.scale_bt);
   require_distinct_files(inputs, {{"--out", o.out}});
   const MmaModel& m = model_or_usage(o.model);
   const Tensor a = read_one(o.a, "--a"), bt = read_one(o.bt, "--bt");
@@ -104,9 +114,19 @@ void run_mma(const MmaOptions& o) {
     const Tensor ct = read_one(o.c, "--c");
     c = ref::mma_accumulator(m, shape, dtype_name(ct.dtype), ct.shape, ct.bytes.data(), o.c);
   }
+  std::vector<std::uint8_t> sa, sbt;
+  for (const auto& [path, is_bt, operand] : {std::tuple{&o.scale_a, false, &o.a}, std::tuple{&o.scale_bt, true, &o.bt}}) {
+    std::vector<std::uint8_t>& dst = is_bt ? sbt : sa;
+    if (path->empty()) {
+      dst = ref::mma_scales(m, shape, is_bt, false, "", {}, nullptr, *operand);
+    } else {
+      const Tensor st = read_one(*path, is_bt ? "--scale-bt" : "--scale-a");
+      dst = ref::mma_scales(m, shape, is_bt, true, dtype_name(st.dtype), st.shape, st.bytes.data(), *path);
+    }
+  }
   const std::vector<std::uint16_t> ac = operand_codes(a, m, o.a), bc = operand_codes(bt, m, o.bt);
   std::vector<float> d(shape.outputs);
-  ref::mma_batched(m, shape, ac, bc, c, d);
+  ref::mma_batched(m, shape, ac, bc, c, d, sa, sbt);
   const bool f16 = m.accumulator == ref::MmaAccumulator::f16;
   Tensor out{f16 ? DType::f16 : DType::f32, shape.d, std::vector<std::byte>(shape.outputs * (f16 ? 2 : 4))};
   for (std::size_t i = 0; i < d.size(); ++i) {
@@ -150,51 +170,104 @@ std::vector<NamedTensor> read_vectors(const std::string& path) {
 
 void run_mma_check(const MmaCheckOptions& o) {
   if (o.format != "md" && o.format != "json") throw CLI::ValidationError("--format", "md or json, not '" + o.format + "'");
+  if (o.fit && o.model.empty()) throw CLI::ValidationError("--fit", "needs --model, the preset to start from");
   require_distinct_files({{"vectors", o.vectors}}, {{"--out", o.out}});
-  const MmaModel& start = model_or_usage(o.model);
-  const std::vector<ref::MmaVectorSet> sets = ref::mma_vector_sets(read_vectors(o.vectors), o.vectors);
-  for (const ref::MmaVectorSet& s : sets)
-    if (ref::mma_input_bits(start.input) != s.input_bits || (start.accumulator == ref::MmaAccumulator::f16) != s.f16_output)
-      throw InputError(o.vectors, s.name + "_A", std::to_string(s.input_bits) + "-bit codes with a " +
-                                                     (s.f16_output ? "float16" : "float32") + " D do not fit model " +
-                                                     start.name + " (" + start.describe() + ")");
-  MmaModel model = start;
+  const MmaModel* start = o.model.empty() ? nullptr : &model_or_usage(o.model);
+  std::vector<ref::MmaVectorSet> sets = ref::mma_vector_sets(read_vectors(o.vectors), o.vectors);
+  // Sets named <preset>.<kind> belong to that preset: with --model, the model's own sets (or, in a file of unnamed
+  // sets, all of them); without, each set against its own preset.
+  const bool named = std::any_of(sets.begin(), sets.end(),
+                                 [](const ref::MmaVectorSet& s) { return !ref::mma_set_preset(s.name).empty(); });
+  std::size_t left_out = 0;
+  if (start != nullptr && named) {
+    std::vector<ref::MmaVectorSet> own;
+    std::string presets;
+    for (ref::MmaVectorSet& s : sets) {
+      const std::string p = ref::mma_set_preset(s.name);
+      if (p == start->name) own.push_back(std::move(s));
+      else ++left_out;
+      if (!p.empty() && presets.find(p) == std::string::npos) presets += (presets.empty() ? "" : ", ") + p;
+    }
+    if (own.empty())
+      throw InputError(o.vectors, "members", "no set for model " + start->name + ": its sets are named " +
+                                                 "<preset>.<kind>, for " + presets);
+    sets = std::move(own);
+  }
+  std::vector<const MmaModel*> models;  // per set
+  for (const ref::MmaVectorSet& s : sets) {
+    const MmaModel* m = start;
+    if (m == nullptr) {
+      const std::string p = ref::mma_set_preset(s.name);
+      if (p.empty())
+        throw CLI::ValidationError("--model", "is needed: set '" + s.name + "' does not name a preset "
+                                              "(<preset>.<kind>)");
+      m = &ref::mma_preset(p);
+    }
+    if (ref::mma_input_bits(m->input) != s.input_bits || (m->accumulator == ref::MmaAccumulator::f16) != s.f16_output ||
+        s.scale_blocks != (m->scale_block > 0 ? s.depth / static_cast<std::size_t>(m->scale_block) : 0))
+      throw InputError(o.vectors, s.name + "_A",
+                       std::to_string(s.input_bits) + "-bit codes with a " + (s.f16_output ? "float16" : "float32") +
+                           " D and " + (s.scale_blocks > 0 ? std::to_string(s.scale_blocks) + " scales per row" : "no scales") +
+                           " do not fit model " + m->name + " (" + m->describe() + ")");
+    models.push_back(m);
+  }
+  MmaModel fitted;
   std::vector<std::string> log;
   if (o.fit) {
-    model = ref::mma_fit(start, sets, o.fit_limit, &log);
+    fitted = ref::mma_fit(*start, sets, o.fit_limit, &log);
     for (const std::string& line : log) std::cerr << "qattn mma-check --fit: " << line << "\n";
+    std::fill(models.begin(), models.end(), &fitted);
   }
-  const bool changed = model.name != start.name;
+  const bool changed = o.fit && fitted.name != start->name;
+  const bool one_model = start != nullptr;
+  const MmaModel* shown = o.fit ? &fitted : start;
   nlohmann::json rows = nlohmann::json::array();
   std::ostringstream md;
-  md << "# " << o.vectors << " against " << model.name << "\n\n" << model.describe() << "\n\n";
-  if (!model.provenance.empty()) md << "Provenance: " << model.provenance << "\n\n";
+  if (one_model) {
+    md << "# " << o.vectors << " against " << shown->name << "\n\n" << shown->describe() << "\n\n";
+    if (!shown->provenance.empty()) md << "Provenance: " << shown->provenance << "\n\n";
+    if (left_out > 0) md << left_out << " sets of other presets left out.\n\n";
+  } else {
+    md << "# " << o.vectors << ", each set against the preset it names\n\n";
+  }
   if (o.fit && !changed)
-    md << "--fit: no setting of the parameters reproduces more outputs than " << start.name
+    md << "--fit: no setting of the parameters reproduces more outputs than " << start->name
        << "; the preset is reported unchanged.\n\n";
-  md << "| set | variant | tests | M x N x K | outputs | bit-equal | share | max rel. error where not equal |\n"
-     << "|---|---|---:|---|---:|---:|---:|---:|\n";
+  md << "| set | " << (one_model ? "" : "model | ") << "variant | tests | M x N x K | outputs | bit-equal | share | "
+     << "max rel. error where not equal |\n|---|" << (one_model ? "" : "---|") << "---|---:|---|---:|---:|---:|---:|\n";
   std::size_t all = 0, equal = 0;
-  const std::vector<ref::MmaAgreement> agreements = ref::mma_agreements(model, sets, o.limit);
+  // consecutive sets of one model and operands run once (the variants of a set)
+  std::vector<ref::MmaAgreement> agreements;
+  for (std::size_t i = 0; i < sets.size();) {
+    std::size_t j = i + 1;
+    while (j < sets.size() && models[j] == models[i]) ++j;
+    const std::vector<ref::MmaVectorSet> run(sets.begin() + static_cast<std::ptrdiff_t>(i),
+                                             sets.begin() + static_cast<std::ptrdiff_t>(j));
+    for (const ref::MmaAgreement& r : ref::mma_agreements(*models[i], run, o.limit)) agreements.push_back(r);
+    i = j;
+  }
   for (std::size_t i = 0; i < sets.size(); ++i) {
     const ref::MmaVectorSet& s = sets[i];
     const ref::MmaAgreement& r = agreements[i];
     all += r.outputs, equal += r.equal;
     const std::size_t tests = o.limit > 0 ? std::min(o.limit, s.batch) : s.batch;
-    md << "| " << s.name << " | " << (s.variant.empty() ? "-" : s.variant) << " | " << tests << " | " << s.rows << " x "
-       << s.cols << " x " << s.depth << " | " << r.outputs << " | " << r.equal << " | " << percent(r.share()) << " | "
-       << disagreement(r) << " |\n";
-    rows.push_back({{"set", s.name}, {"variant", s.variant}, {"tests", tests}, {"m", s.rows}, {"n", s.cols},
-                    {"k", s.depth}, {"outputs", r.outputs}, {"equal", r.equal}, {"share", r.share()},
+    md << "| " << s.name << " | " << (one_model ? "" : models[i]->name + " | ") << (s.variant.empty() ? "-" : s.variant)
+       << " | " << tests << " | " << s.rows << " x " << s.cols << " x " << s.depth << " | " << r.outputs << " | "
+       << r.equal << " | " << percent(r.share()) << " | " << disagreement(r) << " |\n";
+    rows.push_back({{"set", s.name}, {"model", models[i]->name}, {"variant", s.variant}, {"tests", tests},
+                    {"m", s.rows}, {"n", s.cols}, {"k", s.depth}, {"outputs", r.outputs}, {"equal", r.equal},
+                    {"share", r.share()},
                     {"max_rel_error", r.measured() > 0 ? nlohmann::json(r.max_rel_error) : nlohmann::json()},
                     {"nonfinite", r.nonfinite}, {"gpu_zero", r.gpu_zero}});
   }
   md << "\nAll sets: " << equal << " of " << all << " outputs bit-equal ("
      << percent(all == 0 ? 0.0 : static_cast<double>(equal) / static_cast<double>(all)) << ").\n";
   if (o.format == "json") {
-    nlohmann::json j{{"vectors", o.vectors}, {"model", model.name}, {"parameters", model.describe()},
-                     {"provenance", model.provenance}, {"fitted", o.fit}, {"sets", rows}, {"outputs", all},
-                     {"equal", equal}};
+    nlohmann::json j{{"vectors", o.vectors}, {"model", one_model ? nlohmann::json(shown->name) : nlohmann::json()},
+                     {"parameters", one_model ? nlohmann::json(shown->describe()) : nlohmann::json()},
+                     {"provenance", one_model ? nlohmann::json(shown->provenance) : nlohmann::json()},
+                     {"fitted", o.fit}, {"sets", rows}, {"outputs", all}, {"equal", equal},
+                     {"sets_left_out", left_out}};
     if (o.fit) j["fit_log"] = log, j["fit_changed"] = changed;
     emit(j.dump(2) + "\n", o.out);
   } else {
@@ -206,13 +279,16 @@ void run_mma_check(const MmaCheckOptions& o) {
 
 void add_mma(CLI::App& app) {
   auto* sub = app.add_subcommand(
-      "mma", "D = A·B + C through a tensor-core MMA model (docs/mma.md): A [..., M, K], BT [..., N, K] as uint8 FP8 "
-             "codes, uint16 16-bit patterns or floats exact in the input format; C, D [..., M, N]");
+      "mma", "D = A·B + C through a matrix-unit MMA model (docs/mma.md): A [..., M, K], BT [..., N, K] as uint8 FP8 "
+             "codes (E2M1: one per byte, low nibble), uint16 16-bit patterns or floats exact in the input format; "
+             "C, D [..., M, N]; block-scaled models take --scale-a and --scale-bt");
   auto o = std::make_shared<MmaOptions>();
   sub->add_option("--model", o->model, "A preset (--list)");
   sub->add_option("--a", o->a, "A [..., M, K] (.npy, or a one-array .npz/.safetensors)");
   sub->add_option("--bt", o->bt, "B transposed, [..., N, K]");
   sub->add_option("--c", o->c, "C [..., M, N], float32 (float16 values for an f16 accumulator); zero if absent");
+  sub->add_option("--scale-a", o->scale_a, "SA [..., M, K/block]: uint8 block scale codes of A (block-scaled models)");
+  sub->add_option("--scale-bt", o->scale_bt, "SBt [..., N, K/block]: uint8 block scale codes of Bt");
   sub->add_option("--out", o->out, "D [..., M, N]: float32, or float16 for an f16 accumulator (written atomically)");
   sub->add_flag("--list", o->list, "Print the presets, their parameters and provenance");
   sub->callback([o] { run_mma(*o); });
@@ -224,7 +300,9 @@ void add_mma_check(CLI::App& app) {
                    "(docs/mma.md \"Vector files\"); --fit searches the model's parameters for the best match");
   auto o = std::make_shared<MmaCheckOptions>();
   sub->add_option("vectors", o->vectors, "Vector file (.npz or .safetensors)")->required();
-  sub->add_option("--model", o->model, "The preset to check, or to start the search from with --fit")->required();
+  sub->add_option("--model", o->model,
+                  "The preset to check, or to start the search from with --fit; without it, each set named "
+                  "<preset>.<kind> is checked against that preset (../shared/data/mmasim's layout)");
   sub->add_flag("--fit", o->fit, "Search step size, fraction bits, sum bits, exponent rule, partition, C addition and "
                                  "promotion for the best match (progress on stderr)");
   sub->add_option("--fit-tests", o->fit_limit, "Tests per set the search scores each candidate on (default 64)")

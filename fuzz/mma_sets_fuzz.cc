@@ -25,12 +25,16 @@ namespace ref = qattn::ref;
 // Products (tests x M x N x K) one set may cost, so that an execution stays within milliseconds.
 constexpr std::size_t kMaxProducts = std::size_t{1} << 16;
 
-// The presets that take a set's codes and D: none for 8-bit codes with a float16 D.
+// The presets that take a set's codes, D and block scales: none for 8-bit codes with a float16 D.
 std::vector<const ref::MmaModel*> fitting_presets(const ref::MmaVectorSet& s) {
   std::vector<const ref::MmaModel*> out;
   for (const ref::MmaModel& m : ref::mma_presets())
     if (ref::mma_input_bits(m.input) == s.input_bits && (m.accumulator == ref::MmaAccumulator::f16) == s.f16_output &&
-        (m.partition != ref::MmaPartition::k_mod4_pairs || s.depth % 4 == 0))
+        (m.partition != ref::MmaPartition::k_mod4_pairs || s.depth % 4 == 0) &&
+        s.scale_blocks == (m.scale_block > 0 && s.depth % static_cast<std::size_t>(m.scale_block) == 0
+                               ? s.depth / static_cast<std::size_t>(m.scale_block)
+                               : 0) &&
+        (m.scale_block == 0 || s.scale_blocks > 0))
       out.push_back(&m);
   return out;
 }

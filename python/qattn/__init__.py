@@ -640,29 +640,38 @@ def fp8_encode(x, format="e4m3fn", saturate=True):
     return _native("fp8_encode", _qattn.fp8_encode, x, format, saturate)
 
 
-def mma(a, bt, c=None, model="h100-wgmma-e4m3"):
-    """D = A·B + C as a tensor-core instruction computes it, bit for bit (docs/mma.md).
+def mma(a, bt, c=None, scale_a=None, scale_bt=None, model="h100-wgmma-e4m3"):
+    """D = A·B + C as a matrix unit computes it, bit for bit (docs/mma.md).
 
-    a : array [..., M, K]; bt : array [..., N, K] (row n is column n of B). Either uint8 FP8 codes, uint16 bit
-        patterns of 16-bit inputs, or floats whose every value is exact in the model's input format (round first:
-        ``fp8_encode`` for FP8; anything else raises ValueError naming the element).
+    a : array [..., M, K]; bt : array [..., N, K] (row n is column n of B). Either uint8 codes (FP8; E2M1 one code
+        per byte in the low nibble, 0 to 15), uint16 bit patterns of 16-bit inputs, or floats whose every value is
+        exact in the model's input format (round first: ``fp8_encode`` for FP8; anything else raises ValueError
+        naming the element).
+    scale_a, scale_bt : uint8 arrays [..., M, K/block] and [..., N, K/block] of block scale codes (UE8M0 or UE4M3),
+        required by the block-scaled models (``b200-mxf8-e4m3``, ``b200-mxf4`` with blocks of 32, ``b200-nvf4``
+        with blocks of 16) and refused by the others; a missing, extra or mis-shaped one raises ValueError naming
+        the block size (another dtype: TypeError).
     c : float32 or float16 array [..., M, N], or None (zero). For ``h100-hmma-f16-acc16`` every finite value must be
         a float16 value. The checks are those of ``qattn mma --c``: another dtype raises TypeError, another shape or
         a value the accumulator cannot hold ValueError; nothing is cast.
-    model : a preset of ``mma_models()``: ``h100-wgmma-e4m3`` (FP8 wgmma, fast accumulation),
+    model : a preset of ``mma_models()``: measured on an H100, ``h100-wgmma-e4m3`` (FP8 wgmma, fast accumulation),
         ``h100-wgmma-e4m3-promote`` (cuBLASLt's default mode), ``h100-mma-e4m3`` (FP8 mma.sync on sm_90),
-        ``h100-hmma-f16``, ``h100-hmma-bf16``, ``h100-hmma-f16-acc16``, or the bound ``per-product-fp22``.
+        ``h100-hmma-f16``, ``h100-hmma-bf16``, ``h100-hmma-f16-acc16``; from MMA-Sim's published model (not
+        measured here), the ``b200-*``, ``ada-mma-e4m3`` and ``mi300-mfma-*`` presets; or the bound
+        ``per-product-fp22``.
 
     Returns float32 [..., M, N], or float16 for the f16 accumulator. K = 0 gives D = C (docs/mma.md "K = 0"). D is
     at most 1 GiB as float32 (2^28 outputs): a larger product raises ValueError naming both shapes and the size,
     before anything is allocated.
     """
-    return _native("mma", _qattn.mma, a, bt, c, model)
+    return _native("mma", _qattn.mma, a, bt, c, model, scale_a, scale_bt)
 
 
 def mma_models():
-    """The MMA presets: a list of dicts with ``name``, ``parameters``, ``provenance`` and ``validated`` (True when
-    the preset reproduces vectors measured on the GPU it names)."""
+    """The MMA presets: a list of dicts with ``name``, ``parameters``, ``provenance``, ``validated`` (True when the
+    preset reproduces a set of vectors), ``measured`` (True when those vectors were measured on the GPU it names;
+    False for the presets validated by MMA-Sim's published model), ``scale`` ("UE8M0", "UE4M3" or None) and
+    ``scale_block``."""
     return _qattn.mma_models()
 
 

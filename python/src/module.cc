@@ -889,6 +889,12 @@ std::vector<std::uint16_t> mma_operand(const py::array& arr, const ref::MmaModel
     if (bits == 8) {
       const auto c = py::array_t<std::uint8_t, py::array::c_style | py::array::forcecast>::ensure(obj);
       std::copy(c.data(), c.data() + c.size(), codes.begin());
+      if (m.input == ref::MmaInput::e2m1)
+        for (std::size_t i = 0; i < codes.size(); ++i)
+          if (codes[i] > 0x0f)
+            throw py::value_error(std::string(name) + ": element " + std::to_string(i) + " (code " +
+                                  std::to_string(codes[i]) + ") is not an E2M1 code: one code per byte, 0 to 15 "
+                                  "(the low nibble; packed pairs are not read)");
     } else {
       const auto c = py::array_t<std::uint16_t, py::array::c_style | py::array::forcecast>::ensure(obj);
       std::copy(c.data(), c.data() + c.size(), codes.begin());
@@ -910,10 +916,12 @@ std::vector<std::uint16_t> mma_operand(const py::array& arr, const ref::MmaModel
   return codes;
 }
 
-// mma(a, bt, c, model): D = A·B + C through an MMA model, batched over the leading dimensions. The shapes and C pass
-// the checks of qattn mma (ref::mma_shape, ref::mma_accumulator) before anything is allocated: a refusal is a
-// ValueError (a TypeError for C's dtype) with the CLI's message, "a", "bt" or "c" in place of the file.
-py::array mma(const py::handle& a_obj, const py::handle& bt_obj, const py::handle& c_obj, const std::string& model) {
+// mma(a, bt, c, model, scale_a, scale_bt): D = A·B + C through an MMA model, batched over the leading dimensions.
+// The shapes, C and the scales pass the checks of qattn mma (ref::mma_shape, ref::mma_accumulator, ref::mma_scales)
+// before anything is allocated: a refusal is a ValueError (a TypeError for a dtype) with the CLI's message, "a",
+// "bt", "c", "scale_a" or "scale_bt" in place of the file.
+py::array mma(const py::handle& a_obj, const py::handle& bt_obj, const py::handle& c_obj, const std::string& model,
+              const py::handle& sa_obj, const py::handle& sbt_obj) {
   const ref::MmaModel* m = nullptr;
   try {
     m = &ref::mma_preset(model);
@@ -940,6 +948,25 @@ py::array mma(const py::handle& a_obj, const py::handle& bt_obj, const py::handl
       throw;
     }
   }
+  std::vector<std::uint8_t> scales[2];
+  for (int i = 0; i < 2; ++i) {
+    const py::handle obj = i == 0 ? sa_obj : sbt_obj;
+    const char* name = i == 0 ? "scale_a" : "scale_bt";
+    const char* operand = i == 0 ? "a" : "bt";
+    try {
+      if (obj.is_none()) {
+        scales[i] = ref::mma_scales(*m, shape, i == 1, false, "", {}, nullptr, operand);
+        continue;
+      }
+      const py::array arr = py::array::ensure(obj, py::array::c_style);
+      if (!arr) throw py::type_error(std::string(name) + ": expected a uint8 array, got " + std::string(py::str(py::type::of(obj))));
+      const std::vector<std::int64_t> shp(arr.shape(), arr.shape() + arr.ndim());
+      scales[i] = ref::mma_scales(*m, shape, i == 1, true, std::string(py::str(arr.dtype())), shp, arr.data(), name);
+    } catch (const InputError& e) {
+      if (e.field() == "dtype") throw py::type_error(e.what());
+      throw;
+    }
+  }
   const std::vector<std::uint16_t> a = mma_operand(a_arr, *m, "a"), bt = mma_operand(bt_arr, *m, "bt");
   const bool f16 = m->accumulator == ref::MmaAccumulator::f16;
   py::array out(py::dtype(f16 ? "float16" : "float32"), shape.d);
@@ -947,7 +974,7 @@ py::array mma(const py::handle& a_obj, const py::handle& bt_obj, const py::handl
   {
     py::gil_scoped_release release;
     const std::span<float> d = f16 ? std::span<float>(d16) : std::span(static_cast<float*>(out.mutable_data()), shape.outputs);
-    ref::mma_batched(*m, shape, a, bt, c, d);
+    ref::mma_batched(*m, shape, a, bt, c, d, scales[0], scales[1]);
     auto* bits = static_cast<std::uint16_t*>(out.mutable_data());
     for (std::size_t i = 0; i < d16.size(); ++i) bits[i] = f32_to_f16_bits(d16[i]);  // exact: binary16 values
   }
@@ -959,6 +986,9 @@ py::list mma_models() {
   for (const ref::MmaModel& m : ref::mma_presets()) {
     py::dict d;
     d["name"] = m.name, d["parameters"] = m.describe(), d["provenance"] = m.provenance, d["validated"] = m.validated;
+    d["measured"] = m.measured;
+    d["scale"] = m.scale == ref::MmaScale::none ? py::object(py::none()) : py::object(py::str(ref::mma_scale_name(m.scale)));
+    d["scale_block"] = m.scale_block;
     out.append(d);
   }
   return out;
@@ -1121,7 +1151,8 @@ PYBIND11_MODULE(_qattn, m) {
         py::arg("columns") = std::vector<std::string>{}, py::arg("order") = std::vector<std::string>{});
   m.attr("__version__") = QATTN_VERSION;  // the project's version, as `qattn --version` prints it
   m.def("fp8_encode", &fp8_encode, py::arg("x"), py::arg("format"), py::arg("saturate") = true);
-  m.def("mma", &mma, py::arg("a"), py::arg("bt"), py::arg("c"), py::arg("model"));
+  m.def("mma", &mma, py::arg("a"), py::arg("bt"), py::arg("c"), py::arg("model"), py::arg("scale_a"),
+        py::arg("scale_bt"));
   m.def("mma_models", &mma_models);
   m.def("load", &load, py::arg("path"));
   m.def("save", &save, py::arg("path"), py::arg("arrays"));

@@ -56,10 +56,19 @@ def test_float_operands_must_be_exact_in_the_input_format():
 
 def test_mma_models_lists_the_presets_and_the_bound():
     models = {m["name"]: m for m in qattn.mma_models()}
-    assert {"h100-wgmma-e4m3", "h100-wgmma-e4m3-promote", "h100-mma-e4m3", "h100-hmma-f16", "h100-hmma-bf16",
-            "h100-hmma-f16-acc16", "per-product-fp22"} == set(models)
+    measured = {"h100-wgmma-e4m3", "h100-wgmma-e4m3-promote", "h100-mma-e4m3", "h100-hmma-f16", "h100-hmma-bf16",
+                "h100-hmma-f16-acc16"}
+    from_model = {"b200-tcgen05-f16", "b200-tcgen05-bf16", "b200-tcgen05-f16-acc16", "b200-tcgen05-e4m3",
+                  "b200-tcgen05-e5m2", "b200-mxf8-e4m3", "b200-mxf4", "b200-nvf4", "ada-mma-e4m3", "mi300-mfma-f16",
+                  "mi300-mfma-bf16", "mi300-mfma-e4m3fnuz"}
+    assert measured | from_model | {"per-product-fp22"} == set(models)
     assert models["per-product-fp22"]["validated"] is False
-    assert models["h100-wgmma-e4m3"]["validated"] is True
+    assert all(models[n]["validated"] and models[n]["measured"] for n in measured)
+    assert all(models[n]["validated"] and not models[n]["measured"] for n in from_model)
+    assert all("MMA-Sim model, not measured here" in models[n]["provenance"] for n in from_model)
+    assert (models["b200-nvf4"]["scale"], models["b200-nvf4"]["scale_block"]) == ("UE4M3", 16)
+    assert (models["b200-mxf4"]["scale"], models["b200-mxf4"]["scale_block"]) == ("UE8M0", 32)
+    assert models["b200-tcgen05-e4m3"]["scale"] is None
 
 
 def test_version_is_the_programs():
@@ -149,3 +158,46 @@ def test_fp8_encode_takes_scalars_and_refuses_what_is_not_float():
                 np.array(["3"]), np.array([3], np.longdouble)):
         with pytest.raises(TypeError, match="x: "):
             qattn.fp8_encode(bad)
+
+
+MMASIM = os.path.join(os.environ.get("QATTN_SOURCE", "."), "tests", "fixtures", "mmasim", "mmasim_subset.safetensors")
+
+
+def test_every_mmasim_preset_with_block_scales_reproduces_its_vectors():
+    # vectors computed from MMA-Sim's published model (not measured on a GPU: tests/fixtures/mmasim/README.md)
+    v = qattn.load(MMASIM)
+    sets = sorted({k.rsplit("_", 1)[0] for k in v})
+    presets = {s.split(".")[0] for s in sets}
+    assert len(presets) == 12
+    models = {m["name"]: m for m in qattn.mma_models()}
+    for s in sets:
+        preset = s.split(".")[0]
+        m = models[preset]
+        assert not m["measured"] and m["validated"], m
+        kwargs = {"scale_a": v[s + "_SA"], "scale_bt": v[s + "_SBt"]} if s + "_SA" in v else {}
+        assert (m["scale"] is not None) == bool(kwargs)
+        d = qattn.mma(v[s + "_A"], v[s + "_Bt"], v[s + "_C"], model=preset, **kwargs)
+        want = v[s + "_D"]
+        if d.dtype == np.float16:
+            d, want = d.astype(np.float32), want.astype(np.float32)
+        assert np.array_equal(d.view(np.uint32), want.view(np.uint32)), s
+
+
+def test_block_scales_are_checked_naming_the_block():
+    v = qattn.load(MMASIM)
+    a, bt, sa, sbt = (v["b200-nvf4.random_" + x] for x in ("A", "Bt", "SA", "SBt"))
+    with pytest.raises(ValueError, match="block of 16"):
+        qattn.mma(a, bt, model="b200-nvf4")
+    with pytest.raises(ValueError, match="one scale per block of 16"):
+        qattn.mma(a, bt, scale_a=sa[..., :4], scale_bt=sbt, model="b200-nvf4")
+    with pytest.raises(TypeError, match="uint8"):
+        qattn.mma(a, bt, scale_a=sa.astype(np.int32), scale_bt=sbt, model="b200-nvf4")
+    with pytest.raises(ValueError, match="takes no block scales"):
+        qattn.mma(v["b200-tcgen05-e4m3.random_A"], v["b200-tcgen05-e4m3.random_Bt"], scale_a=sa, model="b200-tcgen05-e4m3")
+    bad = a.copy()
+    bad[0, 0, 5] = 0x17
+    with pytest.raises(ValueError, match="element 5 .code 23. is not an E2M1 code"):
+        qattn.mma(bad, bt, scale_a=sa, scale_bt=sbt, model="b200-nvf4")
+    # MXFP4 with NVFP4's scales: 8 blocks per row where MX takes 4 (blocks of 32)
+    with pytest.raises(ValueError, match="block of 32"):
+        qattn.mma(a, bt, scale_a=sa, scale_bt=sbt, model="b200-mxf4")

@@ -27,9 +27,10 @@ int LowpFormat::emax() const {
 }
 
 double LowpFormat::max_finite() const {
-  // IEEE: largest significand 2 - 2^-M. FN: the all-ones mantissa of the top binade is NaN, so 2 - 2^(1-M).
-  const double significand = specials == LowpSpecials::ieee ? 2 - scale_pow2(1.0, -mantissa_bits)
-                                                            : 2 - scale_pow2(1.0, 1 - mantissa_bits);
+  // IEEE, FNUZ, none: largest significand 2 - 2^-M. FN: the all-ones mantissa of the top binade is NaN, so
+  // 2 - 2^(1-M).
+  const double significand = specials != LowpSpecials::fn ? 2 - scale_pow2(1.0, -mantissa_bits)
+                                                          : 2 - scale_pow2(1.0, 1 - mantissa_bits);
   return scale_pow2(significand, emax());
 }
 
@@ -42,6 +43,18 @@ const LowpFormat& fp8_e4m3fn() {
 }
 const LowpFormat& fp8_e5m2() {
   static const LowpFormat f{"e5m2", 5, 2, 15, true, LowpSpecials::ieee};
+  return f;
+}
+const LowpFormat& fp8_e4m3fnuz() {
+  static const LowpFormat f{"e4m3fnuz", 4, 3, 8, true, LowpSpecials::fnuz};
+  return f;
+}
+const LowpFormat& fp8_e5m2fnuz() {
+  static const LowpFormat f{"e5m2fnuz", 5, 2, 16, true, LowpSpecials::fnuz};
+  return f;
+}
+const LowpFormat& fp4_e2m1() {
+  static const LowpFormat f{"e2m1", 2, 1, 1, true, LowpSpecials::none};
   return f;
 }
 const LowpFormat& fp16_binary16() {
@@ -61,15 +74,17 @@ double lowp_round(double x, const LowpFormat& f, LowpRounding mode, LowpOverflow
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const double max = f.max_finite();
   auto overflowed = [&](double sign_source) {
-    if (overflow == LowpOverflow::saturate || mode == LowpRounding::rz) return std::copysign(max, sign_source);
+    // a format without NaN or infinity (E2M1) has nothing to overflow to: it saturates
+    if (overflow == LowpOverflow::saturate || mode == LowpRounding::rz || f.specials == LowpSpecials::none)
+      return std::copysign(max, sign_source);
     return f.has_inf() ? std::copysign(std::numeric_limits<double>::infinity(), sign_source) : nan;
   };
   if (std::isnan(x)) return nan;
   if (std::isinf(x)) {
-    if (overflow == LowpOverflow::saturate) return std::copysign(max, x);
+    if (overflow == LowpOverflow::saturate || f.specials == LowpSpecials::none) return std::copysign(max, x);
     return f.has_inf() ? x : nan;
   }
-  if (x == 0) return x;
+  if (x == 0) return f.specials == LowpSpecials::fnuz ? 0.0 : x;
   const int e = std::max(std::ilogb(x), f.emin());
   if (!f.subnormals && std::fabs(x) < f.min_normal()) {
     // Flush-to-zero formats: below the smallest normal, round between 0 and min_normal in the same mode.
@@ -99,7 +114,8 @@ double lowp_round(double x, const LowpFormat& f, LowpRounding mode, LowpOverflow
   }
   const double v = scale_pow2(r, quantum_exp);
   if (std::fabs(v) > max) return overflowed(x);
-  return v == 0 ? std::copysign(0.0, x) : v;
+  if (v == 0) return f.specials == LowpSpecials::fnuz ? 0.0 : std::copysign(0.0, x);  // FNUZ: zero is unsigned
+  return v;
 }
 
 double lowp_decode(std::uint32_t code, const LowpFormat& f) {
@@ -109,6 +125,7 @@ double lowp_decode(std::uint32_t code, const LowpFormat& f) {
   const std::uint32_t m_field = code & ((1u << m_bits) - 1);
   const std::uint32_t top = (1u << e_bits) - 1;
   double v;
+  if (f.specials == LowpSpecials::fnuz && code == 1u << (m_bits + e_bits)) return std::numeric_limits<double>::quiet_NaN();
   if (f.specials == LowpSpecials::ieee && e_field == top) {
     v = m_field ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
   } else if (f.specials == LowpSpecials::fn && e_field == top && m_field == (1u << m_bits) - 1) {
@@ -125,13 +142,17 @@ std::uint32_t lowp_encode(double value, const LowpFormat& f) {
   const int m_bits = f.mantissa_bits, e_bits = f.exponent_bits;
   const std::uint32_t sign = std::signbit(value) ? 1u << (m_bits + e_bits) : 0u;
   const std::uint32_t top = (1u << e_bits) - 1;
-  if (std::isnan(value)) return sign | (top << m_bits) | ((1u << m_bits) - 1);  // the all-ones NaN (both policies)
+  if (std::isnan(value)) {
+    if (f.specials == LowpSpecials::fnuz) return 1u << (m_bits + e_bits);  // the one NaN: the negative-zero code
+    if (f.specials == LowpSpecials::none) throw std::invalid_argument("lowp_encode: " + f.name + " has no NaN");
+    return sign | (top << m_bits) | ((1u << m_bits) - 1);  // the all-ones NaN (IEEE and FN)
+  }
   if (std::isinf(value)) {
     if (!f.has_inf()) throw std::invalid_argument("lowp_encode: " + f.name + " has no infinity");
     return sign | (top << m_bits);
   }
   const double a = std::fabs(value);
-  if (a == 0) return sign;
+  if (a == 0) return f.specials == LowpSpecials::fnuz ? 0u : sign;
   if (a > f.max_finite()) throw std::invalid_argument("lowp_encode: value beyond max_finite of " + f.name);
   const int e = std::max(std::ilogb(a), f.emin());
   const double scaled = scale_pow2(a, m_bits - e);

@@ -173,8 +173,31 @@ std::vector<MmaVectorSet> mma_vector_sets(const std::vector<NamedTensor>& member
       check_out(*c->second, c->first);
       operands->c = floats_of(*c->second, source, c->first);
     }
+    const auto sa_it = by.find(name + "_SA"), sbt_it = by.find(name + "_SBt");
+    if ((sa_it == by.end()) != (sbt_it == by.end()))
+      throw InputError(source, sa_it == by.end() ? name + "_SA" : name + "_SBt",
+                       "missing: set '" + name + "' has block scales for one operand only (S_SA and S_SBt go together)");
+    std::size_t blocks = 0;
+    if (sa_it != by.end()) {
+      const Shape3 ssa = shape3(*sa_it->second, source, sa_it->first), ssb = shape3(*sbt_it->second, source, sbt_it->first);
+      for (const auto& [it, shape, x] : {std::tuple{sa_it, ssa, sa.x}, std::tuple{sbt_it, ssb, sb.x}}) {
+        if (it->second->dtype != DType::u8)
+          throw InputError(source, it->first, "dtype " + std::string(dtype_name(it->second->dtype)) +
+                                                  ": block scale codes are uint8");
+        if (shape.lead != sa.lead || shape.x != x || shape.y != ssa.y || shape.y == 0 || sa.y % shape.y != 0)
+          throw InputError(source, it->first, "shape " + it->second->shape_string() + ": expected [..., " +
+                                                  std::to_string(x) + ", K/block] with the same blocks for both "
+                                                  "operands and K = " + std::to_string(sa.y) + " a multiple of them");
+      }
+      blocks = ssa.y;
+      for (const auto& [it, dst] : {std::pair{sa_it, &operands->sa}, std::pair{sbt_it, &operands->sbt}}) {
+        const auto* p = reinterpret_cast<const std::uint8_t*>(it->second->bytes.data());
+        dst->assign(p, p + it->second->bytes.size());
+      }
+    }
     MmaVectorSet base;
     base.name = name;
+    base.scale_blocks = blocks;
     base.batch = sa.batch;
     base.rows = sa.x;
     base.cols = sb.x;
@@ -183,6 +206,8 @@ std::vector<MmaVectorSet> mma_vector_sets(const std::vector<NamedTensor>& member
     base.a = operands->a;
     base.bt = operands->bt;
     base.c = operands->c;
+    base.sa = operands->sa;
+    base.sbt = operands->sbt;
     base.operands = std::move(operands);
     for (const NamedTensor* out : outputs[i]) {
       const std::string& key = out->name;
@@ -207,6 +232,16 @@ void check_fits(const MmaModel& m, const MmaVectorSet& set) {
     throw std::invalid_argument("model " + m.name + " has an " +
                                 (m.accumulator == MmaAccumulator::f16 ? "f16" : "f32") + " accumulator; set " +
                                 set.name + "'s D is " + (set.f16_output ? "float16" : "float32"));
+  const std::size_t want = m.scale_block > 0 ? set.depth / static_cast<std::size_t>(m.scale_block) : 0;
+  if (set.scale_blocks != want || (m.scale_block > 0 && set.depth % static_cast<std::size_t>(m.scale_block) != 0))
+    throw std::invalid_argument("model " + m.name + " takes " +
+                                (m.scale_block > 0 ? std::string(mma_scale_name(m.scale)) + " scales per " +
+                                                         std::to_string(m.scale_block) + " k"
+                                                   : std::string("no block scales")) +
+                                "; set " + set.name + " holds " +
+                                (set.scale_blocks > 0 ? std::to_string(set.scale_blocks) + " scales per row (K = " +
+                                                            std::to_string(set.depth) + ")"
+                                                      : std::string("none")));
 }
 
 std::size_t tests_of(const MmaVectorSet& set, std::size_t limit) {
@@ -215,12 +250,13 @@ std::size_t tests_of(const MmaVectorSet& set, std::size_t limit) {
 
 // The model's outputs for the first `tests` tests of the set: tests x rows x cols.
 std::vector<float> model_outputs(const MmaModel& m, const MmaVectorSet& set, std::size_t tests) {
-  const std::size_t mk = set.rows * set.depth, nk = set.cols * set.depth, mn = set.rows * set.cols;
+  const std::size_t mk = set.rows * set.depth, nk = set.cols * set.depth, mn = set.rows * set.cols,
+                    ms = set.rows * set.scale_blocks, ns = set.cols * set.scale_blocks;
   std::vector<float> d(tests * mn);
   for (std::size_t t = 0; t < tests; ++t)
     mma_matmul(m, set.a.subspan(t * mk, mk), set.bt.subspan(t * nk, nk),
                set.c.empty() ? set.c : set.c.subspan(t * mn, mn), std::span(d).subspan(t * mn, mn), set.rows,
-               set.cols, set.depth);
+               set.cols, set.depth, set.sa.subspan(t * ms, ms), set.sbt.subspan(t * ns, ns));
   return d;
 }
 
@@ -262,6 +298,15 @@ std::vector<MmaAgreement> mma_agreements(const MmaModel& m, const std::vector<Mm
     out.push_back(agreement(model, s));
   }
   return out;
+}
+
+std::string mma_set_preset(const std::string& set_name) {
+  const std::size_t dot = set_name.find('.');
+  if (dot == std::string::npos) return "";
+  const std::string prefix = set_name.substr(0, dot);
+  for (const MmaModel& m : mma_presets())
+    if (m.name == prefix) return prefix;
+  return "";
 }
 
 MmaModel mma_fit(const MmaModel& start, const std::vector<MmaVectorSet>& sets, std::size_t limit,
@@ -312,7 +357,8 @@ MmaModel mma_fit(const MmaModel& start, const std::vector<MmaVectorSet>& sets, s
     try_values([](MmaModel& m, int v) { m.step_products = v; }, steps, "step_products");
     try_values([](MmaModel& m, int v) { m.fraction_bits = v; }, frac, "fraction_bits");
     try_values([](MmaModel& m, int v) { m.sum_bits = v; }, sums, "sum_bits");
-    try_values([](MmaModel& m, int v) { m.exponent_rule = static_cast<MmaExponentRule>(v); }, {0, 1}, "exponent_rule");
+    try_values([](MmaModel& m, int v) { m.exponent_rule = static_cast<MmaExponentRule>(v); }, {0, 1, 2, 3},
+               "exponent_rule");
     try_values([](MmaModel& m, int v) { m.partition = static_cast<MmaPartition>(v); }, {0, 1}, "partition");
     try_values([](MmaModel& m, int v) { m.c_add = static_cast<MmaCAdd>(v); }, {0, 1}, "c_add");
     try_values([](MmaModel& m, int v) { m.promote_steps = v; }, promote, "promote_steps");

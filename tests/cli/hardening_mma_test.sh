@@ -147,5 +147,52 @@ expect 0 "no setting of the parameters reproduces more outputs than h100-wgmma-e
 expect 0 "against per-product-fp22-fit" "--fit that improves renames the model" -- \
   mma-check fit.safetensors --model per-product-fp22 --fit --fit-tests 1
 
+# ---- block scales (MXFP4, NVFP4) and sets named after their preset (../shared/data/mmasim's layout) ----------------
+subset=$root/tests/fixtures/mmasim/mmasim_subset.safetensors
+$py - "$subset" <<'PY'
+import json, struct, sys
+import numpy as np
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+dt = {"U8": np.uint8, "U16": np.uint16, "F32": np.float32, "F16": np.float16}
+for key in ("A", "Bt", "C", "D", "SA", "SBt"):
+    m = h["b200-nvf4.random_" + key]
+    s, e = m["data_offsets"]
+    np.save(f"nv_{key}.npy", np.frombuffer(b[8 + n + s:8 + n + e], dtype=dt[m["dtype"]]).reshape(m["shape"]))
+np.save("nv_SA_short.npy", np.load("nv_SA.npy")[..., :4].copy())
+np.save("nv_SA_i8.npy", np.load("nv_SA.npy").astype(np.int8))
+a = np.load("nv_A.npy"); a[1, 2, 3] = 0x21; np.save("nv_A_packed.npy", a)
+np.save("nv_A_k24.npy", np.load("nv_A.npy")[..., :24].copy()); np.save("nv_Bt_k24.npy", np.load("nv_Bt.npy")[..., :24].copy())
+PY
+expect 0 "b200-nvf4  \[MMA-Sim model, not measured here\]" "mma --list marks the presets from MMA-Sim's model" -- mma --list
+expect 0 "" "mma: NVFP4 with its UE4M3 block scales" -- mma --model b200-nvf4 --a nv_A.npy --bt nv_Bt.npy --c nv_C.npy \
+  --scale-a nv_SA.npy --scale-bt nv_SBt.npy --out nv_D_model.npy
+check "mma: the NVFP4 D is the model's vectors, bit for bit" $py -c "import numpy as np, sys; \
+a, b = np.load('nv_D_model.npy'), np.load('nv_D.npy'); sys.exit(0 if a.dtype == b.dtype and a.tobytes() == b.tobytes() else 1)"
+expect 3 "nv_A.npy: --scale-a: missing: model b200-nvf4 takes SA \[..., M, K/block\], one UE4M3 code \(uint8\) per block of 16 k" \
+  "mma: a block-scaled model without its scales" -- mma --model b200-nvf4 --a nv_A.npy --bt nv_Bt.npy --out x.npy
+expect 3 "nv_SA_short.npy: shape: \(4, 16, 4\): expected SA \[..., M, K/block\] = \(4, 16, 8\), one scale per block of 16 k" \
+  "mma: scales of the wrong shape" -- mma --model b200-nvf4 --a nv_A.npy --bt nv_Bt.npy --scale-a nv_SA_short.npy \
+  --scale-bt nv_SBt.npy --out x.npy
+expect 3 "nv_SA_i8.npy: dtype: int8: expected uint8 UE4M3 codes" "mma: scales not uint8" -- mma --model b200-nvf4 \
+  --a nv_A.npy --bt nv_Bt.npy --scale-a nv_SA_i8.npy --scale-bt nv_SBt.npy --out x.npy
+expect 3 "nv_SA.npy: --scale-a: model b200-tcgen05-e4m3 takes no block scales" "mma: scales for a model without" -- \
+  mma --model b200-tcgen05-e4m3 --a nv_A.npy --bt nv_Bt.npy --scale-a nv_SA.npy --out x.npy
+expect 3 "nv_A_packed.npy: element 2307: code 33 is not an E2M1 code" "mma: packed FP4 pairs are refused" -- \
+  mma --model b200-nvf4 --a nv_A_packed.npy --bt nv_Bt.npy --scale-a nv_SA.npy --scale-bt nv_SBt.npy --out x.npy
+expect 3 "K = 24 \(the last axis\) is not a multiple of 16, model b200-nvf4's scale block" "mma: K not whole blocks" -- \
+  mma --model b200-nvf4 --a nv_A_k24.npy --bt nv_Bt_k24.npy --scale-a nv_SA.npy --scale-bt nv_SBt.npy --out x.npy
+check "mma: nothing written on refused scales" test ! -e x.npy
+expect 0 "All sets: 23040 of 23040 outputs bit-equal" "mma-check without --model: each set against its preset" -- \
+  mma-check "$subset"
+expect 0 "33 sets of other presets left out" "mma-check --model: the model's own sets of a named file" -- \
+  mma-check "$subset" --model b200-mxf4
+expect 3 "no set for model h100-hmma-f16: its sets are named <preset>.<kind>, for b200-tcgen05-f16" \
+  "mma-check: a named file without the model's sets" -- mma-check "$subset" --model h100-hmma-f16
+expect 2 "--model: is needed: set 's' does not name a preset" "mma-check: unnamed sets need --model" -- \
+  mma-check many.safetensors
+expect 2 "--fit: needs --model" "mma-check --fit without a model" -- mma-check "$subset" --fit
+
 echo "hardening_mma_test: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -31,6 +31,9 @@ enum class LowpOverflow { saturate, non_saturating };
 enum class LowpSpecials {
   ieee,      // all-ones exponent: inf (mantissa 0) or NaN
   fn,        // "finite, NaN only": all-ones exponent is a normal binade except all-ones mantissa = NaN (OCP E4M3FN)
+  fnuz,      // "finite, NaN unsigned zero" (AMD CDNA3 FP8): every exponent field is a binade; the negative-zero code
+             // (sign bit alone) is the only NaN, so zero is unsigned; no infinity
+  none,      // every code is a finite number (OCP E2M1): no NaN, no infinity
 };
 
 struct LowpFormat {
@@ -52,11 +55,15 @@ struct LowpFormat {
 
 const LowpFormat& fp8_e4m3fn();  // OCP E4M3FN: bias 7, max 448, S.1111.111 = NaN, no inf
 const LowpFormat& fp8_e5m2();    // OCP E5M2: IEEE-like, bias 15, max 57344, inf
+const LowpFormat& fp8_e4m3fnuz();  // E4M3FNUZ: bias 8, max 240, 0x80 = NaN, no -0, no inf
+const LowpFormat& fp8_e5m2fnuz();  // E5M2FNUZ: bias 16, max 57344, 0x80 = NaN, no -0, no inf
+const LowpFormat& fp4_e2m1();      // OCP E2M1 (MX, NVFP4): bias 1, values 0, 0.5, 1, 1.5, 2, 3, 4, 6; every code finite
 const LowpFormat& fp16_binary16();
 const LowpFormat& bf16_bfloat16();
 const LowpFormat& fp22_accumulator();  // 1 sign, 8 exponent, 13 mantissa bits (bias 127), used with rz
 
-// The value of `x` rounded onto the format. `rng` is needed only for stochastic rounding.
+// The value of `x` rounded onto the format. `rng` is needed only for stochastic rounding. A format with neither NaN
+// nor infinity (E2M1) saturates on overflow whatever `overflow` says; an FNUZ format rounds to an unsigned zero.
 double lowp_round(double x, const LowpFormat& f, LowpRounding mode, LowpOverflow overflow, std::mt19937_64* rng = nullptr);
 
 // Bit patterns. decode is defined for every code; encode takes a value of the format (a lowp_round result) and

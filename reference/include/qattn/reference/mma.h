@@ -1,14 +1,27 @@
-// Fused multi-term matrix multiply-accumulate (MMA) as tensor cores compute it: a parametric model, and named
-// presets for the instructions an NVIDIA H100 was measured on (tests/fixtures/h100-mma, docs/mma.md).
+// Fused multi-term matrix multiply-accumulate (MMA) as matrix units compute it: a parametric model, and named
+// presets for the instructions an NVIDIA H100 was measured on (tests/fixtures/h100-mma) and for those MMA-Sim's
+// published model describes (Blackwell, Ada, CDNA3: not measured here; docs/mma.md).
 //
 // One output is D = sum_k a_k b_k + C. The instruction splits k into steps of `step_products` products; a step
-// sums its products and the running accumulator acc in one fused operation:
+// sums its products and the running accumulator acc in one operation, rounded once (align = fused):
 //
 //   E     = max over the step's terms of their exponent: e(a_k) + e(b_k) for a product, e(acc) for the accumulator
-//           (exponent_rule says how e() reads an operand; a zero accumulator has no exponent and does not count)
+//           (exponent_rule says how e() reads an operand, a zero operand and a zero accumulator)
 //   term' = the term truncated toward zero to a multiple of 2^(E - fraction_bits)
 //   acc   = (sum of the terms', exact) rounded toward zero to `sum_bits` significant bits (an f32 accumulator),
 //           or rounded once, to nearest even, onto binary16 (an f16 accumulator; sum_bits unused).
+//
+// Block scales (scale != none): operand k of row i carries the scale code S[i, k / scale_block]. Without groups
+// (MXFP8) the two scales' exponents add to each product's exponent, exactly. With groups (group_products > 0:
+// MXFP4, NVFP4) each run of group_products products is summed exactly and multiplied by its two scales, and the
+// groups enter E by their scales' exponents alone (floor(log2) of each scale, added), not by the sums' magnitude.
+//
+// align = group_then_c (AMD CDNA3 MFMA) splits the step in two roundings of its own kind: the step's products are
+// aligned to their largest exponent E_g and truncated toward zero at fraction_bits (with even_odd, the even-k and the
+// odd-k products form two such sums, each at its own maximum, then both are truncated downward at fraction_bits
+// below the larger and added); then that sum and acc are aligned to max(E_g, e(acc)) and truncated downward, the sum
+// at sum_fraction_bits and acc at fraction_bits (acc dropped when e(acc) < E_g - c_drop_below, c_drop_below > 0),
+// added and rounded to nearest even onto float32.
 //
 // C enters as the first step's accumulator (c_add = fused) or is added afterwards in float32, round to nearest
 // even, to a sum whose steps start from zero (c_add = after, the FP8 mma.sync of sm_90). promote_steps > 0 adds acc
@@ -17,7 +30,8 @@
 // toward zero onto FP22 (1-8-13) after every single product instead: it matches no measured instruction.
 //
 // Values in and out are exact: operands are codes of the input format, C and D float32 (binary16 values carried in
-// float32 for an f16 accumulator). Non-finite operands or C give the IEEE sum of the products and C (NaN, +-inf).
+// float32 for an f16 accumulator). Non-finite operands or C give the IEEE sum of the products and C (NaN, +-inf);
+// a NaN scale code gives NaN.
 #pragma once
 
 #include <cstdint>
@@ -30,12 +44,26 @@
 
 namespace qattn::ref {
 
-enum class MmaInput { e4m3, e5m2, f16, bf16 };
+// e2m1 codes are one per byte, in the low nibble (not packed); e4m3fnuz is CDNA3's FP8 (bias 8, 0x80 NaN).
+enum class MmaInput { e4m3, e5m2, f16, bf16, e2m1, e4m3fnuz };
 
-// How an operand's exponent enters E.
+// How an operand's exponent enters E. Every rule reads a normal operand as floor(log2 |x|).
 enum class MmaExponentRule {
-  field,        // the stored exponent field: subnormals and zero at emin (FP8 wgmma reads E4M3 fields)
-  leading_bit,  // floor(log2 |x|); a zero operand's product has no exponent and does not count (HMMA)
+  field,        // the stored exponent field: subnormals and zero at emin; a zero accumulator does not count
+                // (the H100's FP8 wgmma reads E4M3 fields)
+  leading_bit,  // floor(log2 |x|) for subnormals too; a zero operand's product and a zero accumulator do not count
+  field_zero_low,   // subnormals at emin (a significand below 1); a product with a zero operand, and a zero
+                    // accumulator, count at -126 (the H100's HMMA, Blackwell, Ada: MMA-Sim's rule)
+  field_zero_none,  // subnormals at emin; a product with a zero operand, and a zero accumulator, do not count (CDNA3)
+};
+
+// Block scale codes: UE8M0 (2^(code - 127), 0xFF NaN) or UE4M3 (E4M3 without its sign: the sign bit is ignored,
+// 0x7F NaN).
+enum class MmaScale { none, ue8m0, ue4m3 };
+
+enum class MmaAlign {
+  fused,         // products and acc aligned together to the step's E, truncated toward zero, rounded once
+  group_then_c,  // CDNA3: the products first, then their sum with acc, truncated downward (see above)
 };
 
 // Which k form a step.
@@ -64,28 +92,44 @@ struct MmaModel {
   MmaAccumulator accumulator = MmaAccumulator::f32;
   int promote_steps = 0;
   bool per_product = false;
-  bool validated = true;   // reproduces vectors measured on the GPU it names
+  MmaScale scale = MmaScale::none;
+  int scale_block = 0;       // K per scale code (32: MX, 16: NVFP4)
+  int group_products = 0;    // > 0: products summed exactly in groups, scaled, aligned by the scales' exponents
+  MmaAlign align = MmaAlign::fused;
+  int sum_fraction_bits = 0; // group_then_c: bits kept below E of the products' sum where it meets acc
+  bool even_odd = false;     // group_then_c: even-k and odd-k products summed apart (CDNA3 FP8)
+  int c_drop_below = 0;      // group_then_c: acc dropped when its exponent is more than this below E_g (0: never)
+  bool validated = true;     // reproduces vectors measured on the GPU it names
+  bool measured = true;      // validated by vectors measured here on a GPU (false: by a published model's vectors)
 
   // A one-line statement of the parameters, e.g. "e4m3, 32 products/step, 13 fraction bits, RZ to 14 bits, ...".
   std::string describe() const;
 };
 
-// The presets, by name: h100-wgmma-e4m3, h100-wgmma-e4m3-promote, h100-mma-e4m3, h100-hmma-f16, h100-hmma-bf16,
-// h100-hmma-f16-acc16, per-product-fp22.
+// The presets, by name: measured on an H100: h100-wgmma-e4m3, h100-wgmma-e4m3-promote, h100-mma-e4m3,
+// h100-hmma-f16, h100-hmma-bf16, h100-hmma-f16-acc16; from MMA-Sim's model (not measured here): b200-tcgen05-f16,
+// b200-tcgen05-bf16, b200-tcgen05-f16-acc16, b200-tcgen05-e4m3, b200-tcgen05-e5m2, b200-mxf8-e4m3, b200-mxf4,
+// b200-nvf4, ada-mma-e4m3, mi300-mfma-f16, mi300-mfma-bf16, mi300-mfma-e4m3fnuz; a bound: per-product-fp22.
 const std::vector<MmaModel>& mma_presets();
 // Throws std::invalid_argument naming the presets for an unknown name.
 const MmaModel& mma_preset(std::string_view name);
 
 const LowpFormat& mma_input_format(MmaInput input);
-int mma_input_bits(MmaInput input);  // 8 or 16
+int mma_input_bits(MmaInput input);  // the width of the codes as held: 8 (FP8, and E2M1 one code per byte) or 16
+// The value of a scale code (the sign bit of a UE4M3 code ignored; NaN for the NaN codes), and its name.
+double mma_scale_value(MmaScale scale, std::uint8_t code);
+const char* mma_scale_name(MmaScale scale);
 
-// One dot product: codes of a[0..k) and b[0..k) (the low 8 or 16 bits of each entry), accumulator c.
-float mma_dot(const MmaModel& m, std::span<const std::uint16_t> a, std::span<const std::uint16_t> b, float c);
+// One dot product: codes of a[0..k) and b[0..k) (the low 8 or 16 bits of each entry, the low 4 for E2M1),
+// accumulator c; for a block-scaled model sa and sb hold the k / scale_block scale codes of a and b.
+float mma_dot(const MmaModel& m, std::span<const std::uint16_t> a, std::span<const std::uint16_t> b, float c,
+              std::span<const std::uint8_t> sa = {}, std::span<const std::uint8_t> sb = {});
 
 // D[i, j] = mma_dot(A row i, Bt row j, C[i, j]) for row-major A (m x k), Bt (n x k), C and D (m x n). C may be
-// empty (zero).
+// empty (zero). A block-scaled model takes SA (m x k/scale_block) and SBt (n x k/scale_block).
 void mma_matmul(const MmaModel& m, std::span<const std::uint16_t> a, std::span<const std::uint16_t> bt,
-                std::span<const float> c, std::span<float> d, std::size_t rows, std::size_t cols, std::size_t depth);
+                std::span<const float> c, std::span<float> d, std::size_t rows, std::size_t cols, std::size_t depth,
+                std::span<const std::uint8_t> sa = {}, std::span<const std::uint8_t> sbt = {});
 
 // --- A batched product from a user's arrays (qattn mma, qattn.mma): one set of checks for both -----------------
 
@@ -113,9 +157,18 @@ struct MmaShape {
 MmaShape mma_shape(std::span<const std::int64_t> a, std::span<const std::int64_t> bt, const std::string& a_source,
                    const std::string& bt_source);
 
-// K fits model `m`: a model that pairs k by k mod 4 (MmaPartition::k_mod4_pairs) needs K a multiple of 4.
-// Throws InputError(a_source, "shape", reason) naming K, the model and the rule.
+// K fits model `m`: a model that pairs k by k mod 4 (MmaPartition::k_mod4_pairs) needs K a multiple of 4, a
+// block-scaled model K a multiple of its scale block. Throws InputError(a_source, "shape", reason) naming K, the
+// model and the rule.
 void mma_check_depth(const MmaModel& m, const MmaShape& shape, const std::string& a_source);
+
+// The scale codes of a block-scaled model: SA [..., M, K/block] (is_bt false) or SBt [..., N, K/block] as uint8.
+// Refused with InputError(source, field, reason) for a model without block scales ("--scale-a/--scale-bt": the
+// model takes none), a missing one (source is then the operand's), a dtype other than uint8 ("dtype"), or a shape
+// other than the one expected ("shape", naming the block size). A model without scales and no scales given: empty.
+std::vector<std::uint8_t> mma_scales(const MmaModel& m, const MmaShape& s, bool is_bt, bool given,
+                                     std::string_view dtype, std::span<const std::int64_t> shape, const void* data,
+                                     const std::string& source);
 
 // C as the model adds it, in float32. Refused with InputError(source, field, reason) unless its dtype (`dtype`, as
 // numpy and dtype_name() spell it) is float32 or float16 (field "dtype"), its shape is D's ("shape"), and, for a
@@ -126,8 +179,10 @@ std::vector<float> mma_accumulator(const MmaModel& m, const MmaShape& s, std::st
 
 // D = A·B + C for every batch entry of a checked shape: a and bt hold batch·M·K and batch·N·K codes, c is empty
 // (zero) or holds s.outputs values, d holds s.outputs values. An empty D computes nothing.
+// sa and sbt: batch·M·K/block and batch·N·K/block scale codes for a block-scaled model, empty otherwise.
 void mma_batched(const MmaModel& m, const MmaShape& s, std::span<const std::uint16_t> a,
-                 std::span<const std::uint16_t> bt, std::span<const float> c, std::span<float> d);
+                 std::span<const std::uint16_t> bt, std::span<const float> c, std::span<float> d,
+                 std::span<const std::uint8_t> sa = {}, std::span<const std::uint8_t> sbt = {});
 
 // One fused step of the H100's FP8 wgmma (h100-wgmma-e4m3, docs/mma.md) for `cols` outputs at once:
 //   acc[c] <- RZ_14( trunc(acc[c]) + sum_j trunc(p[j] v[j][c]) ), every term truncated at 2^(E_c - 13),
