@@ -361,7 +361,7 @@ expect 0 "K256_bytes \| fast \| 1 \| 64 x 64 x 256 \| 4096 \| 425 \|" "mma-check
   mma-check "$mmav/wgmma_cublaslt_e4m3.safetensors" --model h100-wgmma-e4m3-promote
 expect 2 "the presets: h100-wgmma-e4m3" "mma-check: an unknown model is a usage error" -- \
   mma-check "$mmav/wgmma_cublaslt_e4m3.safetensors" --model h200
-expect 3 "K32_bytes_A: 8-bit codes with a float32 D do not fit model h100-hmma-f16" "mma-check: a model of another width" -- \
+expect 3 "K32_bytes_A: 8-bit codes with a float32 D and no scales do not fit model h100-hmma-f16" "mma-check: a model of another width" -- \
   mma-check "$mmav/wgmma_cublaslt_e4m3.safetensors" --model h100-hmma-f16
 expect 3 "no set" "mma-check: a file without sets" -- mma-check "$sample/layer0_head0_q.npy" --model h100-hmma-f16
 expect 2 "--out" "mma: --out is required" -- mma --model h100-hmma-f16 --a x.npy --bt y.npy

@@ -109,7 +109,7 @@ std::uint16_t code_of(double x, const qattn::ref::LowpFormat& f) {
   return static_cast<std::uint16_t>(qattn::ref::lowp_encode(x, f));
 }
 
-TEST_CASE("MX scales: UE8M0 exponents add to every product's exponent; a NaN scale gives NaN", "[mma][mmasim]") {
+TEST_CASE("MX scales: UE8M0 exponents add to every product's exponent, and a NaN scale gives NaN", "[mma][mmasim]") {
   const MmaModel& mx = qattn::ref::mma_preset("b200-mxf8-e4m3");
   const auto& e4m3 = qattn::ref::fp8_e4m3fn();
   std::vector<std::uint16_t> a(32, code_of(1.0, e4m3)), b(32, code_of(1.5, e4m3));
@@ -144,7 +144,7 @@ TEST_CASE("NVFP4: the UE4M3 scale's sign bit is ignored, groups align by the sca
   CHECK(qattn::ref::mma_dot(nv, zero, b, std::ldexp(1.0f, -36), sa, sb) == 0.0f);
 }
 
-TEST_CASE("CDNA3 FP8: C more than 25 binades below the group's sum is dropped; f16 keeps it", "[mma][mmasim]") {
+TEST_CASE("CDNA3 FP8: C more than 25 binades below the group's sum is dropped, while f16 keeps it", "[mma][mmasim]") {
   const MmaModel& fp8 = qattn::ref::mma_preset("mi300-mfma-e4m3fnuz");
   const MmaModel& f16 = qattn::ref::mma_preset("mi300-mfma-f16");
   const auto& fnuz = qattn::ref::fp8_e4m3fnuz();
@@ -166,7 +166,7 @@ TEST_CASE("CDNA3 FP8: C more than 25 binades below the group's sum is dropped; f
   CHECK(std::isnan(qattn::ref::mma_dot(fp8, nan_a, b, 0.0f, {}, {})));
 }
 
-TEST_CASE("Ada's FP8 mma keeps 13 fraction bits per step of 16; Blackwell's tcgen05 keeps 25 per step of 32", "[mma][mmasim]") {
+TEST_CASE("Ada's FP8 mma keeps 13 fraction bits per step of 16, Blackwell's tcgen05 keeps 25 per step of 32", "[mma][mmasim]") {
   const MmaModel& ada = qattn::ref::mma_preset("ada-mma-e4m3");
   const MmaModel& b200 = qattn::ref::mma_preset("b200-tcgen05-e4m3");
   const auto& e4m3 = qattn::ref::fp8_e4m3fn();
