@@ -20,8 +20,8 @@ from .plot import write_csv
 __version__ = _qattn.__version__  # the project's version: `qattn --version` prints the same
 
 __all__ = ["methods", "quantizers", "canonical", "softmax", "softmax_integer", "exact_softmax", "attention",
-           "quantize_kv", "quantize_weights", "compare", "Method", "analyze", "sweep", "fp8_encode", "mma", "mma_models", "load", "save",
-           "plot", "write_csv"]
+           "quantize_kv", "quantize_weights", "compare", "Method", "analyze", "sweep", "fp8_encode", "lowp_encode",
+           "lowp_decode", "mx_quantize", "nvfp4_quantize", "mma", "mma_models", "load", "save", "plot", "write_csv"]
 
 
 def _native(public, fn, *args):
@@ -638,6 +638,53 @@ def fp8_encode(x, format="e4m3fn", saturate=True):
     format : {"e4m3fn", "e5m2"}
     """
     return _native("fp8_encode", _qattn.fp8_encode, x, format, saturate)
+
+
+def lowp_encode(x, fmt, rounding="rn", saturate=True):
+    """Codes (uint8, the shape of ``x``) of float32 values in a low-precision format, as the conversion instructions
+    write them (docs/lowp-float.md "Conversions"; float64 input is rounded to float32 first, float16 widens exactly).
+
+    fmt : "e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz", "e2m1" (one code per byte, 0 to 15), "ue8m0" or "ue4m3" (block
+        scales).
+    rounding : "rn" (to nearest, ties to even) or "rz" for the element formats; "rz" or "rp" for ue8m0 (PTX
+        ``cvt.{rz,rp}.satfinite.ue8m0x2.f32``: from |x|'s float32 exponent); "rn" for ue4m3 (the e4m3 conversion of
+        |x|, the sign bit clear). Another raises ValueError naming the roundings the format takes.
+    saturate : a finite value beyond the largest, and +-inf, become +-max (PTX ``.satfinite``); without it they
+        overflow as the format does (e5m2: inf; e4m3fn: NaN keeping the sign, as torch; FNUZ: 0x80; ue8m0: 0xFF).
+        e2m1 has neither NaN nor inf and takes only saturate (NaN -> +6, as PTX ``cvt.rn.satfinite.e2m1x2.f32``).
+        ``lowp_encode(x, "e4m3fn")`` is ``fp8_encode(x, "e4m3fn")``: the H100's conversion.
+    """
+    return _native("lowp_encode", _qattn.lowp_encode, x, fmt, rounding, saturate)
+
+
+def lowp_decode(codes, fmt):
+    """The float32 values (the shape of ``codes``) of uint8 codes of ``fmt`` (as ``lowp_encode``); NaN codes give
+    NaN, ue4m3 ignores the sign bit, an e2m1 code above 15 raises ValueError naming the element."""
+    return _native("lowp_decode", _qattn.lowp_decode, codes, fmt)
+
+
+def mx_quantize(x, fmt="e2m1", block=32):
+    """OCP MX v1.0 block quantisation over the last axis: ``(codes, scales)``, uint8 codes of ``fmt`` ("e2m1",
+    "e4m3fn" or "e5m2") of ``x``'s shape and UE8M0 scale codes [..., K/block].
+
+    Per block the shared scale is 2^X, X = floor(log2 amax) - emax_elem (2 for E2M1, 8 for E4M3, 15 for E5M2),
+    clamped to [-127, 127] (an all-zero block: code 0); each element x / 2^X (exact) is rounded to nearest even and
+    saturated to the format's largest value. ``lowp_decode(codes, fmt) * lowp_decode(scales, "ue8m0")`` (each scale
+    repeated over its block) gives the values back. K must be whole blocks and every x finite (ValueError otherwise).
+    """
+    return _native("mx_quantize", _qattn.mx_quantize, x, fmt, block)
+
+
+def nvfp4_quantize(x):
+    """NVFP4 over the last axis, Transformer Engine's recipe in float32: ``(codes, scales, global_scale)``.
+
+    S_enc = 2688 / amax (448 x 6, 1 for an all-zero x), ``global_scale`` = 1 / S_enc; per block of 16 the UE4M3 scale
+    s_b = e4m3(amax_b x (S_enc x (1/6))) (rounded to nearest even, saturated); each element
+    e2m1(x x min(1 / (s_b x global_scale), FLT_MAX)); every operation a float32 one rounded to nearest even. A value
+    decodes as ``lowp_decode(code, "e2m1") * lowp_decode(s_b, "ue4m3") * global_scale``. K must be whole blocks of 16
+    and every x finite (ValueError otherwise).
+    """
+    return _native("nvfp4_quantize", _qattn.nvfp4_quantize, x)
 
 
 def mma(a, bt, c=None, scale_a=None, scale_bt=None, model="h100-wgmma-e4m3"):

@@ -33,6 +33,7 @@
 #include "qattn/error.h"
 #include "qattn/metrics.h"
 #include "qattn/reference/kv_quant.h"
+#include "qattn/reference/lowp_convert.h"
 #include "qattn/reference/lowp_float.h"
 #include "qattn/reference/mma.h"
 #include "qattn/reference/registry.h"
@@ -844,13 +845,10 @@ py::dict analyze_report(const std::string& tensors, const std::vector<std::strin
   return report;
 }
 
-// fp8_encode(x, format, saturate): float32 values -> FP8 codes as an H100 converts them (ref::fp8_from_float):
-// saturate=True is PTX cvt.rn.satfinite, False is torch's .to(float8_*). x is a float array of any shape (0-d
-// included), a NumPy float scalar or a Python float; float64 input is first rounded to float32 (the conversions take
-// float32), as torch does, float16 widens exactly. Other dtypes (integers, bool, complex) are a TypeError, not a cast.
-py::array_t<std::uint8_t> fp8_encode(const py::handle& x_obj, const std::string& format, bool saturate) {
-  const ref::LowpFormat* f = format == "e4m3fn" ? &ref::fp8_e4m3fn() : format == "e5m2" ? &ref::fp8_e5m2() : nullptr;
-  if (!f) throw std::invalid_argument("fp8_encode: format must be 'e4m3fn' or 'e5m2', got '" + format + "'");
+// x as a C-ordered float32 array: a float array of any shape (0-d included), a NumPy float scalar or a Python float;
+// float64 is rounded to float32 (the conversions take float32), float16 widens exactly. Other dtypes (integers, bool,
+// complex) are a TypeError, not a cast.
+py::array_t<float, py::array::c_style | py::array::forcecast> float32_input(const py::handle& x_obj) {
   const bool scalar = py::isinstance<py::float_>(x_obj) ||
                       py::isinstance(x_obj, py::module_::import("numpy").attr("floating"));
   if (!py::isinstance<py::array>(x_obj) && !scalar)
@@ -862,6 +860,15 @@ py::array_t<std::uint8_t> fp8_encode(const py::handle& x_obj, const std::string&
                          ": expected floats (float16, float32 or float64)");
   const auto x = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(given);
   if (!x) throw py::type_error("x: expected a float array");
+  return x;
+}
+
+// fp8_encode(x, format, saturate): float32 values -> FP8 codes as an H100 converts them (ref::fp8_from_float):
+// saturate=True is PTX cvt.rn.satfinite, False is torch's .to(float8_*); x as float32_input takes it.
+py::array_t<std::uint8_t> fp8_encode(const py::handle& x_obj, const std::string& format, bool saturate) {
+  const ref::LowpFormat* f = format == "e4m3fn" ? &ref::fp8_e4m3fn() : format == "e5m2" ? &ref::fp8_e5m2() : nullptr;
+  if (!f) throw std::invalid_argument("fp8_encode: format must be 'e4m3fn' or 'e5m2', got '" + format + "'");
+  const auto x = float32_input(x_obj);
   std::vector<py::ssize_t> shape(x.shape(), x.shape() + x.ndim());
   py::array_t<std::uint8_t> out(shape);
   const ref::Fp8Cast cast = saturate ? ref::Fp8Cast::ptx_satfinite : ref::Fp8Cast::torch;
@@ -872,6 +879,102 @@ py::array_t<std::uint8_t> fp8_encode(const py::handle& x_obj, const std::string&
     for (py::ssize_t i = 0; i < x.size(); ++i) o[i] = ref::fp8_from_float(in[i], *f, cast);
   }
   return out;
+}
+
+ref::LowpCode code_format(const std::string& format) {
+  const std::optional<ref::LowpCode> f = ref::lowp_code_format(format);
+  if (!f) throw py::value_error("format: '" + format + "' is not one of " + ref::lowp_code_names());
+  return *f;
+}
+
+// lowp_encode(x, format, rounding, saturate): float32 -> codes (ref::lowp_encode_f32, docs/lowp-float.md).
+py::array_t<std::uint8_t> lowp_encode(const py::handle& x_obj, const std::string& format, const std::string& rounding,
+                                      bool saturate) {
+  const ref::LowpCode f = code_format(format);
+  if (rounding != "rn" && rounding != "rz" && rounding != "rp")
+    throw py::value_error("rounding: '" + rounding + "' is not rn, rz or rp");
+  const ref::LowpCodeRounding r = rounding == "rn"   ? ref::LowpCodeRounding::rn
+                                  : rounding == "rz" ? ref::LowpCodeRounding::rz
+                                                     : ref::LowpCodeRounding::rp;
+  try {
+    ref::lowp_check_conversion(f, r, saturate);
+  } catch (const std::invalid_argument& e) {
+    throw py::value_error(e.what());
+  }
+  const auto x = float32_input(x_obj);
+  std::vector<py::ssize_t> shape(x.shape(), x.shape() + x.ndim());
+  py::array_t<std::uint8_t> out(shape);
+  const float* in = x.data();
+  std::uint8_t* o = out.mutable_data();
+  {
+    py::gil_scoped_release release;
+    for (py::ssize_t i = 0; i < x.size(); ++i) o[i] = ref::lowp_encode_f32(in[i], f, r, saturate);
+  }
+  return out;
+}
+
+// lowp_decode(codes, format): uint8 codes -> their float32 values (every value of these formats is a float32).
+py::array_t<float> lowp_decode(const py::handle& codes_obj, const std::string& format) {
+  const ref::LowpCode f = code_format(format);
+  const py::array given = py::array::ensure(codes_obj);
+  if (!given || given.dtype().kind() != 'u' || given.itemsize() != 1)
+    throw py::type_error("codes: expected a uint8 array, got " +
+                         (given ? std::string(py::str(given.dtype())) : std::string(py::str(py::type::of(codes_obj)))));
+  const auto c = py::array_t<std::uint8_t, py::array::c_style | py::array::forcecast>::ensure(given);
+  std::vector<py::ssize_t> shape(c.shape(), c.shape() + c.ndim());
+  py::array_t<float> out(shape);
+  for (py::ssize_t i = 0; i < c.size(); ++i) {
+    try {
+      out.mutable_data()[i] = static_cast<float>(ref::lowp_decode_code(c.data()[i], f));
+    } catch (const std::invalid_argument& e) {
+      throw py::value_error("codes: element " + std::to_string(i) + ": " + e.what());
+    }
+  }
+  return out;
+}
+
+// The rows and columns of a block quantiser's input: the last axis and the product of the others.
+std::pair<std::size_t, std::size_t> rows_cols(const py::array& x) {
+  if (x.ndim() < 1) throw py::value_error("x: a 0-d array has no last axis to cut into blocks");
+  const auto cols = static_cast<std::size_t>(x.shape(x.ndim() - 1));
+  return {cols == 0 ? 0 : static_cast<std::size_t>(x.size()) / cols, cols};
+}
+
+py::array_t<std::uint8_t> codes_array(const std::vector<std::uint8_t>& v, std::vector<py::ssize_t> shape) {
+  py::array_t<std::uint8_t> out(shape);
+  std::copy(v.begin(), v.end(), out.mutable_data());
+  return out;
+}
+
+// mx_quantize(x, format, block) -> (codes, scales): OCP MX v1.0 over the last axis (ref::mx_quantize).
+py::tuple mx_quantize(const py::handle& x_obj, const std::string& format, std::size_t block) {
+  const ref::LowpCode f = code_format(format);
+  const auto x = float32_input(x_obj);
+  const auto [rows, cols] = rows_cols(x);
+  ref::MxQuantized q;
+  try {
+    q = ref::mx_quantize(std::span(x.data(), static_cast<std::size_t>(x.size())), rows, cols, f, block);
+  } catch (const std::invalid_argument& e) {
+    throw py::value_error(std::string("x: ") + e.what());
+  }
+  std::vector<py::ssize_t> shape(x.shape(), x.shape() + x.ndim()), scale_shape = shape;
+  scale_shape.back() = static_cast<py::ssize_t>(block == 0 ? 0 : cols / block);
+  return py::make_tuple(codes_array(q.codes, shape), codes_array(q.scales, scale_shape));
+}
+
+// nvfp4_quantize(x) -> (codes, scales, global_scale): Transformer Engine's NVFP4 recipe (ref::nvfp4_quantize).
+py::tuple nvfp4_quantize(const py::handle& x_obj) {
+  const auto x = float32_input(x_obj);
+  const auto [rows, cols] = rows_cols(x);
+  ref::Nvfp4Quantized q;
+  try {
+    q = ref::nvfp4_quantize(std::span(x.data(), static_cast<std::size_t>(x.size())), rows, cols);
+  } catch (const std::invalid_argument& e) {
+    throw py::value_error(std::string("x: ") + e.what());
+  }
+  std::vector<py::ssize_t> shape(x.shape(), x.shape() + x.ndim()), scale_shape = shape;
+  scale_shape.back() = static_cast<py::ssize_t>(cols / 16);
+  return py::make_tuple(codes_array(q.codes, shape), codes_array(q.scales, scale_shape), q.global_scale);
 }
 
 // The codes of an MMA operand (an array whose shape ref::mma_shape passed): uint8 FP8 codes, uint16 16-bit
@@ -1151,6 +1254,10 @@ PYBIND11_MODULE(_qattn, m) {
         py::arg("columns") = std::vector<std::string>{}, py::arg("order") = std::vector<std::string>{});
   m.attr("__version__") = QATTN_VERSION;  // the project's version, as `qattn --version` prints it
   m.def("fp8_encode", &fp8_encode, py::arg("x"), py::arg("format"), py::arg("saturate") = true);
+  m.def("lowp_encode", &lowp_encode, py::arg("x"), py::arg("format"), py::arg("rounding"), py::arg("saturate"));
+  m.def("lowp_decode", &lowp_decode, py::arg("codes"), py::arg("format"));
+  m.def("mx_quantize", &mx_quantize, py::arg("x"), py::arg("format"), py::arg("block"));
+  m.def("nvfp4_quantize", &nvfp4_quantize, py::arg("x"));
   m.def("mma", &mma, py::arg("a"), py::arg("bt"), py::arg("c"), py::arg("model"), py::arg("scale_a"),
         py::arg("scale_bt"));
   m.def("mma_models", &mma_models);
