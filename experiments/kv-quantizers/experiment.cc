@@ -80,6 +80,12 @@ std::string premise_lines(const Runs& g) {
       mse_wins += cos(std::string("turboquant:bits=") + b) > cos(std::string("turboquant:bits=") + b + ",k=prod");
     r << n << ": TurboQuant mse vs prod keys (same bits): mse gives the better attention output at " << mse_wins
       << " of 3 bit widths\n";
+    // NVFP4 against the 4-bit integer caches, and what a dequantise-to-bf16-then-FP8 attention adds
+    r << n << ": NVFP4 (" << fixed(bits("nvfp4"), 3) << " bits) beats per-token INT4 with a Hadamard (saw, "
+      << fixed(bits("saw"), 3) << " bits): " << (cos("nvfp4") > cos("saw") ? "HOLDS" : "DOES NOT HOLD") << " ("
+      << fmt_sim(cos("nvfp4")) << " vs " << fmt_sim(cos("saw")) << "); read through bf16 and an FP8 attention's "
+      << "E4M3, 1 - CosSim grows " << fixed((1 - cos("nvfp4@fp8-attention")) / (1 - cos("nvfp4")), 2) << " x ("
+      << fmt_sim(cos("nvfp4@fp8-attention")) << ")\n";
   }
   return r.str();
 }
@@ -93,7 +99,7 @@ std::string run_kv_quantizers(const ExperimentContext& ctx) {
              "flashq:bits=3",     "flashq@mixed",      "flashq:bits=4",     "turboquant:bits=2", "turboquant:bits=3",
              "turboquant:bits=4", "turboquant:bits=2,k=prod", "turboquant:bits=3,k=prod", "turboquant:bits=4,k=prod",
              "saw",               "saw:block=1",       "saw:rotate-v=true", "saw@fp16-v",
-             "rtn:bits=2,v=channel", "rtn:bits=4,v=channel"};
+             "rtn:bits=2,v=channel", "rtn:bits=4,v=channel", "nvfp4", "nvfp4@fp8-attention"};
   const int L = ctx.fast ? 1024 : 4096;
   g.sources.push_back({"USE-Lite", load_dump(ctx.tensors)});
   g.sources.push_back({"synthetic", synthetic_outlier_dump(4, L, 64, 11)});

@@ -457,6 +457,15 @@ class GearKv final : public KvQuantizer {
   Eigen::Index group_, rank_, residual_;
 };
 
+}  // namespace
+
+// kv_nvfp4.cc
+std::unique_ptr<KvQuantizer> make_nvfp4_kv(const ParamMap& p);
+std::vector<std::string> nvfp4_kv_reads();
+std::vector<std::string> nvfp4_kv_globals();
+
+namespace {
+
 KvRegistry build_kv_registry() {
   KvRegistry r("KV quantizer");
   const std::vector<std::string> grans = choice_names(kGranularities);
@@ -526,6 +535,19 @@ KvRegistry build_kv_registry() {
             "TurboAttention Table 2's GEAR-L_{r=4}^{(KIVI)} at 3 bits"}},
           nullptr},
          [](const ParamMap& p) { return std::make_unique<GearKv>(p); }});
+  r.add({{"nvfp4", "NVFP4: E2M1 codes per block of 16 channels, UE4M3 block scales under a float32 global scale "
+                   "(Transformer Engine's recipe); read exactly, through bf16, or through bf16 then an FP8 attention's "
+                   "E4M3",
+          {choice_param("read", "exact", "what attention reads: exact (e2m1 x s_b x S_dec), bf16 (rounded to "
+                                         "bfloat16), bf16-e4m3 (then E4M3 under a per-tensor scale amax/448)",
+                        nvfp4_kv_reads()),
+           choice_param("global", "layer", "the global scale's extent: the layer's K (or V) over all heads, or each "
+                                           "head", nvfp4_kv_globals())},
+          {{"fp8-attention", {{"read", "bf16-e4m3"}},
+            "dequantised to bf16, then quantised to E4M3 by an FP8 attention: the double rounding of a "
+            "dequantise-then-FP8 serving path"}},
+          nullptr},
+         make_nvfp4_kv});
   return r;
 }
 
