@@ -19,6 +19,15 @@
 #include "qattn/reference/mma.h"
 
 namespace qattn::ref {
+
+const MmaModel* pv_column_model(PvUnit unit) {
+  switch (unit) {
+    case PvUnit::h100_mma_e4m3: return &mma_preset("h100-mma-e4m3");
+    case PvUnit::ada_mma_e4m3: return &mma_preset("ada-mma-e4m3");
+    case PvUnit::b200_tcgen05_e4m3: return &mma_preset("b200-tcgen05-e4m3");
+    default: return nullptr;
+  }
+}
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -376,7 +385,7 @@ void FlashCall::prepare_v(const MatrixView& v) {
         }
       }
     }
-    if (f.pv.unit == PvUnit::h100_wgmma_e4m3 || f.pv.unit == PvUnit::h100_mma_e4m3) {
+    if (f.pv.unit == PvUnit::h100_wgmma_e4m3 || pv_column_model(f.pv.unit) != nullptr) {
       v_codes.resize(count);
       for (Eigen::Index j = 0; j < lk; ++j)
         for (Eigen::Index c = 0; c < dv; ++c)
@@ -391,7 +400,7 @@ void FlashCall::prepare_v(const MatrixView& v) {
     v_exponents.resize(count);
     for (std::size_t i = 0; i < count; ++i) v_exponents[i] = hmma_f16_exponent(v_values[i]);
   }
-  if (f.pv.unit == PvUnit::h100_mma_e4m3) {
+  if (pv_column_model(f.pv.unit) != nullptr) {
     v_codes_t.resize(dv, lk);
     for (Eigen::Index j = 0; j < lk; ++j)
       for (Eigen::Index c = 0; c < dv; ++c) v_codes_t(c, j) = v_codes[static_cast<std::size_t>(j * dv + c)];
@@ -614,8 +623,10 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
                               vb.data() + (s0 - b0) * dv, vbe.data() + (s0 - b0) * dv, static_cast<std::size_t>(dv),
                               static_cast<std::size_t>(dv));
             break;
-          case PvUnit::h100_mma_e4m3: {  // each 32 keys: two HMMA halves (mma_dot), a short last chunk padded with 0
-            static const MmaModel& model = mma_preset("h100-mma-e4m3");
+          case PvUnit::h100_mma_e4m3:  // each 32 keys one instruction (mma_dot), a short last chunk padded with 0
+          case PvUnit::ada_mma_e4m3:
+          case PvUnit::b200_tcgen05_e4m3: {
+            const MmaModel& model = *pv_column_model(unit);
             std::array<std::uint16_t, 32> pc{}, vc{};
             for (Eigen::Index c = 0; c < dv; ++c) {
               float x = acc[c];
@@ -784,6 +795,8 @@ std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
       break;
     case PvUnit::h100_wgmma_e4m3:
     case PvUnit::h100_mma_e4m3:
+    case PvUnit::ada_mma_e4m3:
+    case PvUnit::b200_tcgen05_e4m3:
       if (k.p.format != KernelFormat::e4m3 || vf != KernelFormat::e4m3)
         return KernelProblem{"pv.unit", "an FP8 E4M3 instruction takes E4M3 P and V (p.format and v.format e4m3)"};
       break;

@@ -39,7 +39,8 @@ const Names<RowSumUpdate> kUpdates = {{"block", RowSumUpdate::block}, {"running"
 const Names<RowSumOf> kSumOf = {{"unrounded", RowSumOf::unrounded}, {"rounded", RowSumOf::rounded}};
 const Names<PvUnit> kUnits = {{"fp32", PvUnit::fp32}, {"fp22", PvUnit::fp22},
                               {"h100-hmma-f16-acc16", PvUnit::h100_hmma_f16_acc16},
-                              {"h100-wgmma-e4m3", PvUnit::h100_wgmma_e4m3}, {"h100-mma-e4m3", PvUnit::h100_mma_e4m3}};
+                              {"h100-wgmma-e4m3", PvUnit::h100_wgmma_e4m3}, {"h100-mma-e4m3", PvUnit::h100_mma_e4m3},
+                              {"ada-mma-e4m3", PvUnit::ada_mma_e4m3}, {"b200-tcgen05-e4m3", PvUnit::b200_tcgen05_e4m3}};
 const Names<KeyOrder> kOrders = {{"forward", KeyOrder::forward}, {"reverse", KeyOrder::reverse}};
 const Names<KeyPad> kPads = {{"masked", KeyPad::masked}, {"zeros", KeyPad::zeros}};
 const Names<Finalize> kFinalizes = {{"divide", Finalize::divide},
@@ -245,7 +246,8 @@ const std::vector<FieldAccess>& fields() {
                 "P as P V reads it: e4m3 / e5m2 (nearest even, saturating), int8 (nearest), fp16, bf16, fp32"),
       choice_at("pv.unit", kUnits, &K::pv, &K::Pv::unit,
                 "P V's matrix unit (docs/mma.md): fp32 adds, fp22 (the per-product FP22 bound), h100-hmma-f16-acc16, "
-                "h100-wgmma-e4m3, h100-mma-e4m3"),
+                "h100-wgmma-e4m3, h100-mma-e4m3; from MMA-Sim's model, not measured here: ada-mma-e4m3, "
+                "b200-tcgen05-e4m3"),
       int_at("pv.promote_keys", &K::pv, &K::Pv::promote_keys, 0, 1 << 24,
              "0: one accumulator over the key loop (FlashAttention-3); N: a fresh accumulator added to the float32 "
              "output every N keys, a multiple of keys.block (SageAttention2's two-level: 128 on sm90)"),

@@ -31,6 +31,15 @@ for m in "${specs[@]}"; do
   check "$m: a path alone is file:PATH" [ "$(q kernel show "file:$f")" == "$(cat "$f")" ]
 done
 
+# ---- the P V units of MMA-Sim's models: named in a spec, refused with P in another format ---------------------------
+q kernel show "sage2:acc=mma" > "$tmp/mma.json"
+for unit in ada-mma-e4m3 b200-tcgen05-e4m3; do
+  expect 0 "file:$tmp/mma.json,pv.unit=$unit" "pv.unit=$unit runs" -- analyze --tensors "$sample" --method \
+    "file:$tmp/mma.json,pv.unit=$unit" --summary --columns O_one_minus_cossim
+done
+expect 2 "pv.unit: an FP8 E4M3 instruction takes E4M3 P and V" "an FP8 unit with fp16 P (a spec's value: usage)" -- analyze --tensors "$sample" \
+  --method "file:$tmp/mma.json,pv.unit=ada-mma-e4m3,p.format=fp16"
+
 # ---- one field changed: by the spec, and as a sweep's grid ------------------------------------------------------
 q kernel show fa3-fp8 > "$tmp/fa3.json"
 check "file:PATH,key=value changes that field" \

@@ -9,6 +9,7 @@
 
 #include "qattn/metrics.h"
 #include "support/random_matrix.h"
+#include "qattn/reference/flash_kernel.h"
 #include "qattn/reference/float_attention.h"
 #include "qattn/reference/lowp_float.h"
 #include "qattn/reference/mma.h"
@@ -129,7 +130,7 @@ std::uint16_t sage2_e4m3_code(double v) { return static_cast<std::uint16_t>(lowp
 // O of sage2 (8b quantisation, E4M3 P~ and V) written out with the hardware accumulators through the generic MMA
 // model (mma_dot on E4M3 codes, 32 keys per instruction), one output column at a time.
 float loop_o(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, double scale, int i, int c,
-             SageAccumulation acc) {
+             SageAccumulation acc, const char* mma_unit = "h100-mma-e4m3") {
   const Eigen::Index lk = k.rows(), d = q.cols();
   RowMatrixXd ks = k;
   ks.rowwise() -= k.colwise().mean();
@@ -143,7 +144,7 @@ float loop_o(const RowMatrixXd& q, const RowMatrixXd& k, const RowMatrixXd& v, d
   }
   const double amax = v.col(c).cwiseAbs().maxCoeff();
   const MmaModel& wgmma = mma_preset("h100-wgmma-e4m3");
-  const MmaModel& mma = mma_preset("h100-mma-e4m3");
+  const MmaModel& mma = mma_preset(mma_unit);
   const Eigen::Index block = acc == SageAccumulation::mma ? 64 : 128;
   float m = -INFINITY, l = 0, out = 0;
   for (Eigen::Index b0 = 0; b0 < lk; b0 += block) {
@@ -184,6 +185,28 @@ TEST_CASE("sage2 acc=wgmma, wgmma-single and mma equal a loop through the generi
         INFO("acc " << static_cast<int>(acc) << ", row " << i << ", column " << c);
         CHECK(r.o(i, c) == loop_o(q, k, v, 0.25, i, c, acc));
       }
+  }
+}
+
+TEST_CASE("pv.unit ada-mma-e4m3 and b200-tcgen05-e4m3 run P V through their MMA-Sim presets, 32 keys per call", "[sage2][mma]") {
+  std::mt19937_64 g(6);
+  const RowMatrixXd q = random_matrix(3, 16, 0, 1, g), k = random_matrix(300, 16, 0.5, 1, g), v = random_matrix(300, 5, 0.2, 1, g);
+  Sage2Params p;
+  p.accumulation = SageAccumulation::mma;
+  RowMatrixXd h100_o;
+  for (const auto& [unit, name] : {std::pair{PvUnit::h100_mma_e4m3, "h100-mma-e4m3"},
+                                   std::pair{PvUnit::ada_mma_e4m3, "ada-mma-e4m3"},
+                                   std::pair{PvUnit::b200_tcgen05_e4m3, "b200-tcgen05-e4m3"}}) {
+    FlashKernel f = sage2_kernel(p);
+    f.pv.unit = unit;
+    const AttentionResult r = flash_attention(q, k, v, 0.25, {}, f);
+    for (int i = 0; i < 3; ++i)
+      for (int c = 0; c < 5; ++c) {
+        INFO(name << ", row " << i << ", column " << c);
+        CHECK(r.o(i, c) == loop_o(q, k, v, 0.25, i, c, SageAccumulation::mma, name));
+      }
+    if (unit == PvUnit::h100_mma_e4m3) h100_o = r.o;
+    if (unit == PvUnit::ada_mma_e4m3) CHECK(r.o != h100_o);  // Ada's 13 fraction bits reach O; F = 25 units may agree
   }
 }
 

@@ -46,7 +46,12 @@ enum class RowSumUpdate { block, running };
 enum class RowSumTile { column, mma16 };              // 4 threads: each column in order, or per 16-column mma tile
 enum class RowSumCombine { pairs_02_13, pairs_01_23 };  // (l0 + l2) + (l1 + l3) (FA3), (l0 + l1) + (l2 + l3) (Sage)    // l = l r + (this block's sum); or l = l r, then each P~ added
 enum class RowSumOf { unrounded, rounded };
-enum class PvUnit { fp32, fp22, h100_hmma_f16_acc16, h100_wgmma_e4m3, h100_mma_e4m3 };
+// The FP8 units read E4M3 P and V; ada_mma_e4m3 and b200_tcgen05_e4m3 are MMA-Sim's models (not measured here).
+enum class PvUnit { fp32, fp22, h100_hmma_f16_acc16, h100_wgmma_e4m3, h100_mma_e4m3, ada_mma_e4m3, b200_tcgen05_e4m3 };
+// The MMA preset a P V unit runs one output column at a time (mma_dot, 32 keys per call), or nullptr for the units
+// with their own loops (fp32, fp22, and the two vectorised H100 steps).
+struct MmaModel;
+const MmaModel* pv_column_model(PvUnit unit);
 enum class VScale { none, channel, tensor };
 enum class KeyOrder { forward, reverse };
 enum class KeyPad { masked, zeros };
