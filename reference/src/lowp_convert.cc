@@ -128,6 +128,12 @@ double lowp_decode_code(std::uint8_t code, LowpCode f) {
 
 namespace {
 
+float amax_of(std::span<const float> x) {
+  float amax = 0;
+  for (float v : x) amax = std::max(amax, std::fabs(v));
+  return amax;
+}
+
 void check_blocks(std::span<const float> x, std::size_t rows, std::size_t cols, std::size_t block) {
   if (block == 0 || cols % block != 0)
     throw std::invalid_argument("the last axis (" + std::to_string(cols) + ") is not whole blocks of " +
@@ -159,8 +165,7 @@ MxQuantized mx_quantize(std::span<const float> x, std::size_t rows, std::size_t 
   q.scales.resize(x.size() / block);
   for (std::size_t b = 0; b < q.scales.size(); ++b) {
     const std::span<const float> xs = x.subspan(b * block, block);
-    float amax = 0;
-    for (float v : xs) amax = std::max(amax, std::fabs(v));
+    const float amax = amax_of(xs);
     const int shared = amax == 0 ? -127 : std::clamp(std::ilogb(amax) - emax, -127, 127);
     q.scales[b] = static_cast<std::uint8_t>(shared + 127);
     for (std::size_t i = 0; i < block; ++i) {  // x / 2^X exact in double, then one rounding onto the element format
@@ -175,8 +180,7 @@ MxQuantized mx_quantize(std::span<const float> x, std::size_t rows, std::size_t 
 Nvfp4Quantized nvfp4_quantize(std::span<const float> x, std::size_t rows, std::size_t cols) {
   constexpr std::size_t kBlock = 16;
   check_blocks(x, rows, cols, kBlock);
-  float amax = 0;
-  for (float v : x) amax = std::max(amax, std::fabs(v));
+  const float amax = amax_of(x);
   // float32 throughout, each operation rounded to nearest even (-ffp-contract=off: no fused multiply-add)
   float enc = amax == 0 ? 1.0f : std::min(2688.0f / amax, FLT_MAX);  // 2688 / amax is 0 only past FLT_MAX
   if (enc == 0) enc = 1.0f;
@@ -188,8 +192,7 @@ Nvfp4Quantized nvfp4_quantize(std::span<const float> x, std::size_t rows, std::s
   q.scales.resize(x.size() / kBlock);
   for (std::size_t b = 0; b < q.scales.size(); ++b) {
     const std::span<const float> xs = x.subspan(b * kBlock, kBlock);
-    float amax_b = 0;
-    for (float v : xs) amax_b = std::max(amax_b, std::fabs(v));
+    const float amax_b = amax_of(xs);
     const float scale = std::min(amax_b * enc_sixth, FLT_MAX);
     q.scales[b] = fp8_from_float(scale, fp8_e4m3fn(), Fp8Cast::ptx_satfinite);
     const float decoded = static_cast<float>(lowp_decode(q.scales[b], fp8_e4m3fn()));

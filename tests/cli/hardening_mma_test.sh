@@ -164,6 +164,25 @@ np.save("nv_SA_short.npy", np.load("nv_SA.npy")[..., :4].copy())
 np.save("nv_SA_i8.npy", np.load("nv_SA.npy").astype(np.int8))
 a = np.load("nv_A.npy"); a[1, 2, 3] = 0x21; np.save("nv_A_packed.npy", a)
 np.save("nv_A_k24.npy", np.load("nv_A.npy")[..., :24].copy()); np.save("nv_Bt_k24.npy", np.load("nv_Bt.npy")[..., :24].copy())
+
+
+def forged(path, members):
+    """members: (name, dtype code, shape); zero bytes of the right size"""
+    header, off = {}, 0
+    for name, code, shape in members:
+        n = int(np.prod(shape)) * {"U8": 1, "F32": 4}[code]
+        header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [off, off + n]}
+        off += n
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    open(path, "wb").write(len(text).to_bytes(8, "little") + text + bytes(off))
+
+
+base = [("s_A", "U8", (1, 2, 32)), ("s_Bt", "U8", (1, 2, 32)), ("s_D", "F32", (1, 2, 2))]
+forged("sa_only.safetensors", base + [("s_SA", "U8", (1, 2, 2))])
+forged("sa_f32.safetensors", base + [("s_SA", "F32", (1, 2, 2)), ("s_SBt", "U8", (1, 2, 2))])
+forged("sa_blocks.safetensors", base + [("s_SA", "U8", (1, 2, 3)), ("s_SBt", "U8", (1, 2, 3))])
+forged("sa_zero.safetensors", base + [("s_SA", "U8", (1, 2, 0)), ("s_SBt", "U8", (1, 2, 0))])
 PY
 expect 0 "b200-nvf4  \[MMA-Sim model, not measured here\]" "mma --list marks the presets from MMA-Sim's model" -- mma --list
 expect 0 "" "mma: NVFP4 with its UE4M3 block scales" -- mma --model b200-nvf4 --a nv_A.npy --bt nv_Bt.npy --c nv_C.npy \
@@ -193,6 +212,13 @@ expect 3 "no set for model h100-hmma-f16: its sets are named <preset>.<kind>, fo
 expect 2 "--model: is needed: set 's' does not name a preset" "mma-check: unnamed sets need --model" -- \
   mma-check many.safetensors
 expect 2 "--fit: needs --model" "mma-check --fit without a model" -- mma-check "$subset" --fit
+expect 3 "s_SBt: missing: set 's' has block scales for one operand only" "a vector set with SA alone" -- \
+  mma-check sa_only.safetensors --model b200-mxf8-e4m3
+expect 3 "s_SA: dtype float32: block scale codes are uint8" "vector scales not uint8" -- \
+  mma-check sa_f32.safetensors --model b200-mxf8-e4m3
+expect 3 "s_SA: shape \(1, 2, 3\): expected \[..., 2, K/block\]" "3 scale blocks do not divide K = 32" -- \
+  mma-check sa_blocks.safetensors --model b200-mxf8-e4m3
+expect 3 "s_SA: shape \(1, 2, 0\)" "zero scale blocks" -- mma-check sa_zero.safetensors --model b200-mxf8-e4m3
 
 echo "hardening_mma_test: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
