@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <tuple>
@@ -186,6 +187,22 @@ std::vector<DumpLayer> synthetic_outlier_dump(int heads, int L, int d, std::uint
     l.reference.push_back({reference->attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(d)), {})});
   }
   return {l};
+}
+
+NeedleHead needle_head(Eigen::Index keys, Eigen::Index d, Eigen::Index rows) {
+  std::mt19937_64 g(4096 + static_cast<std::uint64_t>(keys));
+  std::normal_distribution<double> n(0, 0.5);
+  NeedleHead h;
+  h.q = RowMatrixXd::Zero(rows, d), h.k = RowMatrixXd::Zero(keys, d), h.v = RowMatrixXd::Ones(keys, d);
+  h.q.col(1).setConstant(1);
+  double mass = 0;
+  for (Eigen::Index j = 0; j < keys; ++j) h.k(j, 1) = n(g), mass += std::exp(h.k(j, 1));
+  h.needle = keys / 3;
+  h.k(h.needle, 1) = 0;
+  h.q.col(0).setConstant(1);
+  h.k(h.needle, 0) = std::log(mass / 3);  // weight about 1/4
+  h.v(h.needle, 0) = 2;
+  return h;
 }
 
 }  // namespace qattn::cli

@@ -99,4 +99,14 @@ std::pair<std::vector<std::string>, std::vector<std::string>> method_rows(
 // bias. One layer of `heads` heads, L tokens, d channels, fixed seed; the fp64 reference is computed as for a dump.
 std::vector<DumpLayer> synthetic_outlier_dump(int heads, int L, int d, std::uint64_t seed);
 
+// A needle among diffuse keys, for the accumulation experiments: `rows` identical queries over `keys` keys, d >= 2.
+// Channel 1 spreads the diffuse logits (N(0, 1/4) at scale 1); channel 0 holds the needle's margin, chosen so that
+// its weight is about 1/4. V is 1 everywhere but 2 at the needle's channel 0, so O_0 = 1 + w exactly: the needle's
+// weight w rides on the sum of every other key's, which an accumulator holds. Seed 4096 + keys.
+struct NeedleHead {
+  RowMatrixXd q, k, v;
+  Eigen::Index needle = 0;  // the needle's key: keys / 3
+};
+NeedleHead needle_head(Eigen::Index keys, Eigen::Index d, Eigen::Index rows);
+
 }  // namespace qattn::cli

@@ -5,6 +5,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "experiment.h"
@@ -28,25 +29,11 @@ std::string run_long_context_accumulation(const ExperimentContext& ctx) {
   const std::vector<int> intervals = {0, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
   constexpr double kTolerance = 0.10;  // of the needle's weight
   const Eigen::Index d = 64, rows = 4;
-  // Channel 1 spreads the diffuse logits (N(0, 1/4) after the scale); channel 0 holds the needle's margin. V: 1 for
-  // every diffuse key and 2 for the needle in channel 0, so O_0 = 1 + w: the needle's weight rides on the sum of
-  // every other key's, which the accumulator holds.
   std::vector<double> err(lengths.size() * intervals.size()), weight(lengths.size());
   std::vector<RowMatrixXd> qs(lengths.size()), ks(lengths.size()), vs(lengths.size());
   for (std::size_t a = 0; a < lengths.size(); ++a) {
-    const Eigen::Index l = lengths[a];
-    std::mt19937_64 g(4096 + l);
-    std::normal_distribution<double> n(0, 0.5);
-    RowMatrixXd q = RowMatrixXd::Zero(rows, d), k = RowMatrixXd::Zero(l, d), v = RowMatrixXd::Ones(l, d);
-    q.col(1).setConstant(1);
-    double mass = 0;
-    for (Eigen::Index j = 0; j < l; ++j) k(j, 1) = n(g), mass += std::exp(k(j, 1));
-    const Eigen::Index needle = l / 3;
-    k(needle, 1) = 0;
-    q.col(0).setConstant(1);
-    k(needle, 0) = std::log(mass / 3);  // weight about 1/4
-    v(needle, 0) = 2;
-    qs[a] = q, ks[a] = k, vs[a] = v;
+    NeedleHead h = needle_head(lengths[a], d, rows);
+    qs[a] = std::move(h.q), ks[a] = std::move(h.k), vs[a] = std::move(h.v);
   }
   std::vector<RowMatrixXd> exact(lengths.size());
   parallel_for(lengths.size(), ctx.threads, [&](std::size_t a) {

@@ -6,6 +6,7 @@ FlashKernel fa3_fp8_kernel(const Fa3Fp8Params& p) {
   FlashKernel k;
   k.name = "fa3-fp8";
   k.qk.format = KernelFormat::e4m3;
+  k.qk.unit = SUnit::h100_wgmma_e4m3;
   k.qk.granularity = SageGranularity::tensor;
   k.qk.scale = p.scaling == Fa3Scaling::amax ? ScaleRule::amax : ScaleRule::one;
   k.qk.arith = ScaleArith::f32;

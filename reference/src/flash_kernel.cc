@@ -24,7 +24,6 @@ const MmaModel* pv_column_model(PvUnit unit) {
   switch (unit) {
     case PvUnit::h100_mma_e4m3: return &mma_preset("h100-mma-e4m3");
     case PvUnit::ada_mma_e4m3: return &mma_preset("ada-mma-e4m3");
-    case PvUnit::b200_tcgen05_e4m3: return &mma_preset("b200-tcgen05-e4m3");
     default: return nullptr;
   }
 }
@@ -164,6 +163,22 @@ std::vector<std::uint8_t> e4m3_groups(const MatrixView& x, ScaleRule rule, Eigen
     }
   return codes;
 }
+
+}  // namespace
+
+float fa4_ex2_emulation(float x) {
+  constexpr float c1 = 0x1.63ea32p-1f, c2 = 0x1.d20d48p-3f, c3 = 0x1.3be13ap-4f;
+  if (std::fabs(x) < 0x1p-126f) x = 0.0f;
+  x = std::fmax(x, -127.0f);
+  const float n = std::floor(x);  // RD(x + 1.5 2^23) - 1.5 2^23, exact for |x| < 2^22
+  const float f = x - n;          // exact, in [0, 1)
+  const float p = std::fma(std::fma(std::fma(c3, f, c2), f, c1), f, 1.0f);
+  const std::uint32_t bits =
+      std::bit_cast<std::uint32_t>(p) + (static_cast<std::uint32_t>(static_cast<std::int32_t>(n)) << 23);
+  return (bits & 0x7f800000u) == 0 ? 0.0f : std::bit_cast<float>(bits);
+}
+
+namespace {
 
 class FlashCall final : public PreparedCall {
  public:
@@ -385,7 +400,8 @@ void FlashCall::prepare_v(const MatrixView& v) {
         }
       }
     }
-    if (f.pv.unit == PvUnit::h100_wgmma_e4m3 || pv_column_model(f.pv.unit) != nullptr) {
+    if (f.pv.unit == PvUnit::h100_wgmma_e4m3 || f.pv.unit == PvUnit::b200_tcgen05_e4m3 ||
+        pv_column_model(f.pv.unit) != nullptr) {
       v_codes.resize(count);
       for (Eigen::Index j = 0; j < lk; ++j)
         for (Eigen::Index c = 0; c < dv; ++c)
@@ -410,7 +426,7 @@ void FlashCall::prepare_v(const MatrixView& v) {
 }
 
 void FlashCall::logits(Eigen::Index c0, Eigen::Index n, RowMatrixXf& s) const {
-  if (f.qk.format == KernelFormat::e4m3) {  // the H100 FP8 wgmma: d in steps of 32 from zero, each output alone
+  if (f.qk.format == KernelFormat::e4m3) {  // an FP8 unit: d in steps of 32 from zero, each output alone
     constexpr Eigen::Index kKeyTile = 512;
     constexpr std::size_t kStep = 32;
     std::array<float, 256> q_row;  // d <= 256 (the constructor's check)
@@ -425,7 +441,7 @@ void FlashCall::logits(Eigen::Index c0, Eigen::Index n, RowMatrixXf& s) const {
       for (Eigen::Index t = 0; t < n; ++t) {
         e4m3_decode(q8_codes.data() + (c0 + t) * d, static_cast<std::size_t>(d), q_row.data(), q_row_e.data());
         for (Eigen::Index d0 = 0; d0 < d; d0 += static_cast<Eigen::Index>(kStep))
-          wgmma_e4m3_step(&s(t, k0), q_row.data() + d0, static_cast<std::size_t>(std::min<Eigen::Index>(kStep, d - d0)),
+          (f.qk.unit == SUnit::b200_tcgen05_e4m3 ? tcgen05_e4m3_step : wgmma_e4m3_step)(&s(t, k0), q_row.data() + d0, static_cast<std::size_t>(std::min<Eigen::Index>(kStep, d - d0)),
                           k_tile.data() + d0 * kKeyTile, k_tile_e.data() + d0 * kKeyTile,
                           static_cast<std::size_t>(kKeyTile), cols);
       }
@@ -488,10 +504,11 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
   std::vector<float> s2_keys(grouped ? static_cast<std::size_t>(lk_padded) : 0);
   const float offset = static_cast<float>(f.p.offset), p_scale = static_cast<float>(f.p.scale);
   const float threshold = static_cast<float>(sm.rescale_threshold);
+  const Eigen::Index emu_freq = sm.ex2_emu_freq;
   const int threads = sm.row_sum_threads;
   const Eigen::Index promote_blocks = f.pv.promote_keys / bk;  // 0: one accumulator
   const PvUnit unit = f.pv.unit;
-  const bool codes_by_row = unit == PvUnit::h100_wgmma_e4m3;
+  const bool codes_by_row = unit == PvUnit::h100_wgmma_e4m3 || unit == PvUnit::b200_tcgen05_e4m3;
   // Rows go in chunks: each key block serves every row of the chunk before the next block, so the block's V stays
   // in cache. Each row's operations, and their order, are those of the row alone, so the chunk's size changes no
   // bit: 64 rows up to 8192 keys, 32 beyond (the chunk's logits and P are 2 x rows x L_k floats).
@@ -566,7 +583,12 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
         // The row sum over the block's values in pr: each thread's columns in order ((j - b0) mod 8) / 2, or per
         // 16-column tile of the mma layout, ((P_2t + P_2t+1) + P_8+2t) + P_8+2t+1 added at once
         const auto row_sum = [&] {
-          if (threads == 1) {
+          if (sm.row_sum_tile == RowSumTile::lanes8) {  // FlashAttention-4's fadd_reduce, l r in lane 0
+            std::array<float, 8> lane{};
+            lane[0] = into[0];
+            for (Eigen::Index j = b0; j < b1; ++j) lane[static_cast<std::size_t>((j - b0) % 8)] += pr[j];
+            into[0] = ((lane[0] + lane[2]) + (lane[4] + lane[6])) + ((lane[1] + lane[3]) + (lane[5] + lane[7]));
+          } else if (threads == 1) {
             for (Eigen::Index j = b0; j < b1; ++j) into[0] += pr[j];
           } else if (sm.row_sum_tile == RowSumTile::column) {
             for (Eigen::Index j = b0; j < b1; ++j) into[static_cast<std::size_t>((j - b0) % 8 / 2)] += pr[j];
@@ -588,6 +610,20 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
             if (p_scale != 1) pt *= p_scale;
           }
           pr[j] = pt;
+        }
+        // FlashAttention-4's software exp2 on its pairs, in a block whose keys are all visible and all real
+        if (emu_freq > 0 && b0 + bk <= lk) {
+          bool whole = true;
+          for (Eigen::Index j = b0; j < b1 && whole; ++j) whole = sr[j] != kNegInf;
+          const Eigen::Index fragments = bk / 32;
+          for (Eigen::Index fr = sm.ex2_emu_start; whole && fr < fragments - 1; ++fr)
+            for (Eigen::Index k = 0; k < 32; k += 2)
+              if (k % emu_freq >= emu_freq - 4)
+                for (const Eigen::Index j : {b0 + fr * 32 + k, b0 + fr * 32 + k + 1}) {
+                  float pt = fa4_ex2_emulation(std::fma(sr[j], s2_of(j), -ref));
+                  if (p_scale != 1) pt *= p_scale;
+                  pr[j] = pt;
+                }
         }
         if (sum_unrounded) row_sum();
         if (f.p.format == KernelFormat::e4m3)  // the hot case without the format switch, so that it vectorises
@@ -618,14 +654,14 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
                                   static_cast<std::size_t>(dv));
             break;
           case PvUnit::h100_wgmma_e4m3:
+          case PvUnit::b200_tcgen05_e4m3:
             for (Eigen::Index s0 = b0; s0 < real_end; s0 += 32)
-              wgmma_e4m3_step(acc, pr + s0, static_cast<std::size_t>(std::min<Eigen::Index>(32, real_end - s0)),
+              (unit == PvUnit::b200_tcgen05_e4m3 ? tcgen05_e4m3_step : wgmma_e4m3_step)(acc, pr + s0, static_cast<std::size_t>(std::min<Eigen::Index>(32, real_end - s0)),
                               vb.data() + (s0 - b0) * dv, vbe.data() + (s0 - b0) * dv, static_cast<std::size_t>(dv),
                               static_cast<std::size_t>(dv));
             break;
           case PvUnit::h100_mma_e4m3:  // each 32 keys one instruction (mma_dot), a short last chunk padded with 0
-          case PvUnit::ada_mma_e4m3:
-          case PvUnit::b200_tcgen05_e4m3: {
+          case PvUnit::ada_mma_e4m3: {
             const MmaModel& model = *pv_column_model(unit);
             std::array<std::uint16_t, 32> pc{}, vc{};
             for (Eigen::Index c = 0; c < dv; ++c) {
@@ -731,6 +767,8 @@ std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
   if (k.qk.groups.block_q < 1 || k.qk.groups.block_k < 1 || k.qk.groups.warp_q < 1 || k.qk.groups.warp_k < 1)
     return KernelProblem{"qk.groups", "every group size must be >= 1"};
   if (!(k.qk.alpha >= 0 && k.qk.alpha <= 1)) return KernelProblem{"qk.alpha", "must be in [0, 1]"};
+  if (qk_int != (k.qk.unit == SUnit::exact))
+    return KernelProblem{"qk.unit", qk_int ? "integer Q/K: exact" : "e4m3 Q/K: h100-wgmma-e4m3 or b200-tcgen05-e4m3"};
   if (k.qk.format == KernelFormat::e4m3) {
     if (k.qk.granularity != SageGranularity::tensor && k.qk.granularity != SageGranularity::block)
       return KernelProblem{"qk.granularity", "e4m3 Q/K: tensor, or block (a descale per block_q queries / block_k keys)"};
@@ -760,6 +798,22 @@ std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
   if (!(k.softmax.rescale_threshold >= 0) || !std::isfinite(k.softmax.rescale_threshold))
     return KernelProblem{"softmax.rescale_threshold", "must be finite and >= 0"};
   if (k.softmax.row_sum_threads != 1 && k.softmax.row_sum_threads != 4) return KernelProblem{"softmax.row_sum_threads", "1 or 4"};
+  if (k.softmax.row_sum_tile == RowSumTile::lanes8 &&
+      (k.softmax.row_sum_threads != 1 || k.softmax.row_sum_update != RowSumUpdate::running))
+    return KernelProblem{"softmax.row_sum_tile", "lanes8 is one thread's running sum: row_sum_threads 1, row_sum_update "
+                                                 "running"};
+  if (k.softmax.ex2_emu_freq < 0 || k.softmax.ex2_emu_freq > 32 || k.softmax.ex2_emu_start < 0)
+    return KernelProblem{"softmax.ex2_emu_freq", "0 (none) to 32, with ex2_emu_start >= 0"};
+  if (k.softmax.ex2_emu_freq > 0) {
+    if (k.softmax.base != SoftmaxBase::two || k.softmax.scale_at != ScaleAt::exp)
+      return KernelProblem{"softmax.ex2_emu_freq", "the software exp2 takes softmax.base 2 and softmax.scale_at exp"};
+    if (k.keys.block <= 0 || k.keys.block % 32 != 0)
+      return KernelProblem{"softmax.ex2_emu_freq", "the software exp2 works in fragments of 32 keys: keys.block a "
+                                                   "multiple of 32"};
+    if (!(k.p.offset + k.softmax.rescale_threshold < 127))
+      return KernelProblem{"softmax.ex2_emu_freq", "the software exp2 takes x <= 127: p.offset + rescale_threshold "
+                                                   "below 127"};
+  }
   if (k.softmax.row_sum_tile == RowSumTile::mma16 && k.softmax.row_sum_threads != 4)
     return KernelProblem{"softmax.row_sum_tile", "mma16 spreads a row over the quad of threads: row_sum_threads 4"};
   if (!std::isfinite(k.p.offset)) return KernelProblem{"p.offset", "must be finite"};

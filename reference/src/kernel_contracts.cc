@@ -132,7 +132,7 @@ std::vector<KernelContract> kernel_contracts(const FlashKernel& k, const Contrac
   // (5) The matrix unit's k: a key block that is not a whole number of its steps is a partial step no kernel issues.
   {
     const int step = k.pv.unit == PvUnit::h100_hmma_f16_acc16                                       ? 16
-                     : k.pv.unit == PvUnit::h100_wgmma_e4m3 || pv_column_model(k.pv.unit) != nullptr ? 32
+                     : k.pv.unit == PvUnit::h100_wgmma_e4m3 || k.pv.unit == PvUnit::b200_tcgen05_e4m3 || pv_column_model(k.pv.unit) != nullptr ? 32
                                                                                                    : 1;
     if (step > 1) {
       KernelContract c;

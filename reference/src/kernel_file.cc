@@ -41,13 +41,16 @@ const Names<PvUnit> kUnits = {{"fp32", PvUnit::fp32}, {"fp22", PvUnit::fp22},
                               {"h100-hmma-f16-acc16", PvUnit::h100_hmma_f16_acc16},
                               {"h100-wgmma-e4m3", PvUnit::h100_wgmma_e4m3}, {"h100-mma-e4m3", PvUnit::h100_mma_e4m3},
                               {"ada-mma-e4m3", PvUnit::ada_mma_e4m3}, {"b200-tcgen05-e4m3", PvUnit::b200_tcgen05_e4m3}};
+const Names<SUnit> kSUnits = {{"exact", SUnit::exact}, {"h100-wgmma-e4m3", SUnit::h100_wgmma_e4m3},
+                               {"b200-tcgen05-e4m3", SUnit::b200_tcgen05_e4m3}};
 const Names<KeyOrder> kOrders = {{"forward", KeyOrder::forward}, {"reverse", KeyOrder::reverse}};
 const Names<KeyPad> kPads = {{"masked", KeyPad::masked}, {"zeros", KeyPad::zeros}};
 const Names<Finalize> kFinalizes = {{"divide", Finalize::divide},
                                     {"f64", Finalize::f64},
                                     {"reciprocal", Finalize::reciprocal},
                                     {"reciprocal-channel", Finalize::reciprocal_channel}};
-const Names<RowSumTile> kTiles = {{"column", RowSumTile::column}, {"mma16", RowSumTile::mma16}};
+const Names<RowSumTile> kTiles = {{"column", RowSumTile::column}, {"mma16", RowSumTile::mma16},
+                                  {"lanes8", RowSumTile::lanes8}};
 const Names<RowSumCombine> kCombines = {{"(0+2)+(1+3)", RowSumCombine::pairs_02_13}, {"(0+1)+(2+3)", RowSumCombine::pairs_01_23}};
 
 template <class E>
@@ -198,6 +201,9 @@ const std::vector<FieldAccess>& fields() {
       bool_at("qk.smooth_k", &K::qk, &K::Qk::smooth_k, "subtract the token mean of K (softmax-invariant)"),
       bool_at("qk.smooth_q", &K::qk, &K::Qk::smooth_q,
               "subtract each block_q block's mean of Q, add Delta S = mean K^T back in float32"),
+      choice_at("qk.unit", kSUnits, &K::qk, &K::Qk::unit,
+                "S's matrix unit (docs/mma.md): exact (integer Q/K: exact products), h100-wgmma-e4m3 (measured on an "
+                "H100), b200-tcgen05-e4m3 (MMA-Sim's model, not measured here); e4m3 Q/K take an FP8 unit"),
       choice_at("v.format", kFormats, &K::v, &K::V::format, "V as P V reads it: e4m3, e5m2, int8 or fp16"),
       choice_at("v.scale", kVScales, &K::v, &K::V::scale,
                 "none (binary16 as is, SageAttention), channel (amax / format max per channel, float64, "
@@ -225,6 +231,12 @@ const std::vector<FieldAccess>& fields() {
       real_at("softmax.rescale_threshold", &K::softmax, &K::Softmax::rescale_threshold,
               "0: the max follows every growth; t > 0: the running max (and the rescale) is kept while the block's max "
               "exceeds it by at most t exponent units (FlashAttention-4's rescale_threshold)"),
+      int_at("softmax.ex2_emu_freq", &K::softmax, &K::Softmax::ex2_emu_freq, 0, 32,
+             "0: every exp2 by softmax.exp; F > 0: FlashAttention-4's software exp2 (ex2_emulation) on the pairs "
+             "(k, k + 1) with k mod F >= F - 4 of each 32-key fragment from ex2_emu_start to the last but one, in "
+             "blocks without a masked key (FA4's FP8 tuning: 10 for d = 128 without a mask)"),
+      int_at("softmax.ex2_emu_start", &K::softmax, &K::Softmax::ex2_emu_start, 0, 1 << 20,
+             "the first 32-key fragment of a block that takes the software exp2 (FA4: 1)"),
       int_at("softmax.row_sum_threads", &K::softmax, &K::Softmax::row_sum_threads, 1, 4,
              "1, or 4: the quad of threads of a wgmma accumulator row keeps its own partial sums (column (j mod 8) / "
              "2), combined as (l0 + l2) + (l1 + l3)"),
@@ -232,7 +244,9 @@ const std::vector<FieldAccess>& fields() {
                 "block (l = l r + the block's own sum) or running (l = l r, then each P~ added)"),
       choice_at("softmax.row_sum_tile", kTiles, &K::softmax, &K::Softmax::row_sum_tile,
                 "4 threads: each adds its columns in order (column, FlashAttention-3) or, per 16-column mma tile, "
-                "((P_2t + P_2t+1) + P_8+2t) + P_9+2t at once (mma16, SageAttention's accumulate_d)"),
+                "((P_2t + P_2t+1) + P_8+2t) + P_9+2t at once (mma16, SageAttention's accumulate_d); one thread, "
+                "running: eight lanes j mod 8, l r in lane 0, ((L0 + L2) + (L4 + L6)) + ((L1 + L3) + (L5 + L7)) "
+                "(lanes8, FlashAttention-4's fadd_reduce)"),
       choice_at("softmax.row_sum_combine", kCombines, &K::softmax, &K::Softmax::row_sum_combine,
                 "4 threads: how the quad's sums combine: (0+2)+(1+3) (FlashAttention-3's Allreduce) or (0+1)+(2+3) "
                 "(shfl_xor 1, then 2: SageAttention)"),

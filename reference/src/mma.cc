@@ -206,6 +206,71 @@ void wgmma_e4m3_step(float* acc, const float* p, std::size_t n, const float* v, 
   if (c0 < cols) wgmma_e4m3_chunk<0>(acc + c0, p, ep, n, v + c0, v_exponent + c0, stride, cols - c0);
 }
 
+namespace {
+
+// One chunk of W outputs of tcgen05_e4m3_step (W constant; W = 0: w outputs, w <= 32).
+template <std::size_t W>
+[[gnu::always_inline]] inline void tcgen05_e4m3_chunk(float* a, const float* p, const std::int8_t* ep, std::size_t n, const float* v,
+                               const std::int8_t* v_exponent, std::size_t stride, std::size_t w_runtime) {
+  constexpr std::size_t kMax = 32;
+  constexpr std::int32_t kFractionBits = 25;
+  constexpr std::int32_t kLowestProduct = -12;  // E4M3 field exponents are >= -6
+  constexpr std::uint64_t kDroppedBits = (std::uint64_t{1} << 29) - 1;  // RZ to 24 significant bits of a double
+  const std::size_t w = W > 0 ? W : w_runtime;
+  // E: the accumulator counts at max(its exponent field, -126) (zero and subnormals at -126), a product of two
+  // nonzero operands at the sum of their field exponents (>= -12); a product with a zero operand at -126, which the
+  // accumulator's bound already covers.
+  std::int32_t e[kMax];
+  for (std::size_t c = 0; c < w; ++c) e[c] = std::max(float_exponent(a[c]), std::int32_t{-126});
+  for (std::size_t j = 0; j < n; ++j) {
+    if (p[j] == 0) continue;
+    const std::int32_t ej = ep[j];
+    const float* vr = v + j * stride;
+    const std::int8_t* er = v_exponent + j * stride;
+    for (std::size_t c = 0; c < w; ++c)  // a zero v has no exponent (tested on the bits, so that it vectorises)
+      e[c] = std::max(e[c], ej + er[c] - ((std::bit_cast<std::uint32_t>(vr[c]) & 0x7fffffffu) == 0 ? 1000 : 0));
+  }
+  // Terms in units of 2^(E - 25), truncated by the conversion to int32: a product (8 significant bits) is below
+  // 2^27 there, the accumulator below 2^26, and with E >= -12 the factor 2^(25 - E) and every scaled value are exact
+  // floats; their sum (33 terms, below 2^33) is exact in double. E < -12 means no nonzero product: D = C (+0 for
+  // a zero C), which the factor for E = -12 would cut, so that case takes C as it is.
+  float scale[kMax];
+  double s[kMax];
+  for (std::size_t c = 0; c < w; ++c) {
+    scale[c] = pow2(kFractionBits - std::max(e[c], kLowestProduct));
+    s[c] = static_cast<double>(static_cast<std::int32_t>(a[c] * scale[c]));
+  }
+  for (std::size_t j = 0; j < n; ++j) {
+    const float pj = p[j];
+    const float* vr = v + j * stride;
+    for (std::size_t c = 0; c < w; ++c) s[c] += static_cast<double>(static_cast<std::int32_t>(pj * vr[c] * scale[c]));
+  }
+  for (std::size_t c = 0; c < w; ++c) {
+    const double rz = std::bit_cast<double>(std::bit_cast<std::uint64_t>(s[c]) & ~kDroppedBits);
+    const float d =
+        static_cast<float>(rz * std::bit_cast<double>(static_cast<std::uint64_t>(e[c] - kFractionBits + 1023) << 52));
+    a[c] = e[c] < kLowestProduct ? a[c] + 0.0f : d;
+  }
+}
+
+}  // namespace
+
+// The B200 tcgen05 FP8 step: exact terms in units of 2^(E - 25), summed exactly, the sum rounded toward zero to 24
+// significant bits (a float32 value: the scaled result is exact in float32).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+void tcgen05_e4m3_step(float* acc, const float* p, std::size_t n, const float* v, const std::int8_t* v_exponent,
+                       std::size_t stride, std::size_t cols) {
+  constexpr std::size_t kChunk = 32;
+  std::int8_t ep[kChunk];  // n <= 32
+  for (std::size_t j = 0; j < n; ++j) ep[j] = static_cast<std::int8_t>(std::max(float_exponent(p[j]), std::int32_t{-6}));
+  std::size_t c0 = 0;
+  for (; c0 + kChunk <= cols; c0 += kChunk)
+    tcgen05_e4m3_chunk<kChunk>(acc + c0, p, ep, n, v + c0, v_exponent + c0, stride, kChunk);
+  if (c0 < cols) tcgen05_e4m3_chunk<0>(acc + c0, p, ep, n, v + c0, v_exponent + c0, stride, cols - c0);
+}
+
 std::int8_t hmma_f16_exponent(float x) {
   return x == 0 ? std::int8_t{-128} : static_cast<std::int8_t>(std::ilogb(x));  // binary16 values are normal floats
 }

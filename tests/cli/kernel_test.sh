@@ -71,8 +71,13 @@ grep -v '"offset"' "$tmp/fa3.json" > "$tmp/missing.json"
 expect 3 "missing.json.*p.offset.*missing" "a missing field" -- kernel show "$tmp/missing.json"
 sed 's/"format": "bf16"/"format": "fp8"/' "$tmp/fa3.json" > "$tmp/value.json"
 expect 3 "output.format.*one of int4, int8, e4m3" "a value not allowed lists the allowed ones" -- kernel show "$tmp/value.json"
-sed 's/"unit": "h100-wgmma-e4m3"/"unit": "h100-hmma-f16-acc16"/' "$tmp/fa3.json" > "$tmp/combo.json"
+sed 's/"unit": "h100-wgmma-e4m3",/"unit": "h100-hmma-f16-acc16",/' "$tmp/fa3.json" > "$tmp/combo.json"  # pv.unit, not qk.unit
 expect 3 "combo.json.*pv.unit.*binary16 P and V" "an impossible combination names the field" -- kernel show "$tmp/combo.json"
+sed 's/"unit": "h100-wgmma-e4m3"$/"unit": "exact"/' "$tmp/fa3.json" > "$tmp/sunit.json"  # qk.unit (no comma after it)
+expect 3 "sunit.json.*qk.unit.*e4m3 Q/K: h100-wgmma-e4m3 or b200-tcgen05-e4m3" "an S unit that does not take E4M3 names qk.unit" -- \
+  kernel show "$tmp/sunit.json"
+expect 2 "softmax.ex2_emu_freq.*multiple of 32" "the software exp2 needs whole 32-key fragments" -- \
+  kernel show "file:$tmp/fa3.json,softmax.ex2_emu_freq=10,keys.block=100"
 expect 3 "nope.json.*cannot be read" "a missing file" -- analyze --tensors "$sample" --method "file:$tmp/nope.json"
 expect 2 "p.offset.*'x' is not allowed \(a finite number\)" "a bad value in the spec" -- \
   analyze --tensors "$sample" --method "file:$tmp/fa3.json,p.offset=x"

@@ -210,9 +210,14 @@ TEST_CASE("pv.unit ada-mma-e4m3 and b200-tcgen05-e4m3 run P V through their MMA-
   }
 }
 
-TEST_CASE("wgmma_e4m3_step is mma_dot of h100-wgmma-e4m3, column by column", "[sage2][mma]") {
+namespace {
+
+// A vectorised FP8 step (wgmma_e4m3_step, tcgen05_e4m3_step) against mma_dot of its preset, column by column, on
+// every non-NaN E4M3 code and accumulators of 14 significant bits (wide ones for F = 25).
+template <typename Step>
+void check_fp8_step(const char* preset, Step step, bool wide_acc) {
   std::mt19937_64 g(6);
-  const MmaModel& wgmma = mma_preset("h100-wgmma-e4m3");
+  const MmaModel& model = mma_preset(preset);
   std::uniform_int_distribution<int> code(0, 255);
   auto e4m3 = [&] {
     int c;
@@ -227,22 +232,35 @@ TEST_CASE("wgmma_e4m3_step is mma_dot of h100-wgmma-e4m3, column by column", "[s
     std::vector<float> p(n), v(n * cols), acc(cols);
     for (std::size_t j = 0; j < n; ++j) p[j] = static_cast<float>(lowp_decode(pc[j], fp8_e4m3fn()));
     for (std::size_t i = 0; i < vc.size(); ++i) v[i] = static_cast<float>(lowp_decode(vc[i], fp8_e4m3fn()));
-    for (auto& a : acc)  // zero, or an accumulator of 14 significant bits from 2^-12 to 2^24
+    for (auto& a : acc)  // zero, or an accumulator of 14 (24) significant bits from 2^-12 (2^-30) to 2^24
       a = g() % 4 == 0 ? 0.0f
-                       : std::ldexp(static_cast<float>((g() % 8192) + 8192) * (g() % 2 ? 1 : -1),
-                                    static_cast<int>(g() % 37) - 26);
+          : wide_acc ? std::ldexp(static_cast<float>((g() % 8388608) + 8388608) * (g() % 2 ? 1 : -1),
+                                  static_cast<int>(g() % 55) - 53)
+                     : std::ldexp(static_cast<float>((g() % 8192) + 8192) * (g() % 2 ? 1 : -1),
+                                  static_cast<int>(g() % 37) - 26);
     std::vector<std::int8_t> ve(v.size());
     for (std::size_t i = 0; i < v.size(); ++i)
       ve[i] = static_cast<std::int8_t>(v[i] == 0 ? -6 : std::max(std::ilogb(v[i]), -6));
     std::vector<float> fast = acc;
-    wgmma_e4m3_step(fast.data(), p.data(), n, v.data(), ve.data(), cols, cols);
+    step(fast.data(), p.data(), n, v.data(), ve.data(), cols, cols);
     for (std::size_t c = 0; c < cols; ++c) {
       std::vector<std::uint16_t> column(n);
       for (std::size_t j = 0; j < n; ++j) column[j] = vc[j * cols + c];
-      INFO("trial " << trial << ", column " << c << ", acc " << acc[c]);
-      REQUIRE(std::bit_cast<std::uint32_t>(fast[c]) == std::bit_cast<std::uint32_t>(mma_dot(wgmma, pc, column, acc[c])));
+      INFO(preset << ", trial " << trial << ", column " << c << ", acc " << acc[c]);
+      REQUIRE(std::bit_cast<std::uint32_t>(fast[c]) == std::bit_cast<std::uint32_t>(mma_dot(model, pc, column, acc[c])));
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("wgmma_e4m3_step is mma_dot of h100-wgmma-e4m3, column by column", "[sage2][mma]") {
+  check_fp8_step("h100-wgmma-e4m3", wgmma_e4m3_step, false);
+}
+
+TEST_CASE("tcgen05_e4m3_step is mma_dot of b200-tcgen05-e4m3, column by column", "[sage2][mma]") {
+  check_fp8_step("b200-tcgen05-e4m3", tcgen05_e4m3_step, true);
+  check_fp8_step("b200-tcgen05-e4m3", tcgen05_e4m3_step, false);
 }
 
 TEST_CASE("the H100 wgmma accumulator per 128-key block beats one wgmma accumulator on long rows", "[sage2][mma]") {

@@ -6,7 +6,7 @@
 //   (1) Q and K: change of basis (qk.transform), K smoothing (qk.smooth_k: K - mean over tokens, float64), Q block
 //       smoothing with Delta S (qk.smooth_q); with softmax.scale_at = q, Q becomes fl32(fl32(Q) fl32(scale log2 e))
 //   (2) Q and K quantised (qk.format, granularity, scale, arith, rounding)
-//   (3) S on the S unit (int: exact integer products; e4m3: the H100 FP8 wgmma over d in steps of 32), float32:
+//   (3) S on qk.unit (int: exact integer products; e4m3: an FP8 wgmma / tcgen05.mma over d in steps of 32), float32:
 //         scale_at = q        S = fl32(fl32(A s_Q) s_K)                      (log2 e and the scale are in Q)
 //         scale_at = dequant  S = fl32(A) fl32(s_Q s_K scale [log2 e])  + Delta S
 //         scale_at = exp      S raw; s2 = fl32(fl32(fl32(scale) log2 e) fl32(d_Q d_K)) enters each exponent (per
@@ -43,15 +43,21 @@ enum class SoftmaxBase { two, e };
 enum class ExpImpl { f64_rounded, libm_f32 };
 enum class MaxRule { raw, scaled };  // scale_at exp: the max of raw S (s2 applied after), or of fma(S, s2, -offset)  // exp in float64 rounded once to float32; the C library's expf/exp2f
 enum class RowSumUpdate { block, running };
-enum class RowSumTile { column, mma16 };              // 4 threads: each column in order, or per 16-column mma tile
+// 4 threads: each column in order, or per 16-column mma tile; lanes8 (1 thread, running): FlashAttention-4's
+// fadd_reduce, eight lanes j mod 8 with l r in lane 0, combined ((L0 + L2) + (L4 + L6)) + ((L1 + L3) + (L5 + L7))
+enum class RowSumTile { column, mma16, lanes8 };
 enum class RowSumCombine { pairs_02_13, pairs_01_23 };  // (l0 + l2) + (l1 + l3) (FA3), (l0 + l1) + (l2 + l3) (Sage)    // l = l r + (this block's sum); or l = l r, then each P~ added
 enum class RowSumOf { unrounded, rounded };
 // The FP8 units read E4M3 P and V; ada_mma_e4m3 and b200_tcgen05_e4m3 are MMA-Sim's models (not measured here).
 enum class PvUnit { fp32, fp22, h100_hmma_f16_acc16, h100_wgmma_e4m3, h100_mma_e4m3, ada_mma_e4m3, b200_tcgen05_e4m3 };
 // The MMA preset a P V unit runs one output column at a time (mma_dot, 32 keys per call), or nullptr for the units
-// with their own loops (fp32, fp22, and the two vectorised H100 steps).
+// with their own loops (fp32, fp22, and the vectorised steps of h100-hmma-f16-acc16, h100-wgmma-e4m3 and
+// b200-tcgen05-e4m3).
 struct MmaModel;
 const MmaModel* pv_column_model(PvUnit unit);
+// S's matrix unit: exact integer products (int8 / int4 Q and K), the H100's FP8 wgmma, or B200's unscaled FP8
+// tcgen05.mma (MMA-Sim's model, not measured here): d in fused steps of 32 from a zero accumulator.
+enum class SUnit { exact, h100_wgmma_e4m3, b200_tcgen05_e4m3 };
 enum class VScale { none, channel, tensor };
 enum class KeyOrder { forward, reverse };
 enum class KeyPad { masked, zeros };
@@ -71,6 +77,7 @@ struct FlashKernel {
     double alpha = 0.5;               // smoothquant, qserve
     std::uint64_t hadamard_seed = 0;  // hadamard: signs from std::mt19937_64(seed)
     bool smooth_k = true, smooth_q = false;
+    SUnit unit = SUnit::exact;  // exact for int8 / int4; an FP8 unit for e4m3
   } qk;
 
   struct V {
@@ -88,6 +95,11 @@ struct FlashKernel {
     MaxRule max_rule = MaxRule::raw;
     ScaleArith scale_log2 = ScaleArith::f64;  // fl32(scale) log2 e in float64 (FA3's host) or float32 (Sage)
     double rescale_threshold = 0;  // 0: the max follows every growth; > 0: kept while growth <= this (FA4)
+    // FlashAttention-4's software exp2 (ex2_emulation, a degree-3 polynomial) for part of each key block's P~: in
+    // fragments of 32 keys from ex2_emu_start up to the last but one, the pairs (k, k + 1) with k mod freq >= freq - 4
+    // (k the even offset in the fragment); 0: every exp2 by softmax.exp. Blocks with a masked key use softmax.exp.
+    int ex2_emu_freq = 0;
+    int ex2_emu_start = 1;
     int row_sum_threads = 1;       // 1, or 4: the quad of threads of a wgmma accumulator row ((col mod 8) / 2)
     RowSumUpdate row_sum_update = RowSumUpdate::running;
     RowSumTile row_sum_tile = RowSumTile::column;
@@ -137,6 +149,13 @@ AttentionResult flash_attention(const MatrixView& q, const MatrixView& k, const 
 // with a head dimension that is not a power of 2, or a channel scale that overflows.
 void transform_qk(RowMatrixXd& q, RowMatrixXd& k, QkTransform t, double alpha, std::uint64_t seed,
                   const std::string& name);
+
+// FlashAttention-4's software exp2 (flash_attn/cute/utils.py, ex2_emulation), every step in float32: x below 2^-126
+// in magnitude reads 0 (.ftz), x = max(x, -127), n = floor(x) (the sum with 1.5 2^23 rounded down), f = x - n,
+// p = fma(fma(fma(c3, f, c2), f, c1), f, 1) with the fpminimax coefficients c1 = 0x3F31F519, c2 = 0x3E6906A4,
+// c3 = 0x3D9DF09D, and 2^n p formed by adding n << 23 to p's bits; a result with a zero exponent field (n = -127)
+// reads 0, as the .ftz instructions that consume it read it. x at most 127.
+float fa4_ex2_emulation(float x);
 
 // FlashAttention-3's FP8 tile sizes for the head dimension (tile_size_fwd_sm90, element size 1).
 int fa3_fp8_key_block(Eigen::Index head_dim);

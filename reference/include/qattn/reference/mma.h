@@ -194,6 +194,13 @@ void mma_batched(const MmaModel& m, const MmaShape& s, std::span<const std::uint
 std::int8_t wgmma_e4m3_exponent(float x);
 void wgmma_e4m3_step(float* acc, const float* p, std::size_t n, const float* v, const std::int8_t* v_exponent,
                      std::size_t stride, std::size_t cols);
+// One fused step of B200's unscaled FP8 tcgen05.mma (b200-tcgen05-e4m3, MMA-Sim's model, not measured here) for `cols`
+// outputs at once, in the layout of wgmma_e4m3_step: terms truncated at 2^(E_c - 25), the exact sum rounded toward zero
+// to 24 significant bits; E_c = max(e(acc[c]), e(p[j]) + e(v[j][c]) over the nonzero products), a zero or subnormal
+// accumulator at -126, E4M3 field exponents. Finite operands only. Bit-identical to mma_dot of the preset on the same
+// operands (tests/unit/sage2_test.cc), vectorised over c.
+void tcgen05_e4m3_step(float* acc, const float* p, std::size_t n, const float* v, const std::int8_t* v_exponent,
+                       std::size_t stride, std::size_t cols);
 // E4M3 operands held one byte per code (a prepared call's K8 or V8, O(L d) bytes) and decoded into the float values
 // and field exponents wgmma_e4m3_step reads: `count` codes from `codes` to `value` and `exponent`. The code of a
 // value is lowp_encode(value, fp8_e4m3fn()), signed zeros included; the NaN codes decode to NaN, exponent -6.

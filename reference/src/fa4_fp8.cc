@@ -1,0 +1,39 @@
+#include "qattn/reference/fa4_fp8.h"
+
+namespace qattn::ref {
+
+FlashKernel fa4_fp8_kernel(const Fa4Fp8Params& p) {
+  FlashKernel k;
+  k.name = "fa4-fp8";
+  k.qk.format = KernelFormat::e4m3;
+  k.qk.unit = p.units == Fa4Units::b200 ? SUnit::b200_tcgen05_e4m3 : SUnit::h100_wgmma_e4m3;
+  k.qk.granularity = SageGranularity::tensor;
+  k.qk.scale = p.scale_amax ? ScaleRule::amax : ScaleRule::one;
+  k.qk.arith = ScaleArith::f32;
+  k.qk.rounding = QuantRounding::half_even;
+  k.qk.smooth_k = false;
+  k.v.format = KernelFormat::e4m3;
+  k.v.scale = VScale::tensor;
+  k.v.rule = k.qk.scale;
+  k.v.arith = ScaleArith::f32;
+  k.softmax.scale_at = ScaleAt::exp;
+  k.softmax.base = SoftmaxBase::two;
+  k.softmax.exp = ExpImpl::f64_rounded;
+  k.softmax.scale_log2 = ScaleArith::f32;  // softmax_scale * LOG2_E inside the jitted call, float32
+  k.softmax.rescale_threshold = p.rescale_threshold;
+  k.softmax.ex2_emu_freq = p.ex2_emu_freq;
+  k.softmax.ex2_emu_start = p.ex2_emu_start;
+  k.softmax.row_sum_threads = 1;  // one thread holds a row of S (tcgen05.ld from tensor memory)
+  k.softmax.row_sum_update = RowSumUpdate::running;
+  k.softmax.row_sum_tile = RowSumTile::lanes8;
+  k.p.offset = 8;  // max_offset for 1-byte Q
+  k.p.format = KernelFormat::e4m3;
+  k.pv = {p.units == Fa4Units::b200 ? PvUnit::b200_tcgen05_e4m3 : PvUnit::h100_wgmma_e4m3, 0};
+  k.keys.block = 128;
+  k.keys.order = KeyOrder::reverse;
+  k.output.finalize = Finalize::reciprocal;
+  k.output.format = p.output_bf16 ? KernelFormat::bf16 : KernelFormat::fp32;
+  return k;
+}
+
+}  // namespace qattn::ref
