@@ -31,6 +31,7 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kLog2eF32 = 1.44269504f;  // the log2 e of SageAttention's Triton quantiser (a float32 constant)
+constexpr float kLog2SixthF32 = -2.584962500721156f;  // log2(1 / 6): NVFP4 P's block scale (SageAttention3's fp4_scale_log2)
 
 // A value as an error message shows it: 9 significant digits, exponent where large or small.
 std::string shown(double x) {
@@ -52,10 +53,76 @@ double format_max(KernelFormat f) {
     case KernelFormat::int8: return 127;
     case KernelFormat::int4: return 7;
     case KernelFormat::fp16: return 65504;
+    case KernelFormat::nvfp4: return 2688;
     case KernelFormat::bf16:
     case KernelFormat::fp32: return std::numeric_limits<float>::max();
   }
   return 1;
+}
+
+// x rounded to nearest even onto E2M1 ({0, 0.5, 1, 1.5, 2, 3, 4, 6}), saturating, NaN to +6 (PTX
+// cvt.rn.satfinite.e2m1x2.f32; equal to lowp_encode_f32 with e2m1, tests/unit/sage3_test.cc), times 2: an integer.
+inline float e2m1_twice(float x) {
+  const float a = std::fabs(x);
+  // twice the value, counted over the midpoints; a tie (0.25, 0.75, ..., 5) goes to the even code
+  const float t = static_cast<float>(a > 0.25f) + static_cast<float>(a >= 0.75f) + static_cast<float>(a > 1.25f) +
+                  static_cast<float>(a >= 1.75f) + 2.0f * static_cast<float>(a > 2.5f) +
+                  2.0f * static_cast<float>(a >= 3.5f) + 4.0f * static_cast<float>(a > 5.0f);
+  return x != x ? 12.0f : std::copysign(t, x);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define QATTN_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define QATTN_CLONES
+#endif
+
+// The block-scaled step's terms of one group for n outputs: sum[j] (4 times the exact sum of products: twice the E2M1
+// values each) times a's scale / 4 and b's scales, and the exponents a_exp + b_exp[j] (-126 where a scale is zero;
+// a_exp -100000 for a zero a scale).
+QATTN_CLONES void nvf4_terms(const float* sum, float a_scale, std::int32_t a_exp, const float* b_scale,
+                             const std::int32_t* b_exp, double* term, std::int32_t* term_e, std::size_t n) {
+  const double a = static_cast<double>(a_scale * 0.25f);
+  for (std::size_t j = 0; j < n; ++j) {
+    term[j] = static_cast<double>(sum[j]) * a * static_cast<double>(b_scale[j]);
+    term_e[j] = b_scale[j] == 0 ? -126 : std::max(a_exp + b_exp[j], std::int32_t{-126});
+  }
+}
+
+// sum[c] = sum over j < n of p[j] v[j * stride + c]: the small integers of twice the E2M1 values, exact in float.
+QATTN_CLONES void nvf4_group_sums(const float* p, std::size_t n, const float* v, std::size_t stride, std::size_t cols,
+                                  float* sum) {
+  std::fill(sum, sum + cols, 0.0f);
+  for (std::size_t j = 0; j < n; ++j) {
+    const float pj = p[j];
+    if (pj == 0) continue;
+    const float* vr = v + j * stride;
+    for (std::size_t c = 0; c < cols; ++c) sum[c] += pj * vr[c];
+  }
+}
+
+// P~ of n <= 16 keys over its block scale sc: twice the E2M1 codes into twice, and p = the decoded values times the
+// block's E4M3 scale.
+QATTN_CLONES void nvf4_p_block(float* p, std::size_t n, float sc, float scale, float* twice) {
+  for (std::size_t j = 0; j < n; ++j) {
+    const float tw = e2m1_twice(p[j] / sc);  // 0 / 0 in a block of masked keys: NaN, to 6 (scale 0)
+    twice[j] = tw;
+    p[j] = tw * 0.5f * scale;
+  }
+}
+
+// The floor(log2) of a block scale as the block-scaled step reads it, -126 for a zero scale (field_zero_low).
+inline std::int32_t scale_exponent(float s) { return s == 0 ? -126 : std::ilogb(s); }
+
+// One NVFP4 block of n <= 16 values x[i * stride]: the E4M3 scale SF = E4M3(fl32(amax / 6)) (nearest even,
+// saturating), the codes E2M1(fl32(x fl32(1 / SF))), 0 where SF = 0, written as twice their values; returns SF.
+float nvfp4_block(const float* x, std::size_t n, std::size_t stride, float* twice, std::size_t twice_stride) {
+  float amax = 0;
+  for (std::size_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i * stride]));
+  const float sf = e4m3_round_saturate(amax / 6.0f);
+  const float inv = sf == 0 ? 0.0f : 1.0f / sf;
+  for (std::size_t i = 0; i < n; ++i) twice[i * twice_stride] = e2m1_twice(x[i * stride] * inv);
+  return sf;
 }
 
 // P~ (float32) rounded to the P format.
@@ -67,7 +134,7 @@ inline float round_p(float x, KernelFormat f) {
     case KernelFormat::int8: return std::nearbyint(x);
     case KernelFormat::fp16: return static_cast<float>(round_to_binary16(x));
     case KernelFormat::bf16: return static_cast<float>(round_to_bfloat16(x));
-    default: return x;
+    default: return x;  // fp32; nvfp4 is quantised per block of keys in the loop
   }
 }
 
@@ -190,6 +257,8 @@ class FlashCall final : public PreparedCall {
   void logits(Eigen::Index c0, Eigen::Index n, RowMatrixXf& s) const;  // step (3) for rows [c0, c0 + n), all keys
   void prepare_int_qk(const MatrixView& q, const MatrixView& k);
   void prepare_fp8_qk(const MatrixView& q, const MatrixView& k);
+  void prepare_nvfp4_qk(const MatrixView& q, const MatrixView& k);
+  void nvfp4_logits(Eigen::Index c0, Eigen::Index n, RowMatrixXf& s) const;
   void prepare_v(const MatrixView& v);
   // fl32(scale) log2 e in float32: in float64 and rounded once (softmax.scale_log2 f64, FlashAttention-3's host) or
   // as fl32(fl32(scale) fl32(log2 e)) (f32, SageAttention's kernels)
@@ -217,6 +286,13 @@ class FlashCall final : public PreparedCall {
   float s2 = 1;
   RowMatrixXf s2_table;
   std::vector<int> q_group_of, k_group_of;  // the s2_table row of each query, column of each key
+  // nvfp4 S: twice the E2M1 values of Q [L_q, d] and K [L_k, d] (integers, exact in float), the E4M3 block scales
+  // and their exponents per 16 channels: Q [L_q, d / 16], K transposed [d / 16, L_k]
+  RowMatrixXf q4, k4, q4_scale, k4_scale_t;
+  Eigen::Matrix<std::int32_t, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> q4_exp, k4_exp_t;
+  // nvfp4 V: twice the E2M1 values [L_k, d_v], scales and exponents per 16 keys of a channel [ceil(L_k / 16), d_v]
+  RowMatrixXf v4, v4_scale;
+  Eigen::Matrix<std::int32_t, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> v4_exp;
   // V as the PV unit reads it: values (float32, exact in the format) by row, or E4M3 codes by row / by column;
   // binary16 exponents for HMMA
   std::vector<float> v_values;
@@ -241,6 +317,8 @@ FlashCall::FlashCall(const MatrixView& q, const MatrixView& k, const MatrixView&
       throw InputError("Q", "head_dim", "d = " + std::to_string(d) + ", d_v = " + std::to_string(dv) + ": e4m3 Q/K on the wgmma as "
                                             "FlashAttention-3's FP8 kernel takes head dimensions up to 256");
     prepare_fp8_qk(q, k);
+  } else if (f.qk.format == KernelFormat::nvfp4) {
+    prepare_nvfp4_qk(q, k);
   } else {
     prepare_int_qk(q, k);
   }
@@ -338,11 +416,112 @@ void FlashCall::prepare_fp8_qk(const MatrixView& q_in, const MatrixView& k_in_) 
   }
 }
 
+void FlashCall::prepare_nvfp4_qk(const MatrixView& q_in, const MatrixView& k_raw) {
+  const FlashKernel::Qk& p = f.qk;
+  RowMatrixXd q = q_in;
+  RowMatrixXd k = k_raw;
+  transform_qk(q, k, p.transform, p.alpha, p.hadamard_seed, f.name);
+  if (p.smooth_k && lk > 0) k.rowwise() -= Eigen::RowVectorXd(k.colwise().mean());
+  if (p.smooth_q) {
+    const Eigen::Index bq = p.groups.block_q;
+    q_block_mean.resize((lq + bq - 1) / bq, d);
+    for (Eigen::Index b0 = 0; b0 < lq; b0 += bq) {
+      const Eigen::Index n = std::min(bq, lq - b0);
+      q_block_mean.row(b0 / bq) = q.middleRows(b0, n).colwise().mean();
+      for (Eigen::Index i = b0; i < b0 + n; ++i) q.row(i) -= q_block_mean.row(b0 / bq);
+    }
+  }
+  // d padded with zero channels to whole blocks of 16 (they add exact zeros to S)
+  const Eigen::Index groups = (d + 15) / 16;
+  // One operand: values read as float32, NVFP4 per 16 channels of each row.
+  const auto quantize = [&](const RowMatrixXd& x, const char* tensor, RowMatrixXf& twice, RowMatrixXf& scale) {
+    twice.resize(x.rows(), groups * 16);
+    scale.resize(x.rows(), groups);
+    std::array<float, 16> row;
+    for (Eigen::Index i = 0; i < x.rows(); ++i)
+      for (Eigen::Index g = 0; g < groups; ++g) {
+        for (Eigen::Index c = 0; c < 16; ++c)
+          row[static_cast<std::size_t>(c)] = g * 16 + c < d ? to_f32(x(i, g * 16 + c), tensor, i, g * 16 + c, f.name, "quantises") : 0.0f;
+        scale(i, g) = nvfp4_block(row.data(), 16, 1, &twice(i, g * 16), 1);
+      }
+  };
+  RowMatrixXf k_scale;
+  quantize(q, "Q", q4, q4_scale);
+  quantize(k, "K", k4, k_scale);
+  k4_scale_t = k_scale.transpose();
+  q4_exp.resize(lq, groups);
+  k4_exp_t.resize(groups, lk);
+  for (Eigen::Index i = 0; i < lq; ++i)
+    for (Eigen::Index g = 0; g < groups; ++g) q4_exp(i, g) = scale_exponent(q4_scale(i, g));
+  for (Eigen::Index g = 0; g < groups; ++g)
+    for (Eigen::Index j = 0; j < lk; ++j) k4_exp_t(g, j) = scale_exponent(k4_scale_t(g, j));
+  if (p.smooth_q && p.transform == QkTransform::none && p.smooth_k && lk > 0) k_mean = k_raw.colwise().mean();
+  if (p.smooth_q && p.transform != QkTransform::none) k_basis = std::move(k);
+  s2 = scale_log2();  // no descales: the block scales are inside the products
+}
+
+// S on b200-nvf4: per key tile, each group's exact sums (a float GEMM of the small integers), then d in steps of 64
+// (4 groups) from C = Delta S (raw, float32) or 0.
+void FlashCall::nvfp4_logits(Eigen::Index c0, Eigen::Index n, RowMatrixXf& s) const {
+  constexpr Eigen::Index kKeyTile = 512, kStepGroups = 4;
+  const Eigen::Index groups = q4.cols() / 16;  // d in whole blocks
+  std::vector<RowMatrixXf> sums(static_cast<std::size_t>(groups));
+  std::vector<double> term(static_cast<std::size_t>(kStepGroups * kKeyTile));
+  std::vector<std::int32_t> term_e(term.size());
+  for (Eigen::Index k0 = 0; k0 < lk; k0 += kKeyTile) {
+    const Eigen::Index cols = std::min(kKeyTile, lk - k0);
+    for (Eigen::Index g = 0; g < groups; ++g)
+      sums[static_cast<std::size_t>(g)].noalias() = q4.block(c0, g * 16, n, 16) * k4.block(k0, g * 16, cols, 16).transpose();
+    for (Eigen::Index t = 0; t < n; ++t) {
+      const Eigen::Index i = c0 + t;
+      float* acc = &s(t, k0);
+      if (f.qk.smooth_q) {  // Delta S = mean_b K'_j, raw (its scale enters with S's), as the first step's C
+        const auto mean = q_block_mean.row(i / f.qk.groups.block_q);
+        for (Eigen::Index j = 0; j < cols; ++j) {
+          double dot;
+          if (k_basis.size()) dot = mean.dot(k_basis.row(k0 + j));
+          else if (k_mean.size()) dot = mean.dot(k_in.row(k0 + j) - k_mean);
+          else dot = mean.dot(k_in.row(k0 + j));
+          acc[j] = static_cast<float>(dot);
+        }
+      } else {
+        std::fill(acc, acc + cols, 0.0f);
+      }
+      for (Eigen::Index g0 = 0; g0 < groups; g0 += kStepGroups) {
+        const Eigen::Index ng = std::min(kStepGroups, groups - g0);
+        for (Eigen::Index g = 0; g < ng; ++g) {
+          const float qs = q4_scale(i, g0 + g);
+          nvf4_terms(&sums[static_cast<std::size_t>(g0 + g)](t, 0), qs, qs == 0 ? -100000 : q4_exp(i, g0 + g),
+                     &k4_scale_t(g0 + g, k0), &k4_exp_t(g0 + g, k0), term.data() + g * cols, term_e.data() + g * cols,
+                     static_cast<std::size_t>(cols));
+        }
+        scaled_group_step(acc, term.data(), term_e.data(), static_cast<std::size_t>(ng), static_cast<std::size_t>(cols),
+                          static_cast<std::size_t>(cols));
+      }
+    }
+  }
+}
+
 void FlashCall::prepare_v(const MatrixView& v) {
   const FlashKernel::V& p = f.v;
   const std::size_t count = static_cast<std::size_t>(lk * dv);
   v_scale = Eigen::RowVectorXd::Ones(dv);
   v_mean = Eigen::RowVectorXd::Zero(dv);
+  if (p.scale == VScale::block16) {  // NVFP4: per channel, blocks of 16 keys (the last one padded with zeros)
+    const Eigen::Index blocks = (lk + 15) / 16;
+    v4.resize(lk, dv);
+    v4_scale.resize(blocks, dv);
+    v4_exp.resize(blocks, dv);
+    std::array<float, 16> x;
+    for (Eigen::Index c = 0; c < dv; ++c)
+      for (Eigen::Index b = 0; b < blocks; ++b) {
+        const Eigen::Index n = std::min<Eigen::Index>(16, lk - b * 16);
+        for (Eigen::Index i = 0; i < n; ++i) x[static_cast<std::size_t>(i)] = to_f32(v(b * 16 + i, c), "V", b * 16 + i, c, f.name, "quantises");
+        v4_scale(b, c) = nvfp4_block(x.data(), static_cast<std::size_t>(n), 1, &v4(b * 16, c), static_cast<std::size_t>(dv));
+        v4_exp(b, c) = scale_exponent(v4_scale(b, c));
+      }
+    return;
+  }
   if (p.scale == VScale::tensor) {  // E4M3 per tensor (validate); decoded for the units that read values
     std::vector<float> descale;
     v_codes = e4m3_groups(v, p.rule, 0, "V", f.name, descale);
@@ -426,6 +605,10 @@ void FlashCall::prepare_v(const MatrixView& v) {
 }
 
 void FlashCall::logits(Eigen::Index c0, Eigen::Index n, RowMatrixXf& s) const {
+  if (f.qk.format == KernelFormat::nvfp4) {
+    nvfp4_logits(c0, n, s);
+    return;
+  }
   if (f.qk.format == KernelFormat::e4m3) {  // an FP8 unit: d in steps of 32 from zero, each output alone
     constexpr Eigen::Index kKeyTile = 512;
     constexpr std::size_t kStep = 32;
@@ -519,6 +702,12 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
   std::vector<std::array<float, 4>> l(kChunkRows);
   std::vector<char> any(kChunkRows);
   std::vector<float> vb(codes_by_row ? static_cast<std::size_t>(bk * dv) : 0);
+  // nvfp4 P: twice its E2M1 values and its block scales; the P V step's group sums and terms
+  const bool p_nvfp4 = f.p.format == KernelFormat::nvfp4;
+  RowMatrixXf p4(p_nvfp4 ? kChunkRows : 0, p_nvfp4 ? lk_padded : 0), p4s(p_nvfp4 ? kChunkRows : 0, p_nvfp4 ? blocks * bk / 16 : 0);
+  std::vector<float> nvf4_sum(p_nvfp4 ? static_cast<std::size_t>(dv) : 0);
+  std::vector<double> nvf4_term(p_nvfp4 ? static_cast<std::size_t>(4 * dv) : 0);
+  std::vector<std::int32_t> nvf4_term_e(nvf4_term.size());
   std::vector<std::int8_t> vbe(vb.size());
   for (Eigen::Index c0 = r0; c0 < r0 + rows; c0 += kChunkRows) {
     const Eigen::Index n = std::min(kChunkRows, r0 + rows - c0);
@@ -571,7 +760,9 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
         float rescale = 0;
         if (m[t] != kNegInf)
           rescale = m_new == m[t] ? 1.0f : exp_b(raw_exp ? (m[t] - m_new) * s2 : m[t] - m_new, sm.base, sm.exp);
-        const float ref = raw_exp ? m_new * s2 - offset : scaled_max ? m_new : (offset != 0 ? m_new - offset : m_new);
+        const float ref = raw_exp ? (sm.ref_rule == RefRule::fma ? std::fma(m_new, s2, -offset) : m_new * s2 - offset)
+                          : scaled_max ? m_new
+                                       : (offset != 0 ? m_new - offset : m_new);
         ref_block(t, b) = ref;
         any[t] = 1;
         std::array<float, 4> part{};
@@ -590,6 +781,8 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
             into[0] = ((lane[0] + lane[2]) + (lane[4] + lane[6])) + ((lane[1] + lane[3]) + (lane[5] + lane[7]));
           } else if (threads == 1) {
             for (Eigen::Index j = b0; j < b1; ++j) into[0] += pr[j];
+          } else if (sm.row_sum_tile == RowSumTile::octets32) {
+            for (Eigen::Index j = b0; j < b1; ++j) into[static_cast<std::size_t>((j - b0) % 32 / 8)] += pr[j];
           } else if (sm.row_sum_tile == RowSumTile::column) {
             for (Eigen::Index j = b0; j < b1; ++j) into[static_cast<std::size_t>((j - b0) % 8 / 2)] += pr[j];
           } else {
@@ -628,6 +821,16 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
         if (sum_unrounded) row_sum();
         if (f.p.format == KernelFormat::e4m3)  // the hot case without the format switch, so that it vectorises
           for (Eigen::Index j = b0; j < b1; ++j) pr[j] = e4m3_round_saturate(pr[j]);
+        else if (f.p.format == KernelFormat::nvfp4)  // per 16 keys: P~ / scale to E2M1, the scale to E4M3
+          for (Eigen::Index g0 = b0; g0 < b1; g0 += 16) {
+            const Eigen::Index g1 = std::min(b1, g0 + 16);  // keys past L_k (masked padding) are absent
+            float bmax = kNegInf;
+            for (Eigen::Index j = g0; j < g1; ++j) bmax = std::max(bmax, sr[j]);
+            const float sc = exp_b(std::fma(bmax, s2, -ref) + kLog2SixthF32, sm.base, sm.exp);
+            const float scale = e4m3_round_saturate(sc);
+            p4s(t, g0 / 16) = scale;
+            nvf4_p_block(pr + g0, static_cast<std::size_t>(g1 - g0), sc, scale, &p4(t, g0));
+          }
         else
           for (Eigen::Index j = b0; j < b1; ++j) pr[j] = round_p(pr[j], f.p.format);
         if (!sum_unrounded) row_sum();
@@ -636,7 +839,7 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
         // P V: into the accumulator acc (one over the key loop when nothing promotes, else buf, added to out)
         float* o = &out(t, 0);
         float* acc = promote_blocks > 0 ? &buf(t, 0) : o;
-        if (promote_blocks > 0)
+        if (promote_blocks > 0 && !f.pv.promote_fma)
           for (Eigen::Index c = 0; c < dv; ++c) o[c] *= rescale;
         if (promote_blocks != 1) {
           if (unit == PvUnit::fp22)
@@ -678,6 +881,22 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
             }
             break;
           }
+          case PvUnit::b200_nvf4:  // steps of 64 keys, groups of 16 aligned with V's blocks; keys past L_k absent
+            for (Eigen::Index s0 = b0; s0 < real_end; s0 += 64) {
+              const Eigen::Index ng = std::min<Eigen::Index>(4, (real_end - s0 + 15) / 16);
+              for (Eigen::Index g = 0; g < ng; ++g) {
+                const Eigen::Index g0 = s0 + 16 * g, g1 = std::min(real_end, g0 + 16);
+                nvf4_group_sums(&p4(t, g0), static_cast<std::size_t>(g1 - g0), &v4(g0, 0), static_cast<std::size_t>(dv),
+                                static_cast<std::size_t>(dv), nvf4_sum.data());
+                const float ps = p4s(t, g0 / 16);
+                nvf4_terms(nvf4_sum.data(), ps, ps == 0 ? -100000 : scale_exponent(ps), &v4_scale(g0 / 16, 0),
+                           &v4_exp(g0 / 16, 0), nvf4_term.data() + g * dv, nvf4_term_e.data() + g * dv,
+                           static_cast<std::size_t>(dv));
+              }
+              scaled_group_step(acc, nvf4_term.data(), nvf4_term_e.data(), static_cast<std::size_t>(ng),
+                                static_cast<std::size_t>(dv), static_cast<std::size_t>(dv));
+            }
+            break;
           case PvUnit::fp22:
             for (Eigen::Index c = 0; c < dv; ++c) {
               float x = acc[c];
@@ -695,7 +914,10 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
             break;
         }
         if (promote) {
-          for (Eigen::Index c = 0; c < dv; ++c) o[c] += acc[c];
+          if (f.pv.promote_fma)
+            for (Eigen::Index c = 0; c < dv; ++c) o[c] = std::fma(o[c], rescale, acc[c]);
+          else
+            for (Eigen::Index c = 0; c < dv; ++c) o[c] += acc[c];
           if (promote_blocks != 1) std::fill(acc, acc + dv, 0.0f);
         }
         m[t] = m_new;
@@ -763,12 +985,22 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
 
 std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
   const bool qk_int = is_int(k.qk.format);
-  if (!qk_int && k.qk.format != KernelFormat::e4m3) return KernelProblem{"qk.format", "must be int8, int4 or e4m3"};
+  const bool qk_fp4 = k.qk.format == KernelFormat::nvfp4;
+  if (!qk_int && !qk_fp4 && k.qk.format != KernelFormat::e4m3)
+    return KernelProblem{"qk.format", "must be int8, int4, e4m3 or nvfp4"};
   if (k.qk.groups.block_q < 1 || k.qk.groups.block_k < 1 || k.qk.groups.warp_q < 1 || k.qk.groups.warp_k < 1)
     return KernelProblem{"qk.groups", "every group size must be >= 1"};
   if (!(k.qk.alpha >= 0 && k.qk.alpha <= 1)) return KernelProblem{"qk.alpha", "must be in [0, 1]"};
-  if (qk_int != (k.qk.unit == SUnit::exact))
-    return KernelProblem{"qk.unit", qk_int ? "integer Q/K: exact" : "e4m3 Q/K: h100-wgmma-e4m3 or b200-tcgen05-e4m3"};
+  const bool fp8_unit = k.qk.unit == SUnit::h100_wgmma_e4m3 || k.qk.unit == SUnit::b200_tcgen05_e4m3;
+  if (qk_int ? k.qk.unit != SUnit::exact : qk_fp4 ? k.qk.unit != SUnit::b200_nvf4 : !fp8_unit)
+    return KernelProblem{"qk.unit", qk_int ? "integer Q/K: exact"
+                                    : qk_fp4 ? "nvfp4 Q/K: b200-nvf4"
+                                             : "e4m3 Q/K: h100-wgmma-e4m3 or b200-tcgen05-e4m3"};
+  if (qk_fp4) {
+    if (k.softmax.scale_at != ScaleAt::exp || k.softmax.max_rule != MaxRule::raw)
+      return KernelProblem{"softmax.scale_at", "nvfp4 Q/K (the block scales inside S): exp, with max_rule raw"};
+    if (k.qk.arith != ScaleArith::f32) return KernelProblem{"qk.arith", "nvfp4 Q/K are scaled in float32: f32"};
+  }
   if (k.qk.format == KernelFormat::e4m3) {
     if (k.qk.granularity != SageGranularity::tensor && k.qk.granularity != SageGranularity::block)
       return KernelProblem{"qk.granularity", "e4m3 Q/K: tensor, or block (a descale per block_q queries / block_k keys)"};
@@ -780,7 +1012,7 @@ std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
     if (k.softmax.scale_at != ScaleAt::exp) return KernelProblem{"softmax.scale_at", "e4m3 Q/K (S on the FP8 wgmma): exp"};
     if (k.qk.smooth_k || k.qk.smooth_q)
       return KernelProblem{"qk.smooth_k", "e4m3 Q/K take no smoothing (smooth_k and smooth_q false)"};
-  } else {
+  } else if (qk_int) {
     if (k.softmax.scale_at == ScaleAt::exp && k.softmax.max_rule != MaxRule::scaled)
       return KernelProblem{"softmax.max_rule", "integer Q/K with softmax.scale_at exp have an s2 per group pair: scaled"};
     if (k.softmax.scale_at == ScaleAt::exp && k.qk.smooth_q)
@@ -818,11 +1050,30 @@ std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
     return KernelProblem{"softmax.row_sum_tile", "mma16 spreads a row over the quad of threads: row_sum_threads 4"};
   if (!std::isfinite(k.p.offset)) return KernelProblem{"p.offset", "must be finite"};
   if (!(k.p.scale > 0) || !std::isfinite(k.p.scale)) return KernelProblem{"p.scale", "must be finite and > 0"};
-  if (k.p.format == KernelFormat::int4) return KernelProblem{"p.format", "e4m3, e5m2, int8, fp16, bf16 or fp32"};
+  if (k.p.format == KernelFormat::int4) return KernelProblem{"p.format", "e4m3, e5m2, int8, fp16, bf16, fp32 or nvfp4"};
   const KernelFormat vf = k.v.format;
-  if (vf != KernelFormat::e4m3 && vf != KernelFormat::e5m2 && vf != KernelFormat::int8 && vf != KernelFormat::fp16)
-    return KernelProblem{"v.format", "e4m3, e5m2, int8 or fp16"};
+  if (vf != KernelFormat::e4m3 && vf != KernelFormat::e5m2 && vf != KernelFormat::int8 && vf != KernelFormat::fp16 &&
+      vf != KernelFormat::nvfp4)
+    return KernelProblem{"v.format", "e4m3, e5m2, int8, fp16 or nvfp4"};
+  if ((vf == KernelFormat::nvfp4) != (k.v.scale == VScale::block16))
+    return KernelProblem{"v.scale", "nvfp4 V takes block16 scales, and block16 nvfp4 V"};
+  if ((k.p.format == KernelFormat::nvfp4 || vf == KernelFormat::nvfp4) && k.pv.unit != PvUnit::b200_nvf4)
+    return KernelProblem{"pv.unit", "nvfp4 P or V: b200-nvf4 (with both nvfp4)"};
+  if (k.p.format == KernelFormat::nvfp4) {
+    if (k.softmax.scale_at != ScaleAt::exp || k.softmax.max_rule != MaxRule::raw)
+      return KernelProblem{"p.format", "nvfp4 P's block scales exp_b(fma(blockmax S, s2, -ref) + log2(1/6)) take "
+                                       "softmax.scale_at exp and max_rule raw"};
+    if (k.p.scale != 1) return KernelProblem{"p.scale", "nvfp4 P: 1 (its per-row factor is p.offset)"};
+    if (k.keys.block <= 0 || k.keys.block % 64 != 0)
+      return KernelProblem{"keys.block", "nvfp4 P: a multiple of 64 (the FP4 step's k), so that P's blocks of 16 "
+                                         "line up with V's"};
+  }
+  if (k.pv.promote_fma && (k.keys.block <= 0 || k.pv.promote_keys != k.keys.block))
+    return KernelProblem{"pv.promote_fma", "O = fma(O, r, acc) at each block: pv.promote_keys = keys.block"};
   switch (k.v.scale) {
+    case VScale::block16:
+      if (k.output.finalize != Finalize::reciprocal) return KernelProblem{"output.finalize", "v.scale block16: reciprocal"};
+      break;
     case VScale::none:
       if (vf != KernelFormat::fp16) return KernelProblem{"v.scale", "none holds V as binary16: v.format fp16"};
       if (k.output.finalize != Finalize::divide) return KernelProblem{"output.finalize", "v.scale none: divide"};
@@ -853,6 +1104,10 @@ std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
     case PvUnit::b200_tcgen05_e4m3:
       if (k.p.format != KernelFormat::e4m3 || vf != KernelFormat::e4m3)
         return KernelProblem{"pv.unit", "an FP8 E4M3 instruction takes E4M3 P and V (p.format and v.format e4m3)"};
+      break;
+    case PvUnit::b200_nvf4:
+      if (k.p.format != KernelFormat::nvfp4 || vf != KernelFormat::nvfp4)
+        return KernelProblem{"pv.unit", "b200-nvf4 takes NVFP4 P and V (p.format and v.format nvfp4)"};
       break;
     default: break;
   }

@@ -20,6 +20,7 @@ std::string num(double x) {
 double format_max(KernelFormat f) {
   switch (f) {
     case KernelFormat::e4m3: return 448;
+    case KernelFormat::nvfp4: return 2688;  // E2M1's 6 under an E4M3 block scale of at most 448
     case KernelFormat::e5m2: return 57344;
     case KernelFormat::int8: return 127;
     case KernelFormat::int4: return 7;
@@ -34,6 +35,7 @@ double format_max(KernelFormat f) {
 double flush_level(KernelFormat f) {
   switch (f) {
     case KernelFormat::e4m3: return std::ldexp(1.0, -10);   // smallest subnormal 2^-9
+    case KernelFormat::nvfp4: return std::ldexp(1.0, -11);  // E2M1's 0.5 under the smallest block scale, 2^-9
     case KernelFormat::e5m2: return std::ldexp(1.0, -17);   // 2^-16
     case KernelFormat::int8:
     case KernelFormat::int4: return 0.5;                    // nearest integer
@@ -47,6 +49,7 @@ double flush_level(KernelFormat f) {
 std::string format_name(KernelFormat f) {
   switch (f) {
     case KernelFormat::e4m3: return "e4m3";
+    case KernelFormat::nvfp4: return "nvfp4";
     case KernelFormat::e5m2: return "e5m2";
     case KernelFormat::int8: return "int8";
     case KernelFormat::int4: return "int4";
@@ -77,7 +80,9 @@ std::vector<KernelContract> kernel_contracts(const FlashKernel& k, const Contrac
     c.bound = "p.scale " + b + "^(p.offset + softmax.rescale_threshold) = " + num(k.p.scale) + " " + b + "^(" +
               num(k.p.offset) + " + " + num(theta) + ") = " + num(top);
     c.limit = num(p_max) + " (" + format_name(k.p.format) + " max)";
-    c.violated = top > p_max;
+    // An excess below 2^-16 of the format's top is float32 rounding of the offset (SageAttention3's log2 2688 held as
+    // a float32 constant reaches 2688.0007): below the resolution of every P format here.
+    c.violated = top > p_max * (1 + 0x1p-16);
     if (c.violated)
       c.fix = "p.offset + softmax.rescale_threshold <= log_" + b + "(" + num(p_max) + " / p.scale) = " +
               num(log_b(p_max / k.p.scale)) + ": the largest weights saturate while the row sum counts them in full";
@@ -131,7 +136,8 @@ std::vector<KernelContract> kernel_contracts(const FlashKernel& k, const Contrac
   }
   // (5) The matrix unit's k: a key block that is not a whole number of its steps is a partial step no kernel issues.
   {
-    const int step = k.pv.unit == PvUnit::h100_hmma_f16_acc16                                       ? 16
+    const int step = k.pv.unit == PvUnit::b200_nvf4                                                 ? 64
+                     : k.pv.unit == PvUnit::h100_hmma_f16_acc16                                       ? 16
                      : k.pv.unit == PvUnit::h100_wgmma_e4m3 || k.pv.unit == PvUnit::b200_tcgen05_e4m3 || pv_column_model(k.pv.unit) != nullptr ? 32
                                                                                                    : 1;
     if (step > 1) {

@@ -21,7 +21,7 @@ using Names = std::vector<std::pair<std::string, E>>;
 const Names<KernelFormat> kFormats = {{"int4", KernelFormat::int4}, {"int8", KernelFormat::int8},
                                       {"e4m3", KernelFormat::e4m3}, {"e5m2", KernelFormat::e5m2},
                                       {"fp16", KernelFormat::fp16}, {"bf16", KernelFormat::bf16},
-                                      {"fp32", KernelFormat::fp32}};
+                                      {"fp32", KernelFormat::fp32}, {"nvfp4", KernelFormat::nvfp4}};
 const Names<SageGranularity> kGranularity = {{"tensor", SageGranularity::tensor}, {"block", SageGranularity::block},
                                              {"warp", SageGranularity::warp}, {"thread", SageGranularity::thread},
                                              {"token", SageGranularity::token}};
@@ -30,7 +30,8 @@ const Names<ScaleArith> kArith = {{"f32", ScaleArith::f32}, {"f64", ScaleArith::
 const Names<QuantRounding> kRoundings = {{"half-away", QuantRounding::half_away}, {"half-even", QuantRounding::half_even}};
 const Names<QkTransform> kTransforms = {{"none", QkTransform::none}, {"hadamard", QkTransform::hadamard},
                                         {"smoothquant", QkTransform::smoothquant}, {"qserve", QkTransform::qserve}};
-const Names<VScale> kVScales = {{"none", VScale::none}, {"channel", VScale::channel}, {"tensor", VScale::tensor}};
+const Names<VScale> kVScales = {{"none", VScale::none}, {"channel", VScale::channel}, {"tensor", VScale::tensor},
+                                 {"block16", VScale::block16}};
 const Names<ScaleAt> kScaleAt = {{"q", ScaleAt::q}, {"dequant", ScaleAt::dequant}, {"exp", ScaleAt::exp}};
 const Names<SoftmaxBase> kBases = {{"2", SoftmaxBase::two}, {"e", SoftmaxBase::e}};
 const Names<ExpImpl> kExps = {{"f64-rounded", ExpImpl::f64_rounded}, {"libm-f32", ExpImpl::libm_f32}};
@@ -40,9 +41,10 @@ const Names<RowSumOf> kSumOf = {{"unrounded", RowSumOf::unrounded}, {"rounded", 
 const Names<PvUnit> kUnits = {{"fp32", PvUnit::fp32}, {"fp22", PvUnit::fp22},
                               {"h100-hmma-f16-acc16", PvUnit::h100_hmma_f16_acc16},
                               {"h100-wgmma-e4m3", PvUnit::h100_wgmma_e4m3}, {"h100-mma-e4m3", PvUnit::h100_mma_e4m3},
-                              {"ada-mma-e4m3", PvUnit::ada_mma_e4m3}, {"b200-tcgen05-e4m3", PvUnit::b200_tcgen05_e4m3}};
+                              {"ada-mma-e4m3", PvUnit::ada_mma_e4m3}, {"b200-tcgen05-e4m3", PvUnit::b200_tcgen05_e4m3},
+                              {"b200-nvf4", PvUnit::b200_nvf4}};
 const Names<SUnit> kSUnits = {{"exact", SUnit::exact}, {"h100-wgmma-e4m3", SUnit::h100_wgmma_e4m3},
-                               {"b200-tcgen05-e4m3", SUnit::b200_tcgen05_e4m3}};
+                               {"b200-tcgen05-e4m3", SUnit::b200_tcgen05_e4m3}, {"b200-nvf4", SUnit::b200_nvf4}};
 const Names<KeyOrder> kOrders = {{"forward", KeyOrder::forward}, {"reverse", KeyOrder::reverse}};
 const Names<KeyPad> kPads = {{"masked", KeyPad::masked}, {"zeros", KeyPad::zeros}};
 const Names<Finalize> kFinalizes = {{"divide", Finalize::divide},
@@ -50,7 +52,8 @@ const Names<Finalize> kFinalizes = {{"divide", Finalize::divide},
                                     {"reciprocal", Finalize::reciprocal},
                                     {"reciprocal-channel", Finalize::reciprocal_channel}};
 const Names<RowSumTile> kTiles = {{"column", RowSumTile::column}, {"mma16", RowSumTile::mma16},
-                                  {"lanes8", RowSumTile::lanes8}};
+                                  {"lanes8", RowSumTile::lanes8}, {"octets32", RowSumTile::octets32}};
+const Names<RefRule> kRefRules = {{"mul-sub", RefRule::mul_sub}, {"fma", RefRule::fma}};
 const Names<RowSumCombine> kCombines = {{"(0+2)+(1+3)", RowSumCombine::pairs_02_13}, {"(0+1)+(2+3)", RowSumCombine::pairs_01_23}};
 
 template <class E>
@@ -176,7 +179,8 @@ const std::vector<FieldAccess>& fields() {
          k.name = v;
        }},
       choice_at("qk.format", kFormats, &K::qk, &K::Qk::format,
-                "Q and K codes: int8 (SageAttention), int4 (SageAttention2's INT4 kernels), e4m3 (FlashAttention-3)"),
+                "Q and K codes: int8 (SageAttention), int4 (SageAttention2's INT4 kernels), e4m3 (FlashAttention-3), nvfp4 "
+                "(E2M1 per 16 channels with an E4M3 scale fl32(amax / 6), SageAttention3)"),
       choice_at("qk.granularity", kGranularity, &K::qk, &K::Qk::granularity,
                 "tokens sharing a scale: tensor, block (block_q / block_k tokens), warp, thread (the per-thread "
                 "groups of the mma layouts: warp_q / warp_k), token"),
@@ -203,11 +207,13 @@ const std::vector<FieldAccess>& fields() {
               "subtract each block_q block's mean of Q, add Delta S = mean K^T back in float32"),
       choice_at("qk.unit", kSUnits, &K::qk, &K::Qk::unit,
                 "S's matrix unit (docs/mma.md): exact (integer Q/K: exact products), h100-wgmma-e4m3 (measured on an "
-                "H100), b200-tcgen05-e4m3 (MMA-Sim's model, not measured here); e4m3 Q/K take an FP8 unit"),
-      choice_at("v.format", kFormats, &K::v, &K::V::format, "V as P V reads it: e4m3, e5m2, int8 or fp16"),
+                "H100), b200-tcgen05-e4m3 and b200-nvf4 (MMA-Sim's models, not measured here); e4m3 Q/K take an FP8 unit, "
+                "nvfp4 Q/K b200-nvf4"),
+      choice_at("v.format", kFormats, &K::v, &K::V::format, "V as P V reads it: e4m3, e5m2, int8, fp16 or nvfp4"),
       choice_at("v.scale", kVScales, &K::v, &K::V::scale,
                 "none (binary16 as is, SageAttention), channel (amax / format max per channel, float64, "
-                "SageAttention2), tensor (e4m3, descale fl32(amax / 448), FlashAttention-3)"),
+                "SageAttention2), tensor (e4m3, descale fl32(amax / 448), FlashAttention-3), block16 (nvfp4: an E4M3 scale "
+                "per 16 keys of a channel, SageAttention3)"),
       choice_at("v.rule", kScaleRules, &K::v, &K::V::rule, "v.scale tensor: amax or one (a plain cast)"),
       bool_at("v.smooth", &K::v, &K::V::smooth, "subtract the token mean of V, add it to O"),
       choice_at("v.arith", kArith, &K::v, &K::V::arith,
@@ -246,25 +252,34 @@ const std::vector<FieldAccess>& fields() {
                 "4 threads: each adds its columns in order (column, FlashAttention-3) or, per 16-column mma tile, "
                 "((P_2t + P_2t+1) + P_8+2t) + P_9+2t at once (mma16, SageAttention's accumulate_d); one thread, "
                 "running: eight lanes j mod 8, l r in lane 0, ((L0 + L2) + (L4 + L6)) + ((L1 + L3) + (L5 + L7)) "
-                "(lanes8, FlashAttention-4's fadd_reduce)"),
+                "(lanes8, FlashAttention-4's fadd_reduce); 4 threads, thread t holding keys 8t..8t+7 of every 32 in "
+                "order (octets32, SageAttention3)"),
       choice_at("softmax.row_sum_combine", kCombines, &K::softmax, &K::Softmax::row_sum_combine,
                 "4 threads: how the quad's sums combine: (0+2)+(1+3) (FlashAttention-3's Allreduce) or (0+1)+(2+3) "
                 "(shfl_xor 1, then 2: SageAttention)"),
       choice_at("softmax.row_sum_of", kSumOf, &K::softmax, &K::Softmax::row_sum_of,
                 "the row sum adds P~ before (unrounded, every official kernel here) or after its rounding to p.format"),
+      choice_at("softmax.ref_rule", kRefRules, &K::softmax, &K::Softmax::ref_rule,
+                "scale_at exp with a raw max: the exponent's reference fl32(fl32(m s2) - p.offset) (mul-sub, "
+                "FlashAttention-3) or fma(m, s2, -p.offset) (fma: one rounding, SageAttention3)"),
       real_at("p.offset", &K::p, &K::P::offset,
               "exponent units subtracted from the max: P~ <= base^offset (FlashAttention-3's max_offset 8; "
               "FlashInfer's 2^8 pre-scale is offset 8)"),
       real_at("p.scale", &K::p, &K::P::scale, "a factor on P~ after the exp (SageAttention2's 448)"),
       choice_at("p.format", kFormats, &K::p, &K::P::format,
-                "P as P V reads it: e4m3 / e5m2 (nearest even, saturating), int8 (nearest), fp16, bf16, fp32"),
+                "P as P V reads it: e4m3 / e5m2 (nearest even, saturating), int8 (nearest), fp16, bf16, fp32, nvfp4 "
+                "(per 16 keys: scale exp_b(fma(blockmax S, s2, -ref) + log2(1/6)), P~ / scale to E2M1, the scale to "
+                "E4M3: SageAttention3's second level)"),
       choice_at("pv.unit", kUnits, &K::pv, &K::Pv::unit,
                 "P V's matrix unit (docs/mma.md): fp32 adds, fp22 (the per-product FP22 bound), h100-hmma-f16-acc16, "
                 "h100-wgmma-e4m3, h100-mma-e4m3; from MMA-Sim's model, not measured here: ada-mma-e4m3, "
-                "b200-tcgen05-e4m3"),
+                "b200-tcgen05-e4m3, b200-nvf4 (nvfp4 P and V)"),
       int_at("pv.promote_keys", &K::pv, &K::Pv::promote_keys, 0, 1 << 24,
              "0: one accumulator over the key loop (FlashAttention-3); N: a fresh accumulator added to the float32 "
              "output every N keys, a multiple of keys.block (SageAttention2's two-level: 128 on sm90)"),
+      bool_at("pv.promote_fma", &K::pv, &K::Pv::promote_fma,
+              "promote_keys = keys.block: O = fma(O, r, acc) at each block (one rounding, SageAttention3's rescale_o) "
+              "instead of O r, then + acc"),
       int_at("keys.block", &K::keys, &K::Keys::block, 0, 1 << 20,
              "keys per online-softmax block; 0: FlashAttention-3's FP8 tile for the head dimension"),
       choice_at("keys.order", kOrders, &K::keys, &K::Keys::order, "forward, or reverse (last block first, FlashAttention-3)"),
@@ -423,6 +438,7 @@ double bits_of(KernelFormat f) {
     case KernelFormat::int8:
     case KernelFormat::e4m3:
     case KernelFormat::e5m2: return 8;
+    case KernelFormat::nvfp4: return 4.5;  // 4 bits and an 8-bit scale per 16
     case KernelFormat::fp16:
     case KernelFormat::bf16: return 16;
     case KernelFormat::fp32: return 32;

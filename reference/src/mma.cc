@@ -271,6 +271,52 @@ void tcgen05_e4m3_step(float* acc, const float* p, std::size_t n, const float* v
   if (c0 < cols) tcgen05_e4m3_chunk<0>(acc + c0, p, ep, n, v + c0, v_exponent + c0, stride, cols - c0);
 }
 
+namespace {
+
+// One chunk of W outputs of scaled_group_step (W constant; W = 0: w outputs, w <= 32).
+template <std::size_t W>
+[[gnu::always_inline]] inline void scaled_group_chunk(float* a, const double* term, const std::int32_t* term_e,
+                                                      std::size_t groups, std::size_t stride, std::size_t w_runtime) {
+  constexpr std::size_t kMax = 32;
+  constexpr std::int32_t kFractionBits = 35;
+  constexpr std::uint64_t kDroppedBits = (std::uint64_t{1} << 29) - 1;  // RZ to 24 significant bits of a double
+  const std::size_t w = W > 0 ? W : w_runtime;
+  std::int32_t e[kMax];
+  for (std::size_t c = 0; c < w; ++c) e[c] = std::max(float_exponent(a[c]), std::int32_t{-126});
+  for (std::size_t g = 0; g < groups; ++g)
+    for (std::size_t c = 0; c < w; ++c) e[c] = std::max(e[c], term_e[g * stride + c]);
+  // Units of 2^(E - 35): E >= -126, so 2^(35 - E) <= 2^161 is a double; the accumulator is below 2^37 there and a
+  // term (a group sum of at most 12 significant bits times two 4-bit scale significands) below 2^47, so every scaled
+  // value is exact and their sum, below 2^50, too. Starting from +0 makes an exact zero sum +0.
+  double scale[kMax], s[kMax];
+  for (std::size_t c = 0; c < w; ++c) {
+    scale[c] = std::bit_cast<double>(static_cast<std::uint64_t>(kFractionBits - e[c] + 1023) << 52);
+    s[c] = 0.0 + std::trunc(static_cast<double>(a[c]) * scale[c]);
+  }
+  for (std::size_t g = 0; g < groups; ++g)
+    for (std::size_t c = 0; c < w; ++c) s[c] += std::trunc(term[g * stride + c] * scale[c]);
+  for (std::size_t c = 0; c < w; ++c) {
+    const double rz = std::bit_cast<double>(std::bit_cast<std::uint64_t>(s[c]) & ~kDroppedBits);
+    a[c] = static_cast<float>(rz * std::bit_cast<double>(static_cast<std::uint64_t>(e[c] - kFractionBits + 1023) << 52));
+  }
+}
+
+}  // namespace
+
+// The block-scaled FP4 step (b200-mxf4, b200-nvf4): exact terms in units of 2^(E - 35), summed exactly, the sum
+// rounded toward zero to 24 significant bits.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+void scaled_group_step(float* acc, const double* term, const std::int32_t* term_exponent, std::size_t groups,
+                       std::size_t stride, std::size_t cols) {
+  constexpr std::size_t kChunk = 32;
+  std::size_t c0 = 0;
+  for (; c0 + kChunk <= cols; c0 += kChunk)
+    scaled_group_chunk<kChunk>(acc + c0, term + c0, term_exponent + c0, groups, stride, kChunk);
+  if (c0 < cols) scaled_group_chunk<0>(acc + c0, term + c0, term_exponent + c0, groups, stride, cols - c0);
+}
+
 std::int8_t hmma_f16_exponent(float x) {
   return x == 0 ? std::int8_t{-128} : static_cast<std::int8_t>(std::ilogb(x));  // binary16 values are normal floats
 }

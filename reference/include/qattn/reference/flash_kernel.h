@@ -33,7 +33,9 @@
 
 namespace qattn::ref {
 
-enum class KernelFormat { int4, int8, e4m3, e5m2, fp16, bf16, fp32 };
+// nvfp4: E2M1 codes in blocks of 16 (along d for Q and K, along the keys for P and V), each block with an E4M3
+// scale: SageAttention3's format (docs/pipelines/sage3.md).
+enum class KernelFormat { int4, int8, e4m3, e5m2, fp16, bf16, fp32, nvfp4 };
 
 enum class QkTransform { none, hadamard, smoothquant, qserve };
 enum class ScaleRule { amax, amax_eps, one };  // amax / qmax; amax / qmax + 1e-7 (SageAttention2); 1 (a plain cast)
@@ -45,11 +47,15 @@ enum class MaxRule { raw, scaled };  // scale_at exp: the max of raw S (s2 appli
 enum class RowSumUpdate { block, running };
 // 4 threads: each column in order, or per 16-column mma tile; lanes8 (1 thread, running): FlashAttention-4's
 // fadd_reduce, eight lanes j mod 8 with l r in lane 0, combined ((L0 + L2) + (L4 + L6)) + ((L1 + L3) + (L5 + L7))
-enum class RowSumTile { column, mma16, lanes8 };
+// octets32: 4 threads, thread t holding keys 8t..8t+7 of every 32 (SageAttention3's permuted K), each in order
+enum class RowSumTile { column, mma16, lanes8, octets32 };
+// How the exponent's reference is formed from the max (scale_at exp, raw max): fl32(fl32(m s2) - offset), FA3; or
+// fma(m, s2, -offset), one rounding (nvcc's contraction of m * s2 + c, SageAttention3)
+enum class RefRule { mul_sub, fma };
 enum class RowSumCombine { pairs_02_13, pairs_01_23 };  // (l0 + l2) + (l1 + l3) (FA3), (l0 + l1) + (l2 + l3) (Sage)    // l = l r + (this block's sum); or l = l r, then each P~ added
 enum class RowSumOf { unrounded, rounded };
 // The FP8 units read E4M3 P and V; ada_mma_e4m3 and b200_tcgen05_e4m3 are MMA-Sim's models (not measured here).
-enum class PvUnit { fp32, fp22, h100_hmma_f16_acc16, h100_wgmma_e4m3, h100_mma_e4m3, ada_mma_e4m3, b200_tcgen05_e4m3 };
+enum class PvUnit { fp32, fp22, h100_hmma_f16_acc16, h100_wgmma_e4m3, h100_mma_e4m3, ada_mma_e4m3, b200_tcgen05_e4m3, b200_nvf4 };
 // The MMA preset a P V unit runs one output column at a time (mma_dot, 32 keys per call), or nullptr for the units
 // with their own loops (fp32, fp22, and the vectorised steps of h100-hmma-f16-acc16, h100-wgmma-e4m3 and
 // b200-tcgen05-e4m3).
@@ -57,8 +63,9 @@ struct MmaModel;
 const MmaModel* pv_column_model(PvUnit unit);
 // S's matrix unit: exact integer products (int8 / int4 Q and K), the H100's FP8 wgmma, or B200's unscaled FP8
 // tcgen05.mma (MMA-Sim's model, not measured here): d in fused steps of 32 from a zero accumulator.
-enum class SUnit { exact, h100_wgmma_e4m3, b200_tcgen05_e4m3 };
-enum class VScale { none, channel, tensor };
+// b200_nvf4: NVFP4 Q and K on the block-scaled FP4 step (b200-nvf4), d in steps of 64 with Delta S as C.
+enum class SUnit { exact, h100_wgmma_e4m3, b200_tcgen05_e4m3, b200_nvf4 };
+enum class VScale { none, channel, tensor, block16 };  // block16: NVFP4, an E4M3 scale per 16 keys of a channel
 enum class KeyOrder { forward, reverse };
 enum class KeyPad { masked, zeros };
 enum class Finalize { divide, f64, reciprocal, reciprocal_channel };
@@ -105,6 +112,7 @@ struct FlashKernel {
     RowSumTile row_sum_tile = RowSumTile::column;
     RowSumCombine row_sum_combine = RowSumCombine::pairs_02_13;
     RowSumOf row_sum_of = RowSumOf::unrounded;
+    RefRule ref_rule = RefRule::mul_sub;
   } softmax;
 
   struct P {
@@ -116,6 +124,7 @@ struct FlashKernel {
   struct Pv {
     PvUnit unit = PvUnit::h100_wgmma_e4m3;
     int promote_keys = 0;  // 0: one accumulator over the key loop; N: promoted every N keys (a multiple of keys.block)
+    bool promote_fma = false;  // O = fma(O, r, acc) at each block's promotion (promote_keys = keys.block), one rounding
   } pv;
 
   struct Keys {

@@ -201,6 +201,15 @@ void wgmma_e4m3_step(float* acc, const float* p, std::size_t n, const float* v, 
 // operands (tests/unit/sage2_test.cc), vectorised over c.
 void tcgen05_e4m3_step(float* acc, const float* p, std::size_t n, const float* v, const std::int8_t* v_exponent,
                        std::size_t stride, std::size_t cols);
+// One step of a block-scaled FP4 model with groups (b200-mxf4, b200-nvf4: MMA-Sim's model, not measured here) for
+// `cols` outputs at once, its terms formed by the caller: term[g * stride + c] is group g's exact sum of products
+// times its two block scales, term_exponent[g * stride + c] the sum of the two scales' exponents (floor(log2)), or
+// -126 where a scale is zero (the field_zero_low rule). acc[c] <- RZ_24(trunc(acc) + sum_g trunc(term)), every
+// value truncated at 2^(E_c - 35), E_c = max(e(acc[c]), the group exponents), a zero or subnormal accumulator at
+// -126. Finite values only. Bit-identical to mma_dot of the preset on the operands the terms come from
+// (tests/unit/sage3_test.cc), vectorised over c.
+void scaled_group_step(float* acc, const double* term, const std::int32_t* term_exponent, std::size_t groups,
+                       std::size_t stride, std::size_t cols);
 // E4M3 operands held one byte per code (a prepared call's K8 or V8, O(L d) bytes) and decoded into the float values
 // and field exponents wgmma_e4m3_step reads: `count` codes from `codes` to `value` and `exponent`. The code of a
 // value is lowp_encode(value, fp8_e4m3fn()), signed zeros included; the NaN codes decode to NaN, exponent -6.

@@ -1,0 +1,43 @@
+// The "sage3" method: SageAttention3's NVFP4 attention in the registry (docs/pipelines/sage3.md).
+#include "qattn/reference/kernel_file.h"
+#include "qattn/reference/method_entries.h"
+#include "qattn/reference/sage3.h"
+
+namespace qattn::ref {
+namespace {
+
+constexpr Choice<bool> kOutputs[] = {{"bf16", true}, {"fp32", false}};
+
+}  // namespace
+
+void register_sage3_method(Registry& registry) {
+  MethodEntry e;
+  e.name = "sage3";
+  e.summary = "SageAttention3: smoothed K and Q (Delta S as the MMA's C), NVFP4 Q, K, P~ and V (E2M1, E4M3 scales per "
+              "16), P~'s two-level scaling (row top at 448 x 6, then per 16 keys), S and P V on the block-scaled FP4 "
+              "step (MMA-Sim's model, not measured here)";
+  e.params = {
+      {"per-block-mean", ParamType::boolean, "true",
+       "Q smoothing: the mean of each block of 128 queries (api.py's default) or one mean over every query"},
+      {"out", ParamType::choice, "bf16", "O as stored: bf16 (the kernel's output for bf16 inputs) or fp32",
+       choice_names(kOutputs)},
+  };
+  e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
+    Sage3Params p;
+    p.per_block_mean = m.boolean("per-block-mean");
+    p.output_bf16 = choice_value(m, "out", kOutputs);
+    return make_flash_method(sage3_kernel(p));
+  };
+  e.overflow = OverflowRule::refuse;
+  e.overflow_note = "Q, K, V read as float32 (beyond it refused); S s2 beyond float32 is refused";
+  e.kind = MethodKind::attention_pipeline;
+  e.doc = "docs/pipelines/sage3.md";
+  e.traits = [](const ParamMap&) {
+    MethodTraits t{false, false, std::nullopt, false, 4.5};
+    t.query_block_rows = 64;  // the means and codes are the call's (prepare)
+    return t;
+  };
+  registry.add(std::move(e));
+}
+
+}  // namespace qattn::ref
