@@ -54,6 +54,7 @@ double format_max(KernelFormat f) {
     case KernelFormat::int4: return 7;
     case KernelFormat::fp16: return 65504;
     case KernelFormat::nvfp4: return 2688;
+    case KernelFormat::mxfp4: return 6 * 0x1p127;
     case KernelFormat::bf16:
     case KernelFormat::fp32: return std::numeric_limits<float>::max();
   }
@@ -113,6 +114,18 @@ QATTN_CLONES void nvf4_p_block(float* p, std::size_t n, float sc, float scale, f
 
 // The floor(log2) of a block scale as the block-scaled step reads it, -126 for a zero scale (field_zero_low).
 inline std::int32_t scale_exponent(float s) { return s == 0 ? -126 : std::ilogb(s); }
+
+// One MXFP4 block of 32 values (OCP MX v1.0): the scale 2^X, X = floor(log2 amax) - 2 (E2M1's emax) within
+// [-127, 127] (-127 for an all-zero block), the codes E2M1(x / 2^X) (exact division), written as twice their values;
+// returns 2^X.
+float mxfp4_block(const float* x, float* twice) {
+  float amax = 0;
+  for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const int e = amax == 0 ? -127 : std::clamp(std::ilogb(amax) - 2, -127, 127);
+  const float scale = std::ldexp(1.0f, e);
+  for (int i = 0; i < 32; ++i) twice[i] = e2m1_twice(x[i] / scale);
+  return scale;
+}
 
 // One NVFP4 block of n <= 16 values x[i * stride]: the E4M3 scale SF = E4M3(fl32(amax / 6)) (nearest even,
 // saturating), the codes E2M1(fl32(x fl32(1 / SF))), 0 where SF = 0, written as twice their values; returns SF.
@@ -317,7 +330,7 @@ FlashCall::FlashCall(const MatrixView& q, const MatrixView& k, const MatrixView&
       throw InputError("Q", "head_dim", "d = " + std::to_string(d) + ", d_v = " + std::to_string(dv) + ": e4m3 Q/K on the wgmma as "
                                             "FlashAttention-3's FP8 kernel takes head dimensions up to 256");
     prepare_fp8_qk(q, k);
-  } else if (f.qk.format == KernelFormat::nvfp4) {
+  } else if (f.qk.format == KernelFormat::nvfp4 || f.qk.format == KernelFormat::mxfp4) {
     prepare_nvfp4_qk(q, k);
   } else {
     prepare_int_qk(q, k);
@@ -431,18 +444,24 @@ void FlashCall::prepare_nvfp4_qk(const MatrixView& q_in, const MatrixView& k_raw
       for (Eigen::Index i = b0; i < b0 + n; ++i) q.row(i) -= q_block_mean.row(b0 / bq);
     }
   }
-  // d padded with zero channels to whole blocks of 16 (they add exact zeros to S)
-  const Eigen::Index groups = (d + 15) / 16;
-  // One operand: values read as float32, NVFP4 per 16 channels of each row.
+  // d padded with zero channels to whole blocks of 16 (NVFP4) or 32 (MXFP4); they add exact zeros to S. The scales
+  // are kept per group of 16 (an MX block's scale twice).
+  const bool mx = p.format == KernelFormat::mxfp4;
+  const Eigen::Index block = mx ? 32 : 16, groups = (d + block - 1) / block * (block / 16);
+  // One operand: values read as float32, NVFP4 per 16 channels of each row, or MXFP4 per 32.
   const auto quantize = [&](const RowMatrixXd& x, const char* tensor, RowMatrixXf& twice, RowMatrixXf& scale) {
     twice.resize(x.rows(), groups * 16);
     scale.resize(x.rows(), groups);
-    std::array<float, 16> row;
+    std::array<float, 32> row;
     for (Eigen::Index i = 0; i < x.rows(); ++i)
-      for (Eigen::Index g = 0; g < groups; ++g) {
-        for (Eigen::Index c = 0; c < 16; ++c)
-          row[static_cast<std::size_t>(c)] = g * 16 + c < d ? to_f32(x(i, g * 16 + c), tensor, i, g * 16 + c, f.name, "quantises") : 0.0f;
-        scale(i, g) = nvfp4_block(row.data(), 16, 1, &twice(i, g * 16), 1);
+      for (Eigen::Index b0 = 0; b0 < groups * 16; b0 += block) {
+        for (Eigen::Index c = 0; c < block; ++c)
+          row[static_cast<std::size_t>(c)] = b0 + c < d ? to_f32(x(i, b0 + c), tensor, i, b0 + c, f.name, "quantises") : 0.0f;
+        if (mx) {
+          scale(i, b0 / 16) = scale(i, b0 / 16 + 1) = mxfp4_block(row.data(), &twice(i, b0));
+        } else {
+          scale(i, b0 / 16) = nvfp4_block(row.data(), 16, 1, &twice(i, b0), 1);
+        }
       }
   };
   RowMatrixXf k_scale;
@@ -605,7 +624,7 @@ void FlashCall::prepare_v(const MatrixView& v) {
 }
 
 void FlashCall::logits(Eigen::Index c0, Eigen::Index n, RowMatrixXf& s) const {
-  if (f.qk.format == KernelFormat::nvfp4) {
+  if (f.qk.format == KernelFormat::nvfp4 || f.qk.format == KernelFormat::mxfp4) {
     nvfp4_logits(c0, n, s);
     return;
   }
@@ -985,15 +1004,19 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
 
 std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
   const bool qk_int = is_int(k.qk.format);
-  const bool qk_fp4 = k.qk.format == KernelFormat::nvfp4;
+  const bool qk_mx = k.qk.format == KernelFormat::mxfp4;
+  const bool qk_fp4 = k.qk.format == KernelFormat::nvfp4 || qk_mx;
   if (!qk_int && !qk_fp4 && k.qk.format != KernelFormat::e4m3)
-    return KernelProblem{"qk.format", "must be int8, int4, e4m3 or nvfp4"};
+    return KernelProblem{"qk.format", "must be int8, int4, e4m3, nvfp4 or mxfp4"};
   if (k.qk.groups.block_q < 1 || k.qk.groups.block_k < 1 || k.qk.groups.warp_q < 1 || k.qk.groups.warp_k < 1)
     return KernelProblem{"qk.groups", "every group size must be >= 1"};
   if (!(k.qk.alpha >= 0 && k.qk.alpha <= 1)) return KernelProblem{"qk.alpha", "must be in [0, 1]"};
   const bool fp8_unit = k.qk.unit == SUnit::h100_wgmma_e4m3 || k.qk.unit == SUnit::b200_tcgen05_e4m3;
-  if (qk_int ? k.qk.unit != SUnit::exact : qk_fp4 ? k.qk.unit != SUnit::b200_nvf4 : !fp8_unit)
-    return KernelProblem{"qk.unit", qk_int ? "integer Q/K: exact"
+  if (qk_int   ? k.qk.unit != SUnit::exact
+      : qk_fp4 ? k.qk.unit != (qk_mx ? SUnit::b200_mxf4 : SUnit::b200_nvf4)
+               : !fp8_unit)
+    return KernelProblem{"qk.unit", qk_int   ? "integer Q/K: exact"
+                                    : qk_mx  ? "mxfp4 Q/K: b200-mxf4"
                                     : qk_fp4 ? "nvfp4 Q/K: b200-nvf4"
                                              : "e4m3 Q/K: h100-wgmma-e4m3 or b200-tcgen05-e4m3"};
   if (qk_fp4) {
@@ -1050,7 +1073,8 @@ std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
     return KernelProblem{"softmax.row_sum_tile", "mma16 spreads a row over the quad of threads: row_sum_threads 4"};
   if (!std::isfinite(k.p.offset)) return KernelProblem{"p.offset", "must be finite"};
   if (!(k.p.scale > 0) || !std::isfinite(k.p.scale)) return KernelProblem{"p.scale", "must be finite and > 0"};
-  if (k.p.format == KernelFormat::int4) return KernelProblem{"p.format", "e4m3, e5m2, int8, fp16, bf16, fp32 or nvfp4"};
+  if (k.p.format == KernelFormat::int4 || k.p.format == KernelFormat::mxfp4)
+    return KernelProblem{"p.format", "e4m3, e5m2, int8, fp16, bf16, fp32 or nvfp4"};
   const KernelFormat vf = k.v.format;
   if (vf != KernelFormat::e4m3 && vf != KernelFormat::e5m2 && vf != KernelFormat::int8 && vf != KernelFormat::fp16 &&
       vf != KernelFormat::nvfp4)

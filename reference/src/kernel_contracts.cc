@@ -21,6 +21,7 @@ double format_max(KernelFormat f) {
   switch (f) {
     case KernelFormat::e4m3: return 448;
     case KernelFormat::nvfp4: return 2688;  // E2M1's 6 under an E4M3 block scale of at most 448
+    case KernelFormat::mxfp4: return 6 * 0x1p127;
     case KernelFormat::e5m2: return 57344;
     case KernelFormat::int8: return 127;
     case KernelFormat::int4: return 7;
@@ -36,6 +37,7 @@ double flush_level(KernelFormat f) {
   switch (f) {
     case KernelFormat::e4m3: return std::ldexp(1.0, -10);   // smallest subnormal 2^-9
     case KernelFormat::nvfp4: return std::ldexp(1.0, -11);  // E2M1's 0.5 under the smallest block scale, 2^-9
+    case KernelFormat::mxfp4: return std::ldexp(1.0, -129);  // 0.5 under 2^-127
     case KernelFormat::e5m2: return std::ldexp(1.0, -17);   // 2^-16
     case KernelFormat::int8:
     case KernelFormat::int4: return 0.5;                    // nearest integer
@@ -50,6 +52,7 @@ std::string format_name(KernelFormat f) {
   switch (f) {
     case KernelFormat::e4m3: return "e4m3";
     case KernelFormat::nvfp4: return "nvfp4";
+    case KernelFormat::mxfp4: return "mxfp4";
     case KernelFormat::e5m2: return "e5m2";
     case KernelFormat::int8: return "int8";
     case KernelFormat::int4: return "int4";

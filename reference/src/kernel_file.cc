@@ -21,7 +21,8 @@ using Names = std::vector<std::pair<std::string, E>>;
 const Names<KernelFormat> kFormats = {{"int4", KernelFormat::int4}, {"int8", KernelFormat::int8},
                                       {"e4m3", KernelFormat::e4m3}, {"e5m2", KernelFormat::e5m2},
                                       {"fp16", KernelFormat::fp16}, {"bf16", KernelFormat::bf16},
-                                      {"fp32", KernelFormat::fp32}, {"nvfp4", KernelFormat::nvfp4}};
+                                      {"fp32", KernelFormat::fp32}, {"nvfp4", KernelFormat::nvfp4},
+                                      {"mxfp4", KernelFormat::mxfp4}};
 const Names<SageGranularity> kGranularity = {{"tensor", SageGranularity::tensor}, {"block", SageGranularity::block},
                                              {"warp", SageGranularity::warp}, {"thread", SageGranularity::thread},
                                              {"token", SageGranularity::token}};
@@ -44,7 +45,8 @@ const Names<PvUnit> kUnits = {{"fp32", PvUnit::fp32}, {"fp22", PvUnit::fp22},
                               {"ada-mma-e4m3", PvUnit::ada_mma_e4m3}, {"b200-tcgen05-e4m3", PvUnit::b200_tcgen05_e4m3},
                               {"b200-nvf4", PvUnit::b200_nvf4}};
 const Names<SUnit> kSUnits = {{"exact", SUnit::exact}, {"h100-wgmma-e4m3", SUnit::h100_wgmma_e4m3},
-                               {"b200-tcgen05-e4m3", SUnit::b200_tcgen05_e4m3}, {"b200-nvf4", SUnit::b200_nvf4}};
+                               {"b200-tcgen05-e4m3", SUnit::b200_tcgen05_e4m3}, {"b200-nvf4", SUnit::b200_nvf4},
+                               {"b200-mxf4", SUnit::b200_mxf4}};
 const Names<KeyOrder> kOrders = {{"forward", KeyOrder::forward}, {"reverse", KeyOrder::reverse}};
 const Names<KeyPad> kPads = {{"masked", KeyPad::masked}, {"zeros", KeyPad::zeros}};
 const Names<Finalize> kFinalizes = {{"divide", Finalize::divide},
@@ -180,7 +182,8 @@ const std::vector<FieldAccess>& fields() {
        }},
       choice_at("qk.format", kFormats, &K::qk, &K::Qk::format,
                 "Q and K codes: int8 (SageAttention), int4 (SageAttention2's INT4 kernels), e4m3 (FlashAttention-3), nvfp4 "
-                "(E2M1 per 16 channels with an E4M3 scale fl32(amax / 6), SageAttention3)"),
+                "(E2M1 per 16 channels with an E4M3 scale fl32(amax / 6), SageAttention3), mxfp4 (E2M1 per 32 channels "
+                "with the OCP MX scale 2^(floor(log2 amax) - 2))"),
       choice_at("qk.granularity", kGranularity, &K::qk, &K::Qk::granularity,
                 "tokens sharing a scale: tensor, block (block_q / block_k tokens), warp, thread (the per-thread "
                 "groups of the mma layouts: warp_q / warp_k), token"),
@@ -208,7 +211,7 @@ const std::vector<FieldAccess>& fields() {
       choice_at("qk.unit", kSUnits, &K::qk, &K::Qk::unit,
                 "S's matrix unit (docs/mma.md): exact (integer Q/K: exact products), h100-wgmma-e4m3 (measured on an "
                 "H100), b200-tcgen05-e4m3 and b200-nvf4 (MMA-Sim's models, not measured here); e4m3 Q/K take an FP8 unit, "
-                "nvfp4 Q/K b200-nvf4"),
+                "nvfp4 Q/K b200-nvf4, mxfp4 Q/K b200-mxf4"),
       choice_at("v.format", kFormats, &K::v, &K::V::format, "V as P V reads it: e4m3, e5m2, int8, fp16 or nvfp4"),
       choice_at("v.scale", kVScales, &K::v, &K::V::scale,
                 "none (binary16 as is, SageAttention), channel (amax / format max per channel, float64, "
@@ -439,6 +442,7 @@ double bits_of(KernelFormat f) {
     case KernelFormat::e4m3:
     case KernelFormat::e5m2: return 8;
     case KernelFormat::nvfp4: return 4.5;  // 4 bits and an 8-bit scale per 16
+    case KernelFormat::mxfp4: return 4.25;  // 4 bits and an 8-bit scale per 32
     case KernelFormat::fp16:
     case KernelFormat::bf16: return 16;
     case KernelFormat::fp32: return 32;

@@ -5,8 +5,8 @@ namespace qattn::ref {
 FlashKernel sage3_kernel(const Sage3Params& p) {
   FlashKernel k;
   k.name = "sage3";
-  k.qk.format = KernelFormat::nvfp4;
-  k.qk.unit = SUnit::b200_nvf4;
+  k.qk.format = p.qk_mxfp4 ? KernelFormat::mxfp4 : KernelFormat::nvfp4;
+  k.qk.unit = p.qk_mxfp4 ? SUnit::b200_mxf4 : SUnit::b200_nvf4;
   k.qk.granularity = SageGranularity::block;  // (unused: NVFP4 blocks run along the channels)
   k.qk.scale = ScaleRule::amax;
   k.qk.arith = ScaleArith::f32;

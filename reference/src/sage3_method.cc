@@ -7,6 +7,7 @@ namespace qattn::ref {
 namespace {
 
 constexpr Choice<bool> kOutputs[] = {{"bf16", true}, {"fp32", false}};
+constexpr Choice<bool> kQk[] = {{"nvfp4", false}, {"mxfp4", true}};
 
 }  // namespace
 
@@ -21,11 +22,16 @@ void register_sage3_method(Registry& registry) {
        "Q smoothing: the mean of each block of 128 queries (api.py's default) or one mean over every query"},
       {"out", ParamType::choice, "bf16", "O as stored: bf16 (the kernel's output for bf16 inputs) or fp32",
        choice_names(kOutputs)},
+      {"qk", ParamType::choice, "nvfp4",
+       "Q and K: nvfp4 (E4M3 scale per 16 channels, the kernel's) or mxfp4 (OCP MX: UE8M0 scale 2^(floor(log2 amax) "
+       "- 2) per 32 channels, S on b200-mxf4; AMD's MXFP4 scaling, for comparison)",
+       choice_names(kQk)},
   };
   e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
     Sage3Params p;
     p.per_block_mean = m.boolean("per-block-mean");
     p.output_bf16 = choice_value(m, "out", kOutputs);
+    p.qk_mxfp4 = choice_value(m, "qk", kQk);
     return make_flash_method(sage3_kernel(p));
   };
   e.overflow = OverflowRule::refuse;

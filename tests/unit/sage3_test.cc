@@ -40,9 +40,12 @@ std::uint8_t quantize_block(const std::vector<float>& x, std::vector<std::uint16
   return sc;
 }
 
-// O (float32) of sage3 for row i, from the documented steps.
-std::vector<float> loop_o(const RowMatrixXd& q_in, const RowMatrixXd& k_in, const RowMatrixXd& v, double scale, int i) {
+// O (float32) of sage3 for row i, from the documented steps; mx: Q and K through mx_quantize (OCP MX, E2M1 per 32)
+// and S on b200-mxf4.
+std::vector<float> loop_o(const RowMatrixXd& q_in, const RowMatrixXd& k_in, const RowMatrixXd& v, double scale, int i,
+                          bool mx = false) {
   const MmaModel& unit = mma_preset("b200-nvf4");
+  const MmaModel& s_unit = mma_preset(mx ? "b200-mxf4" : "b200-nvf4");
   const Eigen::Index lq = q_in.rows(), lk = k_in.rows(), d = q_in.cols(), dv = v.cols();
   RowMatrixXd k = k_in;
   k.rowwise() -= Eigen::RowVectorXd(k_in.colwise().mean());
@@ -50,6 +53,14 @@ std::vector<float> loop_o(const RowMatrixXd& q_in, const RowMatrixXd& k_in, cons
   const Eigen::RowVectorXd mean = q_in.middleRows(b0q, nq).colwise().mean();
   const Eigen::RowVectorXd q = q_in.row(i) - mean;
   auto codes_of = [&](const Eigen::RowVectorXd& x, std::vector<std::uint16_t>& c, std::vector<std::uint8_t>& s) {
+    if (mx) {
+      std::vector<float> xf(static_cast<std::size_t>(d));
+      for (Eigen::Index t = 0; t < d; ++t) xf[static_cast<std::size_t>(t)] = static_cast<float>(x(t));
+      const MxQuantized m = mx_quantize(xf, 1, static_cast<std::size_t>(d), LowpCode::e2m1, 32);
+      c.assign(m.codes.begin(), m.codes.end());
+      s = m.scales;
+      return;
+    }
     for (Eigen::Index g = 0; g < d; g += 16) {
       std::vector<float> blk;
       for (Eigen::Index t = g; t < g + 16; ++t) blk.push_back(static_cast<float>(x(t)));
@@ -64,7 +75,7 @@ std::vector<float> loop_o(const RowMatrixXd& q_in, const RowMatrixXd& k_in, cons
     std::vector<std::uint16_t> kc;
     std::vector<std::uint8_t> ks;
     codes_of(k.row(j), kc, ks);
-    s[static_cast<std::size_t>(j)] = mma_dot(unit, qc, kc, static_cast<float>(mean.dot(k.row(j))), qs, ks);
+    s[static_cast<std::size_t>(j)] = mma_dot(s_unit, qc, kc, static_cast<float>(mean.dot(k.row(j))), qs, ks);
   }
   // V: codes per 16 keys of each channel, transposed
   std::vector<std::vector<std::uint16_t>> vc(static_cast<std::size_t>(dv));
@@ -194,7 +205,18 @@ TEST_CASE("sage3 equals a loop of its documented steps through b200-nvf4, bit fo
       CHECK(std::bit_cast<std::uint32_t>(static_cast<float>(r.o(i, c))) == std::bit_cast<std::uint32_t>(o[static_cast<std::size_t>(c)]));
     }
   }
-  // bf16 stores the float32 O rounded; P's rows sum to 1 within the FP4 rounding of P (the row sum is of P~)
+  // Q and K in MXFP4 (qk=mxfp4): mx_quantize's codes and b200-mxf4 for S, the rest as sage3
+  p.qk_mxfp4 = true;
+  const AttentionResult rmx = flash_attention(q, k, v, 0.17, {}, sage3_kernel(p));
+  for (int i : {0, 7, 199}) {
+    const std::vector<float> o = loop_o(q, k, v, 0.17, i, true);
+    for (int c = 0; c < 5; ++c) {
+      INFO("qk=mxfp4, row " << i << ", column " << c);
+      CHECK(std::bit_cast<std::uint32_t>(static_cast<float>(rmx.o(i, c))) == std::bit_cast<std::uint32_t>(o[static_cast<std::size_t>(c)]));
+    }
+  }
+  CHECK(rmx.o != r.o);
+  // bf16 stores the float32 O rounded
   const AttentionResult r16 = flash_attention(q, k, v, 0.17, {}, sage3_kernel(Sage3Params{}));
   for (Eigen::Index t = 0; t < r.o.size(); ++t) REQUIRE(r16.o.data()[t] == round_to_bfloat16(r.o.data()[t]));
 }

@@ -34,8 +34,9 @@
 namespace qattn::ref {
 
 // nvfp4: E2M1 codes in blocks of 16 (along d for Q and K, along the keys for P and V), each block with an E4M3
-// scale: SageAttention3's format (docs/pipelines/sage3.md).
-enum class KernelFormat { int4, int8, e4m3, e5m2, fp16, bf16, fp32, nvfp4 };
+// scale: SageAttention3's format (docs/pipelines/sage3.md). mxfp4 (Q and K only): E2M1 in blocks of 32 channels with
+// an OCP MX scale 2^(floor(log2 amax) - 2) (UE8M0).
+enum class KernelFormat { int4, int8, e4m3, e5m2, fp16, bf16, fp32, nvfp4, mxfp4 };
 
 enum class QkTransform { none, hadamard, smoothquant, qserve };
 enum class ScaleRule { amax, amax_eps, one };  // amax / qmax; amax / qmax + 1e-7 (SageAttention2); 1 (a plain cast)
@@ -64,7 +65,7 @@ const MmaModel* pv_column_model(PvUnit unit);
 // S's matrix unit: exact integer products (int8 / int4 Q and K), the H100's FP8 wgmma, or B200's unscaled FP8
 // tcgen05.mma (MMA-Sim's model, not measured here): d in fused steps of 32 from a zero accumulator.
 // b200_nvf4: NVFP4 Q and K on the block-scaled FP4 step (b200-nvf4), d in steps of 64 with Delta S as C.
-enum class SUnit { exact, h100_wgmma_e4m3, b200_tcgen05_e4m3, b200_nvf4 };
+enum class SUnit { exact, h100_wgmma_e4m3, b200_tcgen05_e4m3, b200_nvf4, b200_mxf4 };
 enum class VScale { none, channel, tensor, block16 };  // block16: NVFP4, an E4M3 scale per 16 keys of a channel
 enum class KeyOrder { forward, reverse };
 enum class KeyPad { masked, zeros };

@@ -24,6 +24,7 @@ namespace qattn::ref {
 struct Sage3Params {
   bool per_block_mean = true;  // Q's mean per 128 queries (api.py's default), or one mean over every query
   bool output_bf16 = true;
+  bool qk_mxfp4 = false;  // Q and K in MXFP4 (UE8M0 per 32 channels, S on b200-mxf4): AMD's scaling, not sage3's
 };
 
 FlashKernel sage3_kernel(const Sage3Params& p);
