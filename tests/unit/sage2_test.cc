@@ -6,9 +6,11 @@
 #include <bit>
 #include <cmath>
 #include <random>
+#include <string>
 
 #include "qattn/metrics.h"
 #include "support/random_matrix.h"
+#include "support/test_scale.h"
 #include "qattn/reference/flash_kernel.h"
 #include "qattn/reference/float_attention.h"
 #include "qattn/reference/lowp_float.h"
@@ -218,13 +220,15 @@ template <typename Step>
 void check_fp8_step(const char* preset, Step step, bool wide_acc) {
   std::mt19937_64 g(6);
   const MmaModel& model = mma_preset(preset);
+  const int trials = qattn::test::scaled(2000, 50);
+  qattn::test::announce_scale(std::string(preset) + " step against mma_dot", trials);
   std::uniform_int_distribution<int> code(0, 255);
   auto e4m3 = [&] {
     int c;
     do c = code(g); while ((c & 0x7f) == 0x7f);  // every non-NaN code: zeros and subnormals included
     return static_cast<std::uint16_t>(c);
   };
-  for (int trial = 0; trial < 2000; ++trial) {
+  for (int trial = 0; trial < trials; ++trial) {
     const std::size_t n = 1 + static_cast<std::size_t>(g() % 32), cols = 1 + static_cast<std::size_t>(g() % 80);
     std::vector<std::uint16_t> pc(n), vc(n * cols);
     for (auto& x : pc) x = e4m3();

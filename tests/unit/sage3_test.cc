@@ -19,6 +19,7 @@
 #include "qattn/reference/registry.h"
 #include "qattn/reference/sage3.h"
 #include "support/random_matrix.h"
+#include "support/test_scale.h"
 
 using namespace qattn;
 using namespace qattn::ref;
@@ -138,10 +139,12 @@ std::vector<float> loop_o(const RowMatrixXd& q_in, const RowMatrixXd& k_in, cons
 
 TEST_CASE("scaled_group_step is mma_dot of b200-nvf4 and b200-mxf4, output by output", "[sage3][mma]") {
   std::mt19937_64 g(71);
+  const int trials = qattn::test::scaled(3000, 50);
+  qattn::test::announce_scale("scaled_group_step against mma_dot, per preset", trials);
   for (const char* preset : {"b200-nvf4", "b200-mxf4"}) {
     const MmaModel& model = mma_preset(preset);
     const std::size_t block = static_cast<std::size_t>(model.scale_block);
-    for (int trial = 0; trial < 3000; ++trial) {
+    for (int trial = 0; trial < trials; ++trial) {
       const std::size_t cols = 1 + g() % 40;
       std::vector<std::uint16_t> a(64);
       std::vector<std::uint8_t> sa(64 / block);
@@ -221,7 +224,7 @@ TEST_CASE("sage3 equals a loop of its documented steps through b200-nvf4, bit fo
   for (Eigen::Index t = 0; t < r.o.size(); ++t) REQUIRE(r16.o.data()[t] == round_to_bfloat16(r.o.data()[t]));
 }
 
-TEST_CASE("sage3 with a causal mask: fully masked blocks of 16 enter with scale 0; FP4 costs more than FP8", "[sage3]") {
+TEST_CASE("sage3 with a causal mask: fully masked blocks of 16 enter with scale 0, and FP4 costs more than FP8", "[sage3]") {
   std::mt19937_64 g(73);
   const RowMatrixXd q = random_matrix(256, 64, 0, 1, g), k = random_matrix(256, 64, 0, 1, g),
                     v = random_matrix(256, 64, 0, 1, g);
