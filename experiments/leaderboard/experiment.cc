@@ -31,7 +31,7 @@ std::string run_leaderboard(const ExperimentContext& ctx) {
   for (std::size_t k = 0; k < order.size(); ++k) {
     const std::size_t i = order[k];
     const double bits = kv_bits(canon[i]);
-    const std::string bits_text = bits > 0 ? fixed(bits, 0) : "";
+    const std::string bits_text = bits <= 0 ? "" : bits == std::floor(bits) ? fixed(bits, 0) : fixed(bits, 2);  // NVFP4: 4.5
     t.rows.push_back({std::to_string(k + 1), names[i], fmt_sim(s[i].mean.o_cossim), fmt_sim(s[i].worst.o_cossim), fmt_err(s[i].mean.o_rel_l1),
                       fmt_err(s[i].mean.o_rmse), fmt_sim(s[i].mean.p_cossim), fmt_err(s[i].mean.p_rel_l1), bits > 0 ? bits_text : "fp64"});
     csv.rows.push_back({names[i], fmt_sim(s[i].mean.o_cossim), fmt_sim(s[i].worst.o_cossim), fmt_err(s[i].mean.o_rel_l1), fmt_err(s[i].mean.o_rmse),
