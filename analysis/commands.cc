@@ -26,6 +26,7 @@
 
 #include "qattn/error.h"
 #include "qattn/metrics.h"
+#include "qattn/reference/kernel_file.h"
 #include "qattn/reference/kv_quant.h"
 #include "qattn/reference/registry.h"
 #include "qattn/reference/weight_quant.h"
@@ -295,6 +296,23 @@ void print_methods_markdown() {
   end("non-finite");
 }
 
+// The parts of a flash-kernel method's description (at `spec`) that no measured vector validates; nullopt for a
+// method that is not a flash kernel, or that takes no spec without a value (file).
+std::optional<std::vector<std::string>> unvalidated_parts(const std::string& spec) {
+  try {
+    const std::unique_ptr<Method> m = registry().create(spec);
+    if (const std::optional<ref::FlashKernel> k = ref::kernel_of(*m)) return ref::kernel_unvalidated_parts(*k);
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
+
+std::string joined(const std::vector<std::string>& parts) {
+  std::string s;
+  for (const std::string& p : parts) s += (s.empty() ? "" : "; ") + p;
+  return s;
+}
+
 void run_methods(const std::string& format) {
   if (format == "md") return print_methods_markdown();
   if (format == "json") {
@@ -318,6 +336,12 @@ void run_methods(const std::string& format) {
         entry["reference"] = e.reference;
         entry["in_default_lists"] = e.in_default_lists;
         if (!e.positional_key.empty()) entry["positional_key"] = e.positional_key;
+        if (const auto parts = unvalidated_parts(e.name)) {
+          entry["not_validated"] = *parts;
+          for (const auto& pr : e.presets)
+            if (const auto pp = unvalidated_parts(e.name + "@" + pr.name)) presets[pr.name]["not_validated"] = *pp;
+          entry["presets"] = presets;
+        }
       }
       j.push_back(entry);
     }
@@ -340,6 +364,8 @@ void run_methods(const std::string& format) {
     if (i < n_methods)
       std::cout << "    overflow: " << (e.overflow == OverflowRule::refuse ? "refuse" : "propagate") << " ("
                 << e.overflow_note << "; docs/non-finite.md)\n";
+    const auto parts = i < n_methods ? unvalidated_parts(e.name) : std::nullopt;
+    if (parts && !parts->empty()) std::cout << "    not validated by measured vectors: " << joined(*parts) << "\n";
     if (e.params.empty()) std::cout << "    parameters: none\n";
     for (const auto& p : e.params)
       std::cout << "    " << p.key << "=" << p.default_value << "  [" << type_name(p) << "]  " << p.doc << "\n";
@@ -347,6 +373,9 @@ void run_methods(const std::string& format) {
       std::cout << "    @" << pr.name << ":";
       for (const auto& [k, v] : pr.values) std::cout << " " << k << "=" << v;
       std::cout << "  " << pr.doc << "\n";
+      if (!parts) continue;
+      if (const auto pp = unvalidated_parts(e.name + "@" + pr.name); pp && *pp != *parts)
+        std::cout << "      not validated by measured vectors: " << (pp->empty() ? "(every part validated)" : joined(*pp)) << "\n";
     }
   }
 }

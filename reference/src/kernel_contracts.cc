@@ -65,6 +65,31 @@ std::string format_name(KernelFormat f) {
 
 }  // namespace
 
+std::vector<std::string> kernel_unvalidated_parts(const FlashKernel& k) {
+  std::vector<std::string> parts;
+  const auto model_unit = [&](const char* stage, const char* preset) {
+    parts.push_back(std::string(stage) + " on " + preset + ": MMA-Sim's model, not measured here");
+  };
+  switch (k.qk.unit) {
+    case SUnit::b200_tcgen05_e4m3: model_unit("S", "b200-tcgen05-e4m3"); break;
+    case SUnit::b200_nvf4: model_unit("S", "b200-nvf4"); break;
+    case SUnit::b200_mxf4: model_unit("S", "b200-mxf4"); break;
+    default: break;  // exact integer products; the H100's wgmma (measured)
+  }
+  if (k.softmax.exp == ExpImpl::f64_rounded)
+    parts.push_back("exp: the GPU's ex2.approx, taken as exact then rounded once to float32");
+  else
+    parts.push_back("exp: the C library's expf/exp2f, not the GPU's ex2.approx");
+  switch (k.pv.unit) {
+    case PvUnit::fp22: parts.push_back("P V: the per-product FP22 bound, which matches no measured instruction"); break;
+    case PvUnit::ada_mma_e4m3: model_unit("P V", "ada-mma-e4m3"); break;
+    case PvUnit::b200_tcgen05_e4m3: model_unit("P V", "b200-tcgen05-e4m3"); break;
+    case PvUnit::b200_nvf4: model_unit("P V", "b200-nvf4"); break;
+    default: break;  // float32 adds; the H100's measured units
+  }
+  return parts;
+}
+
 std::vector<KernelContract> kernel_contracts(const FlashKernel& k, const ContractOptions& o) {
   std::vector<KernelContract> out;
   const bool two = k.softmax.base == SoftmaxBase::two;

@@ -62,6 +62,9 @@ expect 0 "0 violated" "kernel check: 8 + 0.75 fits E4M3" -- kernel check "file:$
 expect 1 "diffuse mass kept .*violated" "kernel check: P in (0, 1] cast to E4M3" -- kernel check "file:$tmp/fa3.json,p.offset=0"
 expect 0 '"verdict": "holds"' "kernel check --format json" -- kernel check fa3-fp8 --format json
 expect 2 "not a flash kernel" "kernel show of a method that is not a kernel" -- kernel show turbo
+expect 0 "S on b200-nvf4: MMA-Sim's model, not measured here" "qattn methods marks the parts no measured vector validates" -- \
+  methods
+expect 0 '"not_validated"' "methods --format json lists them" -- methods --format json
 
 # ---- refusals -----------------------------------------------------------------------------------------------------
 sed 's/"offset": 8.0/"ofset": 8.0/' "$tmp/fa3.json" > "$tmp/bad.json"

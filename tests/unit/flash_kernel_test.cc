@@ -221,3 +221,28 @@ TEST_CASE("fa3-fp8@paper: block quantisation and incoherent processing against p
   CHECK(get_kernel_field(k8, "softmax.max_rule") == "scaled");
   CHECK(get_kernel_field(k8, "qk.transform") == "hadamard");
 }
+
+TEST_CASE("kernel_unvalidated_parts names the MMA-Sim units, the FP22 bound and the exponential", "[kernel_file]") {
+  const auto parts_of = [](const char* spec) {
+    return kernel_unvalidated_parts(*kernel_of(*reference_registry().create(spec)));
+  };
+  // fa3-fp8: S and P V on the H100's measured wgmma; only the exponential is not measured
+  const std::vector<std::string> fa3 = parts_of("fa3-fp8");
+  REQUIRE(fa3.size() == 1);
+  CHECK(fa3[0].find("ex2.approx") != std::string::npos);
+  // fa4-fp8 and sage3: both units from MMA-Sim's model, in step order
+  for (const char* spec : {"fa4-fp8", "sage3"}) {
+    const std::vector<std::string> p = parts_of(spec);
+    INFO(spec);
+    REQUIRE(p.size() == 3);
+    CHECK(p[0].rfind("S on b200-", 0) == 0);
+    CHECK(p[2].rfind("P V on b200-", 0) == 0);
+    CHECK(p[2].find("MMA-Sim") != std::string::npos);
+  }
+  CHECK(parts_of("fa4-fp8:units=h100").size() == 1);  // the same kernel on the H100's units
+  // sage2's per-product FP22 accumulator is a bound, not an instruction; its exp is the C library's
+  const std::vector<std::string> fp22 = parts_of("sage2:acc=fp22");
+  REQUIRE(fp22.size() == 2);
+  CHECK(fp22[0].find("C library") != std::string::npos);
+  CHECK(fp22[1].find("FP22") != std::string::npos);
+}

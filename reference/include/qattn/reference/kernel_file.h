@@ -64,4 +64,10 @@ struct ContractOptions {
 };
 std::vector<KernelContract> kernel_contracts(const FlashKernel& k, const ContractOptions& o = {});
 
+// The parts of a description that no vector measured on a GPU validates, one line each, in step order: a matrix unit
+// from MMA-Sim's model (docs/mma.md), the per-product FP22 bound, and the exponential (computed in float64 and rounded
+// once, or by the C library, where the kernels run ex2.approx). Empty when every part is validated. `qattn methods`
+// prints them under each flash-kernel method and preset.
+std::vector<std::string> kernel_unvalidated_parts(const FlashKernel& k);
+
 }  // namespace qattn::ref
