@@ -248,6 +248,7 @@ std::vector<std::uint8_t> e4m3_groups(const MatrixView& x, ScaleRule rule, Eigen
 
 float fa4_ex2_emulation(float x) {
   constexpr float c1 = 0x1.63ea32p-1f, c2 = 0x1.d20d48p-3f, c3 = 0x1.3be13ap-4f;
+  if (x > 127.0f) return std::numeric_limits<float>::infinity();  // beyond FA4's domain: as the hardware's exp2
   if (std::fabs(x) < 0x1p-126f) x = 0.0f;
   x = std::fmax(x, -127.0f);
   const float n = std::floor(x);  // RD(x + 1.5 2^23) - 1.5 2^23, exact for |x| < 2^22
@@ -1069,6 +1070,11 @@ std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
       return KernelProblem{"softmax.ex2_emu_freq", "the software exp2 takes x <= 127: p.offset + rescale_threshold "
                                                    "below 127"};
   }
+  if (k.softmax.row_sum_tile == RowSumTile::octets32 && k.softmax.row_sum_threads != 4)
+    return KernelProblem{"softmax.row_sum_tile", "octets32 spreads a row over a quad of threads: row_sum_threads 4"};
+  if (k.softmax.ref_rule == RefRule::fma &&
+      (k.softmax.scale_at != ScaleAt::exp || k.softmax.max_rule != MaxRule::raw))
+    return KernelProblem{"softmax.ref_rule", "fma forms the reference from a raw max: softmax.scale_at exp, max_rule raw"};
   if (k.softmax.row_sum_tile == RowSumTile::mma16 && k.softmax.row_sum_threads != 4)
     return KernelProblem{"softmax.row_sum_tile", "mma16 spreads a row over the quad of threads: row_sum_threads 4"};
   if (!std::isfinite(k.p.offset)) return KernelProblem{"p.offset", "must be finite"};

@@ -128,6 +128,14 @@ inline std::int32_t float_exponent(float x) {
 }
 inline float pow2(std::int32_t e) { return std::bit_cast<float>(static_cast<std::uint32_t>(e + 127) << 23); }
 
+// A double rounded toward zero to float32: a subnormal result truncated, one beyond the largest float to it (IEEE
+// RZ, as to_float_rz). Branch-free, so that the chunks' loops vectorise.
+inline float f32_rz(double d) {
+  const float f = static_cast<float>(d);  // to nearest: at most one step away from zero too far
+  const bool over = std::fabs(static_cast<double>(f)) > std::fabs(d);
+  return std::bit_cast<float>(std::bit_cast<std::uint32_t>(f) - (over ? 1u : 0u));
+}
+
 }  // namespace
 
 std::int8_t wgmma_e4m3_exponent(float x) {
@@ -247,8 +255,7 @@ template <std::size_t W>
   }
   for (std::size_t c = 0; c < w; ++c) {
     const double rz = std::bit_cast<double>(std::bit_cast<std::uint64_t>(s[c]) & ~kDroppedBits);
-    const float d =
-        static_cast<float>(rz * std::bit_cast<double>(static_cast<std::uint64_t>(e[c] - kFractionBits + 1023) << 52));
+    const float d = f32_rz(rz * std::bit_cast<double>(static_cast<std::uint64_t>(e[c] - kFractionBits + 1023) << 52));
     a[c] = e[c] < kLowestProduct ? a[c] + 0.0f : d;
   }
 }
@@ -297,7 +304,7 @@ template <std::size_t W>
     for (std::size_t c = 0; c < w; ++c) s[c] += std::trunc(term[g * stride + c] * scale[c]);
   for (std::size_t c = 0; c < w; ++c) {
     const double rz = std::bit_cast<double>(std::bit_cast<std::uint64_t>(s[c]) & ~kDroppedBits);
-    a[c] = static_cast<float>(rz * std::bit_cast<double>(static_cast<std::uint64_t>(e[c] - kFractionBits + 1023) << 52));
+    a[c] = f32_rz(rz * std::bit_cast<double>(static_cast<std::uint64_t>(e[c] - kFractionBits + 1023) << 52));
   }
 }
 

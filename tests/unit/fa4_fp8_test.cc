@@ -165,6 +165,9 @@ TEST_CASE("fa4_ex2_emulation: exact at integers, scales by 2^n, within 9e-5 of 2
   for (int n = -126; n <= 30; ++n) REQUIRE(fa4_ex2_emulation(static_cast<float>(n)) == std::ldexp(1.0f, n));
   CHECK(fa4_ex2_emulation(-127.0f) == 0.0f);       // a zero exponent field reads 0 (.ftz)
   CHECK(fa4_ex2_emulation(-1000.0f) == 0.0f);      // clamped at -127
+  CHECK(fa4_ex2_emulation(127.0f) == 0x1p127f);
+  CHECK(std::isinf(fa4_ex2_emulation(127.5f)));     // beyond FA4's domain: +inf, not a wrapped exponent
+  CHECK(fa4_ex2_emulation(std::nanf("")) == 0.0f);  // max(NaN, -127) is -127
   CHECK(fa4_ex2_emulation(0x1p-130f) == 1.0f);     // a subnormal x reads 0
   CHECK(fa4_ex2_emulation(-0x1p-130f) == 1.0f);
   std::mt19937_64 g(46);

@@ -150,20 +150,26 @@ TEST_CASE("scaled_group_step is mma_dot of b200-nvf4 and b200-mxf4, output by ou
       std::vector<std::uint8_t> sa(64 / block);
       for (auto& x : a) x = static_cast<std::uint16_t>(g() % 16);
       // scales: zero, subnormal, and spread over a wide range (a scale 2^30 below another truncates whole groups)
-      auto scale_code = [&]() -> std::uint8_t {
+      // UE8M0 at the ends of its range in one trial of 4: results below float32's normals (truncated toward zero)
+      // and beyond its largest value (the largest float, as IEEE RZ)
+      const int extreme = model.scale == MmaScale::ue8m0 && trial % 4 == 3 ? (trial % 8 == 3 ? -1 : 1) : 0;
+      auto scale_code = [&](bool a_side) -> std::uint8_t {
         if (model.scale == MmaScale::ue4m3) return static_cast<std::uint8_t>(g() % 8 == 0 ? 0 : g() % 0x7f);
+        if (extreme != 0 && a_side) return static_cast<std::uint8_t>(extreme < 0 ? g() % 6 : 249 + g() % 6);
+        if (extreme != 0) return static_cast<std::uint8_t>(122 + g() % 12);  // b near 1: the product at the end
         return static_cast<std::uint8_t>(g() % 8 == 0 ? 127 - 40 + g() % 80 : 127 - 3 + g() % 7);
       };
-      for (auto& x : sa) x = scale_code();
+      for (auto& x : sa) x = scale_code(true);
       std::vector<std::vector<std::uint16_t>> b(cols, std::vector<std::uint16_t>(64));
       std::vector<std::vector<std::uint8_t>> sb(cols, std::vector<std::uint8_t>(64 / block));
       std::vector<float> acc(cols), fast(cols);
       for (std::size_t c = 0; c < cols; ++c) {
         for (auto& x : b[c]) x = static_cast<std::uint16_t>(g() % 16);
-        for (auto& x : sb[c]) x = scale_code();
-        acc[c] = g() % 4 == 0 ? 0.0f
-                              : std::ldexp(static_cast<float>((g() % 8388608) + 8388608) * (g() % 2 ? 1 : -1),
-                                           static_cast<int>(g() % 60) - 50);
+        for (auto& x : sb[c]) x = scale_code(false);
+        acc[c] = g() % 4 == 0 || extreme != 0
+                     ? 0.0f
+                     : std::ldexp(static_cast<float>((g() % 8388608) + 8388608) * (g() % 2 ? 1 : -1),
+                                  static_cast<int>(g() % 60) - 50);
       }
       std::vector<double> term(4 * cols);
       std::vector<std::int32_t> term_e(4 * cols);

@@ -164,7 +164,8 @@ void transform_qk(RowMatrixXd& q, RowMatrixXd& k, QkTransform t, double alpha, s
 // in magnitude reads 0 (.ftz), x = max(x, -127), n = floor(x) (the sum with 1.5 2^23 rounded down), f = x - n,
 // p = fma(fma(fma(c3, f, c2), f, c1), f, 1) with the fpminimax coefficients c1 = 0x3F31F519, c2 = 0x3E6906A4,
 // c3 = 0x3D9DF09D, and 2^n p formed by adding n << 23 to p's bits; a result with a zero exponent field (n = -127)
-// reads 0, as the .ftz instructions that consume it read it. x at most 127.
+// reads 0, as the .ftz instructions that consume it read it. FA4 assumes x <= 127; beyond it this gives +inf, as
+// the hardware's exp2 does for large x (a NaN x reads -127, as max(x, -127) does, and gives 0).
 float fa4_ex2_emulation(float x);
 
 // FlashAttention-3's FP8 tile sizes for the head dimension (tile_size_fwd_sm90, element size 1).
