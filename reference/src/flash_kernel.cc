@@ -272,6 +272,9 @@ class FlashCall final : public PreparedCall {
   void prepare_int_qk(const MatrixView& q, const MatrixView& k);
   void prepare_fp8_qk(const MatrixView& q, const MatrixView& k);
   void prepare_nvfp4_qk(const MatrixView& q, const MatrixView& k);
+  void smooth_qk(RowMatrixXd& q, RowMatrixXd& k);
+  void keep_delta_s_parts(RowMatrixXd& k, const MatrixView& k_raw);
+  double delta_s_dot(const Eigen::Ref<const Eigen::RowVectorXd>& mean, Eigen::Index j) const;
   void nvfp4_logits(Eigen::Index c0, Eigen::Index n, RowMatrixXf& s) const;
   void prepare_v(const MatrixView& v);
   // fl32(scale) log2 e in float32: in float64 and rounded once (softmax.scale_log2 f64, FlashAttention-3's host) or
@@ -339,10 +342,9 @@ FlashCall::FlashCall(const MatrixView& q, const MatrixView& k, const MatrixView&
   prepare_v(v);
 }
 
-void FlashCall::prepare_int_qk(const MatrixView& q_in, const MatrixView& k_raw) {
+// Step (1) on the call's Q and K (copies): the change of basis, K smoothing, Q's block means (kept for Delta S).
+void FlashCall::smooth_qk(RowMatrixXd& q, RowMatrixXd& k) {
   const FlashKernel::Qk& p = f.qk;
-  RowMatrixXd q = q_in;
-  RowMatrixXd k = k_raw;
   transform_qk(q, k, p.transform, p.alpha, p.hadamard_seed, f.name);
   if (p.smooth_k && lk > 0) k.rowwise() -= Eigen::RowVectorXd(k.colwise().mean());
   if (p.smooth_q) {
@@ -354,6 +356,28 @@ void FlashCall::prepare_int_qk(const MatrixView& q_in, const MatrixView& k_raw) 
       for (Eigen::Index i = b0; i < b0 + n; ++i) q.row(i) -= q_block_mean.row(b0 / bq);
     }
   }
+}
+
+// Delta S reads K' only with smooth_q. Without a change of basis K' is K_in - mean (or K_in), formed again from the
+// caller's K and the mean (the same doubles) instead of held.
+void FlashCall::keep_delta_s_parts(RowMatrixXd& k, const MatrixView& k_raw) {
+  const FlashKernel::Qk& p = f.qk;
+  if (p.smooth_q && p.transform == QkTransform::none && p.smooth_k && lk > 0) k_mean = k_raw.colwise().mean();
+  if (p.smooth_q && p.transform != QkTransform::none) k_basis = std::move(k);
+}
+
+// mean K'_j in float64, the dot product of Delta S
+double FlashCall::delta_s_dot(const Eigen::Ref<const Eigen::RowVectorXd>& mean, Eigen::Index j) const {
+  if (k_basis.size()) return mean.dot(k_basis.row(j));
+  if (k_mean.size()) return mean.dot(k_in.row(j) - k_mean);
+  return mean.dot(k_in.row(j));
+}
+
+void FlashCall::prepare_int_qk(const MatrixView& q_in, const MatrixView& k_raw) {
+  const FlashKernel::Qk& p = f.qk;
+  RowMatrixXd q = q_in;
+  RowMatrixXd k = k_raw;
+  smooth_qk(q, k);
   if (p.arith == ScaleArith::f32) {
     std::vector<float> xq(static_cast<std::size_t>(lq * d)), xk(static_cast<std::size_t>(lk * d));
     const float factor = static_cast<float>(scale * static_cast<double>(kLog2eF32));
@@ -391,10 +415,7 @@ void FlashCall::prepare_int_qk(const MatrixView& q_in, const MatrixView& k_raw) 
     q_group_of = qq.group;
     k_group_of = kq.group;
   }
-  // Delta S reads K' only with smooth_q. Without a change of basis K' is K_in - mean (or K_in), formed again from
-  // the caller's K and the mean (the same doubles) instead of held.
-  if (p.smooth_q && p.transform == QkTransform::none && p.smooth_k && lk > 0) k_mean = k_raw.colwise().mean();
-  if (p.smooth_q && p.transform != QkTransform::none) k_basis = std::move(k);
+  keep_delta_s_parts(k, k_raw);
 }
 
 void FlashCall::prepare_fp8_qk(const MatrixView& q_in, const MatrixView& k_in_) {
@@ -434,17 +455,7 @@ void FlashCall::prepare_nvfp4_qk(const MatrixView& q_in, const MatrixView& k_raw
   const FlashKernel::Qk& p = f.qk;
   RowMatrixXd q = q_in;
   RowMatrixXd k = k_raw;
-  transform_qk(q, k, p.transform, p.alpha, p.hadamard_seed, f.name);
-  if (p.smooth_k && lk > 0) k.rowwise() -= Eigen::RowVectorXd(k.colwise().mean());
-  if (p.smooth_q) {
-    const Eigen::Index bq = p.groups.block_q;
-    q_block_mean.resize((lq + bq - 1) / bq, d);
-    for (Eigen::Index b0 = 0; b0 < lq; b0 += bq) {
-      const Eigen::Index n = std::min(bq, lq - b0);
-      q_block_mean.row(b0 / bq) = q.middleRows(b0, n).colwise().mean();
-      for (Eigen::Index i = b0; i < b0 + n; ++i) q.row(i) -= q_block_mean.row(b0 / bq);
-    }
-  }
+  smooth_qk(q, k);
   // d padded with zero channels to whole blocks of 16 (NVFP4) or 32 (MXFP4); they add exact zeros to S. The scales
   // are kept per group of 16 (an MX block's scale twice).
   const bool mx = p.format == KernelFormat::mxfp4;
@@ -475,8 +486,7 @@ void FlashCall::prepare_nvfp4_qk(const MatrixView& q_in, const MatrixView& k_raw
     for (Eigen::Index g = 0; g < groups; ++g) q4_exp(i, g) = scale_exponent(q4_scale(i, g));
   for (Eigen::Index g = 0; g < groups; ++g)
     for (Eigen::Index j = 0; j < lk; ++j) k4_exp_t(g, j) = scale_exponent(k4_scale_t(g, j));
-  if (p.smooth_q && p.transform == QkTransform::none && p.smooth_k && lk > 0) k_mean = k_raw.colwise().mean();
-  if (p.smooth_q && p.transform != QkTransform::none) k_basis = std::move(k);
+  keep_delta_s_parts(k, k_raw);
   s2 = scale_log2();  // no descales: the block scales are inside the products
 }
 
@@ -497,13 +507,7 @@ void FlashCall::nvfp4_logits(Eigen::Index c0, Eigen::Index n, RowMatrixXf& s) co
       float* acc = &s(t, k0);
       if (f.qk.smooth_q) {  // Delta S = mean_b K'_j, raw (its scale enters with S's), as the first step's C
         const auto mean = q_block_mean.row(i / f.qk.groups.block_q);
-        for (Eigen::Index j = 0; j < cols; ++j) {
-          double dot;
-          if (k_basis.size()) dot = mean.dot(k_basis.row(k0 + j));
-          else if (k_mean.size()) dot = mean.dot(k_in.row(k0 + j) - k_mean);
-          else dot = mean.dot(k_in.row(k0 + j));
-          acc[j] = static_cast<float>(dot);
-        }
+        for (Eigen::Index j = 0; j < cols; ++j) acc[j] = static_cast<float>(delta_s_dot(mean, k0 + j));
       } else {
         std::fill(acc, acc + cols, 0.0f);
       }
@@ -672,11 +676,7 @@ void FlashCall::logits(Eigen::Index c0, Eigen::Index n, RowMatrixXf& s) const {
       delta_block = i / f.qk.groups.block_q;
       const auto mean = q_block_mean.row(delta_block);
       for (Eigen::Index j = 0; j < lk; ++j) {
-        double dot;
-        if (k_basis.size()) dot = mean.dot(k_basis.row(j));
-        else if (k_mean.size()) dot = mean.dot(k_in.row(j) - k_mean);
-        else dot = mean.dot(k_in.row(j));
-        delta_s[static_cast<std::size_t>(j)] = static_cast<float>(dot * scale * log2e);
+        delta_s[static_cast<std::size_t>(j)] = static_cast<float>(delta_s_dot(mean, j) * scale * log2e);
       }
     }
     const float sqf = static_cast<float>(sqi);

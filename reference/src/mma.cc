@@ -162,8 +162,9 @@ namespace {
 
 // One chunk of W outputs (W a constant, so that the arrays live in vector registers; W = 0: w outputs, w <= 32).
 template <std::size_t W>
-inline void wgmma_e4m3_chunk(float* a, const float* p, const std::int8_t* ep, std::size_t n, const float* v,
-                             const std::int8_t* v_exponent, std::size_t stride, std::size_t w_runtime) {
+[[gnu::always_inline]] inline void wgmma_e4m3_chunk(float* a, const float* p, const std::int8_t* ep, std::size_t n,
+                                                    const float* v, const std::int8_t* v_exponent, std::size_t stride,
+                                                    std::size_t w_runtime) {
   constexpr std::size_t kMax = 32;
   constexpr std::int32_t kFractionBits = 13;
   constexpr std::uint32_t kDroppedBits = 0x3ffu;  // RZ to 14 significant bits: the low 10 of float's 23 stored bits
@@ -196,30 +197,11 @@ inline void wgmma_e4m3_chunk(float* a, const float* p, const std::int8_t* ep, st
   }
 }
 
-}  // namespace
-
-// Integer and exact float operations only, so every instruction set gives the same bits; on x86-64 the compiler
-// builds AVX-512, AVX2 and baseline copies and the loader picks one (the loops over c vectorise).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-void wgmma_e4m3_step(float* acc, const float* p, std::size_t n, const float* v, const std::int8_t* v_exponent,
-                     std::size_t stride, std::size_t cols) {
-  constexpr std::size_t kChunk = 32;
-  std::int8_t ep[kChunk];  // n <= 32
-  for (std::size_t j = 0; j < n; ++j) ep[j] = static_cast<std::int8_t>(std::max(float_exponent(p[j]), std::int32_t{-6}));
-  std::size_t c0 = 0;
-  for (; c0 + kChunk <= cols; c0 += kChunk)
-    wgmma_e4m3_chunk<kChunk>(acc + c0, p, ep, n, v + c0, v_exponent + c0, stride, kChunk);
-  if (c0 < cols) wgmma_e4m3_chunk<0>(acc + c0, p, ep, n, v + c0, v_exponent + c0, stride, cols - c0);
-}
-
-namespace {
-
 // One chunk of W outputs of tcgen05_e4m3_step (W constant; W = 0: w outputs, w <= 32).
 template <std::size_t W>
-[[gnu::always_inline]] inline void tcgen05_e4m3_chunk(float* a, const float* p, const std::int8_t* ep, std::size_t n, const float* v,
-                               const std::int8_t* v_exponent, std::size_t stride, std::size_t w_runtime) {
+[[gnu::always_inline]] inline void tcgen05_e4m3_chunk(float* a, const float* p, const std::int8_t* ep, std::size_t n,
+                                                      const float* v, const std::int8_t* v_exponent, std::size_t stride,
+                                                      std::size_t w_runtime) {
   constexpr std::size_t kMax = 32;
   constexpr std::int32_t kFractionBits = 25;
   constexpr std::int32_t kLowestProduct = -12;  // E4M3 field exponents are >= -6
@@ -260,22 +242,42 @@ template <std::size_t W>
   }
 }
 
-}  // namespace
-
-// The B200 tcgen05 FP8 step: exact terms in units of 2^(E - 25), summed exactly, the sum rounded toward zero to 24
-// significant bits (a float32 value: the scaled result is exact in float32).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-void tcgen05_e4m3_step(float* acc, const float* p, std::size_t n, const float* v, const std::int8_t* v_exponent,
-                       std::size_t stride, std::size_t cols) {
+// An FP8 step over `cols` outputs in chunks of 32: the H100's wgmma (F = 13) or B200's tcgen05.mma (F = 25).
+template <bool kTcgen05>
+[[gnu::always_inline]] inline void fp8_step(float* acc, const float* p, std::size_t n, const float* v,
+                                            const std::int8_t* v_exponent, std::size_t stride, std::size_t cols) {
   constexpr std::size_t kChunk = 32;
   std::int8_t ep[kChunk];  // n <= 32
   for (std::size_t j = 0; j < n; ++j) ep[j] = static_cast<std::int8_t>(std::max(float_exponent(p[j]), std::int32_t{-6}));
   std::size_t c0 = 0;
   for (; c0 + kChunk <= cols; c0 += kChunk)
-    tcgen05_e4m3_chunk<kChunk>(acc + c0, p, ep, n, v + c0, v_exponent + c0, stride, kChunk);
-  if (c0 < cols) tcgen05_e4m3_chunk<0>(acc + c0, p, ep, n, v + c0, v_exponent + c0, stride, cols - c0);
+    if constexpr (kTcgen05) tcgen05_e4m3_chunk<kChunk>(acc + c0, p, ep, n, v + c0, v_exponent + c0, stride, kChunk);
+    else wgmma_e4m3_chunk<kChunk>(acc + c0, p, ep, n, v + c0, v_exponent + c0, stride, kChunk);
+  if (c0 == cols) return;
+  if constexpr (kTcgen05) tcgen05_e4m3_chunk<0>(acc + c0, p, ep, n, v + c0, v_exponent + c0, stride, cols - c0);
+  else wgmma_e4m3_chunk<0>(acc + c0, p, ep, n, v + c0, v_exponent + c0, stride, cols - c0);
+}
+
+}  // namespace
+
+// Integer and exact float operations only, so every instruction set gives the same bits; on x86-64 the compiler
+// builds AVX-512, AVX2 and baseline copies and the loader picks one (the loops over c vectorise).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+void wgmma_e4m3_step(float* acc, const float* p, std::size_t n, const float* v, const std::int8_t* v_exponent,
+                     std::size_t stride, std::size_t cols) {
+  fp8_step<false>(acc, p, n, v, v_exponent, stride, cols);
+}
+
+// The B200 tcgen05 FP8 step: exact terms in units of 2^(E - 25), summed exactly, the sum rounded toward zero to 24
+// significant bits and onto float32 toward zero.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+void tcgen05_e4m3_step(float* acc, const float* p, std::size_t n, const float* v, const std::int8_t* v_exponent,
+                       std::size_t stride, std::size_t cols) {
+  fp8_step<true>(acc, p, n, v, v_exponent, stride, cols);
 }
 
 namespace {
