@@ -104,6 +104,25 @@ std::unique_ptr<PendingFile> prepare_output(const std::string& path, const std::
   return std::make_unique<PendingFile>(path, std::span<const std::span<const std::byte>>(parts));
 }
 
+std::function<void(std::size_t, std::size_t)> stderr_progress(std::string command, std::string items) {
+  struct Progress {
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+    bool terminal = isatty(STDERR_FILENO);
+    std::mutex lock;
+    double printed = 0;
+  };
+  return [state = std::make_shared<Progress>(), command = std::move(command), items = std::move(items)](
+             std::size_t done, std::size_t total) {
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - state->start).count();
+    const std::lock_guard<std::mutex> hold(state->lock);
+    if ((state->terminal || elapsed > 2.0) && (elapsed - state->printed >= 1.0 || done == total)) {
+      state->printed = elapsed;
+      std::cerr << command << ": " << done << "/" << total << " " << items << " done (" << static_cast<int>(elapsed)
+                << " s)\n";
+    }
+  };
+}
+
 namespace {
 
 // What a path names on disk, after following symbolic links.
@@ -564,28 +583,13 @@ AnalyzePlan plan_analyze(const AnalyzeOptions& o) {
   return plan;
 }
 
-// The run's evaluation options: threads, block rows, --whole-calls, and progress on stderr at a terminal or once a
-// run passes 2 s, at most once a second.
+// The run's evaluation options: threads, block rows, --whole-calls, and progress on stderr.
 EvalOptions eval_options(const AnalyzePlan& plan) {
   EvalOptions options;
   options.threads = plan.threads > 0 ? plan.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   options.block_rows = plan.block_rows;
   options.whole_calls = plan.whole_calls;
-  struct Progress {
-    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
-    bool terminal = isatty(STDERR_FILENO);
-    std::mutex lock;
-    double printed = 0;
-  };
-  options.progress = [state = std::make_shared<Progress>()](std::size_t done, std::size_t total) {
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - state->start).count();
-    const std::lock_guard<std::mutex> hold(state->lock);
-    if ((state->terminal || elapsed > 2.0) && (elapsed - state->printed >= 1.0 || done == total)) {
-      state->printed = elapsed;
-      std::cerr << "qattn analyze: " << done << "/" << total << " blocks and calls done (" << static_cast<int>(elapsed)
-                << " s)\n";
-    }
-  };
+  options.progress = stderr_progress("qattn analyze", "blocks and calls");
   return options;
 }
 

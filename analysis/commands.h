@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstddef>
+#include <functional>
 #include <memory>
 
 #include "data_paths.h"
@@ -67,6 +68,10 @@ struct ExitCode {
 
 // Refuses (CLI::ValidationError naming --format) a format not in `valid`.
 void check_format_option(const std::string& format, std::initializer_list<const char*> valid);
+
+// Progress on stderr, "COMMAND: done/total ITEMS done (N s)", at a terminal or once a run passes 2 s, at most once a
+// second and at the end; safe to call from several threads.
+std::function<void(std::size_t done, std::size_t total)> stderr_progress(std::string command, std::string items);
 
 // Writes text to stdout, or atomically to path when it is not empty.
 void emit(const std::string& text, const std::string& path);

@@ -1,16 +1,22 @@
 // qattn kernel: a flash kernel as a description (docs/kernels-as-data.md). `show` prints a kernel's description as
 // the file a user edits and runs with --method file:PATH; `check` derives its contracts and exits 1 when one is
 // violated.
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "kernel_search.h"
 #include "qattn/error.h"
+#include "qattn/reference/flash_kernel.h"
 #include "qattn/reference/kernel_file.h"
 #include "qattn/reference/registry.h"
 
@@ -18,15 +24,18 @@ namespace qattn::cli {
 namespace {
 
 // NAME as a method spec; a path to a file (one that exists, or one ending in .json) is file:PATH.
-ref::FlashKernel kernel_named(const std::string& name) {
-  std::string spec = name;
+std::string kernel_spec(const std::string& name) {
   if (name.rfind("file:", 0) != 0 && (name.ends_with(".json") || std::filesystem::is_regular_file(name)))
-    spec = "file:" + name;
-  const std::unique_ptr<Method> m = ref::reference_registry().create(spec);
+    return "file:" + name;
+  return name;
+}
+
+ref::FlashKernel kernel_named(const std::string& name) {
+  const std::unique_ptr<Method> m = ref::reference_registry().create(kernel_spec(name));
   std::optional<ref::FlashKernel> k = ref::kernel_of(*m);
   if (!k)
-    throw SpecError("method '" + name + "' is not a flash kernel (the kernels: sage1, sage2 and fa3-fp8 with any "
-                    "preset and parameters, and file:PATH)");
+    throw SpecError("method '" + name + "' is not a flash kernel (the kernels: sage1, sage2, sage3, fa3-fp8 and "
+                    "fa4-fp8 with any preset and parameters, and file:PATH)");
   return *k;
 }
 
@@ -34,10 +43,69 @@ struct CheckOptions {
   std::string name, format = "md", out;
   long long keys = 8192;
   double tolerance = 0.05;
+  // --search
+  bool search = false;
+  int budget = 48, threads = 0;
+  std::uint64_t seed = 0;
+  long long max_keys = 4096, head_dim = 128;
+  std::string metric = "O_rel_l1", dump;
+  std::vector<std::string> families;
+  std::optional<double> fail_above;
 };
 
+constexpr eval::Metric kSearchMetrics[] = {eval::Metric::o_rel_l1, eval::Metric::o_one_minus_cossim,
+                                           eval::Metric::o_rmse};
+
+eval::Metric search_metric(const std::string& name) {
+  std::string names;
+  for (eval::Metric m : kSearchMetrics) {
+    for (const eval::MetricInfo& i : eval::kMetrics)
+      if (i.metric == m) {
+        if (name == i.name) return m;
+        names += std::string(names.empty() ? "" : ", ") + i.name;
+      }
+  }
+  throw CLI::ValidationError("--metric", "'" + name + "' is not one the search maximises: " + names);
+}
+
+// The search's section of the report (after the contracts), md or a JSON object.
+std::string search_report(const SearchResult& r, const SearchOptions& so, const CheckOptions& o) {
+  const SearchCase& w = r.worst[r.worst_at];
+  if (o.format == "json") {
+    nlohmann::ordered_json j;
+    j["evaluations"] = r.evaluations;
+    j["seed"] = so.seed;
+    j["head_dim"] = so.head_dim;
+    j["max_keys"] = so.max_keys;
+    j["metric"] = o.metric;
+    j["families"] = nlohmann::ordered_json::array();
+    for (const SearchCase& c : r.worst)
+      j["families"].push_back({{"family", family_name(c.input.family)}, {"error", c.error},
+                               {"O_cossim", c.metrics.o_cossim}, {"L_q", c.input.lq}, {"L_k", c.input.lk},
+                               {"causal", c.input.causal}, {"input", c.input.describe()}});
+    j["worst"] = family_name(w.input.family);
+    j["dump"] = o.dump.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(o.dump);
+    return j.dump(2);
+  }
+  std::string s = "\nsearch: " + std::to_string(r.evaluations) + " inputs (seed " + std::to_string(so.seed) + ", d " +
+                  std::to_string(so.head_dim) + ", L_k up to " + std::to_string(so.max_keys) + "), the worst " +
+                  o.metric + " against the fp64 reference per family\n\n| family | " + o.metric +
+                  " | O_cossim | L_q | L_k | input |\n|---|---|---|---|---|---|\n";
+  char buf[64];
+  for (const SearchCase& c : r.worst) {
+    std::snprintf(buf, sizeof buf, "%.6g | %.8f", c.error, c.metrics.o_cossim);
+    s += std::string("| ") + family_name(c.input.family) + " | " + buf + " | " + std::to_string(c.input.lq) + " | " +
+         std::to_string(c.input.lk) + " | " + c.input.describe() + " |\n";
+  }
+  std::snprintf(buf, sizeof buf, "%.6g", w.error);
+  s += std::string("\nworst: ") + family_name(w.input.family) + ", " + o.metric + " " + buf;
+  s += o.dump.empty() ? " (--dump DIR writes it)\n"
+                      : "; written to " + o.dump + " (qattn analyze --tensors " + o.dump + " --method " + o.name + ")\n";
+  return s;
+}
+
 std::string check_report(const ref::FlashKernel& k, const std::vector<ref::KernelContract>& contracts,
-                         const CheckOptions& o) {
+                         const CheckOptions& o, const std::string& search_json) {
   std::size_t violated = 0;
   for (const auto& c : contracts) violated += c.violated;
   if (o.format == "json") {
@@ -48,6 +116,7 @@ std::string check_report(const ref::FlashKernel& k, const std::vector<ref::Kerne
     for (const auto& c : contracts)
       j["contracts"].push_back({{"contract", c.name}, {"bound", c.bound}, {"limit", c.limit},
                                 {"verdict", c.violated ? "violated" : "holds"}, {"fix", c.fix}});
+    if (!search_json.empty()) j["search"] = nlohmann::ordered_json::parse(search_json);
     return j.dump(2) + "\n";
   }
   std::string s = "kernel " + k.name + ": " + std::to_string(contracts.size()) + " contracts, " +
@@ -87,13 +156,64 @@ void add_kernel(CLI::App& app) {
       ->check(CLI::Range(0.0, 1.0));
   check->add_option("--format", o->format, "md (default) or json");
   check->add_option("--out", o->out, "Write here (atomically) instead of stdout");
-  check->callback([o] {
+  check->add_flag("--search", o->search,
+                  "Also search for inputs with the largest error against the fp64 reference: max-jump, diffuse, "
+                  "first-causal and needle heads (docs/kernels-as-data.md, Searching for bad inputs)");
+  check->add_option("--budget", o->budget, "--search: inputs evaluated (default 48)")->check(CLI::Range(1, 100000));
+  check->add_option("--seed", o->seed, "--search: seed of the draws (default 0)");
+  check->add_option("--max-keys", o->max_keys, "--search: the longest L_k drawn (default 4096)")
+      ->check(CLI::Range(64LL, 1LL << 20));
+  check->add_option("--d", o->head_dim, "--search: head dimension (default 128)")->check(CLI::Range(1LL, 1024LL));
+  check->add_option("--family", o->families,
+                    "--search: draw only these families (repeatable): max-jump, diffuse, first-causal, needle");
+  check->add_option("--metric", o->metric, "--search: O_rel_l1 (default), O_one_minus_cossim or O_rmse");
+  check->add_option("--dump", o->dump,
+                    "--search: write the worst input here as a dump directory (it must not exist) for qattn analyze");
+  check->add_option("--fail-above", o->fail_above, "--search: exit 1 when the worst error exceeds this")
+      ->check(CLI::Range(0.0, std::numeric_limits<double>::max()));
+  check->add_option("--threads", o->threads, "--search: worker threads, at most 1024; 0 (default): every core. "
+                                             "The result does not depend on it")
+      ->check(CLI::Range(0, 1024));
+  check->callback([o, check] {
     check_format_option(o->format, {"md", "json"});
+    if (!o->search)
+      for (const char* flag : {"--budget", "--seed", "--max-keys", "--d", "--family", "--metric", "--dump",
+                               "--fail-above", "--threads"})
+        if (check->count(flag) > 0)
+          throw CLI::ValidationError(flag, "applies to --search only");
     const ref::FlashKernel k = kernel_named(o->name);
     const auto contracts = ref::kernel_contracts(k, {o->keys, o->tolerance});
-    emit(check_report(k, contracts, *o), o->out);
+    std::string search;
+    bool search_failed = false;
+    if (o->search) {
+      SearchOptions so;
+      so.metric = search_metric(o->metric);
+      for (const std::string& name : o->families) {
+        const std::optional<SearchFamily> f = family_named(name);
+        if (!f)
+          throw CLI::ValidationError("--family", "'" + name + "' is not a family: max-jump, diffuse, first-causal, needle");
+        if (std::find(so.families.begin(), so.families.end(), *f) == so.families.end()) so.families.push_back(*f);
+      }
+      so.budget = o->budget;
+      so.seed = o->seed;
+      so.max_keys = o->max_keys;
+      so.head_dim = o->head_dim;
+      so.threads = o->threads;
+      so.key_block = k.keys.block > 0 ? k.keys.block : ref::fa3_fp8_key_block(so.head_dim);
+      so.progress = stderr_progress("qattn kernel check --search", "inputs");
+      const std::string spec = kernel_spec(o->name);
+      const SearchResult r = search_worst_inputs([&] { return ref::reference_registry().create(spec); }, o->name, so);
+      search = search_report(r, so, *o);
+      const SearchCase& w = r.worst[r.worst_at];
+      search_failed = o->fail_above && !(w.error <= *o->fail_above);
+      if (!o->dump.empty()) write_search_dump(w.input, so.head_dim, o->dump);
+    }
+    std::string report = check_report(k, contracts, *o, o->format == "json" ? search : "");
+    if (o->format != "json") report += search;
+    emit(report, o->out);
     for (const auto& c : contracts)
       if (c.violated) throw ExitCode{1};
+    if (search_failed) throw ExitCode{1};
   });
 }
 
