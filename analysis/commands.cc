@@ -290,7 +290,9 @@ void print_methods_markdown() {
   std::cout << "| method | kind | what it is | presets | doc |\n|---|---|---|---|---|\n";
   for (const auto& e : registry().entries()) {
     std::string presets;
-    for (const auto& p : e.presets) presets += (presets.empty() ? "" : ", ") + ("`@" + p.name + "`");
+    for (const auto& p : e.presets)
+      presets += (presets.empty() ? "" : ", ") + ("`@" + p.name + "`") +
+                 (p.alias_of.empty() ? "" : " (old spelling of `@" + p.alias_of + "`)");
     std::cout << "| `" << e.name << "` | " << method_kind_name(e.kind) << " | " << e.summary << " | "
               << (presets.empty() ? "-" : presets) << " | " << e.doc << " |\n";
   }
@@ -345,7 +347,8 @@ void run_methods(const std::string& format) {
       for (const auto& p : e.params)
         params.push_back({{"key", p.key}, {"type", type_name(p)}, {"default", p.default_value}, {"doc", p.doc}});
       json presets = json::object();
-      for (const auto& pr : e.presets) presets[pr.name] = {{"values", pr.values}, {"doc", pr.doc}};
+      for (const auto& pr : e.presets)
+        presets[pr.name] = pr.alias_of.empty() ? json{{"values", pr.values}, {"doc", pr.doc}} : json{{"alias_of", pr.alias_of}};
       json entry = {{"name", e.name}, {"summary", e.summary}, {"params", params}, {"presets", presets}};
       if (e.make) {  // the attention/softmax methods (the quantizers share the entry type but not the policy)
         entry["overflow"] = {{"rule", e.overflow == OverflowRule::refuse ? "refuse" : "propagate"},
@@ -358,7 +361,8 @@ void run_methods(const std::string& format) {
         if (const auto parts = unvalidated_parts(e.name)) {
           entry["not_validated"] = *parts;
           for (const auto& pr : e.presets)
-            if (const auto pp = unvalidated_parts(e.name + "@" + pr.name)) presets[pr.name]["not_validated"] = *pp;
+            if (pr.alias_of.empty())
+              if (const auto pp = unvalidated_parts(e.name + "@" + pr.name)) presets[pr.name]["not_validated"] = *pp;
           entry["presets"] = presets;
         }
       }
@@ -389,6 +393,10 @@ void run_methods(const std::string& format) {
     for (const auto& p : e.params)
       std::cout << "    " << p.key << "=" << p.default_value << "  [" << type_name(p) << "]  " << p.doc << "\n";
     for (const auto& pr : e.presets) {
+      if (!pr.alias_of.empty()) {
+        std::cout << "    @" << pr.name << ": now @" << pr.alias_of << " (the old spelling, kept for this release)\n";
+        continue;
+      }
       std::cout << "    @" << pr.name << ":";
       for (const auto& [k, v] : pr.values) std::cout << " " << k << "=" << v;
       std::cout << "  " << pr.doc << "\n";

@@ -152,7 +152,8 @@ std::pair<std::vector<std::string>, std::vector<std::string>> method_rows(
   for (const auto& e : ref::reference_registry().entries()) {
     if (!e.in_default_lists || !keep(e)) continue;
     std::vector<std::string> specs{e.name};
-    for (const auto& p : e.presets) specs.push_back(e.name + "@" + p.name);
+    for (const auto& p : e.presets)
+      if (p.alias_of.empty()) specs.push_back(e.name + "@" + p.name);  // an old spelling is its preset's row
     for (const auto& spec : specs) {
       const std::string c = ref::reference_registry().canonical(parse_method_spec(spec));
       const auto it = std::find(canon.begin(), canon.end(), c);

@@ -139,7 +139,7 @@ void add_kernel(CLI::App& app) {
   auto show_name = std::make_shared<std::string>();
   auto show_out = std::make_shared<std::string>();
   auto* show = sub->add_subcommand("show", "Print a kernel's description (JSON): a method spec (fa3-fp8, "
-                                           "sage2@8b, sage1:acc=fp32) or a description file");
+                                           "sage2@paper-8b, sage1:acc=fp32) or a description file");
   show->add_option("name", *show_name, "Method spec, file:PATH or PATH")->required();
   show->add_option("--out", *show_out, "Write here (atomically) instead of stdout");
   show->callback([show_name, show_out] { emit(ref::kernel_to_json(kernel_named(*show_name)), *show_out); });

@@ -12,6 +12,7 @@
 #include <limits>
 #if defined(__GLIBC__)
 #include <malloc.h>
+#include <set>
 #include <sys/mman.h>
 #endif
 
@@ -129,6 +130,11 @@ int main(int argc, char** argv) {
   using namespace qattn::cli;
   keep_freed_memory();
   back_heap_with_huge_pages();
+  // An old preset spelling (sage2@8b) says on stderr, once, which preset it now means.
+  qattn::set_preset_alias_notice([](const std::string& text) {
+    static std::set<std::string> said;
+    if (said.insert(text).second) std::cerr << "qattn: note: " << text << "\n";
+  });
   CLI::App app{"qattn: quantized softmax and attention, measured against exact references"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Help for every subcommand");

@@ -37,9 +37,9 @@ std::vector<DumpLayer> long_head(int L, std::uint64_t seed) {
 std::string run_fp8_accumulation_length(const ExperimentContext& ctx) {
   const std::vector<int> lengths = ctx.fast ? std::vector<int>{1024, 4096} : std::vector<int>{1024, 4096, 16384, 65536, 131072};
   const std::vector<std::pair<std::string, std::string>> accs = {
-      {"fp32", "sage2@8b:acc=fp32"},
-      {"two-level (wgmma per 128 keys)", "sage2@8b:acc=wgmma"},
-      {"single (one wgmma accumulator)", "sage2@8b:acc=wgmma-single"},
+      {"fp32", "sage2@paper-8b:acc=fp32"},
+      {"two-level (wgmma per 128 keys)", "sage2@paper-8b:acc=wgmma"},
+      {"single (one wgmma accumulator)", "sage2@paper-8b:acc=wgmma-single"},
   };
   std::vector<Summary> results(lengths.size() * accs.size());
   std::vector<std::unique_ptr<Method>> built;
@@ -58,7 +58,7 @@ std::string run_fp8_accumulation_length(const ExperimentContext& ctx) {
     for (std::size_t a = 0; a < accs.size(); ++a) results[li * accs.size() + a] = summarise({all[a]});
   }
   std::ostringstream r;
-  r << "fp8-accumulation-length: O error of FP8 attention (sage2@8b: INT8 Q/K, E4M3 P~ and V) vs the fp64 reference "
+  r << "fp8-accumulation-length: O error of FP8 attention (sage2@paper-8b: INT8 Q/K, E4M3 P~ and V) vs the fp64 reference "
        "as the key count L grows, with the H100's FP8 wgmma accumulator used once per 128-key block (two-level, "
        "SageAttention2's Hopper kernel) or once over the whole key loop (single)\n"
     << "synthetic head: 64 queries, L keys, d = 128, Q and K ~ N(0, 1), V ~ 1 + N(0, 1/4), seed 1000 + L\n\n";

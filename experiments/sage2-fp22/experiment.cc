@@ -90,7 +90,7 @@ std::string run_sage2_fp22(const ExperimentContext& ctx) {
   sources.push_back({"USE-Lite", load_dump(ctx.tensors)});
   std::vector<Summary> results(accs.size() * sources.size());
   parallel_for(results.size(), ctx.threads, [&](std::size_t i) {
-    const std::string spec = "sage2@8b:acc=" + accs[i / sources.size()].first;
+    const std::string spec = "sage2@paper-8b:acc=" + accs[i / sources.size()].first;
     results[i] = summarise(evaluate(sources[i % sources.size()].dump, *make_method(spec, ctx.engine), spec));
   });
   Table t{{"acc", "what"}, {}};
@@ -104,7 +104,7 @@ std::string run_sage2_fp22(const ExperimentContext& ctx) {
     }
     t.rows.push_back(row);
   }
-  r << "P·V under each accumulator: sage2@8b (smooth K, per-thread INT8 Q/K, E4M3 P~ and V), mean over heads vs the "
+  r << "P·V under each accumulator: sage2@paper-8b (smooth K, per-thread INT8 Q/K, E4M3 P~ and V), mean over heads vs the "
        "fp64 reference; synthetic: 4 heads, L = " << L
     << ", d = 128, channel biases of K, Q and V (SageAttention2 Fig. 2 and 17), seed 7; USE-Lite: the dump\n\n"
     << t.markdown() << "\n";

@@ -25,7 +25,7 @@ std::string run_sage2_worst(const ExperimentContext& ctx) {
        {"FP16", "E4M3", "E5M2", "INT8"}, {q4 + ",p=fp16", q4 + ",p=e4m3", q4 + ",p=e5m2", q4 + ",p=int8"}},
       {"Table 17", "worst CosSim 96.71 % > 93.10 % > 90.86 % > 4.83 %",
        {"smooth Q and K (SageAttn2-4b)", "smooth Q", "smooth K", "none"},
-       {"sage2@4b", "sage2@4b:smooth-k=false", "sage2@4b:smooth-q=false", "sage2@4b:smooth-q=false,smooth-k=false"}},
+       {"sage2@paper-4b", "sage2@paper-4b:smooth-k=false", "sage2@paper-4b:smooth-q=false", "sage2@paper-4b:smooth-q=false,smooth-k=false"}},
   };
   const int L = ctx.fast ? 128 : 512;
   struct Source {

@@ -31,7 +31,8 @@ def method_specs():
     for m in methods():
         if not m["in_default_lists"]:  # built from a file only (file:PATH)
             continue
-        for spec in [m["name"]] + [m["name"] + "@" + p["name"] for p in m["presets"]]:
+        # an old spelling (alias_of) is its preset's row, not one of its own
+        for spec in [m["name"]] + [m["name"] + "@" + p["name"] for p in m["presets"] if "alias_of" not in p]:
             c = canonical(spec)
             if c in seen:
                 rows[seen[c]]["names"].append(spec)

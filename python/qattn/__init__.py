@@ -96,7 +96,8 @@ def methods():
     list of dict
         One dict per method: ``name``, ``summary``, ``kind`` (``float format``, ``softmax model`` or
         ``attention pipeline``), ``doc`` (its page in the repository), ``params`` (each a dict with ``key``,
-        ``default``, ``doc``, ``choices``) and ``presets`` (each a dict with ``name``, ``values``, ``doc``).
+        ``default``, ``doc``, ``choices``) and ``presets`` (each a dict with ``name``, ``values``, ``doc``; an old
+        spelling kept for one release has ``alias_of``, the preset it now means, and no values).
     """
     return _qattn.methods()
 
@@ -717,8 +718,8 @@ def mma(a, bt, c=None, scale_a=None, scale_bt=None, model="h100-wgmma-e4m3"):
 def mma_models():
     """The MMA presets: a list of dicts with ``name``, ``parameters``, ``provenance``, ``validated`` (True when the
     preset reproduces a set of vectors), ``measured`` (True when those vectors were measured on the GPU it names;
-    False for the presets validated by MMA-Sim's published model), ``scale`` ("UE8M0", "UE4M3" or None) and
-    ``scale_block``."""
+    False for the presets validated by MMA-Sim's published model), ``accumulator`` ("f32" or "f16"), ``scale``
+    ("UE8M0", "UE4M3" or None) and ``scale_block``."""
     return _qattn.mma_models()
 
 

@@ -157,7 +157,8 @@ def configuration(rows, grid_keys):
     if e is None:
         return plain
     defaults = {p["key"]: p["default"] for p in e["params"]}
-    candidates = [(name, defaults)] + [(f"{name}@{n}", {**defaults, **p["values"]}) for n, p in e["presets"].items()]
+    candidates = [(name, defaults)] + [(f"{name}@{n}", {**defaults, **p["values"]}) for n, p in e["presets"].items()
+                                       if "alias_of" not in p]  # an old spelling names its preset's values
     names = [n for n, values in candidates if all(values.get(k) == v for k, v in fixed.items())]
     return " = ".join(names) if names else plain
 

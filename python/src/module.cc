@@ -23,6 +23,7 @@
 #include <mutex>
 #include <cstring>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -351,6 +352,7 @@ py::dict quantizers() {
       for (const PresetInfo& p : e.presets) {
         py::dict d;
         d["name"] = p.name, d["values"] = p.values, d["doc"] = p.doc;
+        if (!p.alias_of.empty()) d["alias_of"] = p.alias_of;
         presets.append(d);
       }
       py::dict m;
@@ -1090,6 +1092,7 @@ py::list mma_models() {
     py::dict d;
     d["name"] = m.name, d["parameters"] = m.describe(), d["provenance"] = m.provenance, d["validated"] = m.validated;
     d["measured"] = m.measured;
+    d["accumulator"] = m.accumulator == ref::MmaAccumulator::f16 ? "f16" : "f32";
     d["scale"] = m.scale == ref::MmaScale::none ? py::object(py::none()) : py::object(py::str(ref::mma_scale_name(m.scale)));
     d["scale_block"] = m.scale_block;
     out.append(d);
@@ -1137,6 +1140,7 @@ py::list methods() {
       d["name"] = p.name;
       d["values"] = p.values;
       d["doc"] = p.doc;
+      if (!p.alias_of.empty()) d["alias_of"] = p.alias_of;
       presets.append(d);
     }
     py::dict m;
@@ -1225,6 +1229,12 @@ void save(const std::string& path, const py::dict& arrays) {
 PYBIND11_MODULE(_qattn, m) {
   using namespace qattn::python;
   m.doc() = "qattn: quantized softmax and attention, verified with exact arithmetic (native part)";
+  // An old preset spelling (sage2@8b) warns once (FutureWarning) which preset it now means.
+  qattn::set_preset_alias_notice([](const std::string& text) {
+    py::gil_scoped_acquire gil;
+    static std::set<std::string> said;
+    if (said.insert(text).second) PyErr_WarnEx(PyExc_FutureWarning, ("qattn: " + text).c_str(), 1);
+  });
   // The library's input errors carry file, field and reason: Python sees them as ValueError with that message.
   py::register_exception_translator([](std::exception_ptr p) {
     try {

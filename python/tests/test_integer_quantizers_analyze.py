@@ -165,7 +165,7 @@ def test_quantize_weights_gptq_beats_rtn_on_real_inputs():
 # ---- analyze -----------------------------------------------------------------------------------------------------
 
 def test_analyze_equals_the_cli_report():
-    methods = ["intattention", "sage2@8b"]
+    methods = ["intattention", "sage2@paper-8b"]
     records = qattn.analyze(SAMPLE, methods, as_frame=False)
     report = json.loads(cli("analyze", "--tensors", SAMPLE, "--method", methods[0], "--method", methods[1],
                             "--format", "json"))

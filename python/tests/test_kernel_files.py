@@ -17,7 +17,7 @@ def shown(spec, path):
     return str(path)
 
 
-@pytest.mark.parametrize("spec", ["fa3-fp8", "sage2@8b", "sage1:acc=fp32"])
+@pytest.mark.parametrize("spec", ["fa3-fp8", "sage2@paper-8b", "sage1:acc=fp32"])
 def test_a_shown_kernel_file_gives_the_numbers_of_its_method(spec, tmp_path):
     f = shown(spec, tmp_path / "k.json")
     keys = ["O_cossim", "O_rel_l1", "P_kl_mean"]

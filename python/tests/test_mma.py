@@ -61,8 +61,11 @@ def test_mma_models_lists_the_presets_and_the_bound():
     from_model = {"b200-tcgen05-f16", "b200-tcgen05-bf16", "b200-tcgen05-f16-acc16", "b200-tcgen05-e4m3",
                   "b200-tcgen05-e5m2", "b200-mxf8-e4m3", "b200-mxf4", "b200-nvf4", "ada-mma-e4m3", "mi300-mfma-f16",
                   "mi300-mfma-bf16", "mi300-mfma-e4m3fnuz"}
-    assert measured | from_model | {"per-product-fp22"} == set(models)
+    code_only = {"ada-mma-e4m3-acc16"}  # MMA-Sim's model as its code states it: no vectors of it
+    assert measured | from_model | code_only | {"per-product-fp22"} == set(models)
     assert models["per-product-fp22"]["validated"] is False
+    assert not models["ada-mma-e4m3-acc16"]["validated"] and not models["ada-mma-e4m3-acc16"]["measured"]
+    assert models["ada-mma-e4m3-acc16"]["accumulator"] == "f16"
     assert all(models[n]["validated"] and models[n]["measured"] for n in measured)
     assert all(models[n]["validated"] and not models[n]["measured"] for n in from_model)
     assert all("MMA-Sim model, not measured here" in models[n]["provenance"] for n in from_model)

@@ -51,8 +51,17 @@ def test_canonical_spells_out_every_parameter_and_refuses_bad_specs():
         qattn.canonical("intattention:k-group=-1")
 
 
+def test_an_old_preset_spelling_warns_which_preset_it_now_means():
+    sage2 = next(m for m in qattn.methods() if m["name"] == "sage2")
+    aliases = {p["name"]: p["alias_of"] for p in sage2["presets"] if "alias_of" in p}
+    assert aliases == {"8b": "sm90", "4b": "sm89-int4", "hadmdattn": "sm89-hadmdattn", "smoothattn": "sm89-smoothattn"}
+    with pytest.warns(FutureWarning, match="sage2@smoothattn now means sage2@sm89-smoothattn"):
+        old = qattn.canonical("sage2@smoothattn")
+    assert old == qattn.canonical("sage2@sm89-smoothattn")
+
+
 @pytest.mark.parametrize("method", ["intattention@upstream-neon", "intattention:k-group=32,group-max=offset",
-                                    "quant-only", "fp32", "sage2@8b", "turbo", "index@paper"])
+                                    "quant-only", "fp32", "sage2@paper-8b", "turbo", "index@paper"])
 def test_attention_equals_the_cli_bit_for_bit(tmp_path, method):
     names = [os.path.join(SAMPLE, "layer1_head2_" + t + ".npy") for t in "qkv"]
     q, k, v = (np.load(n) for n in names)  # [2, 128, 64] float32: two sentences

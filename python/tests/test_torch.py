@@ -38,7 +38,7 @@ def mha():
     return torch.nn.MultiheadAttention(E, H, batch_first=True).eval()
 
 
-@pytest.mark.parametrize("method", ["fp32", "intattention@upstream-neon", "sage2@8b", "turbo"])
+@pytest.mark.parametrize("method", ["fp32", "intattention@upstream-neon", "sage2@paper-8b", "turbo"])
 @pytest.mark.parametrize("grad", [True, False])  # False: PyTorch's fused fast path (torch._native_multi_head_attention)
 def test_route_equals_qattn_attention_on_the_same_qkv(mha, method, grad):
     x = torch.randn(2, L, E)

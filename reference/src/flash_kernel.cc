@@ -23,7 +23,7 @@ namespace qattn::ref {
 const MmaModel* pv_column_model(PvUnit unit) {
   switch (unit) {
     case PvUnit::h100_mma_e4m3: return &mma_preset("h100-mma-e4m3");
-    case PvUnit::ada_mma_e4m3: return &mma_preset("ada-mma-e4m3");
+
     default: return nullptr;
   }
 }
@@ -565,7 +565,7 @@ void FlashCall::prepare_v(const MatrixView& v) {
       }
   } else if (p.arith == ScaleArith::f32) {  // per channel, float32: v8 = E4M3(fl32(fl32(v) fl32(max / amax)))
     RowMatrixXd v8(lk, dv);
-    const float range = static_cast<float>(format_max(p.format));
+    const float range = static_cast<float>(p.max > 0 ? p.max : format_max(p.format));
     for (Eigen::Index c = 0; c < dv; ++c) {
       float amax = 0;
       for (Eigen::Index j = 0; j < lk; ++j) amax = std::max(amax, std::fabs(to_f32(v(j, c), "V", j, c, f.name, "scales")));
@@ -589,7 +589,7 @@ void FlashCall::prepare_v(const MatrixView& v) {
       v_mean = v.colwise().mean();
       v8.rowwise() -= v_mean;
     }
-    const double range = p.format == KernelFormat::fp16 ? 1 : format_max(p.format);
+    const double range = p.format == KernelFormat::fp16 ? 1 : p.max > 0 ? p.max : format_max(p.format);
     for (Eigen::Index c = 0; c < dv; ++c) {
       const double amax = lk ? v8.col(c).cwiseAbs().maxCoeff() : 0.0;
       v_scale(c) = p.format == KernelFormat::fp16 ? 1.0 : (amax > 0 ? amax / range : 1.0);
@@ -604,6 +604,7 @@ void FlashCall::prepare_v(const MatrixView& v) {
       }
     }
     if (f.pv.unit == PvUnit::h100_wgmma_e4m3 || f.pv.unit == PvUnit::b200_tcgen05_e4m3 ||
+        f.pv.unit == PvUnit::ada_mma_e4m3 || f.pv.unit == PvUnit::ada_mma_e4m3_acc16 ||
         pv_column_model(f.pv.unit) != nullptr) {
       v_codes.resize(count);
       for (Eigen::Index j = 0; j < lk; ++j)
@@ -711,7 +712,8 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
   const int threads = sm.row_sum_threads;
   const Eigen::Index promote_blocks = f.pv.promote_keys / bk;  // 0: one accumulator
   const PvUnit unit = f.pv.unit;
-  const bool codes_by_row = unit == PvUnit::h100_wgmma_e4m3 || unit == PvUnit::b200_tcgen05_e4m3;
+  const bool ada = unit == PvUnit::ada_mma_e4m3 || unit == PvUnit::ada_mma_e4m3_acc16;
+  const bool codes_by_row = unit == PvUnit::h100_wgmma_e4m3 || unit == PvUnit::b200_tcgen05_e4m3 || ada;
   // Rows go in chunks: each key block serves every row of the chunk before the next block, so the block's V stays
   // in cache. Each row's operations, and their order, are those of the row alone, so the chunk's size changes no
   // bit: 64 rows up to 8192 keys, 32 beyond (the chunk's logits and P are 2 x rows x L_k floats).
@@ -883,8 +885,19 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
                               vb.data() + (s0 - b0) * dv, vbe.data() + (s0 - b0) * dv, static_cast<std::size_t>(dv),
                               static_cast<std::size_t>(dv));
             break;
-          case PvUnit::h100_mma_e4m3:  // each 32 keys one instruction (mma_dot), a short last chunk padded with 0
-          case PvUnit::ada_mma_e4m3: {
+          case PvUnit::ada_mma_e4m3:  // each 32 keys one instruction: two steps of 16, the second even when empty
+          case PvUnit::ada_mma_e4m3_acc16:
+            for (Eigen::Index s0 = b0; s0 < real_end; s0 += 16) {
+              const Eigen::Index cnt = std::clamp<Eigen::Index>(real_end - s0, 0, 16);
+              ada_e4m3_step(acc, pr + s0, static_cast<std::size_t>(cnt), vb.data() + (s0 - b0) * dv,
+                            vbe.data() + (s0 - b0) * dv, static_cast<std::size_t>(dv), static_cast<std::size_t>(dv),
+                            unit == PvUnit::ada_mma_e4m3_acc16);
+              if ((s0 - b0) % 32 == 0 && s0 + 16 >= real_end)  // the instruction's second step, of padding alone
+                ada_e4m3_step(acc, pr, 0, vb.data(), vbe.data(), static_cast<std::size_t>(dv),
+                              static_cast<std::size_t>(dv), unit == PvUnit::ada_mma_e4m3_acc16);
+            }
+            break;
+          case PvUnit::h100_mma_e4m3: {  // each 32 keys one instruction (mma_dot), a short last chunk padded with 0
             const MmaModel& model = *pv_column_model(unit);
             std::array<std::uint16_t, 32> pc{}, vc{};
             for (Eigen::Index c = 0; c < dv; ++c) {
@@ -1123,6 +1136,13 @@ std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
       break;
   }
   if (k.v.smooth && k.v.scale != VScale::channel) return KernelProblem{"v.smooth", "needs v.scale channel"};
+  if (!(k.v.max >= 0) || !std::isfinite(k.v.max))
+    return KernelProblem{"v.max", "0 (the format's largest) or a positive value"};
+  if (k.v.max > 0) {
+    if (k.v.scale != VScale::channel || vf == KernelFormat::fp16)
+      return KernelProblem{"v.max", "applies to v.scale channel with an FP8 or int8 v.format; 0 otherwise"};
+    if (k.v.max > format_max(vf)) return KernelProblem{"v.max", "at most v.format's largest, " + shown(format_max(vf))};
+  }
   switch (k.pv.unit) {
     case PvUnit::h100_hmma_f16_acc16:
       if (k.p.format != KernelFormat::fp16 || vf != KernelFormat::fp16)
@@ -1131,6 +1151,7 @@ std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
     case PvUnit::h100_wgmma_e4m3:
     case PvUnit::h100_mma_e4m3:
     case PvUnit::ada_mma_e4m3:
+    case PvUnit::ada_mma_e4m3_acc16:
     case PvUnit::b200_tcgen05_e4m3:
       if (k.p.format != KernelFormat::e4m3 || vf != KernelFormat::e4m3)
         return KernelProblem{"pv.unit", "an FP8 E4M3 instruction takes E4M3 P and V (p.format and v.format e4m3)"};

@@ -83,6 +83,9 @@ std::vector<std::string> kernel_unvalidated_parts(const FlashKernel& k) {
   switch (k.pv.unit) {
     case PvUnit::fp22: parts.push_back("P V: the per-product FP22 bound, which matches no measured instruction"); break;
     case PvUnit::ada_mma_e4m3: model_unit("P V", "ada-mma-e4m3"); break;
+    case PvUnit::ada_mma_e4m3_acc16:
+      parts.push_back("P V on ada-mma-e4m3-acc16: MMA-Sim's model as its code states it, with no vectors");
+      break;
     case PvUnit::b200_tcgen05_e4m3: model_unit("P V", "b200-tcgen05-e4m3"); break;
     case PvUnit::b200_nvf4: model_unit("P V", "b200-nvf4"); break;
     default: break;  // float32 adds; the H100's measured units
@@ -135,16 +138,28 @@ std::vector<KernelContract> kernel_contracts(const FlashKernel& k, const Contrac
               "it, as FlashInfer's 2^8 pre-scale of P (p.offset 8), or choose a p.format with a smaller subnormal";
     out.push_back(c);
   }
-  // (3) An FP16 accumulator over the keys it holds before promotion.
-  if (k.pv.unit == PvUnit::h100_hmma_f16_acc16) {
+  // (3) An FP16 accumulator over the keys it holds before promotion. V is held unscaled on HMMA.F16 (fp16 V); on
+  // Ada's FP8 unit V is scaled per channel to v.max (or the format's largest), which bounds it.
+  if (k.pv.unit == PvUnit::h100_hmma_f16_acc16 || k.pv.unit == PvUnit::ada_mma_e4m3_acc16) {
     KernelContract c;
     c.name = "P V's FP16 accumulator within binary16";
     const double top = k.p.scale * pow_b(k.p.offset + theta);
+    const bool scaled_v = k.pv.unit == PvUnit::ada_mma_e4m3_acc16 && k.v.scale == VScale::channel;
     if (k.pv.promote_keys == 0) {
       c.bound = "one accumulator over every key: unbounded in L_k";
       c.limit = "65504";
       c.violated = true;
       c.fix = "pv.promote_keys > 0: promote the FP16 accumulator to float32 every N keys";
+    } else if (scaled_v) {
+      const double v_top = k.v.max > 0 ? k.v.max : format_max(k.v.format);
+      const double bound = static_cast<double>(k.pv.promote_keys) * top * v_top;
+      c.bound = std::to_string(k.pv.promote_keys) + " keys x largest P~ " + num(top) + " x largest V code " +
+                num(v_top) + " = " + num(bound);
+      c.limit = "65504";
+      c.violated = bound > 65504;
+      if (c.violated)
+        c.fix = "v.max <= " + num(65504 / (static_cast<double>(k.pv.promote_keys) * top)) +
+                " (SageAttention2's sm89 fp32+fp16: 2.25), or fewer pv.promote_keys";
     } else {
       const double per_v = static_cast<double>(k.pv.promote_keys) * top;
       c.bound = std::to_string(k.pv.promote_keys) + " keys x largest P~ " + num(top) + " x max|V| = " + num(per_v) +
@@ -166,7 +181,10 @@ std::vector<KernelContract> kernel_contracts(const FlashKernel& k, const Contrac
   {
     const int step = k.pv.unit == PvUnit::b200_nvf4                                                 ? 64
                      : k.pv.unit == PvUnit::h100_hmma_f16_acc16                                       ? 16
-                     : k.pv.unit == PvUnit::h100_wgmma_e4m3 || k.pv.unit == PvUnit::b200_tcgen05_e4m3 || pv_column_model(k.pv.unit) != nullptr ? 32
+                     : k.pv.unit == PvUnit::h100_wgmma_e4m3 || k.pv.unit == PvUnit::b200_tcgen05_e4m3 ||
+                               k.pv.unit == PvUnit::ada_mma_e4m3 || k.pv.unit == PvUnit::ada_mma_e4m3_acc16 ||
+                               pv_column_model(k.pv.unit) != nullptr
+                           ? 32
                                                                                                    : 1;
     if (step > 1) {
       KernelContract c;

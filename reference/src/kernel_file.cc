@@ -42,7 +42,7 @@ const Names<RowSumOf> kSumOf = {{"unrounded", RowSumOf::unrounded}, {"rounded", 
 const Names<PvUnit> kUnits = {{"fp32", PvUnit::fp32}, {"fp22", PvUnit::fp22},
                               {"h100-hmma-f16-acc16", PvUnit::h100_hmma_f16_acc16},
                               {"h100-wgmma-e4m3", PvUnit::h100_wgmma_e4m3}, {"h100-mma-e4m3", PvUnit::h100_mma_e4m3},
-                              {"ada-mma-e4m3", PvUnit::ada_mma_e4m3}, {"b200-tcgen05-e4m3", PvUnit::b200_tcgen05_e4m3},
+                              {"ada-mma-e4m3", PvUnit::ada_mma_e4m3}, {"ada-mma-e4m3-acc16", PvUnit::ada_mma_e4m3_acc16}, {"b200-tcgen05-e4m3", PvUnit::b200_tcgen05_e4m3},
                               {"b200-nvf4", PvUnit::b200_nvf4}};
 const Names<SUnit> kSUnits = {{"exact", SUnit::exact}, {"h100-wgmma-e4m3", SUnit::h100_wgmma_e4m3},
                                {"b200-tcgen05-e4m3", SUnit::b200_tcgen05_e4m3}, {"b200-nvf4", SUnit::b200_nvf4},
@@ -219,6 +219,9 @@ const std::vector<FieldAccess>& fields() {
                 "per 16 keys of a channel, SageAttention3)"),
       choice_at("v.rule", kScaleRules, &K::v, &K::V::rule, "v.scale tensor: amax or one (a plain cast)"),
       bool_at("v.smooth", &K::v, &K::V::smooth, "subtract the token mean of V, add it to O"),
+      real_at("v.max", &K::v, &K::V::max,
+              "v.scale channel: the value each channel's amax is scaled to; 0: the format's largest (448 for e4m3). "
+              "SageAttention2's sm89 fp32+fp16 path: 2.25 (64 keys x 448 x 2.25 = 64512 <= 65504)"),
       choice_at("v.arith", kArith, &K::v, &K::V::arith,
                 "v.scale channel: f64 (amax / max and the division in float64) or f32 (amax / max in float32, V times "
                 "fl32(max / amax): SageAttention's CUDA quantiser); v.scale tensor: f32"),
@@ -276,6 +279,7 @@ const std::vector<FieldAccess>& fields() {
       choice_at("pv.unit", kUnits, &K::pv, &K::Pv::unit,
                 "P V's matrix unit (docs/mma.md): fp32 adds, fp22 (the per-product FP22 bound), h100-hmma-f16-acc16, "
                 "h100-wgmma-e4m3, h100-mma-e4m3; from MMA-Sim's model, not measured here: ada-mma-e4m3, "
+                "ada-mma-e4m3-acc16 (its code, no vectors: an f16 accumulator, SageAttention2's sm89 fp32+fp16), "
                 "b200-tcgen05-e4m3, b200-nvf4 (nvfp4 P and V)"),
       int_at("pv.promote_keys", &K::pv, &K::Pv::promote_keys, 0, 1 << 24,
              "0: one accumulator over the key loop (FlashAttention-3); N: a fresh accumulator added to the float32 "

@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "qattn/error.h"
+#include "qattn/float_format.h"
 #include "qattn/tensor.h"
 
 namespace qattn::ref {
@@ -197,6 +198,23 @@ template <std::size_t W>
   }
 }
 
+// E of a fused step per output c < w: max(the accumulator's exponent field, at least acc_emin, and e(p[j]) +
+// e(v[j][c]) over the nonzero products); a zero product does not count (the field_zero_low rule's -126 lies below
+// every accumulator's bound).
+[[gnu::always_inline]] inline void step_exponents(std::int32_t* e, const float* a, std::int32_t acc_emin, const float* p,
+                                                  const std::int8_t* ep, std::size_t n, const float* v,
+                                                  const std::int8_t* v_exponent, std::size_t stride, std::size_t w) {
+  for (std::size_t c = 0; c < w; ++c) e[c] = std::max(float_exponent(a[c]), acc_emin);
+  for (std::size_t j = 0; j < n; ++j) {
+    if (p[j] == 0) continue;
+    const std::int32_t ej = ep[j];
+    const float* vr = v + j * stride;
+    const std::int8_t* er = v_exponent + j * stride;
+    for (std::size_t c = 0; c < w; ++c)  // a zero v has no exponent (tested on the bits, so that it vectorises)
+      e[c] = std::max(e[c], ej + er[c] - ((std::bit_cast<std::uint32_t>(vr[c]) & 0x7fffffffu) == 0 ? 1000 : 0));
+  }
+}
+
 // One chunk of W outputs of tcgen05_e4m3_step (W constant; W = 0: w outputs, w <= 32).
 template <std::size_t W>
 [[gnu::always_inline]] inline void tcgen05_e4m3_chunk(float* a, const float* p, const std::int8_t* ep, std::size_t n,
@@ -211,15 +229,7 @@ template <std::size_t W>
   // nonzero operands at the sum of their field exponents (>= -12); a product with a zero operand at -126, which the
   // accumulator's bound already covers.
   std::int32_t e[kMax];
-  for (std::size_t c = 0; c < w; ++c) e[c] = std::max(float_exponent(a[c]), std::int32_t{-126});
-  for (std::size_t j = 0; j < n; ++j) {
-    if (p[j] == 0) continue;
-    const std::int32_t ej = ep[j];
-    const float* vr = v + j * stride;
-    const std::int8_t* er = v_exponent + j * stride;
-    for (std::size_t c = 0; c < w; ++c)  // a zero v has no exponent (tested on the bits, so that it vectorises)
-      e[c] = std::max(e[c], ej + er[c] - ((std::bit_cast<std::uint32_t>(vr[c]) & 0x7fffffffu) == 0 ? 1000 : 0));
-  }
+  step_exponents(e, a, -126, p, ep, n, v, v_exponent, stride, w);
   // Terms in units of 2^(E - 25), truncated by the conversion to int32: a product (8 significant bits) is below
   // 2^27 there, the accumulator below 2^26, and with E >= -12 the factor 2^(25 - E) and every scaled value are exact
   // floats; their sum (33 terms, below 2^33) is exact in double. E < -12 means no nonzero product: D = C (+0 for
@@ -239,6 +249,46 @@ template <std::size_t W>
     const double rz = std::bit_cast<double>(std::bit_cast<std::uint64_t>(s[c]) & ~kDroppedBits);
     const float d = f32_rz(rz * std::bit_cast<double>(static_cast<std::uint64_t>(e[c] - kFractionBits + 1023) << 52));
     a[c] = e[c] < kLowestProduct ? a[c] + 0.0f : d;
+  }
+}
+
+// One chunk of W outputs of ada_e4m3_step (W constant; W = 0: w outputs, w <= 32). A column whose E lies outside
+// [-12, 100] (no nonzero product and a small accumulator, or an accumulator near float32's top or not finite) is left
+// as it is and flagged in `slow` for the caller's scalar step.
+template <std::size_t W, bool kF16>
+[[gnu::always_inline]] inline void ada_e4m3_chunk(float* a, const float* p, const std::int8_t* ep, std::size_t n,
+                                                  const float* v, const std::int8_t* v_exponent, std::size_t stride,
+                                                  std::size_t w_runtime, bool* slow) {
+  constexpr std::size_t kMax = 32;
+  constexpr std::int32_t kFractionBits = 13;
+  constexpr std::int32_t kLowest = -12, kHighest = 100;  // E4M3 products are at -12 or above
+  constexpr std::uint32_t kDroppedBits = 0x3ffu;  // RZ to 14 significant bits: the low 10 of float's 23 stored bits
+  const std::size_t w = W > 0 ? W : w_runtime;
+  std::int32_t e[kMax];
+  step_exponents(e, a, kF16 ? -14 : -126, p, ep, n, v, v_exponent, stride, w);
+  // Terms in units of 2^(E - 13), truncated by the conversion to int32: a product is below 2^15 there, the
+  // accumulator below 2^14, and their sum (17 terms) below 2^19, exact in int32 and in float; with E in
+  // [-12, 100] the factor and every scaled value are exact floats.
+  float scale[kMax];
+  std::int32_t s[kMax];
+  for (std::size_t c = 0; c < w; ++c) {
+    const bool out = e[c] < kLowest || e[c] > kHighest;
+    slow[c] = out;
+    scale[c] = out ? 0.0f : pow2(kFractionBits - e[c]);
+    s[c] = static_cast<std::int32_t>((out ? 0.0f : a[c]) * scale[c]);
+  }
+  for (std::size_t j = 0; j < n; ++j) {
+    const float pj = p[j];
+    const float* vr = v + j * stride;
+    for (std::size_t c = 0; c < w; ++c) s[c] += static_cast<std::int32_t>(pj * vr[c] * scale[c]);
+  }
+  for (std::size_t c = 0; c < w; ++c) {
+    if (slow[c]) continue;
+    const float unit = pow2(e[c] - kFractionBits);
+    if constexpr (kF16)  // the exact sum rounded once to nearest even onto binary16 (+-inf beyond its range)
+      a[c] = static_cast<float>(round_to_binary16(static_cast<double>(static_cast<float>(s[c]) * unit)));
+    else
+      a[c] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(static_cast<float>(s[c])) & ~kDroppedBits) * unit;
   }
 }
 
@@ -278,6 +328,43 @@ __attribute__((target_clones("avx512f", "avx2", "default")))
 void tcgen05_e4m3_step(float* acc, const float* p, std::size_t n, const float* v, const std::int8_t* v_exponent,
                        std::size_t stride, std::size_t cols) {
   fp8_step<true>(acc, p, n, v, v_exponent, stride, cols);
+}
+
+namespace {
+
+template <bool kF16>
+[[gnu::always_inline]] inline void ada_step(float* acc, const float* p, std::size_t n, const float* v,
+                                            const std::int8_t* v_exponent, std::size_t stride, std::size_t cols) {
+  constexpr std::size_t kChunk = 32;
+  std::int8_t ep[16];  // n <= 16
+  for (std::size_t j = 0; j < n; ++j) ep[j] = static_cast<std::int8_t>(std::max(float_exponent(p[j]), std::int32_t{-6}));
+  bool slow[kChunk];
+  for (std::size_t c0 = 0; c0 < cols; c0 += kChunk) {
+    const std::size_t w = std::min(kChunk, cols - c0);
+    if (w == kChunk) ada_e4m3_chunk<kChunk, kF16>(acc + c0, p, ep, n, v + c0, v_exponent + c0, stride, kChunk, slow);
+    else ada_e4m3_chunk<0, kF16>(acc + c0, p, ep, n, v + c0, v_exponent + c0, stride, w, slow);
+    for (std::size_t c = 0; c < w; ++c) {
+      if (!slow[c]) continue;
+      // the model itself, on the step's codes (16, zero-padded: one step of the instruction)
+      std::array<std::uint16_t, 16> pc{}, vc{};
+      for (std::size_t j = 0; j < n; ++j)
+        pc[j] = static_cast<std::uint16_t>(lowp_encode(p[j], fp8_e4m3fn())),
+        vc[j] = static_cast<std::uint16_t>(lowp_encode(v[j * stride + c0 + c], fp8_e4m3fn()));
+      acc[c0 + c] = mma_dot(mma_preset(kF16 ? "ada-mma-e4m3-acc16" : "ada-mma-e4m3"), pc, vc, acc[c0 + c]);
+    }
+  }
+}
+
+}  // namespace
+
+// Ada's FP8 step: integer and exact float operations, so every instruction set gives the same bits.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+void ada_e4m3_step(float* acc, const float* p, std::size_t n, const float* v, const std::int8_t* v_exponent,
+                   std::size_t stride, std::size_t cols, bool f16_accumulator) {
+  if (f16_accumulator) ada_step<true>(acc, p, n, v, v_exponent, stride, cols);
+  else ada_step<false>(acc, p, n, v, v_exponent, stride, cols);
 }
 
 namespace {
@@ -557,6 +644,18 @@ const std::vector<MmaModel>& mma_presets() {
                               "Ada (sm_89) mma.sync.m16n8k32 e4m3 -> f32: two fused steps of 16 per instruction");
     ada.sum_bits = 14;
     p.push_back(ada);
+    // MMA-Sim's Ada FP8 unit with an f16 accumulator (nv_ptx/sim.py: F = 13, "RNE-FP16"; arithmetic/fdpa.py: the
+    // exact sum of the truncated terms rounded once to nearest even onto binary16), as its code states it:
+    // mmasim_vectors.npz holds no set of it, so no vector validates it here.
+    MmaModel ada16 = ada;
+    ada16.name = "ada-mma-e4m3-acc16";
+    ada16.provenance = "Ada (sm_89) mma.sync.m16n8k32 e4m3 -> f16 accumulator: two fused steps of 16 per "
+                       "instruction, each rounded to nearest even onto binary16; MMA-Sim's model as its code states "
+                       "it (arXiv 2511.10909; nv_ptx/sim.py, arithmetic/fdpa.py), no vectors of it here";
+    ada16.accumulator = MmaAccumulator::f16;
+    ada16.sum_bits = 24;
+    ada16.validated = false;
+    p.push_back(ada16);
     auto cdna3 = [&](const char* name, MmaInput input, int step, const char* instruction) {
       MmaModel m = from_model(name, input, step, 24, instruction);
       m.align = MmaAlign::group_then_c;

@@ -22,7 +22,11 @@ constexpr Choice<SagePFormat> kPFormats[] = {{"e4m3", SagePFormat::e4m3}, {"e5m2
 constexpr Choice<SageAccumulation> kAccumulations[] = {
     {"wgmma", SageAccumulation::wgmma},      {"wgmma-single", SageAccumulation::wgmma_single},
     {"mma", SageAccumulation::mma},          {"two-level", SageAccumulation::two_level_fp22},
-    {"fp22", SageAccumulation::fp22},        {"fp32", SageAccumulation::fp32}};
+    {"fp22", SageAccumulation::fp22},        {"fp32", SageAccumulation::fp32},
+    {"ada-f16", SageAccumulation::ada_f16},  {"ada", SageAccumulation::ada},
+    {"ada-single", SageAccumulation::ada_single}};
+constexpr Choice<Sage2Kernel> kKernels[] = {{"model", Sage2Kernel::model}, {"sm90", Sage2Kernel::sm90},
+                                            {"sm89", Sage2Kernel::sm89}};
 
 std::vector<std::string> accumulation_names() {
   std::vector<std::string> names{"auto"};
@@ -53,38 +57,72 @@ void register_sage2_method(Registry& registry) {
        choice_names(kRoundings)},
       {"p", ParamType::choice, "e4m3", "P~ and V format", choice_names(kPFormats)},
       {"kernel", ParamType::choice, "model",
-       "model: the steps of docs/pipelines/sage2.md (base e, float64 quantiser); sm90: the official Hopper kernel's "
-       "arithmetic (qk_int_sv_f8_cuda_sm90: its groups, float32 quantiser, base 2, the mma row-sum layout, O times "
-       "1 / l then the V scale), which takes qk=8, p=e4m3, acc=wgmma (or auto), gran=thread, round=away and no "
-       "smooth-q, smooth-v or qk-transform",
-       {"model", "sm90"}},
+       "model: the steps of docs/pipelines/sage2.md (base e, float64 quantiser); sm90 / sm89: the official Hopper / "
+       "Ada kernel's arithmetic (qk_int_sv_f8_cuda_sm90 / sm89: its groups, float32 quantiser, base 2, the mma "
+       "row-sum layout, O times 1 / l then the V scale). sm90 takes qk=8, acc=wgmma (or auto) and no qk-transform; "
+       "sm89 qk=8 or 4 (the template's INT4 branch) and acc=ada-f16 (or auto), ada or ada-single; both p=e4m3, "
+       "gran=thread, round=away and no smooth-q or smooth-v",
+       choice_names(kKernels)},
       {"out", ParamType::choice, "fp32", "O as stored: fp32, or fp16 / bf16 (the kernels' output dtype, the input's)",
        {"fp32", "fp16", "bf16"}},
       {"acc", ParamType::choice, "auto",
        "PV accumulation (docs/mma.md): wgmma = H100 FP8 wgmma, a fresh accumulator per 128-key block added to fp32 "
        "(the official Hopper kernel); wgmma-single = one wgmma accumulator; mma = H100 FP8 mma.sync per 64-key block; "
-       "two-level / fp22 = the per-product FP22 bound per block / in one accumulator; fp32; auto = wgmma for p=e4m3, "
-       "else two-level",
+       "two-level / fp22 = the per-product FP22 bound per block / in one accumulator; fp32; ada-f16 = Ada's FP8 "
+       "mma.sync into an f16 accumulator per 64-key block, V scaled to 2.25 (sm89's fp32+fp16), ada = into an f32 "
+       "buffer per block (fp32+fp32), ada-single = into the rescaled output (fp32): MMA-Sim's models, not measured "
+       "here; auto = wgmma for p=e4m3 (ada-f16 with kernel=sm89), else two-level",
        accumulation_names()},
   };
+  const std::string sm89_not_modelled =
+      "ex2.approx, rcp.approx, FP16 inputs, the dequantisation order of the last two blocks and the -5e6 mask "
+      "constant are not modelled; the f16-accumulator unit is MMA-Sim's model as its code states it, with no vectors";
+  const std::string paper = "the paper's steps on qattn's model arithmetic (base e, a float64 quantiser), not a GPU's "
+                            "kernel: ";
   e.presets = {
       {"sm90", {{"kernel", "sm90"}, {"smooth-k", "true"}, {"gran", "thread"}, {"qk", "8"}, {"p", "e4m3"},
                 {"acc", "wgmma"}, {"out", "fp16"}},
        "the official Hopper kernel (sageattn_qk_int8_pv_fp8_cuda_sm90, pv_accum_dtype fp32+fp32) as it computes: every "
        "part read from its code (docs/pipelines/sage2.md); ex2.approx, rcp.approx, FP16 inputs and the masked last "
        "block's dequantisation order are not modelled"},
-      {"8b", {{"smooth-k", "true"}, {"smooth-q", "false"}, {"gran", "thread"}, {"qk", "8"}, {"p", "e4m3"}, {"acc", "auto"}},
-       "SageAttention2-8b: smooth K, per-thread INT8, E4M3 P~/V, the H100 wgmma accumulator per 128-key block (acc=auto)"},
-      {"4b", {{"smooth-k", "true"}, {"smooth-q", "true"}, {"gran", "thread"}, {"qk", "4"}, {"p", "e4m3"}, {"acc", "auto"}},
-       "SageAttention2-4b: smooth Q and K, per-thread INT4, E4M3 P~/V, the H100 wgmma accumulator per 128-key block (acc=auto)"},
-      {"hadmdattn", {{"qk-transform", "hadamard"}, {"smooth-k", "false"}, {"smooth-q", "false"}, {"gran", "thread"},
-                     {"qk", "4"}, {"p", "e4m3"}, {"acc", "auto"}},
-       "the paper's HadmdAttn baseline (Sec. 4.1, after QuaRot): a random Hadamard rotation of Q and K before per-thread "
-       "INT4, no smoothing, then sage2's E4M3 P~/V (the paper does not say what follows the INT4 Q K^T)"},
-      {"smoothattn", {{"qk-transform", "qserve"}, {"alpha", "0.5"}, {"smooth-k", "false"}, {"smooth-q", "false"},
-                      {"gran", "thread"}, {"qk", "4"}, {"p", "e4m3"}, {"acc", "auto"}},
-       "the paper's SmoothAttn baseline (Sec. 4.1, 'following QServe', alpha = 0.5): QServe's SmoothAttention scale "
-       "max|K_c|^0.5 moved from K to Q before per-thread INT4, no smoothing, then sage2's E4M3 P~/V"},
+      {"sm89", {{"kernel", "sm89"}, {"smooth-k", "true"}, {"gran", "thread"}, {"qk", "8"}, {"p", "e4m3"},
+                {"acc", "ada-f16"}, {"out", "fp16"}},
+       "the official Ada kernel as sageattn() calls it on sm89 (sageattn_qk_int8_pv_fp8_cuda, pv_accum_dtype "
+       "fp32+fp16): every part read from its code (docs/pipelines/sage2.md); " + sm89_not_modelled},
+      {"sm89-int4", {{"kernel", "sm89"}, {"smooth-k", "true"}, {"gran", "thread"}, {"qk", "4"}, {"p", "e4m3"},
+                     {"acc", "ada-f16"}, {"out", "fp16"}},
+       "the sm89 kernel template's INT4 Q K^T branch (mma m16n8k64 s4) with the per-thread INT4 quantiser "
+       "(amax / 7 + 1e-7): no official Python call reaches it; otherwise as @sm89"},
+      {"sm89-hadmdattn", {{"kernel", "sm89"}, {"qk-transform", "hadamard"}, {"smooth-k", "false"}, {"gran", "thread"},
+                          {"qk", "4"}, {"p", "e4m3"}, {"acc", "ada-f16"}, {"out", "fp16"}},
+       "the paper's HadmdAttn baseline (Sec. 4.1, after QuaRot) on the sm89 INT4 kernel: a random Hadamard rotation "
+       "of Q and K, no smoothing"},
+      {"sm89-smoothattn", {{"kernel", "sm89"}, {"qk-transform", "qserve"}, {"alpha", "0.5"}, {"smooth-k", "false"},
+                           {"gran", "thread"}, {"qk", "4"}, {"p", "e4m3"}, {"acc", "ada-f16"}, {"out", "fp16"}},
+       "the paper's SmoothAttn baseline (Sec. 4.1, 'following QServe', alpha = 0.5) on the sm89 INT4 kernel: "
+       "max|K_c|^0.5 moved from K to Q, no smoothing"},
+      {"paper-8b", {{"smooth-k", "true"}, {"smooth-q", "false"}, {"gran", "thread"}, {"qk", "8"}, {"p", "e4m3"},
+                    {"acc", "auto"}},
+       paper + "SageAttention2-8b: smooth K, per-thread INT8 (sm89's groups), E4M3 P~/V, the H100 wgmma accumulator "
+               "per 128-key block"},
+      {"paper-4b", {{"smooth-k", "true"}, {"smooth-q", "true"}, {"gran", "thread"}, {"qk", "4"}, {"p", "e4m3"},
+                    {"acc", "auto"}},
+       paper + "SageAttention2-4b: smooth Q and K, per-thread INT4, E4M3 P~/V, the H100 wgmma accumulator per "
+               "128-key block"},
+      {"paper-hadmdattn", {{"qk-transform", "hadamard"}, {"smooth-k", "false"}, {"smooth-q", "false"},
+                           {"gran", "thread"}, {"qk", "4"}, {"p", "e4m3"}, {"acc", "auto"}},
+       paper + "the HadmdAttn baseline (Sec. 4.1, after QuaRot): a random Hadamard rotation of Q and K before "
+               "per-thread INT4, no smoothing, then sage2's E4M3 P~/V (the paper does not say what follows the INT4 "
+               "Q K^T)"},
+      {"paper-smoothattn", {{"qk-transform", "qserve"}, {"alpha", "0.5"}, {"smooth-k", "false"}, {"smooth-q", "false"},
+                            {"gran", "thread"}, {"qk", "4"}, {"p", "e4m3"}, {"acc", "auto"}},
+       paper + "the SmoothAttn baseline (Sec. 4.1, 'following QServe', alpha = 0.5): QServe's SmoothAttention scale "
+               "max|K_c|^0.5 moved from K to Q before per-thread INT4, no smoothing, then sage2's E4M3 P~/V"},
+      // The spellings before the presets were named after the kernels they match: one release as aliases.
+      {"8b", {}, "", "sm90"},
+      {"4b", {}, "", "sm89-int4"},
+      {"hadmdattn", {}, "", "sm89-hadmdattn"},
+      {"smoothattn", {}, "", "sm89-smoothattn"},
   };
   e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
     Sage2Params p;
@@ -99,23 +137,29 @@ void register_sage2_method(Registry& registry) {
     if (p.qk_bits != 4 && p.qk_bits != 8) throw SpecError("method 'sage2': qk must be 4 or 8");
     p.rounding = choice_value(m, "round", kRoundings);
     p.p_format = choice_value(m, "p", kPFormats);
+    p.kernel = choice_value(m, "kernel", kKernels);
     if (m.choice("acc") == "auto")
-      p.accumulation = p.p_format == SagePFormat::e4m3 ? SageAccumulation::wgmma : SageAccumulation::two_level_fp22;
+      p.accumulation = p.p_format != SagePFormat::e4m3   ? SageAccumulation::two_level_fp22
+                       : p.kernel == Sage2Kernel::sm89 ? SageAccumulation::ada_f16
+                                                       : SageAccumulation::wgmma;
     else
       p.accumulation = choice_value(m, "acc", kAccumulations);
-    p.sm90 = m.choice("kernel") == "sm90";
     p.output = m.choice("out") == "fp16" ? KernelFormat::fp16 : m.choice("out") == "bf16" ? KernelFormat::bf16 : KernelFormat::fp32;
-    if (p.sm90) {
-      const bool fits = p.qk_bits == 8 && p.p_format == SagePFormat::e4m3 && p.accumulation == SageAccumulation::wgmma &&
-                        p.granularity == SageGranularity::thread && p.rounding == SageRounding::half_away &&
-                        !p.smooth_q && !p.smooth_v && p.qk_transform == SageQkTransform::none;
-      if (!fits)
-        throw SpecError("method 'sage2': kernel=sm90 runs the official Hopper kernel, which takes qk=8, p=e4m3, "
-                        "acc=wgmma (or auto), gran=thread, round=away, smooth-q=false, smooth-v=false and "
-                        "qk-transform=none");
-    }
+    const bool common = p.p_format == SagePFormat::e4m3 && p.granularity == SageGranularity::thread &&
+                        p.rounding == SageRounding::half_away && !p.smooth_q && !p.smooth_v;
+    if (p.kernel == Sage2Kernel::sm90 &&
+        !(common && p.qk_bits == 8 && p.accumulation == SageAccumulation::wgmma && p.qk_transform == SageQkTransform::none))
+      throw SpecError("method 'sage2': kernel=sm90 runs the official Hopper kernel, which takes qk=8, p=e4m3, "
+                      "acc=wgmma (or auto), gran=thread, round=away, smooth-q=false, smooth-v=false and "
+                      "qk-transform=none");
+    const bool ada = p.accumulation == SageAccumulation::ada_f16 || p.accumulation == SageAccumulation::ada ||
+                     p.accumulation == SageAccumulation::ada_single;
+    if (p.kernel == Sage2Kernel::sm89 && !(common && ada))
+      throw SpecError("method 'sage2': kernel=sm89 runs the official Ada kernel, which takes acc=ada-f16 (or auto: "
+                      "fp32+fp16), ada (fp32+fp32) or ada-single (fp32), p=e4m3, gran=thread, round=away, "
+                      "smooth-q=false and smooth-v=false");
     if ((p.accumulation == SageAccumulation::wgmma || p.accumulation == SageAccumulation::wgmma_single ||
-         p.accumulation == SageAccumulation::mma) && p.p_format != SagePFormat::e4m3)
+         p.accumulation == SageAccumulation::mma || ada) && p.p_format != SagePFormat::e4m3)
       throw SpecError("method 'sage2': acc=" + m.choice("acc") + " is an FP8 E4M3 instruction and needs p=e4m3 (for p=" +
                       m.choice("p") + " choose acc=two-level, fp22 or fp32)");
     return make_flash_method(sage2_kernel(p));

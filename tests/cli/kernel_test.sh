@@ -17,8 +17,8 @@ numbers() { sed -E 's/^([^,]*,[^,]*),("[^"]*"|[^,]*),/\1,/' <<<"$1"; }
 # ---- show, run, show again: the same numbers, the same file ------------------------------------------------------
 # Every preset natively; under an emulator or a sanitizer (20-70x slower) three, since the loop's bits are the digest
 # test's and this test's subject is the file's round trip.
-specs=(fa3-fp8 fa3-fp8@paper sage2@sm90 sage1 "sage1:acc=fp32,pad=upstream" sage2 sage2@4b "sage2:acc=mma"
-  "sage2:acc=two-level,p=e5m2")
+specs=(fa3-fp8 fa3-fp8@paper sage2@sm90 sage2@sm89 sage2@sm89-int4 "sage2@sm89:acc=ada-single" sage1
+  "sage1:acc=fp32,pad=upstream" sage2 sage2@paper-4b "sage2:acc=mma" "sage2:acc=two-level,p=e5m2")
 if [ ${#emu[@]} -gt 0 ] || sanitized; then specs=(fa3-fp8@paper sage2@sm90 "sage1:acc=fp32,pad=upstream"); fi
 for m in "${specs[@]}"; do
   f=$tmp/k.json
@@ -54,6 +54,15 @@ check "sweep: a row for the point p.offset=8" \
 # ---- kernel check -----------------------------------------------------------------------------------------------
 expect 0 "0 violated" "kernel check fa3-fp8" -- kernel check fa3-fp8
 expect 0 "0 violated" "kernel check sage1" -- kernel check sage1
+# sage2@sm89's FP16 accumulator: V scaled to 2.25 keeps 64 keys of P~ <= 448 within binary16; V at 448 does not
+expect 0 "64 keys x largest P~ 447.89 x largest V code 2.25 = 64496.1 \| 65504 \| holds" "kernel check sage2@sm89" -- \
+  kernel check sage2@sm89
+q kernel show sage2@sm89 > "$tmp/sm89.json"
+expect 1 "FP16 accumulator within binary16 .*violated" "kernel check: sm89 with V scaled to 448" -- \
+  kernel check "file:$tmp/sm89.json,v.max=0"
+expect 1 "violated: P V's FP16 accumulator within binary16: change v.max <= 2.28" "kernel check names v.max" -- \
+  kernel check "file:$tmp/sm89.json,v.max=0"
+expect 2 "v.max: at most v.format's largest, 448" "v.max beyond E4M3's largest" -- analyze --method "file:$tmp/sm89.json,v.max=500"
 expect 1 "largest P~ within p.format .*4096.*violated" "kernel check: max_offset 8 + rescale_threshold 4" -- \
   kernel check "file:$tmp/fa3.json,softmax.rescale_threshold=4"
 expect 1 "change p.offset \+ softmax.rescale_threshold <= log_2\(448 / p.scale\) = 8.80735" "kernel check names the fields" -- \

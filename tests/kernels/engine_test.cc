@@ -104,7 +104,7 @@ TEST_CASE("engine: the fused path gives the reference model's O and P for every 
 
 TEST_CASE("engine: auto falls back to the reference model, fast refuses, for what the kernels do not run", "[engine]") {
   for (const std::string spec : {"intattention:q-group=4", "intattention:v-group=channel", "quant-only", "fp32",
-                                 "index@paper", "sage2@8b"}) {
+                                 "index@paper", "sage2@paper-8b"}) {
     INFO(spec);
     const BuiltMethod automatic = build_method(spec);
     CHECK_FALSE(automatic.fast);

@@ -56,7 +56,7 @@ double rel_l1(const RowMatrixXd& o, const RowMatrixXd& ref) {
 }  // namespace
 
 TEST_CASE("kernel files: every preset's description round-trips through its file", "[kernel_file]") {
-  for (const char* spec : {"sage1", "sage1:acc=fp32,pad=upstream,out=fp32", "sage2", "sage2@4b", "sage2@hadmdattn",
+  for (const char* spec : {"sage1", "sage1:acc=fp32,pad=upstream,out=fp32", "sage2", "sage2@paper-4b", "sage2@paper-hadmdattn",
                            "sage2:acc=mma", "sage2:acc=two-level,p=e5m2", "fa3-fp8", "fa3-fp8:scale=none,out=fp32"}) {
     INFO(spec);
     const FlashKernel k = kernel(spec);

@@ -115,11 +115,11 @@ TEST_CASE("INT4 Q/K costs more than INT8, E5M2 P~ more than E4M3, every variant 
   std::mt19937_64 g(4);
   const RowMatrixXd q = random_matrix(64, 64, 0, 1, g), k = random_matrix(128, 64, 0, 1, g), v = random_matrix(128, 32, 0, 1, g);
   const RowMatrixXd ref = float_attention(q, k, v, 0.125, FloatPrecision::fp64).o;
-  const auto m8 = reference_registry().create("sage2@8b"), m4 = reference_registry().create("sage2@4b");
+  const auto m8 = reference_registry().create("sage2@paper-8b"), m4 = reference_registry().create("sage2@paper-4b");
   CHECK(sage2_rel_l1(m8->attention(q, k, v, 0.125, {}).o, ref) * 3 < sage2_rel_l1(m4->attention(q, k, v, 0.125, {}).o, ref));
   CHECK(sage2_rel_l1(m8->attention(q, k, v, 0.125, {}).o, ref) <
         sage2_rel_l1(reference_registry().create("sage2:p=e5m2")->attention(q, k, v, 0.125, {}).o, ref));
-  for (const char* spec : {"sage2@8b", "sage2@4b", "sage2:p=e5m2", "sage2:p=int8,acc=fp32", "sage2:p=fp16,smooth-v=true"}) {
+  for (const char* spec : {"sage2@paper-8b", "sage2@paper-4b", "sage2:p=e5m2", "sage2:p=int8,acc=fp32", "sage2:p=fp16,smooth-v=true"}) {
     const auto m = reference_registry().create(spec);
     CHECK(m->attention(q, k, v, 0.125, {}).o == m->attention(q, k, v, 0.125, {}).o);
   }
@@ -267,6 +267,58 @@ TEST_CASE("tcgen05_e4m3_step is mma_dot of b200-tcgen05-e4m3, column by column",
   check_fp8_step("b200-tcgen05-e4m3", tcgen05_e4m3_step, false);
 }
 
+TEST_CASE("ada_e4m3_step is one step of mma_dot of ada-mma-e4m3 and ada-mma-e4m3-acc16, column by column", "[sage2][mma]") {
+  std::mt19937_64 g(89);
+  std::uniform_int_distribution<int> code(0, 255);
+  auto e4m3 = [&] {
+    int c;
+    do c = code(g); while ((c & 0x7f) == 0x7f);  // every non-NaN code: zeros and subnormals included
+    return static_cast<std::uint16_t>(c);
+  };
+  const int trials = qattn::test::scaled(2000, 50);
+  qattn::test::announce_scale("ada_e4m3_step against mma_dot", trials);
+  std::size_t slow_paths = 0;
+  for (bool f16 : {false, true}) {
+    const MmaModel& model = mma_preset(f16 ? "ada-mma-e4m3-acc16" : "ada-mma-e4m3");
+    for (int trial = 0; trial < trials; ++trial) {
+      const std::size_t n = static_cast<std::size_t>(g() % 17), cols = 1 + static_cast<std::size_t>(g() % 80);
+      std::vector<std::uint16_t> pc(16, 0), vc(16 * cols, 0);  // the step's 16 codes, zero past n
+      for (std::size_t j = 0; j < n; ++j) pc[j] = e4m3();
+      for (std::size_t j = 0; j < n; ++j)
+        for (std::size_t c = 0; c < cols; ++c) vc[j * cols + c] = e4m3();
+      std::vector<float> p(16), v(16 * cols), acc(cols);
+      for (std::size_t j = 0; j < 16; ++j) p[j] = static_cast<float>(lowp_decode(pc[j], fp8_e4m3fn()));
+      for (std::size_t i = 0; i < vc.size(); ++i) v[i] = static_cast<float>(lowp_decode(vc[i], fp8_e4m3fn()));
+      for (auto& a : acc) {  // zero, small, f16-representable, wide, near float32's top, or infinite
+        const int kind = static_cast<int>(g() % 8);
+        const float sign = g() % 2 ? 1.0f : -1.0f;
+        a = kind == 0   ? 0.0f * sign
+            : kind == 1 ? std::ldexp(sign * static_cast<float>((g() % 1024) + 1), -40 - static_cast<int>(g() % 100))
+            : kind == 2 ? static_cast<float>(round_to_binary16(std::ldexp(sign * static_cast<double>(g() % 2048),
+                                                                           static_cast<int>(g() % 30) - 24)))
+            : kind == 3 ? std::ldexp(sign * static_cast<float>((g() % 8388608) + 8388608), static_cast<int>(g() % 40) - 40)
+            : kind == 4 ? std::ldexp(sign * 1.5f, 120 + static_cast<int>(g() % 8))
+            : kind == 5 ? sign * INFINITY
+                        : std::ldexp(sign * static_cast<float>((g() % 8192) + 8192), static_cast<int>(g() % 37) - 26);
+        if (f16) a = static_cast<float>(round_to_binary16(a));  // an f16 accumulator holds binary16 values
+      }
+      std::vector<std::int8_t> ve(v.size());
+      for (std::size_t i = 0; i < v.size(); ++i) ve[i] = wgmma_e4m3_exponent(v[i]);
+      std::vector<float> fast = acc;
+      ada_e4m3_step(fast.data(), p.data(), n, v.data(), ve.data(), cols, cols, f16);
+      for (std::size_t c = 0; c < cols; ++c) {
+        std::vector<std::uint16_t> column(16);
+        for (std::size_t j = 0; j < 16; ++j) column[j] = vc[j * cols + c];
+        const float want = mma_dot(model, pc, column, acc[c]);
+        slow_paths += !(std::fabs(acc[c]) < 0x1p100f) || n == 0;
+        INFO(model.name << ", trial " << trial << ", n " << n << ", column " << c << ", acc " << acc[c]);
+        REQUIRE(std::bit_cast<std::uint32_t>(fast[c]) == std::bit_cast<std::uint32_t>(want));
+      }
+    }
+  }
+  CHECK(slow_paths > 0);  // the columns the vectorised chunk leaves to mma_dot were drawn
+}
+
 TEST_CASE("the H100 wgmma accumulator per 128-key block beats one wgmma accumulator on long rows", "[sage2][mma]") {
   std::mt19937_64 g(3);
   const RowMatrixXd q = random_matrix(8, 64, 0, 0.3, g), k = random_matrix(8192, 64, 0, 0.3, g);
@@ -337,12 +389,12 @@ TEST_CASE("the baselines' presets run sage2 with step (0) alone changed", "[sage
   std::mt19937_64 g(32);
   RowMatrixXd q = random_matrix(64, 64, 2.0, g), k = random_matrix(96, 64, 1.0, g), v = random_matrix(96, 32, 1.0, g);
   const auto none = reference_registry().create("sage2:qk=4,smooth-q=false,smooth-k=false");
-  for (const char* spec : {"sage2@hadmdattn", "sage2@smoothattn"}) {
+  for (const char* spec : {"sage2@paper-hadmdattn", "sage2@paper-smoothattn"}) {
     INFO(spec);
     const auto m = reference_registry().create(spec);
     // the preset on Q and K already transformed by hand equals the no-transform pipeline on them
     Sage2Params p;
-    p.qk_transform = std::string(spec) == "sage2@hadmdattn" ? SageQkTransform::hadamard : SageQkTransform::qserve;
+    p.qk_transform = std::string(spec) == "sage2@paper-hadmdattn" ? SageQkTransform::hadamard : SageQkTransform::qserve;
     RowMatrixXd qt = q, kt = k;
     sage2_transform_qk(qt, kt, p);
     const AttentionResult a = m->attention(q, k, v, 0.125, {}), b = none->attention(qt, kt, v, 0.125, {});

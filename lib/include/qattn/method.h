@@ -43,7 +43,15 @@ struct PresetInfo {
   std::string name;
   std::map<std::string, std::string> values;
   std::string doc;
+  // Non-empty: an old spelling of the preset of that name, kept for one release (no values or doc of its own); a
+  // spec naming it resolves to that preset, and the notice (set_preset_alias_notice) says so.
+  std::string alias_of;
 };
+
+// Called when a spec names a preset by an old spelling (PresetInfo::alias_of), with a line saying which preset it now
+// means: the CLI prints it on stderr once per spelling, the Python package warns (FutureWarning). Nothing by default.
+// Safe to set while other threads resolve specs.
+void set_preset_alias_notice(std::function<void(const std::string&)> notice);
 
 struct MethodSpec {
   std::string name;

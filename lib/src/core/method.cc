@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <mutex>
 #include <stdexcept>
 
 #include "qattn/error.h"
@@ -394,8 +395,34 @@ std::string_view method_kind_name(MethodKind kind) {
   return "";
 }
 
+namespace {
+
+std::mutex& alias_notice_lock() {
+  static std::mutex m;
+  return m;
+}
+std::function<void(const std::string&)>& alias_notice() {
+  static std::function<void(const std::string&)> f;
+  return f;
+}
+
+}  // namespace
+
+void set_preset_alias_notice(std::function<void(const std::string&)> notice) {
+  const std::lock_guard<std::mutex> hold(alias_notice_lock());
+  alias_notice() = std::move(notice);
+}
+
 void Registry::add(MethodEntry entry) {
   if (find(entry.name)) throw std::logic_error("Registry: duplicate method '" + entry.name + "'");
+  for (const PresetInfo& pr : entry.presets) {
+    if (pr.alias_of.empty()) continue;
+    const auto target = std::find_if(entry.presets.begin(), entry.presets.end(),
+                                     [&](const PresetInfo& p) { return p.name == pr.alias_of; });
+    if (!pr.values.empty() || target == entry.presets.end() || !target->alias_of.empty())
+      throw std::logic_error("Registry: preset alias '" + entry.name + "@" + pr.name +
+                             "' needs no values and a preset that is not an alias ('" + pr.alias_of + "')");
+  }
   for (const PresetInfo& pr : entry.presets)
     for (const auto& [key, v] : pr.values) {
       const std::string& k = key;  // a structured binding cannot be captured by a lambda in C++20
@@ -431,7 +458,16 @@ ParamMap Registry::resolve(const MethodSpec& spec) const {
       throw SpecError("method '" + e->name + "' has no preset '@" + spec.preset + "' (valid: " +
                       (names.empty() ? std::string("none") : join(names)) + ")");
     }
-    for (const auto& [k, v] : pr->values) values[k] = v;
+    const PresetInfo* chosen = &*pr;
+    if (!pr->alias_of.empty()) {
+      chosen = &*std::find_if(e->presets.begin(), e->presets.end(), [&](const PresetInfo& p) { return p.name == pr->alias_of; });
+      const std::lock_guard<std::mutex> hold(alias_notice_lock());
+      if (alias_notice())
+        alias_notice()(e->name + "@" + pr->name + " now means " + e->name + "@" + chosen->name +
+                       ", the preset named after the kernel it matches (`qattn methods` describes it); the old "
+                       "spelling is kept for this release");
+    }
+    for (const auto& [k, v] : chosen->values) values[k] = v;
   }
   std::vector<std::pair<std::string, std::string>> overrides = spec.overrides;
   if (!spec.positional.empty()) {

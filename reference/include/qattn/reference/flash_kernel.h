@@ -55,11 +55,15 @@ enum class RowSumTile { column, mma16, lanes8, octets32 };
 enum class RefRule { mul_sub, fma };
 enum class RowSumCombine { pairs_02_13, pairs_01_23 };  // (l0 + l2) + (l1 + l3) (FA3), (l0 + l1) + (l2 + l3) (Sage)    // l = l r + (this block's sum); or l = l r, then each P~ added
 enum class RowSumOf { unrounded, rounded };
-// The FP8 units read E4M3 P and V; ada_mma_e4m3 and b200_tcgen05_e4m3 are MMA-Sim's models (not measured here).
-enum class PvUnit { fp32, fp22, h100_hmma_f16_acc16, h100_wgmma_e4m3, h100_mma_e4m3, ada_mma_e4m3, b200_tcgen05_e4m3, b200_nvf4 };
-// The MMA preset a P V unit runs one output column at a time (mma_dot, 32 keys per call), or nullptr for the units
-// with their own loops (fp32, fp22, and the vectorised steps of h100-hmma-f16-acc16, h100-wgmma-e4m3 and
-// b200-tcgen05-e4m3).
+// The FP8 units read E4M3 P and V; ada_mma_e4m3 and b200_tcgen05_e4m3 are MMA-Sim's models (not measured here);
+// ada_mma_e4m3_acc16 (an f16 accumulator, SageAttention2's sm89 "fp32+fp16") is MMA-Sim's code with no vectors.
+enum class PvUnit {
+  fp32, fp22, h100_hmma_f16_acc16, h100_wgmma_e4m3, h100_mma_e4m3, ada_mma_e4m3, ada_mma_e4m3_acc16, b200_tcgen05_e4m3,
+  b200_nvf4
+};
+// The MMA preset a P V unit runs one output column at a time (mma_dot, 32 keys per call: h100-mma-e4m3), or nullptr
+// for the units with their own loops (fp32, fp22, and the vectorised steps of h100-hmma-f16-acc16, h100-wgmma-e4m3,
+// ada-mma-e4m3, ada-mma-e4m3-acc16, b200-tcgen05-e4m3 and b200-nvf4).
 struct MmaModel;
 const MmaModel* pv_column_model(PvUnit unit);
 // S's matrix unit: exact integer products (int8 / int4 Q and K), the H100's FP8 wgmma, or B200's unscaled FP8
@@ -94,6 +98,8 @@ struct FlashKernel {
     ScaleRule rule = ScaleRule::amax;  // tensor: amax (descale fl32(amax / 448)) or one
     bool smooth = false;               // V - mean over tokens, the mean added to O
     ScaleArith arith = ScaleArith::f64;  // channel: float64 division, or float32 times fl32(max / amax) (e4m3, e5m2)
+    double max = 0;  // channel: the value a channel's amax is scaled to; 0: the format's largest (SageAttention2's
+                     // sm89 fp32+fp16 path: 2.25, so that 64 keys of P~ <= 448 stay within binary16)
   } v;
 
   struct Softmax {

@@ -109,7 +109,8 @@ struct MmaModel {
 // The presets, by name: measured on an H100: h100-wgmma-e4m3, h100-wgmma-e4m3-promote, h100-mma-e4m3,
 // h100-hmma-f16, h100-hmma-bf16, h100-hmma-f16-acc16; from MMA-Sim's model (not measured here): b200-tcgen05-f16,
 // b200-tcgen05-bf16, b200-tcgen05-f16-acc16, b200-tcgen05-e4m3, b200-tcgen05-e5m2, b200-mxf8-e4m3, b200-mxf4,
-// b200-nvf4, ada-mma-e4m3, mi300-mfma-f16, mi300-mfma-bf16, mi300-mfma-e4m3fnuz; a bound: per-product-fp22.
+// b200-nvf4, ada-mma-e4m3, mi300-mfma-f16, mi300-mfma-bf16, mi300-mfma-e4m3fnuz; from MMA-Sim's code, with no
+// vectors: ada-mma-e4m3-acc16; a bound: per-product-fp22.
 const std::vector<MmaModel>& mma_presets();
 // Throws std::invalid_argument naming the presets for an unknown name.
 const MmaModel& mma_preset(std::string_view name);
@@ -201,6 +202,17 @@ void wgmma_e4m3_step(float* acc, const float* p, std::size_t n, const float* v, 
 // operands (tests/unit/sage2_test.cc), vectorised over c.
 void tcgen05_e4m3_step(float* acc, const float* p, std::size_t n, const float* v, const std::int8_t* v_exponent,
                        std::size_t stride, std::size_t cols);
+// One fused step of Ada's FP8 mma.sync (MMA-Sim's models, not measured here: ada-mma-e4m3, or with f16_accumulator
+// ada-mma-e4m3-acc16, which no vectors validate) for `cols` outputs at once, in the layout of wgmma_e4m3_step, n <= 16
+// products (one instruction of 32 keys is two steps; a step of n = 0 still rounds the accumulator):
+//   acc[c] <- RZ_14( trunc(acc[c]) + sum_j trunc(p[j] v[j][c]) )  or  RNE_binary16( ... ),
+//   every term truncated at 2^(E_c - 13), E_c = max(e(acc[c]), e(p[j]) + e(v[j][c]) over the nonzero products), the
+//   accumulator's exponent its field's (at least -126, or -14 for binary16), E4M3 field exponents.
+// Bit-identical to mma_dot of the preset on the step's codes (tests/unit/sage2_test.cc), vectorised over c; the rare
+// columns outside the vectorised range (no nonzero product, an accumulator near float32's top or not finite) take
+// mma_dot itself.
+void ada_e4m3_step(float* acc, const float* p, std::size_t n, const float* v, const std::int8_t* v_exponent,
+                   std::size_t stride, std::size_t cols, bool f16_accumulator);
 // One step of a block-scaled FP4 model with groups (b200-mxf4, b200-nvf4: MMA-Sim's model, not measured here) for
 // `cols` outputs at once, its terms formed by the caller: term[g * stride + c] is group g's exact sum of products
 // times its two block scales, term_exponent[g * stride + c] the sum of the two scales' exponents (floor(log2)), or

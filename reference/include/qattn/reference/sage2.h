@@ -36,7 +36,12 @@ namespace qattn::ref {
 
 enum class SagePFormat { e4m3, e5m2, int8, fp16 };
 enum class SageQkTransform { none, hadamard, smoothquant, qserve };
-enum class SageAccumulation { wgmma, wgmma_single, mma, two_level_fp22, fp22, fp32 };
+// ada_f16 / ada / ada_single: Ada's FP8 mma.sync (MMA-Sim's models) as SageAttention2's sm89 kernels use it for
+// pv_accum_dtype fp32+fp16 (an f16 accumulator per 64-key block, V scaled to 2.25), fp32+fp32 (an f32 buffer per block)
+// and fp32 (in place into the rescaled float32 output).
+enum class SageAccumulation { wgmma, wgmma_single, mma, two_level_fp22, fp22, fp32, ada_f16, ada, ada_single };
+// model: the steps above; sm90 / sm89: an official kernel's arithmetic (docs/pipelines/sage2.md).
+enum class Sage2Kernel { model, sm90, sm89 };
 
 struct Sage2Params {
   SageQkTransform qk_transform = SageQkTransform::none;  // step (0)
@@ -55,11 +60,12 @@ struct Sage2Params {
     return accumulation == SageAccumulation::wgmma || accumulation == SageAccumulation::wgmma_single ? 128 : 64;
   }
   SageGroupSizes groups;
-  // The official Hopper kernel's arithmetic (qk_int_sv_f8_cuda_sm90, docs/pipelines/sage2.md "sage2@sm90") instead of
-  // the steps above: per-thread groups BLKQ 64, WARPQ 16, BLKK 128, WARPK 128 quantised in float32, base 2 with
-  // sm_scale log2 e in float32, the max of fma(S, s2, -8.807), the mma row-sum layout, V per channel in float32, O
-  // times fl32(1 / l) then the V scale.
-  bool sm90 = false;
+  // An official kernel's arithmetic instead of the steps above (docs/pipelines/sage2.md, "sage2@sm90", "sage2@sm89"):
+  // per-thread groups quantised in float32 (sm90: BLKQ 64, WARPQ 16, BLKK 128, WARPK 128; sm89: the default groups),
+  // base 2 with sm_scale log2 e in float32, the max of fma(S, s2, -8.807), the mma row-sum layout, V per channel in
+  // float32 (sm89 fp32+fp16: scaled to 2.25), O times fl32(1 / l) then the V scale; keys in blocks of 128 (sm90,
+  // wgmma) or 64 (sm89, Ada's mma.sync).
+  Sage2Kernel kernel = Sage2Kernel::model;
   KernelFormat output = KernelFormat::fp32;  // O as stored: fp32, fp16 or bf16
 };
 
