@@ -68,7 +68,11 @@ with tempfile.TemporaryDirectory() as tmp:
     figure_checks("leaderboard pareto", drawn, "K/V bits per element", "1 − O CosSim", "log")
     texts = " | ".join(t["text"] for t in drawn["texts"]) if drawn else ""
     check(all(r["method"] in texts for r in qattn_plot.read_csv(board)), f"every method is named: {texts}")
-    rc, err, drawn = plot(tmp, "pareto", board, "-o", png, "--x", "kv_bits", "--y", "O_error", "--linear",
+    # on a linear axis the board's many small errors crowd at zero (refused, "draw fewer rows"): its first 12 rows
+    few = os.path.join(tmp, "few.csv")
+    with open(board) as f, open(few, "w") as g:
+        g.writelines(f.readlines()[:13])
+    rc, err, drawn = plot(tmp, "pareto", few, "-o", png, "--x", "kv_bits", "--y", "O_error", "--linear",
                           "--xlabel", "bits")
     check(rc == 0 and drawn and drawn["axes"][0]["yscale"] == "linear" and drawn["axes"][0]["xlabel"] == "bits",
           f"pareto --linear --xlabel: {err} {drawn and drawn['axes']}")
