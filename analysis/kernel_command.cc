@@ -2,6 +2,7 @@
 // the file a user edits and runs with --method file:PATH; `check` derives its contracts and exits 1 when one is
 // violated.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -79,9 +80,14 @@ std::string search_report(const SearchResult& r, const SearchOptions& so, const 
     j["max_keys"] = so.max_keys;
     j["metric"] = o.metric;
     j["families"] = nlohmann::ordered_json::array();
+    // a non-finite value as the text "inf" or "nan", as analyze's JSON writes one (JSON has no such numbers)
+    const auto value = [](double x) {
+      return std::isfinite(x) ? nlohmann::ordered_json(x)
+                              : nlohmann::ordered_json(std::isnan(x) ? "nan" : x > 0 ? "inf" : "-inf");
+    };
     for (const SearchCase& c : r.worst)
-      j["families"].push_back({{"family", family_name(c.input.family)}, {"error", c.error},
-                               {"O_cossim", c.metrics.o_cossim}, {"L_q", c.input.lq}, {"L_k", c.input.lk},
+      j["families"].push_back({{"family", family_name(c.input.family)}, {"error", value(c.error)},
+                               {"O_cossim", value(c.metrics.o_cossim)}, {"L_q", c.input.lq}, {"L_k", c.input.lk},
                                {"causal", c.input.causal}, {"input", c.input.describe()}});
     j["worst"] = family_name(w.input.family);
     j["dump"] = o.dump.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(o.dump);
@@ -100,7 +106,8 @@ std::string search_report(const SearchResult& r, const SearchOptions& so, const 
   std::snprintf(buf, sizeof buf, "%.6g", w.error);
   s += std::string("\nworst: ") + family_name(w.input.family) + ", " + o.metric + " " + buf;
   s += o.dump.empty() ? " (--dump DIR writes it)\n"
-                      : "; written to " + o.dump + " (qattn analyze --tensors " + o.dump + " --method " + o.name + ")\n";
+                      : "; written to " + o.dump + " (qattn analyze --tensors " + o.dump + " --method " +
+                            kernel_spec(o.name) + ")\n";
   return s;
 }
 
@@ -200,6 +207,12 @@ void add_kernel(CLI::App& app) {
       so.head_dim = o->head_dim;
       so.threads = o->threads;
       so.key_block = k.keys.block > 0 ? k.keys.block : ref::fa3_fp8_key_block(so.head_dim);
+      const bool jumps = so.families.empty() ||
+                         std::find(so.families.begin(), so.families.end(), SearchFamily::max_jump) != so.families.end();
+      if (jumps && o->max_keys <= so.key_block)
+        throw CLI::ValidationError("--max-keys", std::to_string(o->max_keys) + ": max-jump needs keys past the kernel's "
+                                                 "key block (" + std::to_string(so.key_block) +
+                                                 "); raise it, or choose other --family values");
       so.progress = stderr_progress("qattn kernel check --search", "inputs");
       const std::string spec = kernel_spec(o->name);
       const SearchResult r = search_worst_inputs([&] { return ref::reference_registry().create(spec); }, o->name, so);

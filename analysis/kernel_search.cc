@@ -263,7 +263,8 @@ SearchResult search_worst_inputs(const std::function<std::unique_ptr<Method>()>&
 
 void write_search_dump(const SearchInput& in, Eigen::Index head_dim, const fs::path& dir) {
   std::error_code ec;
-  const fs::path target = fs::absolute(dir, ec).lexically_normal();
+  fs::path target = fs::absolute(dir, ec).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();  // "DIR/"
   if (fs::exists(fs::symlink_status(target, ec)))
     throw InputError(dir.string(), "--dump", "exists: the search writes a new directory");
   const fs::path parent = target.parent_path();

@@ -10,9 +10,9 @@
 #include <exception>
 #include <iostream>
 #include <limits>
+#include <set>
 #if defined(__GLIBC__)
 #include <malloc.h>
-#include <set>
 #include <sys/mman.h>
 #endif
 

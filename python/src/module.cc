@@ -1232,8 +1232,11 @@ PYBIND11_MODULE(_qattn, m) {
   // An old preset spelling (sage2@8b) warns once (FutureWarning) which preset it now means.
   qattn::set_preset_alias_notice([](const std::string& text) {
     py::gil_scoped_acquire gil;
-    static std::set<std::string> said;
-    if (said.insert(text).second) PyErr_WarnEx(PyExc_FutureWarning, ("qattn: " + text).c_str(), 1);
+    static std::set<std::string> said;  // guarded by the GIL
+    if (said.count(text)) return;
+    // a filter that turns the warning into an error raises it from the call that named the old spelling
+    if (PyErr_WarnEx(PyExc_FutureWarning, ("qattn: " + text).c_str(), 1) < 0) throw py::error_already_set();
+    said.insert(text);
   });
   // The library's input errors carry file, field and reason: Python sees them as ValueError with that message.
   py::register_exception_translator([](std::exception_ptr p) {

@@ -58,6 +58,12 @@ def test_an_old_preset_spelling_warns_which_preset_it_now_means():
     with pytest.warns(FutureWarning, match="sage2@smoothattn now means sage2@sm89-smoothattn"):
         old = qattn.canonical("sage2@smoothattn")
     assert old == qattn.canonical("sage2@sm89-smoothattn")
+    # a filter that makes the warning an error raises it from the call (once said, a spelling warns no more)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        with pytest.raises(FutureWarning, match="sage2@hadmdattn now means sage2@sm89-hadmdattn"):
+            qattn.canonical("sage2@hadmdattn")
 
 
 @pytest.mark.parametrize("method", ["intattention@upstream-neon", "intattention:k-group=32,group-max=offset",

@@ -1142,6 +1142,9 @@ std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
     if (k.v.scale != VScale::channel || vf == KernelFormat::fp16)
       return KernelProblem{"v.max", "applies to v.scale channel with an FP8 or int8 v.format; 0 otherwise"};
     if (k.v.max > format_max(vf)) return KernelProblem{"v.max", "at most v.format's largest, " + shown(format_max(vf))};
+    // at least the format's smallest normal (int8: 1), so that amax / v.max and v.max / amax stay finite and nonzero
+    const double least = vf == KernelFormat::e4m3 ? 0x1p-6 : vf == KernelFormat::e5m2 ? 0x1p-14 : 1.0;
+    if (k.v.max < least) return KernelProblem{"v.max", "0, or at least v.format's smallest normal, " + shown(least)};
   }
   switch (k.pv.unit) {
     case PvUnit::h100_hmma_f16_acc16:

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "qattn/reference/kernel_file.h"
+#include "qattn/reference/lowp_float.h"
 
 namespace qattn::ref {
 namespace {
@@ -139,27 +140,32 @@ std::vector<KernelContract> kernel_contracts(const FlashKernel& k, const Contrac
     out.push_back(c);
   }
   // (3) An FP16 accumulator over the keys it holds before promotion. V is held unscaled on HMMA.F16 (fp16 V); on
-  // Ada's FP8 unit V is scaled per channel to v.max (or the format's largest), which bounds it.
+  // Ada's FP8 unit P~ and V are E4M3 codes: V scaled per channel to v.max (or the format's largest), or per tensor to
+  // 448, and both bounds rounded as the codes are (E4M3(447.89) = 448).
   if (k.pv.unit == PvUnit::h100_hmma_f16_acc16 || k.pv.unit == PvUnit::ada_mma_e4m3_acc16) {
     KernelContract c;
     c.name = "P V's FP16 accumulator within binary16";
-    const double top = k.p.scale * pow_b(k.p.offset + theta);
-    const bool scaled_v = k.pv.unit == PvUnit::ada_mma_e4m3_acc16 && k.v.scale == VScale::channel;
+    const bool fp8 = k.pv.unit == PvUnit::ada_mma_e4m3_acc16;
+    const auto e4m3 = [](double x) { return lowp_round(x, fp8_e4m3fn(), LowpRounding::rne, LowpOverflow::saturate); };
+    const double top = fp8 ? e4m3(k.p.scale * pow_b(k.p.offset + theta)) : k.p.scale * pow_b(k.p.offset + theta);
+    const bool scaled_v = fp8;
     if (k.pv.promote_keys == 0) {
       c.bound = "one accumulator over every key: unbounded in L_k";
       c.limit = "65504";
       c.violated = true;
       c.fix = "pv.promote_keys > 0: promote the FP16 accumulator to float32 every N keys";
     } else if (scaled_v) {
-      const double v_top = k.v.max > 0 ? k.v.max : format_max(k.v.format);
+      const bool channel = k.v.scale == VScale::channel;
+      const double v_top = e4m3(channel && k.v.max > 0 ? k.v.max : format_max(k.v.format));
       const double bound = static_cast<double>(k.pv.promote_keys) * top * v_top;
-      c.bound = std::to_string(k.pv.promote_keys) + " keys x largest P~ " + num(top) + " x largest V code " +
+      c.bound = std::to_string(k.pv.promote_keys) + " keys x largest P~ code " + num(top) + " x largest V code " +
                 num(v_top) + " = " + num(bound);
       c.limit = "65504";
       c.violated = bound > 65504;
       if (c.violated)
-        c.fix = "v.max <= " + num(65504 / (static_cast<double>(k.pv.promote_keys) * top)) +
-                " (SageAttention2's sm89 fp32+fp16: 2.25), or fewer pv.promote_keys";
+        c.fix = std::string(channel ? "" : "v.scale channel with ") + "v.max <= " +
+                num(65504 / (static_cast<double>(k.pv.promote_keys) * top)) +
+                " (its E4M3 value; SageAttention2's sm89 fp32+fp16: 2.25), or fewer pv.promote_keys";
     } else {
       const double per_v = static_cast<double>(k.pv.promote_keys) * top;
       c.bound = std::to_string(k.pv.promote_keys) + " keys x largest P~ " + num(top) + " x max|V| = " + num(per_v) +

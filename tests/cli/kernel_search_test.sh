@@ -74,6 +74,23 @@ expect 2 "--metric.*O_rel_l1" "--metric that the search does not maximise" -- ke
 expect 2 "--family.*max-jump" "an unknown --family" -- kernel check fa3-fp8 --search --family spiky
 expect 2 "--budget.*--search only" "--budget without --search" -- kernel check fa3-fp8 --budget 4
 expect 2 "not a flash kernel" "a method that is not a flash kernel" -- kernel check fp32 --search --budget 1
+expect 2 "--max-keys.*max-jump needs keys past the kernel's key block \(128\)" "max-jump without a block boundary" -- \
+  kernel check sage2@sm90 --search --budget 1 --max-keys 64
+expect 0 "first-causal" "--max-keys below the key block without max-jump" -- kernel check sage2@sm90 --search --budget 1 \
+  --max-keys 64 --family first-causal
+
+# a kernel given as a path: the command the report prints runs as printed; "DIR/" names DIR
+q kernel show fa3-fp8 > "$tmp/k.json"
+out=$(q kernel check "$tmp/k.json" --search --budget 2 --d 64 --max-keys 512 --family needle --dump "$tmp/slash/" 2>/dev/null)
+check "a dump named with a trailing slash is written" [ -f "$tmp/slash/manifest.json" ]
+check "the report names the path as file:PATH" [ -n "$(grep -F -- "--method file:$tmp/k.json)" <<<"$out")" ]
+check "that command runs" q analyze --tensors "$tmp/slash" --method "file:$tmp/k.json" --summary --columns O_rel_l1
+
+# JSON keeps a non-finite error as text: V per channel to 448 on the f16 accumulator overflows it
+q kernel show sage2@sm89 > "$tmp/sm89.json"
+q kernel check "file:$tmp/sm89.json,v.max=0" --search --budget 2 --d 64 --max-keys 512 --family needle --format json \
+  > "$tmp/inf.json" 2>/dev/null
+check "an overflowing output's error is \"inf\" in the JSON" [ "$(field "$tmp/inf.json" 'j["search"]["families"][0]["error"]')" == "'inf'" ]
 
 echo "kernel_search: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -55,7 +55,7 @@ check "sweep: a row for the point p.offset=8" \
 expect 0 "0 violated" "kernel check fa3-fp8" -- kernel check fa3-fp8
 expect 0 "0 violated" "kernel check sage1" -- kernel check sage1
 # sage2@sm89's FP16 accumulator: V scaled to 2.25 keeps 64 keys of P~ <= 448 within binary16; V at 448 does not
-expect 0 "64 keys x largest P~ 447.89 x largest V code 2.25 = 64496.1 \| 65504 \| holds" "kernel check sage2@sm89" -- \
+expect 0 "64 keys x largest P~ code 448 x largest V code 2.25 = 64512 \| 65504 \| holds" "kernel check sage2@sm89" -- \
   kernel check sage2@sm89
 q kernel show sage2@sm89 > "$tmp/sm89.json"
 expect 1 "FP16 accumulator within binary16 .*violated" "kernel check: sm89 with V scaled to 448" -- \
@@ -63,6 +63,14 @@ expect 1 "FP16 accumulator within binary16 .*violated" "kernel check: sm89 with 
 expect 1 "violated: P V's FP16 accumulator within binary16: change v.max <= 2.28" "kernel check names v.max" -- \
   kernel check "file:$tmp/sm89.json,v.max=0"
 expect 2 "v.max: at most v.format's largest, 448" "v.max beyond E4M3's largest" -- analyze --method "file:$tmp/sm89.json,v.max=500"
+expect 2 "v.max: 0, or at least v.format's smallest normal, 0.015625" "v.max below E4M3's smallest normal" -- \
+  analyze --method "file:$tmp/sm89.json,v.max=1e-50"
+# the bound takes the codes as the unit reads them: v.max 3.998 is the E4M3 code 4, and with p.offset 8 64 x 256 x 4
+# = 65536 overflows binary16
+expect 1 "largest V code 4 = 65536 .*violated" "kernel check: v.max rounded to its E4M3 code" -- \
+  kernel check "file:$tmp/sm89.json,p.offset=8,v.max=3.998"
+expect 1 "FP16 accumulator within binary16 .*violated" "kernel check: V per tensor on the f16 accumulator" -- \
+  kernel check "file:$tmp/sm89.json,v.scale=tensor,v.max=0,output.finalize=reciprocal"
 expect 1 "largest P~ within p.format .*4096.*violated" "kernel check: max_offset 8 + rescale_threshold 4" -- \
   kernel check "file:$tmp/fa3.json,softmax.rescale_threshold=4"
 expect 1 "change p.offset \+ softmax.rescale_threshold <= log_2\(448 / p.scale\) = 8.80735" "kernel check names the fields" -- \

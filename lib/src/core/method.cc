@@ -461,11 +461,15 @@ ParamMap Registry::resolve(const MethodSpec& spec) const {
     const PresetInfo* chosen = &*pr;
     if (!pr->alias_of.empty()) {
       chosen = &*std::find_if(e->presets.begin(), e->presets.end(), [&](const PresetInfo& p) { return p.name == pr->alias_of; });
-      const std::lock_guard<std::mutex> hold(alias_notice_lock());
-      if (alias_notice())
-        alias_notice()(e->name + "@" + pr->name + " now means " + e->name + "@" + chosen->name +
-                       ", the preset named after the kernel it matches (`qattn methods` describes it); the old "
-                       "spelling is kept for this release");
+      std::function<void(const std::string&)> notice;
+      {
+        const std::lock_guard<std::mutex> hold(alias_notice_lock());
+        notice = alias_notice();
+      }
+      if (notice)  // called without the lock: it may take its own (Python's GIL) or resolve a spec itself
+        notice(e->name + "@" + pr->name + " now means " + e->name + "@" + chosen->name +
+               ", the preset named after the kernel it matches (`qattn methods` describes it); the old spelling "
+               "is kept for this release");
     }
     for (const auto& [k, v] : chosen->values) values[k] = v;
   }
