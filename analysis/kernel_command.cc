@@ -35,8 +35,9 @@ ref::FlashKernel kernel_named(const std::string& name) {
   const std::unique_ptr<Method> m = ref::reference_registry().create(kernel_spec(name));
   std::optional<ref::FlashKernel> k = ref::kernel_of(*m);
   if (!k)
-    throw SpecError("method '" + name + "' is not a flash kernel (the kernels: sage1, sage2, sage3, fa3-fp8 and "
-                    "fa4-fp8 with any preset and parameters, and file:PATH)");
+    throw SpecError("method '" + name + "' is not a flash kernel (the kernels: sage1, sage2, sage3, fa3-fp8, fa4-fp8 "
+                    "and turbo in prefill, with any preset and parameters, and file:PATH; turbo's decode cache is an "
+                    "input of the call, not a part of a description)");
   return *k;
 }
 

@@ -14,9 +14,11 @@
 
 #include "qattn/error.h"
 #include "qattn/float_format.h"
+#include "qattn/reference/flashq.h"
 #include "qattn/reference/int_pipelines.h"
 #include "qattn/reference/lowp_float.h"
 #include "qattn/reference/mma.h"
+#include "qattn/reference/sas.h"
 
 namespace qattn::ref {
 
@@ -162,6 +164,31 @@ inline float exp_b(float x, SoftmaxBase base, ExpImpl impl) {
   return base == SoftmaxBase::two ? std::exp2(x) : std::exp(x);
 }
 
+// The row sum over a block's values pr[b0, b1) into the row's partial sums `into`: each thread's columns in order
+// ((j - b0) mod 8) / 2, or per 16-column tile of the mma layout, ((P_2t + P_2t+1) + P_8+2t) + P_8+2t+1 added at once
+void row_sum(const FlashKernel::Softmax& sm, const float* pr, Eigen::Index b0, Eigen::Index b1, std::array<float, 4>& into) {
+  const int threads = sm.row_sum_threads;
+  if (sm.row_sum_tile == RowSumTile::lanes8) {  // FlashAttention-4's fadd_reduce, l r in lane 0
+    std::array<float, 8> lane{};
+    lane[0] = into[0];
+    for (Eigen::Index j = b0; j < b1; ++j) lane[static_cast<std::size_t>((j - b0) % 8)] += pr[j];
+    into[0] = ((lane[0] + lane[2]) + (lane[4] + lane[6])) + ((lane[1] + lane[3]) + (lane[5] + lane[7]));
+  } else if (threads == 1) {
+    for (Eigen::Index j = b0; j < b1; ++j) into[0] += pr[j];
+  } else if (sm.row_sum_tile == RowSumTile::octets32) {
+    for (Eigen::Index j = b0; j < b1; ++j) into[static_cast<std::size_t>((j - b0) % 32 / 8)] += pr[j];
+  } else if (sm.row_sum_tile == RowSumTile::column) {
+    for (Eigen::Index j = b0; j < b1; ++j) into[static_cast<std::size_t>((j - b0) % 8 / 2)] += pr[j];
+  } else {
+    const auto at_or_0 = [&](Eigen::Index j) { return j < b1 ? pr[j] : 0.0f; };
+    for (Eigen::Index j0 = b0; j0 < b1; j0 += 16)
+      for (int th = 0; th < 4; ++th) {
+        const Eigen::Index c = j0 + 2 * th;
+        into[static_cast<std::size_t>(th)] += ((at_or_0(c) + at_or_0(c + 1)) + at_or_0(c + 8)) + at_or_0(c + 9);
+      }
+  }
+}
+
 // Q or K quantised: codes [L, d] and one scale per group (arith f32: float32 values widened; f64: float64).
 struct IntQuantized {
   RowMatrixXi32 codes;
@@ -264,11 +291,13 @@ namespace {
 class FlashCall final : public PreparedCall {
  public:
   FlashCall(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale, const AttentionMask& mask,
-            const FlashKernel& kernel);
+            const FlashKernel& kernel, std::shared_ptr<const FlashKeyCodes> keys);
 
  private:
   AttentionResult rows_impl(Eigen::Index r0, Eigen::Index rows) const override;
-  void logits(Eigen::Index c0, Eigen::Index n, RowMatrixXf& s) const;  // step (3) for rows [c0, c0 + n), all keys
+  // step (3) for rows [c0, c0 + n), all keys; split[t]: row c0 + t reads keys from split[t] on from the buffer
+  void logits(Eigen::Index c0, Eigen::Index n, RowMatrixXf& s, const std::vector<Eigen::Index>& split) const;
+  void prepare_flashq_qk(const RowMatrixXd& q, const RowMatrixXd& k);
   void prepare_int_qk(const MatrixView& q, const MatrixView& k);
   void prepare_fp8_qk(const MatrixView& q, const MatrixView& k);
   void prepare_nvfp4_qk(const MatrixView& q, const MatrixView& k);
@@ -285,11 +314,25 @@ class FlashCall final : public PreparedCall {
     return static_cast<float>(static_cast<double>(sf) * std::numbers::log2e);
   }
 
+  // exp_b(x) by the description's implementation; SAS of the distance -x in float64, rounded to float32
+  float ex(float x) const {
+    if (f.softmax.exp == ExpImpl::sas) return static_cast<float>(sas_exp(-static_cast<double>(x), sas));
+    return exp_b(x, f.softmax.base, f.softmax.exp);
+  }
+
   const FlashKernel f;
   const double scale;
   const AttentionMask& mask;
   const Eigen::Index lq, lk, d, dv;
-  Eigen::Index key_block = 64;
+  Eigen::Index key_block = 64, lk_padded = 0;
+  std::vector<Eigen::Index> block_begin;  // key block starts, then lk_padded
+  std::shared_ptr<const FlashKeyCodes> kc;  // a ready-made key side (a KV cache), or null
+  bool buffered = false;                    // kc holds a buffer: rows read keys past their split from it
+  SasParams sas;
+  std::unique_ptr<IntMatmulAbt> qk_buffer;  // Q codes times the buffer's K codes
+  // v.scale block: V's codes (and the buffer's) and one scale per key block
+  RowMatrixXi32 v_int, v_int_buffer;
+  std::vector<double> v_block_scale;
   // int S: the codes' products, the scales and groups; Delta S's parts (smooth_q)
   std::unique_ptr<IntMatmulAbt> qk;
   IntQuantized qq, kq;  // codes released once qk holds them
@@ -321,10 +364,33 @@ class FlashCall final : public PreparedCall {
 };
 
 FlashCall::FlashCall(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
-                     const AttentionMask& mask, const FlashKernel& kernel)
+                     const AttentionMask& mask, const FlashKernel& kernel, std::shared_ptr<const FlashKeyCodes> keys)
     : PreparedCall(q.rows()), f(kernel), scale(scale), mask(mask), lq(q.rows()), lk(k.rows()), d(q.cols()),
-      dv(v.cols()), k_in(k) {
+      dv(v.cols()), kc(std::move(keys)), k_in(k) {
   key_block = f.keys.block > 0 ? f.keys.block : fa3_fp8_key_block(d);
+  sas.n_r = f.softmax.sas_nr;
+  sas.poly = f.softmax.sas_poly == SasCubic::paper ? kSasPaperPoly : sas_lsq_poly();
+  sas.half = f.softmax.sas_half;
+  if (kc) {
+    const std::size_t nb = kc->begin.size();
+    if (f.qk.max == 0 || f.v.scale != VScale::block)
+      throw SpecError(f.name + ": a ready-made key side takes FlashQ Q/K and V (qk.max > 0, v.scale block)");
+    if (nb < 2 || kc->begin.front() != 0 || kc->begin.back() != lk || !std::is_sorted(kc->begin.begin(), kc->begin.end()) ||
+        kc->k_scale.size() != nb - 1 || kc->v_scale.size() != nb - 1 || kc->k_settled.rows() != lk ||
+        kc->k_settled.cols() != d || kc->v_settled.rows() != lk || kc->v_settled.cols() != dv ||
+        kc->settled_from < 0 || kc->chunk < 1)
+      throw std::logic_error(f.name + ": the key side's blocks, scales or codes do not fit K and V");
+    buffered = kc->k_buffer.size() > 0;
+    if (buffered && (kc->k_buffer.rows() != lk || kc->k_buffer.cols() != d || kc->v_buffer.rows() != lk ||
+                     kc->v_buffer.cols() != dv))
+      throw std::logic_error(f.name + ": the key side's buffer does not fit K and V");
+    lk_padded = lk;
+    block_begin = kc->begin;
+  } else {
+    lk_padded = f.keys.pad == KeyPad::zeros ? (lk + key_block - 1) / key_block * key_block : lk;
+    for (Eigen::Index b0 = 0; b0 < lk_padded; b0 += key_block) block_begin.push_back(b0);
+    block_begin.push_back(lk_padded);
+  }
   if (f.pv.promote_keys % key_block != 0)
     throw SpecError(f.name + ": pv.promote_keys = " + std::to_string(f.pv.promote_keys) +
                     " is not a multiple of the key block (" + std::to_string(key_block) + " keys for d = " +
@@ -373,12 +439,41 @@ double FlashCall::delta_s_dot(const Eigen::Ref<const Eigen::RowVectorXd>& mean, 
   return mean.dot(k_in.row(j));
 }
 
+// FlashQ (flashq.h): Q per block of block_q rows, K per block of block_k keys (or the key side's codes), each
+// s = amax / qk.max in float64, codes nearest even in [-qk.max, qk.max].
+void FlashCall::prepare_flashq_qk(const RowMatrixXd& q, const RowMatrixXd& k) {
+  const auto blocks = [&](const RowMatrixXd& x, Eigen::Index rows_per, IntQuantized& out) {
+    out.codes.resize(x.rows(), x.cols());
+    out.group.resize(static_cast<std::size_t>(x.rows()));
+    for (Eigen::Index b0 = 0; b0 < x.rows(); b0 += rows_per) {
+      const Eigen::Index n = std::min(rows_per, x.rows() - b0);
+      FlashQBlock blk = flashq_quantize_block(x.middleRows(b0, n), f.qk.max);
+      out.codes.middleRows(b0, n) = blk.values;
+      out.scales.push_back(blk.scale);
+      std::fill_n(out.group.begin() + b0, n, static_cast<int>(out.scales.size() - 1));
+    }
+  };
+  blocks(q, f.qk.groups.block_q, qq);
+  if (!kc) {
+    blocks(k, f.qk.groups.block_k, kq);
+    return;
+  }
+  kq.codes = kc->k_settled;
+  kq.scales = kc->k_scale;
+  kq.group.resize(static_cast<std::size_t>(lk));
+  for (std::size_t b = 0; b + 1 < kc->begin.size(); ++b)
+    std::fill(kq.group.begin() + kc->begin[b], kq.group.begin() + kc->begin[b + 1], static_cast<int>(b));
+  if (buffered) qk_buffer = std::make_unique<IntMatmulAbt>(qq.codes, kc->k_buffer);
+}
+
 void FlashCall::prepare_int_qk(const MatrixView& q_in, const MatrixView& k_raw) {
   const FlashKernel::Qk& p = f.qk;
   RowMatrixXd q = q_in;
   RowMatrixXd k = k_raw;
   smooth_qk(q, k);
-  if (p.arith == ScaleArith::f32) {
+  if (p.max > 0) {
+    prepare_flashq_qk(q, k);
+  } else if (p.arith == ScaleArith::f32) {
     std::vector<float> xq(static_cast<std::size_t>(lq * d)), xk(static_cast<std::size_t>(lk * d));
     const float factor = static_cast<float>(scale * static_cast<double>(kLog2eF32));
     for (Eigen::Index i = 0; i < lq; ++i)
@@ -546,6 +641,23 @@ void FlashCall::prepare_v(const MatrixView& v) {
       }
     return;
   }
+  if (p.scale == VScale::block) {  // FlashQ: int8 per key block over every channel, amax / v.max (or the key side's)
+    if (kc) {
+      v_int = kc->v_settled;
+      v_int_buffer = kc->v_buffer;
+      v_block_scale = kc->v_scale;
+      return;
+    }
+    v_int.resize(lk, dv);
+    const int range = p.max > 0 ? static_cast<int>(p.max) : 127;
+    for (Eigen::Index b0 = 0; b0 < lk; b0 += key_block) {
+      const Eigen::Index n = std::min(key_block, lk - b0);
+      FlashQBlock blk = flashq_quantize_block(v.middleRows(b0, n), range);
+      v_int.middleRows(b0, n) = blk.values;
+      v_block_scale.push_back(blk.scale);
+    }
+    return;
+  }
   if (p.scale == VScale::tensor) {  // E4M3 per tensor (validate); decoded for the units that read values
     std::vector<float> descale;
     v_codes = e4m3_groups(v, p.rule, 0, "V", f.name, descale);
@@ -629,7 +741,7 @@ void FlashCall::prepare_v(const MatrixView& v) {
   }
 }
 
-void FlashCall::logits(Eigen::Index c0, Eigen::Index n, RowMatrixXf& s) const {
+void FlashCall::logits(Eigen::Index c0, Eigen::Index n, RowMatrixXf& s, const std::vector<Eigen::Index>& split) const {
   if (f.qk.format == KernelFormat::nvfp4 || f.qk.format == KernelFormat::mxfp4) {
     nvfp4_logits(c0, n, s);
     return;
@@ -656,7 +768,14 @@ void FlashCall::logits(Eigen::Index c0, Eigen::Index n, RowMatrixXf& s) const {
     }
     return;
   }
-  const RowMatrixXi32 a = qk->rows(c0, n);  // exact
+  RowMatrixXi32 a = qk->rows(c0, n);  // exact
+  if (buffered) {  // keys from the row's split on: the buffer's codes
+    const RowMatrixXi32 a2 = qk_buffer->rows(c0, n);
+    for (Eigen::Index t = 0; t < n; ++t) {
+      const Eigen::Index from = split[static_cast<std::size_t>(t)];
+      a.row(t).tail(lk - from) = a2.row(t).tail(lk - from);
+    }
+  }
   std::vector<float> factor(kq.scales.size());
   std::vector<float> delta_s(f.qk.smooth_q ? static_cast<std::size_t>(lk) : 0);
   Eigen::Index delta_block = -1;
@@ -694,14 +813,17 @@ void FlashCall::logits(Eigen::Index c0, Eigen::Index n, RowMatrixXf& s) const {
 AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
   const FlashKernel::Softmax& sm = f.softmax;
   const bool unmasked = mask.empty();
-  const RowMatrixXb visible = unmasked ? RowMatrixXb() : mask.rows(r0, rows, lq).visible(rows, lk);
+  // A P~ tile (p.max) spans block_q query rows: the rows computed are [first, last), whole tiles around the asked ones
+  const bool tiled = f.p.max > 0;
+  const Eigen::Index tile_rows = tiled ? f.qk.groups.block_q : 1;
+  const Eigen::Index first = r0 / tile_rows * tile_rows;
+  const Eigen::Index last = std::min(lq, (r0 + rows + tile_rows - 1) / tile_rows * tile_rows);
+  const RowMatrixXb visible = unmasked ? RowMatrixXb() : mask.rows(first, last - first, lq).visible(last - first, lk);
   AttentionResult r;
   r.o = RowMatrixXd::Zero(rows, dv);
   r.p = RowMatrixXd::Zero(rows, lk);
-  const Eigen::Index bk = key_block;
-  // pad zeros: the keys of the last block past L_k exist, with logit 0 and V = 0
-  const Eigen::Index lk_padded = f.keys.pad == KeyPad::zeros ? (lk + bk - 1) / bk * bk : lk;
-  const Eigen::Index blocks = (lk_padded + bk - 1) / bk;
+  const Eigen::Index bk = key_block;  // pad zeros: the keys of the last block past L_k exist, logit 0 and V = 0
+  const Eigen::Index blocks = static_cast<Eigen::Index>(block_begin.size()) - 1;
   const bool in_exp = sm.scale_at == ScaleAt::exp;
   const bool scaled_max = sm.max_rule == MaxRule::scaled;  // the max of fma(S, s2, -offset) (validate: in_exp)
   const bool grouped = s2_table.size() > 0;                  // s2 per (Q block, K block)
@@ -714,16 +836,27 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
   const PvUnit unit = f.pv.unit;
   const bool ada = unit == PvUnit::ada_mma_e4m3 || unit == PvUnit::ada_mma_e4m3_acc16;
   const bool codes_by_row = unit == PvUnit::h100_wgmma_e4m3 || unit == PvUnit::b200_tcgen05_e4m3 || ada;
+  const bool sas_exp = sm.exp == ExpImpl::sas;  // SAS(0) != 1: every rescale is computed
+  const bool from_rescales = f.output.p_from == PFrom::rescales;
+  const bool running = sm.row_sum_update == RowSumUpdate::running;
+  const bool sum_unrounded = sm.row_sum_of == RowSumOf::unrounded;
   // Rows go in chunks: each key block serves every row of the chunk before the next block, so the block's V stays
-  // in cache. Each row's operations, and their order, are those of the row alone, so the chunk's size changes no
-  // bit: 64 rows up to 8192 keys, 32 beyond (the chunk's logits and P are 2 x rows x L_k floats).
-  const Eigen::Index kChunkRows = lk_padded <= 8192 ? 64 : 32;
+  // in cache. Each row's operations, and their order, are those of the row alone (a P~ tile's rows share a chunk),
+  // so the chunk's size changes no bit: 64 rows up to 8192 keys, 32 beyond (the chunk's logits and P are
+  // 2 x rows x L_k floats), or whole tiles.
+  const Eigen::Index kChunkRows = tiled ? tile_rows * std::max<Eigen::Index>(1, 64 / tile_rows)
+                                  : lk_padded <= 8192 ? 64
+                                                      : 32;
   RowMatrixXf s(kChunkRows, lk_padded), p8(kChunkRows, lk_padded), out(kChunkRows, dv), buf(kChunkRows, dv),
       ref_block(kChunkRows, blocks);
-  std::vector<float> m(kChunkRows);
-  std::vector<std::array<float, 4>> l(kChunkRows);
-  std::vector<char> any(kChunkRows);
+  RowMatrixXf rescale_block(from_rescales ? kChunkRows : 0, from_rescales ? blocks : 0);
+  RowMatrixXd tile_scale(tiled ? kChunkRows : 0, tiled ? blocks : 0);
+  std::vector<float> m(kChunkRows), m_next(kChunkRows), rescale_of(kChunkRows);
+  std::vector<std::array<float, 4>> l(kChunkRows), part_of(kChunkRows);
+  std::vector<char> any(kChunkRows), active(kChunkRows);
+  std::vector<Eigen::Index> split(static_cast<std::size_t>(kChunkRows), lk);
   std::vector<float> vb(codes_by_row ? static_cast<std::size_t>(bk * dv) : 0);
+  std::vector<std::int64_t> acc64(unit == PvUnit::exact ? static_cast<std::size_t>(dv) : 0);
   // nvfp4 P: twice its E2M1 values and its block scales; the P V step's group sums and terms
   const bool p_nvfp4 = f.p.format == KernelFormat::nvfp4;
   RowMatrixXf p4(p_nvfp4 ? kChunkRows : 0, p_nvfp4 ? lk_padded : 0), p4s(p_nvfp4 ? kChunkRows : 0, p_nvfp4 ? blocks * bk / 16 : 0);
@@ -731,11 +864,19 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
   std::vector<double> nvf4_term(p_nvfp4 ? static_cast<std::size_t>(4 * dv) : 0);
   std::vector<std::int32_t> nvf4_term_e(nvf4_term.size());
   std::vector<std::int8_t> vbe(vb.size());
-  for (Eigen::Index c0 = r0; c0 < r0 + rows; c0 += kChunkRows) {
-    const Eigen::Index n = std::min(kChunkRows, r0 + rows - c0);
-    logits(c0, n, s);
+  for (Eigen::Index c0 = first; c0 < last; c0 += kChunkRows) {
+    const Eigen::Index n = std::min(kChunkRows, last - c0);
+    if (buffered)  // a decode step reads the chunks settled by the time its last visible key arrived
+      for (Eigen::Index t = 0; t < n; ++t) {
+        Eigen::Index seen = lk;
+        if (!unmasked)
+          for (seen = lk; seen > 0 && !visible(c0 + t - first, seen - 1);) --seen;
+        const Eigen::Index from = kc->settled_from;
+        split[static_cast<std::size_t>(t)] = seen <= from ? from : from + kc->chunk * ((seen - from) / kc->chunk);
+      }
+    logits(c0, n, s, split);
     for (Eigen::Index t = 0; t < n; ++t) {
-      const Eigen::Index i = c0 + t, row = i - r0;
+      const Eigen::Index i = c0 + t, row = i - first;
       float* sr = &s(t, 0);
       for (Eigen::Index j = 0; j < lk; ++j) {
         const float s2j = grouped ? s2_table(q_group_of[static_cast<std::size_t>(i)], k_group_of[static_cast<std::size_t>(j)]) : s2;
@@ -747,17 +888,20 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
     std::fill(m.begin(), m.end(), kNegInf);
     for (auto& x : l) x.fill(0.0f);
     std::fill(any.begin(), any.end(), 0);
+    if (from_rescales) rescale_block.setOnes();
     out.setZero();
     buf.setZero();
     // (4)-(5) the key blocks
     for (Eigen::Index bi = 0; bi < blocks; ++bi) {
       const Eigen::Index b = f.keys.order == KeyOrder::forward ? bi : blocks - 1 - bi;
-      const Eigen::Index b0 = b * bk, b1 = std::min(lk_padded, b0 + bk);
+      const Eigen::Index b0 = block_begin[static_cast<std::size_t>(b)], b1 = block_begin[static_cast<std::size_t>(b + 1)];
       const Eigen::Index real_end = std::min(lk, b1);  // padded keys have V = 0: their products vanish
       const bool promote = promote_blocks > 0 && ((bi + 1) % promote_blocks == 0 || bi + 1 == blocks);
       if (codes_by_row && real_end > b0)
         e4m3_decode(v_codes.data() + b0 * dv, static_cast<std::size_t>((real_end - b0) * dv), vb.data(), vbe.data());
+      // (4) per row: the max, the rescale, P~ and (unrounded) the row sum
       for (Eigen::Index t = 0; t < n; ++t) {
+        active[t] = 0;
         const float* sr = &s(t, 0);
         float* pr = &p8(t, 0);
         if (grouped)
@@ -781,47 +925,24 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
         if (threshold > 0 && m[t] != kNegInf && (raw_exp ? (m_new - m[t]) * s2 : m_new - m[t]) <= threshold) m_new = m[t];
         float rescale = 0;
         if (m[t] != kNegInf)
-          rescale = m_new == m[t] ? 1.0f : exp_b(raw_exp ? (m[t] - m_new) * s2 : m[t] - m_new, sm.base, sm.exp);
+          rescale = m_new == m[t] && !sas_exp ? 1.0f : ex(raw_exp ? (m[t] - m_new) * s2 : m[t] - m_new);
         const float ref = raw_exp ? (sm.ref_rule == RefRule::fma ? std::fma(m_new, s2, -offset) : m_new * s2 - offset)
                           : scaled_max ? m_new
                                        : (offset != 0 ? m_new - offset : m_new);
         ref_block(t, b) = ref;
+        if (from_rescales) rescale_block(t, b) = rescale;
         any[t] = 1;
-        std::array<float, 4> part{};
-        std::array<float, 4>& lt = l[t];
-        const bool running = sm.row_sum_update == RowSumUpdate::running;
+        active[t] = 1;
+        m_next[t] = m_new;
+        rescale_of[t] = rescale;
+        std::array<float, 4>& part = part_of[t];
+        part.fill(0.0f);
         if (running)
-          for (int th = 0; th < threads; ++th) lt[static_cast<std::size_t>(th)] *= rescale;
-        std::array<float, 4>& into = running ? lt : part;
-        // The row sum over the block's values in pr: each thread's columns in order ((j - b0) mod 8) / 2, or per
-        // 16-column tile of the mma layout, ((P_2t + P_2t+1) + P_8+2t) + P_8+2t+1 added at once
-        const auto row_sum = [&] {
-          if (sm.row_sum_tile == RowSumTile::lanes8) {  // FlashAttention-4's fadd_reduce, l r in lane 0
-            std::array<float, 8> lane{};
-            lane[0] = into[0];
-            for (Eigen::Index j = b0; j < b1; ++j) lane[static_cast<std::size_t>((j - b0) % 8)] += pr[j];
-            into[0] = ((lane[0] + lane[2]) + (lane[4] + lane[6])) + ((lane[1] + lane[3]) + (lane[5] + lane[7]));
-          } else if (threads == 1) {
-            for (Eigen::Index j = b0; j < b1; ++j) into[0] += pr[j];
-          } else if (sm.row_sum_tile == RowSumTile::octets32) {
-            for (Eigen::Index j = b0; j < b1; ++j) into[static_cast<std::size_t>((j - b0) % 32 / 8)] += pr[j];
-          } else if (sm.row_sum_tile == RowSumTile::column) {
-            for (Eigen::Index j = b0; j < b1; ++j) into[static_cast<std::size_t>((j - b0) % 8 / 2)] += pr[j];
-          } else {
-            const auto at_or_0 = [&](Eigen::Index j) { return j < b1 ? pr[j] : 0.0f; };
-            for (Eigen::Index j0 = b0; j0 < b1; j0 += 16)
-              for (int th = 0; th < 4; ++th) {
-                const Eigen::Index c = j0 + 2 * th;
-                into[static_cast<std::size_t>(th)] += ((at_or_0(c) + at_or_0(c + 1)) + at_or_0(c + 8)) + at_or_0(c + 9);
-              }
-          }
-        };
-        // P~, and the row sum of P~ before its rounding (row_sum_of unrounded) or after it
-        const bool sum_unrounded = sm.row_sum_of == RowSumOf::unrounded;
+          for (int th = 0; th < threads; ++th) l[t][static_cast<std::size_t>(th)] *= rescale;
         for (Eigen::Index j = b0; j < b1; ++j) {
           float pt = 0;
           if (sr[j] != kNegInf) {
-            pt = exp_b(in_exp ? std::fma(sr[j], s2_of(j), -ref) : sr[j] - ref, sm.base, sm.exp);
+            pt = ex(in_exp ? std::fma(sr[j], s2_of(j), -ref) : sr[j] - ref);
             if (p_scale != 1) pt *= p_scale;
           }
           pr[j] = pt;
@@ -840,22 +961,45 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
                   pr[j] = pt;
                 }
         }
-        if (sum_unrounded) row_sum();
+        if (sum_unrounded) row_sum(sm, pr, b0, b1, running ? l[t] : part);
+      }
+      // P~'s tiles (p.max): the largest P~ of the tile's rows, s_P = max / p.max in float64
+      if (tiled)
+        for (Eigen::Index t0 = 0; t0 < n; t0 += tile_rows) {
+          float tile_max = 0;
+          for (Eigen::Index t = t0; t < std::min(n, t0 + tile_rows); ++t)
+            if (active[t])
+              for (Eigen::Index j = b0; j < b1; ++j) tile_max = std::max(tile_max, p8(t, j));
+          for (Eigen::Index t = t0; t < std::min(n, t0 + tile_rows); ++t)
+            tile_scale(t, b) = static_cast<double>(tile_max) / f.p.max;
+        }
+      // (5) per row: P, the row sum (rounded), P V
+      for (Eigen::Index t = 0; t < n; ++t) {
+        if (!active[t]) continue;
+        const float* sr = &s(t, 0);
+        float* pr = &p8(t, 0);
+        const float rescale = rescale_of[t];
+        std::array<float, 4>& lt = l[t];
+        const std::array<float, 4>& part = part_of[t];
         if (f.p.format == KernelFormat::e4m3)  // the hot case without the format switch, so that it vectorises
           for (Eigen::Index j = b0; j < b1; ++j) pr[j] = e4m3_round_saturate(pr[j]);
-        else if (f.p.format == KernelFormat::nvfp4)  // per 16 keys: P~ / scale to E2M1, the scale to E4M3
+        else if (tiled) {  // codes nearest even in [0, p.max]; a tile of zeros stays zero
+          const double sp = tile_scale(t, b);
+          for (Eigen::Index j = b0; j < b1; ++j)
+            pr[j] = sp > 0 ? static_cast<float>(std::clamp(std::nearbyint(pr[j] / sp), 0.0, double(f.p.max))) : 0.0f;
+        } else if (f.p.format == KernelFormat::nvfp4)  // per 16 keys: P~ / scale to E2M1, the scale to E4M3
           for (Eigen::Index g0 = b0; g0 < b1; g0 += 16) {
             const Eigen::Index g1 = std::min(b1, g0 + 16);  // keys past L_k (masked padding) are absent
             float bmax = kNegInf;
             for (Eigen::Index j = g0; j < g1; ++j) bmax = std::max(bmax, sr[j]);
-            const float sc = exp_b(std::fma(bmax, s2, -ref) + kLog2SixthF32, sm.base, sm.exp);
+            const float sc = ex(std::fma(bmax, s2, -ref_block(t, b)) + kLog2SixthF32);
             const float scale = e4m3_round_saturate(sc);
             p4s(t, g0 / 16) = scale;
             nvf4_p_block(pr + g0, static_cast<std::size_t>(g1 - g0), sc, scale, &p4(t, g0));
           }
         else
           for (Eigen::Index j = b0; j < b1; ++j) pr[j] = round_p(pr[j], f.p.format);
-        if (!sum_unrounded) row_sum();
+        if (!sum_unrounded) row_sum(sm, pr, b0, b1, running ? lt : part_of[t]);
         if (!running)
           for (int th = 0; th < threads; ++th) lt[static_cast<std::size_t>(th)] = lt[static_cast<std::size_t>(th)] * rescale + part[static_cast<std::size_t>(th)];
         // P V: into the accumulator acc (one over the key loop when nothing promotes, else buf, added to out)
@@ -872,6 +1016,20 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
           std::fill(acc, acc + dv, 0.0f);
         }
         switch (unit) {
+          case PvUnit::exact: {  // the block's integer sum, exact, times s_P s_V in float64, rounded once
+            std::fill(acc64.begin(), acc64.end(), 0);
+            const Eigen::Index from = split[static_cast<std::size_t>(t)];
+            for (Eigen::Index j = b0; j < real_end; ++j) {
+              const auto code = static_cast<std::int64_t>(pr[j]);
+              if (code == 0) continue;
+              const std::int32_t* vr = buffered && j >= from ? &v_int_buffer(j, 0) : &v_int(j, 0);
+              for (Eigen::Index c = 0; c < dv; ++c) acc64[static_cast<std::size_t>(c)] += code * vr[c];
+            }
+            const double pv_scale = tile_scale(t, b) * v_block_scale[static_cast<std::size_t>(b)];
+            for (Eigen::Index c = 0; c < dv; ++c)
+              acc[c] = static_cast<float>(static_cast<double>(acc64[static_cast<std::size_t>(c)]) * pv_scale);
+            break;
+          }
           case PvUnit::h100_hmma_f16_acc16:
             for (Eigen::Index s0 = b0; s0 < real_end; s0 += 16)
               hmma_f16_acc16_step(acc, pr + s0, static_cast<std::size_t>(std::min<Eigen::Index>(16, real_end - s0)),
@@ -953,13 +1111,13 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
             for (Eigen::Index c = 0; c < dv; ++c) o[c] += acc[c];
           if (promote_blocks != 1) std::fill(acc, acc + dv, 0.0f);
         }
-        m[t] = m_new;
+        m[t] = m_next[t];
       }
     }
     // (6) finalize
     for (Eigen::Index t = 0; t < n; ++t) {
       const Eigen::Index i = c0 + t, row = i - r0;
-      if (!any[t]) continue;  // no visible key: O = 0, P = 0
+      if (!any[t] || i < r0 || i >= r0 + rows) continue;  // no visible key: O = 0, P = 0; a tile's other rows
       const std::array<float, 4>& lt = l[t];
       const float sum = threads == 1 ? lt[0]
                         : sm.row_sum_combine == RowSumCombine::pairs_02_13 ? (lt[0] + lt[2]) + (lt[1] + lt[3])
@@ -1001,18 +1159,31 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
       // P as probabilities: P8 base^(ref_block - ref_final) / l, the factor once per key block
       // the reference of the last block processed is the row's final one (the max only grows; a row's first
       // visible block is processed before its last)
+      if (from_rescales) {  // p.from rescales: P8 s_P times the rescales applied after the block, over l
+        double later = 1.0;
+        for (Eigen::Index bi = blocks; bi-- > 0;) {
+          const Eigen::Index b = f.keys.order == KeyOrder::forward ? bi : blocks - 1 - bi;
+          const double weight = tiled ? tile_scale(t, b) : 1.0;
+          if (ref_block(t, b) != kNegInf)
+            for (Eigen::Index j = block_begin[static_cast<std::size_t>(b)]; j < std::min(lk, block_begin[static_cast<std::size_t>(b + 1)]); ++j)
+              if (s(t, j) != kNegInf && p8(t, j) != 0) r.p(row, j) = (p8(t, j) * weight) * (later / sum);
+          later *= rescale_block(t, b);
+        }
+        continue;
+      }
       const double last = ref_block(t, f.keys.order == KeyOrder::forward ? blocks - 1 : 0);
       for (Eigen::Index b = 0; b < blocks; ++b) {
         if (ref_block(t, b) == kNegInf) continue;
         const double x = static_cast<double>(ref_block(t, b)) - last;
         const double e = sm.base == SoftmaxBase::two ? std::exp2(x) : std::exp(x);
-        for (Eigen::Index j = b * bk; j < std::min(lk, (b + 1) * bk); ++j)
+        for (Eigen::Index j = block_begin[static_cast<std::size_t>(b)]; j < std::min(lk, block_begin[static_cast<std::size_t>(b + 1)]); ++j)
           if (s(t, j) != kNegInf && p8(t, j) != 0) r.p(row, j) = p8(t, j) * e / sum;
       }
     }
   }
   return r;
 }
+
 
 }  // namespace
 
@@ -1055,7 +1226,13 @@ std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
     if (k.softmax.scale_at == ScaleAt::exp && k.qk.smooth_q)
       return KernelProblem{"qk.smooth_q", "Delta S is added to dequantised S: softmax.scale_at dequant"};
     if (k.qk.scale == ScaleRule::one) return KernelProblem{"qk.scale", "integer Q/K: amax or amax+1e-7"};
-    if (k.qk.arith == ScaleArith::f64 && k.qk.scale != ScaleRule::amax_eps)
+    if (k.qk.max > 0 &&
+        (k.qk.format != KernelFormat::int8 || k.qk.granularity != SageGranularity::block ||
+         k.qk.scale != ScaleRule::amax || k.qk.arith != ScaleArith::f64 || k.qk.rounding != QuantRounding::half_even))
+      return KernelProblem{"qk.max", "FlashQ's range R takes int8 Q/K per block: qk.granularity block, qk.scale amax, "
+                                     "qk.arith f64, qk.rounding half-even"};
+    if (k.qk.max < 0 || k.qk.max > 127) return KernelProblem{"qk.max", "0 (the format's largest) or 1 to 127"};
+    if (k.qk.max == 0 && k.qk.arith == ScaleArith::f64 && k.qk.scale != ScaleRule::amax_eps)
       return KernelProblem{"qk.scale", "arith f64 (SageAttention2's quantiser) takes amax+1e-7"};
     if (k.softmax.scale_at == ScaleAt::q && k.qk.arith != ScaleArith::f32)
       return KernelProblem{"qk.arith", "softmax.scale_at q folds the scale into Q in float32: f32"};
@@ -1064,6 +1241,15 @@ std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
     return KernelProblem{"softmax.max_rule", "scaled takes the max of fma(S, s2, -offset): softmax.scale_at exp"};
   if ((k.softmax.scale_at == ScaleAt::q || k.softmax.scale_at == ScaleAt::exp) && k.softmax.base != SoftmaxBase::two)
     return KernelProblem{"softmax.base", "scale_at q and exp fold log2 e into the scale: 2"};
+  if (k.softmax.exp == ExpImpl::sas) {
+    if (k.softmax.base != SoftmaxBase::e || k.softmax.scale_at != ScaleAt::dequant || k.p.offset != 0 ||
+        k.softmax.rescale_threshold != 0)
+      return KernelProblem{"softmax.exp", "sas takes distances from the max in natural units: softmax.base e, "
+                                          "softmax.scale_at dequant, p.offset 0, softmax.rescale_threshold 0"};
+    if (!(k.softmax.sas_nr >= -64 && k.softmax.sas_nr <= -1e-3))
+      return KernelProblem{"softmax.sas_nr", "the sparsity threshold n_r in [-64, -0.001]"};
+  }
+  if (k.qk.format != KernelFormat::int8 && k.qk.max != 0) return KernelProblem{"qk.max", "0 (FlashQ's R is for int8 Q/K)"};
   if (!(k.softmax.rescale_threshold >= 0) || !std::isfinite(k.softmax.rescale_threshold))
     return KernelProblem{"softmax.rescale_threshold", "must be finite and >= 0"};
   if (k.softmax.row_sum_threads != 1 && k.softmax.row_sum_threads != 4) return KernelProblem{"softmax.row_sum_threads", "1 or 4"};
@@ -1092,6 +1278,19 @@ std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
     return KernelProblem{"softmax.row_sum_tile", "mma16 spreads a row over the quad of threads: row_sum_threads 4"};
   if (!std::isfinite(k.p.offset)) return KernelProblem{"p.offset", "must be finite"};
   if (!(k.p.scale > 0) || !std::isfinite(k.p.scale)) return KernelProblem{"p.scale", "must be finite and > 0"};
+  if ((k.pv.unit == PvUnit::exact) != (k.p.max > 0))
+    return KernelProblem{"p.max", "pv.unit exact takes P~ tiles scaled to [0, p.max] (p.max > 0), and p.max > 0 takes "
+                                  "pv.unit exact"};
+  if (k.pv.unit == PvUnit::exact) {
+    if (k.p.format != KernelFormat::int8 || k.p.max > 127)
+      return KernelProblem{"p.max", "1 to 127, with p.format int8 (P~ codes nearest even in [0, p.max])"};
+    if (k.v.scale != VScale::block || k.qk.max == 0)
+      return KernelProblem{"pv.unit", "exact takes FlashQ codes: v.scale block and qk.max > 0"};
+    if (k.keys.block <= 0 || k.pv.promote_keys != k.keys.block || k.pv.promote_fma)
+      return KernelProblem{"pv.promote_keys", "pv.unit exact adds each key block's sum to the rescaled O: "
+                                              "pv.promote_keys = keys.block, pv.promote_fma false"};
+    if (k.p.scale != 1) return KernelProblem{"p.scale", "pv.unit exact: 1 (the tile scale sets P's range)"};
+  }
   if (k.p.format == KernelFormat::int4 || k.p.format == KernelFormat::mxfp4)
     return KernelProblem{"p.format", "e4m3, e5m2, int8, fp16, bf16, fp32 or nvfp4"};
   const KernelFormat vf = k.v.format;
@@ -1114,6 +1313,15 @@ std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
   if (k.pv.promote_fma && (k.keys.block <= 0 || k.pv.promote_keys != k.keys.block))
     return KernelProblem{"pv.promote_fma", "O = fma(O, r, acc) at each block: pv.promote_keys = keys.block"};
   switch (k.v.scale) {
+    case VScale::block:
+      if (vf != KernelFormat::int8 || k.pv.unit != PvUnit::exact)
+        return KernelProblem{"v.scale", "block (FlashQ) takes v.format int8 and pv.unit exact"};
+      if (k.output.finalize != Finalize::divide) return KernelProblem{"output.finalize", "v.scale block: divide"};
+      if (k.v.arith != ScaleArith::f64 || k.v.smooth)
+        return KernelProblem{"v.arith", "v.scale block scales in float64 without smoothing: f64, v.smooth false"};
+      if (k.v.max != std::floor(k.v.max))
+        return KernelProblem{"v.max", "v.scale block: an integer range (FlashQ's R: 119 or 126), or 0 for 127"};
+      break;
     case VScale::block16:
       if (k.output.finalize != Finalize::reciprocal) return KernelProblem{"output.finalize", "v.scale block16: reciprocal"};
       break;
@@ -1139,8 +1347,8 @@ std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
   if (!(k.v.max >= 0) || !std::isfinite(k.v.max))
     return KernelProblem{"v.max", "0 (the format's largest) or a positive value"};
   if (k.v.max > 0) {
-    if (k.v.scale != VScale::channel || vf == KernelFormat::fp16)
-      return KernelProblem{"v.max", "applies to v.scale channel with an FP8 or int8 v.format; 0 otherwise"};
+    if ((k.v.scale != VScale::channel && k.v.scale != VScale::block) || vf == KernelFormat::fp16)
+      return KernelProblem{"v.max", "applies to v.scale channel with an FP8 or int8 v.format, and to block; 0 otherwise"};
     if (k.v.max > format_max(vf)) return KernelProblem{"v.max", "at most v.format's largest, " + shown(format_max(vf))};
     // at least the format's smallest normal (int8: 1), so that amax / v.max and v.max / amax stay finite and nonzero
     const double least = vf == KernelFormat::e4m3 ? 0x1p-6 : vf == KernelFormat::e5m2 ? 0x1p-14 : 1.0;
@@ -1231,9 +1439,15 @@ int fa3_fp8_query_tile(Eigen::Index head_dim) { return head_dim <= 96 ? 192 : 12
 
 std::unique_ptr<PreparedCall> prepare_flash(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                             const AttentionMask& mask, const FlashKernel& kernel) {
+  return prepare_flash(q, k, v, scale, mask, kernel, nullptr);
+}
+
+std::unique_ptr<PreparedCall> prepare_flash(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
+                                            const AttentionMask& mask, const FlashKernel& kernel,
+                                            std::shared_ptr<const FlashKeyCodes> keys) {
   validate(kernel);
   require_attention_shapes(q, k, v);
-  return std::make_unique<FlashCall>(q, k, v, scale, mask, kernel);
+  return std::make_unique<FlashCall>(q, k, v, scale, mask, kernel, std::move(keys));
 }
 
 AttentionResult flash_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,

@@ -77,7 +77,9 @@ std::vector<std::string> kernel_unvalidated_parts(const FlashKernel& k) {
     case SUnit::b200_mxf4: model_unit("S", "b200-mxf4"); break;
     default: break;  // exact integer products; the H100's wgmma (measured)
   }
-  if (k.softmax.exp == ExpImpl::f64_rounded)
+  if (k.softmax.exp == ExpImpl::sas)
+    parts.push_back("exp: SAS as TurboAttention's paper states it (Eq. 13-15); no official code exists to check it");
+  else if (k.softmax.exp == ExpImpl::f64_rounded)
     parts.push_back("exp: the GPU's ex2.approx, taken as exact then rounded once to float32");
   else
     parts.push_back("exp: the C library's expf/exp2f, not the GPU's ex2.approx");
@@ -101,7 +103,7 @@ std::vector<KernelContract> kernel_contracts(const FlashKernel& k, const Contrac
   const auto pow_b = [&](double x) { return two ? std::exp2(x) : std::exp(x); };
   const auto log_b = [&](double x) { return two ? std::log2(x) : std::log(x); };
   const double theta = k.softmax.rescale_threshold;
-  const double p_max = format_max(k.p.format);
+  const double p_max = k.p.max > 0 ? k.p.max : format_max(k.p.format);
 
   // (1) The largest P~: the max is kept while the growth is within the threshold, so an exponent reaches
   // offset + threshold before the rescale moves it.
@@ -111,7 +113,7 @@ std::vector<KernelContract> kernel_contracts(const FlashKernel& k, const Contrac
     const double top = k.p.scale * pow_b(k.p.offset + theta);
     c.bound = "p.scale " + b + "^(p.offset + softmax.rescale_threshold) = " + num(k.p.scale) + " " + b + "^(" +
               num(k.p.offset) + " + " + num(theta) + ") = " + num(top);
-    c.limit = num(p_max) + " (" + format_name(k.p.format) + " max)";
+    c.limit = num(p_max) + " (" + (k.p.max > 0 ? std::string("p.max") : format_name(k.p.format) + " max") + ")";
     // An excess below 2^-16 of the format's top is float32 rounding of the offset (SageAttention3's log2 2688 held as
     // a float32 constant reaches 2688.0007): below the resolution of every P format here.
     c.violated = top > p_max * (1 + 0x1p-16);
@@ -126,15 +128,25 @@ std::vector<KernelContract> kernel_contracts(const FlashKernel& k, const Contrac
   {
     KernelContract c;
     const double top = k.p.scale * pow_b(k.p.offset);
-    const double tau = flush_level(k.p.format);
+    // A tile scaled to [0, p.max] by its largest P~ (at most top) flushes below half a step; SAS flushes below
+    // e^n_r of the max. The higher of the levels holds.
+    double tau = k.p.max > 0 ? top / (2 * k.p.max) : flush_level(k.p.format);
+    std::string level = k.p.max > 0 ? "half a step of the tile's [0, p.max]" : format_name(k.p.format);
+    if (k.softmax.exp == ExpImpl::sas && top * std::exp(k.softmax.sas_nr) > tau) {
+      tau = top * std::exp(k.softmax.sas_nr);
+      level = "SAS's threshold e^n_r";
+    }
     const double n = static_cast<double>(o.keys - 1);
     const double lost = n * tau / (top + n * tau);
     c.name = "diffuse mass kept (" + std::to_string(o.keys) + " keys)";
     c.bound = "one key at P~ = " + num(top) + ", " + std::to_string(o.keys - 1) + " at the flush level " + num(tau) +
-              " (" + format_name(k.p.format) + "): " + num(100 * lost) + "% of the row's mass lost";
+              " (" + level + "): " + num(100 * lost) + "% of the row's mass lost";
     c.limit = num(100 * o.tolerance) + "%";
     c.violated = lost > o.tolerance;
-    if (c.violated)
+    if (c.violated && (k.p.max > 0 || k.softmax.exp == ExpImpl::sas))
+      c.fix = "p.max up to 127 or a lower softmax.sas_nr (the level is relative to the row's max: no offset moves "
+              "it); rows this diffuse lose their tail";
+    else if (c.violated)
       c.fix = "raise p.offset or p.scale (P~ at the max " + num(top) + ") so that the flush level sits further below "
               "it, as FlashInfer's 2^8 pre-scale of P (p.offset 8), or choose a p.format with a smaller subnormal";
     out.push_back(c);
@@ -177,7 +189,7 @@ std::vector<KernelContract> kernel_contracts(const FlashKernel& k, const Contrac
   // (4) The integer products of Q K^T: int32 partial sums of d products of codes.
   if (k.qk.format == KernelFormat::int8 || k.qk.format == KernelFormat::int4) {
     KernelContract c;
-    const double qmax = k.qk.format == KernelFormat::int8 ? 127 : 7;
+    const double qmax = k.qk.max > 0 ? k.qk.max : k.qk.format == KernelFormat::int8 ? 127 : 7;
     c.name = "integer Q K^T within int32";
     c.bound = "d x " + num(qmax) + " x " + num(qmax) + " = " + num(qmax * qmax) + " d";
     c.limit = "2^31 - 1: holds for head dimensions d <= " + num(std::floor(2147483647.0 / (qmax * qmax)));

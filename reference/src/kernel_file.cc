@@ -32,10 +32,12 @@ const Names<QuantRounding> kRoundings = {{"half-away", QuantRounding::half_away}
 const Names<QkTransform> kTransforms = {{"none", QkTransform::none}, {"hadamard", QkTransform::hadamard},
                                         {"smoothquant", QkTransform::smoothquant}, {"qserve", QkTransform::qserve}};
 const Names<VScale> kVScales = {{"none", VScale::none}, {"channel", VScale::channel}, {"tensor", VScale::tensor},
-                                 {"block16", VScale::block16}};
+                                 {"block16", VScale::block16}, {"block", VScale::block}};
 const Names<ScaleAt> kScaleAt = {{"q", ScaleAt::q}, {"dequant", ScaleAt::dequant}, {"exp", ScaleAt::exp}};
 const Names<SoftmaxBase> kBases = {{"2", SoftmaxBase::two}, {"e", SoftmaxBase::e}};
-const Names<ExpImpl> kExps = {{"f64-rounded", ExpImpl::f64_rounded}, {"libm-f32", ExpImpl::libm_f32}};
+const Names<ExpImpl> kExps = {{"f64-rounded", ExpImpl::f64_rounded}, {"libm-f32", ExpImpl::libm_f32}, {"sas", ExpImpl::sas}};
+const Names<SasCubic> kCubics = {{"paper", SasCubic::paper}, {"lsq", SasCubic::lsq}};
+const Names<PFrom> kPFrom = {{"exponents", PFrom::exponents}, {"rescales", PFrom::rescales}};
 const Names<MaxRule> kMaxRules = {{"raw", MaxRule::raw}, {"scaled", MaxRule::scaled}};
 const Names<RowSumUpdate> kUpdates = {{"block", RowSumUpdate::block}, {"running", RowSumUpdate::running}};
 const Names<RowSumOf> kSumOf = {{"unrounded", RowSumOf::unrounded}, {"rounded", RowSumOf::rounded}};
@@ -43,7 +45,7 @@ const Names<PvUnit> kUnits = {{"fp32", PvUnit::fp32}, {"fp22", PvUnit::fp22},
                               {"h100-hmma-f16-acc16", PvUnit::h100_hmma_f16_acc16},
                               {"h100-wgmma-e4m3", PvUnit::h100_wgmma_e4m3}, {"h100-mma-e4m3", PvUnit::h100_mma_e4m3},
                               {"ada-mma-e4m3", PvUnit::ada_mma_e4m3}, {"ada-mma-e4m3-acc16", PvUnit::ada_mma_e4m3_acc16}, {"b200-tcgen05-e4m3", PvUnit::b200_tcgen05_e4m3},
-                              {"b200-nvf4", PvUnit::b200_nvf4}};
+                              {"b200-nvf4", PvUnit::b200_nvf4}, {"exact", PvUnit::exact}};
 const Names<SUnit> kSUnits = {{"exact", SUnit::exact}, {"h100-wgmma-e4m3", SUnit::h100_wgmma_e4m3},
                                {"b200-tcgen05-e4m3", SUnit::b200_tcgen05_e4m3}, {"b200-nvf4", SUnit::b200_nvf4},
                                {"b200-mxf4", SUnit::b200_mxf4}};
@@ -212,16 +214,21 @@ const std::vector<FieldAccess>& fields() {
                 "S's matrix unit (docs/mma.md): exact (integer Q/K: exact products), h100-wgmma-e4m3 (measured on an "
                 "H100), b200-tcgen05-e4m3 and b200-nvf4 (MMA-Sim's models, not measured here); e4m3 Q/K take an FP8 unit, "
                 "nvfp4 Q/K b200-nvf4, mxfp4 Q/K b200-mxf4"),
+      int_at("qk.max", &K::qk, &K::Qk::max, 0, 127,
+             "0: codes up to the format's largest by qk.scale; R in 1..127: FlashQ (TurboAttention), s = amax / R in "
+             "float64 per block_q queries and block_k keys, codes nearest even in [-R, R] (R = 119, or 126)"),
       choice_at("v.format", kFormats, &K::v, &K::V::format, "V as P V reads it: e4m3, e5m2, int8, fp16 or nvfp4"),
       choice_at("v.scale", kVScales, &K::v, &K::V::scale,
                 "none (binary16 as is, SageAttention), channel (amax / format max per channel, float64, "
                 "SageAttention2), tensor (e4m3, descale fl32(amax / 448), FlashAttention-3), block16 (nvfp4: an E4M3 scale "
-                "per 16 keys of a channel, SageAttention3)"),
+                "per 16 keys of a channel, SageAttention3), block (int8, one scale amax / v.max per key block over every "
+                "channel, float64: FlashQ)"),
       choice_at("v.rule", kScaleRules, &K::v, &K::V::rule, "v.scale tensor: amax or one (a plain cast)"),
       bool_at("v.smooth", &K::v, &K::V::smooth, "subtract the token mean of V, add it to O"),
       real_at("v.max", &K::v, &K::V::max,
               "v.scale channel: the value each channel's amax is scaled to; 0: the format's largest (448 for e4m3). "
-              "SageAttention2's sm89 fp32+fp16 path: 2.25 (64 keys x 448 x 2.25 = 64512 <= 65504)"),
+              "SageAttention2's sm89 fp32+fp16 path: 2.25 (64 keys x 448 x 2.25 = 64512 <= 65504). v.scale block: "
+              "FlashQ's integer range R (119)"),
       choice_at("v.arith", kArith, &K::v, &K::V::arith,
                 "v.scale channel: f64 (amax / max and the division in float64) or f32 (amax / max in float32, V times "
                 "fl32(max / amax): SageAttention's CUDA quantiser); v.scale tensor: f32"),
@@ -233,7 +240,8 @@ const std::vector<FieldAccess>& fields() {
                 "the exponential's base: 2 (log2 e folded into the scale) or e"),
       choice_at("softmax.exp", kExps, &K::softmax, &K::Softmax::exp,
                 "f64-rounded (computed in float64, rounded once to float32) or libm-f32 (the C library's expf / "
-                "exp2f); the GPUs' ex2.approx is not modelled"),
+                "exp2f); the GPUs' ex2.approx is not modelled; sas (TurboAttention's SAS of the distance from the max, "
+                "LUT times cubic, in float64 rounded to float32, for P~ and every rescale: SAS(0) = a0)"),
       choice_at("softmax.max_rule", kMaxRules, &K::softmax, &K::Softmax::max_rule,
                 "scale_at exp: the running max of raw S, s2 applied after (raw, FlashAttention-3), or of "
                 "fma(S, s2, -p.offset) (scaled, SageAttention2's CUDA kernels; needed with a descale per block)"),
@@ -268,6 +276,12 @@ const std::vector<FieldAccess>& fields() {
       choice_at("softmax.ref_rule", kRefRules, &K::softmax, &K::Softmax::ref_rule,
                 "scale_at exp with a raw max: the exponent's reference fl32(fl32(m s2) - p.offset) (mul-sub, "
                 "FlashAttention-3) or fma(m, s2, -p.offset) (fma: one rounding, SageAttention3)"),
+      real_at("softmax.sas_nr", &K::softmax, &K::Softmax::sas_nr,
+              "exp sas: the sparsity threshold n_r < 0, P~ = 0 below e^n_r of the max (TurboAttention: -6)"),
+      choice_at("softmax.sas_poly", kCubics, &K::softmax, &K::Softmax::sas_poly,
+                "exp sas: the cubic on [0, 1): paper (Eq. 15) or lsq (the least-squares refit, docs/methods/sas.md)"),
+      bool_at("softmax.sas_half", &K::softmax, &K::Softmax::sas_half,
+              "exp sas: the distance, LUT, cubic and product in emulated binary16 (the paper's FP16 path)"),
       real_at("p.offset", &K::p, &K::P::offset,
               "exponent units subtracted from the max: P~ <= base^offset (FlashAttention-3's max_offset 8; "
               "FlashInfer's 2^8 pre-scale is offset 8)"),
@@ -276,11 +290,16 @@ const std::vector<FieldAccess>& fields() {
                 "P as P V reads it: e4m3 / e5m2 (nearest even, saturating), int8 (nearest), fp16, bf16, fp32, nvfp4 "
                 "(per 16 keys: scale exp_b(fma(blockmax S, s2, -ref) + log2(1/6)), P~ / scale to E2M1, the scale to "
                 "E4M3: SageAttention3's second level)"),
+      int_at("p.max", &K::p, &K::P::max, 0, 127,
+             "0, or with p.format int8 and pv.unit exact: each tile of qk.groups.block_q queries x one key block "
+             "scaled by s_P = (largest P~ of the tile) / p.max in float64, codes nearest even in [0, p.max] "
+             "(TurboAttention's FlashQ P: 119)"),
       choice_at("pv.unit", kUnits, &K::pv, &K::Pv::unit,
                 "P V's matrix unit (docs/mma.md): fp32 adds, fp22 (the per-product FP22 bound), h100-hmma-f16-acc16, "
                 "h100-wgmma-e4m3, h100-mma-e4m3; from MMA-Sim's model, not measured here: ada-mma-e4m3, "
                 "ada-mma-e4m3-acc16 (its code, no vectors: an f16 accumulator, SageAttention2's sm89 fp32+fp16), "
-                "b200-tcgen05-e4m3, b200-nvf4 (nvfp4 P and V)"),
+                "b200-tcgen05-e4m3, b200-nvf4 (nvfp4 P and V); exact (integer P and V codes: each key block's "
+                "sum exact, times s_P s_V in float64, rounded to float32, TurboAttention)"),
       int_at("pv.promote_keys", &K::pv, &K::Pv::promote_keys, 0, 1 << 24,
              "0: one accumulator over the key loop (FlashAttention-3); N: a fresh accumulator added to the float32 "
              "output every N keys, a multiple of keys.block (SageAttention2's two-level: 128 on sm90)"),
@@ -298,6 +317,10 @@ const std::vector<FieldAccess>& fields() {
                 "(acc fl32(fl32(1 / l) descale)), reciprocal-channel (fl32(fl32(acc fl32(1 / l)) scale_c), "
                 "SageAttention's CUDA kernels)"),
       choice_at("output.format", kFormats, &K::output, &K::Output::format, "O as stored: fp32, fp16 or bf16"),
+      choice_at("output.p_from", kPFrom, &K::output, &K::Output::p_from,
+                "P as probabilities (what analyze reports, not a kernel output): exponents (P8 base^(ref_b - ref_last) "
+                "/ l in float64) or rescales (P8 s_P times the product of the rescales applied after its block, over "
+                "l: the weights as the kernel applied them, where SAS(a) SAS(b) != SAS(a + b))"),
   };
   return f;
 }

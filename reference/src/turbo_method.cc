@@ -1,5 +1,6 @@
 // The "turbo" method: TurboAttention (FlashQ + SAS) in the registry.
 #include "qattn/error.h"
+#include "qattn/reference/kernel_file.h"
 #include "qattn/reference/method_entries.h"
 #include "qattn/reference/turbo.h"
 
@@ -92,6 +93,8 @@ void register_turbo_method(Registry& registry) {
     p.prefill_len = m.integer("prefill-len");
     if (p.prefill_len == 0) throw SpecError("method 'turbo': prefill-len must be >= 1 or -1 (auto)");
     p.int_scale = choice_value(m, "zscale", kZscales);
+    // prefill is its description on the flash loop (kernel show, file:PATH); decode's cache is the loop's key side
+    if (p.mode == TurboMode::prefill) return make_flash_method(turbo_kernel(p));
     return std::make_unique<TurboMethod>(p);
   };
   e.overflow = OverflowRule::refuse;

@@ -18,8 +18,9 @@ numbers() { sed -E 's/^([^,]*,[^,]*),("[^"]*"|[^,]*),/\1,/' <<<"$1"; }
 # Every preset natively; under an emulator or a sanitizer (20-70x slower) three, since the loop's bits are the digest
 # test's and this test's subject is the file's round trip.
 specs=(fa3-fp8 fa3-fp8@paper sage2@sm90 sage2@sm89 sage2@sm89-int4 "sage2@sm89:acc=ada-single" sage1
-  "sage1:acc=fp32,pad=upstream" sage2 sage2@paper-4b "sage2:acc=mma" "sage2:acc=two-level,p=e5m2")
-if [ ${#emu[@]} -gt 0 ] || sanitized; then specs=(fa3-fp8@paper sage2@sm90 "sage1:acc=fp32,pad=upstream"); fi
+  "sage1:acc=fp32,pad=upstream" sage2 sage2@paper-4b "sage2:acc=mma" "sage2:acc=two-level,p=e5m2" turbo turbo@paper
+  "turbo:exp=exact,br=32,bc=16,int8-max=126" "turbo:poly=lsq,nr=-4")
+if [ ${#emu[@]} -gt 0 ] || sanitized; then specs=(fa3-fp8@paper sage2@sm90 "sage1:acc=fp32,pad=upstream" turbo@paper); fi
 for m in "${specs[@]}"; do
   f=$tmp/k.json
   if ! q kernel show "$m" > "$f"; then echo "FAIL: kernel show $m"; fail=$((fail + 1)); continue; fi
@@ -78,7 +79,8 @@ expect 1 "change p.offset \+ softmax.rescale_threshold <= log_2\(448 / p.scale\)
 expect 0 "0 violated" "kernel check: 8 + 0.75 fits E4M3" -- kernel check "file:$tmp/fa3.json,softmax.rescale_threshold=0.75"
 expect 1 "diffuse mass kept .*violated" "kernel check: P in (0, 1] cast to E4M3" -- kernel check "file:$tmp/fa3.json,p.offset=0"
 expect 0 '"verdict": "holds"' "kernel check --format json" -- kernel check fa3-fp8 --format json
-expect 2 "not a flash kernel" "kernel show of a method that is not a kernel" -- kernel show turbo
+expect 2 "not a flash kernel" "kernel show of a method that is not a kernel" -- kernel show intattention
+expect 2 "turbo's decode cache is an input of the call" "turbo's decode is not a description" -- kernel show turbo@decode
 expect 0 "S on b200-nvf4: MMA-Sim's model, not measured here" "qattn methods marks the parts no measured vector validates" -- \
   methods
 expect 0 '"not_validated"' "methods --format json lists them" -- methods --format json
@@ -91,9 +93,9 @@ grep -v '"offset"' "$tmp/fa3.json" > "$tmp/missing.json"
 expect 3 "missing.json.*p.offset.*missing" "a missing field" -- kernel show "$tmp/missing.json"
 sed 's/"format": "bf16"/"format": "fp8"/' "$tmp/fa3.json" > "$tmp/value.json"
 expect 3 "output.format.*one of int4, int8, e4m3" "a value not allowed lists the allowed ones" -- kernel show "$tmp/value.json"
-sed 's/"unit": "h100-wgmma-e4m3",/"unit": "h100-hmma-f16-acc16",/' "$tmp/fa3.json" > "$tmp/combo.json"  # pv.unit, not qk.unit
+sed '/"pv"/,/}/ s/"unit": "h100-wgmma-e4m3",/"unit": "h100-hmma-f16-acc16",/' "$tmp/fa3.json" > "$tmp/combo.json"  # pv.unit
 expect 3 "combo.json.*pv.unit.*binary16 P and V" "an impossible combination names the field" -- kernel show "$tmp/combo.json"
-sed 's/"unit": "h100-wgmma-e4m3"$/"unit": "exact"/' "$tmp/fa3.json" > "$tmp/sunit.json"  # qk.unit (no comma after it)
+sed '/"qk"/,/"max"/ s/"unit": "h100-wgmma-e4m3",/"unit": "exact",/' "$tmp/fa3.json" > "$tmp/sunit.json"  # qk.unit
 expect 3 "sunit.json.*qk.unit.*e4m3 Q/K: h100-wgmma-e4m3 or b200-tcgen05-e4m3" "an S unit that does not take E4M3 names qk.unit" -- \
   kernel show "$tmp/sunit.json"
 expect 2 "softmax.ex2_emu_freq.*multiple of 32" "the software exp2 needs whole 32-key fragments" -- \

@@ -12,6 +12,7 @@
 #include "qattn/error.h"
 #include "qattn/metrics.h"
 #include "qattn/reference/fa3_fp8.h"
+#include "qattn/reference/flashq.h"
 #include "qattn/reference/float_attention.h"
 #include "qattn/reference/kernel_file.h"
 #include "qattn/reference/registry.h"
@@ -57,7 +58,8 @@ double rel_l1(const RowMatrixXd& o, const RowMatrixXd& ref) {
 
 TEST_CASE("kernel files: every preset's description round-trips through its file", "[kernel_file]") {
   for (const char* spec : {"sage1", "sage1:acc=fp32,pad=upstream,out=fp32", "sage2", "sage2@paper-4b", "sage2@paper-hadmdattn",
-                           "sage2:acc=mma", "sage2:acc=two-level,p=e5m2", "fa3-fp8", "fa3-fp8:scale=none,out=fp32"}) {
+                           "sage2:acc=mma", "sage2:acc=two-level,p=e5m2", "fa3-fp8", "fa3-fp8:scale=none,out=fp32",
+                           "turbo", "turbo@paper:poly=lsq,exp=exact,int8-max=126"}) {
     INFO(spec);
     const FlashKernel k = kernel(spec);
     const std::string j = kernel_to_json(k);
@@ -69,6 +71,11 @@ TEST_CASE("kernel files: every preset's description round-trips through its file
   CHECK(get_kernel_field(kernel("fa3-fp8"), "keys.order") == "reverse");
   CHECK(get_kernel_field(kernel("sage2"), "pv.promote_keys") == "128");
   CHECK(get_kernel_field(kernel("sage1"), "pv.unit") == "h100-hmma-f16-acc16");
+  CHECK(get_kernel_field(kernel("turbo:br=32"), "qk.groups.block_q") == "32");
+  CHECK(get_kernel_field(kernel("turbo@paper"), "softmax.sas_half") == "true");
+  CHECK(get_kernel_field(kernel("turbo:poly=lsq"), "softmax.sas_poly") == "lsq");
+  CHECK(get_kernel_field(kernel("turbo:exp=exact"), "softmax.exp") == "f64-rounded");
+  CHECK(get_kernel_field(kernel("turbo:int8-max=126"), "p.max") == "126");
 }
 
 TEST_CASE("kernel files: bad files are refused naming the file, the field and what it takes", "[kernel_file]") {
@@ -245,4 +252,87 @@ TEST_CASE("kernel_unvalidated_parts names the MMA-Sim units, the FP22 bound and 
   REQUIRE(fp22.size() == 2);
   CHECK(fp22[0].find("C library") != std::string::npos);
   CHECK(fp22[1].find("FP22") != std::string::npos);
+}
+
+TEST_CASE("flash loop, turbo's parts: FlashQ codes, P~ tiles across rows, SAS, exact integer P V", "[kernel_file]") {
+  std::mt19937_64 gen(51);
+  const RowMatrixXd q = test::random_matrix(150, 32, 1.5, gen), k = test::random_matrix(200, 32, 1.5, gen),
+                    v = test::random_matrix(200, 24, 1.0, gen);
+  AttentionMask causal;
+  causal.causal = true;
+  // A P~ tile spans block_q rows: any block of rows, aligned with the tiles or not, gives the rows of the whole call
+  // (the loop computes the tiles around them). 48-row tiles against 64-row chunks of the caller.
+  FlashKernel t = kernel("turbo:br=48,bc=40");
+  for (const AttentionMask& mask : {AttentionMask{}, causal}) {
+    const auto call = prepare_flash(q, k, v, 0.2, mask, t);
+    const AttentionResult whole = call->rows(0, 150);
+    for (const auto& [r0, n] : {std::pair<Eigen::Index, Eigen::Index>{10, 50}, {47, 2}, {96, 54}, {149, 1}}) {
+      const AttentionResult part = call->rows(r0, n);
+      CHECK(part.o == whole.o.middleRows(r0, n));
+      CHECK(part.p == whole.p.middleRows(r0, n));
+    }
+  }
+  const AttentionResult a = flash_attention(q, k, v, 0.2, {}, t);
+  // P's weights are the codes times s_P and the rescales as applied (SAS(0) = a0 = 0.9996: a block that leaves the max
+  // unchanged still rescales O and l), so P times V as the exact unit reads it (FlashQ's codes per 40-key block,
+  // dequantised) gives O to float32's rounding
+  RowMatrixXd v_read(200, 24);
+  for (Eigen::Index b0 = 0; b0 < 200; b0 += 40) {
+    const FlashQBlock blk = flashq_quantize_block(v.middleRows(b0, 40), 119);
+    v_read.middleRows(b0, 40) = blk.values.cast<double>() * blk.scale;
+  }
+  CHECK((a.p * v_read - a.o).cwiseAbs().maxCoeff() < 1e-5 * a.o.cwiseAbs().maxCoeff());
+  // exact exp: f64-rounded in place of SAS; the same identity, other bits
+  FlashKernel e = t;
+  e.softmax.exp = ExpImpl::f64_rounded;
+  const AttentionResult c = flash_attention(q, k, v, 0.2, {}, e);
+  CHECK(c.o != a.o);
+  CHECK((c.p * v_read - c.o).cwiseAbs().maxCoeff() < 1e-5 * c.o.cwiseAbs().maxCoeff());
+  // with P from the exponents instead, P misstates SAS's weights: the identity breaks by SAS's error
+  FlashKernel x = t;
+  x.output.p_from = PFrom::exponents;
+  const AttentionResult d = flash_attention(q, k, v, 0.2, {}, x);
+  CHECK(d.o == a.o);
+  CHECK((d.p * v_read - d.o).cwiseAbs().maxCoeff() > 1e-4 * d.o.cwiseAbs().maxCoeff());
+}
+
+TEST_CASE("flash loop, turbo's parts are refused where the loop cannot run them, naming the field", "[kernel_file]") {
+  const auto problem = [](FlashKernel k) {
+    const std::optional<KernelProblem> p = check_kernel(k);
+    return p ? p->field : std::string("none");
+  };
+  const FlashKernel t = kernel("turbo");
+  CHECK(problem(t) == "none");
+  FlashKernel x = t;
+  x.qk.granularity = SageGranularity::thread;  // FlashQ's scales are per block
+  CHECK(problem(x) == "qk.max");
+  x = t;
+  x.p.max = 0;  // the exact unit needs tiles
+  CHECK(problem(x) == "p.max");
+  x = t;
+  x.pv.unit = PvUnit::fp32;  // tiles need the exact unit
+  CHECK(problem(x) == "p.max");
+  x = t;
+  x.softmax.base = SoftmaxBase::two;  // SAS is of natural-unit distances
+  CHECK(problem(x) == "softmax.exp");
+  x = t;
+  x.softmax.sas_nr = 0;
+  CHECK(problem(x) == "softmax.sas_nr");
+  x = t;
+  x.v.max = 119.5;
+  CHECK(problem(x) == "v.max");
+  x = t;
+  x.pv.promote_keys = 0;  // each block's exact sum is added to the rescaled O
+  CHECK(problem(x) == "pv.promote_keys");
+  // its contracts: P~'s tile keeps 1 within [0, 119]; a diffuse row loses what half a tile step flushes
+  const std::vector<KernelContract> c = kernel_contracts(t);
+  REQUIRE(c.size() == 3);
+  CHECK(!c[0].violated);
+  CHECK(c[1].violated);
+  CHECK_THAT(c[1].bound, Catch::Contains("0.00420168") && Catch::Contains("half a step"));
+  FlashKernel wide = t;
+  wide.softmax.sas_nr = -3;  // SAS's threshold e^-3 above the tile's half step: it sets the level
+  CHECK_THAT(kernel_contracts(wide)[1].bound, Catch::Contains("SAS's threshold"));
+  CHECK(kernel_contracts(t, {.keys = 8, .tolerance = 0.05})[1].violated == false);  // 7 x 0.0042 / 1.029: 2.9%
+  CHECK(kernel_unvalidated_parts(t).at(0).find("SAS") != std::string::npos);
 }

@@ -43,8 +43,11 @@ enum class ScaleRule { amax, amax_eps, one };  // amax / qmax; amax / qmax + 1e-
 enum class ScaleArith { f32, f64 };
 enum class ScaleAt { q, dequant, exp };
 enum class SoftmaxBase { two, e };
-enum class ExpImpl { f64_rounded, libm_f32 };
-enum class MaxRule { raw, scaled };  // scale_at exp: the max of raw S (s2 applied after), or of fma(S, s2, -offset)  // exp in float64 rounded once to float32; the C library's expf/exp2f
+// exp in float64 rounded once to float32; the C library's expf/exp2f; TurboAttention's SAS (sas.h) of the distance
+// -x >= 0 in float64 (base e), rounded to float32, for P~ and for every rescale (SAS(0) is a0, not 1)
+enum class ExpImpl { f64_rounded, libm_f32, sas };
+enum class SasCubic { paper, lsq };  // SAS's POLY: Eq. 15's coefficients, or the least-squares refit (sas.h)
+enum class MaxRule { raw, scaled };  // scale_at exp: the max of raw S (s2 applied after), or of fma(S, s2, -offset)
 enum class RowSumUpdate { block, running };
 // 4 threads: each column in order, or per 16-column mma tile; lanes8 (1 thread, running): FlashAttention-4's
 // fadd_reduce, eight lanes j mod 8 with l r in lane 0, combined ((L0 + L2) + (L4 + L6)) + ((L1 + L3) + (L5 + L7))
@@ -57,9 +60,10 @@ enum class RowSumCombine { pairs_02_13, pairs_01_23 };  // (l0 + l2) + (l1 + l3)
 enum class RowSumOf { unrounded, rounded };
 // The FP8 units read E4M3 P and V; ada_mma_e4m3 and b200_tcgen05_e4m3 are MMA-Sim's models (not measured here);
 // ada_mma_e4m3_acc16 (an f16 accumulator, SageAttention2's sm89 "fp32+fp16") is MMA-Sim's code with no vectors.
+// exact: integer P and V codes, each key block's sum exact in int64, times s_P s_V in float64, rounded to float32.
 enum class PvUnit {
   fp32, fp22, h100_hmma_f16_acc16, h100_wgmma_e4m3, h100_mma_e4m3, ada_mma_e4m3, ada_mma_e4m3_acc16, b200_tcgen05_e4m3,
-  b200_nvf4
+  b200_nvf4, exact
 };
 // The MMA preset a P V unit runs one output column at a time (mma_dot, 32 keys per call: h100-mma-e4m3), or nullptr
 // for the units with their own loops (fp32, fp22, and the vectorised steps of h100-hmma-f16-acc16, h100-wgmma-e4m3,
@@ -70,7 +74,12 @@ const MmaModel* pv_column_model(PvUnit unit);
 // tcgen05.mma (MMA-Sim's model, not measured here): d in fused steps of 32 from a zero accumulator.
 // b200_nvf4: NVFP4 Q and K on the block-scaled FP4 step (b200-nvf4), d in steps of 64 with Delta S as C.
 enum class SUnit { exact, h100_wgmma_e4m3, b200_tcgen05_e4m3, b200_nvf4, b200_mxf4 };
-enum class VScale { none, channel, tensor, block16 };  // block16: NVFP4, an E4M3 scale per 16 keys of a channel
+// block16: NVFP4, an E4M3 scale per 16 keys of a channel; block: int8 with one scale per key block over every
+// channel, FlashQ's amax / v.max in float64 (flashq.h)
+enum class VScale { none, channel, tensor, block16, block };
+// P as probabilities: P8 base^(ref_b - ref_last) / l (exponents), or P8 s_P times the product of the rescales the
+// kernel applied after the block, over l (rescales: the weights as applied, where exp(a) exp(b) != exp(a + b), SAS)
+enum class PFrom { exponents, rescales };
 enum class KeyOrder { forward, reverse };
 enum class KeyPad { masked, zeros };
 enum class Finalize { divide, f64, reciprocal, reciprocal_channel };
@@ -90,6 +99,7 @@ struct FlashKernel {
     std::uint64_t hadamard_seed = 0;  // hadamard: signs from std::mt19937_64(seed)
     bool smooth_k = true, smooth_q = false;
     SUnit unit = SUnit::exact;  // exact for int8 / int4; an FP8 unit for e4m3
+    int max = 0;  // 0: the format's largest code with qk.scale; R: FlashQ, s = amax / R in float64 per block (flashq.h)
   } qk;
 
   struct V {
@@ -120,12 +130,16 @@ struct FlashKernel {
     RowSumCombine row_sum_combine = RowSumCombine::pairs_02_13;
     RowSumOf row_sum_of = RowSumOf::unrounded;
     RefRule ref_rule = RefRule::mul_sub;
+    double sas_nr = -6;                     // exp sas: the sparsity threshold n_r < 0
+    SasCubic sas_poly = SasCubic::paper;    // exp sas: the cubic
+    bool sas_half = false;                  // exp sas: the LUT and cubic in emulated binary16
   } softmax;
 
   struct P {
     double offset = 0;  // subtracted from the max in the exponent: P~ <= base^offset (FA3's max_offset 8)
     double scale = 1;   // multiplies P~ after the exp (SageAttention2's 448)
     KernelFormat format = KernelFormat::e4m3;  // e4m3, e5m2 (RNE, saturating), int8 (nearest), fp16, fp32
+    int max = 0;  // int8 on pv.unit exact: each tile of block_q queries x one key block scaled to [0, max] (FlashQ)
   } p;
 
   struct Pv {
@@ -143,6 +157,7 @@ struct FlashKernel {
   struct Output {
     Finalize finalize = Finalize::f64;
     KernelFormat format = KernelFormat::fp32;  // fp32, fp16, bf16
+    PFrom p_from = PFrom::exponents;
   } output;
 };
 
@@ -158,6 +173,21 @@ void validate(const FlashKernel& k);
 // q, k, v and mask must outlive the returned call.
 std::unique_ptr<PreparedCall> prepare_flash(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                             const AttentionMask& mask, const FlashKernel& kernel);
+
+// The key side of a call given ready-made, as a KV cache holds it (TurboAttention's decode, turbo.h): INT8 codes of K
+// and V in key blocks of any lengths, one scale per block each. Keys [0, settled_from) and the complete chunks of
+// `chunk` keys after it that a query row has seen (up to its last visible key) are read from the settled matrices
+// (a compressed cache), the rest from the buffer ones; without a buffer every key is settled. The description must
+// have int8 Q/K with qk.max, v.scale block and pv.unit exact; its keys.block is replaced by these blocks.
+struct FlashKeyCodes {
+  std::vector<Eigen::Index> begin;  // block starts, then L_k
+  std::vector<double> k_scale, v_scale;
+  RowMatrixXi32 k_settled, v_settled, k_buffer, v_buffer;
+  Eigen::Index settled_from = 0, chunk = 1;
+};
+std::unique_ptr<PreparedCall> prepare_flash(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
+                                            const AttentionMask& mask, const FlashKernel& kernel,
+                                            std::shared_ptr<const FlashKeyCodes> keys);
 AttentionResult flash_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                 const AttentionMask& mask, const FlashKernel& kernel);
 

@@ -1,5 +1,7 @@
 // TurboAttention (FlashQ + SAS) as a reference pipeline (docs/pipelines/turbo.md). No official code exists; this is
-// Algorithm 1 (prefill) and Algorithm 2 (decode) of the paper with every open choice named.
+// Algorithm 1 (prefill) and Algorithm 2 (decode) of the paper with every open choice named. Steps (1)-(5) and (8)
+// are a description of the one flash loop (turbo_kernel, flash_kernel.h); decode's cache, steps (6) and (7), is the
+// loop's key side (FlashKeyCodes), built here.
 //
 // Prefill, one call Q [L_q, d], K [L_k, d], V [L_k, d_v]:
 //   (1) Q in row blocks of B_r, K and V in key blocks of B_c, each block symmetric INT8 with s = max|x|/119 (flashq.h)
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "qattn/method.h"
+#include "qattn/reference/flash_kernel.h"
 #include "qattn/reference/flashq.h"
 #include "qattn/reference/sas.h"
 
@@ -46,6 +49,10 @@ struct TurboStats {
   Eigen::Index buffer_clamped = 0;       // (7) entries clamped to +-119 under the universal scale
   Eigen::Index dequant_saturated = 0;    // (3) of flashq.h: entries of (code - z) s outside INT8
 };
+
+// Steps (1)-(5) as a flash-loop description: prefill's; decode's with a block of one query (each row a step).
+// `qattn kernel show turbo` prints the prefill one.
+FlashKernel turbo_kernel(const TurboParams& p);
 
 // kv_bits overrides p.kv_bits for this head (the mixed-precision assignment passes it).
 AttentionResult turbo_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
