@@ -326,12 +326,14 @@ class FlashCall final : public PreparedCall {
   const Eigen::Index lq, lk, d, dv;
   Eigen::Index key_block = 64, lk_padded = 0;
   std::vector<Eigen::Index> block_begin;  // key block starts, then lk_padded
-  std::shared_ptr<const FlashKeyCodes> kc;  // a ready-made key side (a KV cache), or null
-  bool buffered = false;                    // kc holds a buffer: rows read keys past their split from it
+  std::shared_ptr<const FlashKeyCodes> kc;  // a ready-made key side (a KV cache) while the call is built, or null
+  bool buffered = false;                    // the key side has a buffer: rows read keys past their split from it
+  Eigen::Index settled_from = 0, chunk = 1;  // the key side's split rule
   SasParams sas;
   std::unique_ptr<IntMatmulAbt> qk_buffer;  // Q codes times the buffer's K codes
-  // v.scale block: V's codes (and the buffer's) and one scale per key block
-  RowMatrixXi32 v_int, v_int_buffer;
+  // v.scale block: V's codes (and the buffer's), int8, and one scale per key block
+  using RowMatrixXi8 = Eigen::Matrix<std::int8_t, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  RowMatrixXi8 v_int, v_int_buffer;
   std::vector<double> v_block_scale;
   // int S: the codes' products, the scales and groups; Delta S's parts (smooth_q)
   std::unique_ptr<IntMatmulAbt> qk;
@@ -386,6 +388,8 @@ FlashCall::FlashCall(const MatrixView& q, const MatrixView& k, const MatrixView&
       throw std::logic_error(f.name + ": the key side's buffer does not fit K and V");
     lk_padded = lk;
     block_begin = kc->begin;
+    settled_from = kc->settled_from;
+    chunk = kc->chunk;
   } else {
     lk_padded = f.keys.pad == KeyPad::zeros ? (lk + key_block - 1) / key_block * key_block : lk;
     for (Eigen::Index b0 = 0; b0 < lk_padded; b0 += key_block) block_begin.push_back(b0);
@@ -406,6 +410,7 @@ FlashCall::FlashCall(const MatrixView& q, const MatrixView& k, const MatrixView&
     prepare_int_qk(q, k);
   }
   prepare_v(v);
+  kc.reset();  // its codes are copied where the loop reads them
 }
 
 // Step (1) on the call's Q and K (copies): the change of basis, K smoothing, Q's block means (kept for Delta S).
@@ -642,9 +647,14 @@ void FlashCall::prepare_v(const MatrixView& v) {
     return;
   }
   if (p.scale == VScale::block) {  // FlashQ: int8 per key block over every channel, amax / v.max (or the key side's)
+    const auto int8_of = [&](const RowMatrixXi32& x) {
+      if (x.size() && (x.minCoeff() < -128 || x.maxCoeff() > 127))
+        throw std::logic_error(f.name + ": a V code leaves int8");  // not reached: FlashQ codes and clamped values
+      return RowMatrixXi8(x.cast<std::int8_t>());
+    };
     if (kc) {
-      v_int = kc->v_settled;
-      v_int_buffer = kc->v_buffer;
+      v_int = int8_of(kc->v_settled);
+      if (buffered) v_int_buffer = int8_of(kc->v_buffer);
       v_block_scale = kc->v_scale;
       return;
     }
@@ -653,7 +663,7 @@ void FlashCall::prepare_v(const MatrixView& v) {
     for (Eigen::Index b0 = 0; b0 < lk; b0 += key_block) {
       const Eigen::Index n = std::min(key_block, lk - b0);
       FlashQBlock blk = flashq_quantize_block(v.middleRows(b0, n), range);
-      v_int.middleRows(b0, n) = blk.values;
+      v_int.middleRows(b0, n) = blk.values.cast<std::int8_t>();  // in [-range, range]
       v_block_scale.push_back(blk.scale);
     }
     return;
@@ -871,8 +881,8 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
         Eigen::Index seen = lk;
         if (!unmasked)
           for (seen = lk; seen > 0 && !visible(c0 + t - first, seen - 1);) --seen;
-        const Eigen::Index from = kc->settled_from;
-        split[static_cast<std::size_t>(t)] = seen <= from ? from : from + kc->chunk * ((seen - from) / kc->chunk);
+        split[static_cast<std::size_t>(t)] =
+            seen <= settled_from ? settled_from : settled_from + chunk * ((seen - settled_from) / chunk);
       }
     logits(c0, n, s, split);
     for (Eigen::Index t = 0; t < n; ++t) {
@@ -1022,7 +1032,7 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
             for (Eigen::Index j = b0; j < real_end; ++j) {
               const auto code = static_cast<std::int64_t>(pr[j]);
               if (code == 0) continue;
-              const std::int32_t* vr = buffered && j >= from ? &v_int_buffer(j, 0) : &v_int(j, 0);
+              const std::int8_t* vr = buffered && j >= from ? &v_int_buffer(j, 0) : &v_int(j, 0);
               for (Eigen::Index c = 0; c < dv; ++c) acc64[static_cast<std::size_t>(c)] += code * vr[c];
             }
             const double pv_scale = tile_scale(t, b) * v_block_scale[static_cast<std::size_t>(b)];
