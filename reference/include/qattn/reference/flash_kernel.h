@@ -1,11 +1,12 @@
 // An online-softmax ("flash") attention kernel as a description: the formats, scales, matrix units, softmax and P~
 // rules and accumulation of a quantised attention kernel, as values (docs/kernels-as-data.md). One loop,
-// prepare_flash, runs any description; sage1, sage2 and fa3-fp8 are descriptions of it (sage1_kernel, sage2_kernel,
-// fa3_fp8_kernel). One call, Q [L_q, d], K [L_k, d], V [L_k, d_v], every step in the order below:
+// prepare_flash, runs any description; sage1, sage2, sage3, fa3-fp8, fa4-fp8 and turbo are descriptions of it
+// (sage1_kernel, ..., turbo_kernel). One call, Q [L_q, d], K [L_k, d], V [L_k, d_v], every step in the order below:
 //
 //   (1) Q and K: change of basis (qk.transform), K smoothing (qk.smooth_k: K - mean over tokens, float64), Q block
 //       smoothing with Delta S (qk.smooth_q); with softmax.scale_at = q, Q becomes fl32(fl32(Q) fl32(scale log2 e))
-//   (2) Q and K quantised (qk.format, granularity, scale, arith, rounding)
+//   (2) Q and K quantised (qk.format, granularity, scale, arith, rounding; qk.max > 0: FlashQ per block), or K's
+//       codes from a key side (FlashKeyCodes)
 //   (3) S on qk.unit (int: exact integer products; e4m3: an FP8 wgmma / tcgen05.mma over d in steps of 32), float32:
 //         scale_at = q        S = fl32(fl32(A s_Q) s_K)                      (log2 e and the scale are in Q)
 //         scale_at = dequant  S = fl32(A) fl32(s_Q s_K scale [log2 e])  + Delta S
@@ -16,8 +17,10 @@
 //       softmax.rescale_threshold > 0 and the growth (in exponent units) does not exceed it (the max is kept);
 //       ref = m_new (s2 m_new with scale_at = exp) - p.offset; P~ = p.scale exp_b(S - ref) (exp: fma(S, s2, -ref)),
 //       r = exp_b(m - m_new) (times s2 with scale_at = exp); the row sum l takes P~ before or after its rounding
-//   (5) P = P~ rounded to p.format; P V on pv.unit, in steps of the unit's k; the accumulator is promoted (added to
-//       the float32 output after its rescale) every pv.promote_keys keys, or never (one accumulator, rescaled)
+//   (5) P = P~ rounded to p.format (p.max > 0: per tile of block_q rows x one key block, s_P = max P~ / p.max);
+//       P V on pv.unit, in steps of the unit's k (exact: the block's integer sum, times s_P s_V in float64); the
+//       accumulator is promoted (added to the float32 output after its rescale) every pv.promote_keys keys, or
+//       never (one accumulator, rescaled)
 //   (6) O from the accumulator, l, V's scale and mean (output.finalize), rounded to output.format
 // Every rounding is named in docs/kernels-as-data.md; the parts no measured vector validates are listed there.
 #pragma once
