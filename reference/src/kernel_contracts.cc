@@ -128,10 +128,13 @@ std::vector<KernelContract> kernel_contracts(const FlashKernel& k, const Contrac
   {
     KernelContract c;
     const double top = k.p.scale * pow_b(k.p.offset);
-    // A tile scaled to [0, p.max] by its largest P~ (at most top) flushes below half a step; SAS flushes below
-    // e^n_r of the max. The higher of the levels holds.
+    // A tile scaled to [0, p.max] by its largest P~ (at most top) flushes below half a step: reached in every key
+    // block when another query row of the tile sits at the top there. SAS flushes below e^n_r of the max. The
+    // higher of the levels holds.
     double tau = k.p.max > 0 ? top / (2 * k.p.max) : flush_level(k.p.format);
-    std::string level = k.p.max > 0 ? "half a step of the tile's [0, p.max]" : format_name(k.p.format);
+    std::string level = k.p.max > 0 ? "half a step of the tile's [0, p.max], the step set in every key block by another "
+                                      "row of the tile at P~ = 1"
+                                    : format_name(k.p.format);
     if (k.softmax.exp == ExpImpl::sas && top * std::exp(k.softmax.sas_nr) > tau) {
       tau = top * std::exp(k.softmax.sas_nr);
       level = "SAS's threshold e^n_r";
