@@ -31,7 +31,7 @@ std::vector<std::int64_t> leading(const Tensor& t) { return {t.shape.begin(), t.
 
 void run_attention(const AttentionOptions& o) {
   require_range("--threads", o.threads, 0, kMaxThreads);
-  const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = resolve_threads(o.threads);
   // Without --probs the fused kernels never hold P: memory O(B_r L_k) per thread instead of O(L_q L_k).
   // O is written as float32: the fused path hands it over as float32 (AttentionResult::o_f32), with no float64 copy.
   const auto method = make_method(parse_method_spec(o.spec), o.engine, threads, !o.probs.empty(), /*o_float32=*/true);

@@ -501,8 +501,7 @@ void run_compare(const std::string& a, const std::string& b, const std::string& 
   std::vector<eval::PanelStats> panels(chunks);
   std::vector<eval::MetricFold> medians;
   for (std::size_t c = 0; c < chunks; ++c) medians.emplace_back(true);
-  parallel_for(chunks, threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())),
-               [&](std::size_t c) {
+  parallel_for(chunks, resolve_threads(threads), [&](std::size_t c) {
                  const Eigen::Index r0 = static_cast<Eigen::Index>(c) * chunk_rows, n = std::min(chunk_rows, rows - r0);
                  const double* pa = va.data() + r0 * cols;
                  const double* pb = vb.data() + r0 * cols;
@@ -594,7 +593,7 @@ AnalyzePlan plan_analyze(const AnalyzeOptions& o) {
 // The run's evaluation options: threads, block rows, --whole-calls, and progress on stderr.
 EvalOptions eval_options(const AnalyzePlan& plan) {
   EvalOptions options;
-  options.threads = plan.threads > 0 ? plan.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  options.threads = resolve_threads(plan.threads);
   options.block_rows = plan.block_rows;
   options.whole_calls = plan.whole_calls;
   options.progress = stderr_progress("qattn analyze", "blocks and calls");

@@ -10,6 +10,7 @@
 #include "engine_setting.h"
 #include "evaluate.h"
 #include <nlohmann/json.hpp>
+#include "qattn/parallel.h"  // kMaxThreads, resolve_threads
 #include "qattn/tensor_io.h"
 #include <string>
 #include <utility>
@@ -22,7 +23,6 @@ inline constexpr int kExitUsage = 2;
 inline constexpr int kExitBadInput = 3;
 
 // Documented bounds of numeric options (README, docs/tensor-io.md "Resource bounds").
-inline constexpr int kMaxThreads = 1024;                            // --threads of sweep, reproduce, bench
 inline constexpr long long kDefaultMaxSweepPoints = 100000;         // sweep --max-points default
 inline constexpr long long kMaxSweepPointsLimit = 10000000;         // about 3 GB of specs: the cap's own cap
 

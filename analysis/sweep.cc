@@ -86,7 +86,7 @@ void evaluate_points(const std::vector<DumpLayer>& dump, const std::vector<Metho
   std::size_t heads = 0;
   for (const DumpLayer& l : dump) heads += l.heads.size();
   EvalOptions options;
-  options.threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  options.threads = resolve_threads(o.threads);
   options.methods_per_item = 8;
   if (specs.size() * heads >= 1000 || isatty(STDERR_FILENO))
     std::cerr << "qattn sweep: " << specs.size() << " points x " << heads << " heads = " << specs.size() * heads

@@ -33,6 +33,7 @@
 #include "qattn/eval/report.h"
 #include "qattn/error.h"
 #include "qattn/metrics.h"
+#include "qattn/parallel.h"
 #include "qattn/reference/kv_quant.h"
 #include "qattn/reference/lowp_convert.h"
 #include "qattn/reference/lowp_float.h"
@@ -147,15 +148,12 @@ py::array_t<double> to_array(const std::vector<double>& values, const std::vecto
 
 py::array tensor_to_array(const Tensor& t);
 
-// The bound of the CLI's --threads (analysis/commands.h, kMaxThreads).
-constexpr std::int64_t kMaxThreads = 1024;
-
 // `threads` as the CLI takes --threads: [0, 1024], 0 meaning one per hardware thread. ValueError otherwise.
 int thread_count(std::int64_t threads) {
   if (threads < 0 || threads > kMaxThreads)
     throw py::value_error("threads: " + std::to_string(threads) + " is outside [0, " + std::to_string(kMaxThreads) +
                           "] (0: every core)");
-  return threads > 0 ? static_cast<int>(threads) : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return resolve_threads(static_cast<int>(threads));
 }
 
 EngineOptions engine_options(const std::string& engine, std::int64_t threads, bool probs) {

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <stdexcept>
@@ -126,4 +127,16 @@ TEST_CASE("every thread parallel_for starts runs the start function once, before
   REQUIRE(waitpid(child, &status, 0) == child);
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
+}
+
+TEST_CASE("resolve_threads: 0 (or less) is every core, a count is kept; parallel_workers caps it at the items",
+          "[parallel]") {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  CHECK(resolve_threads(0) == cores);
+  CHECK(resolve_threads(-3) == cores);
+  CHECK(resolve_threads(1) == 1);
+  CHECK(resolve_threads(kMaxThreads) == kMaxThreads);
+  CHECK(parallel_workers(5, 0) == std::min(cores, 5));
+  CHECK(parallel_workers(5, 64) == 5);
+  CHECK(parallel_workers(0, 8) == 1);
 }

@@ -13,11 +13,17 @@
 
 namespace qattn {
 
+// The bound of every thread option: the CLI's --threads and Python's threads= take [0, kMaxThreads].
+inline constexpr int kMaxThreads = 1024;
+// "0 = every core", resolved here and nowhere else: threads > 0 is kept, threads <= 0 gives one worker per hardware
+// thread (at least 1).
+int resolve_threads(int threads);
+
 void parallel_for_workers(std::size_t n, int threads, const std::function<void(std::size_t i, int worker)>& body);
 inline void parallel_for(std::size_t n, int threads, const std::function<void(std::size_t i)>& body) {
   parallel_for_workers(n, threads, [&](std::size_t i, int) { body(i); });
 }
-// The number of workers parallel_for_workers uses for n items: min(threads, n), threads <= 0 = hardware threads.
+// The number of workers parallel_for_workers uses for n items: min(resolve_threads(threads), n), at least 1.
 int parallel_workers(std::size_t n, int threads);
 // A function every thread that parallel_for_workers starts runs once as it starts, before its first item, or nullptr
 // for none (the default): the kept helper threads and a nested or concurrent call's own. A program sets it before

@@ -105,8 +105,12 @@ Pool& pool() {
 
 void set_helper_thread_start(void (*start)()) { helper_start.store(start); }
 
+int resolve_threads(int threads) {
+  return threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 int parallel_workers(std::size_t n, int threads) {
-  const std::size_t t = threads > 0 ? static_cast<std::size_t>(threads) : std::max(1u, std::thread::hardware_concurrency());
+  const auto t = static_cast<std::size_t>(resolve_threads(threads));
   return static_cast<int>(std::max<std::size_t>(1, std::min(t, n)));
 }
 
