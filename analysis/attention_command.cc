@@ -30,7 +30,7 @@ struct AttentionOptions {
 std::vector<std::int64_t> leading(const Tensor& t) { return {t.shape.begin(), t.shape.end() - 2}; }
 
 void run_attention(const AttentionOptions& o) {
-  require_range("--threads", o.threads, 0, kMaxThreads);
+  require_threads(o.threads);
   const int threads = resolve_threads(o.threads);
   // Without --probs the fused kernels never hold P: memory O(B_r L_k) per thread instead of O(L_q L_k).
   // O is written as float32: the fused path hands it over as float32 (AttentionResult::o_f32), with no float64 copy.
@@ -161,8 +161,7 @@ void add_attention(CLI::App& app) {
   sub->add_flag("--raw", o->raw, "Write P in the method's integer dtype (uint8/int8) instead of float64");
   sub->add_flag("--causal", o->causal, "Causal mask, bottom-right aligned (query i sees keys j <= i + L_k - L_q)");
   sub->add_option("--scale", o->scale, "Logit scale (default 1/sqrt(d))");
-  sub->add_option("--threads", o->threads, "threads of each fused call, at most " + std::to_string(kMaxThreads) +
-                  " (default 0: all cores; every count gives the same bits)");
+  add_threads_option(sub, o->threads, "threads of each fused call", ". Every count gives the same bits");
   add_engine_options(sub, o->engine);
   sub->callback([=] { run_attention(*o); });
 }

@@ -199,6 +199,15 @@ void require_range(const std::string& option, long long value, long long lo, lon
                                            std::to_string(hi) + "]");
 }
 
+CLI::Option* add_threads_option(CLI::App* sub, int& threads, const std::string& what, const std::string& note) {
+  return sub
+      ->add_option("--threads", threads,
+                   what + ", at most " + std::to_string(kMaxThreads) + "; 0 (default): every core" + note)
+      ->capture_default_str();
+}
+
+void require_threads(int threads) { require_range("--threads", threads, 0, kMaxThreads); }
+
 CLI::Validator decimal_integer() {
   return CLI::Validator(
       [](std::string& value) -> std::string {
@@ -549,7 +558,7 @@ void run_compare(const std::string& a, const std::string& b, const std::string& 
 // The option checks of `qattn analyze` that CLI11 cannot express: CLI::ValidationError naming the option.
 void check_analyze_options(const AnalyzeOptions& o) {
   check_format_option(o.format, {"md", "csv", "latex", "json"});
-  require_range("--threads", o.threads, 0, kMaxThreads);
+  require_threads(o.threads);
   if (o.block_rows < 0 || o.block_rows % 64 != 0 || o.block_rows > (1 << 20))
     throw CLI::ValidationError("--block-rows", "must be a multiple of 64 in [64, 1048576], or 0 (chosen from L_k); got " +
                                                    std::to_string(o.block_rows));
@@ -705,13 +714,10 @@ void add_compare(CLI::App& app) {
   sub->add_option("--name", *name, "Tensor name inside multi-tensor files");
   sub->add_option("--format", *format, "md|json")->capture_default_str();
   auto threads = std::make_shared<int>(0);
-  sub->add_option("--threads", *threads,
-                  "worker threads, at most " + std::to_string(kMaxThreads) +
-                      "; 0 (default): every core. The figures do not depend on it")
-      ->capture_default_str();
+  add_threads_option(sub, *threads, "worker threads", ". The figures do not depend on it");
   sub->callback([=] {
     check_format_option(*format, {"md", "json"});
-    require_range("--threads", *threads, 0, kMaxThreads);
+    require_threads(*threads);
     run_compare(*a, *b, *name, *format, *threads);
   });
 }
@@ -759,10 +765,8 @@ void add_analyze(CLI::App& app) {
   sub->add_option("--shard", o->shard,
                   "K/N: evaluate only block K (0-based) of N of the dump's (layer, head) pairs and write a partial "
                   "result (JSON) for `qattn merge` (docs/scale-out.md)");
-  sub->add_option("--threads", o->threads,
-                  "worker threads over (head, block of query rows) items, at most " + std::to_string(kMaxThreads) +
-                      "; 0 (default): every core. The tables do not depend on it (docs/streaming.md)")
-      ->capture_default_str();
+  add_threads_option(sub, o->threads, "worker threads over (head, block of query rows) items",
+                     ". The tables do not depend on it (docs/streaming.md)");
   sub->add_option("--block-rows", o->block_rows,
                   "query rows per streamed block, a multiple of 64; 0 (default): about 2^20 / L_k. The tables do not "
                   "depend on it (docs/streaming.md)")

@@ -92,6 +92,13 @@ void require_tensor_extension(const std::string& option, const std::string& path
 // Checks that a numeric option lies in [lo, hi]; CLI::ValidationError naming the option otherwise.
 void require_range(const std::string& option, long long value, long long lo, long long hi);
 
+// --threads of a command that runs work, every command's the same: `what` the workers are, then ", at most 1024; 0
+// (default): every core" and `note`. The command passes the value to require_threads before it runs anything, and
+// resolves 0 with resolve_threads (qattn/parallel.h), as Python's threads= does.
+CLI::Option* add_threads_option(CLI::App* sub, int& threads, const std::string& what, const std::string& note = "");
+// threads within [0, kMaxThreads]; CLI::ValidationError naming --threads otherwise (exit 2).
+void require_threads(int threads);
+
 // A transform for integer options: the value must be decimal digits after an optional sign, within 64 bits;
 // otherwise CLI::ValidationError (exit 2) quoting what was given. Left to CLI11, "" reads as 0 (for --threads: every
 // core), 99999999999999999999 as 2^63 - 1 and "010" as octal 8. The value goes on without '+' and leading zeros.

@@ -179,9 +179,7 @@ void add_kernel(CLI::App& app) {
                     "--search: write the worst input here as a dump directory (it must not exist) for qattn analyze");
   check->add_option("--fail-above", o->fail_above, "--search: exit 1 when the worst error exceeds this")
       ->check(CLI::Range(0.0, std::numeric_limits<double>::max()));
-  check->add_option("--threads", o->threads, "--search: worker threads, at most 1024; 0 (default): every core. "
-                                             "The result does not depend on it")
-      ->check(CLI::Range(0, 1024));
+  add_threads_option(check, o->threads, "--search: worker threads", ". The result does not depend on it");
   check->callback([o, check] {
     check_format_option(o->format, {"md", "json"});
     if (!o->search)
@@ -189,6 +187,7 @@ void add_kernel(CLI::App& app) {
                                "--fail-above", "--threads"})
         if (check->count(flag) > 0)
           throw CLI::ValidationError(flag, "applies to --search only");
+    require_threads(o->threads);
     const ref::FlashKernel k = kernel_named(o->name);
     const auto contracts = ref::kernel_contracts(k, {o->keys, o->tolerance});
     std::string search;

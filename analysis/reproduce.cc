@@ -55,7 +55,7 @@ void run_reproduce(const ReproduceOptions& o) {
     if (rc != 0) throw ExitCode{rc};
     return;
   }
-  require_range("--threads", o.threads, 0, kMaxThreads);
+  require_threads(o.threads);
   require_distinct_files({{"--tensors", o.tensors}}, {{"--out", o.out}});
   // The experiment writes its data files into a staging directory beside --out-dir; they move into --out-dir (created
   // then) only once the experiment and its report have succeeded, so a failure leaves no directory and no file.
@@ -103,7 +103,7 @@ void add_reproduce(CLI::App& app) {
   sub->add_option("--out-dir", o->out_dir, "where data files (CSV, PNG) go")->capture_default_str();
   sub->add_option("--out", o->out, "write the report here instead of stdout");
   sub->add_flag("--no-plots", o->no_plots, "skip the figures (no Python needed)");
-  sub->add_option("--threads", o->threads, "worker threads, at most " + std::to_string(kMaxThreads) + " (default 0: all cores)");
+  add_threads_option(sub, o->threads, "worker threads");
   add_engine_options(sub, o->engine);
   sub->callback([o] { run_reproduce(*o); });
 }

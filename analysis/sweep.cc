@@ -196,7 +196,7 @@ void run_sweep(const SweepOptions& o) {
   } catch (const SpecError& e) {
     throw CLI::ValidationError("--metric", e.what());
   }
-  require_range("--threads", o.threads, 0, kMaxThreads);
+  require_threads(o.threads);
   require_range("--max-points", o.max_points, 1, kMaxSweepPointsLimit);
   require_distinct_files({{"--tensors", o.tensors}}, {{"--out", o.out}});
   const std::optional<Shard> shard = o.shard.empty() ? std::nullopt : std::optional<Shard>(shard_option(o.shard));
@@ -233,8 +233,7 @@ void add_sweep(CLI::App& app) {
   sub->add_option("--target", o->target, "O (attention output) or P (probabilities)")
       ->check(CLI::IsMember({"O", "P"}))
       ->capture_default_str();
-  sub->add_option("--threads", o->threads, "worker threads over grid points, at most " + std::to_string(kMaxThreads) +
-                                               " and never more than the points (default 0: all cores)");
+  add_threads_option(sub, o->threads, "worker threads over grid points", ", never more than the points");
   add_engine_options(sub, o->engine);
   sub->add_option("--max-points", o->max_points,
                   "refuse a grid of more points than this (the product of the axes; at most " +

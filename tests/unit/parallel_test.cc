@@ -129,7 +129,7 @@ TEST_CASE("every thread parallel_for starts runs the start function once, before
   CHECK(WEXITSTATUS(status) == 0);
 }
 
-TEST_CASE("resolve_threads: 0 (or less) is every core, a count is kept; parallel_workers caps it at the items",
+TEST_CASE("resolve_threads: 0 or less is every core and a count is kept - parallel_workers caps it at the items",
           "[parallel]") {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   CHECK(resolve_threads(0) == cores);
