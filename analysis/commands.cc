@@ -578,8 +578,9 @@ void check_analyze_options(const AnalyzeOptions& o) {
 }
 
 // What `qattn analyze` runs, resolved and validated from its options before any tensor is read: the evaluation
-// layer's plan (qattn/eval/analysis.h) with the run's settings.
-struct AnalyzePlan : eval::AnalysisPlan {
+// layer's plan (qattn/eval/analysis.h) and the run's settings beside it.
+struct AnalyzePlan {
+  eval::AnalysisPlan eval;
   std::string tensors;  // the source named in the report
   int threads = 0;
   Eigen::Index block_rows = 0;
@@ -589,7 +590,7 @@ struct AnalyzePlan : eval::AnalysisPlan {
 // The methods on the engine --engine selects (make_method), the KV and weight quantizers.
 AnalyzePlan plan_analyze(const AnalyzeOptions& o) {
   AnalyzePlan plan;
-  static_cast<eval::AnalysisPlan&>(plan) =
+  plan.eval =
       eval::plan_analysis(o.specs, o.kv, o.weights, o.softmax_only || !o.logits.empty(), parse_softmax_reference(o.reference),
                           !o.q.empty(), [&o](const MethodSpec& spec) { return make_method(spec, o.engine); });
   plan.tensors = !o.q.empty() ? o.q : !o.logits.empty() ? o.logits : o.tensors;
@@ -614,7 +615,7 @@ std::string analyze_partial(const AnalyzeOptions& o, const AnalyzePlan& plan) {
   if (!o.q.empty() || !o.logits.empty())
     throw CLI::ValidationError("--shard", "splits a dump's (layer, head) pairs: give --tensors, not --q/--k/--v or --logits");
   const Shard shard = shard_option(o.shard);
-  return analyze_shard(o.tensors, plan, shard, eval_options(plan), o.format);
+  return analyze_shard(o.tensors, plan.eval, shard, eval_options(plan), o.format);
 }
 
 // --summary and --columns LIST as the evaluation layer's report options (LIST as eval::split_columns splits it).
@@ -643,20 +644,22 @@ std::string analyze_table(const AnalyzeOptions& o, const eval::ReportOptions& ta
                          {{"--out", o.out}});
   const AnalyzePlan plan = plan_analyze(o);
   try {
-    check_report_options(report_view(plan, plan.tensors, 0), table, o.format);
+    check_report_options(report_view(plan.eval, plan.tensors, 0), table, o.format);
   } catch (const SpecError& e) {
     throw CLI::ValidationError("--columns", e.what());
   }
   if (!o.shard.empty()) return analyze_partial(o, plan);
   std::vector<DumpLayer> dump =
       !o.q.empty()        ? load_explicit(o.q, o.k, o.v, /*with_reference=*/false)
-      : !o.logits.empty() ? load_explicit_logits(o.logits, plan.reference)
-                          : load_dump(o.tensors, plan.softmax ? DumpTarget::softmax : DumpTarget::attention, plan.reference,
+      : !o.logits.empty() ? load_explicit_logits(o.logits, plan.eval.reference)
+                          : load_dump(o.tensors, plan.eval.softmax ? DumpTarget::softmax : DumpTarget::attention,
+                                      plan.eval.reference,
                                       nullptr, /*with_reference=*/false);
-  if (plan.wq) quantize_projections(dump, o.tensors, *plan.wq);
+  if (plan.eval.wq) quantize_projections(dump, o.tensors, *plan.eval.wq);
   std::size_t n_heads = 0;
   for (const DumpLayer& l : dump) n_heads += l.heads.size();
-  return render_report(report_view(plan, plan.tensors, n_heads), eval::evaluate_plan(dump, plan, eval_options(plan)),
+  return render_report(report_view(plan.eval, plan.tensors, n_heads),
+                       eval::evaluate_plan(dump, plan.eval, eval_options(plan)),
                        o.format, table);
 }
 

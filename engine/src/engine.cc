@@ -154,7 +154,7 @@ class FusedMethod final : public Method {
     const bool mask_fits = mask.valid.size() == 0 || (mask.valid.rows() == st.lq && mask.valid.cols() == st.lk);
     if (q.cols() != k.cols() || k.rows() != v.rows() || !mask_fits) return std::nullopt;
     const bool key_blocks = plan_.key_block > 0 && st.lk > 0;
-    if (key_blocks && st.d > 33000) return std::nullopt;  // the kernels' anchor bound
+    if (key_blocks && st.d > kMaxKeyBlockHeadDim) return std::nullopt;  // the kernels' anchor bound
     std::optional<ref::KeyBlocks> kb;
     if (key_blocks) kb = ref::quantize_key_blocks(k, plan_.key_block, plan_.qround);
     // Q, V and K are quantised side by side on the call's threads (each tensor's codes do not depend on the others),

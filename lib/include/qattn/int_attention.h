@@ -46,6 +46,10 @@ struct Int8View {
 // dequantise -> float softmax (qattn/exp_f32.h) -> requantise to P8 = rne(127 p), O = fl32(O_int s_V / 127).
 enum class IntPipeline { intattention, quant_only };
 
+// The largest head dimension of a call with key blocks: the anchor minus the integer logit, up to d 127^2 + c_int
+// with c_int <= 2^30, stays below 2^31 (33000 127^2 + 2^30 = 1.61e9).
+inline constexpr Eigen::Index kMaxKeyBlockHeadDim = 33000;
+
 struct IntAttentionConfig {
   IntPipeline pipeline = IntPipeline::intattention;
   IndexSoftmaxParams softmax;  // intattention only
@@ -53,7 +57,7 @@ struct IntAttentionConfig {
   // Group-wise clipping over blocks of key_block keys (qattn/key_groups.h, IntAttention Eq. 16-18), intattention only:
   // K's codes quantised per block, block j with its clip key_c_int[j] (Eq. 16 for this call's s_Q) and its scale
   // ratio key_ratio[j]; group_offset_scale is kappa of the offset reading. key_block = 0: one clip per call.
-  // Requires d <= 33000 (so that anchor - a stays below 2^31 with c_int up to 2^30).
+  // Requires d <= kMaxKeyBlockHeadDim.
   Eigen::Index key_block = 0;
   std::vector<std::int64_t> key_c_int, key_ratio;
   GroupMax group_max = GroupMax::global;

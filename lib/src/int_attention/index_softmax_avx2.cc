@@ -63,7 +63,7 @@ inline void store_bytes8(std::uint8_t* p, __m256i q) {
 class Normaliser {
  public:
   Normaliser(std::int64_t sum, const IndexSoftmaxParams& params)
-      : rule_(params.normalization), ps_(params.p_format == PFormat::u8 ? 255 : 127) {
+      : rule_(params.normalization), ps_(params.p_scale()) {
     vps_ = _mm256_set1_epi32(static_cast<std::int32_t>(ps_));
     if (rule_ == Normalization::floor) {
       div_ = FloorDivider16::make(static_cast<std::uint64_t>(sum));

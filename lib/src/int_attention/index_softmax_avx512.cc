@@ -149,7 +149,7 @@ std::int32_t row_max(const std::int32_t* s, Index limit) {
 class Normaliser {
  public:
   Normaliser(std::int64_t sum, const IndexSoftmaxParams& params) : rule_(params.normalization) {
-    const int ps = params.p_format == PFormat::u8 ? 255 : 127;
+    const int ps = params.p_scale();
     ps_ = _mm512_set1_epi32(ps);
     if (rule_ == Normalization::floor) {
       const FloorDivider16 div = FloorDivider16::make(static_cast<std::uint64_t>(sum));

@@ -158,7 +158,7 @@ void index_softmax_s32_u8__neon(const std::int32_t* s, const bool* valid, Index 
     sum += p[j];
   }
   // (6) normalisation, in place on E
-  const std::uint32_t ps = t.params.p_format == PFormat::u8 ? 255 : 127;
+  const auto ps = static_cast<std::uint32_t>(t.params.p_scale());
   switch (t.params.normalization) {
     case Normalization::floor: {
       const FloorDivider16 div = FloorDivider16::make(static_cast<std::uint64_t>(sum));

@@ -76,7 +76,7 @@ std::int64_t index_exp_s32_u8__scalar(const std::int32_t* s, const bool* valid, 
 }
 
 void index_normalise_u8(std::uint8_t* p, Index limit, std::int64_t sum, const IndexSoftmaxParams& params) {
-  const int ps = params.p_format == PFormat::u8 ? 255 : 127;
+  const int ps = params.p_scale();
   switch (params.normalization) {
     case Normalization::floor: {
       const FloorDivider16 div = FloorDivider16::make(static_cast<std::uint64_t>(sum));  // sum >= 255

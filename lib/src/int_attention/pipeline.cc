@@ -164,7 +164,8 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
         static_cast<Eigen::Index>(cfg.key_ratio.size()) != key_blocks)
       throw std::invalid_argument("int_attention: " + std::to_string(lk) + " keys in blocks of " +
                                   std::to_string(cfg.key_block) + " need one c_int and one ratio per block");
-    if (d > 33000) throw std::invalid_argument("int_attention: key blocks need d <= 33000");
+    if (d > kMaxKeyBlockHeadDim)
+      throw std::invalid_argument("int_attention: key blocks need d <= " + std::to_string(kMaxKeyBlockHeadDim));
     for (const std::int64_t c : cfg.key_c_int) block_tables.push_back(kernels::IndexSoftmaxTables::make(cfg.softmax, c));
   }
   const float alpha = static_cast<float>(q.scale * k.scale * scale);  // quant-only: S = fl32(A) * alpha
