@@ -13,27 +13,29 @@
 
 namespace qattn::kernels {
 
+// Each part's kernel beside the name reports print; a row (kernel_variants.cc) fills its parts by designated
+// initialisers, and a part an ISA has no kernel for is left empty and null.
 struct KernelVariant {
-  Isa isa;
+  Isa isa = Isa::scalar;
   std::string_view qk_name;
-  GemmKernel qk;
+  GemmKernel qk = nullptr;
   std::string_view pv_name;
-  GemmKernel pv;
+  GemmKernel pv = nullptr;
   std::string_view softmax_name;  // IndexSoftmax row
-  SoftmaxKernel softmax;
+  SoftmaxKernel softmax = nullptr;
   // The pair that moves the row maximum into Q.K^T's epilogue: qk fills GemmArgs::row_max, and the row kernel takes
   // the maximum; both or neither (false and null where the ISA has no such pair).
-  bool qk_row_max;
+  bool qk_row_max = false;
   std::string_view softmax_given_max_name;
-  SoftmaxGivenMaxKernel softmax_given_max;
+  SoftmaxGivenMaxKernel softmax_given_max = nullptr;
   std::string_view index_exp_name;  // IndexSoftmax steps (2)-(5) of one key block (group-wise clipping)
-  IndexExpKernel index_exp;
+  IndexExpKernel index_exp = nullptr;
   std::string_view softmax_f32_name;  // Quant-Only's float softmax row
-  SoftmaxF32Kernel softmax_f32;
+  SoftmaxF32Kernel softmax_f32 = nullptr;
   std::string_view dequantise_name;  // O = acc * out_scale / p_scale, in double, to float
-  DequantiseKernel dequantise;
+  DequantiseKernel dequantise = nullptr;
   std::string_view mac_loop_name;  // the GEMMs' multiply-accumulate instruction, register-only
-  MacLoop mac_loop;
+  MacLoop mac_loop = nullptr;
 };
 
 // Every variant compiled into this build, one per ISA, scalar first and then in order of preference; isa_available
