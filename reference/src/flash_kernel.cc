@@ -225,9 +225,10 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
   // in cache. Each row's operations, and their order, are those of the row alone (a P~ tile's rows share a chunk),
   // so the chunk's size changes no bit: 64 rows up to 8192 keys, 32 beyond (the chunk's logits and P are
   // 2 x rows x L_k floats), or whole tiles.
-  const Eigen::Index kChunkRows = tiled ? tile_rows * std::max<Eigen::Index>(1, 64 / tile_rows)
-                                  : lk_padded <= 8192 ? 64
-                                                      : 32;
+  const Eigen::Index kChunkRows =
+      tiled ? std::min(tile_rows * std::max<Eigen::Index>(1, 64 / tile_rows), std::max<Eigen::Index>(1, last - first))
+      : lk_padded <= 8192 ? 64
+                          : 32;
   RowMatrixXf s(kChunkRows, lk_padded), p8(kChunkRows, lk_padded), out(kChunkRows, dv), buf(kChunkRows, dv),
       ref_block(kChunkRows, blocks);
   RowMatrixXf rescale_block(from_rescales ? kChunkRows : 0, from_rescales ? blocks : 0);
@@ -558,7 +559,7 @@ AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
         const double x = static_cast<double>(ref_block(t, b)) - last;
         const double e = sm.base == SoftmaxBase::two ? std::exp2(x) : std::exp(x);
         for (Eigen::Index j = block_begin[static_cast<std::size_t>(b)]; j < std::min(lk, block_begin[static_cast<std::size_t>(b + 1)]); ++j)
-          if (s(t, j) != kNegInf && p8(t, j) != 0) r.p(row, j) = p8(t, j) * e / sum;
+          if (s(t, j) != kNegInf && p8(t, j) != 0) r.p(row, j) = (tiled ? p8(t, j) * tile_scale(t, b) : p8(t, j)) * e / sum;
       }
     }
   }

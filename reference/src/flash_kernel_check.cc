@@ -133,6 +133,9 @@ std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
       return KernelProblem{"pv.promote_keys", "pv.unit exact adds each key block's sum to the rescaled O: "
                                               "pv.promote_keys = keys.block, pv.promote_fma false"};
     if (k.p.scale != 1) return KernelProblem{"p.scale", "pv.unit exact: 1 (the tile scale sets P's range)"};
+    if (k.softmax.row_sum_of != RowSumOf::unrounded)
+      return KernelProblem{"softmax.row_sum_of", "P~ tiles (p.max): unrounded (the rounded values are codes in each "
+                                                 "tile's own units)"};
   }
   if (k.p.format == KernelFormat::int4 || k.p.format == KernelFormat::mxfp4)
     return KernelProblem{"p.format", "e4m3, e5m2, int8, fp16, bf16, fp32 or nvfp4"};

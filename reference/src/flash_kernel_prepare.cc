@@ -1,5 +1,6 @@
 // The flash loop's steps (1)-(2) (flash_kernel.h): Q, K and V as the loop reads them, once per call.
 #include <algorithm>
+#include <functional>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -117,7 +118,11 @@ FlashCall::FlashCall(const MatrixView& q, const MatrixView& k, const MatrixView&
     const std::size_t nb = kc->begin.size();
     if (f.qk.max == 0 || f.v.scale != VScale::block)
       throw SpecError(f.name + ": a ready-made key side takes FlashQ Q/K and V (qk.max > 0, v.scale block)");
-    if (nb < 2 || kc->begin.front() != 0 || kc->begin.back() != lk || !std::is_sorted(kc->begin.begin(), kc->begin.end()) ||
+    if (f.qk.transform != QkTransform::none || f.qk.smooth_k || f.qk.smooth_q || f.softmax.ex2_emu_freq > 0)
+      throw SpecError(f.name + ": a ready-made key side takes K's codes as they are: no qk.transform, smoothing or "
+                               "software exp2");
+    const bool increasing = std::adjacent_find(kc->begin.begin(), kc->begin.end(), std::greater_equal<>()) == kc->begin.end();
+    if (nb < 2 || kc->begin.front() != 0 || kc->begin.back() != lk || !increasing || kc->settled_from > lk ||
         kc->k_scale.size() != nb - 1 || kc->v_scale.size() != nb - 1 || kc->k_settled.rows() != lk ||
         kc->k_settled.cols() != d || kc->v_settled.rows() != lk || kc->v_settled.cols() != dv ||
         kc->settled_from < 0 || kc->chunk < 1)

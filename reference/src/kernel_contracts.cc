@@ -117,6 +117,10 @@ std::vector<KernelContract> kernel_contracts(const FlashKernel& k, const Contrac
     // An excess below 2^-16 of the format's top is float32 rounding of the offset (SageAttention3's log2 2688 held as
     // a float32 constant reaches 2688.0007): below the resolution of every P format here.
     c.violated = top > p_max * (1 + 0x1p-16);
+    if (k.p.max > 0) {  // each tile is scaled by its own largest P~: no offset reaches past p.max
+      c.bound = "each tile's largest P~ (" + num(top) + " at most) scaled to p.max";
+      c.violated = false;
+    }
     if (c.violated)
       c.fix = "p.offset + softmax.rescale_threshold <= log_" + b + "(" + num(p_max) + " / p.scale) = " +
               num(log_b(p_max / k.p.scale)) + ": the largest weights saturate while the row sum counts them in full";
@@ -133,7 +137,7 @@ std::vector<KernelContract> kernel_contracts(const FlashKernel& k, const Contrac
     // higher of the levels holds.
     double tau = k.p.max > 0 ? top / (2 * k.p.max) : flush_level(k.p.format);
     std::string level = k.p.max > 0 ? "half a step of the tile's [0, p.max], the step set in every key block by another "
-                                      "row of the tile at P~ = 1"
+                                      "row of the tile at the top"
                                     : format_name(k.p.format);
     if (k.softmax.exp == ExpImpl::sas && top * std::exp(k.softmax.sas_nr) > tau) {
       tau = top * std::exp(k.softmax.sas_nr);
@@ -146,9 +150,14 @@ std::vector<KernelContract> kernel_contracts(const FlashKernel& k, const Contrac
               " (" + level + "): " + num(100 * lost) + "% of the row's mass lost";
     c.limit = num(100 * o.tolerance) + "%";
     c.violated = lost > o.tolerance;
-    if (c.violated && (k.p.max > 0 || k.softmax.exp == ExpImpl::sas))
-      c.fix = "p.max up to 127 or a lower softmax.sas_nr (the level is relative to the row's max: no offset moves "
-              "it); rows this diffuse lose their tail";
+    if (c.violated && (k.p.max > 0 || k.softmax.exp == ExpImpl::sas)) {
+      // both levels are relative to the row's max: no offset moves them; p.max 127 is the most the codes hold
+      const double at127 = n / 254 / (1 + n / 254);
+      const double nr = std::log(o.tolerance / (1 - o.tolerance) / n);  // the SAS threshold that keeps the limit
+      c.fix = "p.format to a floating format (pv.unit and V to match) or shorter rows: the level is relative to the "
+              "row's max, so no offset moves it, and p.max 127 still loses " + num(100 * at127) + "%" +
+              (k.softmax.exp == ExpImpl::sas ? "; with softmax.sas_nr <= " + num(nr) + " for SAS's own threshold" : "");
+    }
     else if (c.violated)
       c.fix = "raise p.offset or p.scale (P~ at the max " + num(top) + ") so that the flush level sits further below "
               "it, as FlashInfer's 2^8 pre-scale of P (p.offset 8), or choose a p.format with a smaller subnormal";

@@ -1,5 +1,6 @@
 #include "qattn/reference/kernel_file.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -325,6 +326,23 @@ const std::vector<FieldAccess>& fields() {
   return f;
 }
 
+// The fields of the format's first version. A file must name each; a field added since may be left out (a file
+// written before it existed) and keeps the description's default, the loop's behaviour before the field (qk.unit:
+// h100-wgmma-e4m3 for e4m3 Q/K, the only unit they had; v.arith: f32 for tensor V, which was scaled in float32). The
+// fields come in file order, so qk.format and v.scale are read first.
+bool first_format_field(const std::string& name) {
+  static const char* const kFirst[] = {
+      "name", "qk.format", "qk.granularity", "qk.groups.block_q", "qk.groups.block_k", "qk.groups.warp_q",
+      "qk.groups.warp_k", "qk.scale", "qk.arith", "qk.rounding", "qk.transform", "qk.alpha", "qk.hadamard_seed",
+      "qk.smooth_k", "qk.smooth_q", "v.format", "v.scale", "v.rule", "v.smooth", "softmax.scale_at", "softmax.base",
+      "softmax.exp", "softmax.rescale_threshold", "softmax.row_sum_threads", "softmax.row_sum_update",
+      "softmax.row_sum_of", "p.offset", "p.scale", "p.format", "pv.unit", "pv.promote_keys", "keys.block", "keys.order",
+      "keys.pad", "output.finalize", "output.format"};
+  for (const char* f : kFirst)
+    if (name == f) return true;
+  return false;
+}
+
 const FieldAccess& field_named(const std::string& name) {
   for (const FieldAccess& f : fields())
     if (f.info.name == name) return f;
@@ -401,8 +419,13 @@ FlashKernel kernel_from_json(const std::string& text, const std::string& file) {
   FlashKernel k;
   for (const FieldAccess& f : fields()) {
     const auto it = leaves.find(f.info.name);
-    if (it == leaves.end())
+    if (it == leaves.end() && first_format_field(f.info.name))
       throw InputError(file, f.info.name, "missing: a description names every field (`qattn kernel show` prints one)");
+    if (it == leaves.end()) {  // added since the first format: the loop as it ran before the field existed
+      if (f.info.name == "qk.unit" && k.qk.format == KernelFormat::e4m3) k.qk.unit = SUnit::h100_wgmma_e4m3;
+      if (f.info.name == "v.arith" && k.v.scale == VScale::tensor) k.v.arith = ScaleArith::f32;
+      continue;
+    }
     const nlohmann::json& v = *it->second;
     std::string text_value;
     switch (f.info.type) {
@@ -489,7 +512,10 @@ std::optional<FlashKernel> kernel_of(const Method& m) {
 MethodTraits flash_kernel_traits(const FlashKernel& k) {
   // Scales per block of keys (and per tensor, masked keys included): key order and masked keys change the bits.
   MethodTraits t{false, false, std::nullopt, false, (bits_of(k.qk.format) + bits_of(k.v.format)) / 2};
-  t.query_block_rows = 64;  // everything tensor-wide is in prepare()'s first pass
+  // everything tensor-wide is in prepare()'s first pass; P~ tiles (p.max) stream in whole tiles (a tile beyond 2^19
+  // rows is left to whole heads)
+  const int bq = k.qk.groups.block_q;
+  t.query_block_rows = k.p.max == 0 ? 64 : bq <= (1 << 19) ? bq * std::max(1, 64 / bq) : 0;
   return t;
 }
 

@@ -6,7 +6,9 @@
 
 #include <cmath>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <string>
 
 #include "qattn/error.h"
@@ -18,6 +20,7 @@
 #include "qattn/reference/registry.h"
 #include "qattn/reference/sage1.h"
 #include "qattn/reference/sage2.h"
+#include "qattn/reference/turbo.h"
 #include "support/random_matrix.h"
 
 using namespace qattn;
@@ -288,12 +291,22 @@ TEST_CASE("flash loop, turbo's parts: FlashQ codes, P~ tiles across rows, SAS, e
   const AttentionResult c = flash_attention(q, k, v, 0.2, {}, e);
   CHECK(c.o != a.o);
   CHECK((c.p * v_read - c.o).cwiseAbs().maxCoeff() < 1e-5 * c.o.cwiseAbs().maxCoeff());
-  // with P from the exponents instead, P misstates SAS's weights: the identity breaks by SAS's error
+  // with P from the exponents instead (the codes times s_P times e^(ref_b - ref_last)): with the exact exp the same
+  // identity to float32's rounding; with SAS, P misstates its weights and the identity breaks by SAS's error
   FlashKernel x = t;
   x.output.p_from = PFrom::exponents;
   const AttentionResult d = flash_attention(q, k, v, 0.2, {}, x);
   CHECK(d.o == a.o);
-  CHECK((d.p * v_read - d.o).cwiseAbs().maxCoeff() > 1e-4 * d.o.cwiseAbs().maxCoeff());
+  const double sas_gap = (d.p * v_read - d.o).cwiseAbs().maxCoeff() / d.o.cwiseAbs().maxCoeff();
+  CHECK(sas_gap > 1e-4);
+  CHECK(sas_gap < 1e-2);  // P in probability units: a code-unit P (x 119 / max) would be far off
+  x.softmax.exp = ExpImpl::f64_rounded;
+  const AttentionResult g = flash_attention(q, k, v, 0.2, {}, x);
+  CHECK((g.p * v_read - g.o).cwiseAbs().maxCoeff() < 1e-5 * g.o.cwiseAbs().maxCoeff());
+  // a tiled description streams in whole tiles
+  CHECK(flash_kernel_traits(kernel("turbo:br=48")).query_block_rows == 48);
+  CHECK(flash_kernel_traits(kernel("turbo:br=16")).query_block_rows == 64);
+  CHECK(flash_kernel_traits(kernel("fa3-fp8")).query_block_rows == 64);
 }
 
 TEST_CASE("flash loop, turbo's parts are refused where the loop cannot run them, naming the field", "[kernel_file]") {
@@ -324,10 +337,18 @@ TEST_CASE("flash loop, turbo's parts are refused where the loop cannot run them,
   x = t;
   x.pv.promote_keys = 0;  // each block's exact sum is added to the rescaled O
   CHECK(problem(x) == "pv.promote_keys");
-  // its contracts: P~'s tile keeps 1 within [0, 119]; a diffuse row loses what half a tile step flushes
+  x = t;
+  x.softmax.row_sum_of = RowSumOf::rounded;  // rounded P~ are codes in each tile's own units
+  CHECK(problem(x) == "softmax.row_sum_of");
+  // its contracts: each tile is scaled to [0, 119], whatever the offset; a diffuse row loses what half a tile step
+  // flushes
   const std::vector<KernelContract> c = kernel_contracts(t);
   REQUIRE(c.size() == 3);
   CHECK(!c[0].violated);
+  FlashKernel offset = t;
+  offset.softmax.exp = ExpImpl::f64_rounded;
+  offset.p.offset = 6;
+  CHECK(!kernel_contracts(offset)[0].violated);
   CHECK(c[1].violated);
   CHECK_THAT(c[1].bound, Catch::Contains("0.00420168") && Catch::Contains("half a step"));
   FlashKernel wide = t;
@@ -335,4 +356,60 @@ TEST_CASE("flash loop, turbo's parts are refused where the loop cannot run them,
   CHECK_THAT(kernel_contracts(wide)[1].bound, Catch::Contains("SAS's threshold"));
   CHECK(kernel_contracts(t, {.keys = 8, .tolerance = 0.05})[1].violated == false);  // 7 x 0.0042 / 1.029: 2.9%
   CHECK(kernel_unvalidated_parts(t).at(0).find("SAS") != std::string::npos);
+}
+
+TEST_CASE("kernel files: a file of the format's first version loads, each later field at its default", "[kernel_file]") {
+  // the fields every file has named since the format began; the rest were added later
+  const std::set<std::string> first = {
+      "name", "qk.format", "qk.granularity", "qk.groups.block_q", "qk.groups.block_k", "qk.groups.warp_q",
+      "qk.groups.warp_k", "qk.scale", "qk.arith", "qk.rounding", "qk.transform", "qk.alpha", "qk.hadamard_seed",
+      "qk.smooth_k", "qk.smooth_q", "v.format", "v.scale", "v.rule", "v.smooth", "softmax.scale_at", "softmax.base",
+      "softmax.exp", "softmax.rescale_threshold", "softmax.row_sum_threads", "softmax.row_sum_update",
+      "softmax.row_sum_of", "p.offset", "p.scale", "p.format", "pv.unit", "pv.promote_keys", "keys.block", "keys.order",
+      "keys.pad", "output.finalize", "output.format"};
+  for (const char* spec : {"sage1", "sage2@paper-8b", "fa3-fp8", "fa3-fp8:scale=none,out=fp32"}) {
+    INFO(spec);
+    const FlashKernel k = kernel(spec);
+    nlohmann::json j = nlohmann::json::parse(kernel_to_json(k));
+    for (const KernelField& f : kernel_fields()) {
+      if (first.count(f.name)) continue;
+      const auto dot = f.name.find('.');
+      j[f.name.substr(0, dot)].erase(f.name.substr(dot + 1));
+    }
+    CHECK(kernel_to_json(kernel_from_json(j.dump(), "old.json")) == kernel_to_json(k));
+  }
+  // a first-format field is still required
+  nlohmann::json j = nlohmann::json::parse(kernel_to_json(kernel("sage1")));
+  j["p"].erase("offset");
+  CHECK_THROWS_WITH(kernel_from_json(j.dump(), "old.json"), Catch::Contains("p.offset") && Catch::Contains("missing"));
+}
+
+TEST_CASE("flash loop: a ready-made key side that does not fit is refused", "[kernel_file]") {
+  std::mt19937_64 gen(53);
+  const RowMatrixXd q = test::random_matrix(8, 16, 1.0, gen), k = test::random_matrix(40, 16, 1.0, gen),
+                    v = test::random_matrix(40, 8, 1.0, gen);
+  TurboParams p;
+  p.mode = TurboMode::decode;
+  const FlashKernel t = turbo_kernel(p);
+  const auto side = [&] {
+    auto c = std::make_shared<FlashKeyCodes>();
+    c->begin = {0, 20, 40};
+    c->k_scale = c->v_scale = {0.01, 0.01};
+    c->k_settled = RowMatrixXi32::Zero(40, 16);
+    c->v_settled = RowMatrixXi32::Zero(40, 8);
+    c->settled_from = 20;
+    c->chunk = 8;
+    return c;
+  };
+  CHECK_NOTHROW(prepare_flash(q, k, v, 0.25, {}, t, side()));
+  auto far = side();
+  far->settled_from = 41;  // past L_k
+  CHECK_THROWS_AS(prepare_flash(q, k, v, 0.25, {}, t, far), std::logic_error);
+  auto empty = side();
+  empty->begin = {0, 20, 20, 40};  // an empty block
+  empty->k_scale = empty->v_scale = {0.01, 0.01, 0.01};
+  CHECK_THROWS_AS(prepare_flash(q, k, v, 0.25, {}, t, empty), std::logic_error);
+  FlashKernel smoothed = t;
+  smoothed.qk.smooth_k = true;  // K's codes are given: nothing transforms K to match Q
+  CHECK_THROWS_WITH(prepare_flash(q, k, v, 0.25, {}, smoothed, side()), Catch::Contains("as they are"));
 }
