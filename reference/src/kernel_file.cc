@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <set>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -392,8 +394,27 @@ std::string kernel_to_json(const FlashKernel& k) {
 
 FlashKernel kernel_from_json(const std::string& text, const std::string& file) {
   nlohmann::json j;
+  // A key given twice in one object is refused (the parser would keep the last one silently): the path of each
+  // open object, and the keys it has had.
+  std::vector<std::pair<std::string, std::set<std::string>>> open;
+  std::string last_key;
+  const auto on_event = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    if (event == E::object_start) {
+      const std::string path = open.empty() ? "" : open.back().first.empty() ? last_key : open.back().first + "." + last_key;
+      open.emplace_back(path, std::set<std::string>{});
+    } else if (event == E::object_end) {
+      if (!open.empty()) open.pop_back();
+    } else if (event == E::key && !open.empty()) {
+      last_key = parsed.get<std::string>();
+      if (!open.back().second.insert(last_key).second)
+        throw InputError(file, open.back().first.empty() ? last_key : open.back().first + "." + last_key,
+                         "given twice (a description names each field once)");
+    }
+    return true;
+  };
   try {
-    j = nlohmann::json::parse(text);
+    j = nlohmann::json::parse(text, on_event);
   } catch (const nlohmann::json::parse_error& e) {
     throw InputError(file, "JSON", std::string("not valid JSON: ") + e.what());
   }
@@ -520,6 +541,12 @@ MethodTraits flash_kernel_traits(const FlashKernel& k) {
 }
 
 FlashKernel read_kernel_file(const std::string& path) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (!ec && size > kMaxKernelFileBytes)
+    throw InputError(path, "file", std::to_string(size) + " bytes: a description is at most " +
+                                       std::to_string(kMaxKernelFileBytes) + " bytes (`qattn kernel show` prints one of "
+                                                                             "about 2 KB)");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path, "file", "cannot be read");
   std::ostringstream s;

@@ -5,6 +5,8 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -83,6 +85,27 @@ TEST_CASE("kernel files: every preset's description round-trips through its file
 
 TEST_CASE("kernel files: bad files are refused naming the file, the field and what it takes", "[kernel_file]") {
   CHECK_THAT(refusal("{"), Catch::Contains("k.json") && Catch::Contains("not valid JSON"));
+  // a key given twice, at the top and inside a part (the parser alone would keep the last one)
+  std::string twice = kernel_to_json(kernel("fa3-fp8"));
+  twice.insert(twice.find("\"offset\""), "\"offset\": 3.0,\n    ");
+  CHECK_THAT(refusal(twice), Catch::Contains("p.offset") && Catch::Contains("given twice"));
+  twice = kernel_to_json(kernel("fa3-fp8"));
+  twice.insert(twice.find("\"block_k\""), "\"block_k\": 7,\n      ");
+  CHECK_THAT(refusal(twice), Catch::Contains("qk.groups.block_k") && Catch::Contains("given twice"));
+  CHECK_THAT(refusal("{\"name\": \"a\", \"name\": \"b\"}"), Catch::Contains("name: given twice"));
+  // a file beyond the bound is refused before it is read
+  const std::string big = (std::filesystem::temp_directory_path() / "qattn_big_kernel.json").string();
+  {
+    std::ofstream out(big);
+    out << std::string(kMaxKernelFileBytes + 1, ' ');
+  }
+  try {
+    read_kernel_file(big);
+    FAIL("a file beyond the bound was read");
+  } catch (const InputError& e) {
+    CHECK_THAT(std::string(e.what()), Catch::Contains("at most 1048576 bytes"));
+  }
+  std::filesystem::remove(big);
   CHECK_THAT(refusal("[1]"), Catch::Contains("a JSON object"));
   CHECK_THAT(refusal(edited("\"offset\": 8.0", "\"ofset\": 8.0")),
              Catch::Contains("p.ofset") && Catch::Contains("no such field") && Catch::Contains("p.offset"));

@@ -4,6 +4,7 @@
 // prints one; `--method file:PATH` runs one wherever a method spec is taken.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -36,7 +37,9 @@ std::string kernel_to_json(const FlashKernel& k);
 // Parses and validates a description file's text. InputError(file, field, reason) for malformed JSON, an unknown
 // or missing field, a wrong type, a value not allowed or an impossible combination.
 FlashKernel kernel_from_json(const std::string& text, const std::string& file);
-// Reads a description file (InputError naming it when it cannot be read).
+// Reads a description file (InputError naming it when it cannot be read, or is larger than kMaxKernelFileBytes:
+// refused before it is read).
+inline constexpr std::uintmax_t kMaxKernelFileBytes = 1 << 20;
 FlashKernel read_kernel_file(const std::string& path);
 
 // The description a registry method runs on: sage1, sage2, fa3-fp8 (any preset and parameters) and file:PATH.
