@@ -545,8 +545,7 @@ FlashKernel read_kernel_file(const std::string& path) {
   const auto size = std::filesystem::file_size(path, ec);
   if (!ec && size > kMaxKernelFileBytes)
     throw InputError(path, "file", std::to_string(size) + " bytes: a description is at most " +
-                                       std::to_string(kMaxKernelFileBytes) + " bytes (`qattn kernel show` prints one of "
-                                                                             "about 2 KB)");
+                                       std::to_string(kMaxKernelFileBytes) + " bytes (`qattn kernel show` prints one under 2 KB)");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path, "file", "cannot be read");
   std::ostringstream s;
