@@ -549,18 +549,20 @@ void run_bench(const BenchOptions& o) {
   getrusage(RUSAGE_SELF, &ru);
   j["peak_rss_mib"] = ru.ru_maxrss / 1024.0;
   j["index"] = ref::reference_registry().canonical(index_spec);
-  for (int l : o.lengths) j["block_rows"].push_back({{"L", l}, {"rows", int_attention_block_rows({}, l)}});
+  IntAttentionConfig chosen;  // the rows the fused rows ran with: the ISA's own, or the rule from L_k
+  chosen.isa = isa;
+  for (int l : o.lengths) j["block_rows"].push_back({{"L", l}, {"rows", int_attention_block_rows(chosen, l)}});
   std::string block_rows_text;
   for (int l : o.lengths)
     block_rows_text += (block_rows_text.empty() ? "" : ", ") + ("L " + std::to_string(l) + ": " +
-                                                                 std::to_string(int_attention_block_rows({}, l)));
+                                                                 std::to_string(int_attention_block_rows(chosen, l)));
   std::ostringstream head;
   head << "qattn bench: " << cpu_model() << ", " << std::thread::hardware_concurrency() << " hardware threads\n"
        << "ISA " << isa_name(isa) << ": " << names.qk << ", " << names.softmax << " (quant-only: " << qo_softmax << "), "
        << names.pv << "\n"
        << "IndexSoftmax: " << ref::reference_registry().canonical(index_spec) << "\n"
        << "int8 MAC peak, 1 core (" << isa_name(isa) << " loop, register-only inline assembly): " << peak_gmacs << " GMAC/s\n"
-       << "query rows per block (chosen from L_k): " << block_rows_text << "\n"
+       << "query rows per block (the ISA's own, or chosen from L_k): " << block_rows_text << "\n"
        << "medians of " << o.reps << " runs after one warm-up; the fused rows with the Q.K^T and P.V stages, and the "
        << "two materialised rows, are timed in turns (one call of each, then again), so their ratios come from the same "
        << "minutes; GOP/s counts the two GEMMs (4 L^2 d ops); "
@@ -582,7 +584,7 @@ void add_bench(CLI::App& app) {
   sub->add_option("--d", o->d, "head dimension")->capture_default_str();
   sub->add_option("--threads", o->threads, "thread counts")->delimiter(',')->capture_default_str();
   sub->add_option("--reps", o->reps, "timed repetitions per cell (median)")->capture_default_str();
-  sub->add_option("--isa", o->isa, "scalar|avx2|avxvnni|avx512|neon-dotprod|neon-i8mm (default: QATTN_ISA or the best)");
+  sub->add_option("--isa", o->isa, "scalar|avx2|avxvnni|avx512|amx|neon-dotprod|neon-i8mm (default: QATTN_ISA or the best)");
   sub->add_option("--index", o->index, "IndexSoftmax spec of the intattention rows")->capture_default_str();
   sub->add_option("--format", o->format, "md|json")->check(CLI::IsMember({"md", "json"}))->capture_default_str();
   sub->add_option("--out", o->out, "write here instead of stdout");

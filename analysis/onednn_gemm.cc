@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <new>
 #include <vector>
 
 #if defined(QATTN_HAVE_DNNL)
@@ -53,6 +55,21 @@ double median_matmul_ms(const void* a, Type ta, memory::dims da, Tag fa, const v
   return t[t.size() / 2];
 }
 
+// A 64-byte aligned copy or buffer: oneDNN reads and writes the caller's memory as it is, and rows that start mid-line
+// cost its AMX tiles two cache lines each (the default allocator aligns to 16 bytes). The fused kernels' buffers are
+// aligned the same way (lib/src/int_attention/pipeline.cc), so both sides of the comparison get whole lines.
+template <typename T>
+struct Aligned {
+  explicit Aligned(std::size_t n) : p(static_cast<T*>(std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64))) {
+    if (!p) throw std::bad_alloc();
+  }
+  Aligned(const T* src, std::size_t n) : Aligned(n) { std::copy_n(src, n, p); }
+  Aligned(const Aligned&) = delete;
+  Aligned& operator=(const Aligned&) = delete;
+  ~Aligned() { std::free(p); }
+  T* p;
+};
+
 }  // namespace
 
 OneDnnTimes time_onednn_gemms(const std::int8_t* q, const std::int8_t* k, const std::int8_t* v, int L, int d,
@@ -60,16 +77,20 @@ OneDnnTimes time_onednn_gemms(const std::int8_t* q, const std::int8_t* k, const 
   omp_set_num_threads(threads);
   OneDnnTimes out;
   const memory::dim l = L, dd = d;
+  const std::size_t ld = static_cast<std::size_t>(l) * dd, ll = static_cast<std::size_t>(l) * l;
+  const Aligned<std::int8_t> qa(q, ld), ka(k, ld), va(v, ld);
   {
-    std::vector<std::int32_t> s(static_cast<std::size_t>(l) * l);
+    Aligned<std::int32_t> s(ll);
+    std::fill_n(s.p, ll, 0);
     // K^T as a [d, L] matrix whose rows are strided: tag ba, i.e. K itself row-major.
-    out.qk_ms = median_matmul_ms(q, Type::s8, {l, dd}, Tag::ab, k, {dd, l}, Tag::ba, s.data(), {l, l}, reps);
+    out.qk_ms = median_matmul_ms(qa.p, Type::s8, {l, dd}, Tag::ab, ka.p, {dd, l}, Tag::ba, s.p, {l, l}, reps);
   }
   {
-    std::vector<std::uint8_t> p(static_cast<std::size_t>(l) * l);
-    for (std::size_t i = 0; i < p.size(); ++i) p[i] = static_cast<std::uint8_t>((i * 2654435761u) >> 24);
-    std::vector<std::int32_t> o(static_cast<std::size_t>(l) * dd);
-    out.pv_ms = median_matmul_ms(p.data(), Type::u8, {l, l}, Tag::ab, v, {l, dd}, Tag::ab, o.data(), {l, dd}, reps);
+    Aligned<std::uint8_t> p(ll);
+    for (std::size_t i = 0; i < ll; ++i) p.p[i] = static_cast<std::uint8_t>((i * 2654435761u) >> 24);
+    Aligned<std::int32_t> o(ld);
+    std::fill_n(o.p, ld, 0);
+    out.pv_ms = median_matmul_ms(p.p, Type::u8, {l, l}, Tag::ab, va.p, {l, dd}, Tag::ab, o.p, {l, dd}, reps);
   }
   return out;
 }

@@ -247,6 +247,11 @@ TEST_CASE("qk and pv GEMM variants equal the triple loop around their tiles", "[
     GemmTester().rows(12).k(516).n(16).seed(12).Test(pv);  // 8 + 4 rows
     GemmTester().rows(70).k(1024).n(48).seed(8).Test(pv);
     GemmTester().rows(64).k(1024).n(17).seed(9).Test(pv);  // exactly 2^16 bytes of Q: the copy
+    // AMX: pairs of 16-row tiles and a single one, the rows past the last 16 under their own tile configuration,
+    // 32- and 16-column panels, k in chunks of 64 with a tail read from zero-padded copies.
+    GemmTester().rows(48).k(100).n(48).seed(13).Test(pv);
+    GemmTester().rows(47).k(192).n(80).seed(14).Test(pv);
+    GemmTester().rows(33).k(4116).n(129).seed(15).Test(pv);
   }
 }
 
@@ -501,13 +506,13 @@ TEST_CASE("fused IntAttention at L_k = 70000: row sums beyond 16 bits, no overfl
 }
 
 TEST_CASE("ISA names, QATTN_ISA parsing and unavailable variants", "[kernels]") {
-  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avxvnni, Isa::avx512vnni, Isa::neon_dotprod, Isa::neon_i8mm})
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avxvnni, Isa::avx512vnni, Isa::amx, Isa::neon_dotprod, Isa::neon_i8mm})
     CHECK(parse_isa(isa_name(isa)) == isa);
   CHECK(parse_isa("avx512") == Isa::avx512vnni);
   CHECK_THROWS_AS(parse_isa("sse2"), std::invalid_argument);
   CHECK(isa_available(Isa::scalar));
   CHECK(available_isas().front() == Isa::scalar);
-  for (Isa isa : {Isa::avx2, Isa::avxvnni, Isa::avx512vnni, Isa::neon_dotprod, Isa::neon_i8mm})
+  for (Isa isa : {Isa::avx2, Isa::avxvnni, Isa::avx512vnni, Isa::amx, Isa::neon_dotprod, Isa::neon_i8mm})
     if (!isa_available(isa)) {
       IntAttentionConfig cfg;
       cfg.isa = isa;

@@ -20,12 +20,15 @@
 namespace qattn {
 
 // Instruction-set variants of the kernels. Only those the build and the CPU have can run.
-enum class Isa { scalar, avx2, avxvnni, avx512vnni, neon_dotprod, neon_i8mm };
+enum class Isa { scalar, avx2, avxvnni, avx512vnni, amx, neon_dotprod, neon_i8mm };
 
 std::string_view isa_name(Isa isa);
-// Parses "scalar", "avx2", "avxvnni", "avx512", "avx512vnni", "neon-dotprod", "neon-i8mm"; throws std::invalid_argument.
+// Parses "scalar", "avx2", "avxvnni", "avx512", "avx512vnni", "amx", "neon-dotprod", "neon-i8mm"; throws
+// std::invalid_argument.
 Isa parse_isa(std::string_view name);
-// Compiled into this build and supported by this CPU (cpuid on x86, getauxval(AT_HWCAP) on Arm).
+// Compiled into this build and supported by this CPU (cpuid on x86, getauxval(AT_HWCAP) on Arm). amx also needs the
+// AVX-512 VNNI variant's features (its rows use them), the OS's tile state (XCR0 bits 17-18) and the kernel's
+// permission, requested once per process (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)).
 bool isa_available(Isa isa);
 // Every available variant, scalar first.
 std::vector<Isa> available_isas();
@@ -62,8 +65,9 @@ struct IntAttentionConfig {
   std::vector<std::int64_t> key_c_int, key_ratio;
   GroupMax group_max = GroupMax::global;
   double group_offset_scale = 0;
-  // Query rows per block, each thread's unit of work; 0 chooses from L_k: 64, or fewer (a multiple of 8, at least 16)
-  // where 64 rows of S would pass 2 MiB (L_k above 8192; 32 at 16384). docs/kernels.md says why.
+  // Query rows per block, each thread's unit of work; 0 chooses: the ISA variant's own number where it has one (16 for
+  // amx), else from L_k: 64, or fewer (a multiple of 8, at least 16) where 64 rows of S would pass 2 MiB (L_k above
+  // 8192; 32 at 16384). docs/kernels.md says why.
   Eigen::Index block_rows = 0;
   int threads = 1;
   Isa isa = Isa::scalar;      // use default_isa() to pick the best
@@ -93,7 +97,8 @@ IntAttentionKernels int_attention_kernels(Isa isa, IntPipeline pipeline = IntPip
                                           bool key_groups = false);
 
 // The query rows per block int_attention_fused uses for L_k keys under cfg: cfg.block_rows, or where that is 0 the
-// choice from L_k (64, fewer where 64 rows of S would pass 2 MiB).
+// variant's own (amx: 16) or the choice from L_k (64, fewer where 64 rows of S would pass 2 MiB). Throws
+// std::invalid_argument for an ISA this build lacks.
 Eigen::Index int_attention_block_rows(const IntAttentionConfig& cfg, Eigen::Index lk);
 
 // The softmax row kernel the fused pipeline runs between its GEMMs, alone, over `rows` rows of S [rows, keys]

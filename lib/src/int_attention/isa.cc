@@ -15,8 +15,10 @@
 #define HWCAP2_I8MM (1 << 13)
 #endif
 #endif
-#if defined(QATTN_HAVE_X86_KERNELS) && defined(__clang__)
+#if defined(QATTN_HAVE_X86_KERNELS)
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 namespace qattn {
@@ -33,6 +35,25 @@ bool cpu_has_avxvnni() {
   return __builtin_cpu_supports("avxvnni");
 #endif
 }
+
+// AMX-TILE and AMX-INT8 (CPUID leaf 7 sub-leaf 0, EDX bits 24 and 25), the OS's tile state in XCR0 (bits 17 and 18,
+// XTILECFG and XTILEDATA, read by xgetbv where CPUID leaf 1 ECX bit 27 says OSXSAVE), and Linux's permission to use
+// the tile data (arch_prctl(ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18)), asked once for the process: a
+// thread that executes a tile instruction without it is killed with SIGILL.
+bool amx_permitted() {
+  static const bool permitted = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+    if (((edx >> 24) & 1u) == 0 || ((edx >> 25) & 1u) == 0) return false;
+    if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0 || ((ecx >> 27) & 1u) == 0) return false;
+    unsigned lo = 0, hi = 0;
+    asm volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if (((lo >> 17) & 3u) != 3u) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return permitted;
+}
 #endif
 
 }  // namespace
@@ -43,6 +64,7 @@ std::string_view isa_name(Isa isa) {
     case Isa::avx2: return "avx2";
     case Isa::avxvnni: return "avxvnni";
     case Isa::avx512vnni: return "avx512vnni";
+    case Isa::amx: return "amx";
     case Isa::neon_dotprod: return "neon-dotprod";
     case Isa::neon_i8mm: return "neon-i8mm";
   }
@@ -54,10 +76,11 @@ Isa parse_isa(std::string_view name) {
   if (name == "avx2") return Isa::avx2;
   if (name == "avxvnni") return Isa::avxvnni;
   if (name == "avx512" || name == "avx512vnni") return Isa::avx512vnni;
+  if (name == "amx") return Isa::amx;
   if (name == "neon-dotprod") return Isa::neon_dotprod;
   if (name == "neon-i8mm") return Isa::neon_i8mm;
   throw std::invalid_argument("unknown ISA '" + std::string(name) +
-                              "' (scalar, avx2, avxvnni, avx512, neon-dotprod, neon-i8mm)");
+                              "' (scalar, avx2, avxvnni, avx512, amx, neon-dotprod, neon-i8mm)");
 }
 
 bool isa_available(Isa isa) {
@@ -70,6 +93,7 @@ bool isa_available(Isa isa) {
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
              __builtin_cpu_supports("avx512vnni");
+    case Isa::amx: return isa_available(Isa::avx512vnni) && amx_permitted();
 #endif
 #if defined(QATTN_HAVE_ARM_KERNELS)
     case Isa::neon_dotprod: return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;

@@ -46,6 +46,17 @@ constexpr KernelVariant kVariants[] = {
      QATTN_KERNEL(softmax_f32, softmax_s32_f32_u8__avx512),
      QATTN_KERNEL(dequantise, dequantise_s32_f32__avx512),
      QATTN_KERNEL(mac_loop, mac_loop__avx512vnni)},
+    // AMX tiles for the two GEMMs; the rows between them and the dequantisation are the AVX-512 ones.
+    {.isa = Isa::amx,
+     QATTN_KERNEL(qk, qk_s8s8_s32__amx_32x32),
+     QATTN_KERNEL(pv, pv_u8s8_s32__amx_32x32),
+     QATTN_KERNEL(softmax, index_softmax_s32_u8__avx512),
+     QATTN_KERNEL(index_exp, index_exp_s32_u8__avx512),
+     QATTN_KERNEL(softmax_f32, softmax_s32_f32_u8__avx512),
+     QATTN_KERNEL(dequantise, dequantise_s32_f32__avx512),
+     QATTN_KERNEL(mac_loop, mac_loop__amx),
+     .key_stride_multiple = 64,
+     .block_rows = 16},
 #endif
 #if defined(QATTN_HAVE_ARM_KERNELS)
     {.isa = Isa::neon_dotprod,

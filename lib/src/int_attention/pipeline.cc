@@ -18,14 +18,30 @@ namespace {
 
 Eigen::Index round_up(Eigen::Index x, Eigen::Index m) { return (x + m - 1) / m * m; }
 
-// The row stride n of packed K^T, S and P (the GEMMs' n for Q.K^T and k for P.V): L_k rounded up to 16, plus 16 when
-// that is a multiple of 256. A Q.K^T column panel reads d / 4 groups of packed K^T rows n * 4 bytes apart; with n a
-// multiple of 256 that stride is a multiple of 1 KiB, so the groups fall on at most 4 of the L1's 64 sets and evict
-// each other before the panel's next tile reads them (at L_k = 2048 the tile ran at 64 % of the peak instead of
-// 84 %). The extra columns of K^T are zeros: their S and P columns are computed, never read, and P stays 0 there.
-Eigen::Index key_stride(Eigen::Index lk) {
-  const Eigen::Index n = round_up(lk, 16);
-  return n % 256 == 0 ? n + 16 : n;
+// The row stride n of packed K^T, S and P (the GEMMs' n for Q.K^T and k for P.V): L_k rounded up to the variant's
+// multiple m (kernel_variants.h: 16, or 64 where the P.V tiles read 64-byte rows of P), plus m when that is a multiple
+// of 256. A Q.K^T column panel reads d / 4 groups of packed K^T rows n * 4 bytes apart; with n a multiple of 256 that
+// stride is a multiple of 1 KiB, so the groups fall on at most 4 of the L1's 64 sets and evict each other before the
+// panel's next tile reads them (at L_k = 2048 the tile ran at 64 % of the peak instead of 84 %). The extra columns of
+// K^T are zeros: their S and P columns are computed, never read, and P stays 0 there.
+Eigen::Index key_stride(Eigen::Index lk, Eigen::Index m) {
+  const Eigen::Index n = round_up(lk, m);
+  return n % 256 == 0 ? n + m : n;
+}
+
+// Uninitialised arrays on 64-byte boundaries for every operand and result the GEMMs read or write. A row that starts
+// mid-line costs its loads and stores two cache lines each: with the default allocator's 16-byte alignment the AMX
+// Q.K^T block ran at 0.47x the speed it has on aligned rows (docs/kernels.md).
+struct FreeAligned {
+  void operator()(void* p) const { std::free(p); }
+};
+template <typename T>
+using AlignedArray = std::unique_ptr<T[], FreeAligned>;
+template <typename T>
+AlignedArray<T> aligned_array(std::size_t n) {
+  void* p = std::aligned_alloc(64, std::max<std::size_t>((n * sizeof(T) + 63) / 64 * 64, 64));
+  if (!p) throw std::bad_alloc();
+  return AlignedArray<T>(static_cast<T*>(p));
 }
 
 // The default rows per block for L_k keys: 64, or as many multiples of 8 (at least 16) as keep a block of S, rows x
@@ -125,7 +141,9 @@ void int_attention_softmax_rows(Isa isa, IntPipeline pipeline, const IndexSoftma
 }
 
 Eigen::Index int_attention_block_rows(const IntAttentionConfig& cfg, Eigen::Index lk) {
-  return cfg.block_rows > 0 ? cfg.block_rows : auto_block_rows(lk);
+  if (cfg.block_rows > 0) return cfg.block_rows;
+  const Eigen::Index rows = kernels::kernel_variant(cfg.isa).block_rows;
+  return rows > 0 ? rows : auto_block_rows(lk);
 }
 
 // One function of about 100 lines on purpose: the block loop is the kernel's schedule (pack K and V once, then per
@@ -172,15 +190,15 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
   const double out_scale = v.scale;
   const int p_scale = quant_only || cfg.softmax.p_format == PFormat::s8 ? 127 : 255;
 
-  const Eigen::Index d4 = round_up(d, 4), lk_stride = key_stride(lk), dv16 = round_up(dv, 16);
+  const Eigen::Index d4 = round_up(d, 4), lk_stride = key_stride(lk, f.key_stride_multiple), dv16 = round_up(dv, 16);
   using Stages = IntAttentionConfig::Stages;
   const bool run_qk = cfg.stages != Stages::pv, run_pv = cfg.stages != Stages::qk, run_softmax = cfg.stages == Stages::all;
   // Each stage packs only its own operand, so a one-stage timing holds that stage's packing and no other.
-  std::vector<std::int8_t> k_packed(run_qk ? static_cast<std::size_t>(d4 * lk_stride) : 0),
-      v_packed(run_pv ? static_cast<std::size_t>(lk_stride * dv16) : 0);
+  const AlignedArray<std::int8_t> k_packed = aligned_array<std::int8_t>(run_qk ? static_cast<std::size_t>(d4 * lk_stride) : 0),
+                                  v_packed = aligned_array<std::int8_t>(run_pv ? static_cast<std::size_t>(lk_stride * dv16) : 0);
   std::vector<std::int32_t> k_sum(run_qk ? lk_stride : 0), v_sum(run_pv ? dv16 : 0);
-  if (run_qk) kernels::pack_k_transposed(k.values, lk, d, d4, lk_stride, k_packed.data(), k_sum.data());
-  if (run_pv) kernels::pack_v(v.values, lk, dv, lk_stride, dv16, v_packed.data(), v_sum.data());
+  if (run_qk) kernels::pack_k_transposed(k.values, lk, d, d4, lk_stride, k_packed.get(), k_sum.data());
+  if (run_pv) kernels::pack_v(v.values, lk, dv, lk_stride, dv16, v_packed.get(), v_sum.data());
   const Eigen::Index br = int_attention_block_rows(cfg, lk), blocks = (lq + br - 1) / br;
   const int threads = static_cast<int>(std::min<Eigen::Index>(cfg.threads, blocks));
   // Runs body(block) for every block on the threads (qattn/parallel.h); returns when all are done.
@@ -208,8 +226,8 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
     // after the advice, so that its columns past L_k, which no row writes, hold defined values (P.V meets them with
     // V's zero padding) and a gemms-only run leaves P at zero.
     const std::size_t pairs = static_cast<std::size_t>(lq * lk_stride);
-    const std::unique_ptr<std::int32_t[]> s_buffer(new std::int32_t[pairs]);
-    const std::unique_ptr<std::uint8_t[]> p_buffer(new std::uint8_t[pairs]);
+    const AlignedArray<std::int32_t> s_buffer = aligned_array<std::int32_t>(pairs);
+    const AlignedArray<std::uint8_t> p_buffer = aligned_array<std::uint8_t>(pairs);
     advise_huge_pages(s_buffer.get(), pairs * sizeof(std::int32_t));
     advise_huge_pages(p_buffer.get(), pairs);
     std::fill_n(p_buffer.get(), pairs, std::uint8_t{0});
@@ -217,9 +235,10 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
     std::uint8_t* const p_all = p_buffer.get();
     parallel_blocks([&](Eigen::Index b) {  // pass 1: S = Q K^T
       const Eigen::Index r0 = b * br, rows = std::min(br, lq - r0);
-      std::vector<std::int8_t> qb(static_cast<std::size_t>(rows * d4), 0);
-      for (Eigen::Index i = 0; i < rows; ++i) std::copy_n(q.values + (r0 + i) * d, d, qb.data() + i * d4);
-      if (run_qk) f.qk({qb.data(), rows, d4, k_packed.data(), k_sum.data(), lk_stride, s_all + r0 * lk_stride});
+      const AlignedArray<std::int8_t> qb = aligned_array<std::int8_t>(static_cast<std::size_t>(rows * d4));
+      std::fill_n(qb.get(), rows * d4, std::int8_t{0});
+      for (Eigen::Index i = 0; i < rows; ++i) std::copy_n(q.values + (r0 + i) * d, d, qb.get() + i * d4);
+      if (run_qk) f.qk({qb.get(), rows, d4, k_packed.get(), k_sum.data(), lk_stride, s_all + r0 * lk_stride});
     });
     parallel_blocks([&](Eigen::Index b) {  // pass 2: P = softmax(S), row by row
       std::vector<float> scratch(quant_only ? static_cast<std::size_t>(lk_stride) : 0);
@@ -231,9 +250,9 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
     parallel_blocks([&](Eigen::Index b) {  // pass 3: O = P V
       const Eigen::Index r0 = b * br, rows = std::min(br, lq - r0);
       if (!run_pv) return;
-      std::vector<std::int32_t> acc(static_cast<std::size_t>(rows * dv16));
-      f.pv({p_all + r0 * lk_stride, rows, lk_stride, v_packed.data(), v_sum.data(), dv16, acc.data()});
-      dequantise(acc.data(), r0, rows);
+      const AlignedArray<std::int32_t> acc = aligned_array<std::int32_t>(static_cast<std::size_t>(rows * dv16));
+      f.pv({p_all + r0 * lk_stride, rows, lk_stride, v_packed.get(), v_sum.data(), dv16, acc.get()});
+      dequantise(acc.get(), r0, rows);
     });
     return;
   }
@@ -244,9 +263,10 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
   // A one-stage run holds only its stage's buffers.
   struct Scratch {
     bool ready = false;
-    std::vector<std::int8_t> qb;
-    std::unique_ptr<std::int32_t[]> s, acc, lanes;
-    std::vector<std::uint8_t> p;
+    AlignedArray<std::int8_t> qb;
+    AlignedArray<std::int32_t> s, acc;
+    std::unique_ptr<std::int32_t[]> lanes;
+    AlignedArray<std::uint8_t> p;
     std::vector<float> f;
   };
   std::vector<Scratch> scratch(static_cast<std::size_t>(parallel_workers(static_cast<std::size_t>(blocks), threads)));
@@ -254,17 +274,21 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
     Scratch& w = scratch[static_cast<std::size_t>(worker)];
     if (!w.ready) {
       const Eigen::Index rows_max = std::min(br, lq);
-      if (run_qk) w.qb.assign(static_cast<std::size_t>(rows_max * d4), 0);
-      if (run_qk) w.s.reset(new std::int32_t[static_cast<std::size_t>(rows_max * lk_stride)]);
-      if (run_pv) w.acc.reset(new std::int32_t[static_cast<std::size_t>(rows_max * dv16)]);
+      if (run_qk) {
+        w.qb = aligned_array<std::int8_t>(static_cast<std::size_t>(rows_max * d4));
+        std::fill_n(w.qb.get(), rows_max * d4, std::int8_t{0});
+        w.s = aligned_array<std::int32_t>(static_cast<std::size_t>(rows_max * lk_stride));
+      }
+      if (run_pv) w.acc = aligned_array<std::int32_t>(static_cast<std::size_t>(rows_max * dv16));
       if (epilogue_max) w.lanes.reset(new std::int32_t[static_cast<std::size_t>(rows_max * 16)]);
-      w.p.assign(static_cast<std::size_t>(rows_max * lk_stride), 0);
+      w.p = aligned_array<std::uint8_t>(static_cast<std::size_t>(rows_max * lk_stride));
+      std::fill_n(w.p.get(), rows_max * lk_stride, std::uint8_t{0});
       w.f.resize(quant_only ? static_cast<std::size_t>(lk_stride) : 0);
       w.ready = true;
     }
     const Eigen::Index r0 = static_cast<Eigen::Index>(block) * br, rows = std::min(br, lq - r0);
-    for (Eigen::Index i = 0; run_qk && i < rows; ++i) std::copy_n(q.values + (r0 + i) * d, d, w.qb.data() + i * d4);
-    kernels::GemmArgs qk{w.qb.data(), rows, d4, k_packed.data(), k_sum.data(), lk_stride, w.s.get()};
+    for (Eigen::Index i = 0; run_qk && i < rows; ++i) std::copy_n(q.values + (r0 + i) * d, d, w.qb.get() + i * d4);
+    kernels::GemmArgs qk{w.qb.get(), rows, d4, k_packed.get(), k_sum.data(), lk_stride, w.s.get()};
     if (epilogue_max) {
       qk.row_max = w.lanes.get();
       qk.visible = cfg.causal ? r0 + lk - lq + 1 : lk;
@@ -274,7 +298,7 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
     if (run_qk) f.qk(qk);
     for (Eigen::Index i = 0; run_softmax && i < rows; ++i) {
       const std::int32_t* s_row = w.s.get() + i * lk_stride;
-      std::uint8_t* p_row = w.p.data() + i * lk_stride;
+      std::uint8_t* p_row = w.p.get() + i * lk_stride;
       if (epilogue_max) {
         const std::int32_t* lanes = w.lanes.get() + i * 16;
         f.softmax_given_max(s_row, qk.limit(i), lk, tables, *std::max_element(lanes, lanes + 16), p_row);
@@ -284,7 +308,7 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
       if (cfg.p_out) std::copy_n(p_row, lk, cfg.p_out + (r0 + i) * lk);
     }
     if (!run_pv) return;
-    f.pv({w.p.data(), rows, lk_stride, v_packed.data(), v_sum.data(), dv16, w.acc.get()});
+    f.pv({w.p.get(), rows, lk_stride, v_packed.get(), v_sum.data(), dv16, w.acc.get()});
     dequantise(w.acc.get(), r0, rows);
   });
 }

@@ -36,6 +36,12 @@ struct KernelVariant {
   DequantiseKernel dequantise = nullptr;
   std::string_view mac_loop_name;  // the GEMMs' multiply-accumulate instruction, register-only
   MacLoop mac_loop = nullptr;
+  // The multiple the fused driver rounds L_k up to for the row stride of packed K^T, S and P (pipeline.cc): 16, or
+  // 64 where the P.V kernel reads P in 64-byte rows (AMX tiles), so that every row of P starts on a cache line.
+  int key_stride_multiple = 16;
+  // Query rows per block where the call leaves IntAttentionConfig::block_rows at 0: 0 for the rule from L_k (64, or
+  // fewer where a block of S would pass 2 MiB), or a number of rows this variant runs best at (docs/kernels.md).
+  Index block_rows = 0;
 };
 
 // Every variant compiled into this build, one per ISA, scalar first and then in order of preference; isa_available

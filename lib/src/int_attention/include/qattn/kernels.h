@@ -53,6 +53,9 @@ void qk_s8s8_s32__avxvnni_6x16(const GemmArgs& args);
 void pv_u8s8_s32__avxvnni_6x16(const GemmArgs& args);
 void qk_s8s8_s32__avx512vnni_8x48(const GemmArgs& args);
 void pv_u8s8_s32__avx512vnni_8x48(const GemmArgs& args);
+// AMX tiles (gemm_amx.cc): qk by tdpbssd (s8 x s8, B_sum not read), pv by tdpbusd; blocks of 32 x 32.
+void qk_s8s8_s32__amx_32x32(const GemmArgs& args);
+void pv_u8s8_s32__amx_32x32(const GemmArgs& args);
 #endif
 #if defined(QATTN_HAVE_ARM_KERNELS)
 void qk_s8s8_s32__neon_dotprod_4x16(const GemmArgs& args);
@@ -82,6 +85,7 @@ std::int64_t mac_loop__scalar(std::int64_t iterations, std::int32_t* checksum);
 std::int64_t mac_loop__avx2(std::int64_t iterations, std::int32_t* checksum);
 std::int64_t mac_loop__avxvnni(std::int64_t iterations, std::int32_t* checksum);
 std::int64_t mac_loop__avx512vnni(std::int64_t iterations, std::int32_t* checksum);
+std::int64_t mac_loop__amx(std::int64_t iterations, std::int32_t* checksum);
 #endif
 #if defined(QATTN_HAVE_ARM_KERNELS)
 std::int64_t mac_loop__neon_dotprod(std::int64_t iterations, std::int32_t* checksum);
