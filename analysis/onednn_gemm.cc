@@ -60,7 +60,8 @@ double median_matmul_ms(const void* a, Type ta, memory::dims da, Tag fa, const v
 // aligned the same way (lib/src/int_attention/pipeline.cc), so both sides of the comparison get whole lines.
 template <typename T>
 struct Aligned {
-  explicit Aligned(std::size_t n) : p(static_cast<T*>(std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64))) {
+  explicit Aligned(std::size_t n)
+      : p(static_cast<T*>(std::aligned_alloc(64, std::max<std::size_t>((n * sizeof(T) + 63) / 64 * 64, 64)))) {
     if (!p) throw std::bad_alloc();
   }
   Aligned(const T* src, std::size_t n) : Aligned(n) { std::copy_n(src, n, p); }

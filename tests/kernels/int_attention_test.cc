@@ -178,6 +178,7 @@ class IntAttentionTester {
   IntAttentionTester& causal(bool c) { causal_ = c; return *this; }
   IntAttentionTester& padding(bool p) { padding_ = p; return *this; }
   IntAttentionTester& block_rows(Eigen::Index b) { block_rows_ = b; return *this; }
+  IntAttentionTester& s_rows(Eigen::Index n) { s_rows_ = n; return *this; }
   IntAttentionTester& sigma(double s) { sigma_ = s; return *this; }
   IntAttentionTester& quant_only(bool b) { quant_only_ = b; return *this; }
 
@@ -203,7 +204,7 @@ class IntAttentionTester {
                     : ref::int_attention(q, k, v, scale, mask, params, ref::CintEvaluation::f64).o;
     std::ostringstream what;
     what << (quant_only_ ? "quant-only" : "index" + spec_) << " lq " << lq_ << " lk " << lk_ << " d " << d_ << " dv "
-         << dv_ << " causal " << causal_ << " padding " << padding_ << " B_r " << block_rows_;
+         << dv_ << " causal " << causal_ << " padding " << padding_ << " B_r " << block_rows_ << " S rows " << s_rows_;
     for (const Isa isa : available_isas())
       for (const int threads : {1, 2})
         for (const bool materialise : {false, true}) {
@@ -214,6 +215,7 @@ class IntAttentionTester {
           cfg.isa = isa;
           cfg.threads = threads;
           cfg.block_rows = block_rows_;
+          cfg.s_rows = s_rows_;
           cfg.causal = causal_;
           cfg.valid = padding_ ? valid.data() : nullptr;
           INFO(what.str() << " isa " << isa_name(isa) << " threads " << threads << " materialise " << materialise);
@@ -222,7 +224,7 @@ class IntAttentionTester {
   }
 
  private:
-  Eigen::Index lq_ = 8, lk_ = 8, d_ = 64, dv_ = 64, block_rows_ = 0;  // 0: the library's choice
+  Eigen::Index lq_ = 8, lk_ = 8, d_ = 64, dv_ = 64, block_rows_ = 0, s_rows_ = 0;  // 0: the library's choice
   std::string spec_ = "@upstream-neon";
   bool causal_ = false, padding_ = false, quant_only_ = false;
   double sigma_ = 1.0;
@@ -469,6 +471,15 @@ TEST_CASE("fused IntAttention equals the reference model on every ISA, thread co
     for (const bool causal : {false, true})
       IntAttentionTester().lq(23).lk(lk).d(80).dv(33).causal(causal).block_rows(8).Test();
   IntAttentionTester().lq(40).lk(31).d(64).dv(16).causal(true).padding(true).block_rows(16).Test();
+  // Slices of S within a block (each slice its own Q.K^T call and softmax rows, one P.V per block): slices that do
+  // and do not divide the block, causal with padding, and the last block shorter than a slice.
+  // Without padding the AVX-512 VNNI rows take each slice's maxima from its Q.K^T epilogue (causal: the slice's
+  // first visible key).
+  for (const Eigen::Index s_rows : {1, 5, 16}) {
+    IntAttentionTester().lq(70).lk(45).d(64).dv(16).causal(true).padding(true).block_rows(32).s_rows(s_rows).Test();
+    for (const bool causal : {false, true})
+      IntAttentionTester().lq(70).lk(83).d(64).dv(16).causal(causal).block_rows(32).s_rows(s_rows).Test();
+  }
   IntAttentionTester().lq(1).lk(1).d(1).dv(1).Test();
   // Block rows chosen from L_k: 16500 keys (16512 rounded up to 16) give 24 rows (S within 2 MiB), so 50 queries are blocks of
   // 24, 24 and 2.
@@ -484,6 +495,7 @@ TEST_CASE("fused Quant-Only equals the reference model (lanes16 softmax) on ever
     for (const bool causal : {false, true})
       IntAttentionTester().quant_only(true).lq(23).lk(lk).d(80).dv(33).causal(causal).block_rows(8).Test();
   IntAttentionTester().quant_only(true).lq(40).lk(31).d(64).dv(16).causal(true).padding(true).block_rows(16).Test();
+  IntAttentionTester().quant_only(true).lq(70).lk(45).d(64).dv(16).causal(true).block_rows(32).s_rows(5).Test();
   IntAttentionTester().quant_only(true).lq(7).lk(50).d(16).dv(4).sigma(8).Test();  // peaked rows: e underflow region
 }
 
@@ -521,12 +533,16 @@ TEST_CASE("ISA names, QATTN_ISA parsing and unavailable variants", "[kernels]") 
     }
 }
 
-TEST_CASE("fused IntAttention refuses negative block rows and thread counts below 1", "[kernels]") {
+TEST_CASE("fused IntAttention refuses negative block and slice rows and thread counts below 1", "[kernels]") {
   IntAttentionConfig cfg;
   cfg.block_rows = -1;
   CHECK_THROWS_AS(int_attention_fused(RowMatrixXd::Ones(2, 4), RowMatrixXd::Ones(3, 4), RowMatrixXd::Ones(3, 2), 0.5, cfg),
                   std::invalid_argument);
   cfg.block_rows = 0;  // the library's choice
+  cfg.s_rows = -1;
+  CHECK_THROWS_AS(int_attention_fused(RowMatrixXd::Ones(2, 4), RowMatrixXd::Ones(3, 4), RowMatrixXd::Ones(3, 2), 0.5, cfg),
+                  std::invalid_argument);
+  cfg.s_rows = 0;
   cfg.threads = 0;
   CHECK_THROWS_AS(int_attention_fused(RowMatrixXd::Ones(2, 4), RowMatrixXd::Ones(3, 4), RowMatrixXd::Ones(3, 2), 0.5, cfg),
                   std::invalid_argument);
@@ -534,7 +550,7 @@ TEST_CASE("fused IntAttention refuses negative block rows and thread counts belo
   CHECK(int_attention_fused(RowMatrixXd::Ones(2, 4), RowMatrixXd::Ones(3, 4), RowMatrixXd::Ones(3, 2), 0.5, cfg).rows() == 2);
 }
 
-TEST_CASE("the default block rows: 64 up to 8192 keys, S within 2 MiB above, an explicit value kept", "[kernels]") {
+TEST_CASE("the default block rows: 64 up to 8192 keys, S within 2 MiB above, AMX 64, an explicit value kept", "[kernels]") {
   const IntAttentionConfig automatic;
   CHECK(int_attention_block_rows(automatic, 0) == 64);  // no keys (no division by a zero width)
   CHECK(int_attention_block_rows(automatic, 1) == 64);
@@ -547,4 +563,12 @@ TEST_CASE("the default block rows: 64 up to 8192 keys, S within 2 MiB above, an 
   IntAttentionConfig fixed;
   fixed.block_rows = 8;
   CHECK(int_attention_block_rows(fixed, 16384) == 8);
+#if defined(QATTN_HAVE_X86_KERNELS)
+  // AMX's own (kernel_variants.cc): blocks of 64 at every L_k, an explicit value still kept.
+  IntAttentionConfig amx;
+  amx.isa = Isa::amx;
+  for (const Eigen::Index lk : {1, 4096, 16384, 1 << 20}) CHECK(int_attention_block_rows(amx, lk) == 64);
+  amx.block_rows = 8;
+  CHECK(int_attention_block_rows(amx, 16384) == 8);
+#endif
 }

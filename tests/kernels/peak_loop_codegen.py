@@ -7,8 +7,9 @@ register-only rate of the instruction the GEMMs use.
 It also checks the AVX-512, AVX-VNNI and AVX2 GEMM tiles' k loops (gemm_avx512vnni.cc, gemm_avxvnni.cc,
 gemm_avx2.cc, inline assembly): every innermost loop that encloses at least 4 vpdpbusd (vpmaddwd in the AVX2 file)
 outside the peak loops must broadcast its A groups from memory and hold no vector register copy (vmovdqa/vmovdqu
-between two registers) and no store: the accumulators stay in their registers for the whole loop. Every vpdpbusd of an AVX-VNNI function must be VEX-encoded (objdump's "{vex}"): the
-EVEX form needs AVX512-VL, which the CPUs this variant is for do not have.
+between two registers) and no store: the accumulators stay in their registers for the whole loop. Every vpdpbusd of
+an AVX-VNNI function must be VEX-encoded (objdump's "{vex}"): the EVEX form needs AVX512-VL, which the CPUs this
+variant is for do not have.
 
     peak_loop_codegen.py OBJDUMP LIBRARY.a
 """

@@ -20,7 +20,8 @@
 namespace qattn {
 
 // Instruction-set variants of the kernels. Only those the build and the CPU have can run.
-enum class Isa { scalar, avx2, avxvnni, avx512vnni, amx, neon_dotprod, neon_i8mm };
+// New values go last, so that the numbers of the others do not change.
+enum class Isa { scalar, avx2, avxvnni, avx512vnni, neon_dotprod, neon_i8mm, amx };
 
 std::string_view isa_name(Isa isa);
 // Parses "scalar", "avx2", "avxvnni", "avx512", "avx512vnni", "amx", "neon-dotprod", "neon-i8mm"; throws
@@ -28,7 +29,9 @@ std::string_view isa_name(Isa isa);
 Isa parse_isa(std::string_view name);
 // Compiled into this build and supported by this CPU (cpuid on x86, getauxval(AT_HWCAP) on Arm). amx also needs the
 // AVX-512 VNNI variant's features (its rows use them), the OS's tile state (XCR0 bits 17-18) and the kernel's
-// permission, requested once per process (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)).
+// permission, requested once per process (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)) by the first call
+// that asks about amx (this one, available_isas(), default_isa()): from then on the process may use the tiles, and
+// Linux saves their 8 KiB of state in every thread's signal frame (a sigaltstack must be at least that much larger).
 bool isa_available(Isa isa);
 // Every available variant, scalar first.
 std::vector<Isa> available_isas();
@@ -65,10 +68,14 @@ struct IntAttentionConfig {
   std::vector<std::int64_t> key_c_int, key_ratio;
   GroupMax group_max = GroupMax::global;
   double group_offset_scale = 0;
-  // Query rows per block, each thread's unit of work; 0 chooses: the ISA variant's own number where it has one (16 for
+  // Query rows per block, each thread's unit of work; 0 chooses: the ISA variant's own number where it has one (64 for
   // amx), else from L_k: 64, or fewer (a multiple of 8, at least 16) where 64 rows of S would pass 2 MiB (L_k above
   // 8192; 32 at 16384). docs/kernels.md says why.
   Eigen::Index block_rows = 0;
+  // Rows of S per Q.K^T call within a block: the block's rows pass through Q.K^T and the softmax in slices of this
+  // many, and P.V runs once on the whole block's P (S stays small while each tile of V serves every row of the
+  // block). 0 chooses: the variant's own (16 for amx), else the whole block. Any value gives the same bits.
+  Eigen::Index s_rows = 0;
   int threads = 1;
   Isa isa = Isa::scalar;      // use default_isa() to pick the best
   bool causal = false;        // bottom-right aligned: query i sees keys j <= i + L_k - L_q
@@ -97,7 +104,7 @@ IntAttentionKernels int_attention_kernels(Isa isa, IntPipeline pipeline = IntPip
                                           bool key_groups = false);
 
 // The query rows per block int_attention_fused uses for L_k keys under cfg: cfg.block_rows, or where that is 0 the
-// variant's own (amx: 16) or the choice from L_k (64, fewer where 64 rows of S would pass 2 MiB). Throws
+// variant's own (amx: 64) or the choice from L_k (64, fewer where 64 rows of S would pass 2 MiB). Throws
 // std::invalid_argument for an ISA this build lacks.
 Eigen::Index int_attention_block_rows(const IntAttentionConfig& cfg, Eigen::Index lk);
 

@@ -6,9 +6,9 @@
 //
 // Blocks of up to 32 rows x 32 columns: C in tiles 0-3 (row tile r, column tile c in 2 r + c), A in 4-5, B in 6-7;
 // k in chunks of 64 bytes. A last chunk of kt < 64 bytes reads A and B from zero-padded copies (A: rows x 64 bytes
-// once per call; B: 16 x 64 bytes per column tile, once per column panel), so no tile reads past an operand and the
-// padding adds products of zeros. Rows past the last multiple of 16 run under a second tile configuration with that
-// many rows. Every C lane is a sum of the same integer products as the scalar spec's, in another order; the sum is
+// once per call; B: 16 x 64 bytes per column tile, per column panel of each tile configuration), so no tile reads
+// past an operand and the padding adds products of zeros. Rows past the last multiple of 16 run under a second tile
+// configuration with that many rows. Every C lane is a sum of the same integer products as the scalar spec's, in another order; the sum is
 // exact in int32 (kernels.h's bounds) and the additions wrap, so the order does not change C's bits.
 #include <algorithm>
 #include <cstdint>
@@ -147,7 +147,8 @@ void row_range(const Operands& g, std::int8_t* b_tail, Index i0, Index rows, Ind
   const Index step = 2 * tile_rows;
   for (Index n0 = 0; n0 < g.n; n0 += 2 * kTileColumns) {
     const bool pair = n0 + 2 * kTileColumns <= g.n;
-    if (g.k_tail > 0) {  // groups k_main / 4 .. k / 4 - 1 of this panel; the copy's later rows stay zero
+    if (g.k_tail > 0) {  // groups k_main / 4 .. k / 4 - 1 of this panel (memcpy: no tile state is touched); the
+                         // copy's later rows stay zero
       for (int c = 0; c < (pair ? 2 : 1); ++c)
         for (Index t = 0; t < g.k_tail / 4; ++t)
           std::memcpy(b_tail + (c * kTileRows + t) * kTileBytes, g.b + (g.k_main / 4 + t) * g.ldb + (n0 + c * kTileColumns) * 4,

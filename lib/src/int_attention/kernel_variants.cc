@@ -56,7 +56,8 @@ constexpr KernelVariant kVariants[] = {
      QATTN_KERNEL(dequantise, dequantise_s32_f32__avx512),
      QATTN_KERNEL(mac_loop, mac_loop__amx),
      .key_stride_multiple = 64,
-     .block_rows = 16},
+     .block_rows = 64,
+     .s_rows = 16},
 #endif
 #if defined(QATTN_HAVE_ARM_KERNELS)
     {.isa = Isa::neon_dotprod,

@@ -155,8 +155,8 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
     throw std::invalid_argument("int_attention: shapes q [" + std::to_string(q.rows) + ", " + std::to_string(q.cols) +
                                 "], k [" + std::to_string(k.rows) + ", " + std::to_string(k.cols) + "], v [" +
                                 std::to_string(v.rows) + ", " + std::to_string(v.cols) + "] do not fit");
-  if (cfg.block_rows < 0 || cfg.threads < 1)
-    throw std::invalid_argument("int_attention: block_rows must be >= 0 (0: chosen from L_k) and threads >= 1");
+  if (cfg.block_rows < 0 || cfg.s_rows < 0 || cfg.threads < 1)
+    throw std::invalid_argument("int_attention: block_rows and s_rows must be >= 0 (0: the library's choice) and threads >= 1");
   if (!isa_available(cfg.isa))
     throw std::invalid_argument("int_attention: ISA " + std::string(isa_name(cfg.isa)) + " is not available here");
   const kernels::KernelVariant& f = kernels::kernel_variant(cfg.isa);
@@ -269,6 +269,9 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
     AlignedArray<std::uint8_t> p;
     std::vector<float> f;
   };
+  // Rows of S per Q.K^T call: the call's, the variant's (kernel_variants.h), or the whole block.
+  const Eigen::Index s_wanted = cfg.s_rows > 0 ? cfg.s_rows : f.s_rows;
+  const Eigen::Index s_rows = std::min(s_wanted > 0 ? s_wanted : br, std::min(br, lq));
   std::vector<Scratch> scratch(static_cast<std::size_t>(parallel_workers(static_cast<std::size_t>(blocks), threads)));
   parallel_for_workers(static_cast<std::size_t>(blocks), threads, [&](std::size_t block, int worker) {
     Scratch& w = scratch[static_cast<std::size_t>(worker)];
@@ -277,10 +280,10 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
       if (run_qk) {
         w.qb = aligned_array<std::int8_t>(static_cast<std::size_t>(rows_max * d4));
         std::fill_n(w.qb.get(), rows_max * d4, std::int8_t{0});
-        w.s = aligned_array<std::int32_t>(static_cast<std::size_t>(rows_max * lk_stride));
+        w.s = aligned_array<std::int32_t>(static_cast<std::size_t>(s_rows * lk_stride));
       }
       if (run_pv) w.acc = aligned_array<std::int32_t>(static_cast<std::size_t>(rows_max * dv16));
-      if (epilogue_max) w.lanes.reset(new std::int32_t[static_cast<std::size_t>(rows_max * 16)]);
+      if (epilogue_max) w.lanes.reset(new std::int32_t[static_cast<std::size_t>(s_rows * 16)]);
       w.p = aligned_array<std::uint8_t>(static_cast<std::size_t>(rows_max * lk_stride));
       std::fill_n(w.p.get(), rows_max * lk_stride, std::uint8_t{0});
       w.f.resize(quant_only ? static_cast<std::size_t>(lk_stride) : 0);
@@ -288,24 +291,27 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
     }
     const Eigen::Index r0 = static_cast<Eigen::Index>(block) * br, rows = std::min(br, lq - r0);
     for (Eigen::Index i = 0; run_qk && i < rows; ++i) std::copy_n(q.values + (r0 + i) * d, d, w.qb.get() + i * d4);
-    kernels::GemmArgs qk{w.qb.get(), rows, d4, k_packed.get(), k_sum.data(), lk_stride, w.s.get()};
-    if (epilogue_max) {
-      qk.row_max = w.lanes.get();
-      qk.visible = cfg.causal ? r0 + lk - lq + 1 : lk;
-      qk.visible_step = cfg.causal ? 1 : 0;
-      qk.visible_cap = lk;
-    }
-    if (run_qk) f.qk(qk);
-    for (Eigen::Index i = 0; run_softmax && i < rows; ++i) {
-      const std::int32_t* s_row = w.s.get() + i * lk_stride;
-      std::uint8_t* p_row = w.p.get() + i * lk_stride;
+    for (Eigen::Index i0 = 0; i0 < rows; i0 += s_rows) {  // slices of S: Q.K^T, then their softmax rows
+      const Eigen::Index n = std::min(s_rows, rows - i0);
+      kernels::GemmArgs qk{w.qb.get() + i0 * d4, n, d4, k_packed.get(), k_sum.data(), lk_stride, w.s.get()};
       if (epilogue_max) {
-        const std::int32_t* lanes = w.lanes.get() + i * 16;
-        f.softmax_given_max(s_row, qk.limit(i), lk, tables, *std::max_element(lanes, lanes + 16), p_row);
-      } else {
-        softmax_row(s_row, w.f.data(), r0 + i, p_row);
+        qk.row_max = w.lanes.get();
+        qk.visible = cfg.causal ? r0 + i0 + lk - lq + 1 : lk;
+        qk.visible_step = cfg.causal ? 1 : 0;
+        qk.visible_cap = lk;
       }
-      if (cfg.p_out) std::copy_n(p_row, lk, cfg.p_out + (r0 + i) * lk);
+      if (run_qk) f.qk(qk);
+      for (Eigen::Index i = 0; run_softmax && i < n; ++i) {
+        const std::int32_t* s_row = w.s.get() + i * lk_stride;
+        std::uint8_t* p_row = w.p.get() + (i0 + i) * lk_stride;
+        if (epilogue_max) {
+          const std::int32_t* lanes = w.lanes.get() + i * 16;
+          f.softmax_given_max(s_row, qk.limit(i), lk, tables, *std::max_element(lanes, lanes + 16), p_row);
+        } else {
+          softmax_row(s_row, w.f.data(), r0 + i0 + i, p_row);
+        }
+        if (cfg.p_out) std::copy_n(p_row, lk, cfg.p_out + (r0 + i0 + i) * lk);
+      }
     }
     if (!run_pv) return;
     f.pv({w.p.get(), rows, lk_stride, v_packed.get(), v_sum.data(), dv16, w.acc.get()});

@@ -42,6 +42,9 @@ struct KernelVariant {
   // Query rows per block where the call leaves IntAttentionConfig::block_rows at 0: 0 for the rule from L_k (64, or
   // fewer where a block of S would pass 2 MiB), or a number of rows this variant runs best at (docs/kernels.md).
   Index block_rows = 0;
+  // Rows of S per Q.K^T call within a block where the call leaves IntAttentionConfig::s_rows at 0 (0: the whole
+  // block): S stays small while each tile of V that P.V loads serves every row of the block.
+  Index s_rows = 0;
 };
 
 // Every variant compiled into this build, one per ISA, scalar first and then in order of preference; isa_available
