@@ -288,6 +288,35 @@ double measure_peak_gmacs(Isa isa) {
   return peak;
 }
 
+// The same loop on `threads` threads at once, each its own iterations (about 0.1 s), best of 3: the rate they reach
+// together. On a VM whose vCPUs share a core's vector units this is well under `threads` times one core's, and a
+// kernel bound by those units cannot scale past it (docs/kernels.md).
+double measure_peak_gmacs_together(Isa isa, int threads) {
+  std::int64_t iters = 1 << 20;
+  for (;;) {  // the count that takes about 0.1 s alone
+    std::int32_t checksum = 0;
+    const auto t0 = Clock::now();
+    int8_mac_peak_loop(isa, iters, &checksum);
+    if (std::chrono::duration<double>(Clock::now() - t0).count() >= 0.1 || iters > (std::int64_t{1} << 40)) break;
+    iters *= 2;
+  }
+  double best = 0;
+  for (int r = 0; r < 3; ++r) {
+    std::vector<std::int64_t> macs(static_cast<std::size_t>(threads));
+    std::vector<std::int32_t> sums(static_cast<std::size_t>(threads));
+    std::vector<std::thread> pool;
+    const auto t0 = Clock::now();
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] { macs[t] = int8_mac_peak_loop(isa, iters, &sums[t]); });
+    for (std::thread& th : pool) th.join();
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    double total = 0;
+    for (const std::int64_t m : macs) total += static_cast<double>(m);
+    best = std::max(best, total / s * 1e-9);
+  }
+  return best;
+}
+
 // One L's inputs: Q, K, V drawn as float32 N(0, 1) and quantised per tensor as the pipelines quantise
 // (qattn/quantize.h). Only the INT8 copies are held; the fp32 row draws the floats again (float_inputs) while it
 // runs, so that the integer rows' peak memory is their own inputs' and buffers', whatever other rows the run asks for.
@@ -515,6 +544,8 @@ void run_bench(const BenchOptions& o) {
   const IntAttentionKernels names = int_attention_kernels(isa);
   const std::string qo_softmax = int_attention_kernels(isa, IntPipeline::quant_only).softmax;
   const double peak_gmacs = measure_peak_gmacs(isa);
+  const int most_threads = *std::max_element(o.threads.begin(), o.threads.end());
+  const double together_gmacs = most_threads > 1 ? measure_peak_gmacs_together(isa, most_threads) : kNan;
 
   Table t{{"L", "d", "threads", "pipeline", "median ms", "GOP/s", "vs gemm-only", "fp32 / this", "softmax share",
            "GEMM % of peak", "quant-only / this", "peak RSS MiB"},
@@ -522,6 +553,8 @@ void run_bench(const BenchOptions& o) {
   json j = {{"cpu", cpu_model()}, {"hardware_threads", std::thread::hardware_concurrency()}, {"isa", isa_name(isa)},
             {"kernels", {{"qk", names.qk}, {"softmax", names.softmax}, {"softmax_quant_only", qo_softmax}, {"pv", names.pv}}},
             {"peak_int8_gmacs_per_core", peak_gmacs}, {"reps", o.reps}, {"runs", json::array()}};
+  if (most_threads > 1)
+    j["peak_int8_gmacs_together"] = {{"threads", most_threads}, {"gmacs", together_gmacs}, {"x_one_core", together_gmacs / peak_gmacs}};
   std::vector<Cell> cells;
   std::mt19937_64 g(1);
   for (int l : o.lengths) {
@@ -565,6 +598,10 @@ void run_bench(const BenchOptions& o) {
        << names.pv << "\n"
        << "IndexSoftmax: " << ref::reference_registry().canonical(index_spec) << "\n"
        << "int8 MAC peak, 1 core (" << isa_name(isa) << " loop, register-only inline assembly): " << peak_gmacs << " GMAC/s\n"
+       << (most_threads > 1 ? "the same loop on " + std::to_string(most_threads) + " threads at once: " + fmt(together_gmacs, 1) +
+                                  " GMAC/s together, " + fmt(together_gmacs / peak_gmacs, 2) +
+                                  " x one core (what the vector units give more threads here)\n"
+                            : std::string())
        << "query rows per block (the ISA's own, or chosen from L_k): " << block_rows_text << "\n"
        << "medians of " << o.reps << " runs after one warm-up; the fused rows with the Q.K^T and P.V stages, and the "
        << "two materialised rows, are timed in turns (one call of each, then again), so their ratios come from the same "
