@@ -17,10 +17,10 @@
 #include "data_paths.h"
 #include "engine_setting.h"
 #include "qattn/error.h"
+#include "qattn/eval/grid.h"
 #include "qattn/parallel.h"
 #include "qattn/reference/random.h"
 #include "qattn/reference/registry.h"
-#include "sweep.h"
 
 namespace qattn::cli {
 namespace fs = std::filesystem;
@@ -95,8 +95,8 @@ std::vector<Summary> summaries(const std::vector<DumpLayer>& dump, const std::ve
 Sweep2 sweep_bc(const std::vector<DumpLayer>& dump, const std::string& spec, const std::string& b_grid,
                 const std::string& c_grid, const ExperimentContext& ctx) {
   Sweep2 s;
-  s.b = parse_grid_axis("b=" + b_grid).values;
-  s.c = parse_grid_axis("c=" + c_grid).values;
+  s.b = eval::parse_grid_axis("b=" + b_grid).values;
+  s.c = eval::parse_grid_axis("c=" + c_grid).values;
   s.mean.assign(s.b.size(), std::vector<double>(s.c.size(), NAN));
   parallel_for(s.b.size() * s.c.size(), ctx.threads, [&](std::size_t i) {
     const std::size_t bi = i / s.c.size(), ci = i % s.c.size();

@@ -21,14 +21,16 @@
 #include "data_paths.h"
 #include "evaluate.h"
 #include "qattn/error.h"
+#include "qattn/eval/grid.h"
 #include "qattn/reference/registry.h"
 #include "shard.h"
-#include "sweep.h"
 #include "engine_setting.h"
 #include "evaluate.h"
 
 namespace qattn::cli {
 namespace {
+
+using eval::GridAxis;
 
 struct SweepOptions {
   std::string spec, tensors = default_tensors(), metric = "cossim", target = "O", out, format = "csv";
@@ -186,7 +188,13 @@ std::string sweep_partial(const SweepOptions& o, Shard shard, const std::vector<
 
 void run_sweep(const SweepOptions& o) {
   std::vector<GridAxis> axes;
-  for (const auto& g : o.grids) axes.push_back(parse_grid_axis(g));
+  for (const auto& g : o.grids) {
+    try {
+      axes.push_back(eval::parse_grid_axis(g));
+    } catch (const SpecError& e) {  // the library's reason, under the option's name as before
+      throw CLI::ValidationError("--grid", e.what());
+    }
+  }
   for (std::size_t a = 0; a < axes.size(); ++a)
     for (std::size_t b = 0; b < a; ++b)
       if (axes[a].key == axes[b].key) throw CLI::ValidationError("--grid", "key '" + axes[a].key + "' given twice");

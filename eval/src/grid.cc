@@ -1,15 +1,13 @@
-// The grid grammar of `qattn sweep` (sweep.h). Kept apart from the sweep driver so that the grammar fuzzer
-// (fuzz/spec_grammar_fuzz.cc) links it alone.
+// The grid grammar of a sweep (qattn/eval/grid.h).
 #include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <string>
 
-#include <CLI/CLI.hpp>
+#include "qattn/error.h"
+#include "qattn/eval/grid.h"
 
-#include "sweep.h"
-
-namespace qattn::cli {
+namespace qattn::eval {
 namespace {
 
 // Decimal places of a number as written ("0.10" -> 2, "3" -> 0).
@@ -25,7 +23,7 @@ double number(const std::string& text, const std::string& grid) {
     if (used != text.size() || !std::isfinite(v)) throw std::invalid_argument("");
     return v;
   } catch (const std::exception&) {
-    throw CLI::ValidationError("--grid", "'" + grid + "': '" + text + "' is not a finite number");
+    throw SpecError("'" + grid + "': '" + text + "' is not a finite number");
   }
 }
 
@@ -45,7 +43,7 @@ std::vector<std::string> fields(const std::string& s, char separator) {
 GridAxis parse_grid_axis(const std::string& text) {
   const auto eq = text.find('=');
   if (eq == std::string::npos || eq == 0 || eq + 1 == text.size())
-    throw CLI::ValidationError("--grid", "'" + text + "': expected KEY=A:B, KEY=A:STEP:B or KEY=V1,V2,...");
+    throw SpecError("'" + text + "': expected KEY=A:B, KEY=A:STEP:B or KEY=V1,V2,...");
   GridAxis axis{text.substr(0, eq), {}};
   const std::string range = text.substr(eq + 1);
   const bool is_range = range.find(':') != std::string::npos;
@@ -53,19 +51,19 @@ GridAxis parse_grid_axis(const std::string& text) {
   const std::vector<std::string> parts = fields(range, separator);
   // "b=3:8:" or "b=3,4,,5" is a typo, not the range 3:8 or the list 3,4,5
   if (std::any_of(parts.begin(), parts.end(), [](const std::string& p) { return p.empty(); }))
-    throw CLI::ValidationError("--grid", "'" + text + "': an empty item (a leading, trailing or doubled '" +
-                                             std::string(1, separator) + "')");
+    throw SpecError("'" + text + "': an empty item (a leading, trailing or doubled '" + std::string(1, separator) +
+                    "')");
   if (!is_range) {  // a list
     axis.values = parts;
   } else {
     if (parts.size() != 2 && parts.size() != 3)
-      throw CLI::ValidationError("--grid", "'" + text + "': a range is A:B or A:STEP:B");
+      throw SpecError("'" + text + "': a range is A:B or A:STEP:B");
     const double a = number(parts.front(), text), b = number(parts.back(), text);
     const double step = parts.size() == 3 ? number(parts[1], text) : 1.0;
-    if (!(step > 0) || b < a) throw CLI::ValidationError("--grid", "'" + text + "': needs A <= B and STEP > 0");
+    if (!(step > 0) || b < a) throw SpecError("'" + text + "': needs A <= B and STEP > 0");
     const int places = std::max({decimals(parts.front()), decimals(parts.back()), parts.size() == 3 ? decimals(parts[1]) : 0});
     const double n = std::floor((b - a) / step + 1e-9);
-    if (n > 100000) throw CLI::ValidationError("--grid", "'" + text + "': more than 100000 values");
+    if (n > 100000) throw SpecError("'" + text + "': more than 100000 values");
     for (long i = 0; i <= static_cast<long>(n); ++i) {  // a + i step, printed with the inputs' decimal places
       std::ostringstream v;
       v.setf(std::ios::fixed);
@@ -79,10 +77,9 @@ GridAxis parse_grid_axis(const std::string& text) {
   std::vector<std::string> sorted = axis.values;
   std::sort(sorted.begin(), sorted.end());
   if (const auto dup = std::adjacent_find(sorted.begin(), sorted.end()); dup != sorted.end())
-    throw CLI::ValidationError(
-        "--grid", "'" + text + "': value '" + *dup + "' occurs twice" +
-                      (is_range ? " (write A, STEP and B with as many decimals as the values need)" : ""));
+    throw SpecError("'" + text + "': value '" + *dup + "' occurs twice" +
+                    (is_range ? " (write A, STEP and B with as many decimals as the values need)" : ""));
   return axis;
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::eval
