@@ -14,12 +14,22 @@ import argparse
 import json
 import math
 import os
+import platform
 import sys
 
-import numpy as np
+# The forward pass's float32 matmuls go through NumPy's OpenBLAS, which picks its kernels by CPU when NumPy loads it:
+# on an Intel Xeon with AVX-512 (family 6 model 207) its SkylakeX-class sgemm sums in another order than the Haswell
+# kernels AMD Zen runs, and the report's Spearman for fp32 + kv flashq:bits=2 moved from 0.84981 to 0.85065.
+# OPENBLAS_CORETYPE=Haswell (AVX2 and FMA, which every x86 CPU this project runs on has) gives every x86 CPU the
+# same sums: on that Xeon the --fast report is then byte-identical to expected-fast.txt, made on Zen 5. A value the
+# caller set is kept.
+if platform.machine() in ("x86_64", "AMD64"):
+    os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
 
-from qattn import analyze, attention, canonical, methods, quantize_kv, quantizers
-from qattn.models import use_lite
+import numpy as np  # noqa: E402  (after OPENBLAS_CORETYPE: OpenBLAS reads it when NumPy loads it)
+
+from qattn import analyze, attention, canonical, methods, quantize_kv, quantizers  # noqa: E402
+from qattn.models import use_lite  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = HERE  # use_lite_sentences.json and use_lite_windows.npz
