@@ -965,7 +965,7 @@ std::vector<HeadResult> evaluate_methods(const std::vector<DumpLayer>& dump, con
                                     std::to_string(nh) + " heads, batch entry ";
     for (const std::size_t m : whole)
       for (std::size_t b = 0; b < batch; ++b)
-        add_item(m, [&, li, m, b, batch, block_rows, layer_where] {
+        add_item(m, [&, li, m, b, block_rows, layer_where] {
           const DumpLayer& l = dump[li];
           const std::size_t nh = l.heads.size();
           const AttentionMask mask{RowMatrixXb(), l.causal};
