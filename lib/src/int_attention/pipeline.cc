@@ -293,7 +293,8 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
     for (Eigen::Index i = 0; run_qk && i < rows; ++i) std::copy_n(q.values + (r0 + i) * d, d, w.qb.get() + i * d4);
     for (Eigen::Index i0 = 0; i0 < rows; i0 += s_rows) {  // slices of S: Q.K^T, then their softmax rows
       const Eigen::Index n = std::min(s_rows, rows - i0);
-      kernels::GemmArgs qk{w.qb.get() + i0 * d4, n, d4, k_packed.get(), k_sum.data(), lk_stride, w.s.get()};
+      // (a P.V-only run holds no Q block: no offset from its null pointer)
+      kernels::GemmArgs qk{run_qk ? w.qb.get() + i0 * d4 : nullptr, n, d4, k_packed.get(), k_sum.data(), lk_stride, w.s.get()};
       if (epilogue_max) {
         qk.row_max = w.lanes.get();
         qk.visible = cfg.causal ? r0 + i0 + lk - lq + 1 : lk;
