@@ -31,7 +31,6 @@
 #include <CLI/CLI.hpp>
 
 #include "commands.h"
-#include "experiment.h"  // fixed
 #include "engine_setting.h"
 #include "qattn/error.h"
 #include "qattn/eval/analysis.h"

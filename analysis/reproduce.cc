@@ -1,4 +1,4 @@
-// qattn reproduce: lists the experiments (experiments/<name>/, analysis/experiment.h) and runs one, staging its data
+// qattn reproduce: lists the experiments (experiments/<name>/, experiments/common/experiment.h) and runs one, staging its data
 // files so that a failure leaves nothing behind. An experiment prints a deterministic report (the numbers it
 // measured, the paper's numbers, a verdict) that CTest compares with the committed expected output. `qattn plot`
 // renders qattn's CSV with analysis/plots/qattn_plot.py, a link to python/qattn/plot.py (qattn.plot in Python).
@@ -13,14 +13,17 @@
 
 #include "commands.h"
 #include "data_paths.h"
-#include "experiment.h"
-#include "qattn/error.h"
 #include "engine_setting.h"
 #include "evaluate.h"
+#include "experiment.h"
+#include "qattn/error.h"
+#include "subprocess.h"
 
 namespace qattn::cli {
 namespace fs = std::filesystem;
 namespace {
+using experiments::Experiment;
+using experiments::experiment_list;
 
 struct ReproduceOptions {
   std::string name, tensors = default_tensors(), out_dir = ".", out;
@@ -32,14 +35,14 @@ struct ReproduceOptions {
 void run_reproduce(const ReproduceOptions& o) {
   if (o.list || o.name.empty()) {
     Table t{{"experiment", "source", "claim", "command"}, {}};
-    for (const auto& e : experiments().all()) t.rows.push_back({e.name, e.source, e.claim, e.command});
+    for (const auto& e : experiment_list().all()) t.rows.push_back({e.name, e.source, e.claim, e.command});
     std::cout << t.markdown();
     return;
   }
-  const Experiment* it = experiments().find(o.name);
+  const Experiment* it = experiment_list().find(o.name);
   if (!it) {
     std::string names;
-    for (const auto& e : experiments().all()) names += (names.empty() ? "" : ", ") + e.name;
+    for (const auto& e : experiment_list().all()) names += (names.empty() ? "" : ", ") + e.name;
     throw CLI::ValidationError("NAME", "'" + o.name + "' is not an experiment (" + names + ")");
   }
   if (!it->run) {  // its own program, built next to qattn under experiments/
@@ -77,8 +80,21 @@ void run_reproduce(const ReproduceOptions& o) {
       fs::remove_all(dir, e);
     }
   } cleanup{staging};
-  const ExperimentContext ctx{o.tensors, staging, o.fast, !o.no_plots, o.threads, o.engine};
-  const std::string report = it->run(ctx);
+  experiments::ExperimentContext ctx;
+  ctx.tensors = o.tensors;
+  ctx.out_dir = staging;
+  ctx.fast = o.fast;
+  ctx.plots = !o.no_plots;
+  ctx.threads = o.threads;
+  ctx.engine = o.engine;
+  ctx.share_dir = share_dir();
+  ctx.plot = run_plot_script;
+  std::string report;
+  try {
+    report = it->run(ctx);
+  } catch (const experiments::ExperimentExit& e) {
+    throw ExitCode{e.code};
+  }
   std::vector<std::unique_ptr<PendingFile>> files;
   if (!o.out.empty()) files.push_back(std::make_unique<PendingFile>(o.out, std::as_bytes(std::span(report.data(), report.size()))));
   fs::create_directories(out_dir, ec);

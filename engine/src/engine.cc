@@ -4,7 +4,10 @@
 
 #include <cmath>
 #include <functional>
+#include <iostream>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <stdexcept>
 #include <vector>
@@ -318,6 +321,28 @@ BuiltMethod build_method(const MethodSpec& spec, const EngineOptions& options) {
   built.fast = true;
   built.method = std::make_unique<FusedMethod>(std::move(plan), std::move(built.method), isa, options);
   return built;
+}
+
+std::unique_ptr<Method> make_method(const MethodSpec& spec, const EngineSetting& setting, int threads, bool probs,
+                                    bool o_float32) {
+  EngineOptions options;
+  options.o_float32 = o_float32;
+  options.engine = setting.engine;
+  options.threads = threads;
+  options.probs = probs;
+  BuiltMethod built = build_method(spec, options);
+  if (setting.verbose) {
+    static std::mutex mutex;
+    static std::set<std::string> said;
+    const std::string canonical = ref::reference_registry().canonical(spec);
+    std::lock_guard<std::mutex> lock(mutex);
+    if (said.insert(canonical).second) std::cerr << "qattn: " << canonical << ": " << built.path << "\n";
+  }
+  return std::move(built.method);
+}
+
+std::unique_ptr<Method> make_method(const std::string& spec, const EngineSetting& setting, int threads, bool probs) {
+  return make_method(parse_method_spec(spec), setting, threads, probs);
 }
 
 }  // namespace qattn

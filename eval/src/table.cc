@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <sstream>
 
 namespace qattn::eval {
 
@@ -100,5 +101,13 @@ static std::string printf_double(const char* f, double v) {
 std::string fmt_sim(double v) { return printf_double("%.8f", v); }
 std::string fmt_err(double v) { return printf_double("%.3e", v); }
 std::string fmt_bits(double v) { return printf_double("%.3f", v); }
+
+std::string fixed(double v, int places) {
+  std::ostringstream s;
+  s.setf(std::ios::fixed);
+  s.precision(places);
+  s << v;
+  return s.str();
+}
 
 }  // namespace qattn::eval

@@ -15,7 +15,7 @@
 #include "qattn/reference/kernel_file.h"
 #include "qattn/reference/registry.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
 namespace {
 
 struct Config {
@@ -114,4 +114,4 @@ void register_experiment_blackwell_vs_hopper(ExperimentList& list) {
             run_blackwell_vs_hopper});
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments

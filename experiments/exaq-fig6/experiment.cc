@@ -10,7 +10,7 @@
 #include "qattn/error.h"
 #include "qattn/reference/exaq.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
 namespace {
 
 constexpr double kLow = 0.9, kHigh = 3.4;  // the range of Table 1's fit
@@ -106,4 +106,4 @@ void register_experiment_exaq_fig6(ExperimentList& list) {
             "EXAQ Fig. 6", "qattn reproduce exaq-fig6", run_fig6});
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments

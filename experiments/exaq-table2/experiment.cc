@@ -5,11 +5,10 @@
 #include <string>
 #include <vector>
 
-#include "engine_setting.h"
 #include "experiment.h"
 #include "qattn/parallel.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
 namespace {
 
 std::string run_exaq_table2(const ExperimentContext& ctx) {
@@ -25,20 +24,8 @@ std::string run_exaq_table2(const ExperimentContext& ctx) {
       {"FP16 (baseline)", "fp16"},
   };
   const int L = ctx.fast ? 256 : 2048;
-  struct Source {
-    std::string name;
-    std::vector<DumpLayer> dump;
-  };
-  std::vector<Source> sources;
-  sources.push_back({"USE-Lite", load_dump(ctx.tensors)});
-  sources.push_back({"synthetic", synthetic_outlier_dump(4, 512, 128, 7)});
-  sources.push_back({"long", synthetic_outlier_dump(2, L, 64, 21)});
-  std::vector<Summary> results(rows.size() * sources.size());
-  parallel_for(results.size(), ctx.threads, [&](std::size_t i) {
-    const Row& row = rows[i / sources.size()];
-    results[i] = summarise(evaluate(sources[i % sources.size()].dump, *make_method(row.spec, ctx.engine), row.spec));
-  });
-  auto err = [&](std::size_t row, std::size_t s) { return 1 - results[row * sources.size() + s].mean.o_cossim; };
+  const std::vector<Source> sources = {use_lite_source(ctx), outlier_source("synthetic", 4, 512, 128, 7), outlier_source("long", 2, L, 64, 21)};
+  const Grid grid = run_grid(rows, sources, ctx);
   std::ostringstream r;
   r << "exaq-table2: EXAQ's sigma-based clip against NAIVE quantisation of the whole [min, 0] range (exaq:clip=none), "
        "the softmax replaced alone inside fp64 attention; mean O CosSim and relative L1 vs the fp64 reference\n"
@@ -53,15 +40,15 @@ std::string run_exaq_table2(const ExperimentContext& ctx) {
   for (std::size_t i = 0; i < rows.size(); ++i) {
     std::vector<std::string> cells = {rows[i].label, rows[i].spec};
     for (std::size_t s = 0; s < sources.size(); ++s)
-      cells.push_back(fmt_sim(results[i * sources.size() + s].mean.o_cossim)),
-          cells.push_back(fmt_err(results[i * sources.size() + s].mean.o_rel_l1));
+      cells.push_back(fmt_sim(grid.cossim(i, s))),
+          cells.push_back(fmt_err(grid.at(i, s).mean.o_rel_l1));
     t.rows.push_back(cells);
   }
   r << t.markdown() << "\n";
   std::size_t holds = 0, better = 0, cases = 0;
   for (std::size_t s = 0; s < sources.size(); ++s)
     for (std::size_t pair = 0; pair < 4; ++pair) {
-      const double e = err(2 * pair, s), naive = err(2 * pair + 1, s);
+      const double e = grid.error(2 * pair, s), naive = grid.error(2 * pair + 1, s);
       ++cases;
       better += e < naive;
       holds += 2 * e <= naive;
@@ -82,4 +69,4 @@ void register_experiment_exaq_table2(ExperimentList& list) {
             "qattn reproduce exaq-table2 [--fast]", run_exaq_table2});
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments

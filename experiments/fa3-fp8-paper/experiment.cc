@@ -12,7 +12,7 @@
 #include "qattn/reference/float_attention.h"
 #include "qattn/reference/registry.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
 namespace {
 
 std::string run_fa3_fp8_paper(const ExperimentContext& ctx) {
@@ -84,4 +84,4 @@ void register_experiment_fa3_fp8_paper(ExperimentList& list) {
             "FlashAttention-3 Sec. 4.3", "qattn reproduce fa3-fp8-paper [--fast]", run_fa3_fp8_paper});
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments

@@ -15,7 +15,7 @@
 #include "qattn/reference/kernel_file.h"
 #include "qattn/reference/registry.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
 namespace {
 
 // FA4's FP8 forward (the registered fa4-fp8: S and P V on B200's tcgen05.mma, MMA-Sim's model, its software exp2)
@@ -111,4 +111,4 @@ void register_experiment_fa4_p_saturation(ExperimentList& list) {
             "Dao-AILab/flash-attention#2577", "qattn reproduce fa4-p-saturation", run_fa4_p_saturation});
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments

@@ -5,11 +5,10 @@
 #include <string>
 #include <vector>
 
-#include "engine_setting.h"
 #include "experiment.h"
 #include "qattn/parallel.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
 namespace {
 
 std::string run_fp4_attention(const ExperimentContext& ctx) {
@@ -24,21 +23,8 @@ std::string run_fp4_attention(const ExperimentContext& ctx) {
       {"SageAttention3, Q and K in MXFP4", "sage3:qk=mxfp4"},        // 4
   };
   const int L = ctx.fast ? 512 : 4096;
-  struct Source {
-    std::string name;
-    std::vector<DumpLayer> dump;
-  };
-  std::vector<Source> sources;
-  sources.push_back({"USE-Lite", load_dump(ctx.tensors)});
-  sources.push_back({"synthetic", synthetic_outlier_dump(4, 512, 128, 7)});
-  sources.push_back({"long", synthetic_outlier_dump(2, L, 128, 21)});
-  std::vector<Summary> results(rows.size() * sources.size());
-  parallel_for(results.size(), ctx.threads, [&](std::size_t i) {
-    const Row& row = rows[i / sources.size()];
-    results[i] = summarise(evaluate(sources[i % sources.size()].dump, *make_method(row.spec, ctx.engine), row.spec));
-  });
-  auto cos = [&](std::size_t row, std::size_t s) { return results[row * sources.size() + s].mean.o_cossim; };
-  auto err = [&](std::size_t row, std::size_t s) { return 1 - cos(row, s); };
+  const std::vector<Source> sources = {use_lite_source(ctx), outlier_source("synthetic", 4, 512, 128, 7), outlier_source("long", 2, L, 128, 21)};
+  const Grid grid = run_grid(rows, sources, ctx);
   std::ostringstream r;
   r << "fp4-attention: SageAttention3's NVFP4 attention against FP8 kernels, and MXFP4 against NVFP4 scaling of Q and "
        "K; mean O CosSim and relative L1 vs the fp64 reference\n"
@@ -55,19 +41,19 @@ std::string run_fp4_attention(const ExperimentContext& ctx) {
   for (std::size_t i = 0; i < rows.size(); ++i) {
     std::vector<std::string> cells = {rows[i].label, rows[i].spec};
     for (std::size_t s = 0; s < sources.size(); ++s)
-      cells.push_back(fmt_sim(cos(i, s))), cells.push_back(fmt_err(results[i * sources.size() + s].mean.o_rel_l1));
+      cells.push_back(fmt_sim(grid.cossim(i, s))), cells.push_back(fmt_err(grid.at(i, s).mean.o_rel_l1));
     t.rows.push_back(cells);
   }
   r << t.markdown() << "\nVerdicts:\n";
   std::size_t mx_worse = 0;
   for (std::size_t s = 0; s < sources.size(); ++s) {
-    double best_fp8 = err(0, s);
-    for (std::size_t k = 1; k <= 2; ++k) best_fp8 = std::min(best_fp8, err(k, s));
-    const bool worse = err(4, s) > err(3, s);
+    double best_fp8 = grid.error(0, s);
+    for (std::size_t k = 1; k <= 2; ++k) best_fp8 = std::min(best_fp8, grid.error(k, s));
+    const bool worse = grid.error(4, s) > grid.error(3, s);
     mx_worse += worse;
-    r << "- " << sources[s].name << ": (a) sage3's 1 - O CosSim is " << fixed(err(3, s) / best_fp8, 1)
-      << " x the best FP8 kernel's (" << fmt_err(err(3, s)) << " against " << fmt_err(best_fp8) << "); (b) MXFP4 Q/K "
-      << (worse ? "raises" : "does not raise") << " it to " << fmt_err(err(4, s)) << " (" << fixed(err(4, s) / err(3, s), 2)
+    r << "- " << sources[s].name << ": (a) sage3's 1 - O CosSim is " << fixed(grid.error(3, s) / best_fp8, 1)
+      << " x the best FP8 kernel's (" << fmt_err(grid.error(3, s)) << " against " << fmt_err(best_fp8) << "); (b) MXFP4 Q/K "
+      << (worse ? "raises" : "does not raise") << " it to " << fmt_err(grid.error(4, s)) << " (" << fixed(grid.error(4, s) / grid.error(3, s), 2)
       << " x NVFP4's)\n";
   }
   r << "- MXFP4 against NVFP4 for Q K^T: " << (mx_worse == sources.size() ? "the direction of ROCm/aiter#3495 HOLDS" : "MIXED")
@@ -86,4 +72,4 @@ void register_experiment_fp4_attention(ExperimentList& list) {
             run_fp4_attention});
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments

@@ -7,13 +7,12 @@
 #include <string>
 #include <vector>
 
-#include "engine_setting.h"
 #include "experiment.h"
 #include "qattn/parallel.h"
 #include "qattn/reference/random.h"
 #include "qattn/reference/registry.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
 namespace {
 
 // One head: 64 queries, L keys, d = 128; Q and K ~ N(0, 1), V ~ 1 + N(0, 1/4) (a positive mean, as the channel bias
@@ -96,4 +95,4 @@ void register_experiment_fp8_accumulation_length(ExperimentList& list) {
             run_fp8_accumulation_length});
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments

@@ -11,7 +11,7 @@
 #include "qattn/reference/kernel_file.h"
 #include "qattn/reference/registry.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
 namespace {
 
 // fa3-fp8's parts (float32 output), P~ = 2^(offset) at the row max: offset 0 is P in (0, 1], offset 8 the pre-scale.
@@ -88,4 +88,4 @@ void register_experiment_fp8_p_flush(ExperimentList& list) {
             "flashinfer-ai/flashinfer#5020", "qattn reproduce fp8-p-flush", run_fp8_p_flush});
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments

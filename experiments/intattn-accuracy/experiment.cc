@@ -5,11 +5,10 @@
 #include <string>
 #include <vector>
 
-#include "engine_setting.h"
 #include "experiment.h"
 #include "qattn/parallel.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
 namespace {
 
 std::string run_intattn_accuracy(const ExperimentContext& ctx) {
@@ -29,21 +28,8 @@ std::string run_intattn_accuracy(const ExperimentContext& ctx) {
       {"EXAQ INT3 (8 entries), official grid", "exaq@upstream:bits=3"},       // 9
   };
   const int L = ctx.fast ? 256 : 2048;
-  struct Source {
-    std::string name;
-    std::vector<DumpLayer> dump;
-  };
-  std::vector<Source> sources;
-  sources.push_back({"USE-Lite", load_dump(ctx.tensors)});
-  sources.push_back({"synthetic", synthetic_outlier_dump(4, 512, 128, 7)});
-  sources.push_back({"long", synthetic_outlier_dump(2, L, 64, 21)});
-  std::vector<Summary> results(rows.size() * sources.size());
-  parallel_for(results.size(), ctx.threads, [&](std::size_t i) {
-    const Row& row = rows[i / sources.size()];
-    results[i] = summarise(evaluate(sources[i % sources.size()].dump, *make_method(row.spec, ctx.engine), row.spec));
-  });
-  auto cos = [&](std::size_t row, std::size_t s) { return results[row * sources.size() + s].mean.o_cossim; };
-  auto err = [&](std::size_t row, std::size_t s) { return 1 - cos(row, s); };
+  const std::vector<Source> sources = {use_lite_source(ctx), outlier_source("synthetic", 4, 512, 128, 7), outlier_source("long", 2, L, 64, 21)};
+  const Grid grid = run_grid(rows, sources, ctx);
   std::ostringstream r;
   r << "intattn-accuracy: IntAttention against Quant-Only and FP16, the share of its error its softmax accounts for, "
        "and its 32-entry table against 8 entries; mean O CosSim and relative L1 vs the fp64 reference\n"
@@ -60,7 +46,7 @@ std::string run_intattn_accuracy(const ExperimentContext& ctx) {
   for (std::size_t i = 0; i < rows.size(); ++i) {
     std::vector<std::string> cells = {rows[i].label, rows[i].spec};
     for (std::size_t s = 0; s < sources.size(); ++s)
-      cells.push_back(fmt_sim(cos(i, s))), cells.push_back(fmt_err(results[i * sources.size() + s].mean.o_rel_l1));
+      cells.push_back(fmt_sim(grid.cossim(i, s))), cells.push_back(fmt_err(grid.at(i, s).mean.o_rel_l1));
     t.rows.push_back(cells);
   }
   r << t.markdown() << "\n";
@@ -68,25 +54,25 @@ std::string run_intattn_accuracy(const ExperimentContext& ctx) {
   for (std::size_t s = 0; s < sources.size(); ++s) {
     const std::string& n = sources[s].name;
     bool a = true;
-    for (std::size_t p = 2; p <= 4; ++p) a = a && err(p, s) <= err(1, s);
+    for (std::size_t p = 2; p <= 4; ++p) a = a && grid.error(p, s) <= grid.error(1, s);
     a_held += a;
-    r << n << ": (a) IntAttention no worse than Quant-Only (printed / simulation / NEON: " << fixed(err(2, s) / err(1, s), 2)
-      << " / " << fixed(err(3, s) / err(1, s), 2) << " / " << fixed(err(4, s) / err(1, s), 2)
-      << " x its error; FP16's: " << fixed(err(0, s) / err(1, s), 4) << " x): " << (a ? "HOLDS" : "DOES NOT HOLD") << "\n";
+    r << n << ": (a) IntAttention no worse than Quant-Only (printed / simulation / NEON: " << fixed(grid.error(2, s) / grid.error(1, s), 2)
+      << " / " << fixed(grid.error(3, s) / grid.error(1, s), 2) << " / " << fixed(grid.error(4, s) / grid.error(1, s), 2)
+      << " x its error; FP16's: " << fixed(grid.error(0, s) / grid.error(1, s), 4) << " x): " << (a ? "HOLDS" : "DOES NOT HOLD") << "\n";
     bool b = true;
     std::string shares;
     for (std::size_t p = 2; p <= 4; ++p) {
-      const double share = err(p + 3, s) / err(p, s);
+      const double share = grid.error(p + 3, s) / grid.error(p, s);
       b = b && share < 0.5;
       shares += (shares.empty() ? "" : " / ") + fixed(100 * share, 0) + " %";
     }
     b_held += b;
     r << n << ": (b) the softmax alone under half of the pipeline's error (printed / simulation / NEON: " << shares
       << "): " << (b ? "HOLDS" : "DOES NOT HOLD") << "\n";
-    const bool c = err(7, s) < err(8, s) && err(7, s) < err(9, s);
+    const bool c = grid.error(7, s) < grid.error(8, s) && grid.error(7, s) < grid.error(9, s);
     c_held += c;
-    r << n << ": (c) 32 entries below 8 (IndexSoftmax b = 3: " << fixed(err(8, s) / err(7, s), 2) << " x, EXAQ INT3: "
-      << fixed(err(9, s) / err(7, s), 2) << " x the 32-entry error): " << (c ? "HOLDS" : "DOES NOT HOLD") << "\n";
+    r << n << ": (c) 32 entries below 8 (IndexSoftmax b = 3: " << fixed(grid.error(8, s) / grid.error(7, s), 2) << " x, EXAQ INT3: "
+      << fixed(grid.error(9, s) / grid.error(7, s), 2) << " x the 32-entry error): " << (c ? "HOLDS" : "DOES NOT HOLD") << "\n";
   }
   const std::size_t n = sources.size(), held = a_held + b_held + c_held;
   r << "verdict: " << (held == 3 * n ? "REPRODUCED" : held > 0 ? "PARTLY REPRODUCED" : "NOT REPRODUCED") << " ((a) on "
@@ -103,4 +89,4 @@ void register_experiment_intattn_accuracy(ExperimentList& list) {
             run_intattn_accuracy});
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments

@@ -11,7 +11,7 @@
 #include "experiment.h"
 #include "qattn/error.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
 namespace {
 
 // The claim made measurable, in two parts: in the median row (a) the top 10 % of the visible keys (at least one) hold
@@ -95,4 +95,4 @@ void register_experiment_intattn_fig4(ExperimentList& list) {
             "IntAttention Fig. 4", "qattn reproduce intattn-fig4", run_fig4});
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments

@@ -9,7 +9,7 @@
 
 #include "experiment.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
 namespace {
 namespace fs = std::filesystem;
 
@@ -77,13 +77,9 @@ std::string run_fig9(const ExperimentContext& ctx) {
     band_presets += band_ok;
     const fs::path csv = ctx.out_dir / ("sweep-" + preset + ".csv");
     write_sweep_csv(s, spec, head_count(dump), csv);
-    if (ctx.plots) {
-      const fs::path png = ctx.out_dir / ("heatmap-" + preset + ".png");
-      if (run_plot_script({"heatmap", csv.string(), "-o", png.string(), "--threshold", "0.999",
-                           "--plateau-tol", fmt_err((kPlateauFactor - 1) * (1 - best)),
-                           "--title", "IntAttention @" + preset}) != 0)
-        std::cerr << "qattn reproduce: the heatmap for " << preset << " was not drawn (matplotlib missing?)\n";
-    }
+    const fs::path png = ctx.out_dir / ("heatmap-" + preset + ".png");
+    draw(ctx, {"heatmap", csv.string(), "-o", png.string(), "--threshold", "0.999", "--plateau-tol",
+               fmt_err((kPlateauFactor - 1) * (1 - best)), "--title", "IntAttention @" + preset}, png);
   }
   r << "overall: the paper's stable band (b = 4, c in [5.5, 7.7]) is reproduced under " << band_presets
     << " of 3 presets" << (band_presets == 0 ? ": NOT REPRODUCED" : "") << "\n";
@@ -97,4 +93,4 @@ void register_experiment_intattn_fig9(ExperimentList& list) {
             "IntAttention Fig. 9", "qattn reproduce intattn-fig9 [--fast]", run_fig9});
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments

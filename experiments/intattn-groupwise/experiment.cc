@@ -8,13 +8,12 @@
 #include <string>
 #include <vector>
 
-#include "engine_setting.h"
 #include "experiment.h"
 #include "qattn/parallel.h"
 #include "qattn/reference/random.h"
 #include "qattn/reference/registry.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
 namespace {
 
 // Heads whose keys come in blocks of 64 with different magnitudes: K[t] = g_{t / 64} N(0, I), the gain g of each
@@ -67,19 +66,8 @@ std::string run_groupwise(const ExperimentContext& ctx) {
     for (const Row& v : variants) rows.push_back({v.label, v.spec.empty() ? base : base + sep + v.spec});
   }
   const int L = ctx.fast ? 128 : 512;
-  struct Source {
-    std::string name;
-    std::vector<DumpLayer> dump;
-  };
-  std::vector<Source> sources;
-  sources.push_back({"USE-Lite", load_dump(ctx.tensors)});
-  sources.push_back({"synthetic", key_block_outlier_dump(4, L, 64, 11)});
-  std::vector<Summary> results(rows.size() * sources.size());
-  parallel_for(results.size(), ctx.threads, [&](std::size_t i) {
-    const Row& row = rows[i / sources.size()];
-    results[i] = summarise(evaluate(sources[i % sources.size()].dump, *make_method(row.spec, ctx.engine), row.spec));
-  });
-  auto result = [&](std::size_t row, std::size_t source) -> const Summary& { return results[row * sources.size() + source]; };
+  const std::vector<Source> sources = {use_lite_source(ctx), Source{"synthetic", key_block_outlier_dump(4, L, 64, 11)}};
+  const Grid grid = run_grid(rows, sources, ctx);
 
   std::ostringstream r;
   r << "intattn-groupwise: IntAttention with scales per block (Eq. 16-18 group-wise clipping), mean O CosSim and "
@@ -95,8 +83,8 @@ std::string run_groupwise(const ExperimentContext& ctx) {
   for (std::size_t i = 0; i < rows.size(); ++i) {
     std::vector<std::string> cells = {rows[i].label, rows[i].spec};
     for (std::size_t s = 0; s < sources.size(); ++s) {
-      cells.push_back(fmt_sim(result(i, s).mean.o_cossim));
-      cells.push_back(fmt_err(result(i, s).mean.o_rel_l1));
+      cells.push_back(fmt_sim(grid.cossim(i, s)));
+      cells.push_back(fmt_err(grid.at(i, s).mean.o_rel_l1));
     }
     t.rows.push_back(cells);
   }
@@ -106,19 +94,19 @@ std::string run_groupwise(const ExperimentContext& ctx) {
   for (std::size_t b0 = 0; b0 < rows.size(); b0 += rows.size() / 2) {
     const std::size_t b1 = b0 + rows.size() / 2;
     for (std::size_t s = 0; s < sources.size(); ++s) {
-      const double per_tensor = result(b0, s).mean.o_cossim;
+      const double per_tensor = grid.at(b0, s).mean.o_cossim;
       double best = per_tensor;
       std::string best_label = rows[b0].label;
       for (std::size_t i = b0 + 1; i < b1; ++i) {
-        if (result(i, s).mean.o_cossim > best) best = result(i, s).mean.o_cossim, best_label = rows[i].label;
+        if (grid.cossim(i, s) > best) best = grid.cossim(i, s), best_label = rows[i].label;
         if (rows[i].spec.find("k-group") == std::string::npos) continue;
         const bool offset = rows[i].spec.find("group-max=offset") != std::string::npos;
-        const bool keeps = result(i, s).mean.o_cossim >= per_tensor - kKeep;
+        const bool keeps = grid.cossim(i, s) >= per_tensor - kKeep;
         bool& verdict = offset ? offset_keeps : global_keeps;
         verdict = verdict && keeps;
         if (!keeps)
           r << rows[b0].spec << ", " << sources[s].name << ": " << rows[i].label << " loses "
-            << fixed(per_tensor - result(i, s).mean.o_cossim, 5) << " O CosSim against per tensor\n";
+            << fixed(per_tensor - grid.cossim(i, s), 5) << " O CosSim against per tensor\n";
       }
       r << rows[b0].spec << ", " << sources[s].name << ": best row " << best_label << " (O CosSim " << fmt_sim(best)
         << ", per tensor " << fmt_sim(per_tensor) << ")\n";
@@ -139,4 +127,4 @@ void register_experiment_intattn_groupwise(ExperimentList& list) {
             "IntAttention Sec. 3.3, Eq. 16-18", "qattn reproduce intattn-groupwise [--fast]", run_groupwise});
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments

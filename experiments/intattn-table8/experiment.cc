@@ -9,7 +9,7 @@
 
 #include "experiment.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
 namespace {
 
 // intattn-table8: INT8 (x127) vs UINT8 (x255) P.
@@ -53,4 +53,4 @@ void register_experiment_intattn_table8(ExperimentList& list) {
             "IntAttention Table 8", "qattn reproduce intattn-table8", run_table8});
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments

@@ -7,14 +7,13 @@
 #include <string>
 #include <vector>
 
-#include "engine_setting.h"
 #include "experiment.h"
 #include "qattn/error.h"
 #include "qattn/parallel.h"
 #include "qattn/reference/random.h"
 #include "qattn/reference/registry.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -160,4 +159,4 @@ void register_experiment_intattn_table9(ExperimentList& list) {
             "IntAttention Table 9", "qattn reproduce intattn-table9 [--fast]", run_table9});
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments

@@ -5,11 +5,10 @@
 #include <string>
 #include <vector>
 
-#include "engine_setting.h"
 #include "experiment.h"
 #include "qattn/parallel.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
 namespace {
 
 std::string run_tables4_6(const ExperimentContext& ctx) {
@@ -29,20 +28,8 @@ std::string run_tables4_6(const ExperimentContext& ctx) {
       {"IntAttention pipeline (paper rules)", "intattention@paper"},
   };
   const int L = ctx.fast ? 256 : 2048;
-  struct Source {
-    std::string name;
-    std::vector<DumpLayer> dump;
-  };
-  std::vector<Source> sources;
-  sources.push_back({"USE-Lite", load_dump(ctx.tensors)});
-  sources.push_back({"synthetic", synthetic_outlier_dump(4, 512, 128, 7)});
-  sources.push_back({"long", synthetic_outlier_dump(2, L, 64, 21)});
-  std::vector<Summary> results(rows.size() * sources.size());
-  parallel_for(results.size(), ctx.threads, [&](std::size_t i) {
-    const Row& row = rows[i / sources.size()];
-    results[i] = summarise(evaluate(sources[i % sources.size()].dump, *make_method(row.spec, ctx.engine), row.spec));
-  });
-  auto cos = [&](std::size_t row, std::size_t s) { return results[row * sources.size() + s].mean.o_cossim; };
+  const std::vector<Source> sources = {use_lite_source(ctx), outlier_source("synthetic", 4, 512, 128, 7), outlier_source("long", 2, L, 64, 21)};
+  const Grid grid = run_grid(rows, sources, ctx);
   std::ostringstream r;
   r << "intattn-tables4-6: the softmax replaced alone inside fp64 attention (the pipelines for reference), mean O "
        "CosSim and relative L1 vs the fp64 reference\n"
@@ -58,15 +45,15 @@ std::string run_tables4_6(const ExperimentContext& ctx) {
   for (std::size_t i = 0; i < rows.size(); ++i) {
     std::vector<std::string> cells = {rows[i].label, rows[i].spec};
     for (std::size_t s = 0; s < sources.size(); ++s)
-      cells.push_back(fmt_sim(cos(i, s))), cells.push_back(fmt_err(results[i * sources.size() + s].mean.o_rel_l1));
+      cells.push_back(fmt_sim(grid.cossim(i, s))), cells.push_back(fmt_err(grid.at(i, s).mean.o_rel_l1));
     t.rows.push_back(cells);
   }
   r << t.markdown() << "\n";
   std::size_t holds = 0;
   for (std::size_t s = 0; s < sources.size(); ++s) {
     // rows 1, 2: INT3 (official, printed); rows 3, 4: INT2 (official, printed)
-    const bool index_first = cos(0, s) > cos(1, s) && cos(0, s) > cos(2, s);
-    const bool int3_over_int2 = cos(1, s) > cos(3, s) && cos(2, s) > cos(4, s);
+    const bool index_first = grid.cossim(0, s) > grid.cossim(1, s) && grid.cossim(0, s) > grid.cossim(2, s);
+    const bool int3_over_int2 = grid.cossim(1, s) > grid.cossim(3, s) && grid.cossim(2, s) > grid.cossim(4, s);
     holds += index_first && int3_over_int2;
     r << sources[s].name << ": IndexSoftmax > EXAQ INT3: " << (index_first ? "HOLDS" : "DOES NOT HOLD")
       << "; EXAQ INT3 > INT2 (each preset): " << (int3_over_int2 ? "HOLDS" : "DOES NOT HOLD") << "\n";
@@ -83,4 +70,4 @@ void register_experiment_intattn_tables4_6(ExperimentList& list) {
             "IntAttention Tables 4-6", "qattn reproduce intattn-tables4-6 [--fast]", run_tables4_6});
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments

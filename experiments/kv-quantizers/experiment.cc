@@ -7,18 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "commands.h"
-#include "engine_setting.h"
 #include "experiment.h"
 #include "qattn/reference/kv_quant.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
 namespace {
-
-struct Source {
-  std::string name;
-  std::vector<DumpLayer> dump;
-};
 
 // Every quantizer on every source under fp32 attention, and what the report reads from the runs.
 struct Runs {
@@ -101,8 +94,7 @@ std::string run_kv_quantizers(const ExperimentContext& ctx) {
              "saw",               "saw:block=1",       "saw:rotate-v=true", "saw@fp16-v",
              "rtn:bits=2,v=channel", "rtn:bits=4,v=channel", "nvfp4", "nvfp4@fp8-attention"};
   const int L = ctx.fast ? 1024 : 4096;
-  g.sources.push_back({"USE-Lite", load_dump(ctx.tensors)});
-  g.sources.push_back({"synthetic", synthetic_outlier_dump(4, L, 64, 11)});
+  g.sources = {use_lite_source(ctx), outlier_source("synthetic", 4, L, 64, 11)};
   const auto fp32 = make_method("fp32", ctx.engine);
   g.res.resize(g.specs.size() * g.sources.size());
   parallel_for(g.res.size(), ctx.threads, [&](std::size_t i) {
@@ -128,7 +120,7 @@ std::string run_kv_quantizers(const ExperimentContext& ctx) {
     }
     t.rows.push_back(row);
   }
-  emit(csv.csv(), (ctx.out_dir / "kv-quantizers.csv").string());
+  write_text(ctx.out_dir / "kv-quantizers.csv", csv.csv());
   const std::vector<std::size_t> on_front = pareto_outputs(
       ctx, "kv-quantizers-pareto", pareto, "KV-cache quantizers on USE-Lite: 1 - O CosSim vs bits per element");
   std::ostringstream r;
@@ -152,4 +144,4 @@ void register_experiment_kv_quantizers(ExperimentList& list) {
             "KIVI, TurboQuant, SAW-INT4, TurboAttention", "qattn reproduce kv-quantizers [--fast]", run_kv_quantizers});
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments

@@ -7,10 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "commands.h"
 #include "experiment.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
 namespace {
 
 // leaderboard: every registered method at its defaults and presets, one table.
@@ -38,7 +37,7 @@ std::string run_leaderboard(const ExperimentContext& ctx) {
                         fmt_sim(s[i].mean.p_cossim), fmt_err(s[i].mean.p_rel_l1), bits_text, fmt_err(1 - s[i].mean.o_cossim), canon[i]});
     if (bits > 0) front.rows.push_back({names[i], bits_text, fmt_err(1 - s[i].mean.o_cossim)});
   }
-  emit(csv.csv(), (ctx.out_dir / "leaderboard.csv").string());
+  write_text(ctx.out_dir / "leaderboard.csv", csv.csv());
   const std::vector<std::size_t> on_front =
       pareto_outputs(ctx, "leaderboard-pareto", front, "Attention pipelines: 1 - O CosSim vs K/V bits per element");
   std::ostringstream r;
@@ -59,4 +58,4 @@ void register_experiment_leaderboard(ExperimentList& list) {
             "(none of the papers)", "qattn reproduce leaderboard", run_leaderboard});
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments

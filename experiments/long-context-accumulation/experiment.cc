@@ -14,7 +14,7 @@
 #include "qattn/reference/kernel_file.h"
 #include "qattn/reference/registry.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
 namespace {
 
 ref::FlashKernel fa3_promoted(int promote_keys) {
@@ -89,4 +89,4 @@ void register_experiment_long_context_accumulation(ExperimentList& list) {
             run_long_context_accumulation});
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments

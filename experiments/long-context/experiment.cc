@@ -9,14 +9,12 @@
 #include <string>
 #include <vector>
 
-#include "commands.h"
-#include "engine_setting.h"
 #include "experiment.h"
 #include "qattn/error.h"
 #include "qattn/reference/registry.h"
 #include "qattn/tensor_io.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
 namespace {
 namespace fs = std::filesystem;
 
@@ -119,13 +117,10 @@ std::string run_long_context(const ExperimentContext& ctx) {
     t.rows.push_back(row);
   }
   const fs::path csv_path = ctx.out_dir / "long-context.csv";
-  emit(csv.csv(), csv_path.string());
-  if (ctx.plots) {
-    const fs::path png = ctx.out_dir / "long-context.png";
-    if (run_plot_script({"lines", csv_path.string(), "-o", png.string(), "--x", "L", "--y", "p_rel_l1", "--series", "method",
-                         "--logx", "--logy", "--title", "P relative L1 vs L, synthetic rows with USE-Lite's spread"}) != 0)
-      std::cerr << "qattn reproduce: the long-context figure was not drawn (matplotlib missing?)\n";
-  }
+  write_text(csv_path, csv.csv());
+  const fs::path png = ctx.out_dir / "long-context.png";
+  draw(ctx, {"lines", csv_path.string(), "-o", png.string(), "--x", "L", "--y", "p_rel_l1", "--series", "method",
+             "--logx", "--logy", "--title", "P relative L1 vs L, synthetic rows with USE-Lite's spread"}, png);
   std::ostringstream r;
   r << "long-context: P error of each softmax model vs the fp64 softmax, " << rows << " synthetic rows per L\n"
     << "rows: logits = sigma z, z ~ N(0, 1) i.i.d., sigma drawn from the " << sigmas.size() << " real rows' standard "
@@ -143,4 +138,4 @@ void register_experiment_long_context(ExperimentList& list) {
             "IntAttention, EXAQ, TurboAttention", "qattn reproduce long-context [--fast]", run_long_context});
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments

@@ -11,7 +11,7 @@
 #include "qattn/reference/kv_quant.h"
 #include "qattn/reference/random.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
 namespace {
 
 std::string run_primer_rd(const ExperimentContext& ctx) {
@@ -79,4 +79,4 @@ void register_experiment_primer_rd(ExperimentList& list) {
             "quantization primer (rate-distortion)", "qattn reproduce primer-rd [--fast]", run_primer_rd});
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments

@@ -7,14 +7,12 @@
 #include <string>
 #include <vector>
 
-#include "data_paths.h"
-#include "engine_setting.h"
 #include "experiment.h"
 #include "qattn/parallel.h"
 #include "qattn/reference/mma_vectors.h"
 #include "qattn/tensor_io.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
 namespace {
 
 using ref::MmaVectorSet;
@@ -63,12 +61,12 @@ std::string run_sage2_fp22(const ExperimentContext& ctx) {
   std::ostringstream r;
   r << "sage2-fp22: SageAttention2 Sec. 3.4, \"the FP8 mma accumulates in FP22 (1-8-13)\", against an H100\n\n";
   // (1) the probe
-  const std::vector<ProbeRow> probe = probe_rows(share_dir() / "data" / "h100-mma");
+  const std::vector<ProbeRow> probe = probe_rows(ctx.share_dir / "data" / "h100-mma");
   Table pt{{"instruction", "set", "outputs", "D == C (A = B = 0)", "10 low mantissa bits zero"}, {}};
   for (const ProbeRow& p : probe)
     pt.rows.push_back({p.instruction, p.set, std::to_string(p.outputs),
                        p.set == "zero" ? percent(p.d_equals_c, p.outputs) : "-", percent(p.low10_zero, p.outputs)});
-  r << "The A = B = 0 probe and the FP22 signature, from the H100 vectors (tests/fixtures/h100-mma, a subset of the "
+  r << "The A = B = 0 probe and the FP22 signature, from the H100 vectors (experiments/data/h100-mma, a subset of the "
        "measurement; docs/mma.md):\n\n"
     << pt.markdown() << "\n";
   // (2) P·V under each accumulator
@@ -81,25 +79,17 @@ std::string run_sage2_fp22(const ExperimentContext& ctx) {
       {"fp22", "per-product FP22, one accumulator"},
   };
   const int L = ctx.fast ? 256 : 1024;
-  struct Source {
-    std::string name;
-    std::vector<DumpLayer> dump;
-  };
-  std::vector<Source> sources;
-  sources.push_back({"synthetic", synthetic_outlier_dump(4, L, 128, 7)});
-  sources.push_back({"USE-Lite", load_dump(ctx.tensors)});
-  std::vector<Summary> results(accs.size() * sources.size());
-  parallel_for(results.size(), ctx.threads, [&](std::size_t i) {
-    const std::string spec = "sage2@paper-8b:acc=" + accs[i / sources.size()].first;
-    results[i] = summarise(evaluate(sources[i % sources.size()].dump, *make_method(spec, ctx.engine), spec));
-  });
+  const std::vector<Source> sources = {outlier_source("synthetic", 4, L, 128, 7), use_lite_source(ctx)};
+  std::vector<std::string> specs;
+  for (const auto& [acc, what] : accs) specs.push_back("sage2@paper-8b:acc=" + acc);
+  const Grid grid = run_grid(specs, sources, ctx);
   Table t{{"acc", "what"}, {}};
   for (const Source& s : sources)
     for (const char* m : {" O CosSim", " O rel L1"}) t.header.push_back(s.name + m);
   for (std::size_t a = 0; a < accs.size(); ++a) {
     std::vector<std::string> row{accs[a].first, accs[a].second};
     for (std::size_t s = 0; s < sources.size(); ++s) {
-      const Metrics& m = results[a * sources.size() + s].mean;
+      const Metrics& m = grid.at(a, s).mean;
       row.push_back(fmt_sim(m.o_cossim)), row.push_back(fmt_err(m.o_rel_l1));
     }
     t.rows.push_back(row);
@@ -111,7 +101,7 @@ std::string run_sage2_fp22(const ExperimentContext& ctx) {
   // Verdicts
   auto rel_l1 = [&](const std::string& acc, std::size_t s) {
     for (std::size_t a = 0; a < accs.size(); ++a)
-      if (accs[a].first == acc) return results[a * sources.size() + s].mean.o_rel_l1;
+      if (accs[a].first == acc) return grid.at(a, s).mean.o_rel_l1;
     return 0.0;
   };
   std::size_t zero_outputs = 0, zero_equal = 0, fast_outputs = 0, fast_low10 = 0;
@@ -137,4 +127,4 @@ void register_experiment_sage2_fp22(ExperimentList& list) {
             "SageAttention2 Sec. 3.4", "qattn reproduce sage2-fp22 [--fast]", run_sage2_fp22});
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments

@@ -10,7 +10,7 @@
 #include "qattn/reference/random.h"
 #include "qattn/reference/sage_quant.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
 namespace {
 
 // Per-token symmetric INT4 as SageAttention2 quantises K (scale max|x| / 7, half away from zero; the "token"
@@ -205,4 +205,4 @@ void register_experiment_sage2_smoothing(ExperimentList& list) {
             "SageAttention2 App. A.5, Eqs. 3-7", "qattn reproduce sage2-smoothing", run_sage2_smoothing});
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments

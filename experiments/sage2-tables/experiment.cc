@@ -7,11 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "commands.h"
-#include "engine_setting.h"
 #include "experiment.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
 namespace {
 
 // sage2-tables: the orderings of SageAttention2's ablation tables.
@@ -54,14 +52,9 @@ std::string run_sage2_tables(const ExperimentContext& ctx) {
        {q4 + ",smooth-v=true", q4 + ",smooth-v=false"}, {"smooth V", "none"}},
   };
   const int L = ctx.fast ? 128 : 512;
-  struct Source {
-    std::string name;
-    std::vector<DumpLayer> dump;
-  };
-  std::vector<Source> sources;
-  sources.push_back({"synthetic (4 heads, L = " + std::to_string(L) + ", d = 128, channel-wise outliers)",
-                     synthetic_outlier_dump(4, L, 128, 7)});
-  sources.push_back({"USE-Lite", load_dump(ctx.tensors)});
+  const std::vector<Source> sources = {
+      outlier_source("synthetic (4 heads, L = " + std::to_string(L) + ", d = 128, channel-wise outliers)", 4, L, 128, 7),
+      use_lite_source(ctx)};
   std::ostringstream r;
   r << "sage2-tables: orderings of SageAttention2's ablations, mean O CosSim (and relative L1) vs the fp64 reference\n"
     << "synthetic heads: x = bias[c] + N(0, 1), bias ~ N(0, s^2), s = 1 (Q), 4 (K; every 16th channel 4x), 2 (V); seed 7\n\n";
@@ -73,13 +66,9 @@ std::string run_sage2_tables(const ExperimentContext& ctx) {
   for (const Claim& c : claims)
     for (const auto& spec : c.specs)
       if (std::find(distinct.begin(), distinct.end(), spec) == distinct.end()) distinct.push_back(spec);
-  std::vector<Summary> results(distinct.size() * sources.size());
-  parallel_for(results.size(), ctx.threads, [&](std::size_t i) {
-    const std::string& spec = distinct[i / sources.size()];
-    results[i] = summarise(evaluate(sources[i % sources.size()].dump, *make_method(spec, ctx.engine), spec));
-  });
+  const Grid grid = run_grid(distinct, sources, ctx);
   auto result = [&](const std::string& spec, std::size_t si) -> const Summary& {
-    return results[(std::find(distinct.begin(), distinct.end(), spec) - distinct.begin()) * sources.size() + si];
+    return grid.at(std::find(distinct.begin(), distinct.end(), spec) - distinct.begin(), si);
   };
   std::vector<std::string> verdicts;
   for (const Claim& c : claims) {
@@ -123,4 +112,4 @@ void register_experiment_sage2_tables(ExperimentList& list) {
             "SageAttention2 Tables 4, 6, 7, 10", "qattn reproduce sage2-tables [--fast]", run_sage2_tables});
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments

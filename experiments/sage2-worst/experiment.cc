@@ -4,11 +4,10 @@
 #include <string>
 #include <vector>
 
-#include "engine_setting.h"
 #include "experiment.h"
 #include "qattn/parallel.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
 namespace {
 
 std::string run_sage2_worst(const ExperimentContext& ctx) {
@@ -28,20 +27,10 @@ std::string run_sage2_worst(const ExperimentContext& ctx) {
        {"sage2@paper-4b", "sage2@paper-4b:smooth-k=false", "sage2@paper-4b:smooth-q=false", "sage2@paper-4b:smooth-q=false,smooth-k=false"}},
   };
   const int L = ctx.fast ? 128 : 512;
-  struct Source {
-    std::string name;
-    std::vector<DumpLayer> dump;
-  };
-  std::vector<Source> sources;
-  sources.push_back({"synthetic", synthetic_outlier_dump(4, L, 128, 7)});
-  sources.push_back({"USE-Lite", load_dump(ctx.tensors)});
+  const std::vector<Source> sources = {outlier_source("synthetic", 4, L, 128, 7), use_lite_source(ctx)};
   std::vector<std::string> specs;
   for (const Claim& c : claims) specs.insert(specs.end(), c.specs.begin(), c.specs.end());
-  std::vector<Summary> results(specs.size() * sources.size());
-  parallel_for(results.size(), ctx.threads, [&](std::size_t i) {
-    const std::string& spec = specs[i / sources.size()];
-    results[i] = summarise(evaluate(sources[i % sources.size()].dump, *make_method(spec, ctx.engine), spec));
-  });
+  const Grid grid = run_grid(specs, sources, ctx);
   std::ostringstream r;
   r << "sage2-worst: SageAttention2's worst-case tables, the worst head's O CosSim, relative L1 and RMSE vs the fp64 "
        "reference (INT4 Q/K throughout, as in the paper)\n"
@@ -58,7 +47,7 @@ std::string run_sage2_worst(const ExperimentContext& ctx) {
     for (std::size_t i = 0; i < c.specs.size(); ++i) {
       std::vector<std::string> row = {c.table, c.labels[i], c.specs[i]};
       for (std::size_t s = 0; s < sources.size(); ++s) {
-        const Metrics& w = results[(at + i) * sources.size() + s].worst;
+        const Metrics& w = grid.at(at + i, s).worst;
         row.push_back(fmt_sim(w.o_cossim)), row.push_back(fmt_err(w.o_rel_l1)), row.push_back(fmt_err(w.o_rmse));
       }
       t.rows.push_back(row);
@@ -67,8 +56,7 @@ std::string run_sage2_worst(const ExperimentContext& ctx) {
       bool holds = true;
       std::string failed;
       for (std::size_t i = 0; i + 1 < c.specs.size(); ++i) {
-        const bool step = results[(at + i) * sources.size() + s].worst.o_cossim >
-                          results[(at + i + 1) * sources.size() + s].worst.o_cossim;
+        const bool step = grid.at(at + i, s).worst.o_cossim > grid.at(at + i + 1, s).worst.o_cossim;
         holds = holds && step;
         if (!step) failed += (failed.empty() ? "" : ", ") + c.labels[i] + " > " + c.labels[i + 1];
       }
@@ -84,8 +72,8 @@ std::string run_sage2_worst(const ExperimentContext& ctx) {
   constexpr double kCloseFactor = 1.25;
   std::size_t close_held = 0;
   for (std::size_t s = 0; s < sources.size(); ++s) {
-    const double token = 1 - results[0 * sources.size() + s].worst.o_cossim;   // Table 15 rows: token, thread, ...
-    const double thread = 1 - results[1 * sources.size() + s].worst.o_cossim;
+    const double token = 1 - grid.at(0, s).worst.o_cossim;   // Table 15 rows: token, thread, ...
+    const double thread = 1 - grid.at(1, s).worst.o_cossim;
     const double ratio = thread / token;
     const bool close = ratio <= kCloseFactor;
     close_held += close;
@@ -110,4 +98,4 @@ void register_experiment_sage2_worst(ExperimentList& list) {
             "SageAttention2 Tables 15-17", "qattn reproduce sage2-worst [--fast]", run_sage2_worst});
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments

@@ -8,13 +8,12 @@
 #include <string>
 #include <vector>
 
-#include "engine_setting.h"
 #include "experiment.h"
 #include "qattn/metrics.h"
 #include "qattn/parallel.h"
 #include "qattn/reference/flashq.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
 namespace {
 
 // One attention call of the decode pipeline (Algorithm 2), all heads of one layer and sentence: each head's O error
@@ -84,13 +83,7 @@ double mean_error(const std::vector<Call>& calls, Pick pick) {
 
 std::string run_fig7b(const ExperimentContext& ctx) {
   const int L = ctx.fast ? 128 : 512;
-  struct Source {
-    std::string name;
-    std::vector<DumpLayer> dump;
-  };
-  std::vector<Source> sources;
-  sources.push_back({"USE-Lite", load_dump(ctx.tensors)});
-  sources.push_back({"synthetic", synthetic_outlier_dump(8, L, 128, 7)});
+  const std::vector<Source> sources = {use_lite_source(ctx), outlier_source("synthetic", 8, L, 128, 7)};
   const std::vector<std::string> rules = {"priority (Eq. 11, channel gaps)", "priority (all entries)", "min-max range",
                                           "variation (std of gaps)", "random (expected)", "oracle"};
   std::ostringstream r;
@@ -171,4 +164,4 @@ void register_experiment_turbo_fig7b(ExperimentList& list) {
             "TurboAttention Fig. 7b", "qattn reproduce turbo-fig7b [--fast]", run_fig7b});
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments

@@ -6,11 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "engine_setting.h"
 #include "experiment.h"
 #include "qattn/parallel.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
 namespace {
 
 // Table 3's measurable claim (ours): over the seven (B_r, B_c) pairs, the largest mean O rel L1 is at most this
@@ -38,19 +37,8 @@ std::string run_turbo_tables(const ExperimentContext& ctx) {
   rows.push_back({"Table 4, prefill", "FlashQ INT8 (exact exp)", "turbo:exp=exact"});
   rows.push_back({"Table 4, prefill", "FlashQ INT8 + SAS", "turbo@paper"});
   const int L = ctx.fast ? 128 : 512;
-  struct Source {
-    std::string name;
-    std::vector<DumpLayer> dump;
-  };
-  std::vector<Source> sources;
-  sources.push_back({"USE-Lite", load_dump(ctx.tensors)});
-  sources.push_back({"synthetic", synthetic_outlier_dump(4, L, 128, 7)});
-  std::vector<Summary> results(rows.size() * sources.size());
-  parallel_for(results.size(), ctx.threads, [&](std::size_t i) {
-    const Row& row = rows[i / sources.size()];
-    results[i] = summarise(evaluate(sources[i % sources.size()].dump, *make_method(row.spec, ctx.engine), row.spec));
-  });
-  auto result = [&](std::size_t row, std::size_t s) -> const Summary& { return results[row * sources.size() + s]; };
+  const std::vector<Source> sources = {use_lite_source(ctx), outlier_source("synthetic", 4, L, 128, 7)};
+  const Grid grid = run_grid(rows, sources, ctx);
 
   std::ostringstream r;
   r << "turbo-tables: TurboAttention Tables 3 and 4 as attention-level proxies, mean O CosSim and relative L1 vs the "
@@ -66,7 +54,7 @@ std::string run_turbo_tables(const ExperimentContext& ctx) {
   for (std::size_t i = 0; i < rows.size(); ++i) {
     std::vector<std::string> cells = {rows[i].table, rows[i].label, rows[i].spec};
     for (std::size_t s = 0; s < sources.size(); ++s)
-      cells.push_back(fmt_sim(result(i, s).mean.o_cossim)), cells.push_back(fmt_err(result(i, s).mean.o_rel_l1));
+      cells.push_back(fmt_sim(grid.cossim(i, s))), cells.push_back(fmt_err(grid.at(i, s).mean.o_rel_l1));
     t.rows.push_back(cells);
   }
   r << t.markdown() << "\n";
@@ -74,13 +62,13 @@ std::string run_turbo_tables(const ExperimentContext& ctx) {
   for (std::size_t s = 0; s < sources.size(); ++s) {
     double lo = 1e300, hi = 0;
     for (std::size_t i = 0; i < blocks.size(); ++i)
-      lo = std::min(lo, result(i, s).mean.o_rel_l1), hi = std::max(hi, result(i, s).mean.o_rel_l1);
+      lo = std::min(lo, grid.at(i, s).mean.o_rel_l1), hi = std::max(hi, grid.at(i, s).mean.o_rel_l1);
     robust += hi <= kRobust * lo;
     r << "Table 3, " << sources[s].name << ": O rel L1 from " << fmt_err(lo) << " to " << fmt_err(hi) << " (x"
       << fixed(hi / lo, 3) << "; robust means <= x" << fixed(kRobust, 2) << "): " << (hi <= kRobust * lo ? "HOLDS" : "DOES NOT HOLD") << "\n";
     bool order = true;
     for (std::size_t i = blocks.size(); i + 1 < blocks.size() + table4.size(); ++i)
-      order = order && result(i, s).mean.o_cossim > result(i + 1, s).mean.o_cossim;
+      order = order && grid.cossim(i, s) > grid.at(i + 1, s).mean.o_cossim;
     ordered += order;
     r << "Table 4, " << sources[s].name << ": FP16 > SAS > FlashQ-4bit > FlashQ-4bit + SAS: " << (order ? "HOLDS" : "DOES NOT HOLD") << "\n";
   }
@@ -99,4 +87,4 @@ void register_experiment_turbo_tables(ExperimentList& list) {
             "TurboAttention Tables 3, 4", "qattn reproduce turbo-tables [--fast]", run_turbo_tables});
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments

@@ -12,12 +12,10 @@
 #include <filesystem>
 #include <string>
 
-#include "commands.h"
-#include "data_paths.h"
 #include "experiment.h"
 #include "qattn/error.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
 namespace {
 
 namespace fs = std::filesystem;
@@ -38,7 +36,7 @@ std::string run_e2e(const ExperimentContext& ctx) {
     const char* old = std::getenv("PYTHONPATH");
     env = "PYTHONPATH=" + quoted((self.parent_path() / "python").string() + (old && *old ? ":" + std::string(old) : "")) + " ";
   }
-  const fs::path script = share_dir() / "experiments" / "use-lite-e2e" / "e2e.py";
+  const fs::path script = ctx.share_dir / "experiments" / "use-lite-e2e" / "e2e.py";
   if (!fs::is_regular_file(script, ec))
     throw InputError(script.string(), "use-lite-e2e", "the experiment's script is not installed there");
   const char* python = std::getenv("QATTN_PYTHON");
@@ -57,7 +55,7 @@ std::string run_e2e(const ExperimentContext& ctx) {
     if (code == 1 && report.empty())
       throw InputError(script.string(), "use-lite-e2e",
                        "failed (is the Python package built, -DQATTN_PYTHON=ON, and importable? its message is above)");
-    throw ExitCode{code == 0 ? 1 : code};
+    throw ExperimentExit{code == 0 ? 1 : code};
   }
   return report;
 }
@@ -71,4 +69,4 @@ void register_experiment_use_lite_e2e(ExperimentList& list) {
             "qattn (end to end)", "qattn reproduce use-lite-e2e [--fast]", run_e2e, ""});
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments

@@ -9,13 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "commands.h"
-#include "engine_setting.h"
 #include "experiment.h"
 #include "qattn/error.h"
 #include "qattn/reference/weight_quant.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
 namespace {
 namespace fs = std::filesystem;
 
@@ -100,4 +98,4 @@ void register_experiment_weight_quantizers(ExperimentList& list) {
             "GPTQ, AWQ", "qattn reproduce weight-quantizers", run_weight_quantizers});
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments

@@ -1,4 +1,4 @@
-"""qattn.mma against what an H100 returned (tests/fixtures/h100-mma), and its input rules."""
+"""qattn.mma against what an H100 returned (experiments/data/h100-mma), and its input rules."""
 import os
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 
 import qattn
 
-FIXTURES = os.path.join(os.environ.get("QATTN_SOURCE", "."), "tests", "fixtures", "h100-mma")
+FIXTURES = os.path.join(os.environ.get("QATTN_SOURCE", "."), "experiments", "data", "h100-mma")
 
 
 def vectors(name):

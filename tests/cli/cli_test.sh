@@ -351,7 +351,7 @@ else
 fi
 
 # qattn mma and mma-check (docs/mma.md) on the embedded H100 vectors.
-mmav="$root/tests/fixtures/h100-mma"
+mmav="$root/experiments/data/h100-mma"
 expect 0 "h100-wgmma-e4m3-promote" "mma --list names the presets" -- mma --list
 expect 0 "All sets: 32768 of 32768 outputs bit-equal" "mma-check: h100-hmma-f16 on the embedded f16 vectors" -- \
   mma-check "$mmav/mma_sync_m16n8k16_f16f32.safetensors" --model h100-hmma-f16

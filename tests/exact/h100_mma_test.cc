@@ -1,5 +1,5 @@
 // The tensor-core MMA models (qattn/reference/mma.h) against what an H100 returned: every preset bit for bit on the
-// embedded vectors (tests/fixtures/h100-mma), and on the whole measurement where it is present; the per-product FP22
+// embedded vectors (experiments/data/h100-mma), and on the whole measurement where it is present; the per-product FP22
 // bound's measured distance from the hardware, as docs/mma.md states it.
 #include <catch2/catch.hpp>
 
@@ -30,7 +30,7 @@ namespace fs = std::filesystem;
 using qattn::ref::MmaModel;
 using qattn::ref::MmaVectorSet;
 
-const fs::path kEmbedded = fs::path(QATTN_FIXTURES) / "h100-mma";
+const fs::path kEmbedded = fs::path(QATTN_SAMPLE_DATA) / "h100-mma";
 
 // The whole measurement: $QATTN_H100_VECTORS, else ../shared/data/h100-fp8 beside the source tree.
 std::optional<fs::path> full_vectors() {

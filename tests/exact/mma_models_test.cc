@@ -85,11 +85,11 @@ TEST_CASE("the MMA-Sim presets say where their validation comes from", "[mma][mm
   }
 }
 
-// The probe set an H100 returned for f16 subnormal operands (tests/fixtures/h100-mma/README.md): the field rule
+// The probe set an H100 returned for f16 subnormal operands (experiments/data/h100-mma/README.md): the field rule
 // (a subnormal at binary16's minimum exponent -14, a zero operand at -126) reproduces all of it, the leading-bit rule
 // qattn had before 32,459 of the 32,768 outputs.
 TEST_CASE("f16 subnormal inputs: h100-hmma-f16 reproduces every probe output, the leading-bit rule 32459", "[mma][h100]") {
-  const fs::path file = fs::path(QATTN_FIXTURES) / "h100-mma" / "probe_f16f32_subnormal.safetensors";
+  const fs::path file = fs::path(QATTN_SAMPLE_DATA) / "h100-mma" / "probe_f16f32_subnormal.safetensors";
   const std::vector<MmaVectorSet> sets = qattn::ref::mma_vector_sets(qattn::read_tensor_file(file), file.string());
   REQUIRE(sets.size() == 1);
   const MmaModel& hmma = qattn::ref::mma_preset("h100-hmma-f16");

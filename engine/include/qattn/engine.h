@@ -56,4 +56,17 @@ inline BuiltMethod build_method(std::string_view spec, const EngineOptions& opti
   return build_method(parse_method_spec(spec), options);
 }
 
+// What a front end's --engine and --verbose select, passed to every method it builds: the CLI's commands, an
+// experiment's context (experiments/common/experiment.h).
+struct EngineSetting {
+  Engine engine = Engine::automatic;
+  bool verbose = false;  // one line per distinct canonical spec on stderr, once per process: which path runs it
+};
+
+// The method `spec` names, on `setting.engine`; `threads`, `probs` and `o_float32` as in EngineOptions. Thread-safe.
+std::unique_ptr<Method> make_method(const MethodSpec& spec, const EngineSetting& setting, int threads = 1,
+                                    bool probs = true, bool o_float32 = false);
+std::unique_ptr<Method> make_method(const std::string& spec, const EngineSetting& setting, int threads = 1,
+                                    bool probs = true);
+
 }  // namespace qattn

@@ -24,5 +24,6 @@ struct Table {
 std::string fmt_sim(double v);
 std::string fmt_err(double v);
 std::string fmt_bits(double v);  // bits per element, 3 decimals
+std::string fixed(double v, int places);  // v with `places` decimals (std::fixed)
 
 }  // namespace qattn::eval

@@ -1,5 +1,5 @@
 // Fused multi-term matrix multiply-accumulate (MMA) as matrix units compute it: a parametric model, and named
-// presets for the instructions an NVIDIA H100 was measured on (tests/fixtures/h100-mma) and for those MMA-Sim's
+// presets for the instructions an NVIDIA H100 was measured on (experiments/data/h100-mma) and for those MMA-Sim's
 // published model describes (Blackwell, Ada, CDNA3: not measured here; docs/mma.md).
 //
 // One output is D = sum_k a_k b_k + C. The instruction splits k into steps of `step_products` products; a step

@@ -1,10 +1,12 @@
 // The experiments of `qattn reproduce`: one paper claim each, in its own folder. experiments/<name>/experiment.cc
 // defines `void register_experiment_<name, '-' as '_'>(ExperimentList&)`, which adds an Experiment whose run prints
 // a deterministic report (what it measured, the paper's numbers, a verdict) and writes its data files (CSV,
-// figures) into the context's out_dir. experiments/CMakeLists.txt compiles every such file into the CLI and
-// generates the call list, and reads the folder's experiment.cmake for how CTest runs it; a new experiment is its
-// folder and nothing else. An experiment may instead be its own program (sas-poly, exaq-clipping), built next to
-// qattn under experiments/ and run by `qattn reproduce` as it is.
+// figures) into the context's out_dir. experiments/CMakeLists.txt compiles every such file, with this folder's
+// helpers, into the library qattn_experiments, generates the call list, and reads the folder's experiment.cmake for
+// how CTest runs it. The library stands on the evaluation layer (qattn/eval) and the engine, never on the CLI: the
+// CLI's `qattn reproduce` fills an ExperimentContext (data directory, plot runner) and calls an Experiment's run.
+// An experiment may instead be its own program (sas-poly, exaq-clipping), built next to qattn under experiments/
+// and run by `qattn reproduce` as it is.
 //
 // The helpers below are what more than one experiment uses.
 #pragma once
@@ -16,13 +18,14 @@
 #include <utility>
 #include <vector>
 
-#include "engine_setting.h"
-#include "evaluate.h"
+#include "qattn/engine.h"
+#include "qattn/eval/evaluate.h"
+#include "qattn/eval/report.h"
+#include "qattn/eval/table.h"
 #include "qattn/method.h"
-#include "engine_setting.h"
-#include "evaluate.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
+using namespace qattn::eval;
 
 struct ExperimentContext {
   std::string tensors;             // --tensors: the dump directory
@@ -31,6 +34,9 @@ struct ExperimentContext {
   bool plots = true;               // draw figures (needs Python with matplotlib)
   int threads = 0;                 // worker threads, 0 = all cores
   EngineSetting engine;            // --engine, --verbose: every method the experiment builds (make_method)
+  std::filesystem::path share_dir; // qattn's data files (share/qattn: data/use-lite, data/h100-mma, experiments/)
+  // Runs the plot script (`qattn plot ARGS`) and returns its exit status; empty: no figures can be drawn.
+  std::function<int(const std::vector<std::string>& args)> plot;
 };
 
 struct Experiment {
@@ -40,6 +46,11 @@ struct Experiment {
   std::string command;  // how to run it, for --list
   std::function<std::string(const ExperimentContext&)> run;  // the report; empty: `program` runs instead
   std::string program;  // a separate program built under experiments/ next to qattn
+};
+
+// Thrown by a run whose child program failed after saying why on stderr: the front end exits with `code`.
+struct ExperimentExit {
+  int code;
 };
 
 class ExperimentList {
@@ -53,16 +64,48 @@ class ExperimentList {
 };
 
 // Every experiment folder's registration, in folder-name order (generated: experiment_files.cc).
-const ExperimentList& experiments();
+const ExperimentList& experiment_list();
 
 // ---- helpers shared by experiments -----------------------------------------------------------------------------
 
-std::string fixed(double v, int places);  // v with `places` decimals
+// Writes `text` to `path` atomically (the whole file or none of it).
+void write_text(const std::filesystem::path& path, const std::string& text);
+// ctx.plot(args) when figures are on; a line on stderr when the figure `png` was not drawn. Whether it was drawn.
+bool draw(const ExperimentContext& ctx, const std::vector<std::string>& args, const std::filesystem::path& png);
 
-// Runs the plot script (analysis/plots/qattn_plot.py, found as `qattn plot` finds it) with args; its exit status.
-int run_plot_script(const std::vector<std::string>& args);
-// Runs argv[0] with its arguments and waits; its exit status (127 when it cannot start).
-int run_program(std::vector<std::string> argv);
+// ---- the grid of rows x sources that most experiments measure -------------------------------------------------
+
+// A set of heads an experiment evaluates on: the dump (--tensors) or synthetic heads, under the name its table shows.
+struct Source {
+  std::string name;
+  std::vector<DumpLayer> dump;
+};
+// The dump named by --tensors, as the source "USE-Lite".
+Source use_lite_source(const ExperimentContext& ctx);
+// synthetic_outlier_dump(heads, L, d, seed) under `name`.
+Source outlier_source(std::string name, int heads, int L, int d, std::uint64_t seed);
+
+// Every spec evaluated on every source, threaded over the (spec, source) pairs (ctx.threads, ctx.engine).
+class Grid {
+ public:
+  Grid(std::size_t sources, std::vector<Summary> results) : sources_(sources), results_(std::move(results)) {}
+  const Summary& at(std::size_t spec, std::size_t source) const { return results_[spec * sources_ + source]; }
+  double cossim(std::size_t spec, std::size_t source) const { return at(spec, source).mean.o_cossim; }
+  double error(std::size_t spec, std::size_t source) const { return 1 - cossim(spec, source); }  // 1 - O CosSim
+
+ private:
+  std::size_t sources_;
+  std::vector<Summary> results_;
+};
+Grid run_grid(const std::vector<std::string>& specs, const std::vector<Source>& sources, const ExperimentContext& ctx);
+// The same over rows that carry a `spec` member (label, spec, ...).
+template <class Row>
+  requires requires(const Row& r) { std::string(r.spec); }
+Grid run_grid(const std::vector<Row>& rows, const std::vector<Source>& sources, const ExperimentContext& ctx) {
+  std::vector<std::string> specs;
+  for (const Row& r : rows) specs.push_back(r.spec);
+  return run_grid(specs, sources, ctx);
+}
 
 // Each spec evaluated on the dump; the summaries in the order given.
 std::vector<Summary> summaries(const std::vector<DumpLayer>& dump, const std::vector<std::string>& specs,
@@ -109,4 +152,4 @@ struct NeedleHead {
 };
 NeedleHead needle_head(Eigen::Index keys, Eigen::Index d, Eigen::Index rows);
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments

@@ -1,28 +1,24 @@
-// The experiment list and the helpers experiments share (analysis/experiment.h).
+// The experiment list and the helpers experiments share (experiments/common/experiment.h).
 #include "experiment.h"
-
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
 #include <random>
+#include <span>
 #include <sstream>
 #include <stdexcept>
 #include <tuple>
 
-#include "commands.h"
-#include "data_paths.h"
-#include "engine_setting.h"
 #include "qattn/error.h"
 #include "qattn/eval/grid.h"
 #include "qattn/parallel.h"
 #include "qattn/reference/random.h"
 #include "qattn/reference/registry.h"
+#include "qattn/tensor_io.h"
 
-namespace qattn::cli {
+namespace qattn::experiments {
 namespace fs = std::filesystem;
 
 void register_experiment_files(ExperimentList& list);  // generated from experiments/*/experiment.cc
@@ -38,7 +34,7 @@ const Experiment* ExperimentList::find(const std::string& name) const {
   return nullptr;
 }
 
-const ExperimentList& experiments() {
+const ExperimentList& experiment_list() {
   static const ExperimentList list = [] {
     ExperimentList l;
     register_experiment_files(l);
@@ -47,42 +43,30 @@ const ExperimentList& experiments() {
   return list;
 }
 
-std::string fixed(double v, int places) {
-  std::ostringstream s;
-  s.setf(std::ios::fixed);
-  s.precision(places);
-  s << v;
-  return s.str();
+void write_text(const fs::path& path, const std::string& text) {
+  write_file_atomic(path, std::as_bytes(std::span(text.data(), text.size())));
 }
 
-int run_program(std::vector<std::string> argv_s) {
-  std::vector<char*> argv;
-  for (auto& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::cout.flush();
-  const pid_t pid = fork();
-  if (pid < 0) throw std::runtime_error("qattn plot: fork failed");
-  if (pid == 0) {
-    setenv("MPLBACKEND", "Agg", 1);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+bool draw(const ExperimentContext& ctx, const std::vector<std::string>& args, const fs::path& png) {
+  if (!ctx.plots) return false;
+  if (ctx.plot && ctx.plot(args) == 0) return true;
+  std::cerr << "qattn reproduce: " << png.filename().string() << " was not drawn (matplotlib missing?)\n";
+  return false;
 }
 
-int run_plot_script(const std::vector<std::string>& args) {
-  const fs::path script = plot_script();
-  std::error_code ec;
-  if (!fs::is_regular_file(script, ec))
-    throw InputError(script.string(), "QATTN_PLOTS_DIR", "plot script not found (installed under share/qattn/plots; QATTN_PLOTS_DIR names its directory)");
-  // The script names a sweep's preset through `qattn methods` (QATTN_CLI: this program).
-  if (const fs::path self = fs::read_symlink("/proc/self/exe", ec); !ec) setenv("QATTN_CLI", self.c_str(), 1);
-  const char* python = std::getenv("QATTN_PYTHON");
-  std::vector<std::string> argv = {python && *python ? python : "/usr/bin/python3", script.string()};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return run_program(argv);
+Source use_lite_source(const ExperimentContext& ctx) { return {"USE-Lite", load_dump(ctx.tensors)}; }
+
+Source outlier_source(std::string name, int heads, int L, int d, std::uint64_t seed) {
+  return {std::move(name), synthetic_outlier_dump(heads, L, d, seed)};
+}
+
+Grid run_grid(const std::vector<std::string>& specs, const std::vector<Source>& sources, const ExperimentContext& ctx) {
+  std::vector<Summary> results(specs.size() * sources.size());
+  parallel_for(results.size(), ctx.threads, [&](std::size_t i) {
+    const std::string& spec = specs[i / sources.size()];
+    results[i] = summarise(evaluate(sources[i % sources.size()].dump, *make_method(spec, ctx.engine), spec));
+  });
+  return Grid(sources.size(), std::move(results));
 }
 
 std::vector<Summary> summaries(const std::vector<DumpLayer>& dump, const std::vector<std::string>& specs,
@@ -113,7 +97,7 @@ void write_sweep_csv(const Sweep2& s, const std::string& spec, std::size_t heads
   for (std::size_t bi = 0; bi < s.b.size(); ++bi)
     for (std::size_t ci = 0; ci < s.c.size(); ++ci)
       t.rows.push_back({s.b[bi], s.c[ci], "O", "cossim", fmt_sim(s.mean[bi][ci]), std::to_string(heads), spec});
-  emit(t.csv(), path.string());
+  write_text(path, t.csv());
 }
 
 std::size_t head_count(const std::vector<DumpLayer>& dump) {
@@ -125,13 +109,10 @@ std::size_t head_count(const std::vector<DumpLayer>& dump) {
 std::vector<std::size_t> pareto_outputs(const ExperimentContext& ctx, const std::string& name, const Table& table,
                                         const std::string& title) {
   const fs::path csv = ctx.out_dir / (name + ".csv");
-  emit(table.csv(), csv.string());
-  if (ctx.plots) {
-    const fs::path png = ctx.out_dir / (name + ".png");
-    if (run_plot_script({"pareto", csv.string(), "-o", png.string(), "--x", table.header[1], "--y", table.header[2],
-                         "--label", table.header[0], "--logy", "--title", title}) != 0)
-      std::cerr << "qattn reproduce: " << png.filename().string() << " was not drawn (matplotlib missing?)\n";
-  }
+  write_text(csv, table.csv());
+  const fs::path png = ctx.out_dir / (name + ".png");
+  draw(ctx, {"pareto", csv.string(), "-o", png.string(), "--x", table.header[1], "--y", table.header[2], "--label",
+             table.header[0], "--logy", "--title", title}, png);
   std::vector<std::size_t> order(table.rows.size()), front;
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   auto num = [&](std::size_t i, int c) { return std::stod(table.rows[i][c]); };
@@ -206,4 +187,4 @@ NeedleHead needle_head(Eigen::Index keys, Eigen::Index d, Eigen::Index rows) {
   return h;
 }
 
-}  // namespace qattn::cli
+}  // namespace qattn::experiments
