@@ -6,28 +6,24 @@
 // place: the methods get a view of its buffer (MatrixView, qattn/tensor.h), no copy. So is a C-contiguous, aligned
 // float32 array given to softmax, attention (q, k and v all float32) or compare (both float32): MatrixViewF, the
 // float32 entries of Method. Anything else is converted once to float64 in C order, exactly. Outputs are new arrays
-// (float64; integer P as uint8/int8). The GIL is released around every computation.
+// (float64; integer P as uint8/int8). The GIL is released around every computation. The array conversions are
+// arrays.cc's, a user's callable as a method user_method.cc's, the low-precision formats and MMA models lowp_module.cc's.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdint>
 #include <exception>
-#include <functional>
 #include <limits>
-#include <mutex>
 #include <cstring>
 #include <optional>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "arrays.h"
 #include "qattn/engine.h"
 #include "qattn/eval/analysis.h"
 #include "qattn/eval/report.h"
@@ -35,134 +31,22 @@
 #include "qattn/metrics.h"
 #include "qattn/parallel.h"
 #include "qattn/reference/kv_quant.h"
-#include "qattn/reference/lowp_convert.h"
-#include "qattn/reference/lowp_float.h"
-#include "qattn/reference/mma.h"
 #include "qattn/reference/registry.h"
 #include "qattn/reference/softmax.h"
 #include "qattn/reference/weight_quant.h"
 #include "qattn/tensor_io.h"
+#include "user_method.h"
 
 namespace py = pybind11;
 
 namespace qattn::python {
+
+void add_lowp_and_mma(py::module_& m);  // lowp_module.cc: FP8/FP6/FP4 codes, MX and NVFP4 blocks, the MMA models
+
 namespace {
 
-using Array = py::array;
-
-// A float32 or float64 array as float64 values in C order, with its shape. TypeError names the argument otherwise.
-// With `float32_in_place` (softmax, attention, compare), a C-contiguous, aligned float32 array is kept as it is in
-// `f32`, for the float32 entries of Method and compare; widen() makes it float64 when the call cannot take float32.
-struct Input {
-  std::vector<Eigen::Index> shape;
-  py::array array;                // holds the caller's array (and so its buffer) while the values are read
-  std::vector<double> converted;  // the values widened or reordered, when the buffer cannot be read in place
-  const double* data = nullptr;   // the values in C order: the caller's buffer, or `converted`; null while f32 is set
-  const float* f32 = nullptr;     // a float32 buffer read in place
-  std::size_t size = 0;
-  std::span<const double> values() const { return {data, size}; }
-
-  void widen() {
-    if (!f32) return;
-    converted.assign(f32, f32 + size);  // exact
-    data = converted.data();
-    f32 = nullptr;
-  }
-};
-
-Input read_float_array(const py::handle& object, const char* name, bool float32_in_place = false) {
-  if (!py::isinstance<py::array>(object))
-    throw py::type_error(std::string(name) + ": expected a NumPy array of float32 or float64, got " +
-                         std::string(py::str(py::type::of(object))));
-  const Array a = py::reinterpret_borrow<Array>(object);
-  const bool f32 = a.dtype().is(py::dtype::of<float>()), f64 = a.dtype().is(py::dtype::of<double>());
-  if (!f32 && !f64)
-    throw py::type_error(std::string(name) + ": expected dtype float32 or float64, got " +
-                         std::string(py::str(a.dtype())));
-  Input in;
-  for (py::ssize_t i = 0; i < a.ndim(); ++i) in.shape.push_back(a.shape(i));
-  in.array = a;
-  in.size = static_cast<std::size_t>(a.size());
-  constexpr int kInPlace = py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_ | py::detail::npy_api::NPY_ARRAY_ALIGNED_;
-  const bool in_place = (a.flags() & kInPlace) == kInPlace;
-  if (f64 && in_place) {
-    in.data = static_cast<const double*>(a.data());
-    return in;
-  }
-  if (f32 && in_place && float32_in_place) {
-    in.f32 = static_cast<const float*>(a.data());
-    return in;
-  }
-  const auto c = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(a);  // exact for float32
-  in.converted.assign(c.data(), c.data() + c.size());
-  in.data = in.converted.data();
-  return in;
-}
-
-std::string shape_string(const std::vector<Eigen::Index>& s) {
-  std::string r = "(";
-  for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + (s.size() == 1 ? ",)" : ")");
-}
-
-// The policy of docs/non-finite.md on a whole array, so that the error names the entry by its index in the caller's
-// array ("Q: [1, 2, 3, 5]: is NaN"), not in the matrix of one head: NaN and +inf are refused, and -inf too unless
-// `masks` (softmax logits, where -inf means masked). The methods check again, per matrix; this check comes first.
-template <class T>
-void require_finite_values(std::span<const T> x, const std::vector<Eigen::Index>& shape, const std::string& tensor,
-                           bool masks) {
-  const auto bad = [&](T v) { return std::isnan(v) || (std::isinf(v) && !(masks && v < 0)); };
-  const auto it = std::find_if(x.begin(), x.end(), bad);
-  if (it == x.end()) return;
-  std::size_t flat = static_cast<std::size_t>(it - x.begin());
-  std::vector<std::size_t> index(shape.size());
-  for (std::size_t a = shape.size(); a-- > 0;) {
-    index[a] = flat % static_cast<std::size_t>(shape[a]);
-    flat /= static_cast<std::size_t>(shape[a]);
-  }
-  std::string field = "[";
-  for (std::size_t a = 0; a < index.size(); ++a) field += (a ? ", " : "") + std::to_string(index[a]);
-  const std::string what = std::isnan(*it) ? "NaN" : *it > 0 ? "+inf" : "-inf";
-  throw InputError(tensor, field + "]", "is " + what + "; non-finite input is refused (docs/non-finite.md)");
-}
-
-void require_finite_array(const Input& in, const std::string& tensor, bool masks = false) {
-  if (in.f32) return require_finite_values(std::span<const float>(in.f32, in.size), in.shape, tensor, masks);
-  require_finite_values(in.values(), in.shape, tensor, masks);
-}
-
-// Matrix `batch` of the [..., rows, cols] values, in place.
-MatrixView matrix_at(const Input& in, std::size_t batch, Eigen::Index rows, Eigen::Index cols) {
-  return Eigen::Map<const RowMatrixXd>(in.data + batch * rows * cols, rows, cols);
-}
-MatrixViewF matrix_at_f32(const Input& in, std::size_t batch, Eigen::Index rows, Eigen::Index cols) {
-  return Eigen::Map<const RowMatrixXf>(in.f32 + batch * rows * cols, rows, cols);
-}
-
-py::array_t<double> to_array(const std::vector<double>& values, const std::vector<Eigen::Index>& shape) {
-  std::vector<py::ssize_t> s(shape.begin(), shape.end());
-  py::array_t<double> out(s);
-  std::copy(values.begin(), values.end(), out.mutable_data());
-  return out;
-}
 
 py::array tensor_to_array(const Tensor& t);
-
-// `threads` as the CLI takes --threads: [0, 1024], 0 meaning one per hardware thread. ValueError otherwise.
-int thread_count(std::int64_t threads) {
-  if (threads < 0 || threads > kMaxThreads)
-    throw py::value_error("threads: " + std::to_string(threads) + " is outside [0, " + std::to_string(kMaxThreads) +
-                          "] (0: every core)");
-  return resolve_threads(static_cast<int>(threads));
-}
-
-EngineOptions engine_options(const std::string& engine, std::int64_t threads, bool probs) {
-  EngineOptions o;
-  o.engine = parse_engine(engine);
-  o.threads = thread_count(threads);
-  o.probs = probs;
-  return o;
-}
 
 // softmax(logits, method): rows over the last axis.
 py::array_t<double> softmax(const py::handle& logits, const std::string& method, const std::string& engine) {
@@ -180,44 +64,6 @@ py::array_t<double> softmax(const py::handle& logits, const std::string& method,
     std::copy_n(p.data(), p.size(), out_data);
   }
   return out;
-}
-
-
-
-// An int8, int16 or int32 array of integer logits: read in place when it is C-contiguous and aligned (the model
-// widens one row at a time), else converted once to int32 in C order (exact). TypeError names the argument otherwise.
-struct IntInput {
-  std::vector<Eigen::Index> shape;
-  py::array values;                  // the caller's array itself, or its int32 copy in C order
-  Eigen::Index rows = 0, cols = 0;   // [prod(leading), last axis]
-  IntMatrixView view() const {
-    if (values.dtype().is(py::dtype::of<std::int8_t>())) return {static_cast<const std::int8_t*>(values.data()), rows, cols};
-    if (values.dtype().is(py::dtype::of<std::int16_t>())) return {static_cast<const std::int16_t*>(values.data()), rows, cols};
-    return {static_cast<const std::int32_t*>(values.data()), rows, cols};
-  }
-};
-
-IntInput read_int_array(const py::handle& object, const char* name) {
-  if (!py::isinstance<py::array>(object))
-    throw py::type_error(std::string(name) + ": expected a NumPy array of int8, int16 or int32, got " +
-                         std::string(py::str(py::type::of(object))));
-  const Array a = py::reinterpret_borrow<Array>(object);
-  const bool ok = a.dtype().is(py::dtype::of<std::int8_t>()) || a.dtype().is(py::dtype::of<std::int16_t>()) ||
-                  a.dtype().is(py::dtype::of<std::int32_t>());
-  if (!ok)
-    throw py::type_error(std::string(name) + ": expected dtype int8, int16 or int32 (integer logits), got " +
-                         std::string(py::str(a.dtype())));
-  if (a.ndim() < 1) throw py::value_error(std::string(name) + ": expected at least one axis, got a scalar");
-  IntInput in;
-  for (py::ssize_t i = 0; i < a.ndim(); ++i) in.shape.push_back(a.shape(i));
-  constexpr int kInPlace = py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_ | py::detail::npy_api::NPY_ARRAY_ALIGNED_;
-  if ((a.flags() & kInPlace) == kInPlace)
-    in.values = a;
-  else
-    in.values = py::array_t<std::int32_t, py::array::c_style | py::array::forcecast>::ensure(a);
-  in.cols = in.shape.back();
-  in.rows = in.cols ? static_cast<Eigen::Index>(in.values.size()) / in.cols : 0;
-  return in;
 }
 
 // softmax_integer(logits, method, cint=None, alpha=None): (probabilities, raw P or None, raw scale).
@@ -378,231 +224,6 @@ py::dict stats_dict(const ErrorStats& e) {
   return d;
 }
 
-// Thrown inside an analysis once a signal's handler has raised (Ctrl-C): it stops the workers between blocks and the
-// user's callables between calls. Python sees the handler's exception, never this.
-struct AnalysisInterrupted : std::exception {
-  const char* what() const noexcept override { return "analysis interrupted"; }
-};
-
-// What the calls of the user's callables share within one analysis: the lock under which the callables not declared
-// thread-safe run, one call at a time across all of them; the flag that stops every call once a signal is seen; and
-// what the callables raised, each Python exception beside the reason of the std::invalid_argument it became, so that
-// analyze_report can re-raise the exception itself once the evaluation has named the file, layer and method.
-struct CallableRaised {
-  std::string reason;   // "<method> raised <type>: <message>" and the head of the call: the key
-  std::string summary;  // the same without the message, which the exception shows itself
-  py::error_already_set error;
-};
-struct CallableCalls {
-  std::mutex serial;
-  std::atomic<bool> stop{false};
-  std::mutex raised_lock;
-  std::vector<CallableRaised> raised;
-};
-
-// A user's Python callable as a qattn::Method, for qattn.analyze and qattn.sweep (python/qattn/__init__.py, Method).
-// kind "softmax": fn(logits) -> P, logits a float64 array [rows, L] (masked entries -inf), P of the same shape; inside
-// attention it sits between float64 logits scale q k^T and float64 P V, as the registry's softmax models do.
-// kind "attention": fn(q, k, v, scale, mask) -> O [L_q, d_v] or (O, P); mask None or a bool array [L_q, L_k] (True =
-// the query sees the key). The evaluation calls it from its worker threads, each call under the GIL. Unless
-// `thread_safe`, a call first takes calls.serial and only then the GIL, never the other way round (a thread holding
-// the GIL never waits for the lock, so the two cannot deadlock): the callable runs one call at a time even where it
-// releases the GIL (time.sleep, NumPy on large arrays). Whatever it raises, a BaseException included, is kept in
-// calls.raised and becomes std::invalid_argument naming the method and the head of the call; a result of the wrong
-// shape or with NaN is a std::invalid_argument naming the method (a ValueError naming the file, head and method).
-class PythonMethod final : public Method {
- public:
-  PythonMethod(std::string name, py::object fn, bool attention, bool thread_safe, CallableCalls& calls)
-      : name_(std::move(name)), fn_(std::move(fn)), attention_(attention), thread_safe_(thread_safe), calls_(calls) {}
-  ~PythonMethod() override {
-    py::gil_scoped_acquire gil;
-    fn_ = py::object();
-  }
-
- protected:
-  RowMatrixXd softmax_rows_impl(const MatrixView& logits) const override {
-    if (attention_) throw SpecError(name_ + ": an attention callable has no softmax-only form");
-    const std::unique_lock<std::mutex> turn = take_turn();
-    py::gil_scoped_acquire gil;
-    return matrix(invoke([&] { return fn_(to_numpy(logits)); }), logits.rows(), logits.cols(), "P");
-  }
-
-  // The heads of a layer's call one after another, each head's index kept for the message of what fn raises.
-  std::vector<AttentionResult> attention_heads_impl(const std::vector<MatrixView>& q, const std::vector<MatrixView>& k,
-                                                    const std::vector<MatrixView>& v, double scale,
-                                                    const AttentionMask& mask) const override {
-    std::vector<AttentionResult> out;
-    for (std::size_t h = 0; h < q.size(); ++h) {
-      const HeadOfCall head(h, q.size());
-      out.push_back(attention_impl(q[h], k[h], v[h], scale, mask));
-    }
-    return out;
-  }
-
-  AttentionResult attention_impl(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
-                                 const AttentionMask& mask) const override {
-    AttentionResult r;
-    if (!attention_) {
-      RowMatrixXd s = (q * k.transpose()) * scale;
-      mask.apply_to_logits(s);
-      r.p = softmax_rows(s);
-      r.o = r.p * v;
-      return r;
-    }
-    const std::unique_lock<std::mutex> turn = take_turn();
-    py::gil_scoped_acquire gil;
-    py::object m = py::none();
-    if (!mask.empty()) {
-      const RowMatrixXb visible = mask.visible(q.rows(), k.rows());
-      py::array_t<bool> b({visible.rows(), visible.cols()});
-      std::copy(visible.data(), visible.data() + visible.size(), b.mutable_data());
-      m = b;
-    }
-    const py::object out = invoke([&] { return fn_(to_numpy(q), to_numpy(k), to_numpy(v), scale, m); });
-    py::object o = out, p = py::none();
-    if (py::isinstance<py::tuple>(out) && py::len(out) == 2) o = out[py::int_(0)], p = out[py::int_(1)];
-    r.o = matrix(o, q.rows(), v.cols(), "O");
-    if (!p.is_none()) r.p = matrix(p, q.rows(), k.rows(), "P");
-    return r;
-  }
-
- private:
-  // " (head h of the call's n)" while attention_heads_impl runs head h of n > 1 on this thread, else "".
-  static inline thread_local std::string head_of_call;
-  struct HeadOfCall {
-    HeadOfCall(std::size_t h, std::size_t n) {
-      if (n > 1) head_of_call = " (head " + std::to_string(h) + " of the call's " + std::to_string(n) + ")";
-    }
-    ~HeadOfCall() { head_of_call.clear(); }
-  };
-
-  // This call's turn: the serial lock unless the callable is thread-safe, taken before the GIL. AnalysisInterrupted
-  // once a signal is seen, before and after the wait.
-  std::unique_lock<std::mutex> take_turn() const {
-    if (calls_.stop) throw AnalysisInterrupted();
-    std::unique_lock<std::mutex> turn(calls_.serial, std::defer_lock);
-    if (!thread_safe_) turn.lock();
-    if (calls_.stop) throw AnalysisInterrupted();
-    return turn;
-  }
-
-  static py::array_t<double> to_numpy(const MatrixView& x) {
-    py::array_t<double> a({x.rows(), x.cols()});
-    Eigen::Map<RowMatrixXd>(a.mutable_data(), x.rows(), x.cols()) = x;
-    return a;
-  }
-
-  // fn() under the GIL. What it raises is kept, with the reason of the std::invalid_argument thrown in its place:
-  // "<method> raised <type>: <message>" and the head of the call.
-  template <class Fn>
-  py::object invoke(Fn&& fn) const {
-    try {
-      return fn();
-    } catch (py::error_already_set& e) {
-      const std::string raised = name_ + " raised " + e.type().attr("__name__").cast<std::string>();
-      std::string message;
-      try {
-        message = py::str(e.value());
-      } catch (py::error_already_set&) {  // a __str__ that raises: the type alone
-      }
-      const std::string reason = raised + (message.empty() ? "" : ": " + message) + head_of_call;
-      {
-        const std::lock_guard<std::mutex> hold(calls_.raised_lock);
-        calls_.raised.push_back({reason, raised + head_of_call, e});
-      }
-      throw std::invalid_argument(reason);
-    }
-  }
-
-  // What fn returned, as a [rows, cols] float64 matrix (under the GIL).
-  RowMatrixXd matrix(const py::object& out, Eigen::Index rows, Eigen::Index cols, const char* what) const {
-    py::array_t<double, py::array::c_style | py::array::forcecast> a;
-    try {
-      a = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(out);
-    } catch (py::error_already_set& e) {
-      throw std::invalid_argument(name_ + ": its " + what + " is not a float array");
-    }
-    if (!a || a.ndim() != 2 || a.shape(0) != rows || a.shape(1) != cols)
-      throw std::invalid_argument(name_ + ": its " + what + " must be a float array of shape (" + std::to_string(rows) +
-                                  ", " + std::to_string(cols) + ")");
-    const RowMatrixXd m = Eigen::Map<const RowMatrixXd>(a.data(), rows, cols);
-    if (!m.allFinite()) throw std::invalid_argument(name_ + ": its " + what + " holds NaN or inf");
-    return m;
-  }
-
-  std::string name_;
-  py::object fn_;
-  bool attention_, thread_safe_;
-  CallableCalls& calls_;
-};
-
-// Runs body() on a thread of its own while the calling thread, which must not hold the GIL, looks for signals every
-// 100 ms: Python runs its signal handlers on the main thread only, under the GIL, so a body run on this thread would
-// leave Ctrl-C pending until it ends. Once a handler raises (KeyboardInterrupt), `stop` is set, the body is waited
-// for (its workers stop between blocks) and the handler's exception is returned. Otherwise the body's own exception
-// is rethrown, or nothing is returned.
-std::optional<py::error_already_set> run_checking_signals(const std::function<void()>& body, std::atomic<bool>& stop) {
-  std::mutex m;
-  std::condition_variable ended;
-  bool finished = false;
-  std::exception_ptr error;
-  std::thread runner([&] {
-    try {
-      body();
-    } catch (...) {
-      error = std::current_exception();
-    }
-    const std::lock_guard<std::mutex> hold(m);
-    finished = true;
-    ended.notify_one();
-  });
-  std::optional<py::error_already_set> signal;
-  std::unique_lock<std::mutex> lock(m);
-  while (!ended.wait_for(lock, std::chrono::milliseconds(100), [&] { return finished; })) {
-    if (signal) continue;
-    lock.unlock();
-    {
-      py::gil_scoped_acquire gil;
-      if (PyErr_CheckSignals() != 0) {
-        signal.emplace();  // fetches the handler's exception
-        stop = true;
-      }
-    }
-    lock.lock();
-  }
-  lock.unlock();
-  runner.join();
-  if (!signal && error) std::rethrow_exception(error);
-  return signal;
-}
-
-// Rethrows `failure`. Where it is what a user's callable raised (the evaluation's InputError or the
-// std::invalid_argument around it), the callable's own exception is raised instead, with its type and traceback
-// (pdb.pm() reaches the callable's frame), and a note with the evaluation's context: the file, layer and batch entry
-// or head, the method, and the head of the call. Called with the GIL.
-[[noreturn]] void rethrow_raised(const std::exception_ptr& failure, CallableCalls& calls,
-                                 const char* caller = "qattn.analyze") {
-  const auto raise_own = [&](const std::string& reason, const std::string& where) {
-    for (CallableRaised& r : calls.raised) {
-      if (r.reason != reason) continue;
-      if (py::hasattr(r.error.value(), "add_note"))  // Python 3.11 and newer
-        r.error.value().attr("add_note")(std::string(caller) + ": " + where + r.summary);
-      throw r.error;
-    }
-  };
-  try {
-    std::rethrow_exception(failure);
-  } catch (const InputError& e) {
-    raise_own(e.reason(), printable(e.source(), 1024) + ": " + printable(e.field(), 200) + ": ");
-    throw;
-  } catch (const SpecError&) {
-    throw;
-  } catch (const std::invalid_argument& e) {
-    raise_own(e.what(), "");
-    throw;
-  }
-}
-
 // attention(q, k, v, method, ...): [..., L, d]; the axis before L (when there is one) is the heads of one call.
 // `method_obj`: a spec (str), or a user's method as (label, callable, kind, thread_safe) (qattn.Method._entry), run
 // as a PythonMethod on this thread; what its callable raises is re-raised as itself.
@@ -624,12 +245,9 @@ py::object attention(const py::handle& q_obj, const py::handle& k_obj, const py:
     const auto t = py::reinterpret_borrow<py::tuple>(method_obj);
     if (!py::isinstance<py::tuple>(method_obj) || t.size() != 4)
       throw py::type_error("method: a spec (str) or a qattn.Method");
-    method = t[0].cast<std::string>();
-    const std::string kind = t[2].cast<std::string>();
-    if (kind != "softmax" && kind != "attention")
-      throw py::value_error(method + ": kind must be 'softmax' or 'attention', got '" + kind + "'");
-    own = std::make_unique<PythonMethod>(method, t[1].cast<py::object>(), kind == "attention", t[3].cast<bool>(),
-                                         own_calls);
+    UserMethod user = user_method(t, own_calls);
+    method = std::move(user.label);
+    own = std::move(user.method);
   }
   // float32 q, k and v read in place go to the float32 entry; a float32 array next to a float64 one, or with a KV
   // quantizer (which takes float64), is widened.
@@ -754,15 +372,9 @@ py::dict analyze_report(const std::string& tensors, const std::vector<std::strin
   std::vector<std::unique_ptr<Method>> users;
   std::vector<std::string> user_labels;
   for (const py::tuple& t : own) {
-    if (t.size() != 4) throw std::invalid_argument("own methods: (label, callable, kind, thread_safe) tuples");
-    const std::string label = t[0].cast<std::string>(), kind = t[2].cast<std::string>();
-    if (kind != "softmax" && kind != "attention")
-      throw std::invalid_argument(label + ": kind must be 'softmax' or 'attention', got '" + kind + "'");
-    if (softmax_only && kind == "attention")
-      throw std::invalid_argument(label + ": an attention callable has no softmax-only form");
-    users.push_back(std::make_unique<PythonMethod>(label, t[1].cast<py::object>(), kind == "attention",
-                                                   t[3].cast<bool>(), calls));
-    user_labels.push_back(label);
+    UserMethod user = user_method(t, calls, softmax_only);
+    users.push_back(std::move(user.method));
+    user_labels.push_back(std::move(user.label));
   }
   const auto analysis = [&] {
     eval::AnalysisPlan plan = eval::plan_analysis(
@@ -843,259 +455,6 @@ py::dict analyze_report(const std::string& tensors, const std::vector<std::strin
   report["heads"] = heads, report["summary"] = summary;
   if (!format.empty()) report["text"] = text;
   return report;
-}
-
-// x as a C-ordered float32 array: a float array of any shape (0-d included), a NumPy float scalar or a Python float;
-// float64 is rounded to float32 (the conversions take float32), float16 widens exactly. Other dtypes (integers, bool,
-// complex) are a TypeError, not a cast.
-py::array_t<float, py::array::c_style | py::array::forcecast> float32_input(const py::handle& x_obj) {
-  const bool scalar = py::isinstance<py::float_>(x_obj) ||
-                      py::isinstance(x_obj, py::module_::import("numpy").attr("floating"));
-  if (!py::isinstance<py::array>(x_obj) && !scalar)
-    throw py::type_error("x: expected a NumPy float array, a NumPy float scalar or a Python float, got " +
-                         std::string(py::str(py::type::of(x_obj))));
-  const py::array given = py::array::ensure(x_obj);
-  if (!given || given.dtype().kind() != 'f' || given.itemsize() > 8)  // float16, float32, float64; not longdouble
-    throw py::type_error("x: dtype " + (given ? std::string(py::str(given.dtype())) : std::string("unknown")) +
-                         ": expected floats (float16, float32 or float64)");
-  const auto x = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(given);
-  if (!x) throw py::type_error("x: expected a float array");
-  return x;
-}
-
-// fp8_encode(x, format, saturate): float32 values -> FP8 codes as an H100 converts them (ref::fp8_from_float):
-// saturate=True is PTX cvt.rn.satfinite, False is torch's .to(float8_*); x as float32_input takes it.
-py::array_t<std::uint8_t> fp8_encode(const py::handle& x_obj, const std::string& format, bool saturate) {
-  const ref::LowpFormat* f = format == "e4m3fn" ? &ref::fp8_e4m3fn() : format == "e5m2" ? &ref::fp8_e5m2() : nullptr;
-  if (!f) throw std::invalid_argument("fp8_encode: format must be 'e4m3fn' or 'e5m2', got '" + format + "'");
-  const auto x = float32_input(x_obj);
-  std::vector<py::ssize_t> shape(x.shape(), x.shape() + x.ndim());
-  py::array_t<std::uint8_t> out(shape);
-  const ref::Fp8Cast cast = saturate ? ref::Fp8Cast::ptx_satfinite : ref::Fp8Cast::torch;
-  const float* in = x.data();
-  std::uint8_t* o = out.mutable_data();
-  {
-    py::gil_scoped_release release;
-    for (py::ssize_t i = 0; i < x.size(); ++i) o[i] = ref::fp8_from_float(in[i], *f, cast);
-  }
-  return out;
-}
-
-ref::LowpCode code_format(const std::string& format) {
-  const std::optional<ref::LowpCode> f = ref::lowp_code_format(format);
-  if (!f) throw py::value_error("format: '" + format + "' is not one of " + ref::lowp_code_names());
-  return *f;
-}
-
-// lowp_encode(x, format, rounding, saturate): float32 -> codes (ref::lowp_encode_f32, docs/lowp-float.md).
-py::array_t<std::uint8_t> lowp_encode(const py::handle& x_obj, const std::string& format, const std::string& rounding,
-                                      bool saturate) {
-  const ref::LowpCode f = code_format(format);
-  if (rounding != "rn" && rounding != "rz" && rounding != "rp")
-    throw py::value_error("rounding: '" + rounding + "' is not rn, rz or rp");
-  const ref::LowpCodeRounding r = rounding == "rn"   ? ref::LowpCodeRounding::rn
-                                  : rounding == "rz" ? ref::LowpCodeRounding::rz
-                                                     : ref::LowpCodeRounding::rp;
-  try {
-    ref::lowp_check_conversion(f, r, saturate);
-  } catch (const std::invalid_argument& e) {
-    throw py::value_error(e.what());
-  }
-  const auto x = float32_input(x_obj);
-  std::vector<py::ssize_t> shape(x.shape(), x.shape() + x.ndim());
-  py::array_t<std::uint8_t> out(shape);
-  const float* in = x.data();
-  std::uint8_t* o = out.mutable_data();
-  {
-    py::gil_scoped_release release;
-    for (py::ssize_t i = 0; i < x.size(); ++i) o[i] = ref::lowp_encode_f32(in[i], f, r, saturate);
-  }
-  return out;
-}
-
-// lowp_decode(codes, format): uint8 codes -> their float32 values (every value of these formats is a float32).
-py::array_t<float> lowp_decode(const py::handle& codes_obj, const std::string& format) {
-  const ref::LowpCode f = code_format(format);
-  const py::array given = py::array::ensure(codes_obj);
-  if (!given || given.dtype().kind() != 'u' || given.itemsize() != 1)
-    throw py::type_error("codes: expected a uint8 array, got " +
-                         (given ? std::string(py::str(given.dtype())) : std::string(py::str(py::type::of(codes_obj)))));
-  const auto c = py::array_t<std::uint8_t, py::array::c_style | py::array::forcecast>::ensure(given);
-  std::vector<py::ssize_t> shape(c.shape(), c.shape() + c.ndim());
-  py::array_t<float> out(shape);
-  for (py::ssize_t i = 0; i < c.size(); ++i) {
-    try {
-      out.mutable_data()[i] = static_cast<float>(ref::lowp_decode_code(c.data()[i], f));
-    } catch (const std::invalid_argument& e) {
-      throw py::value_error("codes: element " + std::to_string(i) + ": " + e.what());
-    }
-  }
-  return out;
-}
-
-// The rows and columns of a block quantiser's input: the last axis and the product of the others.
-std::pair<std::size_t, std::size_t> rows_cols(const py::array& x) {
-  if (x.ndim() < 1) throw py::value_error("x: a 0-d array has no last axis to cut into blocks");
-  const auto cols = static_cast<std::size_t>(x.shape(x.ndim() - 1));
-  return {cols == 0 ? 0 : static_cast<std::size_t>(x.size()) / cols, cols};
-}
-
-py::array_t<std::uint8_t> codes_array(const std::vector<std::uint8_t>& v, std::vector<py::ssize_t> shape) {
-  py::array_t<std::uint8_t> out(shape);
-  std::copy(v.begin(), v.end(), out.mutable_data());
-  return out;
-}
-
-// mx_quantize(x, format, block) -> (codes, scales): OCP MX v1.0 over the last axis (ref::mx_quantize).
-py::tuple mx_quantize(const py::handle& x_obj, const std::string& format, std::size_t block) {
-  const ref::LowpCode f = code_format(format);
-  const auto x = float32_input(x_obj);
-  const auto [rows, cols] = rows_cols(x);
-  ref::MxQuantized q;
-  try {
-    q = ref::mx_quantize(std::span(x.data(), static_cast<std::size_t>(x.size())), rows, cols, f, block);
-  } catch (const std::invalid_argument& e) {
-    throw py::value_error(std::string("x: ") + e.what());
-  }
-  std::vector<py::ssize_t> shape(x.shape(), x.shape() + x.ndim()), scale_shape = shape;
-  scale_shape.back() = static_cast<py::ssize_t>(block == 0 ? 0 : cols / block);
-  return py::make_tuple(codes_array(q.codes, shape), codes_array(q.scales, scale_shape));
-}
-
-// nvfp4_quantize(x) -> (codes, scales, global_scale): Transformer Engine's NVFP4 recipe (ref::nvfp4_quantize).
-py::tuple nvfp4_quantize(const py::handle& x_obj) {
-  const auto x = float32_input(x_obj);
-  const auto [rows, cols] = rows_cols(x);
-  ref::Nvfp4Quantized q;
-  try {
-    q = ref::nvfp4_quantize(std::span(x.data(), static_cast<std::size_t>(x.size())), rows, cols);
-  } catch (const std::invalid_argument& e) {
-    throw py::value_error(std::string("x: ") + e.what());
-  }
-  std::vector<py::ssize_t> shape(x.shape(), x.shape() + x.ndim()), scale_shape = shape;
-  scale_shape.back() = static_cast<py::ssize_t>(cols / 16);
-  return py::make_tuple(codes_array(q.codes, shape), codes_array(q.scales, scale_shape), q.global_scale);
-}
-
-// The codes of an MMA operand (an array whose shape ref::mma_shape passed): uint8 FP8 codes, uint16 16-bit
-// patterns, or floats exact in the model's input format.
-std::vector<std::uint16_t> mma_operand(const py::array& arr, const ref::MmaModel& m, const char* name) {
-  const py::handle obj = arr;
-  const int bits = ref::mma_input_bits(m.input);
-  const ref::LowpFormat& f = ref::mma_input_format(m.input);
-  std::vector<std::uint16_t> codes(static_cast<std::size_t>(arr.size()));
-  const char kind = arr.dtype().kind();
-  if (kind == 'u') {
-    if (arr.itemsize() * 8 != bits)
-      throw py::value_error(std::string(name) + ": " + std::string(py::str(arr.dtype())) + " codes, but model " + m.name +
-                            " takes " + f.name + (bits == 8 ? " codes (uint8)" : " bit patterns (uint16)"));
-    if (bits == 8) {
-      const auto c = py::array_t<std::uint8_t, py::array::c_style | py::array::forcecast>::ensure(obj);
-      std::copy(c.data(), c.data() + c.size(), codes.begin());
-      if (m.input == ref::MmaInput::e2m1)
-        for (std::size_t i = 0; i < codes.size(); ++i)
-          if (codes[i] > 0x0f)
-            throw py::value_error(std::string(name) + ": element " + std::to_string(i) + " (code " +
-                                  std::to_string(codes[i]) + ") is not an E2M1 code: one code per byte, 0 to 15 "
-                                  "(the low nibble; packed pairs are not read)");
-    } else {
-      const auto c = py::array_t<std::uint16_t, py::array::c_style | py::array::forcecast>::ensure(obj);
-      std::copy(c.data(), c.data() + c.size(), codes.begin());
-    }
-    return codes;
-  }
-  if (kind != 'f')
-    throw py::type_error(std::string(name) + ": expected uint8 codes, uint16 patterns or floats exact in " + f.name +
-                         ", got " + std::string(py::str(arr.dtype())));
-  const auto v = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(obj);
-  for (py::ssize_t i = 0; i < v.size(); ++i) {
-    try {
-      codes[static_cast<std::size_t>(i)] = static_cast<std::uint16_t>(ref::lowp_encode(v.data()[i], f));
-    } catch (const std::invalid_argument&) {
-      throw py::value_error(std::string(name) + ": element " + std::to_string(i) + " (" + std::to_string(v.data()[i]) +
-                            ") is not a value of " + f.name + "; round it first (qattn.fp8_encode for FP8)");
-    }
-  }
-  return codes;
-}
-
-// mma(a, bt, c, model, scale_a, scale_bt): D = A·B + C through an MMA model, batched over the leading dimensions.
-// The shapes, C and the scales pass the checks of qattn mma (ref::mma_shape, ref::mma_accumulator, ref::mma_scales)
-// before anything is allocated: a refusal is a ValueError (a TypeError for a dtype) with the CLI's message, "a",
-// "bt", "c", "scale_a" or "scale_bt" in place of the file.
-py::array mma(const py::handle& a_obj, const py::handle& bt_obj, const py::handle& c_obj, const std::string& model,
-              const py::handle& sa_obj, const py::handle& sbt_obj) {
-  const ref::MmaModel* m = nullptr;
-  try {
-    m = &ref::mma_preset(model);
-  } catch (const std::invalid_argument& e) {
-    throw py::value_error(e.what());
-  }
-  for (const auto& [obj, name] : {std::pair{a_obj, "a"}, std::pair{bt_obj, "bt"}})
-    if (!py::isinstance<py::array>(obj))
-      throw py::type_error(std::string(name) + ": expected a NumPy array, got " + std::string(py::str(py::type::of(obj))));
-  const auto a_arr = py::reinterpret_borrow<py::array>(a_obj), bt_arr = py::reinterpret_borrow<py::array>(bt_obj);
-  const std::vector<std::int64_t> sa(a_arr.shape(), a_arr.shape() + a_arr.ndim()),
-      sb(bt_arr.shape(), bt_arr.shape() + bt_arr.ndim());
-  const ref::MmaShape shape = ref::mma_shape(sa, sb, "a", "bt");
-  ref::mma_check_depth(*m, shape, "a");
-  std::vector<float> c;
-  if (!c_obj.is_none()) {
-    const py::array ca = py::array::ensure(c_obj, py::array::c_style);
-    if (!ca) throw py::type_error("c: expected a float32 or float16 array, got " + std::string(py::str(py::type::of(c_obj))));
-    const std::vector<std::int64_t> sc(ca.shape(), ca.shape() + ca.ndim());
-    try {
-      c = ref::mma_accumulator(*m, shape, std::string(py::str(ca.dtype())), sc, ca.data(), "c");
-    } catch (const InputError& e) {
-      if (e.field() == "dtype") throw py::type_error(e.what());
-      throw;
-    }
-  }
-  std::vector<std::uint8_t> scales[2];
-  for (int i = 0; i < 2; ++i) {
-    const py::handle obj = i == 0 ? sa_obj : sbt_obj;
-    const char* name = i == 0 ? "scale_a" : "scale_bt";
-    const char* operand = i == 0 ? "a" : "bt";
-    try {
-      if (obj.is_none()) {
-        scales[i] = ref::mma_scales(*m, shape, i == 1, false, "", {}, nullptr, operand);
-        continue;
-      }
-      const py::array arr = py::array::ensure(obj, py::array::c_style);
-      if (!arr) throw py::type_error(std::string(name) + ": expected a uint8 array, got " + std::string(py::str(py::type::of(obj))));
-      const std::vector<std::int64_t> shp(arr.shape(), arr.shape() + arr.ndim());
-      scales[i] = ref::mma_scales(*m, shape, i == 1, true, std::string(py::str(arr.dtype())), shp, arr.data(), name);
-    } catch (const InputError& e) {
-      if (e.field() == "dtype") throw py::type_error(e.what());
-      throw;
-    }
-  }
-  const std::vector<std::uint16_t> a = mma_operand(a_arr, *m, "a"), bt = mma_operand(bt_arr, *m, "bt");
-  const bool f16 = m->accumulator == ref::MmaAccumulator::f16;
-  py::array out(py::dtype(f16 ? "float16" : "float32"), shape.d);
-  std::vector<float> d16(f16 ? shape.outputs : 0);  // f16: the float32 results before they are stored as binary16
-  {
-    py::gil_scoped_release release;
-    const std::span<float> d = f16 ? std::span<float>(d16) : std::span(static_cast<float*>(out.mutable_data()), shape.outputs);
-    ref::mma_batched(*m, shape, a, bt, c, d, scales[0], scales[1]);
-    auto* bits = static_cast<std::uint16_t*>(out.mutable_data());
-    for (std::size_t i = 0; i < d16.size(); ++i) bits[i] = f32_to_f16_bits(d16[i]);  // exact: binary16 values
-  }
-  return out;
-}
-
-py::list mma_models() {
-  py::list out;
-  for (const ref::MmaModel& m : ref::mma_presets()) {
-    py::dict d;
-    d["name"] = m.name, d["parameters"] = m.describe(), d["provenance"] = m.provenance, d["validated"] = m.validated;
-    d["measured"] = m.measured;
-    d["accumulator"] = m.accumulator == ref::MmaAccumulator::f16 ? "f16" : "f32";
-    d["scale"] = m.scale == ref::MmaScale::none ? py::object(py::none()) : py::object(py::str(ref::mma_scale_name(m.scale)));
-    d["scale_block"] = m.scale_block;
-    out.append(d);
-  }
-  return out;
 }
 
 py::dict compare(const py::handle& out, const py::handle& ref) {
@@ -1264,14 +623,7 @@ PYBIND11_MODULE(_qattn, m) {
         py::arg("format") = std::string(), py::arg("threads") = 0, py::arg("summary") = false,
         py::arg("columns") = std::vector<std::string>{}, py::arg("order") = std::vector<std::string>{});
   m.attr("__version__") = QATTN_VERSION;  // the project's version, as `qattn --version` prints it
-  m.def("fp8_encode", &fp8_encode, py::arg("x"), py::arg("format"), py::arg("saturate") = true);
-  m.def("lowp_encode", &lowp_encode, py::arg("x"), py::arg("format"), py::arg("rounding"), py::arg("saturate"));
-  m.def("lowp_decode", &lowp_decode, py::arg("codes"), py::arg("format"));
-  m.def("mx_quantize", &mx_quantize, py::arg("x"), py::arg("format"), py::arg("block"));
-  m.def("nvfp4_quantize", &nvfp4_quantize, py::arg("x"));
-  m.def("mma", &mma, py::arg("a"), py::arg("bt"), py::arg("c"), py::arg("model"), py::arg("scale_a"),
-        py::arg("scale_bt"));
-  m.def("mma_models", &mma_models);
+  add_lowp_and_mma(m);  // lowp_module.cc
   m.def("load", &load, py::arg("path"));
   m.def("save", &save, py::arg("path"), py::arg("arrays"));
 }
