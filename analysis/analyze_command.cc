@@ -8,11 +8,10 @@
 #include <vector>
 
 #include "qattn/error.h"
-#include "qattn/eval/analysis.h"
+#include "qattn/eval/analyze.h"
 #include "shard.h"
 
 namespace qattn::cli {
-using nlohmann::json;
 
 namespace {
 
@@ -38,47 +37,6 @@ void check_analyze_options(const AnalyzeOptions& o) {
                                               "attention is compared with fp64");
 }
 
-// What `qattn analyze` runs, resolved and validated from its options before any tensor is read: the evaluation
-// layer's plan (qattn/eval/analysis.h) and the run's settings beside it.
-struct AnalyzePlan {
-  eval::AnalysisPlan eval;
-  std::string tensors;  // the source named in the report
-  int threads = 0;
-  Eigen::Index block_rows = 0;
-  bool whole_calls = false;
-};
-
-// The methods on the engine --engine selects (make_method), the KV and weight quantizers.
-AnalyzePlan plan_analyze(const AnalyzeOptions& o) {
-  AnalyzePlan plan;
-  plan.eval =
-      eval::plan_analysis(o.specs, o.kv, o.weights, o.softmax_only || !o.logits.empty(), parse_softmax_reference(o.reference),
-                          !o.q.empty(), [&o](const MethodSpec& spec) { return make_method(spec, o.engine); });
-  plan.tensors = !o.q.empty() ? o.q : !o.logits.empty() ? o.logits : o.tensors;
-  plan.threads = o.threads;
-  plan.block_rows = static_cast<Eigen::Index>(o.block_rows);
-  plan.whole_calls = o.whole_calls;
-  return plan;
-}
-
-// The run's evaluation options: threads, block rows, --whole-calls, and progress on stderr.
-EvalOptions eval_options(const AnalyzePlan& plan) {
-  EvalOptions options;
-  options.threads = resolve_threads(plan.threads);
-  options.block_rows = plan.block_rows;
-  options.whole_calls = plan.whole_calls;
-  options.progress = stderr_progress("qattn analyze", "blocks and calls");
-  return options;
-}
-
-// The partial result of `analyze --shard K/N` (eval::analyze_shard, docs/scale-out.md).
-std::string analyze_partial(const AnalyzeOptions& o, const AnalyzePlan& plan) {
-  if (!o.q.empty() || !o.logits.empty())
-    throw CLI::ValidationError("--shard", "splits a dump's (layer, head) pairs: give --tensors, not --q/--k/--v or --logits");
-  const Shard shard = shard_option(o.shard);
-  return analyze_shard(o.tensors, plan.eval, shard, eval_options(plan), o.format);
-}
-
 // --summary and --columns LIST as the evaluation layer's report options (LIST as eval::split_columns splits it).
 eval::ReportOptions table_options(bool summary, const std::optional<std::string>& columns) {
   eval::ReportOptions options;
@@ -87,8 +45,9 @@ eval::ReportOptions table_options(bool summary, const std::optional<std::string>
   return options;
 }
 
-// The report of `qattn analyze` showing what `table` chooses (docs/metrics.md, "The analysis table"). The choices
-// are checked against the plan before any tensor is read.
+// The report of `qattn analyze` showing what `table` chooses (docs/metrics.md, "The analysis table"), or the part of
+// --shard (eval::analysis_shard, docs/scale-out.md). The choices are checked against the plan before any tensor is
+// read.
 std::string analyze_table(const AnalyzeOptions& o, const eval::ReportOptions& table) {
   check_analyze_options(o);
   const bool chosen = table.summary || !table.columns.empty();
@@ -99,29 +58,36 @@ std::string analyze_table(const AnalyzeOptions& o, const eval::ReportOptions& ta
   if (chosen && !o.shard.empty())
     throw CLI::ValidationError(option, "chooses what a rendered table shows; a --shard part holds every row and "
                                        "metric");
+  if (!o.shard.empty() && (!o.q.empty() || !o.logits.empty()))
+    throw CLI::ValidationError("--shard", "splits a dump's (layer, head) pairs: give --tensors, not --q/--k/--v or --logits");
   const bool explicit_files = !o.q.empty() || !o.logits.empty();
   require_distinct_files({{"--tensors", explicit_files ? "" : o.tensors}, {"--q", o.q}, {"--k", o.k}, {"--v", o.v},
                           {"--logits", o.logits}},
                          {{"--out", o.out}});
-  const AnalyzePlan plan = plan_analyze(o);
+  eval::AnalysisRequest request;
+  if (explicit_files) {
+    request.q = o.q, request.k = o.k, request.v = o.v, request.logits = o.logits;
+  } else {
+    request.tensors = o.tensors;
+  }
+  request.specs = o.specs;
+  request.kv = o.kv;
+  request.weights = o.weights;
+  request.softmax = o.softmax_only;
+  request.reference = parse_softmax_reference(o.reference);
+  request.build = [&o](const MethodSpec& spec) { return make_method(spec, o.engine); };
+  request.format = o.format;
+  request.table = table;
+  request.threads = o.threads;
+  request.block_rows = static_cast<Eigen::Index>(o.block_rows);
+  request.whole_calls = o.whole_calls;
+  request.progress = stderr_progress("qattn analyze", "blocks and calls");
   try {
-    check_report_options(report_view(plan.eval, plan.tensors, 0), table, o.format);
-  } catch (const SpecError& e) {
+    if (!o.shard.empty()) return eval::analysis_shard(request, shard_option(o.shard));
+    return eval::run_analysis(request).text;
+  } catch (const eval::TableChoiceError& e) {
     throw CLI::ValidationError("--columns", e.what());
   }
-  if (!o.shard.empty()) return analyze_partial(o, plan);
-  std::vector<DumpLayer> dump =
-      !o.q.empty()        ? load_explicit(o.q, o.k, o.v, /*with_reference=*/false)
-      : !o.logits.empty() ? load_explicit_logits(o.logits, plan.eval.reference)
-                          : load_dump(o.tensors, plan.eval.softmax ? DumpTarget::softmax : DumpTarget::attention,
-                                      plan.eval.reference,
-                                      nullptr, /*with_reference=*/false);
-  if (plan.eval.wq) quantize_projections(dump, o.tensors, *plan.eval.wq);
-  std::size_t n_heads = 0;
-  for (const DumpLayer& l : dump) n_heads += l.heads.size();
-  return render_report(report_view(plan.eval, plan.tensors, n_heads),
-                       eval::evaluate_plan(dump, plan.eval, eval_options(plan)),
-                       o.format, table);
 }
 
 }  // namespace

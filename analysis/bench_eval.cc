@@ -33,7 +33,7 @@
 #include "commands.h"
 #include "engine_setting.h"
 #include "qattn/error.h"
-#include "qattn/eval/analysis.h"
+#include "qattn/eval/analyze.h"
 #include "qattn/reference/fp64_product.h"
 #include "qattn/tensor.h"
 #include "qattn/tensor_io.h"
@@ -187,8 +187,10 @@ void run_bench_eval(const BenchEvalOptions& o) {
   require_range("--anchor-max-L", o.anchor_max_l, 0, 1 << 20);
   // The children's methods are resolved here, as analyze resolves them, so that a spec it would refuse fails before
   // the heads are written and the anchor is timed (8.6 GB at L = 32768), with analyze's own message.
-  eval::plan_analysis(o.specs, "", "", /*softmax=*/false, SoftmaxReference::fp64, /*explicit_files=*/false,
-                      [](const MethodSpec& spec) { return make_method(spec, EngineSetting{}); });
+  eval::AnalysisRequest resolve;
+  resolve.specs = o.specs;
+  resolve.build = [](const MethodSpec& spec) { return make_method(spec, EngineSetting{}); };
+  eval::plan_request(resolve);
   char tmpl[] = "/tmp/qattn-bench-eval-XXXXXX";
   if (!mkdtemp(tmpl)) throw InputError("/tmp", "scratch", "cannot create a directory");
   const fs::path dir = tmpl;

@@ -22,10 +22,6 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitUsage = 2;
 inline constexpr int kExitBadInput = 3;
 
-// Documented bounds of numeric options (README, docs/tensor-io.md "Resource bounds").
-inline constexpr long long kDefaultMaxSweepPoints = 100000;         // sweep --max-points default
-inline constexpr long long kMaxSweepPointsLimit = 10000000;         // about 3 GB of specs: the cap's own cap
-
 // The CPU as benchmarks print it: "AMD EPYC (family 25, model 17)" on x86, "implementer 0x41, part 0xd0b" on Arm.
 std::string cpu_model();
 

@@ -12,10 +12,8 @@
 #include "qattn/eval/panel_metrics.h"
 #include "qattn/metrics.h"
 #include "qattn/tensor_io.h"
-#include "report_json.h"  // eval's JSON numbers (exact_number, stats_json)
 
 namespace qattn::cli {
-using nlohmann::json;
 
 namespace {
 
@@ -54,12 +52,10 @@ void run_compare(const std::string& a, const std::string& b, const std::string& 
     fold.merge_errors(medians[c]);
   }
   const ErrorStats s = fold.stats();
-  json j = stats_json(s);
   std::optional<KlStats> kl;
   if (probabilities) kl = fold.kl();
-  if (kl) j["kl_a_b"] = {{"mean", exact_number(kl->mean)}, {"max", exact_number(kl->max)}};
   if (format == "json") {
-    std::cout << j.dump(2) << "\n";
+    std::cout << compare_json(s, kl) << "\n";
     return;
   }
   Table t{{"metric", "value"}, {}};

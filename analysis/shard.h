@@ -7,8 +7,7 @@
 #include <string>
 
 #include "evaluate.h"
-#include "part_json.h"
-#include "report_json.h"
+#include "qattn/eval/shard.h"
 
 namespace qattn::cli {
 

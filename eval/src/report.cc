@@ -455,4 +455,10 @@ std::string render_sweep(const SweepTable& table, const std::string& format) {
   return format == "md" ? t.markdown() : t.csv();
 }
 
+std::string compare_json(const ErrorStats& stats, const std::optional<KlStats>& kl) {
+  nlohmann::json j = stats_json(stats);
+  if (kl) j["kl_a_b"] = {{"mean", exact_number(kl->mean)}, {"max", exact_number(kl->max)}};
+  return j.dump(2);
+}
+
 }  // namespace qattn::eval

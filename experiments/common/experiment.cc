@@ -69,6 +69,26 @@ Grid run_grid(const std::vector<std::string>& specs, const std::vector<Source>& 
   return Grid(sources.size(), std::move(results));
 }
 
+Table grid_table(std::vector<std::string> head, const std::vector<std::vector<std::string>>& lead,
+                 const std::vector<Source>& sources, const Grid& grid) {
+  Table t{std::move(head), {}};
+  for (const Source& s : sources) t.header.push_back(s.name + " O CosSim"), t.header.push_back(s.name + " O rel L1");
+  for (std::size_t i = 0; i < lead.size(); ++i) {
+    std::vector<std::string> cells = lead[i];
+    for (std::size_t s = 0; s < sources.size(); ++s)
+      cells.push_back(fmt_sim(grid.cossim(i, s))), cells.push_back(fmt_err(grid.at(i, s).mean.o_rel_l1));
+    t.rows.push_back(std::move(cells));
+  }
+  return t;
+}
+
+Table grid_table(const std::string& label_header, const std::vector<GridRow>& rows, const std::vector<Source>& sources,
+                 const Grid& grid) {
+  std::vector<std::vector<std::string>> lead;
+  for (const GridRow& r : rows) lead.push_back({r.label, r.spec});
+  return grid_table({label_header, "spec"}, lead, sources, grid);
+}
+
 std::vector<Summary> summaries(const std::vector<DumpLayer>& dump, const std::vector<std::string>& specs,
                                const EngineSetting& engine) {
   std::vector<Summary> out;

@@ -98,7 +98,11 @@ class Grid {
   std::vector<Summary> results_;
 };
 Grid run_grid(const std::vector<std::string>& specs, const std::vector<Source>& sources, const ExperimentContext& ctx);
-// The same over rows that carry a `spec` member (label, spec, ...).
+// A row of a grid: the label its table shows and the spec it runs.
+struct GridRow {
+  std::string label, spec;
+};
+// The same over rows that carry a `spec` member (GridRow, or rows with more columns).
 template <class Row>
   requires requires(const Row& r) { std::string(r.spec); }
 Grid run_grid(const std::vector<Row>& rows, const std::vector<Source>& sources, const ExperimentContext& ctx) {
@@ -106,6 +110,14 @@ Grid run_grid(const std::vector<Row>& rows, const std::vector<Source>& sources, 
   for (const Row& r : rows) specs.push_back(r.spec);
   return run_grid(specs, sources, ctx);
 }
+
+// The grid as a table: the columns `head`, then per source "<name> O CosSim" and "<name> O rel L1"; row i the cells
+// lead[i], then spec i's mean O CosSim (fmt_sim) and relative L1 (fmt_err) on each source.
+Table grid_table(std::vector<std::string> head, const std::vector<std::vector<std::string>>& lead,
+                 const std::vector<Source>& sources, const Grid& grid);
+// The same with the columns `label_header` and "spec", each row's label and spec first.
+Table grid_table(const std::string& label_header, const std::vector<GridRow>& rows, const std::vector<Source>& sources,
+                 const Grid& grid);
 
 // Each spec evaluated on the dump; the summaries in the order given.
 std::vector<Summary> summaries(const std::vector<DumpLayer>& dump, const std::vector<std::string>& specs,

@@ -12,9 +12,7 @@ namespace qattn::experiments {
 namespace {
 
 std::string run_exaq_table2(const ExperimentContext& ctx) {
-  struct Row {
-    std::string label, spec;
-  };
+  using Row = GridRow;
   // Pairs (EXAQ, NAIVE) at each bit width, under the official grid and as printed.
   const std::vector<Row> rows = {
       {"EXAQ INT3, official grid", "exaq@upstream:bits=3"},  {"NAIVE INT3, official grid", "exaq@upstream:bits=3,clip=none"},
@@ -35,15 +33,7 @@ std::string run_exaq_table2(const ExperimentContext& ctx) {
        "NAIVE's, by at least 2x (\"far above\")\n"
     << "sources: USE-Lite (the dump, L = 128); synthetic: 4 heads, L = 512, d = 128, channel-wise K outliers (seed 7); "
        "long: 2 heads, L = " << L << ", d = 64, the same structure (seed 21)\n\n";
-  Table t{{"softmax", "spec"}, {}};
-  for (const Source& s : sources) t.header.push_back(s.name + " O CosSim"), t.header.push_back(s.name + " O rel L1");
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    std::vector<std::string> cells = {rows[i].label, rows[i].spec};
-    for (std::size_t s = 0; s < sources.size(); ++s)
-      cells.push_back(fmt_sim(grid.cossim(i, s))),
-          cells.push_back(fmt_err(grid.at(i, s).mean.o_rel_l1));
-    t.rows.push_back(cells);
-  }
+  const Table t = grid_table("softmax", rows, sources, grid);
   r << t.markdown() << "\n";
   std::size_t holds = 0, better = 0, cases = 0;
   for (std::size_t s = 0; s < sources.size(); ++s)

@@ -12,9 +12,7 @@ namespace qattn::experiments {
 namespace {
 
 std::string run_fp4_attention(const ExperimentContext& ctx) {
-  struct Row {
-    std::string label, spec;
-  };
+  using Row = GridRow;
   const std::vector<Row> rows = {
       {"SageAttention2, sm90 (INT8 Q/K, FP8 P V)", "sage2@sm90"},    // 0
       {"FlashAttention-3 FP8", "fa3-fp8"},                           // 1
@@ -36,14 +34,7 @@ std::string run_fp4_attention(const ExperimentContext& ctx) {
     << "sources: USE-Lite (the dump); synthetic: 4 heads, L = 512, d = 128, channel-wise K outliers (seed 7); long: 2 "
        "heads, L = " << L << ", d = 128, the same structure (seed 21). The FP4 and Blackwell units are MMA-Sim's "
        "model, not measured here\n\n";
-  Table t{{"kernel", "spec"}, {}};
-  for (const Source& s : sources) t.header.push_back(s.name + " O CosSim"), t.header.push_back(s.name + " O rel L1");
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    std::vector<std::string> cells = {rows[i].label, rows[i].spec};
-    for (std::size_t s = 0; s < sources.size(); ++s)
-      cells.push_back(fmt_sim(grid.cossim(i, s))), cells.push_back(fmt_err(grid.at(i, s).mean.o_rel_l1));
-    t.rows.push_back(cells);
-  }
+  const Table t = grid_table("kernel", rows, sources, grid);
   r << t.markdown() << "\nVerdicts:\n";
   std::size_t mx_worse = 0;
   for (std::size_t s = 0; s < sources.size(); ++s) {

@@ -12,9 +12,7 @@ namespace qattn::experiments {
 namespace {
 
 std::string run_intattn_accuracy(const ExperimentContext& ctx) {
-  struct Row {
-    std::string label, spec;
-  };
+  using Row = GridRow;
   const std::vector<Row> rows = {
       {"FP16", "fp16"},                                                       // 0
       {"Quant-Only INT8", "quant-only"},                                      // 1
@@ -41,14 +39,7 @@ std::string run_intattn_accuracy(const ExperimentContext& ctx) {
        "32 entries below both 8-entry tables (IndexSoftmax b = 3 and EXAQ INT3)\n"
     << "sources: USE-Lite (the dump, L = 128); synthetic: 4 heads, L = 512, d = 128, channel-wise K outliers (seed 7); "
        "long: 2 heads, L = " << L << ", d = 64, the same structure (seed 21)\n\n";
-  Table t{{"method", "spec"}, {}};
-  for (const Source& s : sources) t.header.push_back(s.name + " O CosSim"), t.header.push_back(s.name + " O rel L1");
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    std::vector<std::string> cells = {rows[i].label, rows[i].spec};
-    for (std::size_t s = 0; s < sources.size(); ++s)
-      cells.push_back(fmt_sim(grid.cossim(i, s))), cells.push_back(fmt_err(grid.at(i, s).mean.o_rel_l1));
-    t.rows.push_back(cells);
-  }
+  const Table t = grid_table("method", rows, sources, grid);
   r << t.markdown() << "\n";
   std::size_t a_held = 0, b_held = 0, c_held = 0;
   for (std::size_t s = 0; s < sources.size(); ++s) {

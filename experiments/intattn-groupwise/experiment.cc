@@ -43,9 +43,7 @@ std::vector<DumpLayer> key_block_outlier_dump(int heads, int L, int d, std::uint
 constexpr double kKeep = 1e-4;
 
 std::string run_groupwise(const ExperimentContext& ctx) {
-  struct Row {
-    std::string label, spec;
-  };
+  using Row = GridRow;
   // Two bases: the defaults (Eq. 8 round c_int; Eq. 11, 13, 15 floors) and the rounding preset @upstream-neon.
   std::vector<Row> rows;
   for (const std::string base : {"intattention", "intattention@upstream-neon"}) {
@@ -78,16 +76,7 @@ std::string run_groupwise(const ExperimentContext& ctx) {
     << kKeep << " below per tensor, on every source\n"
     << "sources: USE-Lite (the dump; L = 128, so K per 128 keys is per tensor); synthetic: 4 heads, L = " << L
     << ", d = 64, K in blocks of 64 keys with gains log-uniform in [1, 8], Q and V N(0, 1), seed 11\n\n";
-  Table t{{"configuration", "spec"}, {}};
-  for (const Source& s : sources) t.header.push_back(s.name + " O CosSim"), t.header.push_back(s.name + " O rel L1");
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    std::vector<std::string> cells = {rows[i].label, rows[i].spec};
-    for (std::size_t s = 0; s < sources.size(); ++s) {
-      cells.push_back(fmt_sim(grid.cossim(i, s)));
-      cells.push_back(fmt_err(grid.at(i, s).mean.o_rel_l1));
-    }
-    t.rows.push_back(cells);
-  }
+  const Table t = grid_table("configuration", rows, sources, grid);
   r << t.markdown() << "\n";
   // Per base (the rows from a "per tensor" row up to the next), per source: does each group-wise row keep accuracy?
   bool global_keeps = true, offset_keeps = true;

@@ -12,9 +12,7 @@ namespace qattn::experiments {
 namespace {
 
 std::string run_tables4_6(const ExperimentContext& ctx) {
-  struct Row {
-    std::string label, spec;
-  };
+  using Row = GridRow;
   // The claim's rows first: IndexSoftmax (paper rules), EXAQ INT3 and INT2 under both EXAQ presets.
   const std::vector<Row> rows = {
       {"IndexSoftmax (b = 5, c = 6.6, paper rules)", "index@paper"},
@@ -40,14 +38,7 @@ std::string run_tables4_6(const ExperimentContext& ctx) {
        "EXAQ presets\n"
     << "sources: USE-Lite (the dump, L = 128); synthetic: 4 heads, L = 512, d = 128, channel-wise K outliers (seed 7); "
        "long: 2 heads, L = " << L << ", d = 64, the same structure (seed 21)\n\n";
-  Table t{{"softmax / pipeline", "spec"}, {}};
-  for (const Source& s : sources) t.header.push_back(s.name + " O CosSim"), t.header.push_back(s.name + " O rel L1");
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    std::vector<std::string> cells = {rows[i].label, rows[i].spec};
-    for (std::size_t s = 0; s < sources.size(); ++s)
-      cells.push_back(fmt_sim(grid.cossim(i, s))), cells.push_back(fmt_err(grid.at(i, s).mean.o_rel_l1));
-    t.rows.push_back(cells);
-  }
+  const Table t = grid_table("softmax / pipeline", rows, sources, grid);
   r << t.markdown() << "\n";
   std::size_t holds = 0;
   for (std::size_t s = 0; s < sources.size(); ++s) {

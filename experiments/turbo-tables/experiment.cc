@@ -49,14 +49,9 @@ std::string run_turbo_tables(const ExperimentContext& ctx) {
        "48.03\n"
     << "sources: USE-Lite (the dump, L = 128: blocks of 128 are one block); synthetic: 4 heads, L = " << L
     << ", d = 128, channel-wise K outliers (as sage2-tables), seed 7\n\n";
-  Table t{{"table", "configuration", "spec"}, {}};
-  for (const Source& s : sources) t.header.push_back(s.name + " O CosSim"), t.header.push_back(s.name + " O rel L1");
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    std::vector<std::string> cells = {rows[i].table, rows[i].label, rows[i].spec};
-    for (std::size_t s = 0; s < sources.size(); ++s)
-      cells.push_back(fmt_sim(grid.cossim(i, s))), cells.push_back(fmt_err(grid.at(i, s).mean.o_rel_l1));
-    t.rows.push_back(cells);
-  }
+  std::vector<std::vector<std::string>> lead;
+  for (const Row& row : rows) lead.push_back({row.table, row.label, row.spec});
+  const Table t = grid_table({"table", "configuration", "spec"}, lead, sources, grid);
   r << t.markdown() << "\n";
   std::size_t robust = 0, ordered = 0;  // sources on which each claim holds
   for (std::size_t s = 0; s < sources.size(); ++s) {

@@ -30,6 +30,17 @@ import os
 import sys
 import tempfile
 
+try:
+    from ._plot_labels import overlap, place_labels, text_extent
+except ImportError:  # not the package's module: qattn_plot.py (share/qattn/plots) or this file run or loaded by path
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location(
+        "_plot_labels", os.path.join(os.path.dirname(os.path.realpath(__file__)), "_plot_labels.py"))
+    _labels = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_labels)
+    overlap, place_labels, text_extent = _labels.overlap, _labels.place_labels, _labels.text_extent
+
 # Column ids of qattn's CSVs and their names on an axis.
 _COLUMN_NAMES = {
     "kv_bits": "K/V bits per element (nominal: scales excluded)",
@@ -381,138 +392,6 @@ def lines(source, x, y="mean", series="method", logx=False, logy=False, linear=F
         ax.set_title(title)
     return fig
 
-
-def _overlap(a, b, pad=0.0):
-    return a.x0 < b.x1 + pad and b.x0 < a.x1 + pad and a.y0 < b.y1 + pad and b.y0 < a.y1 + pad
-
-
-def _segment_hits(p, q, box):
-    """Whether the segment p-q passes through box (Liang-Barsky clipping)."""
-    t0, t1 = 0.0, 1.0
-    dx, dy = q[0] - p[0], q[1] - p[1]
-    for d, lo, hi, s in ((dx, box.x0, box.x1, p[0]), (dy, box.y0, box.y1, p[1])):
-        if d == 0:
-            if s < lo or s > hi:
-                return False
-            continue
-        a, b = (lo - s) / d, (hi - s) / d
-        t0, t1 = max(t0, min(a, b)), min(t1, max(a, b))
-        if t0 > t1:
-            return False
-    return True
-
-
-def _segments_cross(a, b, c, d):
-    """Whether segments a-b and c-d cross (proper intersection; a shared end point does not count)."""
-    def side(p, q, r):
-        return (q[0] - p[0]) * (r[1] - p[1]) - (q[1] - p[1]) * (r[0] - p[0])
-    return side(a, b, c) * side(a, b, d) < 0 and side(c, d, a) * side(c, d, b) < 0
-
-
-def _text_extent(t, renderer):
-    """The box of a text's own glyphs (an annotation's without its leader line)."""
-    from matplotlib.text import Annotation, Text
-    if isinstance(t, Annotation):
-        t.update_positions(renderer)
-    return Text.get_window_extent(t, renderer)
-
-
-def _distance(box, point):
-    dx = max(box.x0 - point[0], 0.0, point[0] - box.x1)
-    dy = max(box.y0 - point[1], 0.0, point[1] - box.y1)
-    return math.hypot(dx, dy)
-
-
-_RINGS = (5, 14, 26, 40, 56, 74, 96, 122, 150)  # points from the marker's centre; ring k has 8 + 4k directions
-_COLUMNS = (40, 70, 100, 135)  # points left or right of the marker, any height within 240 points (steps of 4)
-
-
-def _label_offsets():
-    """The offsets a label is tried at, (leader line?, dx, dy, ha, va) in points, nearest first within each kind:
-    rings around the point (the first without a leader line), then columns of leader-lined labels beside it."""
-    out = []
-    for ring, radius in enumerate(_RINGS):
-        steps = 8 + 4 * ring
-        for k in range(steps):
-            dx, dy = radius * math.cos(2 * math.pi * k / steps), radius * math.sin(2 * math.pi * k / steps)
-            out.append((ring > 0, dx, dy, "left" if dx > 1e-9 else "right" if dx < -1e-9 else "center",
-                        "bottom" if dy > 1e-9 else "top" if dy < -1e-9 else "center"))
-    column = [(dx * side, dy) for dx in _COLUMNS for side in (1, -1) for dy in range(-240, 241, 4)]
-    for dx, dy in sorted(column, key=lambda o: (math.hypot(*o), -o[0], -o[1])):
-        out.append((True, dx, dy, "left" if dx > 0 else "right", "center"))
-    return out
-
-
-def _place_labels(fig, ax, xy, texts, fontsize, obstacles):
-    """Annotations of texts at points xy, each placed greedily (most crowded point first) at the first offset of
-    _label_offsets() whose rendered box stays inside the axes and meets no placed label, leader line, marker or
-    obstacle box; a label beside its point must be nearer to it than to any other point, a label further out gets a
-    leader line that meets no label or marker and crosses no other leader. Returns the annotations, or None when
-    some label finds no place (the caller numbers the points instead)."""
-    from matplotlib.transforms import Bbox
-    renderer = fig.canvas.get_renderer()
-    frame = ax.get_window_extent(renderer)
-    px = fig.dpi / 72.0
-    centres = [tuple(ax.transData.transform(p)) for p in xy]
-    r = 4.5 * px  # a marker's radius (scatter's default size, 6 points across) in pixels
-    markers = [Bbox.from_extents(cx - r, cy - r, cx + r, cy + r) for cx, cy in centres]
-    boxes, leaders, placed = list(obstacles), [], []
-    crowd = [sum(math.hypot(cx - ox, cy - oy) < 40 * px for ox, oy in centres) for cx, cy in centres]
-    order = sorted(range(len(xy)), key=lambda i: (-crowd[i], -centres[i][1], i))
-    offsets = _label_offsets()
-    result = [None] * len(xy)
-    for i in order:
-        ann = ax.annotate(texts[i], xy[i], xytext=(0, 0), textcoords="offset points", fontsize=fontsize)
-        found = False
-        for leader, dx, dy, ha, va in offsets:
-            ann.set_ha(ha)
-            ann.set_va(va)
-            ann.xyann = (dx, dy)
-            box = _text_extent(ann, renderer)
-            if not (frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1):
-                continue
-            if any(_overlap(box, b, 1.0) for b in boxes + placed):
-                continue
-            if any(_overlap(box, m) for j, m in enumerate(markers) if j != i):
-                continue
-            if any(_segment_hits(p, q, box) for _, p, q in leaders):
-                continue
-            start = centres[i]
-            if not leader:  # no leader line: the label must sit nearer its own point than any other
-                own = _distance(box, start)
-                if any(_distance(box, c) < own for j, c in enumerate(centres)
-                       if j != i and not _overlap(markers[j], markers[i])):
-                    continue
-            else:
-                end = ((box.x0 + box.x1) / 2, (box.y0 + box.y1) / 2)  # matplotlib aims the line at the box's centre
-                if any(_segment_hits(start, end, b) for b in placed):
-                    continue
-                # a marker on top of this point's own (coincident points) cannot be avoided by any line
-                if any(_segment_hits(start, end, m) for j, m in enumerate(markers)
-                       if j != i and not _overlap(m, markers[i])):
-                    continue
-                # lines out of one blob of coincident markers fan out from it: only others' lines count
-                if any(_segments_cross(start, end, p, q) for j, p, q in leaders if not _overlap(markers[j], markers[i])):
-                    continue
-                leaders.append((i, start, end))
-                ann.remove()
-                ann = ax.annotate(texts[i], xy[i], xytext=(dx, dy), textcoords="offset points", fontsize=fontsize,
-                                  ha=ha, va=va, arrowprops=dict(arrowstyle="-", color="0.45", linewidth=0.6,
-                                                                shrinkA=0, shrinkB=r / px))
-            found = True
-            break
-        if not found:
-            for a in result:
-                if a is not None:
-                    a.remove()
-            ann.remove()
-            return None
-        ann.update_positions(renderer)
-        placed.append(_text_extent(ann, renderer))
-        result[i] = ann
-    return result
-
-
 def pareto(source, x="bits", y="error", label="method", logy=False, linear=False, title=None, xlabel=None,
            ylabel=None):
     """``y`` (an error, smaller is better) against ``x`` (bits per element), one point per row named by column
@@ -544,11 +423,11 @@ def pareto(source, x="bits", y="error", label="method", logy=False, linear=False
     legend = ax.legend(fontsize=8, loc="lower left")
     fig.canvas.draw()  # fixes the limits and the layout the placement measures against
     renderer = fig.canvas.get_renderer()
-    placed = _place_labels(fig, ax, list(zip(xs, ys)), labels, 7, [legend.get_window_extent(renderer)])
+    placed = place_labels(fig, ax, list(zip(xs, ys)), labels, 7, [legend.get_window_extent(renderer)])
     if placed is None:  # numbered points, the numbers listed beside the axes
         legend.remove()
         numbers = [str(i + 1) for i in range(len(labels))]
-        if _place_labels(fig, ax, list(zip(xs, ys)), numbers, 7, []) is None:
+        if place_labels(fig, ax, list(zip(xs, ys)), numbers, 7, []) is None:
             raise _InputError(f"{path}: {len(labels)} points too crowded to number apart; draw fewer rows")
         handles = [Line2D([], [], color="tab:red")] + [Line2D([], [], linestyle="none")] * len(labels)
         ax.legend(handles, ["Pareto front"] + [f"{n}  {t}" for n, t in zip(numbers, labels)], fontsize=7,
@@ -584,9 +463,9 @@ def text_boxes(fig):
         if not t.get_visible() or not t.get_text().strip() or not ticks.get(id(t), True):
             continue
         if t.axes is not None and id(t) not in ticks and t.get_clip_on() and t.get_clip_box() is not None:
-            if not _overlap(_text_extent(t, renderer), t.get_clip_box()):
+            if not overlap(text_extent(t, renderer), t.get_clip_box()):
                 continue  # clipped away: not drawn
-        out.append((t, _text_extent(t, renderer)))
+        out.append((t, text_extent(t, renderer)))
     return out
 
 
@@ -594,7 +473,7 @@ def overlapping_texts(fig):
     """The pairs of texts (their strings) whose drawn boxes intersect; [] for a readable figure."""
     boxes = text_boxes(fig)
     return [(a.get_text(), b.get_text()) for i, (a, ba) in enumerate(boxes) for b, bb in boxes[i + 1:]
-            if _overlap(ba, bb)]
+            if overlap(ba, bb)]
 
 
 def artists_json(fig):

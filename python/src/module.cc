@@ -25,7 +25,7 @@
 
 #include "arrays.h"
 #include "qattn/engine.h"
-#include "qattn/eval/analysis.h"
+#include "qattn/eval/analyze.h"
 #include "qattn/eval/report.h"
 #include "qattn/error.h"
 #include "qattn/metrics.h"
@@ -362,63 +362,41 @@ py::dict analyze_report(const std::string& tensors, const std::vector<std::strin
   if (reference == eval::SoftmaxReference::exact && !softmax_only)
     throw std::invalid_argument("--reference: exact applies to softmax-only analysis (softmax_only=True); attention "
                                 "is compared with fp64");
-  const int workers = thread_count(threads);
-  EngineOptions engine_options;
-  engine_options.engine = parse_engine(engine);
-  std::vector<eval::HeadResult> results;
-  std::vector<eval::ReportMethod> plan_methods;
-  std::string text;  // the report in `format`, when one is asked for
+  eval::AnalysisRequest request;
+  request.tensors = tensors;
+  request.specs = specs;
+  request.kv = kv;
+  request.weights = weights;
+  request.softmax = softmax_only;
+  request.reference = reference;
+  request.threads = thread_count(threads);
+  const EngineOptions engine_options = qattn::python::engine_options(engine, 1, true);
+  request.build = [engine_options](const MethodSpec& spec) { return build_method(spec, engine_options).method; };
+  request.format = format;
+  request.table.summary = summary_only, request.table.columns = columns;
+  request.order = order;
   CallableCalls calls;  // outlives the methods that refer to it
-  std::vector<std::unique_ptr<Method>> users;
-  std::vector<std::string> user_labels;
   for (const py::tuple& t : own) {
-    UserMethod user = user_method(t, calls, softmax_only);
-    users.push_back(std::move(user.method));
-    user_labels.push_back(std::move(user.label));
-  }
-  const auto analysis = [&] {
-    eval::AnalysisPlan plan = eval::plan_analysis(
-        specs, kv, weights, softmax_only, reference, false,
-        [&](const MethodSpec& spec) { return build_method(spec, engine_options).method; }, own.empty());
     // Nothing declared: whole calls, compared block by block. (A PythonMethod's destructor takes the GIL itself, so
-    // the plan may go out of scope here on an error.)
-    for (std::size_t u = 0; u < users.size(); ++u) plan.add_own(user_labels[u], std::move(users[u]));
-    // The table's choices, refused before the dump is read; the methods in the order the caller gave them (the plan
-    // has the registry's specs first), where that order names each of the plan's methods once.
-    eval::ReportOptions choices;
-    choices.summary = summary_only, choices.columns = columns;
-    if (!format.empty()) {
-      const eval::ReportView planned = eval::report_view(plan, tensors, 0);
-      std::vector<std::string> labels, wanted = order;
-      for (const eval::ReportMethod& m : planned.methods) labels.push_back(m.label);
-      std::sort(labels.begin(), labels.end()), std::sort(wanted.begin(), wanted.end());
-      if (labels == wanted && std::adjacent_find(labels.begin(), labels.end()) == labels.end()) choices.methods = order;
-      eval::check_report_options(planned, choices, format);
-    }
-    std::vector<eval::DumpLayer> dump =
-        eval::load_dump(tensors, softmax_only ? eval::DumpTarget::softmax : eval::DumpTarget::attention, reference,
-                        nullptr, /*with_reference=*/false);
-    if (plan.wq && !calls.stop) eval::quantize_projections(dump, tensors, *plan.wq);
+    // the request may go out of scope here on an error.)
+    UserMethod user = user_method(t, calls, softmax_only);
+    request.own.push_back({std::move(user.label), std::move(user.method), {}});
+  }
+  // A worker that finishes an item after Ctrl-C throws: parallel_for starts no further item and joins the others.
+  request.progress = [&calls](std::size_t, std::size_t) {
     if (calls.stop) throw AnalysisInterrupted();
-    eval::EvalOptions options;
-    options.threads = workers;
-    // A worker that finishes an item after Ctrl-C throws: parallel_for starts no further item and joins the others.
-    options.progress = [&calls](std::size_t, std::size_t) {
-      if (calls.stop) throw AnalysisInterrupted();
-    };
-    results = eval::evaluate_plan(dump, plan, options);
-    std::size_t n_heads = 0;
-    for (const eval::DumpLayer& l : dump) n_heads += l.heads.size();
-    const eval::ReportView view = eval::report_view(plan, tensors, n_heads);
-    plan_methods = view.methods;
-    if (!format.empty()) text = eval::render_report(view, results, format, choices);
   };
+  request.checkpoint = [&calls] {
+    if (calls.stop) throw AnalysisInterrupted();
+  };
+  eval::AnalysisResult analysis;
+  const auto run = [&] { analysis = eval::run_analysis(request); };
   std::optional<py::error_already_set> signal;
   std::exception_ptr failure;
   {
     py::gil_scoped_release release;
     try {
-      signal = run_checking_signals(analysis, calls.stop);
+      signal = run_checking_signals(run, calls.stop);
     } catch (...) {
       failure = std::current_exception();
     }
@@ -426,16 +404,16 @@ py::dict analyze_report(const std::string& tensors, const std::vector<std::strin
   if (signal) throw *signal;
   if (failure) rethrow_raised(failure, calls);
   py::list heads, summary;
-  for (const eval::HeadResult& r : results) {
+  for (const eval::HeadResult& r : analysis.results) {
     py::dict h;
     h["layer"] = r.layer, h["head"] = r.head, h["method"] = r.method;
     h["O"] = stats_dict(r.o), h["P"] = stats_dict(r.p);
     h["P_kl_mean"] = r.kl.mean, h["P_kl_max"] = r.kl.max, h["K_bits"] = r.k_bits, h["V_bits"] = r.v_bits;
     heads.append(h);
   }
-  for (const eval::ReportMethod& method : plan_methods) {
+  for (const eval::ReportMethod& method : analysis.view.methods) {
     std::vector<eval::HeadResult> mine;
-    for (const eval::HeadResult& r : results)
+    for (const eval::HeadResult& r : analysis.results)
       if (r.method == method.label) mine.push_back(r);
     const eval::MethodSummary s = eval::summarise_method(mine);
     py::dict mean, worst, entry;
@@ -453,7 +431,7 @@ py::dict analyze_report(const std::string& tensors, const std::vector<std::strin
   }
   py::dict report;
   report["heads"] = heads, report["summary"] = summary;
-  if (!format.empty()) report["text"] = text;
+  if (!format.empty()) report["text"] = analysis.text;
   return report;
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,11 @@ struct SweepTable {
 };
 // format csv | md; SpecError for another format.
 std::string render_sweep(const SweepTable& table, const std::string& format);
+
+// `qattn compare --format json`: the error statistics of B against A (stats_json's fields, every double read back
+// to the same bits: docs/metrics.md), with "kl_a_b" {"mean", "max"} where the rows were probabilities; indented by
+// 2, no final newline.
+std::string compare_json(const ErrorStats& stats, const std::optional<KlStats>& kl);
 
 // The summary metric `metric` on `target` ("O", "cossim" -> Metric::o_cossim); SpecError naming both otherwise.
 Metric sweep_metric(const std::string& target, const std::string& metric);

@@ -15,8 +15,10 @@
 #include <vector>
 
 #include "qattn/eval/analysis.h"
+#include "qattn/eval/analyze.h"
 #include "qattn/eval/evaluate.h"
 #include "qattn/eval/report.h"
+#include "qattn/eval/sweep.h"
 
 namespace qattn::eval {
 
@@ -47,6 +49,20 @@ std::string sha256_hex(std::string_view bytes);
 // methods raise them.
 std::string analyze_shard(const std::filesystem::path& source, const AnalysisPlan& plan, Shard shard,
                           const EvalOptions& options, const std::string& format = "md");
+
+// Shard `shard` of the sweep `request` (qattn/eval/sweep.h): the part file's text (JSON), as analyze_shard's. The
+// units are the (grid point, head) pairs, numbered point-major (point i, head j is unit i H + j for the H heads of
+// the dump in (layer, head) order: when N divides the number of points every shard owns whole points) or head-major
+// (request.order; unit j P + i for P points: when N divides the number of heads every shard owns whole heads and runs
+// every point on them, reading each head once). A shard reads only the heads its block touches (whole layers where a
+// point's method looks across heads). Its rows are the per-head metrics of each (point, head) it owns; merge_parts
+// summarises each point over all its heads, whichever order numbered them.
+std::string sweep_shard(const SweepRequest& request, Shard shard);
+
+// Shard `shard` of the analysis `request` (qattn/eval/analyze.h) of its dump (request.tensors; SpecError for
+// explicit q/k/v or logits files, which have no heads to split): plan_request, then analyze_shard in the request's
+// format (md unless given).
+std::string analysis_shard(AnalysisRequest& request, Shard shard);
 
 // The largest part file `merge_part_files` reads. The merge holds every part as parsed JSON, about 10 bytes of memory
 // per byte of part; a run whose parts are larger needs more shards (a row of analyze, one head and method, is about
