@@ -82,6 +82,8 @@ std::string analyze_table(const AnalyzeOptions& o, const eval::ReportOptions& ta
   request.block_rows = static_cast<Eigen::Index>(o.block_rows);
   request.whole_calls = o.whole_calls;
   request.progress = stderr_progress("qattn analyze", "blocks and calls");
+  // The progress clock starts with the evaluation, not with the reading of the dump (its checkpoint comes last).
+  request.checkpoint = [&request] { request.progress = stderr_progress("qattn analyze", "blocks and calls"); };
   try {
     if (!o.shard.empty()) return eval::analysis_shard(request, shard_option(o.shard));
     return eval::run_analysis(request).text;

@@ -84,6 +84,14 @@ struct Source {
 Source use_lite_source(const ExperimentContext& ctx);
 // synthetic_outlier_dump(heads, L, d, seed) under `name`.
 Source outlier_source(std::string name, int heads, int L, int d, std::uint64_t seed);
+// The sources in order, each moved in (a braced list would copy every dump).
+template <class... Sources>
+std::vector<Source> make_sources(Sources&&... sources) {
+  std::vector<Source> v;
+  v.reserve(sizeof...(sources));
+  (v.push_back(std::forward<Sources>(sources)), ...);
+  return v;
+}
 
 // Every spec evaluated on every source, threaded over the (spec, source) pairs (ctx.threads, ctx.engine).
 class Grid {

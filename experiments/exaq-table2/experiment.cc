@@ -22,7 +22,10 @@ std::string run_exaq_table2(const ExperimentContext& ctx) {
       {"FP16 (baseline)", "fp16"},
   };
   const int L = ctx.fast ? 256 : 2048;
-  const std::vector<Source> sources = {use_lite_source(ctx), outlier_source("synthetic", 4, 512, 128, 7), outlier_source("long", 2, L, 64, 21)};
+  const std::vector<Source> sources = make_sources(
+      use_lite_source(ctx),
+      outlier_source("synthetic", 4, 512, 128, 7),
+      outlier_source("long", 2, L, 64, 21));
   const Grid grid = run_grid(rows, sources, ctx);
   std::ostringstream r;
   r << "exaq-table2: EXAQ's sigma-based clip against NAIVE quantisation of the whole [min, 0] range (exaq:clip=none), "

@@ -21,7 +21,10 @@ std::string run_fp4_attention(const ExperimentContext& ctx) {
       {"SageAttention3, Q and K in MXFP4", "sage3:qk=mxfp4"},        // 4
   };
   const int L = ctx.fast ? 512 : 4096;
-  const std::vector<Source> sources = {use_lite_source(ctx), outlier_source("synthetic", 4, 512, 128, 7), outlier_source("long", 2, L, 128, 21)};
+  const std::vector<Source> sources = make_sources(
+      use_lite_source(ctx),
+      outlier_source("synthetic", 4, 512, 128, 7),
+      outlier_source("long", 2, L, 128, 21));
   const Grid grid = run_grid(rows, sources, ctx);
   std::ostringstream r;
   r << "fp4-attention: SageAttention3's NVFP4 attention against FP8 kernels, and MXFP4 against NVFP4 scaling of Q and "

@@ -26,7 +26,10 @@ std::string run_intattn_accuracy(const ExperimentContext& ctx) {
       {"EXAQ INT3 (8 entries), official grid", "exaq@upstream:bits=3"},       // 9
   };
   const int L = ctx.fast ? 256 : 2048;
-  const std::vector<Source> sources = {use_lite_source(ctx), outlier_source("synthetic", 4, 512, 128, 7), outlier_source("long", 2, L, 64, 21)};
+  const std::vector<Source> sources = make_sources(
+      use_lite_source(ctx),
+      outlier_source("synthetic", 4, 512, 128, 7),
+      outlier_source("long", 2, L, 64, 21));
   const Grid grid = run_grid(rows, sources, ctx);
   std::ostringstream r;
   r << "intattn-accuracy: IntAttention against Quant-Only and FP16, the share of its error its softmax accounts for, "

@@ -64,7 +64,9 @@ std::string run_groupwise(const ExperimentContext& ctx) {
     for (const Row& v : variants) rows.push_back({v.label, v.spec.empty() ? base : base + sep + v.spec});
   }
   const int L = ctx.fast ? 128 : 512;
-  const std::vector<Source> sources = {use_lite_source(ctx), Source{"synthetic", key_block_outlier_dump(4, L, 64, 11)}};
+  const std::vector<Source> sources = make_sources(
+      use_lite_source(ctx),
+      Source{"synthetic", key_block_outlier_dump(4, L, 64, 11)});
   const Grid grid = run_grid(rows, sources, ctx);
 
   std::ostringstream r;

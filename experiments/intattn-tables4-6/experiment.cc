@@ -26,7 +26,10 @@ std::string run_tables4_6(const ExperimentContext& ctx) {
       {"IntAttention pipeline (paper rules)", "intattention@paper"},
   };
   const int L = ctx.fast ? 256 : 2048;
-  const std::vector<Source> sources = {use_lite_source(ctx), outlier_source("synthetic", 4, 512, 128, 7), outlier_source("long", 2, L, 64, 21)};
+  const std::vector<Source> sources = make_sources(
+      use_lite_source(ctx),
+      outlier_source("synthetic", 4, 512, 128, 7),
+      outlier_source("long", 2, L, 64, 21));
   const Grid grid = run_grid(rows, sources, ctx);
   std::ostringstream r;
   r << "intattn-tables4-6: the softmax replaced alone inside fp64 attention (the pipelines for reference), mean O "

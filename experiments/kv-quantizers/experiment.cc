@@ -94,7 +94,7 @@ std::string run_kv_quantizers(const ExperimentContext& ctx) {
              "saw",               "saw:block=1",       "saw:rotate-v=true", "saw@fp16-v",
              "rtn:bits=2,v=channel", "rtn:bits=4,v=channel", "nvfp4", "nvfp4@fp8-attention"};
   const int L = ctx.fast ? 1024 : 4096;
-  g.sources = {use_lite_source(ctx), outlier_source("synthetic", 4, L, 64, 11)};
+  g.sources = make_sources(use_lite_source(ctx), outlier_source("synthetic", 4, L, 64, 11));
   const auto fp32 = make_method("fp32", ctx.engine);
   g.res.resize(g.specs.size() * g.sources.size());
   parallel_for(g.res.size(), ctx.threads, [&](std::size_t i) {

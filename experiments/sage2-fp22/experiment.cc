@@ -79,7 +79,7 @@ std::string run_sage2_fp22(const ExperimentContext& ctx) {
       {"fp22", "per-product FP22, one accumulator"},
   };
   const int L = ctx.fast ? 256 : 1024;
-  const std::vector<Source> sources = {outlier_source("synthetic", 4, L, 128, 7), use_lite_source(ctx)};
+  const std::vector<Source> sources = make_sources(outlier_source("synthetic", 4, L, 128, 7), use_lite_source(ctx));
   std::vector<std::string> specs;
   for (const auto& [acc, what] : accs) specs.push_back("sage2@paper-8b:acc=" + acc);
   const Grid grid = run_grid(specs, sources, ctx);

@@ -52,9 +52,9 @@ std::string run_sage2_tables(const ExperimentContext& ctx) {
        {q4 + ",smooth-v=true", q4 + ",smooth-v=false"}, {"smooth V", "none"}},
   };
   const int L = ctx.fast ? 128 : 512;
-  const std::vector<Source> sources = {
+  const std::vector<Source> sources = make_sources(
       outlier_source("synthetic (4 heads, L = " + std::to_string(L) + ", d = 128, channel-wise outliers)", 4, L, 128, 7),
-      use_lite_source(ctx)};
+      use_lite_source(ctx));
   std::ostringstream r;
   r << "sage2-tables: orderings of SageAttention2's ablations, mean O CosSim (and relative L1) vs the fp64 reference\n"
     << "synthetic heads: x = bias[c] + N(0, 1), bias ~ N(0, s^2), s = 1 (Q), 4 (K; every 16th channel 4x), 2 (V); seed 7\n\n";

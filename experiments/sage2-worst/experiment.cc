@@ -27,7 +27,7 @@ std::string run_sage2_worst(const ExperimentContext& ctx) {
        {"sage2@paper-4b", "sage2@paper-4b:smooth-k=false", "sage2@paper-4b:smooth-q=false", "sage2@paper-4b:smooth-q=false,smooth-k=false"}},
   };
   const int L = ctx.fast ? 128 : 512;
-  const std::vector<Source> sources = {outlier_source("synthetic", 4, L, 128, 7), use_lite_source(ctx)};
+  const std::vector<Source> sources = make_sources(outlier_source("synthetic", 4, L, 128, 7), use_lite_source(ctx));
   std::vector<std::string> specs;
   for (const Claim& c : claims) specs.insert(specs.end(), c.specs.begin(), c.specs.end());
   const Grid grid = run_grid(specs, sources, ctx);

@@ -83,7 +83,7 @@ double mean_error(const std::vector<Call>& calls, Pick pick) {
 
 std::string run_fig7b(const ExperimentContext& ctx) {
   const int L = ctx.fast ? 128 : 512;
-  const std::vector<Source> sources = {use_lite_source(ctx), outlier_source("synthetic", 8, L, 128, 7)};
+  const std::vector<Source> sources = make_sources(use_lite_source(ctx), outlier_source("synthetic", 8, L, 128, 7));
   const std::vector<std::string> rules = {"priority (Eq. 11, channel gaps)", "priority (all entries)", "min-max range",
                                           "variation (std of gaps)", "random (expected)", "oracle"};
   std::ostringstream r;

@@ -37,7 +37,7 @@ std::string run_turbo_tables(const ExperimentContext& ctx) {
   rows.push_back({"Table 4, prefill", "FlashQ INT8 (exact exp)", "turbo:exp=exact"});
   rows.push_back({"Table 4, prefill", "FlashQ INT8 + SAS", "turbo@paper"});
   const int L = ctx.fast ? 128 : 512;
-  const std::vector<Source> sources = {use_lite_source(ctx), outlier_source("synthetic", 4, L, 128, 7)};
+  const std::vector<Source> sources = make_sources(use_lite_source(ctx), outlier_source("synthetic", 4, L, 128, 7));
   const Grid grid = run_grid(rows, sources, ctx);
 
   std::ostringstream r;

@@ -16,7 +16,7 @@ import operator
 from . import _qattn
 from . import plot
 from ._lowp import fp8_encode, lowp_decode, lowp_encode, mma, mma_models, mx_quantize, nvfp4_quantize
-from ._native import _native, _widen16
+from ._calls import _native, _widen16
 from .plot import write_csv
 
 __version__ = _qattn.__version__  # the project's version: `qattn --version` prints the same

@@ -2,7 +2,7 @@
 MMA models (qattn.fp8_encode ... qattn.mma_models, exported by qattn/__init__.py, which documents the package)."""
 
 from . import _qattn  # type: ignore[attr-defined]  # the extension, which the stubs leave out
-from ._native import _native, _widen16
+from ._calls import _native, _widen16
 
 
 def fp8_encode(x, format="e4m3fn", saturate=True):

@@ -362,6 +362,7 @@ py::dict analyze_report(const std::string& tensors, const std::vector<std::strin
   if (reference == eval::SoftmaxReference::exact && !softmax_only)
     throw std::invalid_argument("--reference: exact applies to softmax-only analysis (softmax_only=True); attention "
                                 "is compared with fp64");
+  CallableCalls calls;  // outlives the methods that refer to it (the request's, then the plan's)
   eval::AnalysisRequest request;
   request.tensors = tensors;
   request.specs = specs;
@@ -375,7 +376,6 @@ py::dict analyze_report(const std::string& tensors, const std::vector<std::strin
   request.format = format;
   request.table.summary = summary_only, request.table.columns = columns;
   request.order = order;
-  CallableCalls calls;  // outlives the methods that refer to it
   for (const py::tuple& t : own) {
     // Nothing declared: whole calls, compared block by block. (A PythonMethod's destructor takes the GIL itself, so
     // the request may go out of scope here on an error.)

@@ -4,13 +4,11 @@
 #include "qattn/reference/mma.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
-#include <sstream>
-#include <stdexcept>
 
 #include "qattn/float_format.h"
 
@@ -382,42 +380,6 @@ void hmma_f16_acc16_step(float* acc, const float* p, std::size_t n, const float*
   for (; c0 + kChunk <= cols; c0 += kChunk)
     hmma_f16_acc16_chunk<kChunk>(acc + c0, p, ep, n, v + c0, v_exponent + c0, stride, kChunk);
   if (c0 < cols) hmma_f16_acc16_chunk<0>(acc + c0, p, ep, n, v + c0, v_exponent + c0, stride, cols - c0);
-}
-
-std::string MmaModel::describe() const {
-  std::ostringstream s;
-  static const char* const inputs[] = {"e4m3", "e5m2", "f16", "bf16", "e2m1", "e4m3fnuz"};
-  static const char* const rules[] = {"exponent fields", "leading bits",
-                                      "exponent fields (a zero operand or accumulator at -126)",
-                                      "exponent fields (a zero operand or accumulator does not count)"};
-  s << inputs[static_cast<int>(input)];
-  if (per_product) {
-    s << ", per product: acc + a*b rounded toward zero onto FP22 (1-8-13)";
-    return s.str();
-  }
-  if (scale != MmaScale::none)
-    s << " with " << mma_scale_name(scale) << " scales per " << scale_block << " k"
-      << (group_products > 0 ? ", groups of " + std::to_string(group_products) +
-                                   " products summed exactly and scaled, aligned by the scales' exponents"
-                             : ", the scales' exponents added to each product's");
-  if (align == MmaAlign::group_then_c) {
-    s << ", groups of " << step_products << " products" << (even_odd ? " (even and odd k apart)" : "")
-      << " truncated toward zero at " << fraction_bits << " fraction bits below their largest exponent, then that "
-      << "sum and C aligned to the larger exponent and truncated downward (the sum at " << sum_fraction_bits
-      << " bits, C at " << fraction_bits << ")";
-    if (c_drop_below > 0) s << ", C dropped more than " << c_drop_below << " binades below the sum";
-    s << ", rounded to nearest even onto float32, E from " << rules[static_cast<int>(exponent_rule)];
-    return s.str();
-  }
-  s << ", " << step_products << " products/step, " << fraction_bits << " fraction bits below 2^E (truncated)";
-  if (accumulator == MmaAccumulator::f32) s << ", sum RZ to " << sum_bits << " bits";
-  s << ", E from " << rules[static_cast<int>(exponent_rule)]
-    << (partition == MmaPartition::k_mod4_pairs ? ", steps k mod 4 < 2 then >= 2" : "")
-    << (c_add == MmaCAdd::fused ? ", C fused into the first step" : ", C added after in f32 (RNE)")
-    << (accumulator == MmaAccumulator::f16 ? ", f16 accumulator: the sum rounded once to nearest even onto binary16"
-                                           : "");
-  if (promote_steps > 0) s << ", promoted to an f32 total (RNE) every " << promote_steps << " steps";
-  return s.str();
 }
 
 }  // namespace qattn::ref

@@ -42,7 +42,8 @@ struct AnalysisRequest {
   std::vector<std::string> order;
   // The run: workers over (head, block) items (0: every core, resolve_threads), rows per streamed block (0: chosen
   // from L_k), every method on whole calls; progress as EvalOptions'. `checkpoint` is called between the stages
-  // (after the dump is read, after the weights are quantized) and may throw to stop the run.
+  // (after the dump is read, after the weights are quantized), the last time just before the methods run: it may
+  // throw to stop the run, or set `progress` afresh (a clock that starts with the evaluation).
   int threads = 0;
   Eigen::Index block_rows = 0;
   bool whole_calls = false;
