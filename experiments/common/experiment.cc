@@ -169,9 +169,19 @@ std::pair<std::vector<std::string>, std::vector<std::string>> method_rows(
   return {names, canon};
 }
 
+void add_synthetic_head(DumpLayer& layer, int head, RowMatrixXd q, RowMatrixXd k, RowMatrixXd v) {
+  static const std::unique_ptr<Method> reference = ref::reference_registry().create("fp64");
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.cols()));
+  layer.reference.push_back({reference->attention(q, k, v, scale, {})});
+  layer.heads.push_back(head);
+  layer.q_paths.push_back("synthetic");
+  layer.q.push_back({std::move(q)});
+  layer.k.push_back({std::move(k)});
+  layer.v.push_back({std::move(v)});
+}
+
 std::vector<DumpLayer> synthetic_outlier_dump(int heads, int L, int d, std::uint64_t seed) {
   ref::Normals n(seed);
-  const auto reference = ref::reference_registry().create("fp64");
   DumpLayer l;
   for (int h = 0; h < heads; ++h) {
     RowMatrixXd q(L, d), k(L, d), v(L, d);
@@ -181,12 +191,7 @@ std::vector<DumpLayer> synthetic_outlier_dump(int heads, int L, int d, std::uint
       for (int t = 0; t < L; ++t)
         for (int c = 0; c < d; ++c) (*m)(t, c) = bias[c] + n();
     }
-    l.heads.push_back(h);
-    l.q_paths.push_back("synthetic");
-    l.q.push_back({q});
-    l.k.push_back({k});
-    l.v.push_back({v});
-    l.reference.push_back({reference->attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(d)), {})});
+    add_synthetic_head(l, h, std::move(q), std::move(k), std::move(v));
   }
   return {l};
 }

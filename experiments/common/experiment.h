@@ -161,6 +161,8 @@ std::pair<std::vector<std::string>, std::vector<std::string>> method_rows(
 // N(0, sigma_x^2) with sigma_K = 4, sigma_Q = 1, sigma_V = 2, and every 16th channel of K an outlier with 4x the
 // bias. One layer of `heads` heads, L tokens, d channels, fixed seed; the fp64 reference is computed as for a dump.
 std::vector<DumpLayer> synthetic_outlier_dump(int heads, int L, int d, std::uint64_t seed);
+// Appends head `head` of synthetic Q, K, V to `layer`, with its fp64 reference at scale 1/sqrt(d), as a dump's.
+void add_synthetic_head(DumpLayer& layer, int head, RowMatrixXd q, RowMatrixXd k, RowMatrixXd v);
 
 // A needle among diffuse keys, for the accumulation experiments: `rows` identical queries over `keys` keys, d >= 2.
 // Channel 1 spreads the diffuse logits (N(0, 1/4) at scale 1); channel 0 holds the needle's margin, chosen so that

@@ -11,7 +11,6 @@
 #include "experiment.h"
 #include "qattn/parallel.h"
 #include "qattn/reference/random.h"
-#include "qattn/reference/registry.h"
 
 namespace qattn::experiments {
 namespace {
@@ -20,7 +19,6 @@ namespace {
 // block log-uniform in [1, 8]; Q and V are N(0, I). One layer, fixed seed, fp64 reference as for a dump.
 std::vector<DumpLayer> key_block_outlier_dump(int heads, int L, int d, std::uint64_t seed) {
   ref::Normals n(seed);
-  const auto reference = ref::reference_registry().create("fp64");
   DumpLayer l;
   for (int h = 0; h < heads; ++h) {
     RowMatrixXd q(L, d), k(L, d), v(L, d);
@@ -28,12 +26,7 @@ std::vector<DumpLayer> key_block_outlier_dump(int heads, int L, int d, std::uint
     for (double& g : gain) g = std::exp(std::log(8.0) * 0.5 * (1 + std::erf(n() / std::sqrt(2.0))));  // U(0,1) by Phi
     for (int t = 0; t < L; ++t)
       for (int c = 0; c < d; ++c) q(t, c) = n(), k(t, c) = gain[t / 64] * n(), v(t, c) = n();
-    l.heads.push_back(h);
-    l.q_paths.push_back("synthetic");
-    l.q.push_back({q});
-    l.k.push_back({k});
-    l.v.push_back({v});
-    l.reference.push_back({reference->attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(d)), {})});
+    add_synthetic_head(l, h, std::move(q), std::move(k), std::move(v));
   }
   return {l};
 }
