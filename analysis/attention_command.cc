@@ -13,6 +13,7 @@
 #include "commands.h"
 #include "engine_setting.h"
 #include "qattn/error.h"
+#include "qattn/eval/attention.h"
 #include "qattn/eval/evaluate.h"
 #include "qattn/tensor_io.h"
 
@@ -26,8 +27,6 @@ struct AttentionOptions {
   int threads = 0;
   EngineSetting engine;
 };
-
-std::vector<std::int64_t> leading(const Tensor& t) { return {t.shape.begin(), t.shape.end() - 2}; }
 
 void run_attention(const AttentionOptions& o) {
   require_threads(o.threads);
@@ -60,74 +59,24 @@ void run_attention(const AttentionOptions& o) {
   k_load.wait(), v_load.wait();
   if (q_error) std::rethrow_exception(q_error);
   const Tensor tq = std::move(*q_load), tk = k_load.get(), tv = v_load.get();
-  // Float32 Q, K and V (what dumps hold) are read in place through the methods' float32 entry, which gives the same
-  // bits as the float64 one (qattn/method.h): no float64 copy of the inputs is made. Other float dtypes are widened.
-  const bool in_place = tq.dtype == DType::f32 && tk.dtype == DType::f32 && tv.dtype == DType::f32;
-  std::vector<RowMatrixXd> qs, ks, vs;
-  if (in_place) {
-    batch_entries(tq, o.q), batch_entries(tk, o.k), batch_entries(tv, o.v);
-  } else {
-    qs = split_batch(tq, o.q), ks = split_batch(tk, o.k), vs = split_batch(tv, o.v);
-  }
-  const std::int64_t entries = batch_entries(tq, o.q);
-  // Grouped-query attention: K and V may hold fewer heads than Q (the axis before L); each Q matrix reads its
-  // group's K/V matrix in place, none is repeated.
-  const KvGrouping kv = group_kv_heads(tq.shape, tk.shape, tv.shape, o.q, o.k, o.v);
-  if (tq.shape.back() != tk.shape.back())
-    throw InputError(o.k, "shape", "head dimension d of k (" + std::to_string(tk.shape.back()) + ") differs from q (" +
-                                       std::to_string(tq.shape.back()) + ")");
-  if (tk.shape[tk.shape.size() - 2] != tv.shape[tv.shape.size() - 2])
-    throw InputError(o.v, "shape", "v has " + std::to_string(tv.shape[tv.shape.size() - 2]) + " keys, k has " +
-                                       std::to_string(tk.shape[tk.shape.size() - 2]));
-  const double scale = o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(tq.shape.back()));
-  AttentionMask mask;
-  mask.causal = o.causal;
-  std::vector<double> p_all;
-  DType p_dtype = DType::f64;
-  // [..., H, L, d] with 4 or more axes: the axis before L is the heads of one layer, handed over together (turbo's
-  // head-wise KV precision ranks them; under grouped-query attention a group's query heads get the same K/V views);
-  // with 3 axes every matrix is its own call.
-  const std::size_t heads = tq.shape.size() >= 4 ? static_cast<std::size_t>(tq.shape[tq.shape.size() - 3]) : 1;
-  std::vector<AttentionResult> results;
-  // Q's entries [b0, b0 + heads), or the K/V entries they read (`kv_of`)
-  const auto entry_views = [&](const std::vector<RowMatrixXd>& m, std::size_t b0, bool kv_of) {
-    std::vector<MatrixView> views;
-    for (std::size_t e = b0; e < b0 + heads; ++e)
-      views.emplace_back(m[kv_of ? static_cast<std::size_t>(kv.kv_entry(static_cast<std::int64_t>(e))) : e]);
-    return views;
-  };
-  const auto kv_views_f32 = [&](const Tensor& t, const std::string& path, std::int64_t first, std::int64_t n) {
-    std::vector<MatrixViewF> views;
-    for (std::int64_t e = first; e < first + n; ++e) views.push_back(batch_views_f32(t, path, kv.kv_entry(e), 1).front());
-    return views;
-  };
-  for (std::size_t b0 = 0; b0 < static_cast<std::size_t>(entries); b0 += heads) {
-    const std::string where =
-        o.q + (heads == 1 ? " (batch entry " + std::to_string(b0) : " (batch entries " + std::to_string(b0) + " to " +
-                                                                       std::to_string(b0 + heads - 1)) + ")";
-    const auto n = static_cast<std::int64_t>(heads), first = static_cast<std::int64_t>(b0);
-    for (AttentionResult& r : with_source(where, o.spec, [&] {
-           return in_place ? method->attention_heads(batch_views_f32(tq, o.q, first, n), kv_views_f32(tk, o.k, first, n),
-                                                     kv_views_f32(tv, o.v, first, n), scale, mask)
-                           : method->attention_heads(entry_views(qs, b0, false), entry_views(ks, b0, true),
-                                                     entry_views(vs, b0, true), scale, mask);
-         }))
-      results.push_back(std::move(r));
-  }
-  std::vector<std::int64_t> o_shape = leading(tq), p_shape = leading(tq);
-  o_shape.push_back(tq.shape[tq.shape.size() - 2]);
-  o_shape.push_back(tv.shape.back());
-  p_shape.push_back(tq.shape[tq.shape.size() - 2]);
-  p_shape.push_back(tk.shape[tk.shape.size() - 2]);
+  // Float32 Q, K and V (what dumps hold) are read in place; float16 and bfloat16 are widened.
+  std::vector<double> q_wide, k_wide, v_wide;
+  eval::AttentionRequest request{eval::tensor_ref(tq, o.q, q_wide), eval::tensor_ref(tk, o.k, k_wide),
+                                 eval::tensor_ref(tv, o.v, v_wide), method.get(), o.spec, o.scale};
+  request.mask.causal = o.causal;
+  eval::AttentionOutput result = eval::attention(request);
+  if (!o.probs.empty() && o.raw && !result.has_probs(true))
+    throw CLI::ValidationError("--raw", "method '" + o.spec + "' has no integer P; drop --raw");
   // O is float32 by definition of every method: each entry's O as float32 (the fused path's already is; a float64 O
   // is rounded to nearest, as Tensor::from_double would), written after the header one entry after another.
   std::vector<std::span<const std::byte>> o_pieces;
-  for (AttentionResult& r : results) {
+  std::vector<double> p_all;
+  DType p_dtype = DType::f64;
+  for (AttentionResult& r : result.entries) {
     if (r.o_f32.size() == 0 && r.o.size() != 0) r.o_f32 = r.o.cast<float>();
     o_pieces.push_back(std::as_bytes(std::span(r.o_f32.data(), static_cast<std::size_t>(r.o_f32.size()))));
     if (o.probs.empty()) continue;
     if (o.raw) {
-      if (r.p_int.size() == 0) throw CLI::ValidationError("--raw", "method '" + o.spec + "' has no integer P; drop --raw");
       p_dtype = r.p_dtype;
       p_all.insert(p_all.end(), r.p_int.data(), r.p_int.data() + r.p_int.size());
     } else {
@@ -136,10 +85,10 @@ void run_attention(const AttentionOptions& o) {
   }
   // Both files are prepared before either is put in place, so a failure leaves both destinations as they were.
   std::vector<std::unique_ptr<PendingFile>> files;
-  files.push_back(prepare_output(o.out, "o", DType::f32, o_shape, o_pieces));
+  files.push_back(prepare_output(o.out, "o", DType::f32, result.o_shape, o_pieces));
   if (!o.probs.empty())
     files.push_back(std::make_unique<PendingFile>(
-        o.probs, encode_output(o.probs, {{"p", Tensor::from_double(p_dtype, p_shape, p_all)}})));
+        o.probs, encode_output(o.probs, {{"p", Tensor::from_double(p_dtype, result.p_shape, p_all)}})));
   for (auto& f : files) f->commit();
 }
 }  // namespace

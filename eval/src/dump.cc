@@ -241,11 +241,18 @@ std::int64_t batch_entries(const Tensor& t, const fs::path& path) {
   if (t.shape.size() < 2) throw InputError(path.string(), "shape", "expected [..., L, d], got " + t.shape_string());
   if (!dtype_is_float(t.dtype))
     throw InputError(path.string(), "dtype", std::string(dtype_name(t.dtype)) + " given, analyze expects float Q/K/V");
+  return batch_entries(t.shape, path.string());
+}
+
+std::int64_t batch_entries(const std::vector<std::int64_t>& shape, const std::string& name) {
+  Tensor t;
+  t.shape = shape;
+  if (t.shape.size() < 2) throw InputError(name, "shape", "expected [..., L, d], got " + t.shape_string());
   const std::int64_t L = t.shape[t.shape.size() - 2], d = t.shape.back();
-  if (L == 0 || d == 0) throw InputError(path.string(), "shape", "empty L or d in " + t.shape_string());
+  if (L == 0 || d == 0) throw InputError(name, "shape", "empty L or d in " + t.shape_string());
   if (t.element_count() == 0)
-    throw InputError(path.string(), "shape", "a leading (batch) axis has length 0 in " + t.shape_string() +
-                                                 ": there is nothing to evaluate");
+    throw InputError(name, "shape", "a leading (batch) axis has length 0 in " + t.shape_string() +
+                                        ": there is nothing to evaluate");
   return t.element_count() / (L * d);
 }
 

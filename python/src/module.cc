@@ -26,6 +26,7 @@
 #include "arrays.h"
 #include "qattn/engine.h"
 #include "qattn/eval/analyze.h"
+#include "qattn/eval/attention.h"
 #include "qattn/eval/report.h"
 #include "qattn/error.h"
 #include "qattn/metrics.h"
@@ -249,102 +250,63 @@ py::object attention(const py::handle& q_obj, const py::handle& k_obj, const py:
     method = std::move(user.label);
     own = std::move(user.method);
   }
-  // float32 q, k and v read in place go to the float32 entry; a float32 array next to a float64 one, or with a KV
-  // quantizer (which takes float64), is widened.
-  Input q = read_float_array(q_obj, "q", true), k = read_float_array(k_obj, "k", true),
-        v = read_float_array(v_obj, "v", true);
-  const bool f32 = q.f32 && k.f32 && v.f32 && kv.empty();
-  if (!f32) q.widen(), k.widen(), v.widen();
-  if (q.shape.size() < 2 || q.shape.size() != k.shape.size() || q.shape.size() != v.shape.size())
-    throw py::value_error("q, k, v: expected arrays [..., L, d] of the same rank, got " + shape_string(q.shape) + ", " +
-                          shape_string(k.shape) + ", " + shape_string(v.shape));
-  const std::size_t n = q.shape.size();
-  // The axes before the heads' must be equal; the heads' (n >= 3) equal, or H_kv (k and v alike) dividing H_q
-  // (eval::group_kv_heads, as `qattn attention`).
-  eval::KvGrouping grouping;
-  try {
-    grouping = eval::group_kv_heads({q.shape.begin(), q.shape.end()}, {k.shape.begin(), k.shape.end()},
-                                    {v.shape.begin(), v.shape.end()}, "q", "k", "v");
-  } catch (const InputError& e) {
-    throw py::value_error(e.what());
-  }
-  const Eigen::Index lq = q.shape[n - 2], d = q.shape[n - 1], lk = k.shape[n - 2], dv = v.shape[n - 1];
-  if (k.shape[n - 1] != d || v.shape[n - 2] != lk)
-    throw py::value_error("q, k, v: shapes " + shape_string(q.shape) + ", " + shape_string(k.shape) + ", " +
-                          shape_string(v.shape) + " do not fit [..., L_q, d], [..., L_k, d], [..., L_k, d_v]");
-  const std::size_t heads = n >= 3 ? static_cast<std::size_t>(q.shape[n - 3]) : 1;
+  // float32 q, k and v are read in place (eval::attention widens them when the call needs float64).
+  const Input q = read_float_array(q_obj, "q", true), k = read_float_array(k_obj, "k", true),
+              v = read_float_array(v_obj, "v", true);
+  const auto ref = [](const Input& in, const char* name) {
+    return eval::TensorRef{name, {in.shape.begin(), in.shape.end()}, in.f32, in.f32 ? nullptr : in.data};
+  };
   AttentionMask m;
   m.causal = causal;
   if (mask) {
+    const Eigen::Index lq = q.shape.size() >= 2 ? q.shape[q.shape.size() - 2] : 0,
+                       lk = k.shape.size() >= 2 ? k.shape[k.shape.size() - 2] : 0;
     if (!mask->dtype().is(py::dtype::of<bool>()) || mask->ndim() != 2 || mask->shape(0) != lq || mask->shape(1) != lk)
       throw py::value_error("mask: expected a bool array of shape (" + std::to_string(lq) + ", " + std::to_string(lk) +
                             ") (True = visible)");
     const auto c = py::array_t<bool, py::array::c_style | py::array::forcecast>::ensure(*mask);
     m.valid = Eigen::Map<const RowMatrixXb>(c.data(), lq, lk);
   }
-  const double s = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(d));
-  std::size_t calls = 1;
-  for (std::size_t i = 0; i + 3 < n; ++i) calls *= static_cast<std::size_t>(q.shape[i]);  // the axes before heads
-  std::vector<double> o(calls * heads * lq * dv), p(return_probs ? calls * heads * lq * lk : 0);
-  std::vector<std::int32_t> p_int(raw ? calls * heads * lq * lk : 0);
-  DType p_dtype = DType::u8;
-  bool have_p = true;
+  eval::AttentionOutput result;
   std::exception_ptr failure;
   {
     py::gil_scoped_release release;
     try {
       require_finite_array(q, "Q"), require_finite_array(k, "K"), require_finite_array(v, "V");
       const BuiltMethod built = own ? BuiltMethod{} : build_method(method, engine_options(engine, threads, return_probs));
-      const Method& run = own ? *own : *built.method;
       const std::unique_ptr<ref::KvQuantizer> kvq = kv.empty() ? nullptr : ref::kv_registry().create(kv);
-      for (std::size_t c = 0; c < calls; ++c) {
-        std::vector<MatrixView> qh, kh, vh;
-        std::vector<MatrixViewF> qf, kf, vf;
-        for (std::size_t h = 0; h < heads; ++h) {
-          const std::size_t b = c * heads + h;  // query head h reads K/V head h / (H_q / H_kv)
-        const auto bkv = static_cast<std::size_t>(grouping.kv_entry(static_cast<std::int64_t>(b)));
-          if (f32) {
-            qf.push_back(matrix_at_f32(q, b, lq, d)), kf.push_back(matrix_at_f32(k, bkv, lk, d));
-            vf.push_back(matrix_at_f32(v, bkv, lk, dv));
-          } else {
-            qh.push_back(matrix_at(q, b, lq, d)), kh.push_back(matrix_at(k, bkv, lk, d));
-            vh.push_back(matrix_at(v, bkv, lk, dv));
-          }
-        }
-        const std::vector<AttentionResult> r = kvq   ? ref::attention_with_kv(run, *kvq, qh, kh, vh, s, m)
-                                               : f32 ? run.attention_heads(qf, kf, vf, s, m)
-                                                     : run.attention_heads(qh, kh, vh, s, m);
-        for (std::size_t h = 0; h < heads; ++h) {
-          std::copy_n(r[h].o.data(), r[h].o.size(), o.data() + (c * heads + h) * lq * dv);
-          if (!return_probs) continue;
-          if (r[h].p.size() != lq * lk || (raw && r[h].p_int.size() != lq * lk)) {
-            have_p = false;
-            continue;
-          }
-          std::copy_n(r[h].p.data(), r[h].p.size(), p.data() + (c * heads + h) * lq * lk);
-          if (!raw) continue;
-          std::copy_n(r[h].p_int.data(), r[h].p_int.size(), p_int.data() + (c * heads + h) * lq * lk);
-          p_dtype = r[h].p_dtype;
-        }
-      }
+      eval::AttentionRequest request{ref(q, "q"), ref(k, "k"), ref(v, "v"), own ? own.get() : built.method.get(),
+                                     method, scale, std::move(m), kvq.get()};
+      request.name_entries = false;  // what a method raises reaches Python as it was raised
+      result = eval::attention(request);
     } catch (...) {
       failure = std::current_exception();
     }
   }
   if (failure) rethrow_raised(failure, own_calls, "qattn.attention");
-  std::vector<Eigen::Index> o_shape(q.shape.begin(), q.shape.end() - 1);
-  o_shape.push_back(dv);
-  py::array_t<double> o_array = to_array(o, o_shape);
-  if (!return_probs) return o_array;
-  if (!have_p)
+  if (return_probs && !result.has_probs(raw))
     throw py::value_error(method + (raw ? ": this method has no integer P; call with raw=False"
                                         : ": this method does not materialise P; call with return_probs=False"));
-  std::vector<Eigen::Index> p_shape(q.shape.begin(), q.shape.end() - 1);
-  p_shape.push_back(lk);
-  if (!raw) return py::make_tuple(o_array, to_array(p, p_shape));
-  std::vector<std::int64_t> t_shape(p_shape.begin(), p_shape.end());
-  std::vector<double> widened(p_int.begin(), p_int.end());
-  return py::make_tuple(o_array, tensor_to_array(Tensor::from_double(p_dtype, t_shape, widened)));
+  // O (and P) of every entry, one after another: the caller's leading axes.
+  const auto joined = [&](auto matrix_of) {
+    std::vector<double> all;
+    for (const AttentionResult& r : result.entries) {
+      const auto& x = matrix_of(r);
+      all.insert(all.end(), x.data(), x.data() + x.size());
+    }
+    return all;
+  };
+  const auto shape = [](const std::vector<std::int64_t>& s) { return std::vector<Eigen::Index>(s.begin(), s.end()); };
+  py::array_t<double> o_array = to_array(joined([](const AttentionResult& r) -> const RowMatrixXd& { return r.o; }),
+                                         shape(result.o_shape));
+  if (!return_probs) return o_array;
+  if (!raw)
+    return py::make_tuple(o_array, to_array(joined([](const AttentionResult& r) -> const RowMatrixXd& { return r.p; }),
+                                            shape(result.p_shape)));
+  const std::vector<double> p_int =
+      joined([](const AttentionResult& r) -> const RowMatrixXi32& { return r.p_int; });
+  return py::make_tuple(o_array,
+                        tensor_to_array(Tensor::from_double(result.entries.front().p_dtype, result.p_shape, p_int)));
 }
 
 // analyze(...): the evaluation layer's analysis (qattn/eval/analysis.h) over a dump, on the engine named here, as

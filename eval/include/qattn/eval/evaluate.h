@@ -33,6 +33,8 @@ namespace qattn::eval {
 std::vector<RowMatrixXd> split_batch(const Tensor& t, const std::filesystem::path& path);
 // The checks of split_batch without the copy: the number of [L, d] matrices in t.
 std::int64_t batch_entries(const Tensor& t, const std::filesystem::path& path);
+// The shape checks alone ([..., L, d], L and d and every leading axis non-empty), for values named `name`.
+std::int64_t batch_entries(const std::vector<std::int64_t>& shape, const std::string& name);
 // Entries [first, first + count) of a float32 tensor as views of its own bytes (no copy; t must outlive them).
 std::vector<MatrixViewF> batch_views_f32(const Tensor& t, const std::filesystem::path& path, std::int64_t first,
                                          std::int64_t count);
