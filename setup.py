@@ -7,7 +7,7 @@ reuses their objects) and builds two targets: the extension _qattn, copied where
 takes it from, and the program qattn. `cmake --install` puts the program and its data files (the embedded sample,
 the plot script, the experiments' inputs) under a staging prefix, whose bin/qattn and share/qattn become the
 package's qattn/_cli_prefix/: the layout of an install prefix, so the program finds its data relative to itself as
-an installed one does (analysis/data_paths.cc), and the console script `qattn` (qattn._cli) runs it. The interpreter
+an installed one does (cli/data_paths.cc), and the console script `qattn` (qattn._cli) runs it. The interpreter
 that runs pip is the one CMake builds for (Python3_EXECUTABLE), so a venv gets a module for its Python.
 
 Each of the four phases prints one line (with the seconds since the build began), then CMake's and Ninja's own

@@ -15,7 +15,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // The keys a manifest may hold, per level: first those qattn reads, then those other writers put there, accepted and
-// not read (analysis/dump_torch.py: format, files, source, layout, function, rope; the USE-Lite dump tools that wrote
+// not read (cli/dump_torch.py: format, files, source, layout, function, rope; the USE-Lite dump tools that wrote
 // the full sample, ../shared/data/use-lite: the others). Any other key is refused, so that a misspelt "scale" cannot
 // leave the default in place without a word.
 constexpr const char* kManifestKeys[] = {"causal",         "layers",          "format",      "source",     "files",

@@ -168,7 +168,7 @@ PanelStats panel_stats(const double* out, const double* ref, std::size_t n) {
 }
 
 void add_panel_kl(PanelStats& s, const double* p, const double* p_ref, long rows, long cols) {
-  // kl_rows (lib/src/core/metrics.cc), row by row: the same terms in the same order
+  // kl_rows (core/src/metrics.cc), row by row: the same terms in the same order
   for (long i = 0; i < rows; ++i) {
     ScaledSum row;
     bool bad = false;

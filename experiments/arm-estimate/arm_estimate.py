@@ -22,7 +22,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SRC = os.path.join(ROOT, "lib", "src", "int_attention")
+SRC = os.path.join(ROOT, "kernels", "src")
 
 # (kernel, source file, -march, the key instruction, kind, which loops qualify). The i8mm kernel
 # (pv_u8s8_s32__neon_i8mm_4x16, usdot) is left out: neither core has FEAT_I8MM (the Cortex-A76 is Armv8.2, the M1's
@@ -126,7 +126,7 @@ def main():
     models = {}
     for name, src, march, key, kind, qualifies in KERNELS:
         asm = run([a.cxx, "-std=c++20", "-O3", "-DNDEBUG", "-ffp-contract=off", f"-march={march}",
-                   "-I", os.path.join(ROOT, "lib", "include"),
+                   "-I", os.path.join(ROOT, "core", "include"),
                    "-I", os.path.join(SRC, "include"), "-S", "-o", "-", os.path.join(SRC, src)])
         candidates = [(count(body, key), label, body) for label, body in loops(asm.splitlines())]
         candidates = [c for c in candidates if c[0] > 0 and qualifies(c[2])]

@@ -2,7 +2,7 @@
 
 pip's build (setup.py) ships the CMake build's program and its data files (the embedded sample, the plot script,
 the experiments' inputs) inside the package as _cli_prefix/bin/qattn and _cli_prefix/share/qattn, the layout of an
-install prefix, so the program finds its data relative to itself as an installed one does (analysis/data_paths.cc).
+install prefix, so the program finds its data relative to itself as an installed one does (cli/data_paths.cc).
 main() replaces the Python process by the program with the arguments as given: its exit status, signals and
 standard streams are the program's own, and `qattn --version` prints the version qattn.__version__ has (both are
 CMakeLists.txt's project version). The Python programs it starts (the plot script, `qattn reproduce use-lite-e2e`)

@@ -8,7 +8,7 @@ manager under which a model's multi-head attention computes ``softmax(scale q k^
     r.calls  # how many attention calls went through qattn
 
 ``capture(dumper)`` and ``AttentionDumper`` (``qattn.dump_torch``, which needs only NumPy and PyTorch, also found as
-``analysis/dump_torch.py``) dump the q, k and v a model's attention computes with into the files ``qattn analyze``
+``cli/dump_torch.py``) dump the q, k and v a model's attention computes with into the files ``qattn analyze``
 reads (docs/dumping.md):
 
     dumper = qattn.torch.AttentionDumper("dump/")

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The projection hooks of python/qattn/dump_torch.py (imported as analysis/dump_torch.py, a link to that one file) on
+"""The projection hooks of python/qattn/dump_torch.py (imported as cli/dump_torch.py, a link to that one file) on
 tiny random modules built here (no downloads): the files they write hold exactly the heads of the projections, in
 qattn's naming (grouped-query K/V repeated per query head), and `qattn analyze` reads them, with --weights too. The
 capture at the attention call is tested by python/tests/test_capture.py.
@@ -14,10 +14,10 @@ import sys
 import tempfile
 
 qattn, root = sys.argv[1], sys.argv[2]
-sys.path.insert(0, os.path.join(root, "analysis"))
-if os.path.realpath(os.path.join(root, "analysis", "dump_torch.py")) != \
+sys.path.insert(0, os.path.join(root, "cli"))
+if os.path.realpath(os.path.join(root, "cli", "dump_torch.py")) != \
         os.path.realpath(os.path.join(root, "python", "qattn", "dump_torch.py")):
-    sys.exit("FAIL: analysis/dump_torch.py is not a link to python/qattn/dump_torch.py (one source)")
+    sys.exit("FAIL: cli/dump_torch.py is not a link to python/qattn/dump_torch.py (one source)")
 try:
     import numpy as np
     import torch

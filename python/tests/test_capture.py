@@ -450,8 +450,8 @@ def test_the_dumper_is_one_file_that_stands_alone(tmp_path):
     source = os.environ.get("QATTN_SOURCE")
     import qattn.dump_torch
 
-    if source:  # analysis/dump_torch.py is the package's file, not a copy
-        link = os.path.join(source, "analysis", "dump_torch.py")
+    if source:  # cli/dump_torch.py is the package's file, not a copy
+        link = os.path.join(source, "cli", "dump_torch.py")
         assert os.path.islink(link) and os.readlink(link) == "../python/qattn/dump_torch.py"
     shutil.copy(qattn.dump_torch.__file__, tmp_path / "dump_torch.py")
     r = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import dump_torch; "

@@ -2,9 +2,9 @@
 """Nothing outside the registry and a method's own files switches on a method's name.
 
 Takes every method name from `qattn methods --format json` and searches the program's code outside reference/ (the
-registry and the methods' own files live there): the C++ of analysis/, eval/, engine/, lib/, python/, fuzz/ and tests/. A comparison of a string with
+registry and the methods' own files live there): the C++ of cli/, eval/, engine/, core/, kernels/, python/, fuzz/ and tests/. A comparison of a string with
 a method's name (`== "exaq"`, `"exaq" !=`, `case ...`) is a switch on that name: the entry should carry what the
-code wanted to know (MethodEntry, MethodTraits in lib/include/qattn/method.h).
+code wanted to know (MethodEntry, MethodTraits in core/include/qattn/method.h).
 
 One table is keyed by name on purpose and is not a comparison: the engine's kFusedPlans (engine/src/engine.cc),
 the kernels' own list of the methods they run (the registry lives in reference/, which must not depend on the
@@ -33,7 +33,7 @@ def main():
     this = os.path.abspath(__file__)
     bad = []
     scanned = 0
-    for top in ("analysis", "eval", "engine", "lib", "python", "fuzz", "tests"):
+    for top in ("cli", "eval", "engine", "core", "kernels", "python", "fuzz", "tests"):
         for dirpath, _, files in os.walk(os.path.join(root, top)):
             for f in files:
                 if not f.endswith((".cc", ".h")):

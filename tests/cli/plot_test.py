@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""`qattn plot` as a reviewer reads its figures. The script (analysis/plots/qattn_plot.py, a link to the package's
+"""`qattn plot` as a reviewer reads its figures. The script (cli/plots/qattn_plot.py, a link to the package's
 python/qattn/plot.py) writes, under QATTN_PLOT_ARTISTS, every drawn text's box and each axes' names and scales; the
 checks read that: no two texts intersect (the leaderboard's Pareto figure with its dozen-plus points, a sweep's lines,
 a heatmap), the axes are named in words, error metrics lie on a log axis of 1 - CosSim (--logy never logs CosSim;
@@ -16,7 +16,7 @@ import sys
 import tempfile
 
 qattn, root = sys.argv[1], sys.argv[2]
-sys.path.insert(0, os.path.join(root, "analysis", "plots"))
+sys.path.insert(0, os.path.join(root, "cli", "plots"))
 import qattn_plot  # noqa: E402
 
 failures = 0

@@ -1,4 +1,4 @@
-// The NVFP4 KV cache (reference/src/kv_nvfp4.cc): every value attention reads is an E2M1 value times its block's
+// The NVFP4 KV cache (reference/src/quantizers/nvfp4_kv.cc): every value attention reads is an E2M1 value times its block's
 // UE4M3 scale times the global scale; the global scale spans the layer or one head as asked; bf16 and bf16-e4m3
 // reads round what they say; a head_dim that is not whole blocks of 16 is refused.
 #include <catch2/catch.hpp>

@@ -143,7 +143,7 @@ TEST_CASE("manifest.json: unknown keys are refused at every level qattn reads, n
 TEST_CASE("manifest.json: every key the repository's writers put there is known", "[dump][manifest]") {
   Scratch s("manifest-writers");
   write_heads(s.dir, {{0, 0}, {1, 0}});
-  // analysis/dump_torch.py (record, hook_projections), experiments/data/use-lite/make_subset.py, and the tools that
+  // cli/dump_torch.py (record, hook_projections), experiments/data/use-lite/make_subset.py, and the tools that
   // wrote the full USE-Lite dump (../shared/data/use-lite)
   write_text(s.dir / "manifest.json", R"({
     "format": "qattn dump v1", "source": "s", "causal": false,

@@ -14,7 +14,7 @@
 //               packed two per byte; queries rotated the same way, output rotated back when V was rotated
 //   gear        GEAR-L: a uniform min-offset backbone (KCVT or KIVI's groups) plus the rank-r truncated SVD of its
 //               residual, factors in fp16; the n_b most recent tokens in fp16
-//   nvfp4       NVFP4: E2M1 per block of 16 channels, UE4M3 block scales, a float32 global scale (kv_nvfp4.cc);
+//   nvfp4       NVFP4: E2M1 per block of 16 channels, UE4M3 block scales, a float32 global scale (nvfp4_kv.cc);
 //               read exactly, through bf16, or through bf16 then E4M3 (an FP8 attention's input)
 #pragma once
 
