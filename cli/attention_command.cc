@@ -65,8 +65,9 @@ void run_attention(const AttentionOptions& o) {
                                  eval::tensor_ref(tv, o.v, v_wide), method.get(), o.spec, o.scale};
   request.mask.causal = o.causal;
   eval::AttentionOutput result = eval::attention(request);
-  if (!o.probs.empty() && o.raw && !result.has_probs(true))
-    throw CLI::ValidationError("--raw", "method '" + o.spec + "' has no integer P; drop --raw");
+  if (!o.probs.empty() && !result.has_probs(o.raw))
+    throw o.raw ? CLI::ValidationError("--raw", "method '" + o.spec + "' has no integer P; drop --raw")
+                : CLI::ValidationError("--probs", "method '" + o.spec + "' does not materialise P; drop --probs");
   // O is float32 by definition of every method: each entry's O as float32 (the fused path's already is; a float64 O
   // is rounded to nearest, as Tensor::from_double would), written after the header one entry after another.
   std::vector<std::span<const std::byte>> o_pieces;
@@ -98,7 +99,8 @@ void add_attention(CLI::App& app) {
                                  "softmax(scale Q K^T) V with one method for every batch entry; writes O (float32) and "
                                  "optionally P (float64, or the integer P with --raw)");
   auto o = std::make_shared<AttentionOptions>();
-  sub->add_option("--q", o->q, "Queries [..., L_q, d]")->required();
+  sub->add_option("--q", o->q, "Queries [..., L_q, d]; with 3 or more axes the axis before L is the heads of one call "
+                  "(as in Python's qattn.attention): give [B, 1, L, d] for a batch of one head")->required();
   sub->add_option("--k", o->k, "Keys [..., L_k, d]; [..., H_kv, L_k, d] with H_kv dividing Q's heads H_q: grouped-query "
                   "attention, query head h reads K/V head h / (H_q / H_kv)")->required();
   sub->add_option("--v", o->v, "Values [..., L_k, d_v], with K's heads")->required();

@@ -448,8 +448,9 @@ void check_format(const std::string& format, std::initializer_list<const char*> 
   throw SpecError("'" + format + "' is not one of " + list);
 }
 
-MergedParts merge(std::vector<Part> parts, const std::string& format_option, const ReportOptions& report) {
-  if (parts.empty()) throw SpecError("merge needs at least one part");
+// The parts are one run's (the same identity, heads and inputs) and each of its shards exactly once; returns how
+// many input files their provenance hashed. InputError naming the part and field otherwise.
+std::size_t check_one_run(const std::vector<Part>& parts) {
   const Part& first = parts.front();
   const json first_id = identity(first);
   std::map<std::string, std::pair<std::string, const Part*>> hashes;  // input file -> (sha256, part that read it)
@@ -493,40 +494,34 @@ MergedParts merge(std::vector<Part> parts, const std::string& format_option, con
     throw InputError(first.file, "provenance.shard",
                      "the set is incomplete: " + std::to_string(n_missing) + " of " + std::to_string(n) +
                          " shards missing (" + missing + (n_missing > 20 ? ", ..." : "") + ")");
+  return hashes.size();
+}
 
-  // The set is complete and every part holds exactly its block: every slot of the run is filled once.
-  MergedParts merged;
-  merged.command = place.command;
-  merged.inputs_hashed = hashes.size();
+// The format of the merged text: the option, or the first part's, either checked against the command's formats.
+std::string merge_format(const Part& first, const std::string& format_option) {
+  const std::string& command = first.place.command;
   std::string format = format_option;
   if (format.empty()) {
     format = first.doc.value("format", std::string("md"));
     try {
-      check_format(format, place.command == "analyze" ? std::initializer_list<const char*>{"md", "csv", "latex", "json"}
+      check_format(format, command == "analyze" ? std::initializer_list<const char*>{"md", "csv", "latex", "json"}
                                                       : std::initializer_list<const char*>{"csv", "md"});
     } catch (const SpecError& e) {
       throw InputError(first.file, "format", e.what());
     }
-  } else if (place.command == "analyze") {
+  } else if (command == "analyze") {
     check_format(format, {"md", "csv", "latex", "json"});
   } else {
     check_format(format, {"csv", "md"});
   }
-  std::vector<HeadResult> slots(place.heads.size() * place.points * std::max<std::size_t>(place.methods.size(), 1));
-  if (place.command == "analyze") {
-    for (Part& p : parts)
-      for (std::size_t i = 0; i < p.rows.size(); ++i) slots[p.slots[i]] = std::move(p.rows[i]);
-    merged.text =
-        render_report(report_view_from_json(first.doc.at("result").at("view")), std::move(slots), format, report);
-    return merged;
-  }
-  if (report != ReportOptions{})
-    throw SpecError(std::string(report.summary            ? "summary chooses"
-                                : !report.columns.empty() ? "columns choose"
-                                                          : "a method order chooses") +
-                    " what an analyze table shows; these are sweep parts");
-  // sweep: each point's heads from all parts, in (layer, head) order, summarised as the unsharded run does; a point's
-  // values and method are the same in every part that holds it
+  return format;
+}
+
+// A sweep's table from its parts: each point's heads from all parts, in (layer, head) order, summarised as the
+// unsharded run does; a point's values and method are the same in every part that holds it.
+std::string merge_sweep(std::vector<Part>& parts, std::vector<HeadResult>& slots, const std::string& format) {
+  const Part& first = parts.front();
+  const PartPlace& place = first.place;
   SweepTable table = sweep_header_from_json(first.doc.at("result"));
   const Metric metric = sweep_metric(table.target, table.metric);
   std::vector<std::optional<std::pair<SweepRow, const Part*>>> rows(place.points);
@@ -558,7 +553,32 @@ MergedParts merge(std::vector<Part> parts, const std::string& format_option, con
     row.worst = sum.worst[metric];
     table.rows.push_back(std::move(row));
   }
-  merged.text = render_sweep(table, format);
+  return render_sweep(table, format);
+}
+
+MergedParts merge(std::vector<Part> parts, const std::string& format_option, const ReportOptions& report) {
+  if (parts.empty()) throw SpecError("merge needs at least one part");
+  const Part& first = parts.front();
+  const PartPlace& place = first.place;
+  // The set is complete and every part holds exactly its block: every slot of the run is filled once.
+  MergedParts merged;
+  merged.inputs_hashed = check_one_run(parts);
+  merged.command = place.command;
+  const std::string format = merge_format(first, format_option);
+  std::vector<HeadResult> slots(place.heads.size() * place.points * std::max<std::size_t>(place.methods.size(), 1));
+  if (place.command == "analyze") {
+    for (Part& p : parts)
+      for (std::size_t i = 0; i < p.rows.size(); ++i) slots[p.slots[i]] = std::move(p.rows[i]);
+    merged.text =
+        render_report(report_view_from_json(first.doc.at("result").at("view")), std::move(slots), format, report);
+    return merged;
+  }
+  if (report != ReportOptions{})
+    throw SpecError(std::string(report.summary            ? "summary chooses"
+                                : !report.columns.empty() ? "columns choose"
+                                                          : "a method order chooses") +
+                    " what an analyze table shows; these are sweep parts");
+  merged.text = merge_sweep(parts, slots, format);
   return merged;
 }
 

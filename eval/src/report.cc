@@ -328,6 +328,45 @@ void check_report_options(const ReportView& view, const ReportOptions& options, 
       throw SpecError("method order: '" + label + "' is missing (give each of " + label_list + " once)");
 }
 
+namespace {
+
+// Every column's cell of one row, in kReportColumns' order.
+std::vector<std::string> report_cells(const Metrics& v, double k_bits, double v_bits, double p_max_abs, double p_bias) {
+  std::vector<std::string> all = {fmt_bits(k_bits),
+                                  fmt_bits(v_bits),
+                                  fmt_sim(v.o_cossim),
+                                  fmt_err(v.o_one_minus_cossim),
+                                  fmt_err(v.o_rel_l1),
+                                  fmt_err(v.o_rmse),
+                                  fmt_sim(v.p_cossim),
+                                  fmt_err(v.p_one_minus_cossim),
+                                  fmt_err(v.p_rel_l1),
+                                  fmt_err(v.p_rmse),
+                                  fmt_err(p_max_abs),
+                                  fmt_err(p_bias),
+                                  fmt_err(v.p_kl)};
+  if (all.size() != std::size(kReportColumns)) throw std::logic_error("report_cells: a column without its cell");
+  return all;
+}
+
+// The JSON report before its heads, summaries and layers are added.
+json report_json_header(const ReportView& view) {
+  const bool softmax = view.softmax;
+  return {{"tensors", view.tensors},
+          {"qattn_version", QATTN_VERSION},
+          {"scale_rule", softmax ? json(nullptr) : json("1/sqrt(d) unless manifest.json sets it")},
+          {"mask_rule", softmax ? json("as dumped (-inf entries)") : json("none unless manifest.json sets causal")},
+          {"target", softmax ? "softmax" : "attention"},
+          {"reference", view.reference},
+          {"kv", !view.kv.empty() ? json(view.kv) : json(nullptr)},
+          {"weights", view.weights.empty() ? json(nullptr) : json(view.weights)},
+          {"layers", json::array()},  // each layer's logit scale and causal mask, as used
+          {"heads", json::array()},
+          {"summary", json::array()}};
+}
+
+}  // namespace
+
 std::string render_report(const ReportView& view, std::vector<HeadResult> results, const std::string& format,
                           const ReportOptions& options) {
   check_report_options(view, options, format);
@@ -344,41 +383,18 @@ std::string render_report(const ReportView& view, std::vector<HeadResult> result
   if (!options.methods.empty())
     std::stable_sort(methods.begin(), methods.end(),
                      [&](const ReportMethod& a, const ReportMethod& b) { return rank(a.label) < rank(b.label); });
-  const bool softmax = view.softmax, kv = !view.kv.empty();
+  const bool softmax = view.softmax;
   const std::vector<std::size_t> shown = shown_columns(view, options);
   Table t{{"layer", "head", "method"}, {}};
   for (std::size_t c : shown) t.header.push_back(kReportColumns[c].header);
   auto row = [&](const std::string& l, const std::string& h, const std::string& m, double k_bits, double v_bits,
                  const Metrics& v, double p_max_abs, double p_bias) {
-    const std::string all[] = {fmt_bits(k_bits),
-                               fmt_bits(v_bits),
-                               fmt_sim(v.o_cossim),
-                               fmt_err(v.o_one_minus_cossim),
-                               fmt_err(v.o_rel_l1),
-                               fmt_err(v.o_rmse),
-                               fmt_sim(v.p_cossim),
-                               fmt_err(v.p_one_minus_cossim),
-                               fmt_err(v.p_rel_l1),
-                               fmt_err(v.p_rmse),
-                               fmt_err(p_max_abs),
-                               fmt_err(p_bias),
-                               fmt_err(v.p_kl)};
-    static_assert(std::size(all) == std::size(kReportColumns));
+    const std::vector<std::string> all = report_cells(v, k_bits, v_bits, p_max_abs, p_bias);
     std::vector<std::string> cells = {l, h, m};
     for (std::size_t c : shown) cells.push_back(all[c]);
     t.rows.push_back(std::move(cells));
   };
-  json j = {{"tensors", view.tensors},
-            {"qattn_version", QATTN_VERSION},
-            {"scale_rule", softmax ? json(nullptr) : json("1/sqrt(d) unless manifest.json sets it")},
-            {"mask_rule", softmax ? json("as dumped (-inf entries)") : json("none unless manifest.json sets causal")},
-            {"target", softmax ? "softmax" : "attention"},
-            {"reference", view.reference},
-            {"kv", kv ? json(view.kv) : json(nullptr)},
-            {"weights", view.weights.empty() ? json(nullptr) : json(view.weights)},
-            {"layers", json::array()},  // each layer's logit scale and causal mask, as used
-            {"heads", json::array()},
-            {"summary", json::array()}};
+  json j = report_json_header(view);
   for (const auto& r : results) {
     if (!options.summary)
       row(std::to_string(r.layer), std::to_string(r.head), r.method, r.k_bits, r.v_bits, metric_values(r), r.p.max_abs,

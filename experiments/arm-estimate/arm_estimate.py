@@ -127,7 +127,7 @@ def main():
     for name, src, march, key, kind, qualifies in KERNELS:
         asm = run([a.cxx, "-std=c++20", "-O3", "-DNDEBUG", "-ffp-contract=off", f"-march={march}",
                    "-I", os.path.join(ROOT, "core", "include"),
-                   "-I", os.path.join(SRC, "include"), "-S", "-o", "-", os.path.join(SRC, src)])
+                   "-I", os.path.join(ROOT, "kernels", "include"), "-S", "-o", "-", os.path.join(SRC, src)])
         candidates = [(count(body, key), label, body) for label, body in loops(asm.splitlines())]
         candidates = [c for c in candidates if c[0] > 0 and qualifies(c[2])]
         if not candidates:

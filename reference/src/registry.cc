@@ -1,4 +1,4 @@
-// The reference registry: every reference/src/*_method.cc and *_methods.cc file registers its methods through
+// The reference registry: every reference/src/*/*_method.cc and *_methods.cc file registers its methods through
 // `void register_<file stem>(Registry&)`. The build generates the list of those calls (method_files.cc, from the
 // file names), so a new method is its own files only. Methods are listed by kind: float formats, softmax models,
 // attention pipelines; within a kind, by file name, and within a file, in its order.

@@ -68,6 +68,11 @@ kv_row = next((line for line in readme.splitlines() if line.startswith("| `qattn
 check(stems("reference/src/quantizers/*_kv.cc", "_kv.cc") == set(kv),
       "KV quantizer files %s differ from the registry's %s" %
       (sorted(stems("reference/src/quantizers/*_kv.cc", "_kv.cc")), kv))
+for kind, names in (("kv", kv), ("weights", weights)):
+    for name in names:  # the file of that name registers that name
+        path = "reference/src/quantizers/%s_%s.cc" % (name, kind)
+        if os.path.isfile(os.path.join(root, path)):
+            check('r.add({{"%s"' % name in read(path), "%s does not register %s" % (path, name))
 for name in kv:
     check("### `%s`" % name in quantizers_doc, "KV quantizer %s: no '### `%s`' section in docs/quantizers.md" % (name, name))
     check("`%s`" % name in kv_row, "KV quantizer %s: not named in README's `qattn analyze --kv` row" % name)
@@ -110,7 +115,8 @@ for name in sorted(listed & folders):
     ident = name.replace("-", "_")
     check("register_experiment_%s(" % ident in read("experiments/%s/experiment.cc" % name),
           "experiment %s: experiment.cc defines no register_experiment_%s" % (name, ident))
-    check("experiments/%s" % name in experiments_doc, "experiment %s: no row in docs/experiments.md" % name)
+    check(re.search(r"experiments/%s(?![\w-])" % re.escape(name), experiments_doc) is not None,
+          "experiment %s: no row in docs/experiments.md" % name)
 
 # MMA presets: a row in docs/mma.md's table, and a test of golden vectors unless `qattn mma --list` says none.
 mma_doc = read("docs/mma.md")

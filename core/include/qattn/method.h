@@ -10,7 +10,7 @@
 // The registry only knows the interface. A method is described once, by its MethodEntry: name, summary, doc page,
 // parameters and presets, its kind (which decides whether it has a softmax form), the traits the property suite
 // checks and the analysis uses (MethodTraits), and its overflow rule. Nothing else in the program switches on a
-// method's name. Implementations register themselves from reference/src/*_method.cc (reference/src/registry.cc).
+// method's name. Implementations register themselves from reference/src/*/*_method.cc (reference/src/registry.cc).
 #pragma once
 
 #include <functional>

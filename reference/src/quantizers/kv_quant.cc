@@ -1,3 +1,5 @@
+// The KV quantizers' building blocks (Hadamard rotations, the Lloyd-Max codebook, TurboQuant of one vector), what
+// their files (reference/src/quantizers/*_kv.cc) share, the registry, and attention over a quantized cache.
 #include "qattn/reference/kv_quant.h"
 
 #include <algorithm>

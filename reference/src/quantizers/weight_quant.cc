@@ -1,6 +1,6 @@
+// The weight quantizers' registry and what their files (reference/src/quantizers/*_weights.cc) share.
 #include "qattn/reference/weight_quant.h"
 
-// The weight quantizers' registry and what their files (reference/src/quantizers/*_weights.cc) share.
 #include <stdexcept>
 #include <string>
 #include <vector>

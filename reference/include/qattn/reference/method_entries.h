@@ -1,4 +1,4 @@
-// What the method files (reference/src/*_method.cc) share: the attention wrapper of a softmax model and
+// What the method files (reference/src/*/*_method.cc) share: the attention wrapper of a softmax model and
 // IndexSoftmax's parameters. Each method file registers its entries with `void register_<file stem>(Registry&)`,
 // which the build collects (reference/src/registry.cc).
 #pragma once

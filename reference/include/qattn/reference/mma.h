@@ -234,7 +234,7 @@ void e4m3_decode(const std::uint8_t* codes, std::size_t count, float* value, std
 // p holds n <= 16 binary16 values, v n rows of `cols` binary16 values (row stride `stride`), v_exponent their
 // exponents floor(log2|v|) (zero: -128) in the same layout; acc holds binary16 values. A sum beyond binary16's
 // range gives +-inf, and a non-finite acc[c] stays non-finite (IEEE). Bit-identical to mma_dot of the preset on the
-// same operands (tests/unit/sage1_test.cc), vectorised over c.
+// same operands (tests/unit/tensor_core_pipelines_test.cc), vectorised over c.
 // A binary16 value's exponent as hmma_f16_acc16_step reads it: floor(log2|x|), zero at -128 (no exponent).
 std::int8_t hmma_f16_exponent(float x);
 void hmma_f16_acc16_step(float* acc, const float* p, std::size_t n, const float* v, const std::int8_t* v_exponent,
