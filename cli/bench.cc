@@ -528,6 +528,36 @@ IndexSoftmaxParams bench_index_params(const MethodSpec& spec, const std::string&
   return ref::index_softmax_params(ref::reference_registry().resolve(spec));
 }
 
+// What the report says before its table: the machine, the kernels, the peak, the block rows and how it measured.
+std::string bench_header(const BenchOptions& o, Isa isa, const IntAttentionKernels& names, const std::string& qo_softmax,
+                         const std::string& index, double peak_gmacs, int most_threads, double together_gmacs,
+                         long rss_mib) {
+  IntAttentionConfig chosen;  // the rows the fused rows ran with: the ISA's own, or the rule from L_k
+  chosen.isa = isa;
+  std::string block_rows_text;
+  for (int l : o.lengths)
+    block_rows_text += (block_rows_text.empty() ? "" : ", ") + ("L " + std::to_string(l) + ": " +
+                                                                 std::to_string(int_attention_block_rows(chosen, l)));
+  std::ostringstream head;
+  head << "qattn bench: " << cpu_model() << ", " << std::thread::hardware_concurrency() << " hardware threads\n"
+       << "ISA " << isa_name(isa) << ": " << names.qk << ", " << names.softmax << " (quant-only: " << qo_softmax << "), "
+       << names.pv << "\n"
+       << "IndexSoftmax: " << index << "\n"
+       << "int8 MAC peak, 1 core (" << isa_name(isa) << " loop, register-only inline assembly): " << peak_gmacs << " GMAC/s\n"
+       << (most_threads > 1 ? "the same loop on " + std::to_string(most_threads) + " threads at once: " + fmt(together_gmacs, 1) +
+                                  " GMAC/s together, " + fmt(together_gmacs / peak_gmacs, 2) +
+                                  " x one core (what the vector units give more threads here)\n"
+                            : std::string())
+       << "query rows per block (the ISA's own, or chosen from L_k): " << block_rows_text << "\n"
+       << "medians of " << o.reps << " runs after one warm-up; the fused rows with the Q.K^T and P.V stages, and the "
+       << "two materialised rows, are timed in turns (one call of each, then again), so their ratios come from the same "
+       << "minutes; GOP/s counts the two GEMMs (4 L^2 d ops); "
+       << "fp32 blocks runs Eigen at this build's baseline ISA; peak RSS per row is the process's high-water mark "
+       << "while that row's warm-up ran (its inputs included: INT8 Q, K, V for the integer rows, float32 for the fp32 row; "
+       << rss_mib << " MiB for the whole run)\n\n";
+  return head.str();
+}
+
 void run_bench(const BenchOptions& o) {
   if (o.list_targets) {
     emit(targets_markdown(), o.out);
@@ -588,29 +618,10 @@ void run_bench(const BenchOptions& o) {
   IntAttentionConfig chosen;  // the rows the fused rows ran with: the ISA's own, or the rule from L_k
   chosen.isa = isa;
   for (int l : o.lengths) j["block_rows"].push_back({{"L", l}, {"rows", int_attention_block_rows(chosen, l)}});
-  std::string block_rows_text;
-  for (int l : o.lengths)
-    block_rows_text += (block_rows_text.empty() ? "" : ", ") + ("L " + std::to_string(l) + ": " +
-                                                                 std::to_string(int_attention_block_rows(chosen, l)));
-  std::ostringstream head;
-  head << "qattn bench: " << cpu_model() << ", " << std::thread::hardware_concurrency() << " hardware threads\n"
-       << "ISA " << isa_name(isa) << ": " << names.qk << ", " << names.softmax << " (quant-only: " << qo_softmax << "), "
-       << names.pv << "\n"
-       << "IndexSoftmax: " << ref::reference_registry().canonical(index_spec) << "\n"
-       << "int8 MAC peak, 1 core (" << isa_name(isa) << " loop, register-only inline assembly): " << peak_gmacs << " GMAC/s\n"
-       << (most_threads > 1 ? "the same loop on " + std::to_string(most_threads) + " threads at once: " + fmt(together_gmacs, 1) +
-                                  " GMAC/s together, " + fmt(together_gmacs / peak_gmacs, 2) +
-                                  " x one core (what the vector units give more threads here)\n"
-                            : std::string())
-       << "query rows per block (the ISA's own, or chosen from L_k): " << block_rows_text << "\n"
-       << "medians of " << o.reps << " runs after one warm-up; the fused rows with the Q.K^T and P.V stages, and the "
-       << "two materialised rows, are timed in turns (one call of each, then again), so their ratios come from the same "
-       << "minutes; GOP/s counts the two GEMMs (4 L^2 d ops); "
-       << "fp32 blocks runs Eigen at this build's baseline ISA; peak RSS per row is the process's high-water mark "
-       << "while that row's warm-up ran (its inputs included: INT8 Q, K, V for the integer rows, float32 for the fp32 row; "
-       << ru.ru_maxrss / 1024 << " MiB for the whole run)\n\n";
+  const std::string head = bench_header(o, isa, names, qo_softmax, ref::reference_registry().canonical(index_spec),
+                                        peak_gmacs, most_threads, together_gmacs, ru.ru_maxrss / 1024);
   emit(o.format == "json" ? j.dump(2) + "\n"
-                          : head.str() + t.markdown() + anchor_tables(o, cells, names.softmax_row, qo_softmax) +
+                          : head + t.markdown() + anchor_tables(o, cells, names.softmax_row, qo_softmax) +
                                 "\nTargets (docs/kernels.md):\n" + targets,
        o.out);
 }
