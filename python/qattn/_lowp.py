@@ -1,7 +1,7 @@
 """Low-precision codes and matrix units: FP8/FP6/FP4 encoding and decoding, MX and NVFP4 block quantisation, and the
 MMA models (qattn.fp8_encode ... qattn.mma_models, exported by qattn/__init__.py, which documents the package)."""
 
-import qattn._qattn as _qattn  # the extension (read as Any: the stubs leave it out)
+import qattn._qattn as _qattn  # the native extension; mypy types it as Any (it ships no type information)
 from ._calls import _native, _widen16
 
 
