@@ -17,6 +17,7 @@
 #include "evaluate.h"
 #include "experiment.h"
 #include "qattn/error.h"
+#include "removed_directory.h"
 #include "subprocess.h"
 
 namespace qattn::cli {
@@ -53,7 +54,7 @@ void run_reproduce(const ReproduceOptions& o) {
       throw InputError(program.string(), "NAME", "'" + o.name + "' is the program " + it->program +
                                                    ": build it (cmake --build build-release --target " + it->program + ")");
     std::vector<std::string> argv = {program.string()};
-    if (o.fast && it->command.find("--fast") != std::string::npos) argv.push_back("--fast");
+    if (o.fast && it->fast) argv.push_back("--fast");
     const int rc = run_program(argv);
     if (rc != 0) throw ExitCode{rc};
     return;
@@ -73,13 +74,7 @@ void run_reproduce(const ReproduceOptions& o) {
     throw InputError(o.out_dir, "--out-dir", "cannot create a staging directory in " + anchor.string() + ": " +
                                                  std::strerror(errno));
   const fs::path staging = tmpl;
-  struct RemoveStaging {
-    fs::path dir;
-    ~RemoveStaging() {
-      std::error_code e;
-      fs::remove_all(dir, e);
-    }
-  } cleanup{staging};
+  const RemovedDirectory cleanup{staging};
   experiments::ExperimentContext ctx;
   ctx.tensors = o.tensors;
   ctx.out_dir = staging;

@@ -43,6 +43,8 @@ ref::FlashKernel kernel(const Config& c) {
   return k;
 }
 
+}  // namespace
+
 std::string run_blackwell_vs_hopper(const ExperimentContext& ctx) {
   const std::vector<int> lengths =
       ctx.fast ? std::vector<int>{1024, 4096} : std::vector<int>{1024, 4096, 16384, 65536, 131072};
@@ -102,16 +104,6 @@ std::string run_blackwell_vs_hopper(const ExperimentContext& ctx) {
     << lengths.back() << " keys).\n"
     << "- Not measured: the B200 rows follow MMA-Sim's published model of tcgen05.mma kind::f8f6f4, not a GPU.\n";
   return r.str();
-}
-
-}  // namespace
-
-void register_experiment_blackwell_vs_hopper(ExperimentList& list) {
-  list.add({"blackwell-vs-hopper",
-            "Blackwell's tcgen05.mma keeps 25 fraction bits per FP8 step where Hopper's wgmma keeps 13: does that remove "
-            "the long-context accumulation loss, and is two-level accumulation still worth anything?",
-            "MMA-Sim (arXiv 2511.10909); vLLM blog, 2026-04-22", "qattn reproduce blackwell-vs-hopper [--fast]",
-            run_blackwell_vs_hopper});
 }
 
 }  // namespace qattn::experiments

@@ -21,10 +21,11 @@
 namespace qattn::experiments {
 namespace fs = std::filesystem;
 
-void register_experiment_files(ExperimentList& list);  // generated from experiments/*/experiment.cc
+ExperimentList experiment_files();  // generated from experiments/*/experiment.cmake
 
 void ExperimentList::add(Experiment e) {
   if (find(e.name)) throw std::logic_error("experiment '" + e.name + "' registered twice");
+  e.command = "qattn reproduce " + e.name + (e.fast ? " [--fast]" : "");
   list_.push_back(std::move(e));
 }
 
@@ -35,11 +36,7 @@ const Experiment* ExperimentList::find(const std::string& name) const {
 }
 
 const ExperimentList& experiment_list() {
-  static const ExperimentList list = [] {
-    ExperimentList l;
-    register_experiment_files(l);
-    return l;
-  }();
+  static const ExperimentList list = experiment_files();
   return list;
 }
 
@@ -58,6 +55,19 @@ Source use_lite_source(const ExperimentContext& ctx) { return {"USE-Lite", load_
 
 Source outlier_source(std::string name, int heads, int L, int d, std::uint64_t seed) {
   return {std::move(name), synthetic_outlier_dump(heads, L, d, seed)};
+}
+
+AccuracySources accuracy_sources(const ExperimentContext& ctx, int full_L, int fast_L, int d) {
+  const int long_L = ctx.fast ? fast_L : full_L;
+  return {long_L, d,
+          make_sources(use_lite_source(ctx), outlier_source("synthetic", 4, 512, 128, 7),
+                       outlier_source("long", 2, long_L, d, 21))};
+}
+
+std::string AccuracySources::line() const {
+  return "sources: USE-Lite (the dump, L = 128); synthetic: 4 heads, L = 512, d = 128, channel-wise K outliers (seed "
+         "7); long: 2 heads, L = " + std::to_string(long_L) + ", d = " + std::to_string(d) +
+         ", the same structure (seed 21)\n\n";
 }
 
 Grid run_grid(const std::vector<std::string>& specs, const std::vector<Source>& sources, const ExperimentContext& ctx) {
@@ -143,6 +153,13 @@ std::vector<std::size_t> pareto_outputs(const ExperimentContext& ctx, const std:
   for (std::size_t i : order)
     if (num(i, 2) < best) best = num(i, 2), front.push_back(i);
   return front;
+}
+
+std::string pareto_front_text(const Table& table, const std::vector<std::size_t>& front, const std::string& bits_unit) {
+  std::string text;
+  for (std::size_t i : front)
+    text += " " + table.rows[i][0] + " (" + table.rows[i][1] + bits_unit + ", " + table.rows[i][2] + ");";
+  return text;
 }
 
 double kv_bits(const std::string& canonical) { return ref::reference_registry().traits(parse_method_spec(canonical)).kv_bits; }

@@ -1,12 +1,13 @@
-// The experiments of `qattn reproduce`: one paper claim each, in its own folder. experiments/<name>/experiment.cc
-// defines `void register_experiment_<name, '-' as '_'>(ExperimentList&)`, which adds an Experiment whose run prints
-// a deterministic report (what it measured, the paper's numbers, a verdict) and writes its data files (CSV,
+// The experiments of `qattn reproduce`: one paper claim each, in its own folder. experiments/<name>/experiment.cmake
+// declares it (its claim, source, whether it takes --fast) and says how CTest checks it; experiments/<name>/
+// experiment.cc defines `std::string run_<name, '-' as '_'>(const ExperimentContext&)` in this namespace, which
+// prints a deterministic report (what it measured, the paper's numbers, a verdict) and writes its data files (CSV,
 // figures) into the context's out_dir. experiments/CMakeLists.txt compiles every such file, with this folder's
-// helpers, into the library qattn_experiments, generates the call list, and reads the folder's experiment.cmake for
-// how CTest runs it. The library stands on the evaluation layer (qattn/eval) and the engine, never on the CLI: the
-// CLI's `qattn reproduce` fills an ExperimentContext (data directory, plot runner) and calls an Experiment's run.
-// An experiment may instead be its own program (sas-poly, exaq-clipping), built next to qattn under experiments/
-// and run by `qattn reproduce` as it is.
+// helpers, into the library qattn_experiments and generates from the experiment.cmake files the list that
+// experiment_list() returns. The library stands on the evaluation layer (qattn/eval) and the engine, never on the
+// CLI: the CLI's `qattn reproduce` fills an ExperimentContext (data directory, plot runner) and calls an
+// Experiment's run. An experiment may instead be its own program (sas-poly, exaq-clipping: experiment_executable),
+// built next to qattn under experiments/ and run by `qattn reproduce` as it is.
 //
 // The helpers below are what more than one experiment uses.
 #pragma once
@@ -39,13 +40,16 @@ struct ExperimentContext {
   std::function<int(const std::vector<std::string>& args)> plot;
 };
 
+// One entry of the list, as experiment.cmake declares it (experiment_claim, experiment_source, experiment_takes_fast,
+// experiment_executable).
 struct Experiment {
-  std::string name;     // the folder's name
-  std::string claim;    // the claim tested, with the paper's numbers where it has them
-  std::string source;   // where the claim is made ("IntAttention Fig. 9")
-  std::string command;  // how to run it, for --list
+  std::string name;    // the folder's name
+  std::string claim;   // the claim tested, with the paper's numbers where it has them
+  std::string source;  // where the claim is made ("IntAttention Fig. 9")
+  bool fast = false;   // the run has a --fast variant (ctx.fast; a program gets --fast)
   std::function<std::string(const ExperimentContext&)> run;  // the report; empty: `program` runs instead
   std::string program;  // a separate program built under experiments/ next to qattn
+  std::string command;  // for --list, set by ExperimentList::add: "qattn reproduce <name>", " [--fast]" if `fast`
 };
 
 // Thrown by a run whose child program failed after saying why on stderr: the front end exits with `code`.
@@ -55,7 +59,7 @@ struct ExperimentExit {
 
 class ExperimentList {
  public:
-  void add(Experiment e);  // std::logic_error for a name already added
+  void add(Experiment e);  // sets e.command; std::logic_error for a name already added
   const std::vector<Experiment>& all() const { return list_; }
   const Experiment* find(const std::string& name) const;
 
@@ -63,7 +67,8 @@ class ExperimentList {
   std::vector<Experiment> list_;
 };
 
-// Every experiment folder's registration, in folder-name order (generated: experiment_files.cc).
+// Every experiment folder's entry, in folder-name order (generated from the experiment.cmake files:
+// experiment_files.cc).
 const ExperimentList& experiment_list();
 
 // ---- helpers shared by experiments -----------------------------------------------------------------------------
@@ -93,6 +98,19 @@ std::vector<Source> make_sources(Sources&&... sources) {
   return v;
 }
 
+// The three sources of the accuracy tables (exaq-table2, intattn-accuracy, intattn-tables4-6, fp4-attention): the
+// dump (--tensors) as "USE-Lite"; "synthetic", 4 outlier heads of 512 tokens and 128 channels (seed 7); "long", 2
+// outlier heads of long_L tokens and d channels (seed 21), long_L being fast_L under --fast and full_L otherwise.
+struct AccuracySources {
+  int long_L = 0, d = 0;
+  std::vector<Source> sources;  // USE-Lite, synthetic, long
+  // The report's line on them: "sources: USE-Lite (the dump, L = 128); synthetic: 4 heads, L = 512, d = 128,
+  // channel-wise K outliers (seed 7); long: 2 heads, L = <long_L>, d = <d>, the same structure (seed 21)", then a
+  // blank line.
+  std::string line() const;
+};
+AccuracySources accuracy_sources(const ExperimentContext& ctx, int full_L, int fast_L, int d);
+
 // Every spec evaluated on every source, threaded over the (spec, source) pairs (ctx.threads, ctx.engine).
 class Grid {
  public:
@@ -117,6 +135,18 @@ Grid run_grid(const std::vector<Row>& rows, const std::vector<Source>& sources, 
   std::vector<std::string> specs;
   for (const Row& r : rows) specs.push_back(r.spec);
   return run_grid(specs, sources, ctx);
+}
+
+// The accuracy sources (accuracy_sources) and every row evaluated on them (run_grid).
+struct AccuracyGrid {
+  AccuracySources src;
+  Grid grid;
+};
+template <class Row>
+AccuracyGrid accuracy_grid(const std::vector<Row>& rows, const ExperimentContext& ctx, int full_L, int fast_L, int d) {
+  AccuracySources src = accuracy_sources(ctx, full_L, fast_L, d);
+  Grid grid = run_grid(rows, src.sources, ctx);
+  return {std::move(src), std::move(grid)};
 }
 
 // The grid as a table: the columns `head`, then per source "<name> O CosSim" and "<name> O rel L1"; row i the cells
@@ -146,6 +176,8 @@ void write_sweep_csv(const Sweep2& s, const std::string& spec, std::size_t heads
 // error than every row with fewer (or as many) bits before it.
 std::vector<std::size_t> pareto_outputs(const ExperimentContext& ctx, const std::string& name, const Table& table,
                                         const std::string& title);
+// The rows `front` of such a table as a report lists them: " <label> (<bits><bits_unit>, <error>);" each.
+std::string pareto_front_text(const Table& table, const std::vector<std::size_t>& front, const std::string& bits_unit);
 
 // The nominal bits per element in which a method holds K and V (its registry entry's traits).
 double kv_bits(const std::string& canonical);

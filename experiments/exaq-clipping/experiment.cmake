@@ -1,3 +1,9 @@
+# What `qattn reproduce --list` shows (experiments/CMakeLists.txt).
+set(experiment_claim "the clipping table C*(sigma) follows from Eq. 14")
+set(experiment_source "EXAQ Table 1")
+set(experiment_takes_fast ON)
+set(experiment_executable qattn_exp_exaq_clipping)
+
 # This experiment is its own program (experiments/CMakeLists.txt): built next to qattn under experiments/, its
 # stdout checked against expected.txt. The full run takes ~20 s natively; emulated and sanitizer builds check the
 # fast variant against its own output.

@@ -48,9 +48,11 @@ RowMatrixXd max_subtracted(const RowMatrixXd& m) {
   return x;
 }
 
+}  // namespace
+
 // exaq-fig6: sigma of each head's whole max-subtracted logits tensor (what EXAQ's official code and exaq_stats
 // compute, the sigma Table 1's line takes), of its raw logits (for comparison), and of each row.
-std::string run_fig6(const ExperimentContext& ctx) {
+std::string run_exaq_fig6(const ExperimentContext& ctx) {
   const std::vector<DumpLayer> dump = load_dump(ctx.tensors, DumpTarget::softmax);
   Table t{{"layer", "head", "tensor sigma", "raw tensor sigma", "row sigma p10", "row sigma median", "row sigma p90",
            "rows in range"},
@@ -97,13 +99,6 @@ std::string run_fig6(const ExperimentContext& ctx) {
     << "verdict: most head tensors in the range: " << (heads_in > 0.5 ? "HOLDS" : "DOES NOT HOLD")
     << "; most rows in the range: " << (rows_in > 0.5 ? "HOLDS" : "DOES NOT HOLD") << "\n";
   return r.str();
-}
-
-}  // namespace
-
-void register_experiment_exaq_fig6(ExperimentList& list) {
-  list.add({"exaq-fig6", "the softmax input's standard deviation mostly lies in [0.9, 3.4] (Table 1's fit range)",
-            "EXAQ Fig. 6", "qattn reproduce exaq-fig6", run_fig6});
 }
 
 }  // namespace qattn::experiments

@@ -9,7 +9,6 @@
 #include "qattn/parallel.h"
 
 namespace qattn::experiments {
-namespace {
 
 std::string run_exaq_table2(const ExperimentContext& ctx) {
   using Row = GridRow;
@@ -21,12 +20,8 @@ std::string run_exaq_table2(const ExperimentContext& ctx) {
       {"EXAQ INT2, as printed", "exaq@paper:bits=2"},        {"NAIVE INT2, as printed", "exaq@paper:bits=2,clip=none"},
       {"FP16 (baseline)", "fp16"},
   };
-  const int L = ctx.fast ? 256 : 2048;
-  const std::vector<Source> sources = make_sources(
-      use_lite_source(ctx),
-      outlier_source("synthetic", 4, 512, 128, 7),
-      outlier_source("long", 2, L, 64, 21));
-  const Grid grid = run_grid(rows, sources, ctx);
+  const auto [src, grid] = accuracy_grid(rows, ctx, 2048, 256, 64);
+  const std::vector<Source>& sources = src.sources;
   std::ostringstream r;
   r << "exaq-table2: EXAQ's sigma-based clip against NAIVE quantisation of the whole [min, 0] range (exaq:clip=none), "
        "the softmax replaced alone inside fp64 attention; mean O CosSim and relative L1 vs the fp64 reference\n"
@@ -34,8 +29,7 @@ std::string run_exaq_table2(const ExperimentContext& ctx) {
        "and at 2 bits within 1.9 %, state of the art in almost every experiment; NAIVE far below at 2 bits\n"
     << "measurable claim (ours), on every source and bit width, under both grids: EXAQ's error 1 - O CosSim below "
        "NAIVE's, by at least 2x (\"far above\")\n"
-    << "sources: USE-Lite (the dump, L = 128); synthetic: 4 heads, L = 512, d = 128, channel-wise K outliers (seed 7); "
-       "long: 2 heads, L = " << L << ", d = 64, the same structure (seed 21)\n\n";
+    << src.line();
   const Table t = grid_table("softmax", rows, sources, grid);
   r << t.markdown() << "\n";
   std::size_t holds = 0, better = 0, cases = 0;
@@ -53,13 +47,6 @@ std::string run_exaq_table2(const ExperimentContext& ctx) {
     << "at least 2x below NAIVE's error in " << holds << " of " << cases << " (source, bits, grid) cases; below it in "
     << better << ")\n";
   return r.str();
-}
-
-}  // namespace
-
-void register_experiment_exaq_table2(ExperimentList& list) {
-  list.add({"exaq-table2", "EXAQ's sigma clip far above NAIVE quantisation at 2 and 3 bits", "EXAQ Table 2",
-            "qattn reproduce exaq-table2 [--fast]", run_exaq_table2});
 }
 
 }  // namespace qattn::experiments

@@ -13,7 +13,6 @@
 #include "qattn/reference/registry.h"
 
 namespace qattn::experiments {
-namespace {
 
 std::string run_fa3_fp8_paper(const ExperimentContext& ctx) {
   const std::vector<std::pair<std::string, std::string>> variants = {
@@ -73,15 +72,6 @@ std::string run_fa3_fp8_paper(const ExperimentContext& ctx) {
     << " x per tensor); block quantisation alone changes little (" << fixed(mean(1, 1) / mean(1, 0), 3)
     << " x): outliers at a rate of 0.001 sit in nearly every 128-row block.\n";
   return r.str();
-}
-
-}  // namespace
-
-void register_experiment_fa3_fp8_paper(ExperimentList& list) {
-  list.add({"fa3-fp8-paper",
-            "FP8 with block quantisation and incoherent processing has 2.6x lower RMSE than per-tensor FP8 on inputs "
-            "with outliers (9.1e-3 against 2.4e-2)",
-            "FlashAttention-3 Sec. 4.3", "qattn reproduce fa3-fp8-paper [--fast]", run_fa3_fp8_paper});
 }
 
 }  // namespace qattn::experiments

@@ -9,7 +9,6 @@
 #include "qattn/parallel.h"
 
 namespace qattn::experiments {
-namespace {
 
 std::string run_fp4_attention(const ExperimentContext& ctx) {
   using Row = GridRow;
@@ -20,12 +19,8 @@ std::string run_fp4_attention(const ExperimentContext& ctx) {
       {"SageAttention3 (NVFP4 Q, K, P, V)", "sage3"},                // 3
       {"SageAttention3, Q and K in MXFP4", "sage3:qk=mxfp4"},        // 4
   };
-  const int L = ctx.fast ? 512 : 4096;
-  const std::vector<Source> sources = make_sources(
-      use_lite_source(ctx),
-      outlier_source("synthetic", 4, 512, 128, 7),
-      outlier_source("long", 2, L, 128, 21));
-  const Grid grid = run_grid(rows, sources, ctx);
+  const auto [src, grid] = accuracy_grid(rows, ctx, 4096, 512, 128);
+  const std::vector<Source>& sources = src.sources;
   std::ostringstream r;
   r << "fp4-attention: SageAttention3's NVFP4 attention against FP8 kernels, and MXFP4 against NVFP4 scaling of Q and "
        "K; mean O CosSim and relative L1 vs the fp64 reference\n"
@@ -35,8 +30,8 @@ std::string run_fp4_attention(const ExperimentContext& ctx) {
        "scaling of Q and K (UE8M0 per 32 channels, OCP's floor(log2 amax) - 2) against NVFP4's (E4M3 per 16, amax / 6), "
        "everything else sage3's\n"
     << "sources: USE-Lite (the dump); synthetic: 4 heads, L = 512, d = 128, channel-wise K outliers (seed 7); long: 2 "
-       "heads, L = " << L << ", d = 128, the same structure (seed 21). The FP4 and Blackwell units are MMA-Sim's "
-       "model, not measured here\n\n";
+       "heads, L = " << src.long_L << ", d = 128, the same structure (seed 21). The FP4 and Blackwell units are "
+       "MMA-Sim's model, not measured here\n\n";
   const Table t = grid_table("kernel", rows, sources, grid);
   r << t.markdown() << "\nVerdicts:\n";
   std::size_t mx_worse = 0;
@@ -54,16 +49,6 @@ std::string run_fp4_attention(const ExperimentContext& ctx) {
     << " (MXFP4 worse on " << mx_worse << " of " << sources.size() << " sources). Its magnitude (0.969 against 0.997 "
     << "at 75,600 tokens) needs that model's dumps: not reproduced here.\n";
   return r.str();
-}
-
-}  // namespace
-
-void register_experiment_fp4_attention(ExperimentList& list) {
-  list.add({"fp4-attention",
-            "NVFP4 attention (SageAttention3) against FP8 kernels; MXFP4 scaling of Q and K loses to NVFP4's (AMD: "
-            "CosSim 0.969 against 0.997 for FP8 at 75,600 tokens)",
-            "SageAttention3 (arXiv 2505.11594); ROCm/aiter#3495", "qattn reproduce fp4-attention [--fast]",
-            run_fp4_attention});
 }
 
 }  // namespace qattn::experiments

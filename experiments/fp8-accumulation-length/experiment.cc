@@ -33,6 +33,8 @@ std::vector<DumpLayer> long_head(int L, std::uint64_t seed) {
   return {l};  // the fp64 reference is computed by the streamed evaluation
 }
 
+}  // namespace
+
 std::string run_fp8_accumulation_length(const ExperimentContext& ctx) {
   const std::vector<int> lengths = ctx.fast ? std::vector<int>{1024, 4096} : std::vector<int>{1024, 4096, 16384, 65536, 131072};
   const std::vector<std::pair<std::string, std::string>> accs = {
@@ -84,15 +86,6 @@ std::string run_fp8_accumulation_length(const ExperimentContext& ctx) {
     << lengths.back() << "; two-level: " << fixed(last2 / first2, 2) << " x\n"
     << "the CSV is fp8-accumulation-length.csv in the output directory\n";
   return r.str();
-}
-
-}  // namespace
-
-void register_experiment_fp8_accumulation_length(ExperimentList& list) {
-  list.add({"fp8-accumulation-length",
-            "FP8 attention's error grows with the key count under one tensor-core accumulator; two-level bounds it",
-            "SageAttention2 Sec. 3.4; FlashAttention-3 FP8", "qattn reproduce fp8-accumulation-length [--fast]",
-            run_fp8_accumulation_length});
 }
 
 }  // namespace qattn::experiments

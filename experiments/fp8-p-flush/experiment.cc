@@ -26,6 +26,8 @@ ref::FlashKernel p_path(double offset) {
   return k;
 }
 
+}  // namespace
+
 std::string run_fp8_p_flush(const ExperimentContext&) {
   std::ostringstream r;
   r << "fp8-p-flush: P in (0, 1] cast to E4M3 without and with a 2^8 pre-scale (flashinfer-ai/flashinfer#5020)\n\n";
@@ -77,15 +79,6 @@ std::string run_fp8_p_flush(const ExperimentContext&) {
     << "- Pre-scaled by 2^8, every diffuse weight is kept: worst relative error of O " << fixed(100 * worst_prescaled, 2)
     << " % (E4M3's rounding of the one P~ value the diffuse keys share, 2^-2.5 at gap 10.5).\n";
   return r.str();
-}
-
-}  // namespace
-
-void register_experiment_fp8_p_flush(ExperimentList& list) {
-  list.add({"fp8-p-flush",
-            "P in (0, 1] cast to E4M3 loses the diffuse mass below the smallest subnormal from the numerator while the "
-            "row sum (LSE) stays exact; pre-scaling P by 2^8 fixes it",
-            "flashinfer-ai/flashinfer#5020", "qattn reproduce fp8-p-flush", run_fp8_p_flush});
 }
 
 }  // namespace qattn::experiments

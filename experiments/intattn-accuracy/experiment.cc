@@ -9,7 +9,6 @@
 #include "qattn/parallel.h"
 
 namespace qattn::experiments {
-namespace {
 
 std::string run_intattn_accuracy(const ExperimentContext& ctx) {
   using Row = GridRow;
@@ -25,12 +24,8 @@ std::string run_intattn_accuracy(const ExperimentContext& ctx) {
       {"IndexSoftmax, 8 entries (b = 3)", "index@upstream-neon:b=3"},         // 8: EXAQ INT3's table size
       {"EXAQ INT3 (8 entries), official grid", "exaq@upstream:bits=3"},       // 9
   };
-  const int L = ctx.fast ? 256 : 2048;
-  const std::vector<Source> sources = make_sources(
-      use_lite_source(ctx),
-      outlier_source("synthetic", 4, 512, 128, 7),
-      outlier_source("long", 2, L, 64, 21));
-  const Grid grid = run_grid(rows, sources, ctx);
+  const auto [src, grid] = accuracy_grid(rows, ctx, 2048, 256, 64);
+  const std::vector<Source>& sources = src.sources;
   std::ostringstream r;
   r << "intattn-accuracy: IntAttention against Quant-Only and FP16, the share of its error its softmax accounts for, "
        "and its 32-entry table against 8 entries; mean O CosSim and relative L1 vs the fp64 reference\n"
@@ -40,8 +35,7 @@ std::string run_intattn_accuracy(const ExperimentContext& ctx) {
     << "measurable claims (ours), per source: (a) every IntAttention preset's error 1 - O CosSim at most Quant-Only's; "
        "(b) the softmax alone (the preset's IndexSoftmax in fp64 attention) under half of its pipeline's error; (c) "
        "32 entries below both 8-entry tables (IndexSoftmax b = 3 and EXAQ INT3)\n"
-    << "sources: USE-Lite (the dump, L = 128); synthetic: 4 heads, L = 512, d = 128, channel-wise K outliers (seed 7); "
-       "long: 2 heads, L = " << L << ", d = 64, the same structure (seed 21)\n\n";
+    << src.line();
   const Table t = grid_table("method", rows, sources, grid);
   r << t.markdown() << "\n";
   std::size_t a_held = 0, b_held = 0, c_held = 0;
@@ -72,15 +66,6 @@ std::string run_intattn_accuracy(const ExperimentContext& ctx) {
   r << "verdict: " << (held == 3 * n ? "REPRODUCED" : held > 0 ? "PARTLY REPRODUCED" : "NOT REPRODUCED") << " ((a) on "
     << a_held << ", (b) on " << b_held << ", (c) on " << c_held << " of " << n << " sources)\n";
   return r.str();
-}
-
-}  // namespace
-
-void register_experiment_intattn_accuracy(ExperimentList& list) {
-  list.add({"intattn-accuracy",
-            "IntAttention against Quant-Only and FP16, where its error comes from, and its 4x finer table",
-            "IntAttention Tables 1-3, Sec. 4.3, 4.5, Fig. 5", "qattn reproduce intattn-accuracy [--fast]",
-            run_intattn_accuracy});
 }
 
 }  // namespace qattn::experiments

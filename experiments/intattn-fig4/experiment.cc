@@ -25,9 +25,11 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+}  // namespace
+
 // intattn-fig4: per row, the mass of the top-k probabilities, the share of keys below UINT8 resolution, the share of
 // keys IndexSoftmax's clip (c = 6.6) keeps.
-std::string run_fig4(const ExperimentContext& ctx) {
+std::string run_intattn_fig4(const ExperimentContext& ctx) {
   const std::vector<DumpLayer> dump = load_dump(ctx.tensors, DumpTarget::softmax);
   const std::vector<int> ks = {1, 2, 4, 8, 16, 32};
   std::vector<std::vector<double>> top_mass(ks.size());
@@ -86,13 +88,6 @@ std::string run_fig4(const ExperimentContext& ctx) {
     << (b ? "HOLDS" : "DOES NOT HOLD") << "; " << (a && b ? "REPRODUCED" : a || b ? "PARTLY REPRODUCED" : "NOT REPRODUCED")
     << " on these rows\n";
   return r.str();
-}
-
-}  // namespace
-
-void register_experiment_intattn_fig4(ExperimentList& list) {
-  list.add({"intattn-fig4", "a few high logits dominate the softmax normaliser; most contribute negligibly",
-            "IntAttention Fig. 4", "qattn reproduce intattn-fig4", run_fig4});
 }
 
 }  // namespace qattn::experiments

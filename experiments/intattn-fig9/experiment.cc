@@ -10,11 +10,10 @@
 #include "experiment.h"
 
 namespace qattn::experiments {
-namespace {
 namespace fs = std::filesystem;
 
 // intattn-fig9: the (b, c) stability heatmap.
-std::string run_fig9(const ExperimentContext& ctx) {
+std::string run_intattn_fig9(const ExperimentContext& ctx) {
   const std::vector<DumpLayer> dump = load_dump(ctx.tensors);
   // --fast: steps of 0.5, and the paper's 6.6 so that the "CosSim at c = 6.6" column is filled in both variants.
   const std::string c_grid = ctx.fast ? "3.0,3.5,4.0,4.5,5.0,5.5,6.0,6.5,6.6,7.0,7.5,8.0,8.5,9.0,9.5,10.0" : "3:0.1:10";
@@ -84,13 +83,6 @@ std::string run_fig9(const ExperimentContext& ctx) {
   r << "overall: the paper's stable band (b = 4, c in [5.5, 7.7]) is reproduced under " << band_presets
     << " of 3 presets" << (band_presets == 0 ? ": NOT REPRODUCED" : "") << "\n";
   return r.str();
-}
-
-}  // namespace
-
-void register_experiment_intattn_fig9(ExperimentList& list) {
-  list.add({"intattn-fig9", "IndexSoftmax is stable for b >= 4 and c in [5.5, 7.7], ridge near c = 6.6",
-            "IntAttention Fig. 9", "qattn reproduce intattn-fig9 [--fast]", run_fig9});
 }
 
 }  // namespace qattn::experiments

@@ -35,7 +35,9 @@ std::vector<DumpLayer> key_block_outlier_dump(int heads, int L, int d, std::uint
 // than kKeep below the per-tensor pipeline's, on every source.
 constexpr double kKeep = 1e-4;
 
-std::string run_groupwise(const ExperimentContext& ctx) {
+}  // namespace
+
+std::string run_intattn_groupwise(const ExperimentContext& ctx) {
   using Row = GridRow;
   // Two bases: the defaults (Eq. 8 round c_int; Eq. 11, 13, 15 floors) and the rounding preset @upstream-neon.
   std::vector<Row> rows;
@@ -102,13 +104,6 @@ std::string run_groupwise(const ExperimentContext& ctx) {
     << " under the global reading of the row maximum (the paper does not define Delta^(g) across key blocks; "
        "docs/pipelines/intattention.md)\n";
   return r.str();
-}
-
-}  // namespace
-
-void register_experiment_intattn_groupwise(ExperimentList& list) {
-  list.add({"intattn-groupwise", "per-block scales with group-wise clipping keep the integer pipeline's accuracy",
-            "IntAttention Sec. 3.3, Eq. 16-18", "qattn reproduce intattn-groupwise [--fast]", run_groupwise});
 }
 
 }  // namespace qattn::experiments

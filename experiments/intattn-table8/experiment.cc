@@ -10,10 +10,9 @@
 #include "experiment.h"
 
 namespace qattn::experiments {
-namespace {
 
 // intattn-table8: INT8 (x127) vs UINT8 (x255) P.
-std::string run_table8(const ExperimentContext& ctx) {
+std::string run_intattn_table8(const ExperimentContext& ctx) {
   const std::vector<DumpLayer> dump = load_dump(ctx.tensors);
   std::ostringstream r;
   r << "intattn-table8: P of IntAttention vs the fp64 reference, mean over " << head_count(dump) << " heads\n"
@@ -44,13 +43,6 @@ std::string run_table8(const ExperimentContext& ctx) {
     << "\n" << "magnitudes (ours / paper):\n" << magnitudes.str()
     << "verdict: P errors within 2 x the paper's under both presets: " << (within_2x ? "HOLDS" : "DOES NOT HOLD") << "\n";
   return r.str();
-}
-
-}  // namespace
-
-void register_experiment_intattn_table8(ExperimentList& list) {
-  list.add({"intattn-table8", "UINT8 (x255) P beats INT8 (x127) P: CosSim 0.999081 vs 0.996612",
-            "IntAttention Table 8", "qattn reproduce intattn-table8", run_table8});
 }
 
 }  // namespace qattn::experiments

@@ -100,7 +100,9 @@ Outcome run_family(const Method& method, const MethodEntry& entry, const Family&
   return o;
 }
 
-std::string run_table9(const ExperimentContext& ctx) {
+}  // namespace
+
+std::string run_intattn_table9(const ExperimentContext& ctx) {
   const std::vector<Family> fams = families(ctx.fast ? 1024 : 8192, ctx.fast ? 64 : 256);
   const auto [names, specs] = method_rows([](const MethodEntry&) { return true; });
   const auto reference = ref::reference_registry().create("fp64");
@@ -150,13 +152,6 @@ std::string run_table9(const ExperimentContext& ctx) {
     << (index_clean ? "REPRODUCED" : "NOT REPRODUCED")
     << "; the paper's FP16 baseline is clean only on text whose logits stay below 65504 (see the fp16 row)\n";
   return r.str();
-}
-
-}  // namespace
-
-void register_experiment_intattn_table9(ExperimentList& list) {
-  list.add({"intattn-table9", "IndexSoftmax produces no NaN/Inf events (0 of 0 in Table 9's stress test)",
-            "IntAttention Table 9", "qattn reproduce intattn-table9 [--fast]", run_table9});
 }
 
 }  // namespace qattn::experiments

@@ -9,9 +9,8 @@
 #include "qattn/parallel.h"
 
 namespace qattn::experiments {
-namespace {
 
-std::string run_tables4_6(const ExperimentContext& ctx) {
+std::string run_intattn_tables4_6(const ExperimentContext& ctx) {
   using Row = GridRow;
   // The claim's rows first: IndexSoftmax (paper rules), EXAQ INT3 and INT2 under both EXAQ presets.
   const std::vector<Row> rows = {
@@ -25,12 +24,8 @@ std::string run_tables4_6(const ExperimentContext& ctx) {
       {"Quant-Only INT8 pipeline", "quant-only"},
       {"IntAttention pipeline (paper rules)", "intattention@paper"},
   };
-  const int L = ctx.fast ? 256 : 2048;
-  const std::vector<Source> sources = make_sources(
-      use_lite_source(ctx),
-      outlier_source("synthetic", 4, 512, 128, 7),
-      outlier_source("long", 2, L, 64, 21));
-  const Grid grid = run_grid(rows, sources, ctx);
+  const auto [src, grid] = accuracy_grid(rows, ctx, 2048, 256, 64);
+  const std::vector<Source>& sources = src.sources;
   std::ostringstream r;
   r << "intattn-tables4-6: the softmax replaced alone inside fp64 attention (the pipelines for reference), mean O "
        "CosSim and relative L1 vs the fp64 reference\n"
@@ -39,8 +34,7 @@ std::string run_tables4_6(const ExperimentContext& ctx) {
        "collapses (GSM8K 5.99 vs 35.02)\n"
     << "measurable claim (ours), on every source: IndexSoftmax > EXAQ INT3 > EXAQ INT2 in mean O CosSim, under both "
        "EXAQ presets\n"
-    << "sources: USE-Lite (the dump, L = 128); synthetic: 4 heads, L = 512, d = 128, channel-wise K outliers (seed 7); "
-       "long: 2 heads, L = " << L << ", d = 64, the same structure (seed 21)\n\n";
+    << src.line();
   const Table t = grid_table("softmax / pipeline", rows, sources, grid);
   r << t.markdown() << "\n";
   std::size_t holds = 0;
@@ -55,13 +49,6 @@ std::string run_tables4_6(const ExperimentContext& ctx) {
   r << "verdict: " << (holds == sources.size() ? "REPRODUCED" : holds > 0 ? "PARTLY REPRODUCED" : "NOT REPRODUCED")
     << " (the ordering, on " << holds << " of " << sources.size() << " sources)\n";
   return r.str();
-}
-
-}  // namespace
-
-void register_experiment_intattn_tables4_6(ExperimentList& list) {
-  list.add({"intattn-tables4-6", "IndexSoftmax keeps FP16's accuracy, above EXAQ INT3 and INT2 (softmax replaced alone)",
-            "IntAttention Tables 4-6", "qattn reproduce intattn-tables4-6 [--fast]", run_tables4_6});
 }
 
 }  // namespace qattn::experiments

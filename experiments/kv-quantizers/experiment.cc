@@ -83,6 +83,8 @@ std::string premise_lines(const Runs& g) {
   return r.str();
 }
 
+}  // namespace
+
 // kv-quantizers: every KV-cache quantizer at 2/3/4 bits under fp32 attention, on USE-Lite and on a long synthetic
 // sequence with channel-wise outliers in K; bits per element with scales and zero points counted; a Pareto plot.
 std::string run_kv_quantizers(const ExperimentContext& ctx) {
@@ -131,17 +133,8 @@ std::string run_kv_quantizers(const ExperimentContext& ctx) {
     << ", d = 64, channel-wise outliers in K (as in sage2-tables), seed 11\n\n"
     << t.markdown() << "\n" << premise_lines(g);
   // The Pareto front on USE-Lite: no other quantizer has fewer bits and a lower error.
-  r << "USE-Lite Pareto front (bits, 1 - O CosSim):";
-  for (std::size_t i : on_front) r << " " << pareto.rows[i][0] << " (" << pareto.rows[i][1] << ", " << pareto.rows[i][2] << ");";
-  r << "\n";
+  r << "USE-Lite Pareto front (bits, 1 - O CosSim):" << pareto_front_text(pareto, on_front, "") << "\n";
   return r.str();
-}
-
-}  // namespace
-
-void register_experiment_kv_quantizers(ExperimentList& list) {
-  list.add({"kv-quantizers", "KV-cache quantizers: error vs bits; per-channel K, Hadamard rotation and mixed precision help",
-            "KIVI, TurboQuant, SAW-INT4, TurboAttention", "qattn reproduce kv-quantizers [--fast]", run_kv_quantizers});
 }
 
 }  // namespace qattn::experiments

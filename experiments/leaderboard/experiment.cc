@@ -10,7 +10,6 @@
 #include "experiment.h"
 
 namespace qattn::experiments {
-namespace {
 
 // leaderboard: every registered method at its defaults and presets, one table.
 std::string run_leaderboard(const ExperimentContext& ctx) {
@@ -45,17 +44,9 @@ std::string run_leaderboard(const ExperimentContext& ctx) {
     << " heads, by mean O CosSim\n\n"
     << t.markdown() << "\n";
   // The Pareto front over the pipelines: no other pipeline has fewer K/V bits and a lower error.
-  r << "Pareto front, attention pipelines (K/V bits per element, nominal; 1 - O CosSim):";
-  for (std::size_t i : on_front) r << " " << front.rows[i][0] << " (" << front.rows[i][1] << " bits, " << front.rows[i][2] << ");";
-  r << "\n";
+  r << "Pareto front, attention pipelines (K/V bits per element, nominal; 1 - O CosSim):"
+    << pareto_front_text(front, on_front, " bits") << "\n";
   return r.str();
-}
-
-}  // namespace
-
-void register_experiment_leaderboard(ExperimentList& list) {
-  list.add({"leaderboard", "every registered method on the same tensors in one table",
-            "(none of the papers)", "qattn reproduce leaderboard", run_leaderboard});
 }
 
 }  // namespace qattn::experiments

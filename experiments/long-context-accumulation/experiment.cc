@@ -24,6 +24,8 @@ ref::FlashKernel fa3_promoted(int promote_keys) {
   return k;
 }
 
+}  // namespace
+
 std::string run_long_context_accumulation(const ExperimentContext& ctx) {
   const std::vector<int> lengths = ctx.fast ? std::vector<int>{4096, 16384} : std::vector<int>{4096, 16384, 65536, 131072};
   const std::vector<int> intervals = {0, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
@@ -77,16 +79,6 @@ std::string run_long_context_accumulation(const ExperimentContext& ctx) {
   for (std::size_t a = 0; a < lengths.size(); ++a) r << (a ? "," : "") << " " << t.rows[a].back() << " at " << lengths[a];
   r << ".\n";
   return r.str();
-}
-
-}  // namespace
-
-void register_experiment_long_context_accumulation(ExperimentList& list) {
-  list.add({"long-context-accumulation",
-            "FA3-FP8's one FP8 wgmma accumulator over the key loop loses a needle at long context (NIAH 91 % -> 13 % "
-            "at 128K); promoting to float32 every N keys restores it",
-            "vLLM blog, 2026-04-22", "qattn reproduce long-context-accumulation [--fast]",
-            run_long_context_accumulation});
 }
 
 }  // namespace qattn::experiments

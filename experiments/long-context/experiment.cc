@@ -75,6 +75,8 @@ std::string growth_line(const std::string& spec, const ModelRun& m) {
   return r.str();
 }
 
+}  // namespace
+
 // long-context: softmax models on synthetic rows from L = 128 to 16K whose spread matches the real logits.
 std::string run_long_context(const ExperimentContext& ctx) {
   const auto [sigmas, n_files] = real_row_spreads(ctx.tensors);
@@ -129,13 +131,6 @@ std::string run_long_context(const ExperimentContext& ctx) {
     << t.markdown() << "\n";
   for (std::size_t m = 0; m < specs.size(); ++m) r << growth_line(specs[m], runs[m]);
   return r.str();
-}
-
-}  // namespace
-
-void register_experiment_long_context(ExperimentList& list) {
-  list.add({"long-context", "clipping and 8-bit normalisation errors grow with L (128 to 16K)",
-            "IntAttention, EXAQ, TurboAttention", "qattn reproduce long-context [--fast]", run_long_context});
 }
 
 }  // namespace qattn::experiments

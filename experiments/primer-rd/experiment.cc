@@ -12,7 +12,6 @@
 #include "qattn/reference/random.h"
 
 namespace qattn::experiments {
-namespace {
 
 std::string run_primer_rd(const ExperimentContext& ctx) {
   const int tokens = ctx.fast ? 512 : 4096, d = 128;
@@ -70,13 +69,6 @@ std::string run_primer_rd(const ExperimentContext& ctx) {
                             : "NOT REPRODUCED")
     << " (the primer's numbers are the bound; no scalar quantizer here reaches it: see the dB column)\n";
   return r.str();
-}
-
-}  // namespace
-
-void register_experiment_primer_rd(ExperimentList& list) {
-  list.add({"primer-rd", "rate-distortion of a Gaussian source: D(2) = 0.0625, R(0.1) = 1.66 bits; quantizers lie above",
-            "quantization primer (rate-distortion)", "qattn reproduce primer-rd [--fast]", run_primer_rd});
 }
 
 }  // namespace qattn::experiments

@@ -57,6 +57,8 @@ std::string percent(std::size_t part, std::size_t whole) {
   return fixed(100.0 * static_cast<double>(part) / static_cast<double>(whole), 2) + " %";
 }
 
+}  // namespace
+
 std::string run_sage2_fp22(const ExperimentContext& ctx) {
   std::ostringstream r;
   r << "sage2-fp22: SageAttention2 Sec. 3.4, \"the FP8 mma accumulates in FP22 (1-8-13)\", against an H100\n\n";
@@ -118,13 +120,6 @@ std::string run_sage2_fp22(const ExperimentContext& ctx) {
       << " x the H100 wgmma model's (two-level each); one accumulator instead of one per block costs "
       << fixed(rel_l1("wgmma-single", s) / rel_l1("wgmma", s), 3) << " x on wgmma\n";
   return r.str();
-}
-
-}  // namespace
-
-void register_experiment_sage2_fp22(ExperimentList& list) {
-  list.add({"sage2-fp22", "the FP8 PV accumulator: what an H100 does (A = B = 0 probe, 14-bit wgmma) and what it costs",
-            "SageAttention2 Sec. 3.4", "qattn reproduce sage2-fp22 [--fast]", run_sage2_fp22});
 }
 
 }  // namespace qattn::experiments

@@ -106,103 +106,128 @@ ModelResult run_model(int n, int d, double m, int trials, std::uint64_t seed) {
 
 std::string verdict(bool holds) { return holds ? "HOLDS" : "DOES NOT HOLD"; }
 
-std::string run_sage2_smoothing(const ExperimentContext& ctx) {
-  std::ostringstream r;
-  r << "sage2-smoothing: SageAttention2 App. A.5, the theory of smoothing (Eqs. 3-7)\n"
-    << "claim: Y = X - mean over tokens has mean 0 and variance (N-1)/N sigma^2 (Eqs. 4-5); its per-token absmax is\n"
-    << "more concentrated toward 0 (Eqs. 6-7), so its quantisation error, proportional to absmax, is smaller\n\n";
+// Part 1's model: N tokens of d channels, drawn kTrials times.
+constexpr int kN = 8, kD = 64, kTrials = 4000;
 
-  // ---- Part 1: the model of A.5 ----
-  constexpr int kN = 8, kD = 64, kTrials = 4000;
+// What Part 1 checks, over both values of m (the channel means' spread).
+struct ModelChecks {
+  bool eq4 = true, eq5 = true, eq5_not_raw = true, eq7 = true, smaller_error = true, proportional = true;
+  double gain_means = 0, gain_none = 0;  // 1 - the INT4 error of Y over that of X, with m = 2 and m = 0
+  std::string half_steps;                // per m, X's mean |error| in units of half a step
+};
+
+// One m's rows of Part 1's tables `t` (Eqs. 4-5, the INT4 errors) and `p` (Eq. 7), and its checks.
+void add_model_rows(double m, const ModelResult& mr, Table& t, Table& p, ModelChecks& c) {
+  t.rows.push_back({fixed(m, 0), fixed(mr.max_mean_z, 2), fixed(mr.var_ratio, 4) + " +- " + fixed(mr.var_se, 4),
+                    fixed(mr.var_ratio_raw, 4), std::to_string(mr.var_channels_off) + " of " + std::to_string(kD),
+                    fixed(mr.q_x.mean_error, 5), fixed(mr.q_y.mean_error, 5),
+                    fixed(mr.q_y.mean_error / mr.q_x.mean_error, 3), fixed(mr.q_x.mean_absmax, 3),
+                    fixed(mr.q_y.mean_absmax, 3)});
+  static const char* kQuantiles[] = {"10 %", "50 %", "90 %"};
+  for (std::size_t i = 0; i < mr.eps.size(); ++i) {
+    p.rows.push_back(
+        {fixed(m, 0), fixed(mr.eps[i], 3) + " (" + kQuantiles[i] + ")", fixed(mr.p_x[i], 4), fixed(mr.p_y[i], 4)});
+    c.eq7 = c.eq7 && mr.p_y[i] > mr.p_x[i];
+  }
+  c.eq4 = c.eq4 && mr.max_mean_z < 4.5;  // 64 channels: a |z| above 4.5 has probability ~4e-4 under Eq. 4
+  c.eq5 = c.eq5 && std::fabs(mr.var_ratio - 1) < 4 * mr.var_se && mr.var_channels_off <= 1;
+  c.eq5_not_raw = c.eq5_not_raw && std::fabs(mr.var_ratio_raw - 1) > 4 * mr.var_se;
+  c.smaller_error = c.smaller_error && mr.q_y.mean_error < mr.q_x.mean_error;
+  const double err_per_absmax_x = mr.q_x.mean_error / mr.q_x.mean_absmax;
+  const double err_per_absmax_y = mr.q_y.mean_error / mr.q_y.mean_absmax;
+  c.proportional = c.proportional && std::fabs(err_per_absmax_y / err_per_absmax_x - 1) < 0.05;
+  (m > 0 ? c.gain_means : c.gain_none) = 1 - mr.q_y.mean_error / mr.q_x.mean_error;
+  c.half_steps +=
+      "m = " + fixed(m, 0) + ": mean |error| of X = " + fixed(mr.half_step_ratio_x, 3) + " x (max|x| / 14)\n";
+}
+
+std::string model_verdicts(const ModelChecks& c) {
+  std::ostringstream r;
+  r << "verdict: Eq. 4, E[Y_ij] = 0 (|z| < 4.5 on every channel): " << verdict(c.eq4) << "\n"
+    << "verdict: Eq. 5, Var[Y_ij] = (N-1)/N sigma_j^2 (mean ratio within 4 SE of 1, at most one channel off), and "
+       "not sigma_j^2: "
+    << verdict(c.eq5 && c.eq5_not_raw) << "\n"
+    << "verdict: Eq. 7, P(absmax(Y_i) < eps) > P(absmax(X_i) < eps) at the three eps, with and without channel "
+       "means: "
+    << verdict(c.eq7) << "\n"
+    << "verdict: smoothing lowers the per-token INT4 error, with and without channel means: "
+    << verdict(c.smaller_error) << "\n"
+    << "  with channel means (m = 2) by " << fixed(100 * c.gain_means, 1) << " %; without (m = 0) by "
+    << fixed(100 * c.gain_none, 1) << " %: the gain is Eq. 4's removed mean; Eq. 5's (N-1)/N alone is worth "
+    << fixed(100 * (1 - std::sqrt(static_cast<double>(kN - 1) / kN)), 1) << " % of sigma\n"
+    << "verdict: the error is proportional to the absmax (mean |err| / mean absmax the same for X and Y within 5 %): "
+    << verdict(c.proportional) << "\n"
+    << "A.5's \"expected quantization error 1/2 * 2M / 2^b\" is half a step, the largest rounding error, not the "
+       "mean:\n"
+    << c.half_steps << "(a uniform remainder would give 0.5)\n\n";
+  return r.str();
+}
+
+// Part 1: the model of A.5, with channel means (m = 2) and without (m = 0).
+std::string model_part() {
+  std::ostringstream r;
   r << "Part 1: A.5's model by Monte Carlo: " << kTrials << " draws of X [N = " << kN << ", d = " << kD
     << "], X_ij ~ N(mu_j, sigma_j^2) independent,\nsigma_j ~ U(0.5, 1.5), mu_j ~ N(0, m^2); per-token INT4: scale "
        "max|x| / 7, half away from zero (SageAttention2's token granularity)\n\n";
   Table t{{"m (channel means)", "Eq. 4 max |z| of E[Y]", "Eq. 5 Var / ((N-1)/N sigma^2)", "Var / sigma^2",
-           "channels off (> 4 SE)", "INT4 mean |err| X", "INT4 mean |err| Y", "Y / X", "mean absmax X", "mean absmax Y"},
+           "channels off (> 4 SE)", "INT4 mean |err| X", "INT4 mean |err| Y", "Y / X", "mean absmax X",
+           "mean absmax Y"},
           {}};
   Table p{{"m", "eps (absmax(X) quantile)", "P(absmax X < eps)", "P(absmax Y < eps)"}, {}};
-  bool eq4 = true, eq5 = true, eq5_not_raw = true, eq7 = true, smaller_error = true, proportional = true;
-  double gain_means = 0, gain_none = 0;
-  std::ostringstream half_steps;
-  for (const double m : {2.0, 0.0}) {
-    const ModelResult mr = run_model(kN, kD, m, kTrials, 31);  // the same noise and sigma_j for both m
-    t.rows.push_back({fixed(m, 0), fixed(mr.max_mean_z, 2), fixed(mr.var_ratio, 4) + " +- " + fixed(mr.var_se, 4),
-                      fixed(mr.var_ratio_raw, 4), std::to_string(mr.var_channels_off) + " of " + std::to_string(kD),
-                      fixed(mr.q_x.mean_error, 5), fixed(mr.q_y.mean_error, 5),
-                      fixed(mr.q_y.mean_error / mr.q_x.mean_error, 3), fixed(mr.q_x.mean_absmax, 3),
-                      fixed(mr.q_y.mean_absmax, 3)});
-    static const char* kQuantiles[] = {"10 %", "50 %", "90 %"};
-    for (std::size_t i = 0; i < mr.eps.size(); ++i) {
-      p.rows.push_back({fixed(m, 0), fixed(mr.eps[i], 3) + " (" + kQuantiles[i] + ")", fixed(mr.p_x[i], 4), fixed(mr.p_y[i], 4)});
-      eq7 = eq7 && mr.p_y[i] > mr.p_x[i];
-    }
-    eq4 = eq4 && mr.max_mean_z < 4.5;  // 64 channels: a |z| above 4.5 has probability ~4e-4 under Eq. 4
-    eq5 = eq5 && std::fabs(mr.var_ratio - 1) < 4 * mr.var_se && mr.var_channels_off <= 1;
-    eq5_not_raw = eq5_not_raw && std::fabs(mr.var_ratio_raw - 1) > 4 * mr.var_se;
-    smaller_error = smaller_error && mr.q_y.mean_error < mr.q_x.mean_error;
-    const double err_per_absmax_x = mr.q_x.mean_error / mr.q_x.mean_absmax, err_per_absmax_y = mr.q_y.mean_error / mr.q_y.mean_absmax;
-    proportional = proportional && std::fabs(err_per_absmax_y / err_per_absmax_x - 1) < 0.05;
-    (m > 0 ? gain_means : gain_none) = 1 - mr.q_y.mean_error / mr.q_x.mean_error;
-    half_steps << "m = " << fixed(m, 0) << ": mean |error| of X = " << fixed(mr.half_step_ratio_x, 3)
-               << " x (max|x| / 14)\n";
-  }
-  r << t.markdown() << "\n" << p.markdown() << "\n";
-  r << "verdict: Eq. 4, E[Y_ij] = 0 (|z| < 4.5 on every channel): " << verdict(eq4) << "\n"
-    << "verdict: Eq. 5, Var[Y_ij] = (N-1)/N sigma_j^2 (mean ratio within 4 SE of 1, at most one channel off), and "
-       "not sigma_j^2: "
-    << verdict(eq5 && eq5_not_raw) << "\n"
-    << "verdict: Eq. 7, P(absmax(Y_i) < eps) > P(absmax(X_i) < eps) at the three eps, with and without channel "
-       "means: "
-    << verdict(eq7) << "\n"
-    << "verdict: smoothing lowers the per-token INT4 error, with and without channel means: " << verdict(smaller_error)
-    << "\n"
-    << "  with channel means (m = 2) by " << fixed(100 * gain_means, 1) << " %; without (m = 0) by "
-    << fixed(100 * gain_none, 1) << " %: the gain is Eq. 4's removed mean; Eq. 5's (N-1)/N alone is worth "
-    << fixed(100 * (1 - std::sqrt(static_cast<double>(kN - 1) / kN)), 1) << " % of sigma\n"
-    << "verdict: the error is proportional to the absmax (mean |err| / mean absmax the same for X and Y within 5 %): "
-    << verdict(proportional) << "\n"
-    << "A.5's \"expected quantization error 1/2 * 2M / 2^b\" is half a step, the largest rounding error, not the mean:\n"
-    << half_steps.str() << "(a uniform remainder would give 0.5)\n\n";
+  ModelChecks checks;
+  for (const double m : {2.0, 0.0})
+    add_model_rows(m, run_model(kN, kD, m, kTrials, 31), t, p, checks);  // the same noise and sigma_j for both m
+  r << t.markdown() << "\n" << p.markdown() << "\n" << model_verdicts(checks);
+  return r.str();
+}
 
-  // ---- Part 2: K of real and synthetic heads ----
+// Part 2's rows for each head of `dump`: K's per-token INT4 error before and after smoothing. Whether smoothing
+// lowered it on every head.
+bool add_head_rows(const std::string& name, const std::vector<DumpLayer>& dump, Table& k) {
+  bool every_head = true;
+  for (const DumpLayer& l : dump)
+    for (std::size_t h = 0; h < l.heads.size(); ++h) {
+      const RowMatrixXd& kk = l.k[h].front();
+      const Eigen::RowVectorXd mu = kk.colwise().mean();
+      const RowMatrixXd centred = kk.rowwise() - mu;
+      std::vector<double> snr;
+      for (Eigen::Index c = 0; c < kk.cols(); ++c) {
+        const double sd = std::sqrt(centred.col(c).squaredNorm() / static_cast<double>(kk.rows()));
+        snr.push_back(sd > 0 ? std::fabs(mu(c)) / sd : 0.0);
+      }
+      std::nth_element(snr.begin(), snr.begin() + static_cast<std::ptrdiff_t>(snr.size() / 2), snr.end());
+      const TokenInt4 a = token_int4(kk), b = token_int4(smoothed(kk));
+      every_head = every_head && b.mean_error < a.mean_error;
+      k.rows.push_back({name, "layer " + std::to_string(l.layer) + " head " + std::to_string(l.heads[h]),
+                        fixed(snr[snr.size() / 2], 3), fixed(a.mean_absmax, 3), fixed(b.mean_absmax, 3),
+                        fixed(a.mean_error, 5), fixed(b.mean_error, 5), fixed(b.mean_error / a.mean_error, 3)});
+    }
+  return every_head;
+}
+
+// Part 2: K of the dump's heads and of synthetic outlier heads.
+std::string heads_part(const ExperimentContext& ctx) {
+  std::ostringstream r;
   r << "Part 2: K of each head, per-token INT4 before and after smoothing K (sage2's smooth-k)\n\n";
   Table k{{"source", "head", "median |mu_j| / sigma_j", "mean absmax K", "mean absmax K - mean", "INT4 |err| K",
            "INT4 |err| K - mean", "ratio"},
           {}};
-  bool every_head = true;
-  const auto add_source = [&](const std::string& name, const std::vector<DumpLayer>& dump) {
-    for (const DumpLayer& l : dump)
-      for (std::size_t h = 0; h < l.heads.size(); ++h) {
-        const RowMatrixXd& kk = l.k[h].front();
-        const Eigen::RowVectorXd mu = kk.colwise().mean();
-        const RowMatrixXd centred = kk.rowwise() - mu;
-        std::vector<double> snr;
-        for (Eigen::Index c = 0; c < kk.cols(); ++c) {
-          const double sd = std::sqrt(centred.col(c).squaredNorm() / static_cast<double>(kk.rows()));
-          snr.push_back(sd > 0 ? std::fabs(mu(c)) / sd : 0.0);
-        }
-        std::nth_element(snr.begin(), snr.begin() + static_cast<std::ptrdiff_t>(snr.size() / 2), snr.end());
-        const TokenInt4 a = token_int4(kk), b = token_int4(smoothed(kk));
-        every_head = every_head && b.mean_error < a.mean_error;
-        k.rows.push_back({name, "layer " + std::to_string(l.layer) + " head " + std::to_string(l.heads[h]),
-                          fixed(snr[snr.size() / 2], 3), fixed(a.mean_absmax, 3), fixed(b.mean_absmax, 3),
-                          fixed(a.mean_error, 5), fixed(b.mean_error, 5), fixed(b.mean_error / a.mean_error, 3)});
-      }
-  };
-  add_source("USE-Lite", load_dump(ctx.tensors));
-  add_source("synthetic", synthetic_outlier_dump(4, ctx.fast ? 128 : 512, 128, 7));
+  const bool use_lite = add_head_rows("USE-Lite", load_dump(ctx.tensors), k);
+  const bool synthetic = add_head_rows("synthetic", synthetic_outlier_dump(4, ctx.fast ? 128 : 512, 128, 7), k);
   r << k.markdown() << "\n";
-  r << "verdict: smoothing K lowers its per-token INT4 error on every head: " << verdict(every_head) << "\n";
+  r << "verdict: smoothing K lowers its per-token INT4 error on every head: " << verdict(use_lite && synthetic) << "\n";
   return r.str();
 }
 
 }  // namespace
 
-void register_experiment_sage2_smoothing(ExperimentList& list) {
-  list.add({"sage2-smoothing",
-            "smoothing K gives entries of mean 0 and variance (N-1)/N sigma^2, a per-token absmax nearer 0 and so a "
-            "smaller quantisation error",
-            "SageAttention2 App. A.5, Eqs. 3-7", "qattn reproduce sage2-smoothing", run_sage2_smoothing});
+std::string run_sage2_smoothing(const ExperimentContext& ctx) {
+  std::ostringstream r;
+  r << "sage2-smoothing: SageAttention2 App. A.5, the theory of smoothing (Eqs. 3-7)\n"
+    << "claim: Y = X - mean over tokens has mean 0 and variance (N-1)/N sigma^2 (Eqs. 4-5); its per-token absmax is\n"
+    << "more concentrated toward 0 (Eqs. 6-7), so its quantisation error, proportional to absmax, is smaller\n\n"
+    << model_part() << heads_part(ctx);
+  return r.str();
 }
 
 }  // namespace qattn::experiments

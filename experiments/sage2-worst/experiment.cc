@@ -8,7 +8,6 @@
 #include "qattn/parallel.h"
 
 namespace qattn::experiments {
-namespace {
 
 std::string run_sage2_worst(const ExperimentContext& ctx) {
   struct Claim {
@@ -89,13 +88,6 @@ std::string run_sage2_worst(const ExperimentContext& ctx) {
     << " of " << total << " (table, source) orderings hold in the worst case; per-thread close to per-token on "
     << close_held << " of " << sources.size() << " sources)\n";
   return r.str();
-}
-
-}  // namespace
-
-void register_experiment_sage2_worst(ExperimentList& list) {
-  list.add({"sage2-worst", "granularity, P~/V format and smoothing orderings hold for the worst layer too",
-            "SageAttention2 Tables 15-17", "qattn reproduce sage2-worst [--fast]", run_sage2_worst});
 }
 
 }  // namespace qattn::experiments

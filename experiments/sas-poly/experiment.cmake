@@ -1,3 +1,8 @@
+# What `qattn reproduce --list` shows (experiments/CMakeLists.txt).
+set(experiment_claim "SAS's cubic is a least-squares fit of e^-x on [0, 1]")
+set(experiment_source "TurboAttention Eq. 15")
+set(experiment_executable qattn_exp_sas_poly)
+
 # This experiment is its own program (experiments/CMakeLists.txt): built next to qattn under experiments/, its
 # stdout checked against expected.txt, natively and under the emulator.
 set(experiment_program ON)

@@ -81,7 +81,9 @@ double mean_error(const std::vector<Call>& calls, Pick pick) {
   return sum / static_cast<double>(n);
 }
 
-std::string run_fig7b(const ExperimentContext& ctx) {
+}  // namespace
+
+std::string run_turbo_fig7b(const ExperimentContext& ctx) {
   const int L = ctx.fast ? 128 : 512;
   const std::vector<Source> sources = make_sources(use_lite_source(ctx), outlier_source("synthetic", 8, L, 128, 7));
   const std::vector<std::string> rules = {"priority (Eq. 11, channel gaps)", "priority (all entries)", "min-max range",
@@ -155,13 +157,6 @@ std::string run_fig7b(const ExperimentContext& ctx) {
                                                   : best > 0 ? "PARTLY REPRODUCED" : "NOT REPRODUCED")
     << "\n";
   return r.str();
-}
-
-}  // namespace
-
-void register_experiment_turbo_fig7b(ExperimentList& list) {
-  list.add({"turbo-fig7b", "Eq. 11's priority picks the 2-bit heads better than other selection rules",
-            "TurboAttention Fig. 7b", "qattn reproduce turbo-fig7b [--fast]", run_fig7b});
 }
 
 }  // namespace qattn::experiments

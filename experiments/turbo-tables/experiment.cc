@@ -16,6 +16,8 @@ namespace {
 // factor above the smallest.
 constexpr double kRobust = 1.10;
 
+}  // namespace
+
 std::string run_turbo_tables(const ExperimentContext& ctx) {
   struct Row {
     std::string table, label, spec;
@@ -73,13 +75,6 @@ std::string run_turbo_tables(const ExperimentContext& ctx) {
   r << "verdict: Table 3 (robust to block size) " << verdict(robust) << "; Table 4 (the ordering of the error split) "
     << verdict(ordered) << " (" << robust << " and " << ordered << " of " << sources.size() << " sources)\n";
   return r.str();
-}
-
-}  // namespace
-
-void register_experiment_turbo_tables(ExperimentList& list) {
-  list.add({"turbo-tables", "robust to the block sizes (B_r, B_c); FlashQ and SAS each near lossless, their costs add",
-            "TurboAttention Tables 3, 4", "qattn reproduce turbo-tables [--fast]", run_turbo_tables});
 }
 
 }  // namespace qattn::experiments

@@ -1,8 +1,8 @@
 // Experiment use-lite-e2e: every attention method and KV quantizer inside Universal Sentence Encoder Lite, end to
 // end. The experiment is the Python script e2e.py in this folder (installed as share/qattn/experiments/use-lite-e2e;
 // it needs the package qattn, built with -DQATTN_PYTHON=ON or installed with pip, and the model weights that
-// scripts/fetch-model.sh downloads); this registers it with `qattn reproduce` and runs it with the context's options,
-// its stdout being the report. See README.md.
+// scripts/fetch-model.sh downloads); `qattn reproduce` runs it from here with the context's options, its stdout
+// being the report. See README.md.
 #include <sys/wait.h>
 
 #include <cerrno>
@@ -26,7 +26,9 @@ std::string quoted(const std::string& s) {
   return r + "'";
 }
 
-std::string run_e2e(const ExperimentContext& ctx) {
+}  // namespace
+
+std::string run_use_lite_e2e(const ExperimentContext& ctx) {
   // The package next to this program in a build tree (<build>/python, made with -DQATTN_PYTHON=ON); installed, the
   // interpreter finds it in dist-packages.
   std::error_code ec;
@@ -58,15 +60,6 @@ std::string run_e2e(const ExperimentContext& ctx) {
     throw ExperimentExit{code == 0 ? 1 : code};
   }
   return report;
-}
-
-}  // namespace
-
-void register_experiment_use_lite_e2e(ExperimentList& list) {
-  list.add({"use-lite-e2e",
-            "Every attention method and KV quantizer swapped into USE-Lite: does the attention-level leaderboard "
-            "predict the sentence-embedding ranking?",
-            "qattn (end to end)", "qattn reproduce use-lite-e2e [--fast]", run_e2e, ""});
 }
 
 }  // namespace qattn::experiments

@@ -14,7 +14,6 @@
 #include "qattn/reference/weight_quant.h"
 
 namespace qattn::experiments {
-namespace {
 namespace fs = std::filesystem;
 
 // weight-quantizers: RTN, GPTQ and AWQ on the real Q/K/V projection weights, measured on held-out windows by the
@@ -89,13 +88,6 @@ std::string run_weight_quantizers(const ExperimentContext& ctx) {
     << "\n";
   for (const auto& f : failures) r << "  not better: " << f << "\n";
   return head.str() + r.str();
-}
-
-}  // namespace
-
-void register_experiment_weight_quantizers(ExperimentList& list) {
-  list.add({"weight-quantizers", "GPTQ and AWQ beat RTN on the layer output",
-            "GPTQ, AWQ", "qattn reproduce weight-quantizers", run_weight_quantizers});
 }
 
 }  // namespace qattn::experiments
