@@ -2,16 +2,24 @@
 
 namespace qattn::ref {
 
-FlashKernel fa3_fp8_kernel(const Fa3Fp8Params& p) {
-  FlashKernel k;
-  k.name = "fa3-fp8";
+void fp8_tensor_inputs(FlashKernel& k, ScaleRule rule) {
   k.qk.format = KernelFormat::e4m3;
-  k.qk.unit = SUnit::h100_wgmma_e4m3;
   k.qk.granularity = SageGranularity::tensor;
-  k.qk.scale = p.scaling == Fa3Scaling::amax ? ScaleRule::amax : ScaleRule::one;
+  k.qk.scale = rule;
   k.qk.arith = ScaleArith::f32;
   k.qk.rounding = QuantRounding::half_even;
   k.qk.smooth_k = false;
+  k.v.format = KernelFormat::e4m3;
+  k.v.scale = VScale::tensor;
+  k.v.rule = rule;
+  k.v.arith = ScaleArith::f32;
+}
+
+FlashKernel fa3_fp8_kernel(const Fa3Fp8Params& p) {
+  FlashKernel k;
+  k.name = "fa3-fp8";
+  fp8_tensor_inputs(k, p.scaling == Fa3Scaling::amax ? ScaleRule::amax : ScaleRule::one);
+  k.qk.unit = SUnit::h100_wgmma_e4m3;
   if (p.block_quant) {
     k.qk.granularity = SageGranularity::block;
     k.qk.groups.block_q = 128;
@@ -22,10 +30,6 @@ FlashKernel fa3_fp8_kernel(const Fa3Fp8Params& p) {
     k.qk.transform = QkTransform::hadamard;
     k.qk.hadamard_seed = p.hadamard_seed;
   }
-  k.v.format = KernelFormat::e4m3;
-  k.v.scale = VScale::tensor;
-  k.v.rule = k.qk.scale;
-  k.v.arith = ScaleArith::f32;
   k.softmax.scale_at = ScaleAt::exp;
   k.softmax.base = SoftmaxBase::two;
   k.softmax.exp = ExpImpl::f64_rounded;

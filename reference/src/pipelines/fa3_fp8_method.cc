@@ -1,19 +1,33 @@
 // The "fa3-fp8" method: FlashAttention-3's FP8 forward pass in the registry (docs/pipelines/fa3-fp8.md).
 #include "qattn/error.h"
 #include "qattn/reference/fa3_fp8.h"
-#include "qattn/reference/kernel_file.h"
 #include "qattn/reference/method_entries.h"
 
 namespace qattn::ref {
 namespace {
 
 constexpr Choice<Fa3Scaling> kScalings[] = {{"amax", Fa3Scaling::amax}, {"none", Fa3Scaling::none}};
-constexpr Choice<bool> kOutputs[] = {{"bf16", true}, {"fp32", false}};
+
+FlashKernel kernel_from_params(const ParamMap& m) {
+  Fa3Fp8Params p;
+  p.scaling = choice_value(m, "scale", kScalings);
+  p.output_bf16 = choice_value(m, "out", kBf16Outputs);
+  p.key_block = static_cast<int>(m.integer("kv-block"));
+  p.block_quant = m.boolean("block-quant");
+  p.incoherent = m.boolean("incoherent");
+  p.hadamard_seed = static_cast<std::uint64_t>(m.integer("hadamard-seed"));
+  if (p.key_block % 32 != 0)
+    throw SpecError("method 'fa3-fp8': kv-block must be a multiple of 32 (the wgmma's k), or 0");
+  return fa3_fp8_kernel(p);
+}
 
 }  // namespace
 
+// Traits: the description's (E4M3 K and V: 8 bits; per-tensor scales span every key, masked ones too; key blocks run
+// last first, so key order changes the bits; E4M3 codes and descales in prepare()'s first pass, query tiles from
+// absolute rows).
 void register_fa3_fp8_method(Registry& registry) {
-  MethodEntry e;
+  MethodEntry e = flash_pipeline_entry(kernel_from_params);
   e.name = "fa3-fp8";
   e.summary = "FlashAttention-3 FP8 forward: E4M3 Q/K/V with descale factors, S and P V on the H100's FP8 wgmma, "
               "FP8 P in (0, 256], one accumulator over the key loop (last key block first)";
@@ -23,7 +37,7 @@ void register_fa3_fp8_method(Registry& registry) {
        "(descale 1; |x| >= 464 refused)",
        choice_names(kScalings)},
       {"out", ParamType::choice, "bf16", "O as stored: bf16 (the kernel's output dtype) or fp32 (before the store)",
-       choice_names(kOutputs)},
+       choice_names(kBf16Outputs)},
       {"kv-block", ParamType::integer, "0", "keys per block (kBlockN); 0: the kernel's tile for the head dim", {}, 0, 4096},
       {"block-quant", ParamType::boolean, "false",
        "the paper's block quantisation (FlashAttention-3 Sec. 3.3): a descale per 128 queries of Q and per 128 keys of "
@@ -38,28 +52,8 @@ void register_fa3_fp8_method(Registry& registry) {
        "official kernel's other parts; not validated by measured vectors: the official kernel takes per-tensor "
        "descales"},
   };
-  e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
-    Fa3Fp8Params p;
-    p.scaling = choice_value(m, "scale", kScalings);
-    p.output_bf16 = choice_value(m, "out", kOutputs);
-    p.key_block = static_cast<int>(m.integer("kv-block"));
-    p.block_quant = m.boolean("block-quant");
-    p.incoherent = m.boolean("incoherent");
-    p.hadamard_seed = static_cast<std::uint64_t>(m.integer("hadamard-seed"));
-    if (p.key_block % 32 != 0)
-      throw SpecError("method 'fa3-fp8': kv-block must be a multiple of 32 (the wgmma's k), or 0");
-    return make_flash_method(fa3_fp8_kernel(p));
-  };
-  e.overflow = OverflowRule::refuse;
   e.overflow_note = "Q, K, V read as float32 and E4M3 (scale=none refuses |x| >= 464); S s2 beyond float32 is refused";
-  e.kind = MethodKind::attention_pipeline;
   e.doc = "docs/pipelines/fa3-fp8.md";
-  // Per-tensor scales span every key (masked ones too); key blocks run last first, so key order changes the bits.
-  e.traits = [](const ParamMap&) {
-    MethodTraits t{false, false, std::nullopt, false, 8};
-    t.query_block_rows = 64;  // E4M3 codes and descales in prepare()'s first pass; query tiles from absolute rows
-    return t;
-  };
   registry.add(std::move(e));
 }
 

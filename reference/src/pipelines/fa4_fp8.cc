@@ -1,21 +1,14 @@
 #include "qattn/reference/fa4_fp8.h"
 
+#include "qattn/reference/fa3_fp8.h"
+
 namespace qattn::ref {
 
 FlashKernel fa4_fp8_kernel(const Fa4Fp8Params& p) {
   FlashKernel k;
   k.name = "fa4-fp8";
-  k.qk.format = KernelFormat::e4m3;
+  fp8_tensor_inputs(k, p.scale_amax ? ScaleRule::amax : ScaleRule::one);  // step (1), as fa3-fp8
   k.qk.unit = p.units == Fa4Units::b200 ? SUnit::b200_tcgen05_e4m3 : SUnit::h100_wgmma_e4m3;
-  k.qk.granularity = SageGranularity::tensor;
-  k.qk.scale = p.scale_amax ? ScaleRule::amax : ScaleRule::one;
-  k.qk.arith = ScaleArith::f32;
-  k.qk.rounding = QuantRounding::half_even;
-  k.qk.smooth_k = false;
-  k.v.format = KernelFormat::e4m3;
-  k.v.scale = VScale::tensor;
-  k.v.rule = k.qk.scale;
-  k.v.arith = ScaleArith::f32;
   k.softmax.scale_at = ScaleAt::exp;
   k.softmax.base = SoftmaxBase::two;
   k.softmax.exp = ExpImpl::f64_rounded;

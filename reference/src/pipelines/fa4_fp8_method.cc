@@ -1,19 +1,28 @@
 // The "fa4-fp8" method: FlashAttention-4's FP8 forward pass in the registry (docs/pipelines/fa4-fp8.md).
 #include "qattn/reference/fa4_fp8.h"
-#include "qattn/reference/kernel_file.h"
 #include "qattn/reference/method_entries.h"
 
 namespace qattn::ref {
 namespace {
 
 constexpr Choice<bool> kScalings[] = {{"amax", true}, {"none", false}};
-constexpr Choice<bool> kOutputs[] = {{"bf16", true}, {"fp32", false}};
 constexpr Choice<Fa4Units> kUnits[] = {{"b200", Fa4Units::b200}, {"h100", Fa4Units::h100}};
+
+FlashKernel kernel_from_params(const ParamMap& m) {
+  Fa4Fp8Params p;
+  p.scale_amax = choice_value(m, "scale", kScalings);
+  p.output_bf16 = choice_value(m, "out", kBf16Outputs);
+  p.rescale_threshold = m.real("rescale-threshold");
+  p.ex2_emu_freq = static_cast<int>(m.integer("ex2-emu-freq"));
+  p.units = choice_value(m, "units", kUnits);
+  return fa4_fp8_kernel(p);
+}
 
 }  // namespace
 
+// Traits: the description's (E4M3 K and V: 8 bits, per-tensor scales over every key, key blocks last first).
 void register_fa4_fp8_method(Registry& registry) {
-  MethodEntry e;
+  MethodEntry e = flash_pipeline_entry(kernel_from_params);
   e.name = "fa4-fp8";
   e.summary = "FlashAttention-4 FP8 forward on a B200: E4M3 Q/K/V with descales, S and P V on tcgen05.mma "
               "(MMA-Sim's model, not measured here), max_offset 8, the max kept while it grows by <= 4, part of the "
@@ -23,7 +32,8 @@ void register_fa4_fp8_method(Registry& registry) {
        "how Q, K, V become E4M3: amax = per tensor, descale amax/448; none = cast as is (descale 1; |x| >= 464 "
        "refused)",
        choice_names(kScalings)},
-      {"out", ParamType::choice, "bf16", "O as stored: bf16 (the kernel's output dtype) or fp32", choice_names(kOutputs)},
+      {"out", ParamType::choice, "bf16", "O as stored: bf16 (the kernel's output dtype) or fp32",
+       choice_names(kBf16Outputs)},
       {"rescale-threshold", ParamType::real, "4",
        "the running max is kept while a block's max exceeds it by at most this many exponent units (4: the FP8 "
        "setting of flash_fwd_sm100.py; 0: every growth rescales)", {}, 0, 64},
@@ -40,24 +50,8 @@ void register_fa4_fp8_method(Registry& registry) {
       {"no-threshold", {{"rescale-threshold", "0"}},
        "the max follows every growth: P~ stays within 2^8 (the copy of the kernel that sets 0.0 for FP8)"},
   };
-  e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
-    Fa4Fp8Params p;
-    p.scale_amax = choice_value(m, "scale", kScalings);
-    p.output_bf16 = choice_value(m, "out", kOutputs);
-    p.rescale_threshold = m.real("rescale-threshold");
-    p.ex2_emu_freq = static_cast<int>(m.integer("ex2-emu-freq"));
-    p.units = choice_value(m, "units", kUnits);
-    return make_flash_method(fa4_fp8_kernel(p));
-  };
-  e.overflow = OverflowRule::refuse;
   e.overflow_note = "Q, K, V read as float32 and E4M3 (scale=none refuses |x| >= 464); S s2 beyond float32 is refused";
-  e.kind = MethodKind::attention_pipeline;
   e.doc = "docs/pipelines/fa4-fp8.md";
-  e.traits = [](const ParamMap&) {
-    MethodTraits t{false, false, std::nullopt, false, 8};
-    t.query_block_rows = 64;
-    return t;
-  };
   registry.add(std::move(e));
 }
 

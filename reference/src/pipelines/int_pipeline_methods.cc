@@ -73,11 +73,11 @@ MethodEntry quant_only_entry() {
   e.doc = "docs/pipelines/quant-only.md";
   // Per-tensor INT8 scales over every key, masked ones included. An FP softmax sum reordered can move one P code by
   // 1 (1/127 of a value). The per-tensor Q scale is prepare()'s first pass; the rest is row by row.
-  e.traits = [](const ParamMap&) {
-    MethodTraits t{false, false, 2.0 / 127, false, 8};
-    t.query_block_rows = 64;
-    return t;
-  };
+  e.traits = fixed_traits({.rows_independent = false,
+                           .key_order_tolerance = 2.0 / 127,
+                           .masked_keys_dropped = false,
+                           .kv_bits = 8,
+                           .query_block_rows = 64});
   return e;
 }
 
@@ -116,12 +116,14 @@ MethodEntry intattention_entry() {
   e.kind = MethodKind::attention_pipeline;
   e.doc = "docs/pipelines/intattention.md";
   // Integer sums throughout: reordering keys changes nothing, unless K (or V) has a scale per block of keys. Per-tensor
-  // and per-block K and V scales count masked keys too.
+  // and per-block K and V scales count masked keys too. Q's scales (per tensor or group) and every c_int in
+  // prepare()'s first pass.
   e.traits = [](const ParamMap& m) {
-    MethodTraits t{false, false, 0.0, false, 8};
-    if (m.integer("k-group") > 0) t.key_order_tolerance.reset();
-    t.query_block_rows = 64;  // Q's scales (per tensor or group) and every c_int in prepare()'s first pass
-    return t;
+    return MethodTraits{.rows_independent = false,
+                        .key_order_tolerance = m.integer("k-group") > 0 ? std::nullopt : std::optional<double>(0.0),
+                        .masked_keys_dropped = false,
+                        .kv_bits = 8,
+                        .query_block_rows = 64};
   };
   return e;
 }

@@ -22,20 +22,25 @@ FlashKernel kernel_from_params(const ParamMap& m) {
 
 }  // namespace
 
-void register_kernel_file_method(Registry& registry) {
+MethodEntry flash_pipeline_entry(std::function<FlashKernel(const ParamMap&)> kernel) {
   MethodEntry e;
+  e.make = [kernel](const ParamMap& m) { return make_flash_method(kernel(m)); };
+  e.overflow = OverflowRule::refuse;
+  e.kind = MethodKind::attention_pipeline;
+  e.traits = [kernel](const ParamMap& m) { return flash_kernel_traits(kernel(m)); };
+  return e;
+}
+
+void register_kernel_file_method(Registry& registry) {
+  MethodEntry e = flash_pipeline_entry(kernel_from_params);
   e.name = "file";
   e.summary = "a flash kernel from a description file (qattn kernel show NAME prints one to edit): file:PATH";
   e.params.push_back({"path", ParamType::text, "", "the description file (JSON)"});
   for (const KernelField& f : kernel_fields())
     e.params.push_back({f.name, ParamType::text, "", "overrides the file's " + f.name + ": " + f.doc});
-  e.make = [](const ParamMap& m) { return make_flash_method(kernel_from_params(m)); };
-  e.overflow = OverflowRule::refuse;
   e.overflow_note = "as the description's parts: inputs beyond their formats' float32 or binary16, and S beyond float32, "
                     "are refused";
-  e.kind = MethodKind::attention_pipeline;
   e.doc = "docs/kernels-as-data.md";
-  e.traits = [](const ParamMap& m) { return flash_kernel_traits(kernel_from_params(m)); };
   e.positional_key = "path";
   e.in_default_lists = false;
   registry.add(std::move(e));

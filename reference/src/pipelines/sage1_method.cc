@@ -1,20 +1,30 @@
 // The "sage1" method: SageAttention 1 in the registry (docs/pipelines/sage1.md).
-#include "qattn/error.h"
-#include "qattn/reference/kernel_file.h"
 #include "qattn/reference/method_entries.h"
 #include "qattn/reference/sage1.h"
 
 namespace qattn::ref {
 namespace {
 
-constexpr Choice<Sage1Accumulation> kAccumulations[] = {{"f16", Sage1Accumulation::f16}, {"fp32", Sage1Accumulation::fp32}};
+constexpr Choice<Sage1Accumulation> kAccumulations[] = {{"f16", Sage1Accumulation::f16},
+                                                        {"fp32", Sage1Accumulation::fp32}};
 constexpr Choice<bool> kOutputs[] = {{"fp16", true}, {"fp32", false}};
 constexpr Choice<bool> kPads[] = {{"masked", false}, {"upstream", true}};
 
+FlashKernel kernel_from_params(const ParamMap& m) {
+  Sage1Params p;
+  p.smooth_k = m.boolean("smooth-k");
+  p.accumulation = choice_value(m, "acc", kAccumulations);
+  p.output_fp16 = choice_value(m, "out", kOutputs);
+  p.pad_upstream = choice_value(m, "pad", kPads);
+  return sage1_kernel(p);
+}
+
 }  // namespace
 
+// Traits: the description's (K INT8 and V FP16: 12 bits; K's scales and blocks follow the token order, so reordering
+// keys regroups them; smoothing, Q/K codes and scales and V16 in prepare()'s first pass).
 void register_sage1_method(Registry& registry) {
-  MethodEntry e;
+  MethodEntry e = flash_pipeline_entry(kernel_from_params);
   e.name = "sage1";
   e.summary = "SageAttention 1: smoothed K, per-block INT8 Q/K, FP16 P and V, P V on HMMA with an FP16 accumulator "
               "per 64-key block";
@@ -31,25 +41,9 @@ void register_sage1_method(Registry& registry) {
        "as the official non-causal kernel)",
        choice_names(kPads)},
   };
-  e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
-    Sage1Params p;
-    p.smooth_k = m.boolean("smooth-k");
-    p.accumulation = choice_value(m, "acc", kAccumulations);
-    p.output_fp16 = choice_value(m, "out", kOutputs);
-    p.pad_upstream = choice_value(m, "pad", kPads);
-    return make_flash_method(sage1_kernel(p));
-  };
-  e.overflow = OverflowRule::refuse;
   e.overflow_note = "Q, K beyond float32, V beyond binary16, S beyond float32 and a P V block beyond binary16 are "
                     "refused";
-  e.kind = MethodKind::attention_pipeline;
   e.doc = "docs/pipelines/sage1.md";
-  // K's scales and blocks follow the token order: reordering keys regroups them.
-  e.traits = [](const ParamMap&) {
-    MethodTraits t{false, false, std::nullopt, false, 12};  // K INT8, V FP16
-    t.query_block_rows = 64;  // smoothing, Q/K codes and scales, V16 in prepare()'s first pass
-    return t;
-  };
   registry.add(std::move(e));
 }
 

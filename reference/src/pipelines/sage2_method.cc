@@ -1,15 +1,14 @@
 // The "sage2" method: SageAttention2 in the registry.
 #include "qattn/error.h"
-#include "qattn/reference/kernel_file.h"
 #include "qattn/reference/method_entries.h"
 #include "qattn/reference/sage2.h"
 
 namespace qattn::ref {
 namespace {
 
-constexpr Choice<SageGranularity> kSageGranularities[] = {{"tensor", SageGranularity::tensor}, {"block", SageGranularity::block},
-                                                     {"warp", SageGranularity::warp}, {"thread", SageGranularity::thread},
-                                                     {"token", SageGranularity::token}};
+constexpr Choice<SageGranularity> kSageGranularities[] = {
+    {"tensor", SageGranularity::tensor}, {"block", SageGranularity::block}, {"warp", SageGranularity::warp},
+    {"thread", SageGranularity::thread}, {"token", SageGranularity::token}};
 constexpr Choice<SageRounding> kRoundings[] = {{"away", SageRounding::half_away}, {"even", SageRounding::half_even}};
 constexpr Choice<SageQkTransform> kQkTransforms[] = {{"none", SageQkTransform::none},
                                                     {"hadamard", SageQkTransform::hadamard},
@@ -27,6 +26,8 @@ constexpr Choice<SageAccumulation> kAccumulations[] = {
     {"ada-single", SageAccumulation::ada_single}};
 constexpr Choice<Sage2Kernel> kKernels[] = {{"model", Sage2Kernel::model}, {"sm90", Sage2Kernel::sm90},
                                             {"sm89", Sage2Kernel::sm89}};
+constexpr Choice<KernelFormat> kOutputs[] = {
+    {"fp32", KernelFormat::fp32}, {"fp16", KernelFormat::fp16}, {"bf16", KernelFormat::bf16}};
 
 std::vector<std::string> accumulation_names() {
   std::vector<std::string> names{"auto"};
@@ -34,13 +35,8 @@ std::vector<std::string> accumulation_names() {
   return names;
 }
 
-}  // namespace
-
-void register_sage2_method(Registry& registry) {
-  MethodEntry e;
-  e.name = "sage2";
-  e.summary = "SageAttention2: smoothing, per-group INT4/INT8 Q/K, FP8 P~ and V, PV on the H100's FP8 wgmma accumulator";
-  e.params = {
+std::vector<ParamInfo> sage2_param_infos() {
+  return {
       {"qk-transform", ParamType::choice, "none",
        "Q and K through a change of basis that keeps Q K^T, before smoothing (the paper's baselines): hadamard "
        "(HadmdAttn: random signs, then the normalised Walsh-Hadamard transform), smoothquant (s = max|Q_c|^alpha / "
@@ -64,7 +60,7 @@ void register_sage2_method(Registry& registry) {
        "gran=thread, round=away and no smooth-q or smooth-v",
        choice_names(kKernels)},
       {"out", ParamType::choice, "fp32", "O as stored: fp32, or fp16 / bf16 (the kernels' output dtype, the input's)",
-       {"fp32", "fp16", "bf16"}},
+       choice_names(kOutputs)},
       {"acc", ParamType::choice, "auto",
        "PV accumulation (docs/mma.md): wgmma = H100 FP8 wgmma, a fresh accumulator per 128-key block added to fp32 "
        "(the official Hopper kernel); wgmma-single = one wgmma accumulator; mma = H100 FP8 mma.sync per 64-key block; "
@@ -74,48 +70,58 @@ void register_sage2_method(Registry& registry) {
        "here; auto = wgmma for p=e4m3 (ada-f16 with kernel=sm89), else two-level",
        accumulation_names()},
   };
+}
+
+using PresetValues = std::map<std::string, std::string>;
+
+// `base` with the values of `more` set over it.
+PresetValues with(PresetValues base, const PresetValues& more) {
+  for (const auto& [key, value] : more) base[key] = value;
+  return base;
+}
+
+// The presets come in families: the official kernels' settings (per-thread groups, E4M3 P~ and V, FP16 output), and
+// the paper's steps on the model arithmetic; the paper's two baselines (Sec. 4.1) run on the sm89 INT4 kernel and on
+// the model, each as the same change of basis of Q and K with no smoothing.
+std::vector<PresetInfo> sage2_presets() {
+  const PresetValues official = {{"gran", "thread"}, {"p", "e4m3"}, {"out", "fp16"}};
+  const PresetValues sm89 = with(official, {{"kernel", "sm89"}, {"acc", "ada-f16"}});
+  const PresetValues paper_steps = {{"gran", "thread"}, {"p", "e4m3"}, {"acc", "auto"}, {"smooth-q", "false"}};
+  const PresetValues hadmdattn = {{"qk-transform", "hadamard"}, {"smooth-k", "false"}, {"qk", "4"}};
+  const PresetValues smoothattn = {{"qk-transform", "qserve"}, {"alpha", "0.5"}, {"smooth-k", "false"}, {"qk", "4"}};
   const std::string sm89_not_modelled =
       "ex2.approx, rcp.approx, FP16 inputs, the dequantisation order of the last two blocks and the -5e6 mask "
       "constant are not modelled; the f16-accumulator unit is MMA-Sim's model as its code states it, with no vectors";
   const std::string paper = "the paper's steps on qattn's model arithmetic (base e, a float64 quantiser), not a GPU's "
                             "kernel: ";
-  e.presets = {
-      {"sm90", {{"kernel", "sm90"}, {"smooth-k", "true"}, {"gran", "thread"}, {"qk", "8"}, {"p", "e4m3"},
-                {"acc", "wgmma"}, {"out", "fp16"}},
+  return {
+      {"sm90", with(official, {{"kernel", "sm90"}, {"smooth-k", "true"}, {"qk", "8"}, {"acc", "wgmma"}}),
        "the official Hopper kernel (sageattn_qk_int8_pv_fp8_cuda_sm90, pv_accum_dtype fp32+fp32) as it computes: every "
        "part read from its code (docs/pipelines/sage2.md); ex2.approx, rcp.approx, FP16 inputs and the masked last "
        "block's dequantisation order are not modelled"},
-      {"sm89", {{"kernel", "sm89"}, {"smooth-k", "true"}, {"gran", "thread"}, {"qk", "8"}, {"p", "e4m3"},
-                {"acc", "ada-f16"}, {"out", "fp16"}},
+      {"sm89", with(sm89, {{"smooth-k", "true"}, {"qk", "8"}}),
        "the official Ada kernel as sageattn() calls it on sm89 (sageattn_qk_int8_pv_fp8_cuda, pv_accum_dtype "
        "fp32+fp16): every part read from its code (docs/pipelines/sage2.md); " + sm89_not_modelled},
-      {"sm89-int4", {{"kernel", "sm89"}, {"smooth-k", "true"}, {"gran", "thread"}, {"qk", "4"}, {"p", "e4m3"},
-                     {"acc", "ada-f16"}, {"out", "fp16"}},
+      {"sm89-int4", with(sm89, {{"smooth-k", "true"}, {"qk", "4"}}),
        "the sm89 kernel template's INT4 Q K^T branch (mma m16n8k64 s4) with the per-thread INT4 quantiser "
        "(amax / 7 + 1e-7): no official Python call reaches it; otherwise as @sm89"},
-      {"sm89-hadmdattn", {{"kernel", "sm89"}, {"qk-transform", "hadamard"}, {"smooth-k", "false"}, {"gran", "thread"},
-                          {"qk", "4"}, {"p", "e4m3"}, {"acc", "ada-f16"}, {"out", "fp16"}},
+      {"sm89-hadmdattn", with(sm89, hadmdattn),
        "the paper's HadmdAttn baseline (Sec. 4.1, after QuaRot) on the sm89 INT4 kernel: a random Hadamard rotation "
        "of Q and K, no smoothing"},
-      {"sm89-smoothattn", {{"kernel", "sm89"}, {"qk-transform", "qserve"}, {"alpha", "0.5"}, {"smooth-k", "false"},
-                           {"gran", "thread"}, {"qk", "4"}, {"p", "e4m3"}, {"acc", "ada-f16"}, {"out", "fp16"}},
+      {"sm89-smoothattn", with(sm89, smoothattn),
        "the paper's SmoothAttn baseline (Sec. 4.1, 'following QServe', alpha = 0.5) on the sm89 INT4 kernel: "
        "max|K_c|^0.5 moved from K to Q, no smoothing"},
-      {"paper-8b", {{"smooth-k", "true"}, {"smooth-q", "false"}, {"gran", "thread"}, {"qk", "8"}, {"p", "e4m3"},
-                    {"acc", "auto"}},
+      {"paper-8b", with(paper_steps, {{"smooth-k", "true"}, {"qk", "8"}}),
        paper + "SageAttention2-8b: smooth K, per-thread INT8 (sm89's groups), E4M3 P~/V, the H100 wgmma accumulator "
                "per 128-key block"},
-      {"paper-4b", {{"smooth-k", "true"}, {"smooth-q", "true"}, {"gran", "thread"}, {"qk", "4"}, {"p", "e4m3"},
-                    {"acc", "auto"}},
+      {"paper-4b", with(paper_steps, {{"smooth-k", "true"}, {"smooth-q", "true"}, {"qk", "4"}}),
        paper + "SageAttention2-4b: smooth Q and K, per-thread INT4, E4M3 P~/V, the H100 wgmma accumulator per "
                "128-key block"},
-      {"paper-hadmdattn", {{"qk-transform", "hadamard"}, {"smooth-k", "false"}, {"smooth-q", "false"},
-                           {"gran", "thread"}, {"qk", "4"}, {"p", "e4m3"}, {"acc", "auto"}},
+      {"paper-hadmdattn", with(paper_steps, hadmdattn),
        paper + "the HadmdAttn baseline (Sec. 4.1, after QuaRot): a random Hadamard rotation of Q and K before "
                "per-thread INT4, no smoothing, then sage2's E4M3 P~/V (the paper does not say what follows the INT4 "
                "Q K^T)"},
-      {"paper-smoothattn", {{"qk-transform", "qserve"}, {"alpha", "0.5"}, {"smooth-k", "false"}, {"smooth-q", "false"},
-                            {"gran", "thread"}, {"qk", "4"}, {"p", "e4m3"}, {"acc", "auto"}},
+      {"paper-smoothattn", with(paper_steps, smoothattn),
        paper + "the SmoothAttn baseline (Sec. 4.1, 'following QServe', alpha = 0.5): QServe's SmoothAttention scale "
                "max|K_c|^0.5 moved from K to Q before per-thread INT4, no smoothing, then sage2's E4M3 P~/V"},
       // The spellings before the presets were named after the kernels they match: one release as aliases.
@@ -124,57 +130,74 @@ void register_sage2_method(Registry& registry) {
       {"hadmdattn", {}, "", "sm89-hadmdattn"},
       {"smoothattn", {}, "", "sm89-smoothattn"},
   };
-  e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
-    Sage2Params p;
-    p.qk_transform = choice_value(m, "qk-transform", kQkTransforms);
-    p.alpha = m.real("alpha");
-    p.hadamard_seed = static_cast<std::uint64_t>(m.integer("hadamard-seed"));
-    p.smooth_k = m.boolean("smooth-k");
-    p.smooth_q = m.boolean("smooth-q");
-    p.smooth_v = m.boolean("smooth-v");
-    p.granularity = choice_value(m, "gran", kSageGranularities);
-    p.qk_bits = static_cast<int>(m.integer("qk"));
-    if (p.qk_bits != 4 && p.qk_bits != 8) throw SpecError("method 'sage2': qk must be 4 or 8");
-    p.rounding = choice_value(m, "round", kRoundings);
-    p.p_format = choice_value(m, "p", kPFormats);
-    p.kernel = choice_value(m, "kernel", kKernels);
-    if (m.choice("acc") == "auto")
-      p.accumulation = p.p_format != SagePFormat::e4m3   ? SageAccumulation::two_level_fp22
-                       : p.kernel == Sage2Kernel::sm89 ? SageAccumulation::ada_f16
-                                                       : SageAccumulation::wgmma;
-    else
-      p.accumulation = choice_value(m, "acc", kAccumulations);
-    p.output = m.choice("out") == "fp16" ? KernelFormat::fp16 : m.choice("out") == "bf16" ? KernelFormat::bf16 : KernelFormat::fp32;
-    const bool common = p.p_format == SagePFormat::e4m3 && p.granularity == SageGranularity::thread &&
-                        p.rounding == SageRounding::half_away && !p.smooth_q && !p.smooth_v;
-    if (p.kernel == Sage2Kernel::sm90 &&
-        !(common && p.qk_bits == 8 && p.accumulation == SageAccumulation::wgmma && p.qk_transform == SageQkTransform::none))
-      throw SpecError("method 'sage2': kernel=sm90 runs the official Hopper kernel, which takes qk=8, p=e4m3, "
-                      "acc=wgmma (or auto), gran=thread, round=away, smooth-q=false, smooth-v=false and "
-                      "qk-transform=none");
-    const bool ada = p.accumulation == SageAccumulation::ada_f16 || p.accumulation == SageAccumulation::ada ||
-                     p.accumulation == SageAccumulation::ada_single;
-    if (p.kernel == Sage2Kernel::sm89 && !(common && ada))
-      throw SpecError("method 'sage2': kernel=sm89 runs the official Ada kernel, which takes acc=ada-f16 (or auto: "
-                      "fp32+fp16), ada (fp32+fp32) or ada-single (fp32), p=e4m3, gran=thread, round=away, "
-                      "smooth-q=false and smooth-v=false");
-    if ((p.accumulation == SageAccumulation::wgmma || p.accumulation == SageAccumulation::wgmma_single ||
-         p.accumulation == SageAccumulation::mma || ada) && p.p_format != SagePFormat::e4m3)
-      throw SpecError("method 'sage2': acc=" + m.choice("acc") + " is an FP8 E4M3 instruction and needs p=e4m3 (for p=" +
-                      m.choice("p") + " choose acc=two-level, fp22 or fp32)");
-    return make_flash_method(sage2_kernel(p));
-  };
-  e.overflow = OverflowRule::refuse;
+}
+
+// The parameters as resolved; acc=auto picks wgmma for E4M3 P~ and V (ada-f16 on the sm89 kernel), else the
+// per-product FP22 bound.
+Sage2Params sage2_params(const ParamMap& m) {
+  Sage2Params p;
+  p.qk_transform = choice_value(m, "qk-transform", kQkTransforms);
+  p.alpha = m.real("alpha");
+  p.hadamard_seed = static_cast<std::uint64_t>(m.integer("hadamard-seed"));
+  p.smooth_k = m.boolean("smooth-k");
+  p.smooth_q = m.boolean("smooth-q");
+  p.smooth_v = m.boolean("smooth-v");
+  p.granularity = choice_value(m, "gran", kSageGranularities);
+  p.qk_bits = static_cast<int>(m.integer("qk"));
+  if (p.qk_bits != 4 && p.qk_bits != 8) throw SpecError("method 'sage2': qk must be 4 or 8");
+  p.rounding = choice_value(m, "round", kRoundings);
+  p.p_format = choice_value(m, "p", kPFormats);
+  p.kernel = choice_value(m, "kernel", kKernels);
+  if (m.choice("acc") == "auto")
+    p.accumulation = p.p_format != SagePFormat::e4m3   ? SageAccumulation::two_level_fp22
+                     : p.kernel == Sage2Kernel::sm89 ? SageAccumulation::ada_f16
+                                                     : SageAccumulation::wgmma;
+  else
+    p.accumulation = choice_value(m, "acc", kAccumulations);
+  p.output = choice_value(m, "out", kOutputs);
+  return p;
+}
+
+// SpecError for what the official kernels do not take, and for an FP8 E4M3 accumulation with another P format.
+void check_sage2_params(const Sage2Params& p, const ParamMap& m) {
+  const bool common = p.p_format == SagePFormat::e4m3 && p.granularity == SageGranularity::thread &&
+                      p.rounding == SageRounding::half_away && !p.smooth_q && !p.smooth_v;
+  if (p.kernel == Sage2Kernel::sm90 && !(common && p.qk_bits == 8 && p.accumulation == SageAccumulation::wgmma &&
+                                         p.qk_transform == SageQkTransform::none))
+    throw SpecError("method 'sage2': kernel=sm90 runs the official Hopper kernel, which takes qk=8, p=e4m3, "
+                    "acc=wgmma (or auto), gran=thread, round=away, smooth-q=false, smooth-v=false and "
+                    "qk-transform=none");
+  const bool ada = p.accumulation == SageAccumulation::ada_f16 || p.accumulation == SageAccumulation::ada ||
+                   p.accumulation == SageAccumulation::ada_single;
+  if (p.kernel == Sage2Kernel::sm89 && !(common && ada))
+    throw SpecError("method 'sage2': kernel=sm89 runs the official Ada kernel, which takes acc=ada-f16 (or auto: "
+                    "fp32+fp16), ada (fp32+fp32) or ada-single (fp32), p=e4m3, gran=thread, round=away, "
+                    "smooth-q=false and smooth-v=false");
+  if ((p.accumulation == SageAccumulation::wgmma || p.accumulation == SageAccumulation::wgmma_single ||
+       p.accumulation == SageAccumulation::mma || ada) && p.p_format != SagePFormat::e4m3)
+    throw SpecError("method 'sage2': acc=" + m.choice("acc") + " is an FP8 E4M3 instruction and needs p=e4m3 (for p=" +
+                    m.choice("p") + " choose acc=two-level, fp22 or fp32)");
+}
+
+FlashKernel kernel_from_params(const ParamMap& m) {
+  const Sage2Params p = sage2_params(m);
+  check_sage2_params(p, m);
+  return sage2_kernel(p);
+}
+
+}  // namespace
+
+// Traits: the description's (K INT8 or INT4 and V in the P~/V format; K's scale groups follow the token order, so
+// reordering keys regroups them; smoothing, Q/K codes and scales and V per channel in prepare()'s first pass).
+void register_sage2_method(Registry& registry) {
+  MethodEntry e = flash_pipeline_entry(kernel_from_params);
+  e.name = "sage2";
+  e.summary =
+      "SageAttention2: smoothing, per-group INT4/INT8 Q/K, FP8 P~ and V, PV on the H100's FP8 wgmma accumulator";
+  e.params = sage2_param_infos();
+  e.presets = sage2_presets();
   e.overflow_note = "S = s_Q s_K (Q K^T) (+ Delta S) in float32; an entry beyond 3.4e38 is refused";
-  e.kind = MethodKind::attention_pipeline;
   e.doc = "docs/pipelines/sage2.md";
-  // K's scale groups follow the token order (per block, warp, thread): reordering keys regroups them.
-  e.traits = [](const ParamMap& m) {
-    const double v = choice_value(m, "p", kPFormats) == SagePFormat::fp16 ? 16 : 8;  // K INT8/INT4, V in the P~/V format
-    MethodTraits t{false, false, std::nullopt, false, (static_cast<double>(m.integer("qk")) + v) / 2};
-    t.query_block_rows = 64;  // smoothing, Q/K codes and scales, V per channel in prepare()'s first pass
-    return t;
-  };
   registry.add(std::move(e));
 }
 

@@ -31,8 +31,6 @@ class TurboMethod final : public Method {
   TurboParams p_;
 };
 
-enum class SasPoly { paper, lsq };
-constexpr Choice<SasPoly> kPolys[] = {{"paper", SasPoly::paper}, {"lsq", SasPoly::lsq}};
 constexpr Choice<bool> kExactExp[] = {{"sas", false}, {"exact", true}};
 constexpr Choice<TurboMode> kModes[] = {{"prefill", TurboMode::prefill}, {"decode", TurboMode::decode}};
 constexpr Choice<IntScaleRounding> kZscales[] = {{"round", IntScaleRounding::round}, {"ceil", IntScaleRounding::ceil}};
@@ -50,7 +48,7 @@ void register_turbo_method(Registry& registry) {
       {"br", ParamType::integer, "64", "query block rows B_r (prefill)", {}, 1, 1 << 20},
       {"bc", ParamType::integer, "64", "key/value block rows B_c", {}, 1, 1 << 20},
       {"nr", ParamType::real, "-6", "SAS sparsity threshold n_r < 0", {}, -64, -1e-3},
-      {"poly", ParamType::choice, "paper", "SAS cubic: paper (Eq. 15) or lsq (least-squares refit)", choice_names(kPolys)},
+      {"poly", ParamType::choice, "paper", "SAS cubic: paper (Eq. 15) or lsq (least-squares refit)", sas_poly_names()},
       {"half", ParamType::boolean, "false", "SAS in emulated binary16 (LUT, POLY, product)"},
       {"exp", ParamType::choice, "sas", "exponential of P~ and of the rescale: sas, or exact e^x (FlashQ error alone)",
        choice_names(kExactExp)},
@@ -80,7 +78,7 @@ void register_turbo_method(Registry& registry) {
     p.block_r = m.integer("br");
     p.block_c = m.integer("bc");
     p.sas.n_r = m.real("nr");
-    p.sas.poly = choice_value(m, "poly", kPolys) == SasPoly::paper ? kSasPaperPoly : sas_lsq_poly();
+    p.sas.poly = sas_poly(m);
     p.sas.half = m.boolean("half");
     p.exact_exp = choice_value(m, "exp", kExactExp);
     p.mode = choice_value(m, "mode", kModes);
@@ -104,14 +102,16 @@ void register_turbo_method(Registry& registry) {
   // FlashQ scales per block of B_c keys: reordering keys regroups them. Prefill holds K and V in INT8 blocks,
   // decode in the compressed cache.
   // With nh > 0 its head-wise KV precision ranks the heads of a layer: a head's bits depend on the others.
+  // Q is quantised per block of B_r rows, each on its own: blocks of B_r rows stream (a B_r beyond 2^20 / 2 is left
+  // to whole heads).
   e.traits = [](const ParamMap& m) {
-    MethodTraits t{false, false, std::nullopt, false,
-                   choice_value(m, "mode", kModes) == TurboMode::decode ? static_cast<double>(m.integer("kv")) : 8,
-                   m.integer("nh") == 0};
-    // Q is quantised per block of B_r rows, each on its own: blocks of B_r rows stream (a B_r beyond 2^20 / 2 is
-    // left to whole heads).
-    t.query_block_rows = m.integer("br") <= (1 << 19) ? static_cast<int>(m.integer("br")) : 0;
-    return t;
+    return MethodTraits{
+        .rows_independent = false,
+        .key_order_tolerance = std::nullopt,
+        .masked_keys_dropped = false,
+        .kv_bits = choice_value(m, "mode", kModes) == TurboMode::decode ? static_cast<double>(m.integer("kv")) : 8,
+        .heads_independent = m.integer("nh") == 0,
+        .query_block_rows = m.integer("br") <= (1 << 19) ? static_cast<int>(m.integer("br")) : 0};
   };
   registry.add(std::move(e));
 }

@@ -109,13 +109,16 @@ void register_exaq_method(Registry& registry) {
   e.doc = "docs/methods/exaq.md";
   // sigma=tensor (and calib) take sigma and min over the whole call: rows then depend on each other, and a masked
   // key's logit still counts in them.
+  // sigma=tensor: sigma and min in prepare()'s first passes. With calib, the first `calib` calls set the frozen C and
+  // min: calls run whole, in order.
   e.traits = [](const ParamMap& m) {
-    const bool per_row = choice_value(m, "sigma", kScopes) == ExaqScope::row && m.integer("calib") == 0;
-    MethodTraits t{false, per_row, 1e-12, per_row, 0};
-    t.calls_in_order = m.integer("calib") > 0;  // the first `calib` calls set the frozen C and min
-    // sigma=tensor: sigma and min in prepare()'s first passes. With calib, calls run whole, in order.
-    t.query_block_rows = t.calls_in_order ? 0 : 64;
-    return t;
+    const bool calibrated = m.integer("calib") > 0;
+    const bool per_row = choice_value(m, "sigma", kScopes) == ExaqScope::row && !calibrated;
+    return MethodTraits{.rows_independent = per_row,
+                        .key_order_tolerance = 1e-12,
+                        .masked_keys_dropped = per_row,
+                        .query_block_rows = calibrated ? 0 : 64,
+                        .calls_in_order = calibrated};
   };
   registry.add(std::move(e));
 }

@@ -49,12 +49,10 @@ MethodEntry float_entry(FloatPrecision p, std::string summary) {
   e.kind = MethodKind::float_format;
   e.reference = p == FloatPrecision::fp64;
   e.doc = "docs/softmax-reference.md";  // §6 for the three low-precision formats
-  e.traits = [key_order, bits](const ParamMap&) { MethodTraits t{true, true, key_order, true, bits};
-    // Eigen's float GEMMs give the same element wherever a block of 64 rows starts (the registry property suite
-    // checks it, under qemu too); fp64's products (fp64_product.h) give it wherever any block starts.
-    t.query_block_rows = 64;
-    return t;
-  };
+  // Eigen's float GEMMs give the same element wherever a block of 64 rows starts (the registry property suite checks
+  // it, under qemu too); fp64's products (fp64_product.h) give it wherever any block starts.
+  e.traits = fixed_traits(
+      {.row_shift_invariant = true, .key_order_tolerance = key_order, .kv_bits = bits, .query_block_rows = 64});
   return e;
 }
 

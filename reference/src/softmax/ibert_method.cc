@@ -207,10 +207,11 @@ void register_ibert_method(Registry& registry) {
   e.doc = "docs/methods/ibert.md";
   // The grid S = max|x| / (2^(in-bits-1) - 1) depends on the values; scope=tensor ties rows together; -inf logits
   // stay out of max |x|. P is integer per entry, O = P V in fp64.
+  // scope=tensor: max |x| in prepare()'s first pass.
   e.traits = [](const ParamMap& m) {
-    MethodTraits t{false, choice_value(m, "scope", kScopes) == IbertScope::row, 1e-12, true, 0};
-    t.query_block_rows = 64;  // scope=tensor: max |x| in prepare()'s first pass
-    return t;
+    return MethodTraits{.rows_independent = choice_value(m, "scope", kScopes) == IbertScope::row,
+                        .key_order_tolerance = 1e-12,
+                        .query_block_rows = 64};
   };
   registry.add(std::move(e));
 }

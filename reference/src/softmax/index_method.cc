@@ -122,12 +122,8 @@ void register_index_method(Registry& registry) {
   e.overflow_note = "float logits in float64 (integer logits are exact); logits beyond its range (+inf) are refused";
   e.kind = MethodKind::softmax_model;
   e.doc = "docs/methods/index-softmax.md";
-  // Row by row on x - max (exact for logits the format holds); P V in fp64 around it.
-  e.traits = [](const ParamMap&) {
-    MethodTraits t{true, true, 1e-12, true, 0};
-    t.query_block_rows = 64;  // row by row, between the fp64 products
-    return t;
-  };
+  // Row by row on x - max (exact for logits the format holds), between the fp64 products; P V in fp64 around it.
+  e.traits = fixed_traits({.row_shift_invariant = true, .key_order_tolerance = 1e-12, .query_block_rows = 64});
   registry.add(std::move(e));
 }
 

@@ -19,6 +19,12 @@ constexpr Choice<SasPoly> kPolys[] = {{"paper", SasPoly::paper}, {"lsq", SasPoly
 
 }  // namespace
 
+std::vector<std::string> sas_poly_names() { return choice_names(kPolys); }
+
+std::array<double, 4> sas_poly(const ParamMap& m) {
+  return choice_value(m, "poly", kPolys) == SasPoly::paper ? kSasPaperPoly : sas_lsq_poly();
+}
+
 void register_sas_method(Registry& registry) {
   MethodEntry e;
   e.name = "sas";
@@ -26,7 +32,7 @@ void register_sas_method(Registry& registry) {
   e.params = {
       {"nr", ParamType::real, "-6", "sparsity threshold n_r < 0 (paper setup -6; its text also mentions -5)", {}, -64, -1e-3},
       {"poly", ParamType::choice, "paper", "cubic: paper (Eq. 15 coefficients) or lsq (continuous least-squares refit)",
-       choice_names(kPolys)},
+       sas_poly_names()},
       {"half", ParamType::boolean, "false", "emulate binary16 LUT, POLY (Horner) and product, as the paper runs them"},
   };
   e.presets = {{"paper", {{"nr", "-6"}, {"poly", "paper"}, {"half", "true"}},
@@ -34,7 +40,7 @@ void register_sas_method(Registry& registry) {
   e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
     SasParams p;
     p.n_r = m.real("nr");
-    p.poly = choice_value(m, "poly", kPolys) == SasPoly::paper ? kSasPaperPoly : sas_lsq_poly();
+    p.poly = sas_poly(m);
     p.half = m.boolean("half");
     return std::make_unique<SasMethod>(p);
   };
@@ -42,11 +48,12 @@ void register_sas_method(Registry& registry) {
   e.overflow_note = "logits scale * q k^T in float64; logits beyond its range (+inf) are refused";
   e.kind = MethodKind::softmax_model;
   e.doc = "docs/methods/sas.md";
-  // y = max - x per row; the FP sum reordered moves P by rounding (one binary16 ulp with half=true).
+  // y = max - x per row, row by row between the fp64 products; the FP sum reordered moves P by rounding (one
+  // binary16 ulp with half=true).
   e.traits = [](const ParamMap& m) {
-    MethodTraits t{true, true, m.boolean("half") ? 0x1p-9 : 1e-12, true, 0};
-    t.query_block_rows = 64;  // row by row, between the fp64 products
-    return t;
+    return MethodTraits{.row_shift_invariant = true,
+                        .key_order_tolerance = m.boolean("half") ? 0x1p-9 : 1e-12,
+                        .query_block_rows = 64};
   };
   registry.add(std::move(e));
 }

@@ -327,12 +327,11 @@ void register_tflite_int8_method(Registry& registry) {
   e.doc = "docs/methods/tflite-int8.md";
   // The int8 grid depends on the values (a shift moves them across it); a tensor-wide range ties rows together and
   // masked entries (-inf) stay out of it. P is integer per entry, O = P V in fp64.
+  // scope=tensor: the range in prepare()'s first pass.
   e.traits = [](const ParamMap& m) {
     const bool per_row = choice_value(m, "scope", kScopes) == tflite::CalibrationScope::row ||
                          choice_value(m, "calib", kCalibrations) == tflite::Calibration::fixed;
-    MethodTraits t{false, per_row, 1e-12, true, 0};
-    t.query_block_rows = 64;  // scope=tensor: the range in prepare()'s first pass
-    return t;
+    return MethodTraits{.rows_independent = per_row, .key_order_tolerance = 1e-12, .query_block_rows = 64};
   };
   registry.add(std::move(e));
 }

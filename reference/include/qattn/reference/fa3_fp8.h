@@ -48,6 +48,9 @@ struct Fa3Fp8Params {
 // (tile_size_fwd_sm90 with element size 1, no paged KV, V row-major, no softcap) are fa3_fp8_key_block and
 // fa3_fp8_query_tile there.
 FlashKernel fa3_fp8_kernel(const Fa3Fp8Params& p);
+// Step (1) in a description: Q, K and V as E4M3 codes per tensor (round to nearest even), each with its descale by
+// `rule` (amax: fl32(amax / 448) in float32; one: cast as is). fa4-fp8 quantises its inputs the same way.
+void fp8_tensor_inputs(FlashKernel& k, ScaleRule rule);
 
 AttentionResult fa3_fp8_attention(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                   const AttentionMask& mask, const Fa3Fp8Params& p);

@@ -1,9 +1,12 @@
-// What the method files (reference/src/*/*_method.cc) share: the attention wrapper of a softmax model and
-// IndexSoftmax's parameters. Each method file registers its entries with `void register_<file stem>(Registry&)`,
-// which the build collects (reference/src/registry.cc).
+// What the method files (reference/src/*/*_method.cc) share: the attention wrapper of a softmax model, the entry of
+// a pipeline that runs on the one flash loop, fixed traits, and the parameters IndexSoftmax and SAS bring to more than
+// one method. Each method file registers its entries with `void register_<file stem>(Registry&)`, which the build
+// collects (reference/src/registry.cc).
 #pragma once
 
+#include <array>
 #include <cmath>
+#include <functional>
 #include <memory>
 
 #include "qattn/method.h"
@@ -48,5 +51,27 @@ class SoftmaxModelMethod : public Method {
 std::vector<ParamInfo> index_softmax_param_infos();
 std::vector<PresetInfo> index_softmax_presets();
 IndexSoftmaxParams index_softmax_params(const ParamMap& m);
+
+// SAS's cubic, the choice `poly` of "sas" and "turbo": paper (Eq. 15's coefficients, kSasPaperPoly) or lsq (the
+// continuous least-squares refit, sas_lsq_poly). Defined in sas_method.cc.
+std::vector<std::string> sas_poly_names();
+std::array<double, 4> sas_poly(const ParamMap& m);
+
+// Traits that do not depend on the parameters, written with designated initialisers so that each names what it
+// declares: fixed_traits({.rows_independent = false, .kv_bits = 8}).
+inline std::function<MethodTraits(const ParamMap&)> fixed_traits(MethodTraits t) {
+  return [t](const ParamMap&) { return t; };
+}
+
+// out= of the kernels whose output dtype is bfloat16: O rounded to it (true), or kept in float32 (false).
+inline constexpr Choice<bool> kBf16Outputs[] = {{"bf16", true}, {"fp32", false}};
+
+// The entry of an attention pipeline that is a description for the one flash loop (flash_kernel.h): `kernel` builds
+// the description from the resolved parameters (SpecError where they do not fit together); the method runs it
+// (make_flash_method), its traits are the description's (flash_kernel_traits), and inputs or S beyond their formats
+// are refused. The caller adds the name, summary, parameters, presets, overflow_note and doc. Defined in
+// kernel_file_method.cc, beside the method of a description read from a file.
+struct FlashKernel;
+MethodEntry flash_pipeline_entry(std::function<FlashKernel(const ParamMap&)> kernel);
 
 }  // namespace qattn::ref
