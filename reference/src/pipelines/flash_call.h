@@ -1,5 +1,6 @@
 // The flash loop's call, shared by its files (not installed): reference/src/pipelines/flash_kernel.cc runs the key loop
-// (steps (3)-(6) of flash_kernel.h), flash_kernel_prepare.cc quantises Q, K and V (steps (1)-(2)),
+// (steps (3)-(6) of flash_kernel.h; step (5) in flash_kernel_pv.cc, the loop's state in flash_row_loop.h),
+// flash_kernel_prepare.cc quantises Q, K and V (steps (1)-(2)),
 // flash_kernel_fp4.cc holds the FP4 block steps, flash_kernel_check.cc the description's checks.
 #pragma once
 
@@ -73,6 +74,9 @@ class FlashCall final : public PreparedCall {
             const FlashKernel& kernel, std::shared_ptr<const FlashKeyCodes> keys);
 
  private:
+  // rows_impl runs steps (3)-(6) through a RowLoop: the working state of one call's chunks of query rows, with one
+  // member per step of the loop (flash_kernel.cc)
+  struct RowLoop;
   AttentionResult rows_impl(Eigen::Index r0, Eigen::Index rows) const override;
   // step (3) for rows [c0, c0 + n), all keys; split[t]: row c0 + t reads keys from split[t] on from the buffer
   void logits(Eigen::Index c0, Eigen::Index n, RowMatrixXf& s, const std::vector<Eigen::Index>& split) const;
@@ -85,6 +89,11 @@ class FlashCall final : public PreparedCall {
   double delta_s_dot(const Eigen::Ref<const Eigen::RowVectorXd>& mean, Eigen::Index j) const;
   void nvfp4_logits(Eigen::Index c0, Eigen::Index n, RowMatrixXf& s) const;
   void prepare_v(const MatrixView& v);
+  // prepare_v's longer cases by v.scale (flash_kernel_prepare.cc)
+  void prepare_v_nvfp4(const MatrixView& v);
+  void prepare_v_flashq(const MatrixView& v);
+  void prepare_v_channel_f32(const MatrixView& v);
+  void prepare_v_channel_f64(const MatrixView& v);
   // fl32(scale) log2 e in float32: in float64 and rounded once (softmax.scale_log2 f64, FlashAttention-3's host) or
   // as fl32(fl32(scale) fl32(log2 e)) (f32, SageAttention's kernels)
   float scale_log2() const {

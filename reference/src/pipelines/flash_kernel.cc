@@ -7,9 +7,10 @@
 #include <limits>
 #include <numbers>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "flash_call.h"
+#include "flash_row_loop.h"
 #include "qattn/error.h"
 #include "qattn/float_format.h"
 #include "qattn/reference/lowp_float.h"
@@ -39,25 +40,6 @@ float fa4_ex2_emulation(float x) {
 }
 
 namespace flash_detail {
-namespace {
-
-// P~ (float32) rounded to the P format.
-inline float round_p(float x, KernelFormat f) {
-  switch (f) {
-    case KernelFormat::e4m3: return e4m3_round_saturate(x);
-    case KernelFormat::e5m2:
-      return static_cast<float>(lowp_round(x, fp8_e5m2(), LowpRounding::rne, LowpOverflow::saturate));
-    case KernelFormat::int8: return std::nearbyint(x);
-    case KernelFormat::fp16: return static_cast<float>(round_to_binary16(x));
-    case KernelFormat::bf16: return static_cast<float>(round_to_bfloat16(x));
-    default: return x;  // fp32; nvfp4 is quantised per block of keys in the loop
-  }
-}
-
-float fp22(double x) {
-  return static_cast<float>(lowp_round(x, fp22_accumulator(), LowpRounding::rz, LowpOverflow::non_saturating));
-}
-
 
 // The row sum over a block's values pr[b0, b1) into the row's partial sums `into`: each thread's columns in order
 // ((j - b0) mod 8) / 2, or per 16-column tile of the mma layout, ((P_2t + P_2t+1) + P_8+2t) + P_8+2t+1 added at once
@@ -83,8 +65,6 @@ void row_sum(const FlashKernel::Softmax& sm, const float* pr, Eigen::Index b0, E
       }
   }
 }
-
-}  // namespace
 
 // S on b200-nvf4: per key tile, each group's exact sums (a float GEMM of the small integers), then d in steps of 64
 // (4 groups) from C = Delta S (raw, float32) or 0.
@@ -191,377 +171,322 @@ void FlashCall::logits(Eigen::Index c0, Eigen::Index n, RowMatrixXf& s, const st
   }
 }
 
+
+FlashCall::RowLoop::RowLoop(const FlashCall& c, Eigen::Index r0_, Eigen::Index rows_)
+    : call(c),
+      f(c.f),
+      sm(c.f.softmax),
+      r0(r0_),
+      rows(rows_),
+      lk(c.lk),
+      dv(c.dv),
+      unmasked(c.mask.empty()),
+      tiled(f.p.max > 0),
+      tile_rows(tiled ? f.qk.groups.block_q : 1),
+      first(r0 / tile_rows * tile_rows),
+      last(std::min(c.lq, (r0 + rows + tile_rows - 1) / tile_rows * tile_rows)),
+      visible(unmasked ? RowMatrixXb() : c.mask.rows(first, last - first, c.lq).visible(last - first, lk)),
+      bk(c.key_block),
+      blocks(static_cast<Eigen::Index>(c.block_begin.size()) - 1),
+      in_exp(sm.scale_at == ScaleAt::exp),
+      scaled_max(sm.max_rule == MaxRule::scaled),
+      grouped(c.s2_table.size() > 0),
+      offset(static_cast<float>(f.p.offset)),
+      p_scale(static_cast<float>(f.p.scale)),
+      threshold(static_cast<float>(sm.rescale_threshold)),
+      emu_freq(sm.ex2_emu_freq),
+      threads(sm.row_sum_threads),
+      promote_blocks(f.pv.promote_keys / bk),
+      unit(f.pv.unit),
+      codes_by_row(unit == PvUnit::h100_wgmma_e4m3 || unit == PvUnit::b200_tcgen05_e4m3 ||
+                   unit == PvUnit::ada_mma_e4m3 || unit == PvUnit::ada_mma_e4m3_acc16),
+      sas_exp(sm.exp == ExpImpl::sas),
+      from_rescales(f.output.p_from == PFrom::rescales),
+      running(sm.row_sum_update == RowSumUpdate::running),
+      sum_unrounded(sm.row_sum_of == RowSumOf::unrounded),
+      p_nvfp4(f.p.format == KernelFormat::nvfp4),
+      chunk_rows(tiled ? std::min(tile_rows * std::max<Eigen::Index>(1, 64 / tile_rows),
+                                  std::max<Eigen::Index>(1, last - first))
+                 : c.lk_padded <= 8192 ? 64
+                                       : 32) {
+  const Eigen::Index lk_padded = c.lk_padded;
+  s2_keys.resize(grouped ? static_cast<std::size_t>(lk_padded) : 0);
+  s.resize(chunk_rows, lk_padded);
+  p8.resize(chunk_rows, lk_padded);
+  out.resize(chunk_rows, dv);
+  buf.resize(chunk_rows, dv);
+  ref_block.resize(chunk_rows, blocks);
+  rescale_block.resize(from_rescales ? chunk_rows : 0, from_rescales ? blocks : 0);
+  tile_scale.resize(tiled ? chunk_rows : 0, tiled ? blocks : 0);
+  const auto rows_n = static_cast<std::size_t>(chunk_rows);
+  m.resize(rows_n);
+  m_next.resize(rows_n);
+  rescale_of.resize(rows_n);
+  l.resize(rows_n);
+  part_of.resize(rows_n);
+  any.resize(rows_n);
+  active.resize(rows_n);
+  split.assign(rows_n, lk);
+  vb.resize(codes_by_row ? static_cast<std::size_t>(bk * dv) : 0);
+  vbe.resize(vb.size());
+  acc64.resize(unit == PvUnit::exact ? static_cast<std::size_t>(dv) : 0);
+  p4.resize(p_nvfp4 ? chunk_rows : 0, p_nvfp4 ? lk_padded : 0);
+  p4s.resize(p_nvfp4 ? chunk_rows : 0, p_nvfp4 ? blocks * bk / 16 : 0);
+  nvf4_sum.resize(p_nvfp4 ? static_cast<std::size_t>(dv) : 0);
+  nvf4_term.resize(p_nvfp4 ? static_cast<std::size_t>(4 * dv) : 0);
+  nvf4_term_e.resize(nvf4_term.size());
+}
+
+// The bi-th key block of the loop (keys.order reverse: the last block first).
+FlashCall::RowLoop::KeyBlock FlashCall::RowLoop::block_at(Eigen::Index bi) const {
+  const Eigen::Index b = f.keys.order == KeyOrder::forward ? bi : blocks - 1 - bi;
+  const Eigen::Index b0 = call.block_begin[static_cast<std::size_t>(b)];
+  const Eigen::Index b1 = call.block_begin[static_cast<std::size_t>(b + 1)];
+  const bool promote = promote_blocks > 0 && ((bi + 1) % promote_blocks == 0 || bi + 1 == blocks);
+  return {b, b0, b1, std::min(lk, b1), promote};  // padded keys have V = 0: their products vanish
+}
+
+// (3) S of the chunk's rows [c0, c0 + n): a masked key -inf, a padded key 0; a logit beyond float32 (times s2 where
+// the scale enters in the exponent) is refused. A buffered key side first sets each row's split.
+void FlashCall::RowLoop::masked_logits(Eigen::Index c0, Eigen::Index n) {
+  if (call.buffered)  // a decode step reads the chunks settled by the time its last visible key arrived
+    for (Eigen::Index t = 0; t < n; ++t) {
+      Eigen::Index seen = lk;
+      if (!unmasked)
+        for (seen = lk; seen > 0 && !visible(c0 + t - first, seen - 1);) --seen;
+      const Eigen::Index from = call.settled_from;
+      split[static_cast<std::size_t>(t)] = seen <= from ? from : from + call.chunk * ((seen - from) / call.chunk);
+    }
+  call.logits(c0, n, s, split);
+  for (Eigen::Index t = 0; t < n; ++t) {
+    const Eigen::Index i = c0 + t, row = i - first;
+    float* sr = &s(t, 0);
+    for (Eigen::Index j = 0; j < lk; ++j) {
+      const float s2j = grouped ? call.s2_table(call.q_group_of[static_cast<std::size_t>(i)],
+                                                call.k_group_of[static_cast<std::size_t>(j)])
+                                : call.s2;
+      if (!unmasked && !visible(row, j)) sr[j] = kNegInf;
+      else if (!std::isfinite(in_exp ? sr[j] * s2j : sr[j])) throw_logit_overflow(f.name, "float32", i, j);
+    }
+    for (Eigen::Index j = lk; j < call.lk_padded; ++j) sr[j] = 0.0f;
+  }
+}
+
+// Every row of a chunk starts with no max, a zero row sum and zero accumulators.
+void FlashCall::RowLoop::start_chunk() {
+  std::fill(m.begin(), m.end(), kNegInf);
+  for (auto& x : l) x.fill(0.0f);
+  std::fill(any.begin(), any.end(), 0);
+  if (from_rescales) rescale_block.setOnes();
+  out.setZero();
+  buf.setZero();
+}
+
+// (4)-(5) one key block for every row of the chunk: (4) per row the max, the rescale and P~; P~'s tile scales;
+// (5) per row P, the row sum and P V.
+void FlashCall::RowLoop::key_block(Eigen::Index c0, Eigen::Index n, const KeyBlock& kb) {
+  if (codes_by_row && kb.real_end > kb.b0)
+    e4m3_decode(call.v_codes.data() + kb.b0 * dv, static_cast<std::size_t>((kb.real_end - kb.b0) * dv), vb.data(),
+                vbe.data());
+  for (Eigen::Index t = 0; t < n; ++t) max_rescale_and_p_tilde(t, c0 + t, kb);
+  if (tiled) tile_scales(n, kb);
+  for (Eigen::Index t = 0; t < n; ++t)
+    if (active[t]) p_row_sum_and_pv(t, kb);
+}
+
+// (4) row t (query i): the running max joined with the block's (kept while its growth is within the rescale
+// threshold), the rescale of the row's sum and accumulator, the exponent's reference, P~ into p8, and (row_sum_of
+// unrounded) the row sum. A row with nothing visible yet stays inactive.
+void FlashCall::RowLoop::max_rescale_and_p_tilde(Eigen::Index t, Eigen::Index i, const KeyBlock& kb) {
+  active[t] = 0;
+  const float* sr = &s(t, 0);
+  float* pr = &p8(t, 0);
+  if (grouped) {
+    const int q_group = call.q_group_of[static_cast<std::size_t>(i)];
+    for (Eigen::Index j = kb.b0; j < kb.b1; ++j)
+      s2_keys[static_cast<std::size_t>(j)] =
+          call.s2_table(q_group, call.k_group_of[static_cast<std::size_t>(std::min(j, lk - 1))]);
+  }
+  float m_new = block_max(sr, m[t], kb);
+  if (m_new == kNegInf) {  // nothing visible yet
+    ref_block(t, kb.b) = kNegInf;
+    return;
+  }
+  const float s2 = call.s2;
+  // the max is kept while its growth, in exponent units, is within the threshold (FA4); else it moves
+  const bool raw_exp = in_exp && !scaled_max;  // m in raw S units: differences and the reference times s2
+  if (threshold > 0 && m[t] != kNegInf && (raw_exp ? (m_new - m[t]) * s2 : m_new - m[t]) <= threshold) m_new = m[t];
+  float rescale = 0;
+  if (m[t] != kNegInf)
+    rescale = m_new == m[t] && !sas_exp ? 1.0f : call.ex(raw_exp ? (m[t] - m_new) * s2 : m[t] - m_new);
+  const float ref = raw_exp ? (sm.ref_rule == RefRule::fma ? std::fma(m_new, s2, -offset) : m_new * s2 - offset)
+                    : scaled_max ? m_new
+                                 : (offset != 0 ? m_new - offset : m_new);
+  ref_block(t, kb.b) = ref;
+  if (from_rescales) rescale_block(t, kb.b) = rescale;
+  any[t] = 1;
+  active[t] = 1;
+  m_next[t] = m_new;
+  rescale_of[t] = rescale;
+  std::array<float, 4>& part = part_of[t];
+  part.fill(0.0f);
+  if (running)
+    for (int th = 0; th < threads; ++th) l[t][static_cast<std::size_t>(th)] *= rescale;
+  p_tilde(sr, pr, ref, kb);
+  if (sum_unrounded) row_sum(sm, pr, kb.b0, kb.b1, running ? l[t] : part);
+}
+
+// The running max m_old joined with the block's: of raw S, or (max_rule scaled) of fma(S, s2, -offset) over the
+// visible keys.
+float FlashCall::RowLoop::block_max(const float* sr, float m_old, const KeyBlock& kb) const {
+  float m_new = m_old;
+  if (scaled_max) {
+    for (Eigen::Index j = kb.b0; j < kb.b1; ++j)
+      if (sr[j] != kNegInf) m_new = std::max(m_new, std::fma(sr[j], s2_of(j), -offset));
+  } else {
+    for (Eigen::Index j = kb.b0; j < kb.b1; ++j) m_new = std::max(m_new, sr[j]);
+  }
+  return m_new;
+}
+
+// P~ of the block's keys into pr: exp_b(fma(S, s2, -ref)) (the scale in the exponent) or exp_b(S - ref), times
+// p.scale; 0 for a masked key.
+void FlashCall::RowLoop::p_tilde(const float* sr, float* pr, float ref, const KeyBlock& kb) const {
+  const Eigen::Index b0 = kb.b0, b1 = kb.b1;
+  for (Eigen::Index j = b0; j < b1; ++j) {
+    float pt = 0;
+    if (sr[j] != kNegInf) {
+      pt = call.ex(in_exp ? std::fma(sr[j], s2_of(j), -ref) : sr[j] - ref);
+      if (p_scale != 1) pt *= p_scale;
+    }
+    pr[j] = pt;
+  }
+  // FlashAttention-4's software exp2 on its pairs, in a block whose keys are all visible and all real
+  if (emu_freq > 0 && b0 + bk <= lk) {
+    bool whole = true;
+    for (Eigen::Index j = b0; j < b1 && whole; ++j) whole = sr[j] != kNegInf;
+    const Eigen::Index fragments = bk / 32;
+    for (Eigen::Index fr = sm.ex2_emu_start; whole && fr < fragments - 1; ++fr)
+      for (Eigen::Index k = 0; k < 32; k += 2)
+        if (k % emu_freq >= emu_freq - 4)
+          for (const Eigen::Index j : {b0 + fr * 32 + k, b0 + fr * 32 + k + 1}) {
+            float pt = fa4_ex2_emulation(std::fma(sr[j], s2_of(j), -ref));
+            if (p_scale != 1) pt *= p_scale;
+            pr[j] = pt;
+          }
+  }
+}
+
+// P~'s tiles (p.max): the largest P~ of the tile's rows, s_P = max / p.max in float64
+void FlashCall::RowLoop::tile_scales(Eigen::Index n, const KeyBlock& kb) {
+  for (Eigen::Index t0 = 0; t0 < n; t0 += tile_rows) {
+    float tile_max = 0;
+    for (Eigen::Index t = t0; t < std::min(n, t0 + tile_rows); ++t)
+      if (active[t])
+        for (Eigen::Index j = kb.b0; j < kb.b1; ++j) tile_max = std::max(tile_max, p8(t, j));
+    for (Eigen::Index t = t0; t < std::min(n, t0 + tile_rows); ++t)
+      tile_scale(t, kb.b) = static_cast<double>(tile_max) / f.p.max;
+  }
+}
+
+
+// (6) row t (query i), when it is one of the rows asked for: the row sum combined over its threads, O = acc / l
+// by output.finalize, and P as probabilities. A row with no visible key keeps O = 0, P = 0.
+void FlashCall::RowLoop::finalize_row(Eigen::Index t, Eigen::Index i, AttentionResult& r) const {
+  const Eigen::Index row = i - r0;
+  if (!any[t] || i < r0 || i >= r0 + rows) return;  // no visible key: O = 0, P = 0; a tile's other rows
+  const std::array<float, 4>& lt = l[t];
+  const float sum = threads == 1 ? lt[0]
+                    : sm.row_sum_combine == RowSumCombine::pairs_02_13 ? (lt[0] + lt[2]) + (lt[1] + lt[3])
+                                                                      : (lt[0] + lt[1]) + (lt[2] + lt[3]);
+  output_row(&out(t, 0), sum, i, row, r);
+  probabilities_row(t, sum, row, r);
+}
+
+// O's row from the accumulator o and the row sum by output.finalize, then rounded to output.format.
+void FlashCall::RowLoop::output_row(const float* o, float sum, Eigen::Index i, Eigen::Index row,
+                                    AttentionResult& r) const {
+  switch (f.output.finalize) {
+    case Finalize::divide:
+      for (Eigen::Index c = 0; c < dv; ++c) {
+        const float x = o[c] / sum;
+        if (!std::isfinite(x))
+          throw InputError("V", "values",
+                           "row " + std::to_string(i) + ": P V overflows " + f.name + "'s FP16 accumulator (a block's "
+                           "sum beyond 65504); the kernel would return inf there (docs/kernels-as-data.md)");
+        r.o(row, c) = x;
+      }
+      break;
+    case Finalize::f64:
+      for (Eigen::Index c = 0; c < dv; ++c)
+        r.o(row, c) = static_cast<float>(o[c] * call.v_scale(c) / sum + call.v_mean(c));
+      break;
+    case Finalize::reciprocal: {
+      const float os = (1.0f / sum) * call.v_descale;
+      for (Eigen::Index c = 0; c < dv; ++c) r.o(row, c) = o[c] * os;
+      break;
+    }
+    case Finalize::reciprocal_channel: {  // fl32(fl32(O fl32(1 / l)) scale_c) (+ mean_c), float32
+      const float inv = 1.0f / sum;
+      for (Eigen::Index c = 0; c < dv; ++c) {
+        float x = (o[c] * inv) * static_cast<float>(call.v_scale(c));
+        if (f.v.smooth) x += static_cast<float>(call.v_mean(c));
+        r.o(row, c) = x;
+      }
+      break;
+    }
+  }
+  if (f.output.format == KernelFormat::fp16)
+    for (Eigen::Index c = 0; c < dv; ++c) r.o(row, c) = round_to_binary16(r.o(row, c));
+  else if (f.output.format == KernelFormat::bf16)
+    for (Eigen::Index c = 0; c < dv; ++c) r.o(row, c) = round_to_bfloat16(r.o(row, c));
+}
+
+// P's row as probabilities: P8 base^(ref_block - ref_final) / l, the factor once per key block; the reference of the
+// last block processed is the row's final one (the max only grows; a row's first visible block is processed before
+// its last). p.from rescales: P8 s_P times the rescales applied after the block, over l.
+void FlashCall::RowLoop::probabilities_row(Eigen::Index t, float sum, Eigen::Index row, AttentionResult& r) const {
+  const auto keys_of = [&](Eigen::Index b) {  // the real keys of block b
+    return std::pair{call.block_begin[static_cast<std::size_t>(b)],
+                     std::min(lk, call.block_begin[static_cast<std::size_t>(b + 1)])};
+  };
+  if (from_rescales) {
+    double later = 1.0;
+    for (Eigen::Index bi = blocks; bi-- > 0;) {
+      const Eigen::Index b = f.keys.order == KeyOrder::forward ? bi : blocks - 1 - bi;
+      const double weight = tiled ? tile_scale(t, b) : 1.0;
+      const auto [j0, j1] = keys_of(b);
+      if (ref_block(t, b) != kNegInf)
+        for (Eigen::Index j = j0; j < j1; ++j)
+          if (s(t, j) != kNegInf && p8(t, j) != 0) r.p(row, j) = (p8(t, j) * weight) * (later / sum);
+      later *= rescale_block(t, b);
+    }
+    return;
+  }
+  const double final_ref = ref_block(t, f.keys.order == KeyOrder::forward ? blocks - 1 : 0);
+  for (Eigen::Index b = 0; b < blocks; ++b) {
+    if (ref_block(t, b) == kNegInf) continue;
+    const double x = static_cast<double>(ref_block(t, b)) - final_ref;
+    const double e = sm.base == SoftmaxBase::two ? std::exp2(x) : std::exp(x);
+    const auto [j0, j1] = keys_of(b);
+    for (Eigen::Index j = j0; j < j1; ++j)
+      if (s(t, j) != kNegInf && p8(t, j) != 0) r.p(row, j) = (tiled ? p8(t, j) * tile_scale(t, b) : p8(t, j)) * e / sum;
+  }
+}
+
+// Steps (3)-(6) for query rows [r0, r0 + rows), in chunks of rows (RowLoop): S, then each key block in the loop's
+// order, then each row's normalisation.
 AttentionResult FlashCall::rows_impl(Eigen::Index r0, Eigen::Index rows) const {
-  const FlashKernel::Softmax& sm = f.softmax;
-  const bool unmasked = mask.empty();
-  // A P~ tile (p.max) spans block_q query rows: the rows computed are [first, last), whole tiles around the asked ones
-  const bool tiled = f.p.max > 0;
-  const Eigen::Index tile_rows = tiled ? f.qk.groups.block_q : 1;
-  const Eigen::Index first = r0 / tile_rows * tile_rows;
-  const Eigen::Index last = std::min(lq, (r0 + rows + tile_rows - 1) / tile_rows * tile_rows);
-  const RowMatrixXb visible = unmasked ? RowMatrixXb() : mask.rows(first, last - first, lq).visible(last - first, lk);
+  RowLoop loop(*this, r0, rows);
   AttentionResult r;
   r.o = RowMatrixXd::Zero(rows, dv);
   r.p = RowMatrixXd::Zero(rows, lk);
-  const Eigen::Index bk = key_block;  // pad zeros: the keys of the last block past L_k exist, logit 0 and V = 0
-  const Eigen::Index blocks = static_cast<Eigen::Index>(block_begin.size()) - 1;
-  const bool in_exp = sm.scale_at == ScaleAt::exp;
-  const bool scaled_max = sm.max_rule == MaxRule::scaled;  // the max of fma(S, s2, -offset) (validate: in_exp)
-  const bool grouped = s2_table.size() > 0;                  // s2 per (Q block, K block)
-  std::vector<float> s2_keys(grouped ? static_cast<std::size_t>(lk_padded) : 0);
-  const float offset = static_cast<float>(f.p.offset), p_scale = static_cast<float>(f.p.scale);
-  const float threshold = static_cast<float>(sm.rescale_threshold);
-  const Eigen::Index emu_freq = sm.ex2_emu_freq;
-  const int threads = sm.row_sum_threads;
-  const Eigen::Index promote_blocks = f.pv.promote_keys / bk;  // 0: one accumulator
-  const PvUnit unit = f.pv.unit;
-  const bool ada = unit == PvUnit::ada_mma_e4m3 || unit == PvUnit::ada_mma_e4m3_acc16;
-  const bool codes_by_row = unit == PvUnit::h100_wgmma_e4m3 || unit == PvUnit::b200_tcgen05_e4m3 || ada;
-  const bool sas_exp = sm.exp == ExpImpl::sas;  // SAS(0) != 1: every rescale is computed
-  const bool from_rescales = f.output.p_from == PFrom::rescales;
-  const bool running = sm.row_sum_update == RowSumUpdate::running;
-  const bool sum_unrounded = sm.row_sum_of == RowSumOf::unrounded;
-  // Rows go in chunks: each key block serves every row of the chunk before the next block, so the block's V stays
-  // in cache. Each row's operations, and their order, are those of the row alone (a P~ tile's rows share a chunk),
-  // so the chunk's size changes no bit: 64 rows up to 8192 keys, 32 beyond (the chunk's logits and P are
-  // 2 x rows x L_k floats), or whole tiles.
-  const Eigen::Index kChunkRows =
-      tiled ? std::min(tile_rows * std::max<Eigen::Index>(1, 64 / tile_rows), std::max<Eigen::Index>(1, last - first))
-      : lk_padded <= 8192 ? 64
-                          : 32;
-  RowMatrixXf s(kChunkRows, lk_padded), p8(kChunkRows, lk_padded), out(kChunkRows, dv), buf(kChunkRows, dv),
-      ref_block(kChunkRows, blocks);
-  RowMatrixXf rescale_block(from_rescales ? kChunkRows : 0, from_rescales ? blocks : 0);
-  RowMatrixXd tile_scale(tiled ? kChunkRows : 0, tiled ? blocks : 0);
-  std::vector<float> m(kChunkRows), m_next(kChunkRows), rescale_of(kChunkRows);
-  std::vector<std::array<float, 4>> l(kChunkRows), part_of(kChunkRows);
-  std::vector<char> any(kChunkRows), active(kChunkRows);
-  std::vector<Eigen::Index> split(static_cast<std::size_t>(kChunkRows), lk);
-  std::vector<float> vb(codes_by_row ? static_cast<std::size_t>(bk * dv) : 0);
-  std::vector<std::int64_t> acc64(unit == PvUnit::exact ? static_cast<std::size_t>(dv) : 0);
-  // nvfp4 P: twice its E2M1 values and its block scales; the P V step's group sums and terms
-  const bool p_nvfp4 = f.p.format == KernelFormat::nvfp4;
-  RowMatrixXf p4(p_nvfp4 ? kChunkRows : 0, p_nvfp4 ? lk_padded : 0), p4s(p_nvfp4 ? kChunkRows : 0, p_nvfp4 ? blocks * bk / 16 : 0);
-  std::vector<float> nvf4_sum(p_nvfp4 ? static_cast<std::size_t>(dv) : 0);
-  std::vector<double> nvf4_term(p_nvfp4 ? static_cast<std::size_t>(4 * dv) : 0);
-  std::vector<std::int32_t> nvf4_term_e(nvf4_term.size());
-  std::vector<std::int8_t> vbe(vb.size());
-  for (Eigen::Index c0 = first; c0 < last; c0 += kChunkRows) {
-    const Eigen::Index n = std::min(kChunkRows, last - c0);
-    if (buffered)  // a decode step reads the chunks settled by the time its last visible key arrived
-      for (Eigen::Index t = 0; t < n; ++t) {
-        Eigen::Index seen = lk;
-        if (!unmasked)
-          for (seen = lk; seen > 0 && !visible(c0 + t - first, seen - 1);) --seen;
-        split[static_cast<std::size_t>(t)] =
-            seen <= settled_from ? settled_from : settled_from + chunk * ((seen - settled_from) / chunk);
-      }
-    logits(c0, n, s, split);
-    for (Eigen::Index t = 0; t < n; ++t) {
-      const Eigen::Index i = c0 + t, row = i - first;
-      float* sr = &s(t, 0);
-      for (Eigen::Index j = 0; j < lk; ++j) {
-        const float s2j = grouped ? s2_table(q_group_of[static_cast<std::size_t>(i)], k_group_of[static_cast<std::size_t>(j)]) : s2;
-        if (!unmasked && !visible(row, j)) sr[j] = kNegInf;
-        else if (!std::isfinite(in_exp ? sr[j] * s2j : sr[j])) throw_logit_overflow(f.name, "float32", i, j);
-      }
-      for (Eigen::Index j = lk; j < lk_padded; ++j) sr[j] = 0.0f;
-    }
-    std::fill(m.begin(), m.end(), kNegInf);
-    for (auto& x : l) x.fill(0.0f);
-    std::fill(any.begin(), any.end(), 0);
-    if (from_rescales) rescale_block.setOnes();
-    out.setZero();
-    buf.setZero();
-    // (4)-(5) the key blocks
-    for (Eigen::Index bi = 0; bi < blocks; ++bi) {
-      const Eigen::Index b = f.keys.order == KeyOrder::forward ? bi : blocks - 1 - bi;
-      const Eigen::Index b0 = block_begin[static_cast<std::size_t>(b)], b1 = block_begin[static_cast<std::size_t>(b + 1)];
-      const Eigen::Index real_end = std::min(lk, b1);  // padded keys have V = 0: their products vanish
-      const bool promote = promote_blocks > 0 && ((bi + 1) % promote_blocks == 0 || bi + 1 == blocks);
-      if (codes_by_row && real_end > b0)
-        e4m3_decode(v_codes.data() + b0 * dv, static_cast<std::size_t>((real_end - b0) * dv), vb.data(), vbe.data());
-      // (4) per row: the max, the rescale, P~ and (unrounded) the row sum
-      for (Eigen::Index t = 0; t < n; ++t) {
-        active[t] = 0;
-        const float* sr = &s(t, 0);
-        float* pr = &p8(t, 0);
-        if (grouped)
-          for (Eigen::Index j = b0; j < b1; ++j)
-            s2_keys[static_cast<std::size_t>(j)] =
-                s2_table(q_group_of[static_cast<std::size_t>(c0 + t)], k_group_of[static_cast<std::size_t>(std::min(j, lk - 1))]);
-        const auto s2_of = [&](Eigen::Index j) { return grouped ? s2_keys[static_cast<std::size_t>(j)] : s2; };
-        float m_new = m[t];
-        if (scaled_max) {
-          for (Eigen::Index j = b0; j < b1; ++j)
-            if (sr[j] != kNegInf) m_new = std::max(m_new, std::fma(sr[j], s2_of(j), -offset));
-        } else {
-          for (Eigen::Index j = b0; j < b1; ++j) m_new = std::max(m_new, sr[j]);
-        }
-        if (m_new == kNegInf) {  // nothing visible yet
-          ref_block(t, b) = kNegInf;
-          continue;
-        }
-        // the max is kept while its growth, in exponent units, is within the threshold (FA4); else it moves
-        const bool raw_exp = in_exp && !scaled_max;  // m in raw S units: differences and the reference times s2
-        if (threshold > 0 && m[t] != kNegInf && (raw_exp ? (m_new - m[t]) * s2 : m_new - m[t]) <= threshold) m_new = m[t];
-        float rescale = 0;
-        if (m[t] != kNegInf)
-          rescale = m_new == m[t] && !sas_exp ? 1.0f : ex(raw_exp ? (m[t] - m_new) * s2 : m[t] - m_new);
-        const float ref = raw_exp ? (sm.ref_rule == RefRule::fma ? std::fma(m_new, s2, -offset) : m_new * s2 - offset)
-                          : scaled_max ? m_new
-                                       : (offset != 0 ? m_new - offset : m_new);
-        ref_block(t, b) = ref;
-        if (from_rescales) rescale_block(t, b) = rescale;
-        any[t] = 1;
-        active[t] = 1;
-        m_next[t] = m_new;
-        rescale_of[t] = rescale;
-        std::array<float, 4>& part = part_of[t];
-        part.fill(0.0f);
-        if (running)
-          for (int th = 0; th < threads; ++th) l[t][static_cast<std::size_t>(th)] *= rescale;
-        for (Eigen::Index j = b0; j < b1; ++j) {
-          float pt = 0;
-          if (sr[j] != kNegInf) {
-            pt = ex(in_exp ? std::fma(sr[j], s2_of(j), -ref) : sr[j] - ref);
-            if (p_scale != 1) pt *= p_scale;
-          }
-          pr[j] = pt;
-        }
-        // FlashAttention-4's software exp2 on its pairs, in a block whose keys are all visible and all real
-        if (emu_freq > 0 && b0 + bk <= lk) {
-          bool whole = true;
-          for (Eigen::Index j = b0; j < b1 && whole; ++j) whole = sr[j] != kNegInf;
-          const Eigen::Index fragments = bk / 32;
-          for (Eigen::Index fr = sm.ex2_emu_start; whole && fr < fragments - 1; ++fr)
-            for (Eigen::Index k = 0; k < 32; k += 2)
-              if (k % emu_freq >= emu_freq - 4)
-                for (const Eigen::Index j : {b0 + fr * 32 + k, b0 + fr * 32 + k + 1}) {
-                  float pt = fa4_ex2_emulation(std::fma(sr[j], s2_of(j), -ref));
-                  if (p_scale != 1) pt *= p_scale;
-                  pr[j] = pt;
-                }
-        }
-        if (sum_unrounded) row_sum(sm, pr, b0, b1, running ? l[t] : part);
-      }
-      // P~'s tiles (p.max): the largest P~ of the tile's rows, s_P = max / p.max in float64
-      if (tiled)
-        for (Eigen::Index t0 = 0; t0 < n; t0 += tile_rows) {
-          float tile_max = 0;
-          for (Eigen::Index t = t0; t < std::min(n, t0 + tile_rows); ++t)
-            if (active[t])
-              for (Eigen::Index j = b0; j < b1; ++j) tile_max = std::max(tile_max, p8(t, j));
-          for (Eigen::Index t = t0; t < std::min(n, t0 + tile_rows); ++t)
-            tile_scale(t, b) = static_cast<double>(tile_max) / f.p.max;
-        }
-      // (5) per row: P, the row sum (rounded), P V
-      for (Eigen::Index t = 0; t < n; ++t) {
-        if (!active[t]) continue;
-        const float* sr = &s(t, 0);
-        float* pr = &p8(t, 0);
-        const float rescale = rescale_of[t];
-        std::array<float, 4>& lt = l[t];
-        const std::array<float, 4>& part = part_of[t];
-        if (f.p.format == KernelFormat::e4m3)  // the hot case without the format switch, so that it vectorises
-          for (Eigen::Index j = b0; j < b1; ++j) pr[j] = e4m3_round_saturate(pr[j]);
-        else if (tiled) {  // codes nearest even in [0, p.max]; a tile of zeros stays zero
-          const double sp = tile_scale(t, b);
-          for (Eigen::Index j = b0; j < b1; ++j)
-            pr[j] = sp > 0 ? static_cast<float>(std::clamp(std::nearbyint(pr[j] / sp), 0.0, double(f.p.max))) : 0.0f;
-        } else if (f.p.format == KernelFormat::nvfp4)  // per 16 keys: P~ / scale to E2M1, the scale to E4M3
-          for (Eigen::Index g0 = b0; g0 < b1; g0 += 16) {
-            const Eigen::Index g1 = std::min(b1, g0 + 16);  // keys past L_k (masked padding) are absent
-            float bmax = kNegInf;
-            for (Eigen::Index j = g0; j < g1; ++j) bmax = std::max(bmax, sr[j]);
-            const float sc = ex(std::fma(bmax, s2, -ref_block(t, b)) + kLog2SixthF32);
-            const float scale = e4m3_round_saturate(sc);
-            p4s(t, g0 / 16) = scale;
-            nvf4_p_block(pr + g0, static_cast<std::size_t>(g1 - g0), sc, scale, &p4(t, g0));
-          }
-        else
-          for (Eigen::Index j = b0; j < b1; ++j) pr[j] = round_p(pr[j], f.p.format);
-        if (!sum_unrounded) row_sum(sm, pr, b0, b1, running ? lt : part_of[t]);
-        if (!running)
-          for (int th = 0; th < threads; ++th) lt[static_cast<std::size_t>(th)] = lt[static_cast<std::size_t>(th)] * rescale + part[static_cast<std::size_t>(th)];
-        // P V: into the accumulator acc (one over the key loop when nothing promotes, else buf, added to out)
-        float* o = &out(t, 0);
-        float* acc = promote_blocks > 0 ? &buf(t, 0) : o;
-        if (promote_blocks > 0 && !f.pv.promote_fma)
-          for (Eigen::Index c = 0; c < dv; ++c) o[c] *= rescale;
-        if (promote_blocks != 1) {
-          if (unit == PvUnit::fp22)
-            for (Eigen::Index c = 0; c < dv; ++c) acc[c] = fp22(static_cast<double>(acc[c]) * rescale);
-          else
-            for (Eigen::Index c = 0; c < dv; ++c) acc[c] *= rescale;
-        } else {
-          std::fill(acc, acc + dv, 0.0f);
-        }
-        switch (unit) {
-          case PvUnit::exact: {  // the block's integer sum, exact, times s_P s_V in float64, rounded once
-            std::fill(acc64.begin(), acc64.end(), 0);
-            const Eigen::Index from = split[static_cast<std::size_t>(t)];
-            for (Eigen::Index j = b0; j < real_end; ++j) {
-              const auto code = static_cast<std::int64_t>(pr[j]);
-              if (code == 0) continue;
-              const std::int8_t* vr = buffered && j >= from ? &v_int_buffer(j, 0) : &v_int(j, 0);
-              for (Eigen::Index c = 0; c < dv; ++c) acc64[static_cast<std::size_t>(c)] += code * vr[c];
-            }
-            const double pv_scale = tile_scale(t, b) * v_block_scale[static_cast<std::size_t>(b)];
-            for (Eigen::Index c = 0; c < dv; ++c)
-              acc[c] = static_cast<float>(static_cast<double>(acc64[static_cast<std::size_t>(c)]) * pv_scale);
-            break;
-          }
-          case PvUnit::h100_hmma_f16_acc16:
-            for (Eigen::Index s0 = b0; s0 < real_end; s0 += 16)
-              hmma_f16_acc16_step(acc, pr + s0, static_cast<std::size_t>(std::min<Eigen::Index>(16, real_end - s0)),
-                                  v_values.data() + s0 * dv, v_exponents.data() + s0 * dv, static_cast<std::size_t>(dv),
-                                  static_cast<std::size_t>(dv));
-            break;
-          case PvUnit::h100_wgmma_e4m3:
-          case PvUnit::b200_tcgen05_e4m3:
-            for (Eigen::Index s0 = b0; s0 < real_end; s0 += 32)
-              (unit == PvUnit::b200_tcgen05_e4m3 ? tcgen05_e4m3_step : wgmma_e4m3_step)(acc, pr + s0, static_cast<std::size_t>(std::min<Eigen::Index>(32, real_end - s0)),
-                              vb.data() + (s0 - b0) * dv, vbe.data() + (s0 - b0) * dv, static_cast<std::size_t>(dv),
-                              static_cast<std::size_t>(dv));
-            break;
-          case PvUnit::ada_mma_e4m3:  // each 32 keys one instruction: two steps of 16, the second even when empty
-          case PvUnit::ada_mma_e4m3_acc16:
-            for (Eigen::Index s0 = b0; s0 < real_end; s0 += 16) {
-              const Eigen::Index cnt = std::clamp<Eigen::Index>(real_end - s0, 0, 16);
-              ada_e4m3_step(acc, pr + s0, static_cast<std::size_t>(cnt), vb.data() + (s0 - b0) * dv,
-                            vbe.data() + (s0 - b0) * dv, static_cast<std::size_t>(dv), static_cast<std::size_t>(dv),
-                            unit == PvUnit::ada_mma_e4m3_acc16);
-              if ((s0 - b0) % 32 == 0 && s0 + 16 >= real_end)  // the instruction's second step, of padding alone
-                ada_e4m3_step(acc, pr, 0, vb.data(), vbe.data(), static_cast<std::size_t>(dv),
-                              static_cast<std::size_t>(dv), unit == PvUnit::ada_mma_e4m3_acc16);
-            }
-            break;
-          case PvUnit::h100_mma_e4m3: {  // each 32 keys one instruction (mma_dot), a short last chunk padded with 0
-            const MmaModel& model = *pv_column_model(unit);
-            std::array<std::uint16_t, 32> pc{}, vc{};
-            for (Eigen::Index c = 0; c < dv; ++c) {
-              float x = acc[c];
-              for (Eigen::Index s0 = b0; s0 < real_end; s0 += 32) {
-                const Eigen::Index cnt = std::min<Eigen::Index>(32, real_end - s0);
-                pc.fill(0), vc.fill(0);
-                for (Eigen::Index j = 0; j < cnt; ++j)
-                  pc[static_cast<std::size_t>(j)] = static_cast<std::uint16_t>(lowp_encode(pr[s0 + j], fp8_e4m3fn())),
-                  vc[static_cast<std::size_t>(j)] = v_codes_t(c, s0 + j);
-                x = mma_dot(model, pc, vc, x);
-              }
-              acc[c] = x;
-            }
-            break;
-          }
-          case PvUnit::b200_nvf4:  // steps of 64 keys, groups of 16 aligned with V's blocks; keys past L_k absent
-            for (Eigen::Index s0 = b0; s0 < real_end; s0 += 64) {
-              const Eigen::Index ng = std::min<Eigen::Index>(4, (real_end - s0 + 15) / 16);
-              for (Eigen::Index g = 0; g < ng; ++g) {
-                const Eigen::Index g0 = s0 + 16 * g, g1 = std::min(real_end, g0 + 16);
-                nvf4_group_sums(&p4(t, g0), static_cast<std::size_t>(g1 - g0), &v4(g0, 0), static_cast<std::size_t>(dv),
-                                static_cast<std::size_t>(dv), nvf4_sum.data());
-                const float ps = p4s(t, g0 / 16);
-                nvf4_terms(nvf4_sum.data(), ps, ps == 0 ? -100000 : scale_exponent(ps), &v4_scale(g0 / 16, 0),
-                           &v4_exp(g0 / 16, 0), nvf4_term.data() + g * dv, nvf4_term_e.data() + g * dv,
-                           static_cast<std::size_t>(dv));
-              }
-              scaled_group_step(acc, nvf4_term.data(), nvf4_term_e.data(), static_cast<std::size_t>(ng),
-                                static_cast<std::size_t>(dv), static_cast<std::size_t>(dv));
-            }
-            break;
-          case PvUnit::fp22:
-            for (Eigen::Index c = 0; c < dv; ++c) {
-              float x = acc[c];
-              for (Eigen::Index j = b0; j < real_end; ++j)
-                x = fp22(static_cast<double>(x) + static_cast<double>(pr[j]) * v_values[static_cast<std::size_t>(j * dv + c)]);
-              acc[c] = x;
-            }
-            break;
-          case PvUnit::fp32:
-            for (Eigen::Index c = 0; c < dv; ++c) {
-              float x = acc[c];
-              for (Eigen::Index j = b0; j < real_end; ++j) x += pr[j] * v_values[static_cast<std::size_t>(j * dv + c)];
-              acc[c] = x;
-            }
-            break;
-        }
-        if (promote) {
-          if (f.pv.promote_fma)
-            for (Eigen::Index c = 0; c < dv; ++c) o[c] = std::fma(o[c], rescale, acc[c]);
-          else
-            for (Eigen::Index c = 0; c < dv; ++c) o[c] += acc[c];
-          if (promote_blocks != 1) std::fill(acc, acc + dv, 0.0f);
-        }
-        m[t] = m_next[t];
-      }
-    }
-    // (6) finalize
-    for (Eigen::Index t = 0; t < n; ++t) {
-      const Eigen::Index i = c0 + t, row = i - r0;
-      if (!any[t] || i < r0 || i >= r0 + rows) continue;  // no visible key: O = 0, P = 0; a tile's other rows
-      const std::array<float, 4>& lt = l[t];
-      const float sum = threads == 1 ? lt[0]
-                        : sm.row_sum_combine == RowSumCombine::pairs_02_13 ? (lt[0] + lt[2]) + (lt[1] + lt[3])
-                                                                          : (lt[0] + lt[1]) + (lt[2] + lt[3]);
-      const float* o = &out(t, 0);
-      switch (f.output.finalize) {
-        case Finalize::divide:
-          for (Eigen::Index c = 0; c < dv; ++c) {
-            const float x = o[c] / sum;
-            if (!std::isfinite(x))
-              throw InputError("V", "values",
-                               "row " + std::to_string(i) + ": P V overflows " + f.name + "'s FP16 accumulator (a block's "
-                               "sum beyond 65504); the kernel would return inf there (docs/kernels-as-data.md)");
-            r.o(row, c) = x;
-          }
-          break;
-        case Finalize::f64:
-          for (Eigen::Index c = 0; c < dv; ++c) r.o(row, c) = static_cast<float>(o[c] * v_scale(c) / sum + v_mean(c));
-          break;
-        case Finalize::reciprocal: {
-          const float os = (1.0f / sum) * v_descale;
-          for (Eigen::Index c = 0; c < dv; ++c) r.o(row, c) = o[c] * os;
-          break;
-        }
-        case Finalize::reciprocal_channel: {  // fl32(fl32(O fl32(1 / l)) scale_c) (+ mean_c), float32
-          const float inv = 1.0f / sum;
-          for (Eigen::Index c = 0; c < dv; ++c) {
-            float x = (o[c] * inv) * static_cast<float>(v_scale(c));
-            if (f.v.smooth) x += static_cast<float>(v_mean(c));
-            r.o(row, c) = x;
-          }
-          break;
-        }
-      }
-      if (f.output.format == KernelFormat::fp16)
-        for (Eigen::Index c = 0; c < dv; ++c) r.o(row, c) = round_to_binary16(r.o(row, c));
-      else if (f.output.format == KernelFormat::bf16)
-        for (Eigen::Index c = 0; c < dv; ++c) r.o(row, c) = round_to_bfloat16(r.o(row, c));
-      // P as probabilities: P8 base^(ref_block - ref_final) / l, the factor once per key block
-      // the reference of the last block processed is the row's final one (the max only grows; a row's first
-      // visible block is processed before its last)
-      if (from_rescales) {  // p.from rescales: P8 s_P times the rescales applied after the block, over l
-        double later = 1.0;
-        for (Eigen::Index bi = blocks; bi-- > 0;) {
-          const Eigen::Index b = f.keys.order == KeyOrder::forward ? bi : blocks - 1 - bi;
-          const double weight = tiled ? tile_scale(t, b) : 1.0;
-          if (ref_block(t, b) != kNegInf)
-            for (Eigen::Index j = block_begin[static_cast<std::size_t>(b)]; j < std::min(lk, block_begin[static_cast<std::size_t>(b + 1)]); ++j)
-              if (s(t, j) != kNegInf && p8(t, j) != 0) r.p(row, j) = (p8(t, j) * weight) * (later / sum);
-          later *= rescale_block(t, b);
-        }
-        continue;
-      }
-      const double last = ref_block(t, f.keys.order == KeyOrder::forward ? blocks - 1 : 0);
-      for (Eigen::Index b = 0; b < blocks; ++b) {
-        if (ref_block(t, b) == kNegInf) continue;
-        const double x = static_cast<double>(ref_block(t, b)) - last;
-        const double e = sm.base == SoftmaxBase::two ? std::exp2(x) : std::exp(x);
-        for (Eigen::Index j = block_begin[static_cast<std::size_t>(b)]; j < std::min(lk, block_begin[static_cast<std::size_t>(b + 1)]); ++j)
-          if (s(t, j) != kNegInf && p8(t, j) != 0) r.p(row, j) = (tiled ? p8(t, j) * tile_scale(t, b) : p8(t, j)) * e / sum;
-      }
-    }
+  for (Eigen::Index c0 = loop.first; c0 < loop.last; c0 += loop.chunk_rows) {
+    const Eigen::Index n = std::min(loop.chunk_rows, loop.last - c0);
+    loop.masked_logits(c0, n);
+    loop.start_chunk();
+    for (Eigen::Index bi = 0; bi < loop.blocks; ++bi) loop.key_block(c0, n, loop.block_at(bi));
+    for (Eigen::Index t = 0; t < n; ++t) loop.finalize_row(t, c0 + t, r);
   }
   return r;
 }

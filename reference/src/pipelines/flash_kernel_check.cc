@@ -30,7 +30,10 @@ using flash_detail::format_max;
 using flash_detail::is_int;
 using flash_detail::shown;
 
-std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
+namespace {
+
+// Q and K: the format, groups, S's unit, and each format's scale, smoothing and FlashQ range rules.
+std::optional<KernelProblem> check_qk(const FlashKernel& k) {
   const bool qk_int = is_int(k.qk.format);
   const bool qk_mx = k.qk.format == KernelFormat::mxfp4;
   const bool qk_fp4 = k.qk.format == KernelFormat::nvfp4 || qk_mx;
@@ -80,6 +83,12 @@ std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
     if (k.softmax.scale_at == ScaleAt::q && k.qk.arith != ScaleArith::f32)
       return KernelProblem{"qk.arith", "softmax.scale_at q folds the scale into Q in float32: f32"};
   }
+  return std::nullopt;
+}
+
+// The exponent (where the scale enters, base, SAS), the rescale threshold, the row sum's threads and tiles, the
+// software exp2 and the reference rule.
+std::optional<KernelProblem> check_softmax(const FlashKernel& k) {
   if (k.softmax.max_rule == MaxRule::scaled && k.softmax.scale_at != ScaleAt::exp)
     return KernelProblem{"softmax.max_rule", "scaled takes the max of fma(S, s2, -offset): softmax.scale_at exp"};
   if ((k.softmax.scale_at == ScaleAt::q || k.softmax.scale_at == ScaleAt::exp) && k.softmax.base != SoftmaxBase::two)
@@ -92,6 +101,7 @@ std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
     if (!(k.softmax.sas_nr >= -64 && k.softmax.sas_nr <= -1e-3))
       return KernelProblem{"softmax.sas_nr", "the sparsity threshold n_r in [-64, -0.001]"};
   }
+  // a Q/K check, in its place in the order (the first problem found is the one reported)
   if (k.qk.format != KernelFormat::int8 && k.qk.max != 0) return KernelProblem{"qk.max", "0 (FlashQ's R is for int8 Q/K)"};
   if (!(k.softmax.rescale_threshold >= 0) || !std::isfinite(k.softmax.rescale_threshold))
     return KernelProblem{"softmax.rescale_threshold", "must be finite and >= 0"};
@@ -119,6 +129,11 @@ std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
     return KernelProblem{"softmax.ref_rule", "fma forms the reference from a raw max: softmax.scale_at exp, max_rule raw"};
   if (k.softmax.row_sum_tile == RowSumTile::mma16 && k.softmax.row_sum_threads != 4)
     return KernelProblem{"softmax.row_sum_tile", "mma16 spreads a row over the quad of threads: row_sum_threads 4"};
+  return std::nullopt;
+}
+
+// P~ and P: the offset and scale, P~ tiles (p.max) with the exact P V unit, the formats P may take.
+std::optional<KernelProblem> check_p(const FlashKernel& k) {
   if (!std::isfinite(k.p.offset)) return KernelProblem{"p.offset", "must be finite"};
   if (!(k.p.scale > 0) || !std::isfinite(k.p.scale)) return KernelProblem{"p.scale", "must be finite and > 0"};
   if ((k.pv.unit == PvUnit::exact) != (k.p.max > 0))
@@ -139,6 +154,11 @@ std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
   }
   if (k.p.format == KernelFormat::int4 || k.p.format == KernelFormat::mxfp4)
     return KernelProblem{"p.format", "e4m3, e5m2, int8, fp16, bf16, fp32 or nvfp4"};
+  return std::nullopt;
+}
+
+// V's format, NVFP4 P and V (block16 scales, the b200-nvf4 unit, P's block scales), the fused promotion.
+std::optional<KernelProblem> check_v_format_and_nvfp4(const FlashKernel& k) {
   const KernelFormat vf = k.v.format;
   if (vf != KernelFormat::e4m3 && vf != KernelFormat::e5m2 && vf != KernelFormat::int8 && vf != KernelFormat::fp16 &&
       vf != KernelFormat::nvfp4)
@@ -158,6 +178,12 @@ std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
   }
   if (k.pv.promote_fma && (k.keys.block <= 0 || k.pv.promote_keys != k.keys.block))
     return KernelProblem{"pv.promote_fma", "O = fma(O, r, acc) at each block: pv.promote_keys = keys.block"};
+  return std::nullopt;
+}
+
+// V's scale rule with the formats, arithmetic and finalize it takes; v.smooth and v.max.
+std::optional<KernelProblem> check_v_scale(const FlashKernel& k) {
+  const KernelFormat vf = k.v.format;
   switch (k.v.scale) {
     case VScale::block:
       if (vf != KernelFormat::int8 || k.pv.unit != PvUnit::exact)
@@ -200,6 +226,12 @@ std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
     const double least = vf == KernelFormat::e4m3 ? 0x1p-6 : vf == KernelFormat::e5m2 ? 0x1p-14 : 1.0;
     if (k.v.max < least) return KernelProblem{"v.max", "0, or at least v.format's smallest normal, " + shown(least)};
   }
+  return std::nullopt;
+}
+
+// P V's unit against P's and V's formats, the promotion and key block sizes, O's format.
+std::optional<KernelProblem> check_pv_and_output(const FlashKernel& k) {
+  const KernelFormat vf = k.v.format;
   switch (k.pv.unit) {
     case PvUnit::h100_hmma_f16_acc16:
       if (k.p.format != KernelFormat::fp16 || vf != KernelFormat::fp16)
@@ -224,6 +256,16 @@ std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
   const KernelFormat of = k.output.format;
   if (of != KernelFormat::fp32 && of != KernelFormat::fp16 && of != KernelFormat::bf16)
     return KernelProblem{"output.format", "fp32, fp16 or bf16"};
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<KernelProblem> check_kernel(const FlashKernel& k) {
+  // in this order: the first problem found is the one reported
+  for (const auto check :
+       {check_qk, check_softmax, check_p, check_v_format_and_nvfp4, check_v_scale, check_pv_and_output})
+    if (std::optional<KernelProblem> p = check(k)) return p;
   return std::nullopt;
 }
 

@@ -335,48 +335,15 @@ void FlashCall::prepare_nvfp4_qk(const MatrixView& q_in, const MatrixView& k_raw
   s2 = scale_log2();  // no descales: the block scales are inside the products
 }
 
+// V as the P V unit reads it (quantised once, with Q and K), by v.scale; then the unit's own layouts (HMMA's binary16
+// exponents, the per-channel code columns of an mma_dot unit).
 void FlashCall::prepare_v(const MatrixView& v) {
   const FlashKernel::V& p = f.v;
-  const std::size_t count = static_cast<std::size_t>(lk * dv);
   v_scale = Eigen::RowVectorXd::Ones(dv);
   v_mean = Eigen::RowVectorXd::Zero(dv);
-  if (p.scale == VScale::block16) {  // NVFP4: per channel, blocks of 16 keys (the last one padded with zeros)
-    const Eigen::Index blocks = (lk + 15) / 16;
-    v4.resize(lk, dv);
-    v4_scale.resize(blocks, dv);
-    v4_exp.resize(blocks, dv);
-    std::array<float, 16> x;
-    for (Eigen::Index c = 0; c < dv; ++c)
-      for (Eigen::Index b = 0; b < blocks; ++b) {
-        const Eigen::Index n = std::min<Eigen::Index>(16, lk - b * 16);
-        for (Eigen::Index i = 0; i < n; ++i) x[static_cast<std::size_t>(i)] = to_f32(v(b * 16 + i, c), "V", b * 16 + i, c, f.name, "quantises");
-        v4_scale(b, c) = nvfp4_block(x.data(), static_cast<std::size_t>(n), 1, &v4(b * 16, c), static_cast<std::size_t>(dv));
-        v4_exp(b, c) = scale_exponent(v4_scale(b, c));
-      }
-    return;
-  }
-  if (p.scale == VScale::block) {  // FlashQ: int8 per key block over every channel, amax / v.max (or the key side's)
-    const auto int8_of = [&](const RowMatrixXi32& x) {
-      if (x.size() && (x.minCoeff() < -128 || x.maxCoeff() > 127))
-        throw std::logic_error(f.name + ": a V code leaves int8");  // not reached: FlashQ codes and clamped values
-      return RowMatrixXi8(x.cast<std::int8_t>());
-    };
-    if (kc) {
-      v_int = int8_of(kc->v_settled);
-      if (buffered) v_int_buffer = int8_of(kc->v_buffer);
-      v_block_scale = kc->v_scale;
-      return;
-    }
-    v_int.resize(lk, dv);
-    const int range = p.max > 0 ? static_cast<int>(p.max) : 127;
-    for (Eigen::Index b0 = 0; b0 < lk; b0 += key_block) {
-      const Eigen::Index n = std::min(key_block, lk - b0);
-      FlashQBlock blk = flashq_quantize_block(v.middleRows(b0, n), range);
-      v_int.middleRows(b0, n) = blk.values.cast<std::int8_t>();  // in [-range, range]
-      v_block_scale.push_back(blk.scale);
-    }
-    return;
-  }
+  if (p.scale == VScale::block16) return prepare_v_nvfp4(v);
+  if (p.scale == VScale::block) return prepare_v_flashq(v);
+  const std::size_t count = static_cast<std::size_t>(lk * dv);
   if (p.scale == VScale::tensor) {  // E4M3 per tensor (validate); decoded for the units that read values
     std::vector<float> descale;
     v_codes = e4m3_groups(v, p.rule, 0, "V", f.name, descale);
@@ -385,67 +352,20 @@ void FlashCall::prepare_v(const MatrixView& v) {
       v_values.resize(count);
       for (std::size_t i = 0; i < count; ++i) v_values[i] = static_cast<float>(lowp_decode(v_codes[i], fp8_e4m3fn()));
     }
-  } else if (p.format == KernelFormat::fp16 && p.scale == VScale::none) {
+  } else if (p.format == KernelFormat::fp16 && p.scale == VScale::none) {  // binary16 as is, refused beyond it
     v_values.resize(count);
     for (Eigen::Index j = 0; j < lk; ++j)
       for (Eigen::Index c = 0; c < dv; ++c) {
         const double x = round_to_binary16(v(j, c));
         if (!std::isfinite(x))
-          throw InputError("V", at(j, c), shown(v(j, c)) + " is beyond binary16 (65504), in which " + f.name + " holds V");
+          throw InputError("V", at(j, c),
+                           shown(v(j, c)) + " is beyond binary16 (65504), in which " + f.name + " holds V");
         v_values[static_cast<std::size_t>(j * dv + c)] = static_cast<float>(x);
       }
-  } else if (p.arith == ScaleArith::f32) {  // per channel, float32: v8 = E4M3(fl32(fl32(v) fl32(max / amax)))
-    RowMatrixXd v8(lk, dv);
-    const float range = static_cast<float>(p.max > 0 ? p.max : format_max(p.format));
-    for (Eigen::Index c = 0; c < dv; ++c) {
-      float amax = 0;
-      for (Eigen::Index j = 0; j < lk; ++j) amax = std::max(amax, std::fabs(to_f32(v(j, c), "V", j, c, f.name, "scales")));
-      v_scale(c) = amax > 0 ? amax / range : 1.0f;  // an all-zero channel: scale 1 (the kernels divide 0 by 0)
-      const float recip = amax > 0 ? range / amax : 1.0f;
-      for (Eigen::Index j = 0; j < lk; ++j)
-        v8(j, c) = lowp_round(static_cast<float>(v(j, c)) * recip, p.format == KernelFormat::e5m2 ? fp8_e5m2() : fp8_e4m3fn(),
-                              LowpRounding::rne, LowpOverflow::saturate);
-    }
-    v_values.resize(count);
-    if (p.format == KernelFormat::e4m3) v_codes.resize(count);
-    for (Eigen::Index j = 0; j < lk; ++j)
-      for (Eigen::Index c = 0; c < dv; ++c) {
-        const auto at_jc = static_cast<std::size_t>(j * dv + c);
-        if (p.format == KernelFormat::e4m3) v_codes[at_jc] = static_cast<std::uint8_t>(lowp_encode(v8(j, c), fp8_e4m3fn()));
-        v_values[at_jc] = static_cast<float>(v8(j, c));
-      }
-  } else {  // per channel, float64: V (- mean) scaled to the format's top, rounded
-    RowMatrixXd v8 = v;
-    if (p.smooth && lk > 0) {
-      v_mean = v.colwise().mean();
-      v8.rowwise() -= v_mean;
-    }
-    const double range = p.format == KernelFormat::fp16 ? 1 : p.max > 0 ? p.max : format_max(p.format);
-    for (Eigen::Index c = 0; c < dv; ++c) {
-      const double amax = lk ? v8.col(c).cwiseAbs().maxCoeff() : 0.0;
-      v_scale(c) = p.format == KernelFormat::fp16 ? 1.0 : (amax > 0 ? amax / range : 1.0);
-      for (Eigen::Index j = 0; j < lk; ++j) {
-        const double x = v8(j, c) / v_scale(c);
-        switch (p.format) {
-          case KernelFormat::e4m3: v8(j, c) = lowp_round(x, fp8_e4m3fn(), LowpRounding::rne, LowpOverflow::saturate); break;
-          case KernelFormat::e5m2: v8(j, c) = lowp_round(x, fp8_e5m2(), LowpRounding::rne, LowpOverflow::saturate); break;
-          case KernelFormat::int8: v8(j, c) = std::clamp(std::nearbyint(x), -127.0, 127.0); break;
-          default: v8(j, c) = round_to_binary16(x); break;
-        }
-      }
-    }
-    if (f.pv.unit == PvUnit::h100_wgmma_e4m3 || f.pv.unit == PvUnit::b200_tcgen05_e4m3 ||
-        f.pv.unit == PvUnit::ada_mma_e4m3 || f.pv.unit == PvUnit::ada_mma_e4m3_acc16 ||
-        pv_column_model(f.pv.unit) != nullptr) {
-      v_codes.resize(count);
-      for (Eigen::Index j = 0; j < lk; ++j)
-        for (Eigen::Index c = 0; c < dv; ++c)
-          v_codes[static_cast<std::size_t>(j * dv + c)] = static_cast<std::uint8_t>(lowp_encode(v8(j, c), fp8_e4m3fn()));
-    } else {
-      v_values.resize(count);
-      for (Eigen::Index j = 0; j < lk; ++j)
-        for (Eigen::Index c = 0; c < dv; ++c) v_values[static_cast<std::size_t>(j * dv + c)] = static_cast<float>(v8(j, c));
-    }
+  } else if (p.arith == ScaleArith::f32) {
+    prepare_v_channel_f32(v);
+  } else {
+    prepare_v_channel_f64(v);
   }
   if (f.pv.unit == PvUnit::h100_hmma_f16_acc16) {
     v_exponents.resize(count);
@@ -457,6 +377,115 @@ void FlashCall::prepare_v(const MatrixView& v) {
       for (Eigen::Index c = 0; c < dv; ++c) v_codes_t(c, j) = v_codes[static_cast<std::size_t>(j * dv + c)];
     v_codes.clear();
     v_codes.shrink_to_fit();
+  }
+}
+
+// v.scale block16, NVFP4: per channel, blocks of 16 keys (the last one padded with zeros)
+void FlashCall::prepare_v_nvfp4(const MatrixView& v) {
+  const Eigen::Index blocks = (lk + 15) / 16;
+  v4.resize(lk, dv);
+  v4_scale.resize(blocks, dv);
+  v4_exp.resize(blocks, dv);
+  std::array<float, 16> x;
+  for (Eigen::Index c = 0; c < dv; ++c)
+    for (Eigen::Index b = 0; b < blocks; ++b) {
+      const Eigen::Index n = std::min<Eigen::Index>(16, lk - b * 16);
+      for (Eigen::Index i = 0; i < n; ++i)
+        x[static_cast<std::size_t>(i)] = to_f32(v(b * 16 + i, c), "V", b * 16 + i, c, f.name, "quantises");
+      v4_scale(b, c) =
+          nvfp4_block(x.data(), static_cast<std::size_t>(n), 1, &v4(b * 16, c), static_cast<std::size_t>(dv));
+      v4_exp(b, c) = scale_exponent(v4_scale(b, c));
+    }
+}
+
+// v.scale block, FlashQ: int8 per key block over every channel, amax / v.max (or the key side's codes and scales)
+void FlashCall::prepare_v_flashq(const MatrixView& v) {
+  const auto int8_of = [&](const RowMatrixXi32& x) {
+    if (x.size() && (x.minCoeff() < -128 || x.maxCoeff() > 127))
+      throw std::logic_error(f.name + ": a V code leaves int8");  // not reached: FlashQ codes and clamped values
+    return RowMatrixXi8(x.cast<std::int8_t>());
+  };
+  if (kc) {
+    v_int = int8_of(kc->v_settled);
+    if (buffered) v_int_buffer = int8_of(kc->v_buffer);
+    v_block_scale = kc->v_scale;
+    return;
+  }
+  v_int.resize(lk, dv);
+  const int range = f.v.max > 0 ? static_cast<int>(f.v.max) : 127;
+  for (Eigen::Index b0 = 0; b0 < lk; b0 += key_block) {
+    const Eigen::Index n = std::min(key_block, lk - b0);
+    FlashQBlock blk = flashq_quantize_block(v.middleRows(b0, n), range);
+    v_int.middleRows(b0, n) = blk.values.cast<std::int8_t>();  // in [-range, range]
+    v_block_scale.push_back(blk.scale);
+  }
+}
+
+// v.scale channel, float32: v8 = E4M3(fl32(fl32(v) fl32(max / amax))) (or E5M2), the scale fl32(amax / max)
+void FlashCall::prepare_v_channel_f32(const MatrixView& v) {
+  const FlashKernel::V& p = f.v;
+  const std::size_t count = static_cast<std::size_t>(lk * dv);
+  RowMatrixXd v8(lk, dv);
+  const float range = static_cast<float>(p.max > 0 ? p.max : format_max(p.format));
+  const LowpFormat& format = p.format == KernelFormat::e5m2 ? fp8_e5m2() : fp8_e4m3fn();
+  for (Eigen::Index c = 0; c < dv; ++c) {
+    float amax = 0;
+    for (Eigen::Index j = 0; j < lk; ++j)
+      amax = std::max(amax, std::fabs(to_f32(v(j, c), "V", j, c, f.name, "scales")));
+    v_scale(c) = amax > 0 ? amax / range : 1.0f;  // an all-zero channel: scale 1 (the kernels divide 0 by 0)
+    const float recip = amax > 0 ? range / amax : 1.0f;
+    for (Eigen::Index j = 0; j < lk; ++j)
+      v8(j, c) = lowp_round(static_cast<float>(v(j, c)) * recip, format, LowpRounding::rne, LowpOverflow::saturate);
+  }
+  v_values.resize(count);
+  if (p.format == KernelFormat::e4m3) v_codes.resize(count);
+  for (Eigen::Index j = 0; j < lk; ++j)
+    for (Eigen::Index c = 0; c < dv; ++c) {
+      const auto at_jc = static_cast<std::size_t>(j * dv + c);
+      if (p.format == KernelFormat::e4m3)
+        v_codes[at_jc] = static_cast<std::uint8_t>(lowp_encode(v8(j, c), fp8_e4m3fn()));
+      v_values[at_jc] = static_cast<float>(v8(j, c));
+    }
+}
+
+// v.scale channel, float64: V (- its token mean, v.smooth) scaled per channel to the format's top (v.max), rounded;
+// held as E4M3 codes for the units that read codes, else as values
+void FlashCall::prepare_v_channel_f64(const MatrixView& v) {
+  const FlashKernel::V& p = f.v;
+  const std::size_t count = static_cast<std::size_t>(lk * dv);
+  RowMatrixXd v8 = v;
+  if (p.smooth && lk > 0) {
+    v_mean = v.colwise().mean();
+    v8.rowwise() -= v_mean;
+  }
+  const double range = p.format == KernelFormat::fp16 ? 1 : p.max > 0 ? p.max : format_max(p.format);
+  for (Eigen::Index c = 0; c < dv; ++c) {
+    const double amax = lk ? v8.col(c).cwiseAbs().maxCoeff() : 0.0;
+    v_scale(c) = p.format == KernelFormat::fp16 ? 1.0 : (amax > 0 ? amax / range : 1.0);
+    for (Eigen::Index j = 0; j < lk; ++j) {
+      const double x = v8(j, c) / v_scale(c);
+      switch (p.format) {
+        case KernelFormat::e4m3:
+          v8(j, c) = lowp_round(x, fp8_e4m3fn(), LowpRounding::rne, LowpOverflow::saturate);
+          break;
+        case KernelFormat::e5m2: v8(j, c) = lowp_round(x, fp8_e5m2(), LowpRounding::rne, LowpOverflow::saturate); break;
+        case KernelFormat::int8: v8(j, c) = std::clamp(std::nearbyint(x), -127.0, 127.0); break;
+        default: v8(j, c) = round_to_binary16(x); break;
+      }
+    }
+  }
+  if (f.pv.unit == PvUnit::h100_wgmma_e4m3 || f.pv.unit == PvUnit::b200_tcgen05_e4m3 ||
+      f.pv.unit == PvUnit::ada_mma_e4m3 || f.pv.unit == PvUnit::ada_mma_e4m3_acc16 ||
+      pv_column_model(f.pv.unit) != nullptr) {
+    v_codes.resize(count);
+    for (Eigen::Index j = 0; j < lk; ++j)
+      for (Eigen::Index c = 0; c < dv; ++c)
+        v_codes[static_cast<std::size_t>(j * dv + c)] = static_cast<std::uint8_t>(lowp_encode(v8(j, c), fp8_e4m3fn()));
+  } else {
+    v_values.resize(count);
+    for (Eigen::Index j = 0; j < lk; ++j)
+      for (Eigen::Index c = 0; c < dv; ++c)
+        v_values[static_cast<std::size_t>(j * dv + c)] = static_cast<float>(v8(j, c));
   }
 }
 

@@ -392,34 +392,41 @@ std::string kernel_to_json(const FlashKernel& k) {
   return j.dump(2) + "\n";
 }
 
-FlashKernel kernel_from_json(const std::string& text, const std::string& file) {
-  nlohmann::json j;
-  // A key given twice in one object is refused (the parser would keep the last one silently): the path of each
-  // open object, and the keys it has had.
+namespace {
+
+// The file's JSON, refusing a key given twice in one object (the parser would keep the last one silently): the path
+// of each open object, and the keys it has had.
+nlohmann::json parse_description(const std::string& text, const std::string& file) {
   std::vector<std::pair<std::string, std::set<std::string>>> open;
   std::string last_key;
+  const auto path_of = [&](const std::string& key) {  // the key's dotted path in the innermost open object
+    return open.back().first.empty() ? key : open.back().first + "." + key;
+  };
   const auto on_event = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
     using E = nlohmann::json::parse_event_t;
     if (event == E::object_start) {
-      const std::string path = open.empty() ? "" : open.back().first.empty() ? last_key : open.back().first + "." + last_key;
-      open.emplace_back(path, std::set<std::string>{});
+      open.emplace_back(open.empty() ? std::string() : path_of(last_key), std::set<std::string>{});
     } else if (event == E::object_end) {
       if (!open.empty()) open.pop_back();
     } else if (event == E::key && !open.empty()) {
       last_key = parsed.get<std::string>();
       if (!open.back().second.insert(last_key).second)
-        throw InputError(file, open.back().first.empty() ? last_key : open.back().first + "." + last_key,
-                         "given twice (a description names each field once)");
+        throw InputError(file, path_of(last_key), "given twice (a description names each field once)");
     }
     return true;
   };
+  nlohmann::json j;
   try {
     j = nlohmann::json::parse(text, on_event);
   } catch (const nlohmann::json::parse_error& e) {
     throw InputError(file, "JSON", std::string("not valid JSON: ") + e.what());
   }
   if (!j.is_object()) throw InputError(file, "JSON", "a kernel description is a JSON object");
-  // Every leaf of the file is a known field; every field is in the file.
+  return j;
+}
+
+// The leaves of the file by dotted name, each a known field.
+std::map<std::string, const nlohmann::json*> field_values(const nlohmann::json& j, const std::string& file) {
   std::map<std::string, const nlohmann::json*> leaves;
   std::function<void(const nlohmann::json&, const std::string&)> walk = [&](const nlohmann::json& node,
                                                                           const std::string& prefix) {
@@ -437,6 +444,38 @@ FlashKernel kernel_from_json(const std::string& text, const std::string& file) {
     for (const std::string& n : names) known = known || n == name;
     if (!known) throw InputError(file, name, "no such field (fields: " + join(names) + ")");
   }
+  return leaves;
+}
+
+// A field's JSON value as the text set_kernel_field takes, refused naming the field where its type is wrong.
+std::string field_text(const FieldAccess& f, const nlohmann::json& v, const std::string& file) {
+  switch (f.info.type) {
+    case KernelFieldType::text:
+    case KernelFieldType::choice:
+      if (!v.is_string()) {
+        const std::string takes = f.info.choices.empty() ? "" : " (one of " + join(f.info.choices) + ")";
+        throw InputError(file, f.info.name, "expected a string" + takes + ", got " + v.dump());
+      }
+      return v.get<std::string>();
+    case KernelFieldType::integer:
+      if (!v.is_number_integer()) throw InputError(file, f.info.name, "expected an integer, got " + v.dump());
+      return std::to_string(v.get<long long>());
+    case KernelFieldType::real:
+      if (!v.is_number()) throw InputError(file, f.info.name, "expected a number, got " + v.dump());
+      return real_text(v.get<double>());
+    case KernelFieldType::boolean:
+      if (!v.is_boolean()) throw InputError(file, f.info.name, "expected true or false, got " + v.dump());
+      return v.get<bool>() ? "true" : "false";
+  }
+  return {};
+}
+
+}  // namespace
+
+FlashKernel kernel_from_json(const std::string& text, const std::string& file) {
+  const nlohmann::json j = parse_description(text, file);
+  // Every leaf of the file is a known field; every field is in the file.
+  const std::map<std::string, const nlohmann::json*> leaves = field_values(j, file);
   FlashKernel k;
   for (const FieldAccess& f : fields()) {
     const auto it = leaves.find(f.info.name);
@@ -447,32 +486,9 @@ FlashKernel kernel_from_json(const std::string& text, const std::string& file) {
       if (f.info.name == "v.arith" && k.v.scale == VScale::tensor) k.v.arith = ScaleArith::f32;
       continue;
     }
-    const nlohmann::json& v = *it->second;
-    std::string text_value;
-    switch (f.info.type) {
-      case KernelFieldType::text:
-      case KernelFieldType::choice:
-        if (!v.is_string())
-          throw InputError(file, f.info.name, std::string("expected a string") +
-                                                  (f.info.choices.empty() ? "" : " (one of " + join(f.info.choices) + ")") +
-                                                  ", got " + v.dump());
-        text_value = v.get<std::string>();
-        break;
-      case KernelFieldType::integer:
-        if (!v.is_number_integer()) throw InputError(file, f.info.name, "expected an integer, got " + v.dump());
-        text_value = std::to_string(v.get<long long>());
-        break;
-      case KernelFieldType::real:
-        if (!v.is_number()) throw InputError(file, f.info.name, "expected a number, got " + v.dump());
-        text_value = real_text(v.get<double>());
-        break;
-      case KernelFieldType::boolean:
-        if (!v.is_boolean()) throw InputError(file, f.info.name, "expected true or false, got " + v.dump());
-        text_value = v.get<bool>() ? "true" : "false";
-        break;
-    }
+    const std::string value = field_text(f, *it->second, file);
     try {
-      f.set(k, text_value);
+      f.set(k, value);
     } catch (const SpecError& e) {
       throw InputError(file, f.info.name, e.what());
     }
