@@ -38,6 +38,7 @@
 #include "qattn/tensor.h"
 #include "qattn/tensor_io.h"
 #include "evaluate.h"
+#include "removed_directory.h"
 
 namespace qattn::cli {
 namespace {
@@ -239,13 +240,7 @@ void run_bench_eval(const BenchEvalOptions& o) {
   char tmpl[] = "/tmp/qattn-bench-eval-XXXXXX";
   if (!mkdtemp(tmpl)) throw InputError("/tmp", "scratch", "cannot create a directory");
   const fs::path dir = tmpl;
-  struct Remove {
-    fs::path p;
-    ~Remove() {
-      std::error_code e;
-      fs::remove_all(p, e);
-    }
-  } cleanup{dir};
+  const RemovedDirectory cleanup{dir};
   std::vector<std::string> methods;
   for (const std::string& s : o.specs) methods.insert(methods.end(), {"--method", s});
   trial_run(dir, o.d, methods);

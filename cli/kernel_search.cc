@@ -19,6 +19,7 @@
 #include "qattn/parallel.h"
 #include "qattn/reference/random.h"
 #include "qattn/tensor_io.h"
+#include "removed_directory.h"
 
 namespace qattn::cli {
 namespace fs = std::filesystem;
@@ -277,14 +278,7 @@ void write_search_dump(const SearchInput& in, Eigen::Index head_dim, const fs::p
   const mode_t mask = umask(0);
   umask(mask);
   fs::permissions(staging, static_cast<fs::perms>(0777 & ~mask), ec);  // as mkdir would make it, not mkdtemp's 0700
-  struct RemoveStaging {
-    fs::path dir;
-    bool keep = false;
-    ~RemoveStaging() {
-      std::error_code e;
-      if (!keep) fs::remove_all(dir, e);
-    }
-  } cleanup{staging};
+  RemovedDirectory cleanup{staging};
   const eval::DumpLayer l = search_input(in, head_dim);
   const auto f32_tensor = [](const RowMatrixXd& x) {
     const std::vector<double> values(x.data(), x.data() + x.size());

@@ -64,76 +64,83 @@ std::size_t nesting_depth(std::string_view text) {
   return deepest;
 }
 
-}  // namespace
-
-std::vector<NamedTensor> parse_safetensors(std::span<const std::byte> data, const std::string& source) {
+// The header's JSON, checked: the 8-byte length within the limit and the file, the nesting within
+// kMaxSafetensorsNesting, and the text a JSON object. *n is the header's length in bytes.
+json parse_header(std::span<const std::byte> data, const std::string& source, std::uint64_t* n) {
   if (data.size() < 8)
     throw InputError(source, "header_len", "file is " + std::to_string(data.size()) + " bytes, shorter than 8");
-  std::uint64_t n = 0;
-  std::memcpy(&n, data.data(), 8);  // little-endian host
-  if (n > kMaxSafetensorsHeaderBytes)
+  std::memcpy(n, data.data(), 8);  // little-endian host
+  if (*n > kMaxSafetensorsHeaderBytes)
     throw InputError(source, "header_len",
-                     std::to_string(n) + " exceeds the limit of " + std::to_string(kMaxSafetensorsHeaderBytes));
-  if (n > data.size() - 8)
-    throw InputError(source, "header", "truncated: header needs " + std::to_string(n) + " bytes, " +
+                     std::to_string(*n) + " exceeds the limit of " + std::to_string(kMaxSafetensorsHeaderBytes));
+  if (*n > data.size() - 8)
+    throw InputError(source, "header", "truncated: header needs " + std::to_string(*n) + " bytes, " +
                                            std::to_string(data.size() - 8) + " present");
   const char* text = reinterpret_cast<const char*>(data.data() + 8);
-  if (nesting_depth({text, n}) > kMaxSafetensorsNesting)
+  if (nesting_depth({text, *n}) > kMaxSafetensorsNesting)
     throw InputError(source, "header", "JSON nests deeper than " + std::to_string(kMaxSafetensorsNesting) +
                                            " levels (a safetensors header needs 3)");
-  const json header = json::parse(text, text + n, nullptr, /*allow_exceptions=*/false);
+  json header = json::parse(text, text + *n, nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded()) throw InputError(source, "header", "not valid JSON");
   if (!header.is_object()) throw InputError(source, "header", "JSON header is not an object");
-  const std::uint64_t buffer = data.size() - 8 - n;
+  return header;
+}
 
-  std::vector<Entry> entries;
-  for (const auto& [name, info] : header.items()) {
-    const std::string f = "'" + name + "'";
-    if (name == "__metadata__") {
-      if (!info.is_object()) throw InputError(source, "__metadata__", "must be an object");
-      for (const auto& [k, v] : info.items())
-        if (!v.is_string()) throw InputError(source, "__metadata__." + k, "values must be strings");
-      continue;
-    }
-    if (!info.is_object()) throw InputError(source, f, "entry is not an object");
-    for (const char* key : {"dtype", "shape", "data_offsets"})
-      if (!info.contains(key)) throw InputError(source, f + "." + key, "missing");
-    Entry e;
-    e.name = name;
-    const json& code = info["dtype"];
-    if (!code.is_string()) throw InputError(source, f + ".dtype", "must be a string");
-    const auto* c = std::find_if(std::begin(kCodes), std::end(kCodes),
-                                 [&](const StCode& x) { return code.get<std::string>() == x.code; });
-    if (c == std::end(kCodes))
-      throw InputError(source, f + ".dtype",
-                       "unsupported dtype " + code.dump() + " (supported: F64 F32 F16 BF16 I8 U8 I16 I32 I64)");
-    e.dtype = c->dtype;
-    const json& shape = info["shape"];
-    if (!shape.is_array()) throw InputError(source, f + ".shape", "must be an array");
-    if (shape.size() > static_cast<std::size_t>(kMaxRank))
-      throw InputError(source, f + ".shape", "more than " + std::to_string(kMaxRank) + " dimensions");
-    std::uint64_t count = 1;
-    for (const json& d : shape) {
-      const std::uint64_t dim = non_negative(d, source, f + ".shape");
-      if (dim > static_cast<std::uint64_t>(INT64_MAX) || __builtin_mul_overflow(count, dim, &count))
-        throw InputError(source, f + ".shape", "element count overflows");
-      e.shape.push_back(static_cast<std::int64_t>(dim));
-    }
-    const json& off = info["data_offsets"];
-    if (!off.is_array() || off.size() != 2) throw InputError(source, f + ".data_offsets", "must be [begin, end]");
-    e.begin = non_negative(off[0], source, f + ".data_offsets");
-    e.end = non_negative(off[1], source, f + ".data_offsets");
-    if (e.begin > e.end) throw InputError(source, f + ".data_offsets", "begin is after end");
-    if (e.end > buffer)
-      throw InputError(source, f + ".data_offsets",
-                       "end " + std::to_string(e.end) + " is beyond the data buffer of " + std::to_string(buffer) + " bytes");
-    std::uint64_t nbytes = 0;
-    if (__builtin_mul_overflow(count, dtype_size(e.dtype), &nbytes) || nbytes != e.end - e.begin)
-      throw InputError(source, f + ".data_offsets",
-                       "range holds " + std::to_string(e.end - e.begin) + " bytes but shape and dtype need " +
-                           std::to_string(count) + " x " + std::to_string(dtype_size(e.dtype)));
-    entries.push_back(std::move(e));
+// The shape of entry `f` (its quoted name), at most kMaxRank non-negative dimensions; *count is its element count.
+std::vector<std::int64_t> parse_shape(const json& shape, const std::string& source, const std::string& f,
+                                      std::uint64_t* count) {
+  if (!shape.is_array()) throw InputError(source, f + ".shape", "must be an array");
+  if (shape.size() > static_cast<std::size_t>(kMaxRank))
+    throw InputError(source, f + ".shape", "more than " + std::to_string(kMaxRank) + " dimensions");
+  std::vector<std::int64_t> out;
+  *count = 1;
+  for (const json& d : shape) {
+    const std::uint64_t dim = non_negative(d, source, f + ".shape");
+    if (dim > static_cast<std::uint64_t>(INT64_MAX) || __builtin_mul_overflow(*count, dim, count))
+      throw InputError(source, f + ".shape", "element count overflows");
+    out.push_back(static_cast<std::int64_t>(dim));
   }
+  return out;
+}
+
+// One tensor entry of the header: a known dtype, a shape, and data offsets within the `buffer` bytes of data whose
+// range holds exactly the shape's elements.
+Entry parse_entry(const std::string& name, const json& info, const std::string& source, std::uint64_t buffer) {
+  const std::string f = "'" + name + "'";
+  if (!info.is_object()) throw InputError(source, f, "entry is not an object");
+  for (const char* key : {"dtype", "shape", "data_offsets"})
+    if (!info.contains(key)) throw InputError(source, f + "." + key, "missing");
+  Entry e;
+  e.name = name;
+  const json& code = info["dtype"];
+  if (!code.is_string()) throw InputError(source, f + ".dtype", "must be a string");
+  const auto* c = std::find_if(std::begin(kCodes), std::end(kCodes),
+                               [&](const StCode& x) { return code.get<std::string>() == x.code; });
+  if (c == std::end(kCodes))
+    throw InputError(source, f + ".dtype",
+                     "unsupported dtype " + code.dump() + " (supported: F64 F32 F16 BF16 I8 U8 I16 I32 I64)");
+  e.dtype = c->dtype;
+  std::uint64_t count = 1;
+  e.shape = parse_shape(info["shape"], source, f, &count);
+  const json& off = info["data_offsets"];
+  if (!off.is_array() || off.size() != 2) throw InputError(source, f + ".data_offsets", "must be [begin, end]");
+  e.begin = non_negative(off[0], source, f + ".data_offsets");
+  e.end = non_negative(off[1], source, f + ".data_offsets");
+  if (e.begin > e.end) throw InputError(source, f + ".data_offsets", "begin is after end");
+  if (e.end > buffer)
+    throw InputError(source, f + ".data_offsets",
+                     "end " + std::to_string(e.end) + " is beyond the data buffer of " + std::to_string(buffer) +
+                         " bytes");
+  std::uint64_t nbytes = 0;
+  if (__builtin_mul_overflow(count, dtype_size(e.dtype), &nbytes) || nbytes != e.end - e.begin)
+    throw InputError(source, f + ".data_offsets",
+                     "range holds " + std::to_string(e.end - e.begin) + " bytes but shape and dtype need " +
+                         std::to_string(count) + " x " + std::to_string(dtype_size(e.dtype)));
+  return e;
+}
+
+// Sorts the entries by offset and checks that they tile the `buffer` data bytes: no overlap, no gap, nothing left.
+void check_tiling(std::vector<Entry>& entries, const std::string& source, std::uint64_t buffer) {
   std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
@@ -151,6 +158,25 @@ std::vector<NamedTensor> parse_safetensors(std::span<const std::byte> data, cons
   if (cursor != buffer)
     throw InputError(source, "data", "tensors cover " + std::to_string(cursor) + " of " + std::to_string(buffer) +
                                          " data bytes");
+}
+
+}  // namespace
+
+std::vector<NamedTensor> parse_safetensors(std::span<const std::byte> data, const std::string& source) {
+  std::uint64_t n = 0;
+  const json header = parse_header(data, source, &n);
+  const std::uint64_t buffer = data.size() - 8 - n;
+  std::vector<Entry> entries;
+  for (const auto& [name, info] : header.items()) {
+    if (name == "__metadata__") {
+      if (!info.is_object()) throw InputError(source, "__metadata__", "must be an object");
+      for (const auto& [k, v] : info.items())
+        if (!v.is_string()) throw InputError(source, "__metadata__." + k, "values must be strings");
+      continue;
+    }
+    entries.push_back(parse_entry(name, info, source, buffer));
+  }
+  check_tiling(entries, source, buffer);
 
   const std::byte* base = data.data() + 8 + n;
   std::vector<NamedTensor> out;

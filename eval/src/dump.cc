@@ -123,36 +123,30 @@ std::map<int, int> grouped_layers(const std::map<std::tuple<int, int, int>, std:
   return out;
 }
 
-// A directory of layer{L}_head{H}_{q,k,v,logits}.npy, or one .npz / .safetensors file holding tensors of those
-// names (".npy" suffixes inside an .npz are accepted). Keeps the kinds `target` needs. Refuses (InputError) a name
-// of that form whose L or H is not a number in [0, kMaxDumpNumber], and two names of one (layer, head, kind), whatever
-// the target and the filter keep. An attention dump's grouped-query layers (grouped_layers) go to *grouped, layer ->
-// query heads per K/V head; a K/V head of one is read where the filter keeps any query head of its group.
-std::vector<HeadTensors> read_heads(const fs::path& source, DumpTarget target, const DumpFilter* filter = nullptr,
-                                    std::map<int, int>* grouped = nullptr) {
-  std::error_code ec;
-  std::map<std::pair<int, int>, HeadTensors> found;
-  bool other_kind = false;  // files of the other target were seen (for the hint in the error)
-  int layer = 0, head = 0, kind = 0;
-  const bool softmax = target == DumpTarget::softmax;
-  auto wanted = [&](int k) { return softmax ? k == 3 : k < 3; };
-  auto slot = [&](int l, int h) -> HeadTensors& {
-    auto [it, fresh] = found.try_emplace({l, h});
-    if (fresh) it->second.layer = l, it->second.head = h;
-    return it->second;
-  };
-  const bool directory = fs::is_directory(source, ec);
-  const std::string names = softmax ? "layer{L}_head{H}_logits" : "layer{L}_head{H}_{q,k,v}";
-  std::string strays;  // files named like none of the dump's files (a misspelt head name), for the messages
-  // Every name is classified before any tensor is kept: a head file, one named like a head file whose number does not
-  // parse (refused, naming it), a layer's projection file, or a stray. Two names of one (layer, head, kind), such as
-  // layer0_head0_k.npy and layer0_head00_k.npy, are refused: either could be the one read.
+// One read_heads call: the source's names, classified, and the tensors the target and the filter keep.
+struct HeadScan {
+  // A name classified as a head file: (layer, head, kind), kind indexing kKindNames.
   struct HeadFile {
     int layer, head, kind;
   };
+
+  const fs::path& source;
+  const DumpFilter* filter;
+  bool softmax, directory;
+  std::map<std::pair<int, int>, HeadTensors> found;
+  bool other_kind = false;  // files of the other target were seen (for the hint in the error)
+  std::string strays;       // files named like none of the dump's files (a misspelt head name), for the messages
   std::map<std::tuple<int, int, int>, std::string> named;  // (layer, head, kind) -> the name that gave it
-  static const std::regex kLayerFile(R"(layer\d+_(attn_input|[wb][qkv])(\.npy)?)");
-  auto classify = [&](const std::string& name, const std::string& where) -> std::optional<HeadFile> {
+  std::map<int, int> groups;  // layer -> H_q / H_kv of the grouped-query layers, once every name is classified
+
+  bool wanted(int kind) const { return softmax ? kind == 3 : kind < 3; }
+
+  // Every name is classified before any tensor is kept: a head file, one named like a head file whose number does not
+  // parse (refused, naming it), a layer's projection file, or a stray. Two names of one (layer, head, kind), such as
+  // layer0_head0_k.npy and layer0_head00_k.npy, are refused: either could be the one read.
+  std::optional<HeadFile> classify(const std::string& name, const std::string& where) {
+    static const std::regex kLayerFile(R"(layer\d+_(attn_input|[wb][qkv])(\.npy)?)");
+    int layer = 0, head = 0, kind = 0;
     if (parse_head_name(name, ".npy", &layer, &head, &kind) || (!directory && parse_head_name(name, "", &layer, &head, &kind))) {
       if (auto [it, fresh] = named.try_emplace({layer, head, kind}, name); !fresh)
         throw InputError(source.string(), "--tensors",
@@ -164,11 +158,11 @@ std::vector<HeadTensors> read_heads(const fs::path& source, DumpTarget target, c
     if (const std::string why = bad_head_number(name, npy ? ".npy" : ""); !why.empty()) throw InputError(where, "name", why);
     if (!std::regex_match(name, kLayerFile)) strays += (strays.empty() ? "" : ", ") + name;
     return std::nullopt;
-  };
-  std::map<int, int> groups;  // layer -> H_q / H_kv of the grouped-query layers, once every name is classified
+  }
+
   // Whether the filter keeps a file of (layer, head, kind): a grouped layer's K/V head where it keeps any query head
   // of the group (each one asked, so that a listing sees them all).
-  auto kept = [&](const HeadFile& hf) {
+  bool kept(const HeadFile& hf) const {
     if (!filter) return true;
     const auto g = groups.find(hf.layer);
     if (hf.kind == 0 || hf.kind == 3 || g == groups.end()) return filter->keep(hf.layer, hf.head);
@@ -176,20 +170,26 @@ std::vector<HeadTensors> read_heads(const fs::path& source, DumpTarget target, c
     bool any = false;
     for (int h = hf.head * group; h < (hf.head + 1) * group; ++h) any = filter->keep(hf.layer, h) || any;
     return any;
-  };
+  }
+
   // Keeps one classified tensor file or member where the target and the filter want it; `read` gives its tensor.
-  auto keep = [&](const HeadFile& hf, const std::string& where, auto&& read) {
+  template <class Read>
+  void keep(const HeadFile& hf, const std::string& where, Read&& read) {
     if (!wanted(hf.kind)) {
       other_kind = true;
       return;
     }
     if (!kept(hf)) return;
-    HeadTensors& h = slot(hf.layer, hf.head);
+    auto [it, fresh] = found.try_emplace({hf.layer, hf.head});
+    HeadTensors& h = it->second;
+    if (fresh) h.layer = hf.layer, h.head = hf.head;
     h.where[hf.kind] = where;
     h.t[hf.kind] = read();
     if (directory && filter && filter->files_read) filter->files_read->push_back(where);
-  };
-  if (directory) {
+  }
+
+  // A directory's .npy files, in name order.
+  void scan_directory() {
     std::vector<fs::path> files;
     for (const auto& entry : fs::directory_iterator(source)) files.push_back(entry.path());
     std::sort(files.begin(), files.end());
@@ -199,7 +199,10 @@ std::vector<HeadTensors> read_heads(const fs::path& source, DumpTarget target, c
         if (const auto hf = classify(f.filename().string(), f.string())) head_files.push_back({f, *hf});
     if (!softmax) groups = grouped_layers(named, source, true);
     for (const auto& file : head_files) keep(file.second, file.first.string(), [&] { return read_npy(file.first); });
-  } else if (fs::is_regular_file(source, ec)) {
+  }
+
+  // An .npz's or .safetensors' members, in the file's order.
+  void scan_file() {
     if (filter && filter->files_read) filter->files_read->push_back(source.string());
     std::vector<NamedTensor> tensors = read_tensor_file(source);
     std::vector<std::optional<HeadFile>> kinds;
@@ -207,30 +210,51 @@ std::vector<HeadTensors> read_heads(const fs::path& source, DumpTarget target, c
     if (!softmax) groups = grouped_layers(named, source, false);
     for (std::size_t i = 0; i < tensors.size(); ++i)
       if (kinds[i]) keep(*kinds[i], source.string() + ":" + tensors[i].name, [&] { return std::move(tensors[i].tensor); });
-  } else if (!fs::exists(source, ec)) {
-    throw InputError(source.string(), "--tensors", "does not exist");
-  } else {
-    throw InputError(source.string(), "--tensors", "is neither a directory nor a regular file");
   }
-  const std::string stray_note =
-      strays.empty() ? "" : std::string(directory ? "; files" : "; tensors") + " not read, named like none of the dump's: " + strays;
-  if (found.empty() && !filter) {
-    std::string what = directory ? "no " + names + ".npy files found" + stray_note
-                                 : "is not a dump directory and holds no tensors named " + names + stray_note;
-    if (other_kind)
-      what += softmax ? " (it holds q/k/v: drop --softmax-only)" : " (it holds only logits: add --softmax-only)";
-    throw InputError(source.string(), "--tensors", what);
+
+  // The heads found, in (layer, head) order; refuses an unfiltered source with none, and a head missing a kind the
+  // target needs (outside the grouped layers, whose K/V heads are fewer).
+  std::vector<HeadTensors> checked_heads() {
+    const std::string stray_note = strays.empty() ? ""
+                                                  : std::string(directory ? "; files" : "; tensors") +
+                                                        " not read, named like none of the dump's: " + strays;
+    if (found.empty() && !filter) {
+      const std::string names = softmax ? "layer{L}_head{H}_logits" : "layer{L}_head{H}_{q,k,v}";
+      std::string what = directory ? "no " + names + ".npy files found" + stray_note
+                                   : "is not a dump directory and holds no tensors named " + names + stray_note;
+      if (other_kind)
+        what += softmax ? " (it holds q/k/v: drop --softmax-only)" : " (it holds only logits: add --softmax-only)";
+      throw InputError(source.string(), "--tensors", what);
+    }
+    std::vector<HeadTensors> heads;
+    for (auto& [lh, h] : found) {
+      for (int k = 0; k < kKinds; ++k)
+        if (wanted(k) && h.where[k].empty() && !groups.count(lh.first))
+          throw InputError(source.string(), "--tensors",
+                           "layer" + std::to_string(lh.first) + "_head" + std::to_string(lh.second) + "_" +
+                               kKindNames[k] + (directory ? ".npy" : "") + " is missing (q, k and v are all needed)" +
+                               stray_note);
+      heads.push_back(std::move(h));
+    }
+    return heads;
   }
-  std::vector<HeadTensors> heads;
-  for (auto& [lh, h] : found) {
-    for (int k = 0; k < kKinds; ++k)
-      if (wanted(k) && h.where[k].empty() && !groups.count(lh.first))
-        throw InputError(source.string(), "--tensors",
-                         "layer" + std::to_string(lh.first) + "_head" + std::to_string(lh.second) + "_" + kKindNames[k] +
-                             (directory ? ".npy" : "") + " is missing (q, k and v are all needed)" + stray_note);
-    heads.push_back(std::move(h));
-  }
-  if (grouped) *grouped = std::move(groups);
+};
+
+// A directory of layer{L}_head{H}_{q,k,v,logits}.npy, or one .npz / .safetensors file holding tensors of those
+// names (".npy" suffixes inside an .npz are accepted). Keeps the kinds `target` needs. Refuses (InputError) a name
+// of that form whose L or H is not a number in [0, kMaxDumpNumber], and two names of one (layer, head, kind), whatever
+// the target and the filter keep. An attention dump's grouped-query layers (grouped_layers) go to *grouped, layer ->
+// query heads per K/V head; a K/V head of one is read where the filter keeps any query head of its group.
+std::vector<HeadTensors> read_heads(const fs::path& source, DumpTarget target, const DumpFilter* filter = nullptr,
+                                    std::map<int, int>* grouped = nullptr) {
+  std::error_code ec;
+  HeadScan scan{source, filter, target == DumpTarget::softmax, fs::is_directory(source, ec)};
+  if (scan.directory) scan.scan_directory();
+  else if (fs::is_regular_file(source, ec)) scan.scan_file();
+  else if (!fs::exists(source, ec)) throw InputError(source.string(), "--tensors", "does not exist");
+  else throw InputError(source.string(), "--tensors", "is neither a directory nor a regular file");
+  std::vector<HeadTensors> heads = scan.checked_heads();
+  if (grouped) *grouped = std::move(scan.groups);
   return heads;
 }
 

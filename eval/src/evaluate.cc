@@ -20,12 +20,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Which methods run on blocks of query rows and how the rows are split (docs/streaming.md).
-struct StreamPlan {
-  Eigen::Index block_rows;
-  std::vector<bool> streamed;  // per method
-};
-
 // Where one (method, head) collects its panels: [batch entry][panel], filled by the items in any order and
 // folded in this order at the end.
 struct HeadSink {
@@ -102,6 +96,308 @@ void reference_rows(ReferenceRows& out, const DumpLayer& l, std::size_t h, std::
   out.o = &out.computed.o, out.p = &out.computed.p, out.row0 = 0;
 }
 
+// One head's group of streamed methods (methods_per_item of them), shared by the group's prepare and block items.
+struct StreamedGroup {
+  std::size_t li, b, h;               // the dump's layer, the batch entry and the head
+  std::vector<std::size_t> streamed;  // the group's methods, indices into evaluate_methods' list
+  std::string where;                  // the head's source, for errors
+  std::vector<PreparedSlot> calls;    // [the group's method]
+};
+
+// One evaluate_methods call: the sinks every work item writes its own slots of, and the items, added layer by layer
+// and run once.
+class Evaluation {
+ public:
+  Evaluation(const std::vector<DumpLayer>& dump, const std::vector<EvalMethod>& methods, const EvalOptions& options)
+      : dump_(dump), methods_(methods), options_(options), sinks_(methods.size()), in_order_(methods.size()) {
+    std::size_t n_units = 0;
+    for (const DumpLayer& l : dump) unit_of_layer_.push_back(n_units), n_units += l.heads.size();
+    for (auto& per_method : sinks_) per_method = std::vector<HeadSink>(n_units);
+  }
+
+  void add_layer(std::size_t li) {
+    if (dump_[li].softmax_only()) add_softmax_layer(li);
+    else add_attention_layer(li);
+  }
+
+  // The items, each writing only its own slots: whole calls first (the largest), then the streamed blocks. The calls
+  // of a method whose results depend on its earlier calls (traits.calls_in_order) are one item, in dump order.
+  void run() {
+    for (auto& calls : in_order_)
+      if (!calls.empty())
+        items_.insert(items_.begin(), [calls = std::move(calls)] {
+          for (const auto& call : calls) call();
+        });
+    items_.insert(items_.end(), std::make_move_iterator(streamed_items_.begin()),
+                  std::make_move_iterator(streamed_items_.end()));
+    std::atomic<std::size_t> done{0};
+    parallel_for(items_.size(), options_.threads, [&](std::size_t i) {
+      items_[i]();
+      const std::size_t now = ++done;
+      if (options_.progress) options_.progress(now, items_.size());
+    });
+  }
+
+  // The results, [method][layer][head] in the dump's order.
+  std::vector<HeadResult> results() {
+    std::vector<HeadResult> out;
+    for (std::size_t m = 0; m < methods_.size(); ++m)
+      for (std::size_t li = 0; li < dump_.size(); ++li)
+        for (std::size_t h = 0; h < dump_[li].heads.size(); ++h) out.push_back(head_result(m, li, h));
+    return out;
+  }
+
+ private:
+  HeadSink& sink(std::size_t m, std::size_t li, std::size_t h) { return sinks_[m][unit_of_layer_[li] + h]; }
+
+  void add_item(std::size_t m, std::function<void()> item) {
+    if (methods_[m].traits.calls_in_order) in_order_[m].push_back(std::move(item));
+    else items_.push_back(std::move(item));
+  }
+
+  // A softmax-only layer: one item per (method, head), over the head's batch entries.
+  void add_softmax_layer(std::size_t li) {
+    const DumpLayer& l = dump_[li];
+    const std::size_t batch = l.logits.front().size();
+    for (std::size_t m = 0; m < methods_.size(); ++m)
+      for (std::size_t h = 0; h < l.heads.size(); ++h) {
+        HeadSink& s = sink(m, li, h);
+        const Eigen::Index lq = l.logits[h].front().rows();
+        s.o.assign(batch * panels_of(lq), PanelStats{});
+        s.p.assign(batch * panels_of(lq), PanelStats{});
+        add_item(m, [this, li, m, h, batch, lq] { run_softmax_head(m, li, h, batch, lq); });
+      }
+  }
+
+  void run_softmax_head(std::size_t m, std::size_t li, std::size_t h, std::size_t batch, Eigen::Index lq) {
+    const DumpLayer& l = dump_[li];
+    HeadSink& s = sink(m, li, h);
+    for (std::size_t b = 0; b < batch; ++b) {
+      const RowMatrixXd p =
+          with_source(l.q_paths[h].string() + " (batch entry " + std::to_string(b) + ")", methods_[m].label,
+                      [&] { return methods_[m].method->softmax_rows(l.logits[h][b]); });
+      const RowMatrixXd& ref = l.p_reference[h][b];
+      eval::MetricFold p_errors(false);
+      for (Eigen::Index i0 = 0; i0 < lq; i0 += eval::kPanelRows) {
+        const Eigen::Index rows = std::min<Eigen::Index>(eval::kPanelRows, lq - i0);
+        const std::size_t n = static_cast<std::size_t>(rows * ref.cols());
+        PanelStats ps = eval::panel_stats(p.data() + i0 * ref.cols(), ref.data() + i0 * ref.cols(), n);
+        eval::add_panel_kl(ps, p.data() + i0 * ref.cols(), ref.data() + i0 * ref.cols(), rows, ref.cols());
+        s.p[b * panels_of(lq) + i0 / eval::kPanelRows] = std::move(ps);
+        p_errors.add_errors(p.data() + i0 * ref.cols(), ref.data() + i0 * ref.cols(), n);
+      }
+      const std::lock_guard<std::mutex> hold(median_lock_);
+      s.p_median.merge_errors(p_errors);
+    }
+  }
+
+  // An attention layer: its methods split into streamed ones and ones run on whole calls, and its sinks sized.
+  void add_attention_layer(std::size_t li) {
+    const DumpLayer& l = dump_[li];
+    const std::size_t nh = l.heads.size(), batch = l.q.front().size();
+    const Eigen::Index lq = l.q.front().front().rows(), lk = l.k.front().front().rows();
+    // The reference streams (fp64's products give a block the whole call's rows: fp64_product.h).
+    const Eigen::Index block_rows = options_.block_rows > 0 ? options_.block_rows : default_block_rows(lk);
+    std::vector<std::size_t> streamed, whole;
+    for (std::size_t m = 0; m < methods_.size(); ++m) {
+      (streams(m, nh, block_rows) ? streamed : whole).push_back(m);
+      for (std::size_t h = 0; h < nh; ++h) {
+        HeadSink& s = sink(m, li, h);
+        s.o.assign(batch * panels_of(lq), PanelStats{});
+        s.p.assign(batch * panels_of(lq), PanelStats{});
+        s.k_bits.assign(batch, 0.0);
+        s.v_bits.assign(batch, 0.0);
+      }
+    }
+    for (const std::size_t m : whole)
+      for (std::size_t b = 0; b < batch; ++b)
+        add_item(m, [this, li, m, b, block_rows] { run_whole_call(m, li, b, block_rows); });
+    if (!streamed.empty()) add_streamed_items(li, streamed, block_rows);
+  }
+
+  // Whether method m runs on blocks of query rows of a layer of nh heads (docs/streaming.md).
+  bool streams(std::size_t m, std::size_t nh, Eigen::Index block_rows) const {
+    const MethodTraits& t = methods_[m].traits;
+    const int n = t.query_block_rows;
+    return !options_.whole_calls && !options_.kv && n > 0 && block_rows % n == 0 && !t.calls_in_order &&
+           (t.heads_independent || nh == 1);
+  }
+
+  // Method m on batch entry b of a layer, all heads in one call (through the KV quantizer where there is one), its
+  // results compared with the reference block by block.
+  void run_whole_call(std::size_t m, std::size_t li, std::size_t b, Eigen::Index block_rows) {
+    const DumpLayer& l = dump_[li];
+    const std::size_t nh = l.heads.size();
+    const AttentionMask mask{RowMatrixXb(), l.causal};
+    std::vector<MatrixView> q, k, v;
+    // a group's query heads get the same K/V view each (turbo's head-wise KV precision ranks them as given)
+    for (std::size_t h = 0; h < nh; ++h) q.push_back(l.q[h][b]), k.push_back(l.k_at(h, b)), v.push_back(l.v_at(h, b));
+    ref::KvQuantized used;
+    const std::string where = "layer " + std::to_string(l.layer) + " (" + l.q_paths.front().string() + " and its " +
+                              std::to_string(nh) + " heads, batch entry " + std::to_string(b) + ")";
+    const Method& method = *methods_[m].method;
+    const std::vector<AttentionResult> r = with_source(where, methods_[m].label, [&] {
+      return options_.kv ? ref::attention_with_kv(method, *options_.kv, q, k, v, l.logit_scale(), mask, &used)
+                         : method.attention_heads(q, k, v, l.logit_scale(), mask);
+    });
+    for (std::size_t h = 0; h < nh; ++h) {
+      HeadSink& s = sink(m, li, h);
+      const Eigen::Index lq = l.q[h][b].rows();
+      if (options_.kv) s.k_bits[b] = used.k_bits, s.v_bits[b] = used.v_bits;
+      for (Eigen::Index r0 = 0; r0 < lq; r0 += block_rows) {
+        const Eigen::Index n = std::min(block_rows, lq - r0);
+        ReferenceRows ref;
+        reference_rows(ref, l, h, b, r0, n);
+        AttentionResult rows;
+        rows.o = r[h].o.middleRows(r0, n);
+        if (r[h].p.size()) rows.p = r[h].p.middleRows(r0, n);
+        collect_rows(s, median_lock_, b, lq, r0, rows, *ref.o, *ref.p, ref.row0);
+      }
+    }
+  }
+
+  // The streamed methods of a layer in groups of methods_per_item: a block item runs one group on the block's
+  // reference rows, so a head holds the prepared calls of one group at a time (a sweep of many grid points).
+  void add_streamed_items(std::size_t li, const std::vector<std::size_t>& all_streamed, Eigen::Index block_rows) {
+    const DumpLayer& l = dump_[li];
+    const Eigen::Index lq = l.q.front().front().rows(), n_blocks = (lq + block_rows - 1) / block_rows;
+    const std::size_t group = options_.methods_per_item > 0 ? options_.methods_per_item : all_streamed.size();
+    for (std::size_t b = 0; b < l.q.front().size(); ++b)
+      for (std::size_t h = 0; h < l.heads.size(); ++h)
+        for (std::size_t g0 = 0; g0 < all_streamed.size(); g0 += group) {
+          auto g = std::make_shared<StreamedGroup>();
+          g->li = li, g->b = b, g->h = h;
+          const std::size_t g1 = std::min(g0 + group, all_streamed.size());
+          g->streamed.assign(all_streamed.begin() + static_cast<std::ptrdiff_t>(g0),
+                             all_streamed.begin() + static_cast<std::ptrdiff_t>(g1));
+          g->where =
+              l.q_paths[h].string() + " (layer " + std::to_string(l.layer) + ", batch entry " + std::to_string(b) + ")";
+          // The head's prepared calls (Method::prepare: a method's first pass over the whole head), one per streamed
+          // method, made by their own items ahead of the head's blocks and released after its last block.
+          g->calls = std::vector<PreparedSlot>(g->streamed.size());
+          for (PreparedSlot& slot : g->calls) {
+            slot.mask = AttentionMask{RowMatrixXb(), l.causal};
+            slot.blocks_left = static_cast<int>(n_blocks);
+          }
+          for (std::size_t s = 0; s < g->streamed.size(); ++s)
+            streamed_items_.push_back([this, g, s] { prepare(*g, s); });
+          for (Eigen::Index r0 = 0; r0 < lq; r0 += block_rows)
+            streamed_items_.push_back([this, g, r0, block_rows] { run_block(*g, r0, block_rows); });
+        }
+  }
+
+  // Makes the group's prepared call of its method s, once. The prepare item reads nothing of the call, because by the
+  // time it runs every block may have finished and released it.
+  void prepare(StreamedGroup& g, std::size_t s) const {
+    PreparedSlot& slot = g.calls[s];
+    std::call_once(slot.once, [&] {
+      const DumpLayer& l = dump_[g.li];
+      const EvalMethod& method = methods_[g.streamed[s]];
+      slot.call = with_source(g.where, method.label, [&] {
+        return method.method->prepare(l.q[g.h][g.b], l.k_at(g.h, g.b), l.v_at(g.h, g.b), l.logit_scale(), slot.mask);
+      });
+    });
+  }
+
+  // A block's call: alive until the block counts itself done (run_block).
+  const PreparedCall& prepared(StreamedGroup& g, std::size_t s) const {
+    prepare(g, s);
+    return *g.calls[s].call;
+  }
+
+  // Rows [r0, r0 + n) of the group's methods, compared with the reference's. Two rounds: the softmax models first,
+  // on the reference's logits (rows_from_logits, the same bits as rows()), which are then released; the other
+  // methods after, each from its own prepared call.
+  void run_block(StreamedGroup& g, Eigen::Index r0, Eigen::Index block_rows) {
+    const DumpLayer& l = dump_[g.li];
+    const Eigen::Index lq = l.q[g.h][g.b].rows(), n = std::min(block_rows, lq - r0);
+    ReferenceRows ref;
+    reference_rows(ref, l, g.h, g.b, r0, n);
+    std::vector<char> done(g.streamed.size(), 0);
+    for (int round = 0; round < 2; ++round) {
+      if (round == 1) ref.logits = RowMatrixXd();
+      for (std::size_t s = 0; s < g.streamed.size(); ++s) {
+        if (done[s]) continue;
+        AttentionResult r;
+        try {
+          std::optional<AttentionResult> rows = block_result(g, s, round, r0, n, ref.logits);
+          if (!rows) continue;
+          r = std::move(*rows);
+        } catch (const std::exception&) {
+          rethrow_block_error(g, s);
+        }
+        done[s] = 1;
+        collect_rows(sink(g.streamed[s], g.li, g.h), median_lock_, g.b, lq, r0, r, *ref.o, *ref.p, ref.row0);
+        if (--g.calls[s].blocks_left == 0) g.calls[s].call.reset();  // the head's last block of this method
+      }
+    }
+  }
+
+  // Method s's rows of a block in the given round; none where round 0 cannot give them (no reference logits, or
+  // not a softmax model).
+  std::optional<AttentionResult> block_result(StreamedGroup& g, std::size_t s, int round, Eigen::Index r0,
+                                              Eigen::Index n, const RowMatrixXd& logits) const {
+    if (round == 1) return prepared(g, s).rows(r0, n);
+    if (logits.size() == 0) return std::nullopt;
+    return prepared(g, s).rows_from_logits(r0, n, logits);
+  }
+
+  // Called in a block's catch: the whole call's error, whose row indices are the head's own, not the block's; where
+  // the whole call passes, the block's error, with the head's source.
+  // Always throws (the second with_source rethrows the block's exception).
+  void rethrow_block_error(const StreamedGroup& g, std::size_t s) const {
+    const DumpLayer& l = dump_[g.li];
+    const EvalMethod& method = methods_[g.streamed[s]];
+    with_source(g.where, method.label, [&] {
+      return method.method->attention(l.q[g.h][g.b], l.k_at(g.h, g.b), l.v_at(g.h, g.b), l.logit_scale(),
+                                      AttentionMask{RowMatrixXb(), l.causal});
+    });
+    with_source(g.where, method.label, []() -> int { throw; });
+  }
+
+  // One (method, head)'s panels folded in their order into its metrics.
+  HeadResult head_result(std::size_t m, std::size_t li, std::size_t h) {
+    const DumpLayer& l = dump_[li];
+    HeadSink& s = sink(m, li, h);
+    HeadResult hr;
+    hr.layer = l.layer;
+    hr.head = l.heads[h];
+    hr.method = methods_[m].label;
+    if (!l.softmax_only()) hr.scale = l.logit_scale(), hr.causal = l.causal;
+    if (l.softmax_only()) {
+      // O is not computed: its metrics are NaN (compare() of empty spans would report zeros)
+      hr.o.cossim = hr.o.rel_l1 = hr.o.rmse = hr.o.max_abs = hr.o.bias = hr.o.median_abs = NAN;
+    } else {
+      for (const PanelStats& ps : s.o) s.o_median.add(ps);
+      hr.o = s.o_median.stats();
+    }
+    if (s.has_p) {
+      for (const PanelStats& ps : s.p) s.p_median.add(ps);
+      hr.p = s.p_median.stats();
+      hr.kl = s.p_median.kl();
+    } else {
+      hr.p.cossim = hr.p.rel_l1 = hr.p.rmse = hr.p.max_abs = hr.p.bias = hr.kl.mean = hr.kl.max = NAN;
+    }
+    if (options_.kv) {  // the mean over batch entries, in their order
+      hr.k_bits = hr.v_bits = 0;
+      for (std::size_t b = 0; b < s.k_bits.size(); ++b) {
+        hr.k_bits += s.k_bits[b] / static_cast<double>(s.k_bits.size());
+        hr.v_bits += s.v_bits[b] / static_cast<double>(s.v_bits.size());
+      }
+    }
+    return hr;
+  }
+
+  const std::vector<DumpLayer>& dump_;
+  const std::vector<EvalMethod>& methods_;
+  const EvalOptions& options_;
+  std::vector<std::size_t> unit_of_layer_;     // the first unit of each layer; units are the heads in dump order
+  std::vector<std::vector<HeadSink>> sinks_;   // [method][unit]
+  std::mutex median_lock_;
+  std::vector<std::function<void()>> items_, streamed_items_;
+  std::vector<std::vector<std::function<void()>>> in_order_;  // [method]: the items of calls_in_order methods
+};
+
 }  // namespace
 
 Eigen::Index default_block_rows(Eigen::Index lk) {
@@ -115,229 +411,10 @@ std::vector<HeadResult> evaluate_methods(const std::vector<DumpLayer>& dump, con
   if (options.block_rows < 0 || options.block_rows % eval::kPanelRows != 0)
     throw std::invalid_argument("block rows must be a positive multiple of " + std::to_string(eval::kPanelRows) +
                                 " (or 0: chosen from L_k), got " + std::to_string(options.block_rows));
-  const std::size_t n_methods = methods.size();
-  // sinks[method][unit]; units are the dump's heads in (layer, head) order
-  std::vector<std::size_t> unit_of_layer;
-  std::size_t n_units = 0;
-  for (const DumpLayer& l : dump) unit_of_layer.push_back(n_units), n_units += l.heads.size();
-  std::vector<std::vector<HeadSink>> sinks(n_methods);
-  for (auto& per_method : sinks) per_method = std::vector<HeadSink>(n_units);
-  std::mutex median_lock;
-
-  // The work items, each writing only its own slots: whole calls first (the largest), then the streamed blocks. The
-  // calls of a method whose results depend on its earlier calls (traits.calls_in_order) are one item, in dump order.
-  std::vector<std::function<void()>> items;
-  std::vector<std::function<void()>> streamed_items;
-  std::vector<std::vector<std::function<void()>>> in_order(n_methods);
-  const auto add_item = [&](std::size_t m, std::function<void()> item) {
-    if (methods[m].traits.calls_in_order) in_order[m].push_back(std::move(item));
-    else items.push_back(std::move(item));
-  };
-  for (std::size_t li = 0; li < dump.size(); ++li) {
-    const DumpLayer& l = dump[li];
-    const std::size_t nh = l.heads.size();
-    if (l.softmax_only()) {
-      const std::size_t batch = l.logits.front().size();
-      for (std::size_t m = 0; m < n_methods; ++m)
-        for (std::size_t h = 0; h < nh; ++h) {
-          HeadSink& sink = sinks[m][unit_of_layer[li] + h];
-          const Eigen::Index lq = l.logits[h].front().rows();
-          sink.o.assign(batch * panels_of(lq), PanelStats{});
-          sink.p.assign(batch * panels_of(lq), PanelStats{});
-          add_item(m, [&, li, m, h, batch, lq] {
-            const DumpLayer& l = dump[li];
-            HeadSink& sink = sinks[m][unit_of_layer[li] + h];
-            for (std::size_t b = 0; b < batch; ++b) {
-              const RowMatrixXd p = with_source(l.q_paths[h].string() + " (batch entry " + std::to_string(b) + ")",
-                                                methods[m].label, [&] { return methods[m].method->softmax_rows(l.logits[h][b]); });
-              const RowMatrixXd& ref = l.p_reference[h][b];
-              eval::MetricFold p_errors(false);
-              for (Eigen::Index i0 = 0; i0 < lq; i0 += eval::kPanelRows) {
-                const Eigen::Index rows = std::min<Eigen::Index>(eval::kPanelRows, lq - i0);
-                const std::size_t n = static_cast<std::size_t>(rows * ref.cols());
-                PanelStats ps = eval::panel_stats(p.data() + i0 * ref.cols(), ref.data() + i0 * ref.cols(), n);
-                eval::add_panel_kl(ps, p.data() + i0 * ref.cols(), ref.data() + i0 * ref.cols(), rows, ref.cols());
-                sink.p[b * panels_of(lq) + i0 / eval::kPanelRows] = std::move(ps);
-                p_errors.add_errors(p.data() + i0 * ref.cols(), ref.data() + i0 * ref.cols(), n);
-              }
-              const std::lock_guard<std::mutex> hold(median_lock);
-              sink.p_median.merge_errors(p_errors);
-            }
-          });
-        }
-      continue;
-    }
-    const std::size_t batch = l.q.front().size();
-    const Eigen::Index lq = l.q.front().front().rows(), lk = l.k.front().front().rows();
-    // The reference streams (fp64's products give a block the whole call's rows: fp64_product.h).
-    const Eigen::Index block_rows = options.block_rows > 0 ? options.block_rows : default_block_rows(lk);
-    std::vector<std::size_t> all_streamed, whole;
-    for (std::size_t m = 0; m < n_methods; ++m) {
-      const int n = methods[m].traits.query_block_rows;
-      const bool streams = !options.whole_calls && !options.kv && n > 0 && block_rows % n == 0 && !methods[m].traits.calls_in_order &&
-                           (methods[m].traits.heads_independent || nh == 1);
-      (streams ? all_streamed : whole).push_back(m);
-      for (std::size_t h = 0; h < nh; ++h) {
-        HeadSink& sink = sinks[m][unit_of_layer[li] + h];
-        sink.o.assign(batch * panels_of(lq), PanelStats{});
-        sink.p.assign(batch * panels_of(lq), PanelStats{});
-        sink.k_bits.assign(batch, 0.0);
-        sink.v_bits.assign(batch, 0.0);
-      }
-    }
-    const std::string layer_where = "layer " + std::to_string(l.layer) + " (" + l.q_paths.front().string() + " and its " +
-                                    std::to_string(nh) + " heads, batch entry ";
-    for (const std::size_t m : whole)
-      for (std::size_t b = 0; b < batch; ++b)
-        add_item(m, [&, li, m, b, block_rows, layer_where] {
-          const DumpLayer& l = dump[li];
-          const std::size_t nh = l.heads.size();
-          const AttentionMask mask{RowMatrixXb(), l.causal};
-          std::vector<MatrixView> q, k, v;
-          // a group's query heads get the same K/V view each (turbo's head-wise KV precision ranks them as given)
-          for (std::size_t h = 0; h < nh; ++h) q.push_back(l.q[h][b]), k.push_back(l.k_at(h, b)), v.push_back(l.v_at(h, b));
-          ref::KvQuantized used;
-          const std::vector<AttentionResult> r = with_source(layer_where + std::to_string(b) + ")", methods[m].label, [&] {
-            return options.kv ? ref::attention_with_kv(*methods[m].method, *options.kv, q, k, v, l.logit_scale(), mask, &used)
-                              : methods[m].method->attention_heads(q, k, v, l.logit_scale(), mask);
-          });
-          for (std::size_t h = 0; h < nh; ++h) {
-            HeadSink& sink = sinks[m][unit_of_layer[li] + h];
-            const Eigen::Index lq = l.q[h][b].rows();
-            if (options.kv) sink.k_bits[b] = used.k_bits, sink.v_bits[b] = used.v_bits;
-            for (Eigen::Index r0 = 0; r0 < lq; r0 += block_rows) {
-              const Eigen::Index n = std::min(block_rows, lq - r0);
-              ReferenceRows ref;
-              reference_rows(ref, l, h, b, r0, n);
-              AttentionResult rows;
-              rows.o = r[h].o.middleRows(r0, n);
-              if (r[h].p.size()) rows.p = r[h].p.middleRows(r0, n);
-              collect_rows(sink, median_lock, b, lq, r0, rows, *ref.o, *ref.p, ref.row0);
-            }
-          }
-        });
-    if (all_streamed.empty()) continue;
-    const Eigen::Index n_blocks = (lq + block_rows - 1) / block_rows;
-    // The streamed methods in groups of methods_per_item: a block item runs one group on the block's reference
-    // rows, so a head holds the prepared calls of one group at a time (a sweep of many grid points).
-    const std::size_t group = options.methods_per_item > 0 ? options.methods_per_item : all_streamed.size();
-    for (std::size_t b = 0; b < batch; ++b)
-      for (std::size_t h = 0; h < nh; ++h)
-        for (std::size_t g0 = 0; g0 < all_streamed.size(); g0 += group) {
-        const std::vector<std::size_t> streamed(all_streamed.begin() + static_cast<std::ptrdiff_t>(g0),
-                                                all_streamed.begin() + static_cast<std::ptrdiff_t>(std::min(g0 + group, all_streamed.size())));
-        // The head's prepared calls (Method::prepare: a method's first pass over the whole head), one per streamed
-        // method, made by their own items ahead of the head's blocks and released after its last block.
-        auto calls = std::make_shared<std::vector<PreparedSlot>>(streamed.size());
-        for (PreparedSlot& slot : *calls) {
-          slot.mask = AttentionMask{RowMatrixXb(), l.causal};
-          slot.blocks_left = static_cast<int>(n_blocks);
-        }
-        const std::string where = l.q_paths[h].string() + " (layer " + std::to_string(l.layer) + ", batch entry " +
-                                  std::to_string(b) + ")";
-        const auto prepare = [&, li, b, h, calls, streamed, where](std::size_t s) {
-          PreparedSlot& slot = (*calls)[s];
-          std::call_once(slot.once, [&] {
-            const DumpLayer& l = dump[li];
-            slot.call = with_source(where, methods[streamed[s]].label, [&] {
-              return methods[streamed[s]].method->prepare(l.q[h][b], l.k_at(h, b), l.v_at(h, b), l.logit_scale(), slot.mask);
-            });
-          });
-        };
-        // A block's call: alive until the block counts itself done below. The prepare item reads nothing of it,
-        // because by the time it runs every block may have finished and released the call.
-        const auto prepared = [prepare, calls](std::size_t s) -> const PreparedCall& {
-          prepare(s);
-          return *(*calls)[s].call;
-        };
-        for (std::size_t s = 0; s < streamed.size(); ++s) streamed_items.push_back([prepare, s] { prepare(s); });
-        for (Eigen::Index r0 = 0; r0 < lq; r0 += block_rows)
-          streamed_items.push_back([&, li, b, h, r0, block_rows, streamed, calls, prepared, where] {
-            const DumpLayer& l = dump[li];
-            const Eigen::Index lq = l.q[h][b].rows(), n = std::min(block_rows, lq - r0);
-            ReferenceRows ref;
-            reference_rows(ref, l, h, b, r0, n);
-            // Two rounds: the softmax models first, on the reference's logits (rows_from_logits, the same bits as
-            // rows()), which are then released; the other methods after, each from its own prepared call.
-            std::vector<char> done(streamed.size(), 0);
-            for (int round = 0; round < 2; ++round) {
-              if (round == 1) ref.logits = RowMatrixXd();
-              for (std::size_t s = 0; s < streamed.size(); ++s) {
-                if (done[s]) continue;
-                const std::size_t m = streamed[s];
-                AttentionResult r;
-                try {
-                  if (round == 0) {
-                    if (ref.logits.size() == 0) continue;
-                    std::optional<AttentionResult> shared = prepared(s).rows_from_logits(r0, n, ref.logits);
-                    if (!shared) continue;
-                    r = std::move(*shared);
-                  } else {
-                    r = prepared(s).rows(r0, n);
-                  }
-                } catch (const std::exception&) {
-                  // The whole call's error, whose row indices are the head's own, not the block's.
-                  with_source(where, methods[m].label, [&] {
-                    return methods[m].method->attention(l.q[h][b], l.k_at(h, b), l.v_at(h, b), l.logit_scale(),
-                                                        AttentionMask{RowMatrixXb(), l.causal});
-                  });
-                  with_source(where, methods[m].label, []() -> int { throw; });  // the whole call passed: the block's
-                }
-                done[s] = 1;
-                collect_rows(sinks[m][unit_of_layer[li] + h], median_lock, b, lq, r0, r, *ref.o, *ref.p, ref.row0);
-                if (--(*calls)[s].blocks_left == 0) (*calls)[s].call.reset();  // the head's last block of this method
-              }
-            }
-          });
-      }
-  }
-  for (auto& calls : in_order)
-    if (!calls.empty())
-      items.insert(items.begin(), [calls = std::move(calls)] {
-        for (const auto& call : calls) call();
-      });
-  items.insert(items.end(), std::make_move_iterator(streamed_items.begin()), std::make_move_iterator(streamed_items.end()));
-  std::atomic<std::size_t> done{0};
-  parallel_for(items.size(), options.threads, [&](std::size_t i) {
-    items[i]();
-    const std::size_t now = ++done;
-    if (options.progress) options.progress(now, items.size());
-  });
-
-  std::vector<HeadResult> results;
-  for (std::size_t m = 0; m < n_methods; ++m)
-    for (std::size_t li = 0; li < dump.size(); ++li)
-      for (std::size_t h = 0; h < dump[li].heads.size(); ++h) {
-        HeadSink& sink = sinks[m][unit_of_layer[li] + h];
-        HeadResult hr;
-        hr.layer = dump[li].layer;
-        hr.head = dump[li].heads[h];
-        hr.method = methods[m].label;
-        if (!dump[li].softmax_only()) hr.scale = dump[li].logit_scale(), hr.causal = dump[li].causal;
-        if (dump[li].softmax_only()) {
-          // O is not computed: its metrics are NaN (compare() of empty spans would report zeros)
-          hr.o.cossim = hr.o.rel_l1 = hr.o.rmse = hr.o.max_abs = hr.o.bias = hr.o.median_abs = NAN;
-        } else {
-          for (const PanelStats& ps : sink.o) sink.o_median.add(ps);
-          hr.o = sink.o_median.stats();
-        }
-        if (sink.has_p) {
-          for (const PanelStats& ps : sink.p) sink.p_median.add(ps);
-          hr.p = sink.p_median.stats();
-          hr.kl = sink.p_median.kl();
-        } else {
-          hr.p.cossim = hr.p.rel_l1 = hr.p.rmse = hr.p.max_abs = hr.p.bias = hr.kl.mean = hr.kl.max = NAN;
-        }
-        if (options.kv) {  // the mean over batch entries, in their order
-          hr.k_bits = hr.v_bits = 0;
-          for (std::size_t b = 0; b < sink.k_bits.size(); ++b) {
-            hr.k_bits += sink.k_bits[b] / static_cast<double>(sink.k_bits.size());
-            hr.v_bits += sink.v_bits[b] / static_cast<double>(sink.v_bits.size());
-          }
-        }
-        results.push_back(std::move(hr));
-      }
-  return results;
+  Evaluation evaluation(dump, methods, options);
+  for (std::size_t li = 0; li < dump.size(); ++li) evaluation.add_layer(li);
+  evaluation.run();
+  return evaluation.results();
 }
 
 std::vector<HeadResult> evaluate(const std::vector<DumpLayer>& dump, const Method& method, const std::string& label,
