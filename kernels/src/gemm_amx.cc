@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "qattn/kernels.h"
+#include "qattn/mac_loop_frame.h"
 #include "qattn/thread_buffer.h"
 
 namespace qattn::kernels {
@@ -197,10 +198,7 @@ void pv_u8s8_s32__amx_32x32(const GemmArgs& args) { gemm<false>(args); }
 // The MAC-rate loop of tdpbssd: four independent C tiles fed from two A and two B tiles loaded once, so the loop
 // is the instruction alone.
 std::int64_t mac_loop__amx(std::int64_t iterations, std::int32_t* checksum) {
-  if (iterations <= 0) {
-    *checksum = 0;
-    return 0;
-  }
+  if (iterations <= 0) return no_mac_rounds(checksum);
   alignas(64) std::int8_t operand[kTileRows * kTileBytes];
   volatile int seed = 1;
   std::memset(operand, seed, sizeof operand);
@@ -218,9 +216,7 @@ std::int64_t mac_loop__amx(std::int64_t iterations, std::int32_t* checksum) {
   alignas(64) std::int32_t out[kTileRows * kTileColumns];
   QATTN_TILE_STORE(0, out, kTileBytes);
   release_tiles();
-  std::uint32_t t = 0;  // the lanes wrapped over the run (tile adds wrap); sum them the same way, defined
-  for (const std::int32_t x : out) t += static_cast<std::uint32_t>(x);
-  *checksum = static_cast<std::int32_t>(t & 0x7fffffff);
+  *checksum = lanes_checksum(out);
   return iterations * 4 * kTileRows * kTileColumns * kTileBytes;  // 16 x 16 lanes x 64 products per instruction
 }
 

@@ -14,7 +14,9 @@
 #include <cstring>
 
 #include "qattn/kernels.h"
+#include "qattn/mac_loop_frame.h"
 #include "qattn/thread_buffer.h"
+#include "qattn/ymm_tile_asm.h"
 
 namespace qattn::kernels {
 namespace {
@@ -24,53 +26,22 @@ namespace {
 // the whole sum covers it.
 constexpr Index kKc = 256;
 
-// The k loop of an R x 16 tile (R = 6, 4, 2 or 1) in inline assembly: row r's accumulators fixed in ymm(4 + 2 r) and
-// ymm(5 + 2 r), the panel's two vectors of a pair in ymm0 and ymm1, the A pair broadcast from memory into ymm2, each
-// product in ymm3 before its add. Rows by two bases: a0 (rows 0, 1, 2, 4 as a0 + {0, 1, 2, 4} lda) and a3 (rows 3, 5
-// as a3 + {0, 2} lda). The sums are stored to `out` [R][16]. In assembly for the same reason as the AVX-VNNI tile
+// The k loop of an R x 16 tile (R = 6, 4, 2 or 1) in inline assembly (registers and rows: qattn/ymm_tile_asm.h): the
+// panel's two vectors of a pair in ymm0 and ymm1, the A pair broadcast from memory into ymm2, each product in ymm3
+// before its add. The sums are stored to `out` [R][16]. In assembly for the same reason as the AVX-VNNI tile
 // (gemm_avxvnni.cc): a compiler may copy or spill accumulators in a loop that uses every register;
 // tests/kernels/peak_loop_codegen.py checks it.
-#define QATTN_STR2(x) #x
-#define QATTN_STR(x) QATTN_STR2(x)
-#define QATTN_ACC(r, v) "%%ymm" QATTN_STR(QATTN_REG_##r##v)
-#define QATTN_REG_00 4
-#define QATTN_REG_01 5
-#define QATTN_REG_10 6
-#define QATTN_REG_11 7
-#define QATTN_REG_20 8
-#define QATTN_REG_21 9
-#define QATTN_REG_30 10
-#define QATTN_REG_31 11
-#define QATTN_REG_40 12
-#define QATTN_REG_41 13
-#define QATTN_REG_50 14
-#define QATTN_REG_51 15
-#define QATTN_ROW(addr, r)                                                                              \
-  "vpbroadcastd " addr ", %%ymm2\n\t"                                                                   \
+#define QATTN_STEP(r)                                                                                   \
+  "vpbroadcastd " QATTN_A_ROW(r) ", %%ymm2\n\t"                                                          \
   "vpmaddwd %%ymm0, %%ymm2, %%ymm3\n\t"                                                                 \
   "vpaddd %%ymm3, " QATTN_ACC(r, 0) ", " QATTN_ACC(r, 0) "\n\t"                                         \
   "vpmaddwd %%ymm1, %%ymm2, %%ymm3\n\t"                                                                 \
   "vpaddd %%ymm3, " QATTN_ACC(r, 1) ", " QATTN_ACC(r, 1) "\n\t"
-#define QATTN_ROW0 QATTN_ROW("(%[a0])", 0)
-#define QATTN_ROW1 QATTN_ROW("(%[a0],%[lda],1)", 1)
-#define QATTN_ROW2 QATTN_ROW("(%[a0],%[lda],2)", 2)
-#define QATTN_ROW3 QATTN_ROW("(%[a3])", 3)
-#define QATTN_ROW4 QATTN_ROW("(%[a0],%[lda],4)", 4)
-#define QATTN_ROW5 QATTN_ROW("(%[a3],%[lda],2)", 5)
-#define QATTN_ZERO(r) "vpxor " QATTN_ACC(r, 0) ", " QATTN_ACC(r, 0) ", " QATTN_ACC(r, 0) "\n\t" \
-                      "vpxor " QATTN_ACC(r, 1) ", " QATTN_ACC(r, 1) ", " QATTN_ACC(r, 1) "\n\t"
+#define QATTN_FIRST(r) "vpxor " QATTN_ACC(r, 0) ", " QATTN_ACC(r, 0) ", " QATTN_ACC(r, 0) "\n\t" \
+                       "vpxor " QATTN_ACC(r, 1) ", " QATTN_ACC(r, 1) ", " QATTN_ACC(r, 1) "\n\t"
 #define QATTN_STORE(r) "vmovdqu " QATTN_ACC(r, 0) ", " #r "*64(%[out])\n\t" \
                        "vmovdqu " QATTN_ACC(r, 1) ", " #r "*64+32(%[out])\n\t"
-#define QATTN_LOOP(ZEROS, ROWS, STORES)                                                                 \
-  ZEROS                                                                                                 \
-  "1:\n\t"                                                                                              \
-  "vmovdqa (%[b]), %%ymm0\n\t"                                                                          \
-  "vmovdqa 32(%[b]), %%ymm1\n\t"                                                                        \
-  "add $64, %[b]\n\t" ROWS                                                                              \
-  "add $4, %[a0]\n\t"                                                                                   \
-  "add $4, %[a3]\n\t"                                                                                   \
-  "dec %[n]\n\t"                                                                                        \
-  "jnz 1b\n\t" STORES
+#define QATTN_LOOP(FIRSTS, STEPS, STORES) QATTN_YMM_TILE_LOOP("vmovdqa", "$64", FIRSTS, STEPS, STORES)
 #define QATTN_OPERANDS                                                                                  \
   : [a0] "+r"(a0), [a3] "+r"(a3), [b] "+r"(b), [n] "+r"(pairs)                                           \
   : [lda] "r"(lda), [out] "r"(out)                                                                       \
@@ -81,37 +52,13 @@ constexpr Index kKc = 256;
 template <int R>
 inline void k_loop(const std::int16_t* a0, Index lda, const std::int16_t* b, Index pairs, std::int32_t* out) {
   const std::int16_t* a3 = reinterpret_cast<const std::int16_t*>(reinterpret_cast<const char*>(a0) + 3 * lda);
-  if constexpr (R == 6) {
-    asm volatile(QATTN_LOOP(QATTN_ZERO(0) QATTN_ZERO(1) QATTN_ZERO(2) QATTN_ZERO(3) QATTN_ZERO(4) QATTN_ZERO(5),
-                            QATTN_ROW0 QATTN_ROW1 QATTN_ROW2 QATTN_ROW3 QATTN_ROW4 QATTN_ROW5,
-                            QATTN_STORE(0) QATTN_STORE(1) QATTN_STORE(2) QATTN_STORE(3) QATTN_STORE(4) QATTN_STORE(5))
-                     QATTN_OPERANDS);
-  } else if constexpr (R == 4) {
-    asm volatile(QATTN_LOOP(QATTN_ZERO(0) QATTN_ZERO(1) QATTN_ZERO(2) QATTN_ZERO(3),
-                            QATTN_ROW0 QATTN_ROW1 QATTN_ROW2 QATTN_ROW3,
-                            QATTN_STORE(0) QATTN_STORE(1) QATTN_STORE(2) QATTN_STORE(3)) QATTN_OPERANDS);
-  } else if constexpr (R == 2) {
-    asm volatile(QATTN_LOOP(QATTN_ZERO(0) QATTN_ZERO(1), QATTN_ROW0 QATTN_ROW1, QATTN_STORE(0) QATTN_STORE(1))
-                     QATTN_OPERANDS);
-  } else {
-    static_assert(R == 1);
-    asm volatile(QATTN_LOOP(QATTN_ZERO(0), QATTN_ROW0, QATTN_STORE(0)) QATTN_OPERANDS);
-  }
+  QATTN_TILE_ASM_FOR_R
 }
 #undef QATTN_OPERANDS
 #undef QATTN_LOOP
 #undef QATTN_STORE
-#undef QATTN_ZERO
-#undef QATTN_ROW5
-#undef QATTN_ROW4
-#undef QATTN_ROW3
-#undef QATTN_ROW2
-#undef QATTN_ROW1
-#undef QATTN_ROW0
-#undef QATTN_ROW
-#undef QATTN_ACC
-#undef QATTN_STR
-#undef QATTN_STR2
+#undef QATTN_FIRST
+#undef QATTN_STEP
 
 // One R x 16 tile of C over the k block whose widened panel is bw (pairs pairs) and whose A pairs start at a16: the
 // partial sums already in C are added on every block but the first (integer adds wrap, so the order does not
@@ -189,75 +136,36 @@ namespace qattn::kernels {
 // accumulators): ymm0 / ymm1 the broadcast s16 operands, ymm2..ymm13 twelve accumulators, each round one vpmaddwd
 // into a temporary (ymm14 / ymm15 alternately) and one vpaddd, as the GEMM tiles do.
 std::int64_t mac_loop__avx2(std::int64_t iterations, std::int32_t* checksum) {
-  if (iterations <= 0) {
-    *checksum = 0;
-    return 0;
-  }
+  if (iterations <= 0) return no_mac_rounds(checksum);
   volatile int seed = 0x00010001;
   std::int64_t n = iterations;
   alignas(32) std::int32_t lanes[8];
+#define QATTN_MAC(acc, tmp) \
+  "vpmaddwd %%ymm1, %%ymm0, %%ymm" #tmp "\n\t" "vpaddd %%ymm" #tmp ", %%ymm" #acc ", %%ymm" #acc "\n\t"
+#define QATTN_CLEAR(r) "vpxor %%ymm" #r ", %%ymm" #r ", %%ymm" #r "\n\t"
+#define QATTN_FOLD(r) "vpaddd %%ymm" #r ", %%ymm2, %%ymm2\n\t"
   asm volatile(
       "vmovd %k[seed], %%xmm0\n\t"
       "vpbroadcastd %%xmm0, %%ymm0\n\t"
       "vpaddw %%ymm0, %%ymm0, %%ymm1\n\t"
-      "vpxor %%ymm2, %%ymm2, %%ymm2\n\t"
-      "vpxor %%ymm3, %%ymm3, %%ymm3\n\t"
-      "vpxor %%ymm4, %%ymm4, %%ymm4\n\t"
-      "vpxor %%ymm5, %%ymm5, %%ymm5\n\t"
-      "vpxor %%ymm6, %%ymm6, %%ymm6\n\t"
-      "vpxor %%ymm7, %%ymm7, %%ymm7\n\t"
-      "vpxor %%ymm8, %%ymm8, %%ymm8\n\t"
-      "vpxor %%ymm9, %%ymm9, %%ymm9\n\t"
-      "vpxor %%ymm10, %%ymm10, %%ymm10\n\t"
-      "vpxor %%ymm11, %%ymm11, %%ymm11\n\t"
-      "vpxor %%ymm12, %%ymm12, %%ymm12\n\t"
-      "vpxor %%ymm13, %%ymm13, %%ymm13\n\t"
+      QATTN_CLEAR(2) QATTN_CLEAR(3) QATTN_CLEAR(4) QATTN_CLEAR(5) QATTN_CLEAR(6) QATTN_CLEAR(7) QATTN_CLEAR(8)
+      QATTN_CLEAR(9) QATTN_CLEAR(10) QATTN_CLEAR(11) QATTN_CLEAR(12) QATTN_CLEAR(13)
       "1:\n\t"
-      "vpmaddwd %%ymm1, %%ymm0, %%ymm14\n\t"
-      "vpaddd %%ymm14, %%ymm2, %%ymm2\n\t"
-      "vpmaddwd %%ymm1, %%ymm0, %%ymm15\n\t"
-      "vpaddd %%ymm15, %%ymm3, %%ymm3\n\t"
-      "vpmaddwd %%ymm1, %%ymm0, %%ymm14\n\t"
-      "vpaddd %%ymm14, %%ymm4, %%ymm4\n\t"
-      "vpmaddwd %%ymm1, %%ymm0, %%ymm15\n\t"
-      "vpaddd %%ymm15, %%ymm5, %%ymm5\n\t"
-      "vpmaddwd %%ymm1, %%ymm0, %%ymm14\n\t"
-      "vpaddd %%ymm14, %%ymm6, %%ymm6\n\t"
-      "vpmaddwd %%ymm1, %%ymm0, %%ymm15\n\t"
-      "vpaddd %%ymm15, %%ymm7, %%ymm7\n\t"
-      "vpmaddwd %%ymm1, %%ymm0, %%ymm14\n\t"
-      "vpaddd %%ymm14, %%ymm8, %%ymm8\n\t"
-      "vpmaddwd %%ymm1, %%ymm0, %%ymm15\n\t"
-      "vpaddd %%ymm15, %%ymm9, %%ymm9\n\t"
-      "vpmaddwd %%ymm1, %%ymm0, %%ymm14\n\t"
-      "vpaddd %%ymm14, %%ymm10, %%ymm10\n\t"
-      "vpmaddwd %%ymm1, %%ymm0, %%ymm15\n\t"
-      "vpaddd %%ymm15, %%ymm11, %%ymm11\n\t"
-      "vpmaddwd %%ymm1, %%ymm0, %%ymm14\n\t"
-      "vpaddd %%ymm14, %%ymm12, %%ymm12\n\t"
-      "vpmaddwd %%ymm1, %%ymm0, %%ymm15\n\t"
-      "vpaddd %%ymm15, %%ymm13, %%ymm13\n\t"
+      QATTN_MAC(2, 14) QATTN_MAC(3, 15) QATTN_MAC(4, 14) QATTN_MAC(5, 15) QATTN_MAC(6, 14) QATTN_MAC(7, 15)
+      QATTN_MAC(8, 14) QATTN_MAC(9, 15) QATTN_MAC(10, 14) QATTN_MAC(11, 15) QATTN_MAC(12, 14) QATTN_MAC(13, 15)
       "dec %[n]\n\t"
       "jnz 1b\n\t"
-      "vpaddd %%ymm3, %%ymm2, %%ymm2\n\t"
-      "vpaddd %%ymm4, %%ymm2, %%ymm2\n\t"
-      "vpaddd %%ymm5, %%ymm2, %%ymm2\n\t"
-      "vpaddd %%ymm6, %%ymm2, %%ymm2\n\t"
-      "vpaddd %%ymm7, %%ymm2, %%ymm2\n\t"
-      "vpaddd %%ymm8, %%ymm2, %%ymm2\n\t"
-      "vpaddd %%ymm9, %%ymm2, %%ymm2\n\t"
-      "vpaddd %%ymm10, %%ymm2, %%ymm2\n\t"
-      "vpaddd %%ymm11, %%ymm2, %%ymm2\n\t"
-      "vpaddd %%ymm12, %%ymm2, %%ymm2\n\t"
-      "vpaddd %%ymm13, %%ymm2, %%ymm2\n\t"
+      QATTN_FOLD(3) QATTN_FOLD(4) QATTN_FOLD(5) QATTN_FOLD(6) QATTN_FOLD(7) QATTN_FOLD(8) QATTN_FOLD(9) QATTN_FOLD(10)
+      QATTN_FOLD(11) QATTN_FOLD(12) QATTN_FOLD(13)
       "vmovdqu %%ymm2, %[lanes]\n\t"
       : [n] "+r"(n), [lanes] "=m"(lanes)
       : [seed] "r"(static_cast<int>(seed))
       : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12",
         "xmm13", "xmm14", "xmm15", "cc");
-  std::uint32_t t = 0;  // the lanes wrapped over the run (vector adds wrap); sum them the same way, defined
-  for (int r = 0; r < 8; ++r) t += static_cast<std::uint32_t>(lanes[r]);
-  *checksum = static_cast<std::int32_t>(t & 0x7fffffff);
+#undef QATTN_FOLD
+#undef QATTN_CLEAR
+#undef QATTN_MAC
+  *checksum = lanes_checksum(lanes);
   return iterations * 12 * 16;  // 16 MACs per vpmaddwd
 }
 

@@ -14,6 +14,7 @@
 #include <limits>
 
 #include "qattn/kernels.h"
+#include "qattn/mac_loop_frame.h"
 #include "qattn/thread_buffer.h"
 
 namespace qattn::kernels {
@@ -368,74 +369,35 @@ namespace qattn::kernels {
 // loop: zmm0 / zmm1 hold the broadcast operands, zmm16..zmm31 sixteen independent vpdpbusd chains, enough to cover the
 // instruction's latency at two issues per cycle (Zen 5). tests/kernels/peak_loop_codegen.py checks the loop body.
 std::int64_t mac_loop__avx512vnni(std::int64_t iterations, std::int32_t* checksum) {
-  if (iterations <= 0) {
-    *checksum = 0;
-    return 0;
-  }
+  if (iterations <= 0) return no_mac_rounds(checksum);
   volatile int seed = 0x01010101;
   std::int64_t n = iterations;
   alignas(64) std::int32_t lanes[16];
+#define QATTN_EACH(X) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23) X(24) X(25) X(26) X(27) X(28) X(29) X(30) X(31)
+#define QATTN_CLEAR(r) "vpxord %%zmm" #r ", %%zmm" #r ", %%zmm" #r "\n\t"
+#define QATTN_CHAIN(r) "vpdpbusd %%zmm1, %%zmm0, %%zmm" #r "\n\t"
+#define QATTN_FOLD(r) "vpaddd %%zmm" #r ", %%zmm16, %%zmm16\n\t"
   asm volatile(
       "vpbroadcastd %k[seed], %%zmm0\n\t"
       "vpaddb %%zmm0, %%zmm0, %%zmm1\n\t"
-      "vpxord %%zmm16, %%zmm16, %%zmm16\n\t"
-      "vpxord %%zmm17, %%zmm17, %%zmm17\n\t"
-      "vpxord %%zmm18, %%zmm18, %%zmm18\n\t"
-      "vpxord %%zmm19, %%zmm19, %%zmm19\n\t"
-      "vpxord %%zmm20, %%zmm20, %%zmm20\n\t"
-      "vpxord %%zmm21, %%zmm21, %%zmm21\n\t"
-      "vpxord %%zmm22, %%zmm22, %%zmm22\n\t"
-      "vpxord %%zmm23, %%zmm23, %%zmm23\n\t"
-      "vpxord %%zmm24, %%zmm24, %%zmm24\n\t"
-      "vpxord %%zmm25, %%zmm25, %%zmm25\n\t"
-      "vpxord %%zmm26, %%zmm26, %%zmm26\n\t"
-      "vpxord %%zmm27, %%zmm27, %%zmm27\n\t"
-      "vpxord %%zmm28, %%zmm28, %%zmm28\n\t"
-      "vpxord %%zmm29, %%zmm29, %%zmm29\n\t"
-      "vpxord %%zmm30, %%zmm30, %%zmm30\n\t"
-      "vpxord %%zmm31, %%zmm31, %%zmm31\n\t"
+      QATTN_EACH(QATTN_CLEAR)
       "1:\n\t"
-      "vpdpbusd %%zmm1, %%zmm0, %%zmm16\n\t"
-      "vpdpbusd %%zmm1, %%zmm0, %%zmm17\n\t"
-      "vpdpbusd %%zmm1, %%zmm0, %%zmm18\n\t"
-      "vpdpbusd %%zmm1, %%zmm0, %%zmm19\n\t"
-      "vpdpbusd %%zmm1, %%zmm0, %%zmm20\n\t"
-      "vpdpbusd %%zmm1, %%zmm0, %%zmm21\n\t"
-      "vpdpbusd %%zmm1, %%zmm0, %%zmm22\n\t"
-      "vpdpbusd %%zmm1, %%zmm0, %%zmm23\n\t"
-      "vpdpbusd %%zmm1, %%zmm0, %%zmm24\n\t"
-      "vpdpbusd %%zmm1, %%zmm0, %%zmm25\n\t"
-      "vpdpbusd %%zmm1, %%zmm0, %%zmm26\n\t"
-      "vpdpbusd %%zmm1, %%zmm0, %%zmm27\n\t"
-      "vpdpbusd %%zmm1, %%zmm0, %%zmm28\n\t"
-      "vpdpbusd %%zmm1, %%zmm0, %%zmm29\n\t"
-      "vpdpbusd %%zmm1, %%zmm0, %%zmm30\n\t"
-      "vpdpbusd %%zmm1, %%zmm0, %%zmm31\n\t"
+      QATTN_EACH(QATTN_CHAIN)
       "dec %[n]\n\t"
       "jnz 1b\n\t"
-      "vpaddd %%zmm17, %%zmm16, %%zmm16\n\t"
-      "vpaddd %%zmm18, %%zmm16, %%zmm16\n\t"
-      "vpaddd %%zmm19, %%zmm16, %%zmm16\n\t"
-      "vpaddd %%zmm20, %%zmm16, %%zmm16\n\t"
-      "vpaddd %%zmm21, %%zmm16, %%zmm16\n\t"
-      "vpaddd %%zmm22, %%zmm16, %%zmm16\n\t"
-      "vpaddd %%zmm23, %%zmm16, %%zmm16\n\t"
-      "vpaddd %%zmm24, %%zmm16, %%zmm16\n\t"
-      "vpaddd %%zmm25, %%zmm16, %%zmm16\n\t"
-      "vpaddd %%zmm26, %%zmm16, %%zmm16\n\t"
-      "vpaddd %%zmm27, %%zmm16, %%zmm16\n\t"
-      "vpaddd %%zmm28, %%zmm16, %%zmm16\n\t"
-      "vpaddd %%zmm29, %%zmm16, %%zmm16\n\t"
-      "vpaddd %%zmm30, %%zmm16, %%zmm16\n\t"
-      "vpaddd %%zmm31, %%zmm16, %%zmm16\n\t"
+      QATTN_FOLD(17) QATTN_FOLD(18) QATTN_FOLD(19) QATTN_FOLD(20) QATTN_FOLD(21) QATTN_FOLD(22) QATTN_FOLD(23)
+      QATTN_FOLD(24) QATTN_FOLD(25) QATTN_FOLD(26) QATTN_FOLD(27) QATTN_FOLD(28) QATTN_FOLD(29) QATTN_FOLD(30)
+      QATTN_FOLD(31)
       "vmovdqu32 %%zmm16, %[lanes]\n\t"
       : [n] "+r"(n), [lanes] "=m"(lanes)
       : [seed] "r"(static_cast<int>(seed))
       : "xmm0", "xmm1", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25",
         "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", "xmm31", "cc");
-  std::uint32_t t = 0;  // the lanes wrapped over the run (vector adds wrap); sum them the same way, defined
-  for (int r = 0; r < 16; ++r) t += static_cast<std::uint32_t>(lanes[r]);
-  *checksum = static_cast<std::int32_t>(t & 0x7fffffff);
+#undef QATTN_FOLD
+#undef QATTN_CHAIN
+#undef QATTN_CLEAR
+#undef QATTN_EACH
+  *checksum = lanes_checksum(lanes);
   return iterations * 16 * 64;  // 64 MACs per vpdpbusd
 }
 

@@ -12,7 +12,9 @@
 #include <cstring>
 
 #include "qattn/kernels.h"
+#include "qattn/mac_loop_frame.h"
 #include "qattn/thread_buffer.h"
+#include "qattn/ymm_tile_asm.h"
 
 namespace qattn::kernels {
 namespace {
@@ -20,54 +22,23 @@ namespace {
 // k blocks of 256: a B panel of 16 columns is then 4 KiB and stays in L1 while every row passes over it.
 constexpr Index kKc = 256;
 
-// The k loop of an R x 16 tile (R = 6, 4, 2 or 1) in inline assembly: row r's accumulators fixed in ymm(4 + 2 r) and
-// ymm(5 + 2 r), the two B vectors of a group of 4 k in ymm0 and ymm1, the A group broadcast from memory into ymm2.
-// Rows by two bases: a0 (rows 0, 1, 2, 4 as a0 + {0, 1, 2, 4} lda) and a3 (rows 3, 5 as a3 + {0, 2} lda). The
-// accumulators start from `init` (rows ldi bytes apart: 0 repeats one row, Q.K^T's bias row or zeros) and end in
-// `out` (rows ldo bytes apart: C), so neither the bias nor C's partial sums need a pass of their own. Written by hand
+// The k loop of an R x 16 tile (R = 6, 4, 2 or 1) in inline assembly (registers and rows: qattn/ymm_tile_asm.h): the
+// two B vectors of a group of 4 k in ymm0 and ymm1, the A group broadcast from memory into ymm2. The accumulators
+// start from `init` (rows ldi bytes apart: 0 repeats one row, Q.K^T's bias row or zeros) and end in `out` (rows ldo
+// bytes apart: C), so neither the bias nor C's partial sums need a pass of their own. Written by hand
 // because GCC 12 compiles the intrinsics loop of the 6-row tile with a register copy and a stack store of most
 // accumulators on every step; tests/kernels/peak_loop_codegen.py checks it.
-#define QATTN_STR2(x) #x
-#define QATTN_STR(x) QATTN_STR2(x)
-#define QATTN_ACC(r, v) "%%ymm" QATTN_STR(QATTN_REG_##r##v)
-#define QATTN_REG_00 4
-#define QATTN_REG_01 5
-#define QATTN_REG_10 6
-#define QATTN_REG_11 7
-#define QATTN_REG_20 8
-#define QATTN_REG_21 9
-#define QATTN_REG_30 10
-#define QATTN_REG_31 11
-#define QATTN_REG_40 12
-#define QATTN_REG_41 13
-#define QATTN_REG_50 14
-#define QATTN_REG_51 15
-#define QATTN_ROW(addr, r)                                                                              \
-  "vpbroadcastd " addr ", %%ymm2\n\t"                                                                   \
+#define QATTN_STEP(r)                                                                                   \
+  "vpbroadcastd " QATTN_A_ROW(r) ", %%ymm2\n\t"                                                          \
   "%{vex%} vpdpbusd %%ymm0, %%ymm2, " QATTN_ACC(r, 0) "\n\t"                                            \
   "%{vex%} vpdpbusd %%ymm1, %%ymm2, " QATTN_ACC(r, 1) "\n\t"
-#define QATTN_ROW0 QATTN_ROW("(%[a0])", 0)
-#define QATTN_ROW1 QATTN_ROW("(%[a0],%[lda],1)", 1)
-#define QATTN_ROW2 QATTN_ROW("(%[a0],%[lda],2)", 2)
-#define QATTN_ROW3 QATTN_ROW("(%[a3])", 3)
-#define QATTN_ROW4 QATTN_ROW("(%[a0],%[lda],4)", 4)
-#define QATTN_ROW5 QATTN_ROW("(%[a3],%[lda],2)", 5)
-#define QATTN_INIT(r) "vmovdqu (%[init]), " QATTN_ACC(r, 0) "\n\t" \
-                      "vmovdqu 32(%[init]), " QATTN_ACC(r, 1) "\n\t" \
-                      "add %[ldi], %[init]\n\t"
+#define QATTN_FIRST(r) "vmovdqu (%[init]), " QATTN_ACC(r, 0) "\n\t" \
+                       "vmovdqu 32(%[init]), " QATTN_ACC(r, 1) "\n\t" \
+                       "add %[ldi], %[init]\n\t"
 #define QATTN_STORE(r) "vmovdqu " QATTN_ACC(r, 0) ", (%[out])\n\t" \
                        "vmovdqu " QATTN_ACC(r, 1) ", 32(%[out])\n\t" \
                        "add %[ldo], %[out]\n\t"
-#define QATTN_LOOP(INITS, ROWS, STORES)                                                                 \
-  INITS                                                                                                 \
-  "1:\n\t"                                                                                              \
-  "vmovdqu (%[b]), %%ymm0\n\t"                                                                          \
-  "vmovdqu 32(%[b]), %%ymm1\n\t"                                                                        \
-  "add %[bs], %[b]\n\t" ROWS                                                                            \
-  "add $4, %[a0]\n\t"                                                                                   \
-  "add $4, %[a3]\n\t"                                                                                   \
-  "dec %[n]\n\t"                                                                                        \
-  "jnz 1b\n\t" STORES
+#define QATTN_LOOP(FIRSTS, STEPS, STORES) QATTN_YMM_TILE_LOOP("vmovdqu", "%[bs]", FIRSTS, STEPS, STORES)
 #define QATTN_OPERANDS                                                                                  \
   : [a0] "+r"(a0), [a3] "+r"(a3), [b] "+r"(b), [n] "+r"(steps), [init] "+r"(init), [out] "+r"(out)     \
   : [lda] "r"(lda), [bs] "r"(bs), [ldi] "r"(ldi), [ldo] "r"(ldo)                                         \
@@ -78,37 +49,13 @@ template <int R>
 inline void k_loop(const std::uint8_t* a0, Index lda, const std::int8_t* b, Index bs, Index steps,
                    const std::int32_t* init, Index ldi, std::int32_t* out, Index ldo) {
   const std::uint8_t* a3 = a0 + 3 * lda;  // only dereferenced by the 4- and 6-row loops
-  if constexpr (R == 6) {
-    asm volatile(QATTN_LOOP(QATTN_INIT(0) QATTN_INIT(1) QATTN_INIT(2) QATTN_INIT(3) QATTN_INIT(4) QATTN_INIT(5),
-                            QATTN_ROW0 QATTN_ROW1 QATTN_ROW2 QATTN_ROW3 QATTN_ROW4 QATTN_ROW5,
-                            QATTN_STORE(0) QATTN_STORE(1) QATTN_STORE(2) QATTN_STORE(3) QATTN_STORE(4) QATTN_STORE(5))
-                     QATTN_OPERANDS);
-  } else if constexpr (R == 4) {
-    asm volatile(QATTN_LOOP(QATTN_INIT(0) QATTN_INIT(1) QATTN_INIT(2) QATTN_INIT(3),
-                            QATTN_ROW0 QATTN_ROW1 QATTN_ROW2 QATTN_ROW3,
-                            QATTN_STORE(0) QATTN_STORE(1) QATTN_STORE(2) QATTN_STORE(3)) QATTN_OPERANDS);
-  } else if constexpr (R == 2) {
-    asm volatile(QATTN_LOOP(QATTN_INIT(0) QATTN_INIT(1), QATTN_ROW0 QATTN_ROW1, QATTN_STORE(0) QATTN_STORE(1))
-                     QATTN_OPERANDS);
-  } else {
-    static_assert(R == 1);
-    asm volatile(QATTN_LOOP(QATTN_INIT(0), QATTN_ROW0, QATTN_STORE(0)) QATTN_OPERANDS);
-  }
+  QATTN_TILE_ASM_FOR_R
 }
 #undef QATTN_OPERANDS
 #undef QATTN_LOOP
 #undef QATTN_STORE
-#undef QATTN_INIT
-#undef QATTN_ROW5
-#undef QATTN_ROW4
-#undef QATTN_ROW3
-#undef QATTN_ROW2
-#undef QATTN_ROW1
-#undef QATTN_ROW0
-#undef QATTN_ROW
-#undef QATTN_ACC
-#undef QATTN_STR
-#undef QATTN_STR2
+#undef QATTN_FIRST
+#undef QATTN_STEP
 
 // One R x 16 tile of C over k in [k0, k0 + kc), from `init_row` (Q.K^T's bias row; null: zeros) on the first k block
 // and from C's partial sums on the others (integer adds wrap, so the order does not change C).
@@ -175,10 +122,7 @@ void pv_u8s8_s32__avxvnni_6x16(const GemmArgs& args) { gemm_blocks(args, nullptr
 // the EVEX one (AVX512-VNNI with VL), which a CPU without AVX-512 cannot run.
 // tests/kernels/peak_loop_codegen.py checks the loop body.
 std::int64_t mac_loop__avxvnni(std::int64_t iterations, std::int32_t* checksum) {
-  if (iterations <= 0) {
-    *checksum = 0;
-    return 0;
-  }
+  if (iterations <= 0) return no_mac_rounds(checksum);
   volatile int seed = 0x01010101;
   std::int64_t n = iterations;
   alignas(32) std::int32_t lanes[8];
@@ -206,9 +150,7 @@ std::int64_t mac_loop__avxvnni(std::int64_t iterations, std::int32_t* checksum) 
 #undef QATTN_FOLD
 #undef QATTN_CLEAR
 #undef QATTN_CHAIN
-  std::uint32_t t = 0;  // the lanes wrapped over the run (vector adds wrap); sum them the same way, defined
-  for (int r = 0; r < 8; ++r) t += static_cast<std::uint32_t>(lanes[r]);
-  *checksum = static_cast<std::int32_t>(t & 0x7fffffff);
+  *checksum = lanes_checksum(lanes);
   return iterations * 14 * 32;  // 32 MACs per 256-bit vpdpbusd
 }
 

@@ -20,32 +20,18 @@
 #include <cstring>
 #include <limits>
 
+#include "qattn/index_rule_lanes.h"
 #include "qattn/kernels.h"
 #include "qattn/reciprocal_division.h"
+#include "qattn/softmax_row_entry.h"
 
 namespace qattn::kernels {
 namespace {
 
 // floor(q) of 4 doubles in [0, 2^31), min(., last), as int32.
 inline __m128i index_quad(__m128i delta, const IndexSoftmaxTables& t) {
-  const double last = (1 << t.params.bits) - 1, c = static_cast<double>(t.c_int), m = static_cast<double>(t.q26);
-  const __m256d dd = _mm256_cvtepi32_pd(delta);
-  __m256d q;
-  switch (t.params.index_rule) {
-    case IndexRule::floor: q = _mm256_div_pd(_mm256_mul_pd(dd, _mm256_set1_pd(last)), _mm256_set1_pd(c)); break;
-    case IndexRule::round:
-      q = _mm256_div_pd(_mm256_add_pd(_mm256_mul_pd(dd, _mm256_set1_pd(2 * last)), _mm256_set1_pd(c)),
-                        _mm256_set1_pd(2 * c));
-      break;
-    case IndexRule::q26_round:
-      q = _mm256_mul_pd(_mm256_add_pd(_mm256_mul_pd(dd, _mm256_set1_pd(m)), _mm256_set1_pd(0x1p25)),
-                        _mm256_set1_pd(0x1p-26));
-      break;
-    default:  // q26_floor (floor_f32 never reaches here)
-      q = _mm256_mul_pd(_mm256_mul_pd(dd, _mm256_set1_pd(m)), _mm256_set1_pd(0x1p-26));
-      break;
-  }
-  return _mm256_cvttpd_epi32(_mm256_min_pd(q, _mm256_set1_pd(last)));  // truncation == floor for q >= 0
+  const __m256d q = index_rule_lanes(_mm256_cvtepi32_pd(delta), t);
+  return _mm256_cvttpd_epi32(_mm256_min_pd(q, _mm256_set1_pd((1 << t.params.bits) - 1)));  // trunc == floor, q >= 0
 }
 
 // The low byte of each of 8 int32 lanes (each in [0, 255]) to p[0, 8).
@@ -201,12 +187,7 @@ void small_lut_row(const std::int32_t* s, Index limit, std::int32_t m, const Ind
 
 void index_softmax_s32_u8__avx2(const std::int32_t* s, const bool* valid, Index limit, Index keys,
                                 const IndexSoftmaxTables& t, std::uint8_t* p) {
-  if (valid || t.params.index_rule == IndexRule::floor_f32) {
-    index_softmax_s32_u8__scalar(s, valid, limit, keys, t, p);
-    return;
-  }
-  limit = limit < 0 ? 0 : (limit > keys ? keys : limit);
-  std::memset(p + limit, 0, static_cast<std::size_t>(keys - limit));
+  limit = vector_row_limit(s, valid, limit, keys, t, p);
   if (limit == 0) return;
   const Index body = limit / 8 * 8;
   // (1) the maximum

@@ -30,8 +30,10 @@
 #include <cstring>
 #include <limits>
 
+#include "qattn/index_rule_lanes.h"
 #include "qattn/kernels.h"
 #include "qattn/reciprocal_division.h"
+#include "qattn/softmax_row_entry.h"
 
 namespace qattn::kernels {
 namespace {
@@ -100,26 +102,11 @@ inline __m512i index_of_int(__m512i delta, const IntIndex& k) {
 }
 
 inline __m512i index_of(__m512i delta, const IndexSoftmaxTables& t) {
-  const double last = (1 << t.params.bits) - 1, c = static_cast<double>(t.c_int), m = static_cast<double>(t.q26);
+  const __m512d last = _mm512_set1_pd((1 << t.params.bits) - 1);
   __m256i halves[2];
   for (int h = 0; h < 2; ++h) {
     const __m512d dd = _mm512_cvtepi32_pd(h == 0 ? _mm512_castsi512_si256(delta) : _mm512_extracti64x4_epi64(delta, 1));
-    __m512d q;
-    switch (t.params.index_rule) {
-      case IndexRule::floor: q = _mm512_div_pd(_mm512_mul_pd(dd, _mm512_set1_pd(last)), _mm512_set1_pd(c)); break;
-      case IndexRule::round:
-        q = _mm512_div_pd(_mm512_add_pd(_mm512_mul_pd(dd, _mm512_set1_pd(2 * last)), _mm512_set1_pd(c)),
-                          _mm512_set1_pd(2 * c));
-        break;
-      case IndexRule::q26_round:
-        q = _mm512_mul_pd(_mm512_add_pd(_mm512_mul_pd(dd, _mm512_set1_pd(m)), _mm512_set1_pd(0x1p25)),
-                          _mm512_set1_pd(0x1p-26));
-        break;
-      default:  // q26_floor (floor_f32 never reaches here)
-        q = _mm512_mul_pd(_mm512_mul_pd(dd, _mm512_set1_pd(m)), _mm512_set1_pd(0x1p-26));
-        break;
-    }
-    halves[h] = floor_to_i32(_mm512_min_pd(q, _mm512_set1_pd(last)));
+    halves[h] = floor_to_i32(_mm512_min_pd(index_rule_lanes(dd, t), last));
   }
   return _mm512_inserti64x4(_mm512_castsi256_si512(halves[0]), halves[1], 1);
 }
@@ -301,79 +288,18 @@ class SmallLutRow {
   bool clamp_ = false;
 };
 
-// The row from step (2) on, with its maximum m over s[0, limit) (limit >= 1, no padding mask, an index rule other than
-// floor-f32).
-void row_from_max(const std::int32_t* s, Index limit, const IndexSoftmaxTables& t, std::int32_t m, std::uint8_t* p) {
-  const IntIndex int_index = IntIndex::make(t);
+// Steps (2)-(5) on s[0, n) against m (the row's maximum, or a key block's anchor): Δ' = min(m - s_j, c_int), its
+// index (the integer path where int_index has one), E = LUT[index] stored as bytes in e (E <= 255: a row holds them
+// in P's bytes until (6)); returns sum E.
+std::int64_t exp_bytes(const std::int32_t* s, Index n, const IndexSoftmaxTables& t, std::int32_t m,
+                       const IntIndex& int_index, std::uint8_t* e) {
   const bool integer_index = int_index.path != IntIndexPath::none;
   const bool small_lut = t.params.bits <= 5;
-  if (small_lut && integer_index) {
-    SmallLutRow(m, t).run(s, limit, p);
-    return;
-  }
-  // (2)-(5) Δ', index, E, the sum
   const __m512i vm = _mm512_set1_epi32(m), vc = _mm512_set1_epi32(static_cast<std::int32_t>(t.c_int));
   alignas(64) std::int32_t lut32[256];
   for (int i = 0; i < 256; ++i) lut32[i] = t.lut[i];
   const __m512i lut_lo = _mm512_load_si512(lut32), lut_hi = _mm512_load_si512(lut32 + 16);
   __m512i vsum = _mm512_setzero_si512();
-  for (Index j = 0; j < limit; j += 16) {
-    const __mmask16 k = tail_mask(j, limit);
-    const __m512i a = _mm512_maskz_loadu_epi32(k, s + j);
-    const __m512i delta = _mm512_min_epi32(_mm512_sub_epi32(vm, a), vc);
-    const __m512i idx = integer_index ? index_of_int(delta, int_index)
-                                      : _mm512_max_epi32(index_of(delta, t), _mm512_setzero_si512());
-    const __m512i e = small_lut ? _mm512_maskz_permutex2var_epi32(k, lut_lo, idx, lut_hi)
-                                : _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, idx, lut32, 4);
-    vsum = _mm512_add_epi32(vsum, e);
-    _mm_mask_storeu_epi8(p + j, k, _mm512_cvtepi32_epi8(e));  // E <= 255: held in P's bytes until (6)
-  }
-  // (6) normalisation
-  alignas(64) std::int32_t lanes[16];
-  _mm512_store_si512(lanes, vsum);
-  std::int64_t sum = 0;
-  for (const std::int32_t x : lanes) sum += x;
-  normalise(p, limit, sum, t.params);
-}
-
-}  // namespace
-
-void index_softmax_s32_u8__avx512(const std::int32_t* s, const bool* valid, Index limit, Index keys,
-                                  const IndexSoftmaxTables& t, std::uint8_t* p) {
-  if (valid || t.params.index_rule == IndexRule::floor_f32) {
-    index_softmax_s32_u8__scalar(s, valid, limit, keys, t, p);
-    return;
-  }
-  limit = std::clamp<Index>(limit, 0, keys);
-  std::memset(p + limit, 0, static_cast<std::size_t>(keys - limit));
-  if (limit == 0) return;
-  row_from_max(s, limit, t, row_max(s, limit), p);  // (1) the maximum, then (2)-(6)
-}
-
-void index_softmax_max_s32_u8__avx512(const std::int32_t* s, Index limit, Index keys, const IndexSoftmaxTables& t,
-                                      std::int32_t m, std::uint8_t* p) {
-  if (t.params.index_rule == IndexRule::floor_f32) {
-    index_softmax_s32_u8__scalar(s, nullptr, limit, keys, t, p);
-    return;
-  }
-  limit = std::clamp<Index>(limit, 0, keys);
-  std::memset(p + limit, 0, static_cast<std::size_t>(keys - limit));
-  if (limit == 0) return;
-  row_from_max(s, limit, t, m, p);
-}
-
-std::int64_t index_exp_s32_u8__avx512(const std::int32_t* s, const bool* valid, Index n, std::int32_t anchor,
-                                      const IndexSoftmaxTables& t, std::uint8_t* e) {
-  if (valid || t.params.index_rule == IndexRule::floor_f32) return index_exp_s32_u8__scalar(s, valid, n, anchor, t, e);
-  // Steps (2)-(5) of the row kernel above with the caller's anchor for m; E stored as bytes.
-  const __m512i vm = _mm512_set1_epi32(anchor), vc = _mm512_set1_epi32(static_cast<std::int32_t>(t.c_int));
-  const bool small_lut = t.params.bits <= 5;
-  alignas(64) std::int32_t lut32[256];
-  for (int i = 0; i < 256; ++i) lut32[i] = t.lut[i];
-  const __m512i lut_lo = _mm512_load_si512(lut32), lut_hi = _mm512_load_si512(lut32 + 16);
-  __m512i vsum = _mm512_setzero_si512();
-  const IntIndex int_index = IntIndex::make(t);
-  const bool integer_index = int_index.path != IntIndexPath::none;
   for (Index j = 0; j < n; j += 16) {
     const __mmask16 k = tail_mask(j, n);
     const __m512i a = _mm512_maskz_loadu_epi32(k, s + j);
@@ -390,6 +316,41 @@ std::int64_t index_exp_s32_u8__avx512(const std::int32_t* s, const bool* valid, 
   std::int64_t sum = 0;
   for (const std::int32_t x : lanes) sum += x;
   return sum;
+}
+
+// The row from step (2) on, with its maximum m over s[0, limit) (limit >= 1, no padding mask, an index rule other than
+// floor-f32).
+void row_from_max(const std::int32_t* s, Index limit, const IndexSoftmaxTables& t, std::int32_t m, std::uint8_t* p) {
+  const IntIndex int_index = IntIndex::make(t);
+  const bool integer_index = int_index.path != IntIndexPath::none;
+  const bool small_lut = t.params.bits <= 5;
+  if (small_lut && integer_index) {
+    SmallLutRow(m, t).run(s, limit, p);
+    return;
+  }
+  normalise(p, limit, exp_bytes(s, limit, t, m, int_index, p), t.params);  // (2)-(5), then (6)
+}
+
+}  // namespace
+
+void index_softmax_s32_u8__avx512(const std::int32_t* s, const bool* valid, Index limit, Index keys,
+                                  const IndexSoftmaxTables& t, std::uint8_t* p) {
+  limit = vector_row_limit(s, valid, limit, keys, t, p);
+  if (limit == 0) return;
+  row_from_max(s, limit, t, row_max(s, limit), p);  // (1) the maximum, then (2)-(6)
+}
+
+void index_softmax_max_s32_u8__avx512(const std::int32_t* s, Index limit, Index keys, const IndexSoftmaxTables& t,
+                                      std::int32_t m, std::uint8_t* p) {
+  limit = vector_row_limit(s, nullptr, limit, keys, t, p);
+  if (limit == 0) return;
+  row_from_max(s, limit, t, m, p);
+}
+
+std::int64_t index_exp_s32_u8__avx512(const std::int32_t* s, const bool* valid, Index n, std::int32_t anchor,
+                                      const IndexSoftmaxTables& t, std::uint8_t* e) {
+  if (valid || t.params.index_rule == IndexRule::floor_f32) return index_exp_s32_u8__scalar(s, valid, n, anchor, t, e);
+  return exp_bytes(s, n, t, anchor, IntIndex::make(t), e);  // steps (2)-(5) with the caller's anchor for m
 }
 
 }  // namespace qattn::kernels

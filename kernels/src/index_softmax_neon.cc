@@ -21,6 +21,7 @@
 
 #include "qattn/kernels.h"
 #include "qattn/reciprocal_division.h"
+#include "qattn/softmax_row_entry.h"
 
 namespace qattn::kernels {
 namespace {
@@ -121,16 +122,28 @@ inline void normalise_chunks(std::uint8_t* p, Index body, std::uint32_t ps, Quot
   }
 }
 
+// e_pass of the table's index rule over s[0, body) against m; the Q26 rules take the integer product path where
+// q26 < 2^32.
+std::int64_t e_pass_by_rule(const std::int32_t* s, Index body, std::int32_t m, const IndexSoftmaxTables& t,
+                            std::uint8_t* e) {
+  const bool int_q26 = t.q26 < (std::int64_t{1} << 32);
+  switch (t.params.index_rule) {
+    case IndexRule::floor: return e_pass<IndexRule::floor>(s, body, m, t, e);
+    case IndexRule::round: return e_pass<IndexRule::round>(s, body, m, t, e);
+    case IndexRule::q26_round:
+      return int_q26 ? e_pass<IndexRule::q26_round, true>(s, body, m, t, e)
+                     : e_pass<IndexRule::q26_round>(s, body, m, t, e);
+    default:  // q26_floor (floor_f32 never reaches here)
+      return int_q26 ? e_pass<IndexRule::q26_floor, true>(s, body, m, t, e)
+                     : e_pass<IndexRule::q26_floor>(s, body, m, t, e);
+  }
+}
+
 }  // namespace
 
 void index_softmax_s32_u8__neon(const std::int32_t* s, const bool* valid, Index limit, Index keys,
                                 const IndexSoftmaxTables& t, std::uint8_t* p) {
-  if (valid || t.params.index_rule == IndexRule::floor_f32) {
-    index_softmax_s32_u8__scalar(s, valid, limit, keys, t, p);
-    return;
-  }
-  std::memset(p, 0, static_cast<std::size_t>(keys));
-  limit = std::clamp<Index>(limit, 0, keys);
+  limit = vector_row_limit(s, valid, limit, keys, t, p);
   if (limit == 0) return;
   const Index body = limit / 16 * 16;
   // (1) the maximum
@@ -138,20 +151,7 @@ void index_softmax_s32_u8__neon(const std::int32_t* s, const bool* valid, Index 
   for (Index j = 0; j < body; j += 4) vmax = vmaxq_s32(vmax, vld1q_s32(s + j));
   std::int32_t m = vmaxvq_s32(vmax);
   for (Index j = body; j < limit; ++j) m = std::max(m, s[j]);
-  // (2)-(5) Δ', index, E (into p), the sum
-  std::int64_t sum = 0;
-  switch (t.params.index_rule) {
-    case IndexRule::floor: sum = e_pass<IndexRule::floor>(s, body, m, t, p); break;
-    case IndexRule::round: sum = e_pass<IndexRule::round>(s, body, m, t, p); break;
-    case IndexRule::q26_round:
-      sum = t.q26 < (std::int64_t{1} << 32) ? e_pass<IndexRule::q26_round, true>(s, body, m, t, p)
-                                            : e_pass<IndexRule::q26_round>(s, body, m, t, p);
-      break;
-    default:  // q26_floor (floor_f32 never reaches here)
-      sum = t.q26 < (std::int64_t{1} << 32) ? e_pass<IndexRule::q26_floor, true>(s, body, m, t, p)
-                                            : e_pass<IndexRule::q26_floor>(s, body, m, t, p);
-      break;
-  }
+  std::int64_t sum = e_pass_by_rule(s, body, m, t, p);  // (2)-(5) Δ', index, E (into p), the sum
   const std::int64_t last = (1 << t.params.bits) - 1;
   for (Index j = body; j < limit; ++j) {
     p[j] = t.lut[std::clamp<std::int64_t>(index_softmax_index(std::min<std::int64_t>(std::int64_t{m} - s[j], t.c_int), t), 0, last)];
@@ -204,18 +204,7 @@ std::int64_t index_exp_s32_u8__neon(const std::int32_t* s, const bool* valid, In
   if (valid || t.params.index_rule == IndexRule::floor_f32) return index_exp_s32_u8__scalar(s, valid, n, anchor, t, e);
   // Steps (2)-(5) of the row kernel above with the caller's anchor for m.
   const Index body = n / 16 * 16;
-  const bool int_q26 = t.q26 < (std::int64_t{1} << 32);
-  std::int64_t sum = 0;
-  switch (t.params.index_rule) {
-    case IndexRule::floor: sum = e_pass<IndexRule::floor>(s, body, anchor, t, e); break;
-    case IndexRule::round: sum = e_pass<IndexRule::round>(s, body, anchor, t, e); break;
-    case IndexRule::q26_round:
-      sum = int_q26 ? e_pass<IndexRule::q26_round, true>(s, body, anchor, t, e) : e_pass<IndexRule::q26_round>(s, body, anchor, t, e);
-      break;
-    default:  // q26_floor (floor_f32 never reaches here)
-      sum = int_q26 ? e_pass<IndexRule::q26_floor, true>(s, body, anchor, t, e) : e_pass<IndexRule::q26_floor>(s, body, anchor, t, e);
-      break;
-  }
+  const std::int64_t sum = e_pass_by_rule(s, body, anchor, t, e);
   return sum + index_exp_s32_u8__scalar(s + body, nullptr, n - body, anchor, t, e + body);
 }
 

@@ -146,36 +146,85 @@ Eigen::Index int_attention_block_rows(const IntAttentionConfig& cfg, Eigen::Inde
   return rows > 0 ? rows : auto_block_rows(lk);
 }
 
-// One function of about 100 lines on purpose: the block loop is the kernel's schedule (pack K and V once, then per
-// row block Q.K^T, softmax, P.V, dequantise, with each worker's scratch), and reading it whole is how its memory and
-// overflow bounds (docs/kernels.md) are checked against it.
-void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v, double scale,
-                         const IntAttentionConfig& cfg, float* o) {
+namespace {
+
+void check_fused_call(const Int8View& q, const Int8View& k, const Int8View& v, const IntAttentionConfig& cfg) {
   if (q.cols != k.cols || k.rows != v.rows)
     throw std::invalid_argument("int_attention: shapes q [" + std::to_string(q.rows) + ", " + std::to_string(q.cols) +
                                 "], k [" + std::to_string(k.rows) + ", " + std::to_string(k.cols) + "], v [" +
                                 std::to_string(v.rows) + ", " + std::to_string(v.cols) + "] do not fit");
   if (cfg.block_rows < 0 || cfg.s_rows < 0 || cfg.threads < 1)
-    throw std::invalid_argument("int_attention: block_rows and s_rows must be >= 0 (0: the library's choice) and threads >= 1");
+    throw std::invalid_argument(
+        "int_attention: block_rows and s_rows must be >= 0 (0: the library's choice) and threads >= 1");
   if (!isa_available(cfg.isa))
     throw std::invalid_argument("int_attention: ISA " + std::string(isa_name(cfg.isa)) + " is not available here");
-  const kernels::KernelVariant& f = kernels::kernel_variant(cfg.isa);
-  const Eigen::Index lq = q.rows, lk = k.rows, d = q.cols, dv = v.cols;
-  if (lq == 0 || dv == 0) return;
-  if (lk == 0) {
-    std::fill(o, o + lq * dv, 0.0f);
-    return;
+}
+
+// What one fused call fixes before its row blocks: the variant, the shapes and strides, the stages it runs, the
+// softmax tables, K^T and V packed once, and the block schedule. The passes below (run_materialised,
+// run_row_blocks) read it and write only O, and P where the call asks for it. Its memory and overflow bounds are
+// docs/kernels.md's.
+struct FusedCall {
+  FusedCall(const Int8View& q, const Int8View& k, const Int8View& v, double scale, const IntAttentionConfig& cfg,
+            float* o);
+
+  // The softmax of one row of S (query `row`) into P: Quant-Only's float row, group-wise clipping's blocks, or the
+  // variant's IndexSoftmax row, over the row's visible keys (causal limit, padding mask).
+  void softmax_row(const std::int32_t* s_row, float* f_scratch, Eigen::Index row, std::uint8_t* p_row) const {
+    const Eigen::Index limit = cfg.causal ? row + lk - lq + 1 : lk;
+    const bool* valid = cfg.valid ? cfg.valid + row * lk : nullptr;
+    if (quant_only) f.softmax_f32(s_row, valid, limit, lk, alpha, f_scratch, p_row);
+    else if (grouped)
+      grouped_softmax_row(f, s_row, valid, std::clamp<Eigen::Index>(limit, 0, lk), lk, cfg, block_tables, p_row);
+    else f.softmax(s_row, valid, limit, lk, tables, p_row);
   }
-  const bool quant_only = cfg.pipeline == IntPipeline::quant_only;
+  void dequantise(const std::int32_t* acc, Eigen::Index r0, Eigen::Index rows) const {
+    f.dequantise(acc, rows, dv, dv16, out_scale, p_scale, o + r0 * dv, dv);
+  }
+  // Runs body(block) for every block on the threads (qattn/parallel.h); returns when all are done.
+  template <typename Body>
+  void parallel_blocks(Body&& body) const {
+    parallel_for(static_cast<std::size_t>(blocks), threads, [&](std::size_t b) { body(static_cast<Eigen::Index>(b)); });
+  }
+  // Q's rows [r0, r0 + rows) into qb, each zero-padded from d to d4 bytes (the padding written by the caller).
+  void copy_q_rows(Eigen::Index r0, Eigen::Index rows, std::int8_t* qb) const {
+    for (Eigen::Index i = 0; i < rows; ++i) std::copy_n(q.values + (r0 + i) * d, d, qb + i * d4);
+  }
+
+  const Int8View& q;
+  const IntAttentionConfig& cfg;
+  const kernels::KernelVariant& f;
+  float* o;
+  Eigen::Index lq, lk, d, dv;
+  bool quant_only, grouped;  // grouped: group-wise clipping, one table per key block (its c_int), shared LUT values
   kernels::IndexSoftmaxTables tables;
+  std::vector<kernels::IndexSoftmaxTables> block_tables;
+  float alpha;       // quant-only: S = fl32(A) * alpha
+  double out_scale;
+  int p_scale;       // quant-only: INT8 P
+  Eigen::Index d4, lk_stride, dv16;
+  bool run_qk, run_pv, run_softmax;
+  AlignedArray<std::int8_t> k_packed, v_packed;
+  std::vector<std::int32_t> k_sum, v_sum;
+  Eigen::Index br, blocks;
+  int threads;
+  // IntAttention rows with no padding mask or key groups take their maximum from Q.K^T's epilogue where the ISA has
+  // that pair (kernel_variants.h): the GEMM folds each row's visible values into 16 lanes as it stores them, and the
+  // row kernel skips its first pass. The gemm-only stages run the plain GEMM.
+  bool epilogue_max;
+};
+
+FusedCall::FusedCall(const Int8View& q_, const Int8View& k, const Int8View& v, double scale,
+                     const IntAttentionConfig& cfg_, float* o_)
+    : q(q_), cfg(cfg_), f(kernels::kernel_variant(cfg_.isa)), o(o_), lq(q_.rows), lk(k.rows), d(q_.cols), dv(v.cols) {
+  quant_only = cfg.pipeline == IntPipeline::quant_only;
   if (!quant_only) {
-    const std::int64_t c_int =
-        cfg.c_int > 0 ? cfg.c_int : cint_from_alpha(cfg.softmax.c, q.scale * k.scale * scale, cfg.softmax.cint_rounding);
+    const std::int64_t c_int = cfg.c_int > 0 ? cfg.c_int
+                                             : cint_from_alpha(cfg.softmax.c, q.scale * k.scale * scale,
+                                                               cfg.softmax.cint_rounding);
     tables = kernels::IndexSoftmaxTables::make(cfg.softmax, c_int);
   }
-  // Group-wise clipping: one table per key block (its c_int), shared LUT values.
-  const bool grouped = !quant_only && cfg.key_block > 0;
-  std::vector<kernels::IndexSoftmaxTables> block_tables;
+  grouped = !quant_only && cfg.key_block > 0;
   if (grouped) {
     const Eigen::Index key_blocks = (lk + cfg.key_block - 1) / cfg.key_block;
     if (static_cast<Eigen::Index>(cfg.key_c_int.size()) != key_blocks ||
@@ -184,140 +233,157 @@ void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v
                                   std::to_string(cfg.key_block) + " need one c_int and one ratio per block");
     if (d > kMaxKeyBlockHeadDim)
       throw std::invalid_argument("int_attention: key blocks need d <= " + std::to_string(kMaxKeyBlockHeadDim));
-    for (const std::int64_t c : cfg.key_c_int) block_tables.push_back(kernels::IndexSoftmaxTables::make(cfg.softmax, c));
+    for (const std::int64_t c : cfg.key_c_int)
+      block_tables.push_back(kernels::IndexSoftmaxTables::make(cfg.softmax, c));
   }
-  const float alpha = static_cast<float>(q.scale * k.scale * scale);  // quant-only: S = fl32(A) * alpha
-  const double out_scale = v.scale;
-  const int p_scale = p_code_max(quant_only ? PFormat::s8 : cfg.softmax.p_format);  // quant-only: INT8 P
+  alpha = static_cast<float>(q.scale * k.scale * scale);
+  out_scale = v.scale;
+  p_scale = p_code_max(quant_only ? PFormat::s8 : cfg.softmax.p_format);
 
-  const Eigen::Index d4 = round_up(d, 4), lk_stride = key_stride(lk, f.key_stride_multiple), dv16 = round_up(dv, 16);
+  d4 = round_up(d, 4), lk_stride = key_stride(lk, f.key_stride_multiple), dv16 = round_up(dv, 16);
   using Stages = IntAttentionConfig::Stages;
-  const bool run_qk = cfg.stages != Stages::pv, run_pv = cfg.stages != Stages::qk, run_softmax = cfg.stages == Stages::all;
+  run_qk = cfg.stages != Stages::pv, run_pv = cfg.stages != Stages::qk, run_softmax = cfg.stages == Stages::all;
   // Each stage packs only its own operand, so a one-stage timing holds that stage's packing and no other.
-  const AlignedArray<std::int8_t> k_packed = aligned_array<std::int8_t>(run_qk ? static_cast<std::size_t>(d4 * lk_stride) : 0),
-                                  v_packed = aligned_array<std::int8_t>(run_pv ? static_cast<std::size_t>(lk_stride * dv16) : 0);
-  std::vector<std::int32_t> k_sum(run_qk ? lk_stride : 0), v_sum(run_pv ? dv16 : 0);
+  k_packed = aligned_array<std::int8_t>(run_qk ? static_cast<std::size_t>(d4 * lk_stride) : 0);
+  v_packed = aligned_array<std::int8_t>(run_pv ? static_cast<std::size_t>(lk_stride * dv16) : 0);
+  k_sum.resize(run_qk ? lk_stride : 0), v_sum.resize(run_pv ? dv16 : 0);
   if (run_qk) kernels::pack_k_transposed(k.values, lk, d, d4, lk_stride, k_packed.get(), k_sum.data());
   if (run_pv) kernels::pack_v(v.values, lk, dv, lk_stride, dv16, v_packed.get(), v_sum.data());
-  const Eigen::Index br = int_attention_block_rows(cfg, lk), blocks = (lq + br - 1) / br;
-  const int threads = static_cast<int>(std::min<Eigen::Index>(cfg.threads, blocks));
-  // Runs body(block) for every block on the threads (qattn/parallel.h); returns when all are done.
-  auto parallel_blocks = [&](auto&& body) {
-    parallel_for(static_cast<std::size_t>(blocks), threads, [&](std::size_t b) { body(static_cast<Eigen::Index>(b)); });
-  };
-  // IntAttention rows with no padding mask or key groups take their maximum from Q.K^T's epilogue where the ISA has
-  // that pair (kernel_variants.h): the GEMM folds each row's visible values into 16 lanes as it stores them, and the
-  // row kernel skips its first pass. The gemm-only stages run the plain GEMM.
-  const bool epilogue_max = f.qk_row_max && f.softmax_given_max && !quant_only && !grouped && !cfg.valid && run_softmax;
-  auto softmax_row = [&](const std::int32_t* s_row, float* f_scratch, Eigen::Index row, std::uint8_t* p_row) {
-    const Eigen::Index limit = cfg.causal ? row + lk - lq + 1 : lk;
-    const bool* valid = cfg.valid ? cfg.valid + row * lk : nullptr;
-    if (quant_only) f.softmax_f32(s_row, valid, limit, lk, alpha, f_scratch, p_row);
-    else if (grouped) grouped_softmax_row(f, s_row, valid, std::clamp<Eigen::Index>(limit, 0, lk), lk, cfg, block_tables, p_row);
-    else f.softmax(s_row, valid, limit, lk, tables, p_row);
-  };
-  auto dequantise = [&](const std::int32_t* acc, Eigen::Index r0, Eigen::Index rows) {
-    f.dequantise(acc, rows, dv, dv16, out_scale, p_scale, o + r0 * dv, dv);
-  };
-  if (cfg.materialise) {
-    // S and P whole: 5 bytes per (query, key) pair, 80 MiB at L = 4096. Fresh pages cost a fault each, on some VMs
-    // 3 ms per MB with 4 KiB pages (docs/kernels.md), which would make this dataflow's time mostly faults; so both are
-    // allocated uninitialised and advised for huge pages before their first touch. Q.K^T writes S whole; P is zeroed
-    // after the advice, so that its columns past L_k, which no row writes, hold defined values (P.V meets them with
-    // V's zero padding) and a gemms-only run leaves P at zero.
-    const std::size_t pairs = static_cast<std::size_t>(lq * lk_stride);
-    const AlignedArray<std::int32_t> s_buffer = aligned_array<std::int32_t>(pairs);
-    const AlignedArray<std::uint8_t> p_buffer = aligned_array<std::uint8_t>(pairs);
-    advise_huge_pages(s_buffer.get(), pairs * sizeof(std::int32_t));
-    advise_huge_pages(p_buffer.get(), pairs);
-    std::fill_n(p_buffer.get(), pairs, std::uint8_t{0});
-    std::int32_t* const s_all = s_buffer.get();
-    std::uint8_t* const p_all = p_buffer.get();
-    parallel_blocks([&](Eigen::Index b) {  // pass 1: S = Q K^T
-      const Eigen::Index r0 = b * br, rows = std::min(br, lq - r0);
-      const AlignedArray<std::int8_t> qb = aligned_array<std::int8_t>(static_cast<std::size_t>(rows * d4));
-      std::fill_n(qb.get(), rows * d4, std::int8_t{0});
-      for (Eigen::Index i = 0; i < rows; ++i) std::copy_n(q.values + (r0 + i) * d, d, qb.get() + i * d4);
-      if (run_qk) f.qk({qb.get(), rows, d4, k_packed.get(), k_sum.data(), lk_stride, s_all + r0 * lk_stride});
-    });
-    parallel_blocks([&](Eigen::Index b) {  // pass 2: P = softmax(S), row by row
-      std::vector<float> scratch(quant_only ? static_cast<std::size_t>(lk_stride) : 0);
-      for (Eigen::Index row = b * br; run_softmax && row < std::min(lq, (b + 1) * br); ++row) {
-        softmax_row(s_all + row * lk_stride, scratch.data(), row, p_all + row * lk_stride);
-        if (cfg.p_out) std::copy_n(p_all + row * lk_stride, lk, cfg.p_out + row * lk);
-      }
-    });
-    parallel_blocks([&](Eigen::Index b) {  // pass 3: O = P V
-      const Eigen::Index r0 = b * br, rows = std::min(br, lq - r0);
-      if (!run_pv) return;
-      const AlignedArray<std::int32_t> acc = aligned_array<std::int32_t>(static_cast<std::size_t>(rows * dv16));
-      f.pv({p_all + r0 * lk_stride, rows, lk_stride, v_packed.get(), v_sum.data(), dv16, acc.get()});
-      dequantise(acc.get(), r0, rows);
-    });
+  br = int_attention_block_rows(cfg, lk), blocks = (lq + br - 1) / br;
+  threads = static_cast<int>(std::min<Eigen::Index>(cfg.threads, blocks));
+  epilogue_max = f.qk_row_max && f.softmax_given_max && !quant_only && !grouped && !cfg.valid && run_softmax;
+}
+
+// The materialised dataflow: S and P whole, in three passes over the row blocks (Q.K^T, softmax, P.V).
+// S and P take 5 bytes per (query, key) pair, 80 MiB at L = 4096. Fresh pages cost a fault each, on some VMs 3 ms per
+// MB with 4 KiB pages (docs/kernels.md), which would make this dataflow's time mostly faults; so both are allocated
+// uninitialised and advised for huge pages before their first touch. Q.K^T writes S whole; P is zeroed after the
+// advice, so that its columns past L_k, which no row writes, hold defined values (P.V meets them with V's zero
+// padding) and a gemms-only run leaves P at zero.
+void run_materialised(const FusedCall& c) {
+  const Eigen::Index br = c.br, lq = c.lq, lk = c.lk, lk_stride = c.lk_stride, d4 = c.d4;
+  const std::size_t pairs = static_cast<std::size_t>(lq * lk_stride);
+  const AlignedArray<std::int32_t> s_buffer = aligned_array<std::int32_t>(pairs);
+  const AlignedArray<std::uint8_t> p_buffer = aligned_array<std::uint8_t>(pairs);
+  advise_huge_pages(s_buffer.get(), pairs * sizeof(std::int32_t));
+  advise_huge_pages(p_buffer.get(), pairs);
+  std::fill_n(p_buffer.get(), pairs, std::uint8_t{0});
+  std::int32_t* const s_all = s_buffer.get();
+  std::uint8_t* const p_all = p_buffer.get();
+  c.parallel_blocks([&](Eigen::Index b) {  // pass 1: S = Q K^T
+    const Eigen::Index r0 = b * br, rows = std::min(br, lq - r0);
+    const AlignedArray<std::int8_t> qb = aligned_array<std::int8_t>(static_cast<std::size_t>(rows * d4));
+    std::fill_n(qb.get(), rows * d4, std::int8_t{0});
+    c.copy_q_rows(r0, rows, qb.get());
+    if (c.run_qk) c.f.qk({qb.get(), rows, d4, c.k_packed.get(), c.k_sum.data(), lk_stride, s_all + r0 * lk_stride});
+  });
+  c.parallel_blocks([&](Eigen::Index b) {  // pass 2: P = softmax(S), row by row
+    std::vector<float> scratch(c.quant_only ? static_cast<std::size_t>(lk_stride) : 0);
+    for (Eigen::Index row = b * br; c.run_softmax && row < std::min(lq, (b + 1) * br); ++row) {
+      c.softmax_row(s_all + row * lk_stride, scratch.data(), row, p_all + row * lk_stride);
+      if (c.cfg.p_out) std::copy_n(p_all + row * lk_stride, lk, c.cfg.p_out + row * lk);
+    }
+  });
+  c.parallel_blocks([&](Eigen::Index b) {  // pass 3: O = P V
+    const Eigen::Index r0 = b * br, rows = std::min(br, lq - r0);
+    if (!c.run_pv) return;
+    const AlignedArray<std::int32_t> acc = aligned_array<std::int32_t>(static_cast<std::size_t>(rows * c.dv16));
+    c.f.pv({p_all + r0 * lk_stride, rows, lk_stride, c.v_packed.get(), c.v_sum.data(), c.dv16, acc.get()});
+    c.dequantise(acc.get(), r0, rows);
+  });
+}
+
+// One worker's buffers, reused across its row blocks: Q block (zero-padded to d4), S, P (zero-padded to lk_stride),
+// accumulators, each of min(B_r, L_q) rows: a call with fewer queries than a block (decoding) holds only the rows it
+// has. S and the accumulators are written whole before they are read, so they are left uninitialised; P is zeroed
+// once, so that its columns past L_k, which no row writes, hold defined values (P.V meets them with V's zero
+// padding). A one-stage run holds only its stage's buffers.
+struct RowBlockScratch {
+  bool ready = false;
+  AlignedArray<std::int8_t> qb;
+  AlignedArray<std::int32_t> s, acc;
+  std::unique_ptr<std::int32_t[]> lanes;
+  AlignedArray<std::uint8_t> p;
+  std::vector<float> f;
+
+  void allocate(const FusedCall& c, Eigen::Index s_rows) {
+    const Eigen::Index rows_max = std::min(c.br, c.lq);
+    if (c.run_qk) {
+      qb = aligned_array<std::int8_t>(static_cast<std::size_t>(rows_max * c.d4));
+      std::fill_n(qb.get(), rows_max * c.d4, std::int8_t{0});
+      s = aligned_array<std::int32_t>(static_cast<std::size_t>(s_rows * c.lk_stride));
+    }
+    if (c.run_pv) acc = aligned_array<std::int32_t>(static_cast<std::size_t>(rows_max * c.dv16));
+    if (c.epilogue_max) lanes.reset(new std::int32_t[static_cast<std::size_t>(s_rows * 16)]);
+    p = aligned_array<std::uint8_t>(static_cast<std::size_t>(rows_max * c.lk_stride));
+    std::fill_n(p.get(), rows_max * c.lk_stride, std::uint8_t{0});
+    f.resize(c.quant_only ? static_cast<std::size_t>(c.lk_stride) : 0);
+    ready = true;
+  }
+};
+
+// Rows [i0, i0 + n) of the block starting at query r0: their slice of S by Q.K^T, then their softmax rows into P.
+void qk_softmax_slice(const FusedCall& c, RowBlockScratch& w, Eigen::Index r0, Eigen::Index i0, Eigen::Index n) {
+  const IntAttentionConfig& cfg = c.cfg;
+  // (a P.V-only run holds no Q block: no offset from its null pointer)
+  kernels::GemmArgs qk{c.run_qk ? w.qb.get() + i0 * c.d4 : nullptr, n, c.d4, c.k_packed.get(), c.k_sum.data(),
+                       c.lk_stride, w.s.get()};
+  if (c.epilogue_max) {
+    qk.row_max = w.lanes.get();
+    qk.visible = cfg.causal ? r0 + i0 + c.lk - c.lq + 1 : c.lk;
+    qk.visible_step = cfg.causal ? 1 : 0;
+    qk.visible_cap = c.lk;
+  }
+  if (c.run_qk) c.f.qk(qk);
+  for (Eigen::Index i = 0; c.run_softmax && i < n; ++i) {
+    const std::int32_t* s_row = w.s.get() + i * c.lk_stride;
+    std::uint8_t* p_row = w.p.get() + (i0 + i) * c.lk_stride;
+    if (c.epilogue_max) {
+      const std::int32_t* lanes = w.lanes.get() + i * 16;
+      c.f.softmax_given_max(s_row, qk.limit(i), c.lk, c.tables, *std::max_element(lanes, lanes + 16), p_row);
+    } else {
+      c.softmax_row(s_row, w.f.data(), r0 + i0 + i, p_row);
+    }
+    if (cfg.p_out) std::copy_n(p_row, c.lk, cfg.p_out + (r0 + i0 + i) * c.lk);
+  }
+}
+
+// The streaming dataflow: each row block runs Q.K^T and softmax in slices of s_rows rows, then P.V and the
+// dequantisation, in its worker's buffers.
+void run_row_blocks(const FusedCall& c) {
+  // Rows of S per Q.K^T call: the call's, the variant's (kernel_variants.h), or the whole block.
+  const Eigen::Index s_wanted = c.cfg.s_rows > 0 ? c.cfg.s_rows : c.f.s_rows;
+  const Eigen::Index s_rows = std::min(s_wanted > 0 ? s_wanted : c.br, std::min(c.br, c.lq));
+  std::vector<RowBlockScratch> scratch(
+      static_cast<std::size_t>(parallel_workers(static_cast<std::size_t>(c.blocks), c.threads)));
+  parallel_for_workers(static_cast<std::size_t>(c.blocks), c.threads, [&](std::size_t block, int worker) {
+    RowBlockScratch& w = scratch[static_cast<std::size_t>(worker)];
+    if (!w.ready) w.allocate(c, s_rows);
+    const Eigen::Index r0 = static_cast<Eigen::Index>(block) * c.br, rows = std::min(c.br, c.lq - r0);
+    if (c.run_qk) c.copy_q_rows(r0, rows, w.qb.get());
+    for (Eigen::Index i0 = 0; i0 < rows; i0 += s_rows) qk_softmax_slice(c, w, r0, i0, std::min(s_rows, rows - i0));
+    if (!c.run_pv) return;
+    c.f.pv({w.p.get(), rows, c.lk_stride, c.v_packed.get(), c.v_sum.data(), c.dv16, w.acc.get()});
+    c.dequantise(w.acc.get(), r0, rows);
+  });
+}
+
+}  // namespace
+
+// The kernel's schedule: check the call, pack K and V once (FusedCall), then per row block Q.K^T, softmax, P.V and
+// dequantisation, with S and P whole (materialised) or in each worker's buffers.
+void int_attention_fused(const Int8View& q, const Int8View& k, const Int8View& v, double scale,
+                         const IntAttentionConfig& cfg, float* o) {
+  check_fused_call(q, k, v, cfg);
+  const Eigen::Index lq = q.rows, dv = v.cols;
+  if (lq == 0 || dv == 0) return;
+  if (k.rows == 0) {
+    std::fill(o, o + lq * dv, 0.0f);
     return;
   }
-  // Each worker's blocks reuse its buffers: Q block (zero-padded to d4), S, P (zero-padded to lk_stride), accumulators,
-  // each of min(B_r, L_q) rows: a call with fewer queries than a block (decoding) holds only the rows it has.
-  // S and the accumulators are written whole before they are read, so they are left uninitialised; P is zeroed once,
-  // so that its columns past L_k, which no row writes, hold defined values (P.V meets them with V's zero padding).
-  // A one-stage run holds only its stage's buffers.
-  struct Scratch {
-    bool ready = false;
-    AlignedArray<std::int8_t> qb;
-    AlignedArray<std::int32_t> s, acc;
-    std::unique_ptr<std::int32_t[]> lanes;
-    AlignedArray<std::uint8_t> p;
-    std::vector<float> f;
-  };
-  // Rows of S per Q.K^T call: the call's, the variant's (kernel_variants.h), or the whole block.
-  const Eigen::Index s_wanted = cfg.s_rows > 0 ? cfg.s_rows : f.s_rows;
-  const Eigen::Index s_rows = std::min(s_wanted > 0 ? s_wanted : br, std::min(br, lq));
-  std::vector<Scratch> scratch(static_cast<std::size_t>(parallel_workers(static_cast<std::size_t>(blocks), threads)));
-  parallel_for_workers(static_cast<std::size_t>(blocks), threads, [&](std::size_t block, int worker) {
-    Scratch& w = scratch[static_cast<std::size_t>(worker)];
-    if (!w.ready) {
-      const Eigen::Index rows_max = std::min(br, lq);
-      if (run_qk) {
-        w.qb = aligned_array<std::int8_t>(static_cast<std::size_t>(rows_max * d4));
-        std::fill_n(w.qb.get(), rows_max * d4, std::int8_t{0});
-        w.s = aligned_array<std::int32_t>(static_cast<std::size_t>(s_rows * lk_stride));
-      }
-      if (run_pv) w.acc = aligned_array<std::int32_t>(static_cast<std::size_t>(rows_max * dv16));
-      if (epilogue_max) w.lanes.reset(new std::int32_t[static_cast<std::size_t>(s_rows * 16)]);
-      w.p = aligned_array<std::uint8_t>(static_cast<std::size_t>(rows_max * lk_stride));
-      std::fill_n(w.p.get(), rows_max * lk_stride, std::uint8_t{0});
-      w.f.resize(quant_only ? static_cast<std::size_t>(lk_stride) : 0);
-      w.ready = true;
-    }
-    const Eigen::Index r0 = static_cast<Eigen::Index>(block) * br, rows = std::min(br, lq - r0);
-    for (Eigen::Index i = 0; run_qk && i < rows; ++i) std::copy_n(q.values + (r0 + i) * d, d, w.qb.get() + i * d4);
-    for (Eigen::Index i0 = 0; i0 < rows; i0 += s_rows) {  // slices of S: Q.K^T, then their softmax rows
-      const Eigen::Index n = std::min(s_rows, rows - i0);
-      // (a P.V-only run holds no Q block: no offset from its null pointer)
-      kernels::GemmArgs qk{run_qk ? w.qb.get() + i0 * d4 : nullptr, n, d4, k_packed.get(), k_sum.data(), lk_stride, w.s.get()};
-      if (epilogue_max) {
-        qk.row_max = w.lanes.get();
-        qk.visible = cfg.causal ? r0 + i0 + lk - lq + 1 : lk;
-        qk.visible_step = cfg.causal ? 1 : 0;
-        qk.visible_cap = lk;
-      }
-      if (run_qk) f.qk(qk);
-      for (Eigen::Index i = 0; run_softmax && i < n; ++i) {
-        const std::int32_t* s_row = w.s.get() + i * lk_stride;
-        std::uint8_t* p_row = w.p.get() + (i0 + i) * lk_stride;
-        if (epilogue_max) {
-          const std::int32_t* lanes = w.lanes.get() + i * 16;
-          f.softmax_given_max(s_row, qk.limit(i), lk, tables, *std::max_element(lanes, lanes + 16), p_row);
-        } else {
-          softmax_row(s_row, w.f.data(), r0 + i0 + i, p_row);
-        }
-        if (cfg.p_out) std::copy_n(p_row, lk, cfg.p_out + (r0 + i0 + i) * lk);
-      }
-    }
-    if (!run_pv) return;
-    f.pv({w.p.get(), rows, lk_stride, v_packed.get(), v_sum.data(), dv16, w.acc.get()});
-    dequantise(w.acc.get(), r0, rows);
-  });
+  const FusedCall call(q, k, v, scale, cfg, o);
+  if (cfg.materialise) run_materialised(call);
+  else run_row_blocks(call);
 }
 
 RowMatrixXd int_attention_fused(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,

@@ -15,6 +15,7 @@
 #include <limits>
 
 #include "qattn/exp_f32.h"
+#include "qattn/exp_poly_lanes.h"
 #include "qattn/kernels.h"
 
 namespace qattn::kernels {
@@ -24,10 +25,7 @@ inline __m256 exp_poly(__m256 x) {
   using K = ExpF32Constants;
   x = _mm256_max_ps(x, _mm256_set1_ps(K::kMin));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(K::kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(K::kLn2Hi))),
-                                 _mm256_mul_ps(n, _mm256_set1_ps(K::kLn2Lo)));
-  __m256 p = _mm256_set1_ps(K::kC[6]);
-  for (int k = 5; k >= 0; --k) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(K::kC[k]));
+  const __m256 p = exp_poly_reduced(x, n);
   const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
 }

@@ -13,6 +13,7 @@
 #include <limits>
 
 #include "qattn/exp_f32.h"
+#include "qattn/exp_poly_lanes.h"
 #include "qattn/kernels.h"
 
 namespace qattn::kernels {
@@ -27,11 +28,7 @@ inline __m512 exp_poly(__m512 x) {
   using K = ExpF32Constants;
   x = _mm512_max_ps(x, _mm512_set1_ps(K::kMin));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(K::kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 r = _mm512_sub_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(K::kLn2Hi))),
-                                 _mm512_mul_ps(n, _mm512_set1_ps(K::kLn2Lo)));
-  __m512 p = _mm512_set1_ps(K::kC[6]);
-  for (int k = 5; k >= 0; --k) p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(K::kC[k]));
-  return _mm512_scalef_ps(p, n);
+  return _mm512_scalef_ps(exp_poly_reduced(x, n), n);
 }
 
 }  // namespace

@@ -6,17 +6,12 @@
 #include <cstdint>
 #include <climits>
 #include <cmath>
-#include <cstring>
-#include <iomanip>
 #include <limits>
-#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <tuple>
 
-#include "qattn/error.h"
 #include "qattn/float_format.h"
-#include "qattn/tensor.h"
 
 namespace qattn::ref {
 namespace {
@@ -180,127 +175,139 @@ const char* mma_scale_name(MmaScale scale) {
   return scale == MmaScale::ue8m0 ? "UE8M0" : scale == MmaScale::ue4m3 ? "UE4M3" : "no";
 }
 
+namespace {
+
+// A preset with every parameter of `base` but its name and provenance (the caller sets the ones it changes).
+MmaModel variant_of(const MmaModel& base, const char* name, std::string provenance) {
+  MmaModel m = base;
+  m.name = name;
+  m.provenance = std::move(provenance);
+  return m;
+}
+
+// The presets measured on an H100: every output of their vector files reproduced.
+void add_h100_presets(std::vector<MmaModel>& p) {
+  MmaModel wgmma;
+  wgmma.name = "h100-wgmma-e4m3";
+  wgmma.provenance = "H100 FP8 wgmma, cuBLASLt fast accumulation (torch._scaled_mm use_fast_accum=True), "
+                     "K = 32..4096: every output of wgmma_cublaslt_e4m3.npz";
+  p.push_back(wgmma);
+  MmaModel promote = variant_of(wgmma, "h100-wgmma-e4m3-promote",
+                                "H100 FP8 wgmma, cuBLASLt default mode (promotion to an f32 total every 4 k-steps = "
+                                "128 k), K = 32..4096: every output of wgmma_cublaslt_e4m3.npz");
+  promote.promote_steps = 4;
+  p.push_back(promote);
+  MmaModel hmma = variant_of(wgmma, "h100-hmma-f16",
+                             "H100 mma.sync.m16n8k16 f16 -> f32 (HMMA.16816.F32): every output of "
+                             "mma_sync_m16n8k16_f16f32.npz and of the f16-subnormal probe set probe_f16f32_subnormal");
+  hmma.input = MmaInput::f16;
+  hmma.step_products = 16;
+  hmma.fraction_bits = 25;
+  hmma.sum_bits = 24;
+  hmma.exponent_rule = MmaExponentRule::field_zero_low;
+  p.push_back(hmma);
+  MmaModel bf = variant_of(hmma, "h100-hmma-bf16", "H100 mma.sync.m16n8k16 bf16 -> f32 (HMMA.16816.F32.BF16): every "
+                                                   "output of mma_sync_m16n8k16_bf16f32.npz");
+  bf.input = MmaInput::bf16;
+  p.push_back(bf);
+  MmaModel acc16 = variant_of(hmma, "h100-hmma-f16-acc16", "H100 mma.sync.m16n8k16 f16 -> f16 (HMMA.16816.F16): "
+                                                           "every output of mma_sync_m16n8k16_f16f16.npz");
+  acc16.accumulator = MmaAccumulator::f16;
+  // The leading-bit rule, as measured: the f16f16 vectors hold no subnormal operand, so they do not decide between
+  // it and the field rule the f32 probe showed (both reproduce every output); sage1's f16 P~V runs on this preset
+  // (hmma_f16_acc16_step). docs/mma.md "Open: f16 subnormal operands with an f16 accumulator".
+  acc16.exponent_rule = MmaExponentRule::leading_bit;
+  p.push_back(acc16);
+  MmaModel mma8 = variant_of(hmma, "h100-mma-e4m3",
+                             "H100 (sm_90) mma.sync.m16n8k32 e4m3 -> f32, which runs as two HMMA.16816.F32 on the "
+                             "operands converted to f16: every output of mma_sync_m16n8k32_e4m3.npz");
+  mma8.input = MmaInput::e4m3;
+  mma8.exponent_rule = MmaExponentRule::leading_bit;  // the operands reach the HMMA as f16, where E4M3's
+                                                       // subnormals are normal: their leading bit is their exponent
+  mma8.partition = MmaPartition::k_mod4_pairs;
+  mma8.c_add = MmaCAdd::after;
+  p.push_back(mma8);
+}
+
+// The presets from MMA-Sim's published bit-accurate model (not measured here): ../shared/data/mmasim's vectors.
+void add_mmasim_presets(std::vector<MmaModel>& p) {
+  const std::string mmasim = "MMA-Sim model, not measured here (arXiv 2511.10909; its authors validated it on the "
+                             "GPU): every output of mmasim_vectors.npz";
+  auto from_model = [&](const char* name, MmaInput input, int step, int fraction_bits, const char* instruction) {
+    MmaModel m;
+    m.name = name;
+    m.provenance = std::string(instruction) + "; " + mmasim;
+    m.input = input;
+    m.step_products = step;
+    m.fraction_bits = fraction_bits;
+    m.sum_bits = 24;
+    m.exponent_rule = MmaExponentRule::field_zero_low;
+    m.measured = false;
+    return m;
+  };
+  p.push_back(from_model("b200-tcgen05-f16", MmaInput::f16, 16, 25, "B200 tcgen05.mma kind::f16, f16 -> f32"));
+  p.push_back(from_model("b200-tcgen05-bf16", MmaInput::bf16, 16, 25, "B200 tcgen05.mma kind::f16, bf16 -> f32"));
+  MmaModel b_acc16 = from_model("b200-tcgen05-f16-acc16", MmaInput::f16, 16, 25,
+                                "B200 tcgen05.mma kind::f16, f16 -> f16 accumulator");
+  b_acc16.accumulator = MmaAccumulator::f16;
+  p.push_back(b_acc16);
+  p.push_back(from_model("b200-tcgen05-e4m3", MmaInput::e4m3, 32, 25,
+                         "B200 tcgen05.mma kind::f8f6f4 unscaled, e4m3 -> f32"));
+  p.push_back(from_model("b200-tcgen05-e5m2", MmaInput::e5m2, 32, 25,
+                         "B200 tcgen05.mma kind::f8f6f4 unscaled, e5m2 -> f32"));
+  MmaModel mxf8 = from_model("b200-mxf8-e4m3", MmaInput::e4m3, 32, 25,
+                             "B200 tcgen05.mma kind::mxf8f6f4.block32, e4m3 with UE8M0 scales -> f32");
+  mxf8.scale = MmaScale::ue8m0;
+  mxf8.scale_block = 32;
+  p.push_back(mxf8);
+  MmaModel mxf4 = from_model("b200-mxf4", MmaInput::e2m1, 64, 35,
+                             "B200 tcgen05.mma kind::mxf4nvf4.block32, e2m1 with UE8M0 scales (MXFP4) -> f32");
+  mxf4.scale = MmaScale::ue8m0;
+  mxf4.scale_block = 32;
+  mxf4.group_products = 16;
+  p.push_back(mxf4);
+  MmaModel nvf4 = variant_of(mxf4, "b200-nvf4", "B200 tcgen05.mma kind::mxf4nvf4.block16, e2m1 with UE4M3 scales "
+                                                "(NVFP4) -> f32; " + mmasim);
+  nvf4.scale = MmaScale::ue4m3;
+  nvf4.scale_block = 16;
+  p.push_back(nvf4);
+  MmaModel ada = from_model("ada-mma-e4m3", MmaInput::e4m3, 16, 13,
+                            "Ada (sm_89) mma.sync.m16n8k32 e4m3 -> f32: two fused steps of 16 per instruction");
+  ada.sum_bits = 14;
+  p.push_back(ada);
+  // MMA-Sim's Ada FP8 unit with an f16 accumulator (nv_ptx/sim.py: F = 13, "RNE-FP16"; arithmetic/fdpa.py: the
+  // exact sum of the truncated terms rounded once to nearest even onto binary16), as its code states it:
+  // mmasim_vectors.npz holds no set of it, so no vector validates it here.
+  MmaModel ada16 = variant_of(ada, "ada-mma-e4m3-acc16",
+                              "Ada (sm_89) mma.sync.m16n8k32 e4m3 -> f16 accumulator: two fused steps of 16 per "
+                              "instruction, each rounded to nearest even onto binary16; MMA-Sim's model as its code "
+                              "states it (arXiv 2511.10909; nv_ptx/sim.py, arithmetic/fdpa.py), no vectors of it here");
+  ada16.accumulator = MmaAccumulator::f16;
+  ada16.sum_bits = 24;
+  ada16.validated = false;
+  p.push_back(ada16);
+  auto cdna3 = [&](const char* name, MmaInput input, int step, const char* instruction) {
+    MmaModel m = from_model(name, input, step, 24, instruction);
+    m.align = MmaAlign::group_then_c;
+    m.sum_fraction_bits = 31;
+    m.exponent_rule = MmaExponentRule::field_zero_none;
+    return m;
+  };
+  p.push_back(cdna3("mi300-mfma-f16", MmaInput::f16, 8, "MI300 (CDNA3) v_mfma_f32_*_f16"));
+  p.push_back(cdna3("mi300-mfma-bf16", MmaInput::bf16, 8, "MI300 (CDNA3) v_mfma_f32_*_bf16"));
+  MmaModel fnuz = cdna3("mi300-mfma-e4m3fnuz", MmaInput::e4m3fnuz, 16, "MI300 (CDNA3) v_mfma_f32_*_fp8_fp8 (E4M3FNUZ)");
+  fnuz.even_odd = true;
+  fnuz.c_drop_below = 25;
+  p.push_back(fnuz);
+}
+
+}  // namespace
+
 const std::vector<MmaModel>& mma_presets() {
   static const std::vector<MmaModel> presets = [] {
     std::vector<MmaModel> p;
-    MmaModel wgmma;
-    wgmma.name = "h100-wgmma-e4m3";
-    wgmma.provenance = "H100 FP8 wgmma, cuBLASLt fast accumulation (torch._scaled_mm use_fast_accum=True), "
-                       "K = 32..4096: every output of wgmma_cublaslt_e4m3.npz";
-    p.push_back(wgmma);
-    MmaModel promote = wgmma;
-    promote.name = "h100-wgmma-e4m3-promote";
-    promote.provenance = "H100 FP8 wgmma, cuBLASLt default mode (promotion to an f32 total every 4 k-steps = 128 k), "
-                         "K = 32..4096: every output of wgmma_cublaslt_e4m3.npz";
-    promote.promote_steps = 4;
-    p.push_back(promote);
-    MmaModel hmma;
-    hmma.name = "h100-hmma-f16";
-    hmma.provenance = "H100 mma.sync.m16n8k16 f16 -> f32 (HMMA.16816.F32): every output of "
-                      "mma_sync_m16n8k16_f16f32.npz and of the f16-subnormal probe set probe_f16f32_subnormal";
-    hmma.input = MmaInput::f16;
-    hmma.step_products = 16;
-    hmma.fraction_bits = 25;
-    hmma.sum_bits = 24;
-    hmma.exponent_rule = MmaExponentRule::field_zero_low;
-    p.push_back(hmma);
-    MmaModel bf = hmma;
-    bf.name = "h100-hmma-bf16";
-    bf.provenance = "H100 mma.sync.m16n8k16 bf16 -> f32 (HMMA.16816.F32.BF16): every output of "
-                    "mma_sync_m16n8k16_bf16f32.npz";
-    bf.input = MmaInput::bf16;
-    p.push_back(bf);
-    MmaModel acc16 = hmma;
-    acc16.name = "h100-hmma-f16-acc16";
-    acc16.provenance = "H100 mma.sync.m16n8k16 f16 -> f16 (HMMA.16816.F16): every output of "
-                       "mma_sync_m16n8k16_f16f16.npz";
-    acc16.accumulator = MmaAccumulator::f16;
-    // The leading-bit rule, as measured: the f16f16 vectors hold no subnormal operand, so they do not decide between
-    // it and the field rule the f32 probe showed (both reproduce every output); sage1's f16 P~V runs on this preset
-    // (hmma_f16_acc16_step). docs/mma.md "Open: f16 subnormal operands with an f16 accumulator".
-    acc16.exponent_rule = MmaExponentRule::leading_bit;
-    p.push_back(acc16);
-    MmaModel mma8 = hmma;
-    mma8.name = "h100-mma-e4m3";
-    mma8.provenance = "H100 (sm_90) mma.sync.m16n8k32 e4m3 -> f32, which runs as two HMMA.16816.F32 on the operands "
-                      "converted to f16: every output of mma_sync_m16n8k32_e4m3.npz";
-    mma8.input = MmaInput::e4m3;
-    mma8.exponent_rule = MmaExponentRule::leading_bit;  // the operands reach the HMMA as f16, where E4M3's
-                                                         // subnormals are normal: their leading bit is their exponent
-    mma8.partition = MmaPartition::k_mod4_pairs;
-    mma8.c_add = MmaCAdd::after;
-    p.push_back(mma8);
-    // From MMA-Sim's published bit-accurate model (not measured here): ../shared/data/mmasim's vectors.
-    const std::string mmasim = "MMA-Sim model, not measured here (arXiv 2511.10909; its authors validated it on the "
-                               "GPU): every output of mmasim_vectors.npz";
-    auto from_model = [&](const char* name, MmaInput input, int step, int fraction_bits, const char* instruction) {
-      MmaModel m;
-      m.name = name;
-      m.provenance = std::string(instruction) + "; " + mmasim;
-      m.input = input;
-      m.step_products = step;
-      m.fraction_bits = fraction_bits;
-      m.sum_bits = 24;
-      m.exponent_rule = MmaExponentRule::field_zero_low;
-      m.measured = false;
-      return m;
-    };
-    p.push_back(from_model("b200-tcgen05-f16", MmaInput::f16, 16, 25, "B200 tcgen05.mma kind::f16, f16 -> f32"));
-    p.push_back(from_model("b200-tcgen05-bf16", MmaInput::bf16, 16, 25, "B200 tcgen05.mma kind::f16, bf16 -> f32"));
-    MmaModel b_acc16 = from_model("b200-tcgen05-f16-acc16", MmaInput::f16, 16, 25,
-                                  "B200 tcgen05.mma kind::f16, f16 -> f16 accumulator");
-    b_acc16.accumulator = MmaAccumulator::f16;
-    p.push_back(b_acc16);
-    p.push_back(from_model("b200-tcgen05-e4m3", MmaInput::e4m3, 32, 25,
-                           "B200 tcgen05.mma kind::f8f6f4 unscaled, e4m3 -> f32"));
-    p.push_back(from_model("b200-tcgen05-e5m2", MmaInput::e5m2, 32, 25,
-                           "B200 tcgen05.mma kind::f8f6f4 unscaled, e5m2 -> f32"));
-    MmaModel mxf8 = from_model("b200-mxf8-e4m3", MmaInput::e4m3, 32, 25,
-                               "B200 tcgen05.mma kind::mxf8f6f4.block32, e4m3 with UE8M0 scales -> f32");
-    mxf8.scale = MmaScale::ue8m0;
-    mxf8.scale_block = 32;
-    p.push_back(mxf8);
-    MmaModel mxf4 = from_model("b200-mxf4", MmaInput::e2m1, 64, 35,
-                               "B200 tcgen05.mma kind::mxf4nvf4.block32, e2m1 with UE8M0 scales (MXFP4) -> f32");
-    mxf4.scale = MmaScale::ue8m0;
-    mxf4.scale_block = 32;
-    mxf4.group_products = 16;
-    p.push_back(mxf4);
-    MmaModel nvf4 = mxf4;
-    nvf4.name = "b200-nvf4";
-    nvf4.provenance = "B200 tcgen05.mma kind::mxf4nvf4.block16, e2m1 with UE4M3 scales (NVFP4) -> f32; " + mmasim;
-    nvf4.scale = MmaScale::ue4m3;
-    nvf4.scale_block = 16;
-    p.push_back(nvf4);
-    MmaModel ada = from_model("ada-mma-e4m3", MmaInput::e4m3, 16, 13,
-                              "Ada (sm_89) mma.sync.m16n8k32 e4m3 -> f32: two fused steps of 16 per instruction");
-    ada.sum_bits = 14;
-    p.push_back(ada);
-    // MMA-Sim's Ada FP8 unit with an f16 accumulator (nv_ptx/sim.py: F = 13, "RNE-FP16"; arithmetic/fdpa.py: the
-    // exact sum of the truncated terms rounded once to nearest even onto binary16), as its code states it:
-    // mmasim_vectors.npz holds no set of it, so no vector validates it here.
-    MmaModel ada16 = ada;
-    ada16.name = "ada-mma-e4m3-acc16";
-    ada16.provenance = "Ada (sm_89) mma.sync.m16n8k32 e4m3 -> f16 accumulator: two fused steps of 16 per "
-                       "instruction, each rounded to nearest even onto binary16; MMA-Sim's model as its code states "
-                       "it (arXiv 2511.10909; nv_ptx/sim.py, arithmetic/fdpa.py), no vectors of it here";
-    ada16.accumulator = MmaAccumulator::f16;
-    ada16.sum_bits = 24;
-    ada16.validated = false;
-    p.push_back(ada16);
-    auto cdna3 = [&](const char* name, MmaInput input, int step, const char* instruction) {
-      MmaModel m = from_model(name, input, step, 24, instruction);
-      m.align = MmaAlign::group_then_c;
-      m.sum_fraction_bits = 31;
-      m.exponent_rule = MmaExponentRule::field_zero_none;
-      return m;
-    };
-    p.push_back(cdna3("mi300-mfma-f16", MmaInput::f16, 8, "MI300 (CDNA3) v_mfma_f32_*_f16"));
-    p.push_back(cdna3("mi300-mfma-bf16", MmaInput::bf16, 8, "MI300 (CDNA3) v_mfma_f32_*_bf16"));
-    MmaModel fnuz = cdna3("mi300-mfma-e4m3fnuz", MmaInput::e4m3fnuz, 16, "MI300 (CDNA3) v_mfma_f32_*_fp8_fp8 (E4M3FNUZ)");
-    fnuz.even_odd = true;
-    fnuz.c_drop_below = 25;
-    p.push_back(fnuz);
+    add_h100_presets(p);
+    add_mmasim_presets(p);
     MmaModel fp22;
     fp22.name = "per-product-fp22";
     fp22.provenance = "a bound, not hardware: SageAttention2 Sec. 3.4 read as an FP22 (1-8-13) accumulator rounded "
@@ -420,57 +427,46 @@ double group_then_c_step(const MmaModel& m, const DecodedFormat& dec, const Expo
   return static_cast<double>(static_cast<float>(std::ldexp(total, e - m.sum_fraction_bits)));  // RNE onto float32
 }
 
-}  // namespace
+// One call's operands as the model reads them: each code masked to its format's bits and decoded, and each
+// product's block scales.
+struct DotOperands {
+  const MmaModel& m;
+  const DecodedFormat& dec;
+  std::uint16_t mask;
+  std::span<const std::uint16_t> a, b;
+  std::span<const std::uint8_t> sa, sb;
+  std::size_t k, block;
+  bool scaled;
 
-float mma_dot(const MmaModel& m, std::span<const std::uint16_t> a, std::span<const std::uint16_t> b, float c,
-              std::span<const std::uint8_t> sa, std::span<const std::uint8_t> sb) {
-  check_model(m);
-  if (a.size() != b.size()) throw std::invalid_argument("mma_dot: a and b differ in length");
-  const DecodedFormat& dec = decoded(m.input);
-  const std::uint16_t mask = code_mask(m.input);
-  const std::size_t k = a.size();
-  const bool scaled = m.scale != MmaScale::none;
-  const std::size_t block = static_cast<std::size_t>(m.scale_block);
-  if (scaled && (k % block != 0 || sa.size() != k / block || sb.size() != k / block))
-    throw std::invalid_argument("mma_dot: model " + m.name + " takes k a multiple of " + std::to_string(block) +
-                                " and k / " + std::to_string(block) + " scale codes for a and for b");
+  double product(std::size_t i) const { return dec.value[a[i] & mask] * dec.value[b[i] & mask]; }
   // A product's value with its block's scales (without groups: exact powers of two).
-  auto scale_of = [&](std::size_t i) { return scaled ? scale_value(m.scale, sa[i / block]) * scale_value(m.scale, sb[i / block]) : 1.0; };
-
-  bool finite = std::isfinite(c);
-  for (std::size_t i = 0; i < k && finite; ++i)
-    finite = std::isfinite(dec.value[a[i] & mask]) && std::isfinite(dec.value[b[i] & mask]);
-  for (std::size_t i = 0; i < sa.size() && scaled; ++i)
-    if (std::isnan(scale_value(m.scale, sa[i])) || std::isnan(scale_value(m.scale, sb[i])))
-      return std::numeric_limits<float>::quiet_NaN();
-  if (!finite) {
-    double s = c;
-    for (std::size_t i = 0; i < k; ++i) s += dec.value[a[i] & mask] * dec.value[b[i] & mask] * scale_of(i);
-    return static_cast<float>(s);
+  double scale_of(std::size_t i) const {
+    return scaled ? scale_value(m.scale, sa[i / block]) * scale_value(m.scale, sb[i / block]) : 1.0;
   }
+};
 
-  if (m.per_product) {
-    double acc = c;
-    for (std::size_t i = 0; i < k; ++i) acc = fp22_add_rz(acc, dec.value[a[i] & mask] * dec.value[b[i] & mask]);
-    return static_cast<float>(acc);
-  }
-
-  const ExponentReader reader = exponent_reader(m);
-  const std::vector<int>& exponent = *reader.table;
-  const std::size_t n = static_cast<std::size_t>(m.step_products);
-  if (m.align == MmaAlign::group_then_c) {
-    double acc = c;
-    for (std::size_t s0 = 0; s0 < k; s0 += n) {
-      acc = group_then_c_step(m, dec, reader, mask, a, b, s0, std::min(k, s0 + n), acc);
-      if (!std::isfinite(acc)) {  // a step overflowed to +-inf: the rest adds in IEEE arithmetic
-        for (std::size_t i = s0 + n; i < k; ++i) acc += dec.value[a[i] & mask] * dec.value[b[i] & mask];
-        break;
-      }
+// align = group_then_c (CDNA3): the steps of step_products one by one (group_then_c_step); once a step overflows to
+// +-inf, the rest adds in IEEE arithmetic.
+float group_then_c_dot(const DotOperands& o, const ExponentReader& reader, float c) {
+  const std::size_t n = static_cast<std::size_t>(o.m.step_products), k = o.k;
+  double acc = c;
+  for (std::size_t s0 = 0; s0 < k; s0 += n) {
+    acc = group_then_c_step(o.m, o.dec, reader, o.mask, o.a, o.b, s0, std::min(k, s0 + n), acc);
+    if (!std::isfinite(acc)) {
+      for (std::size_t i = s0 + n; i < k; ++i) acc += o.product(i);
+      break;
     }
-    return static_cast<float>(acc);
   }
-  if (m.partition == MmaPartition::k_mod4_pairs && k % 4 != 0)
-    throw std::invalid_argument("mma model " + m.name + ": k = " + std::to_string(k) + " is not a multiple of 4");
+  return static_cast<float>(acc);
+}
+
+// align = fused: each step's terms and its accumulator aligned to their largest exponent E, truncated at
+// fraction_bits below it and summed exactly, then rounded onto the accumulator (f32 RZ at sum_bits, or f16 RNE);
+// C fused into the first step, added after, or promoted into an f32 total every promote_steps steps.
+float fused_dot(const DotOperands& o, const ExponentReader& reader, float c) {
+  const MmaModel& m = o.m;
+  const std::size_t k = o.k, n = static_cast<std::size_t>(m.step_products);
+  const std::vector<int>& exponent = *reader.table;
   // The i-th k in step order. k_mod4_pairs: within each chunk of 2n (or the rest of k), first the k with
   // k mod 4 < 2, then the others.
   auto kth = [&](std::size_t i) -> std::size_t {
@@ -483,16 +479,16 @@ float mma_dot(const MmaModel& m, std::span<const std::uint16_t> a, std::span<con
   const std::size_t g = m.group_products > 0 ? static_cast<std::size_t>(m.group_products) : 1;
   auto term_exponent = [&](std::size_t i) {
     if (m.group_products > 0) {
-      const double sa_v = scale_value(m.scale, sa[i / block]), sb_v = scale_value(m.scale, sb[i / block]);
+      const double sa_v = scale_value(m.scale, o.sa[i / o.block]), sb_v = scale_value(m.scale, o.sb[i / o.block]);
       return sa_v == 0 || sb_v == 0 ? reader.zero_product : std::ilogb(sa_v) + std::ilogb(sb_v);
     }
-    const int e = product_exponent(reader, exponent[a[kth(i)] & mask], exponent[b[kth(i)] & mask]);
-    return scaled && e > kNoExponent / 2 ? e + std::ilogb(scale_of(i)) : e;
+    const int e = product_exponent(reader, exponent[o.a[kth(i)] & o.mask], exponent[o.b[kth(i)] & o.mask]);
+    return o.scaled && e > kNoExponent / 2 ? e + std::ilogb(o.scale_of(i)) : e;
   };
   auto term_value = [&](std::size_t i) {
     double v = 0;
-    for (std::size_t j = i; j < std::min(k, i + g); ++j) v += dec.value[a[kth(j)] & mask] * dec.value[b[kth(j)] & mask];
-    return v * scale_of(i);  // exact: E2M1 group sums and UE4M3 scales hold few bits
+    for (std::size_t j = i; j < std::min(k, i + g); ++j) v += o.product(kth(j));
+    return v * o.scale_of(i);  // exact: E2M1 group sums and UE4M3 scales hold few bits
   };
   const bool promote = m.promote_steps > 0;
   double acc = (m.c_add == MmaCAdd::fused && !promote) ? static_cast<double>(c) : 0.0;
@@ -514,7 +510,7 @@ float mma_dot(const MmaModel& m, std::span<const std::uint16_t> a, std::span<con
       else
         acc = to_float_rz(std::ldexp(truncate_significand(sum, m.sum_bits), unit));
       if (!std::isfinite(acc)) {  // an f16 accumulator overflowed to +-inf: the rest adds in IEEE arithmetic
-        for (std::size_t i = s1; i < k; ++i) acc += dec.value[a[kth(i)] & mask] * dec.value[b[kth(i)] & mask];
+        for (std::size_t i = s1; i < k; ++i) acc += o.product(kth(i));
         break;
       }
     }
@@ -526,6 +522,40 @@ float mma_dot(const MmaModel& m, std::span<const std::uint16_t> a, std::span<con
   if (promote) return total + static_cast<float>(acc);
   if (m.c_add == MmaCAdd::after) return static_cast<float>(acc) + c;
   return static_cast<float>(acc);
+}
+
+}  // namespace
+
+float mma_dot(const MmaModel& m, std::span<const std::uint16_t> a, std::span<const std::uint16_t> b, float c,
+              std::span<const std::uint8_t> sa, std::span<const std::uint8_t> sb) {
+  check_model(m);
+  if (a.size() != b.size()) throw std::invalid_argument("mma_dot: a and b differ in length");
+  const std::size_t k = a.size(), block = static_cast<std::size_t>(m.scale_block);
+  const DotOperands o{m, decoded(m.input), code_mask(m.input), a, b, sa, sb, k, block, m.scale != MmaScale::none};
+  if (o.scaled && (k % block != 0 || sa.size() != k / block || sb.size() != k / block))
+    throw std::invalid_argument("mma_dot: model " + m.name + " takes k a multiple of " + std::to_string(block) +
+                                " and k / " + std::to_string(block) + " scale codes for a and for b");
+  bool finite = std::isfinite(c);
+  for (std::size_t i = 0; i < k && finite; ++i)
+    finite = std::isfinite(o.dec.value[a[i] & o.mask]) && std::isfinite(o.dec.value[b[i] & o.mask]);
+  for (std::size_t i = 0; i < sa.size() && o.scaled; ++i)
+    if (std::isnan(scale_value(m.scale, sa[i])) || std::isnan(scale_value(m.scale, sb[i])))
+      return std::numeric_limits<float>::quiet_NaN();
+  if (!finite) {
+    double s = c;
+    for (std::size_t i = 0; i < k; ++i) s += o.product(i) * o.scale_of(i);
+    return static_cast<float>(s);
+  }
+  if (m.per_product) {
+    double acc = c;
+    for (std::size_t i = 0; i < k; ++i) acc = fp22_add_rz(acc, o.product(i));
+    return static_cast<float>(acc);
+  }
+  const ExponentReader reader = exponent_reader(m);
+  if (m.align == MmaAlign::group_then_c) return group_then_c_dot(o, reader, c);
+  if (m.partition == MmaPartition::k_mod4_pairs && k % 4 != 0)
+    throw std::invalid_argument("mma model " + m.name + ": k = " + std::to_string(k) + " is not a multiple of 4");
+  return fused_dot(o, reader, c);
 }
 
 void mma_matmul(const MmaModel& m, std::span<const std::uint16_t> a, std::span<const std::uint16_t> bt,
@@ -540,157 +570,6 @@ void mma_matmul(const MmaModel& m, std::span<const std::uint16_t> a, std::span<c
       d[i * cols + j] = mma_dot(m, a.subspan(i * depth, depth), bt.subspan(j * depth, depth),
                                 c.empty() ? 0.0f : c[i * cols + j], sa.subspan(i * blocks, blocks),
                                 sbt.subspan(j * blocks, blocks));
-}
-
-namespace {
-
-std::string shape_text(std::span<const std::int64_t> shape) {
-  return Tensor{DType::u8, {shape.begin(), shape.end()}, {}}.shape_string();
-}
-
-// The element count of `shape`: 0 when a dimension is 0 (whatever the others are), nullopt when the product of
-// non-zero dimensions overflows size_t.
-std::optional<std::size_t> element_count(std::span<const std::int64_t> shape) {
-  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
-  std::size_t n = 1;
-  for (std::int64_t d : shape)
-    if (__builtin_mul_overflow(n, static_cast<std::size_t>(d), &n)) return std::nullopt;
-  return n;
-}
-
-}  // namespace
-
-void mma_check_depth(const MmaModel& m, const MmaShape& shape, const std::string& a_source) {
-  if (m.partition == MmaPartition::k_mod4_pairs && shape.depth % 4 != 0)
-    throw InputError(a_source, "shape",
-                     "K = " + std::to_string(shape.depth) + " (the last axis) is not a multiple of 4, which model " +
-                         m.name + " needs: it adds the products in pairs by k mod 4");
-  if (m.scale_block > 0 && shape.depth % static_cast<std::size_t>(m.scale_block) != 0)
-    throw InputError(a_source, "shape",
-                     "K = " + std::to_string(shape.depth) + " (the last axis) is not a multiple of " +
-                         std::to_string(m.scale_block) + ", model " + m.name + "'s scale block: one " +
-                         mma_scale_name(m.scale) + " scale code per " + std::to_string(m.scale_block) + " k");
-}
-
-std::vector<std::uint8_t> mma_scales(const MmaModel& m, const MmaShape& s, bool is_bt, bool given,
-                                     std::string_view dtype, std::span<const std::int64_t> shape, const void* data,
-                                     const std::string& source) {
-  const char* what = is_bt ? "SBt [..., N, K/block]" : "SA [..., M, K/block]";
-  if (m.scale == MmaScale::none) {
-    if (given)
-      throw InputError(source, is_bt ? "--scale-bt" : "--scale-a",
-                       "model " + m.name + " takes no block scales (" + m.describe() + ")");
-    return {};
-  }
-  const std::string block = std::to_string(m.scale_block);
-  if (!given)
-    throw InputError(source, is_bt ? "--scale-bt" : "--scale-a",
-                     std::string("missing: model ") + m.name + " takes " + what + ", one " + mma_scale_name(m.scale) +
-                         " code (uint8) per block of " + block + " k");
-  if (dtype != "uint8")
-    throw InputError(source, "dtype", std::string(dtype) + ": expected uint8 " + mma_scale_name(m.scale) + " codes");
-  std::vector<std::int64_t> want(s.d.begin(), s.d.end() - 2);
-  want.push_back(static_cast<std::int64_t>(is_bt ? s.cols : s.rows));
-  want.push_back(static_cast<std::int64_t>(s.depth / static_cast<std::size_t>(m.scale_block)));
-  if (!std::equal(shape.begin(), shape.end(), want.begin(), want.end()))
-    throw InputError(source, "shape", shape_text(shape) + ": expected " + what + " = " + shape_text(want) +
-                                          ", one scale per block of " + block + " k (K = " + std::to_string(s.depth) +
-                                          ")");
-  std::vector<std::uint8_t> codes(static_cast<std::size_t>(s.batch) * (is_bt ? s.cols : s.rows) *
-                                  (s.depth / static_cast<std::size_t>(m.scale_block)));
-  if (!codes.empty()) std::memcpy(codes.data(), data, codes.size());
-  return codes;
-}
-
-MmaShape mma_shape(std::span<const std::int64_t> a, std::span<const std::int64_t> bt, const std::string& a_source,
-                   const std::string& bt_source) {
-  for (const auto& [shape, source, what] : {std::tuple{a, &a_source, "A [..., M, K]"},
-                                            std::tuple{bt, &bt_source, "Bt [..., N, K]"}}) {
-    if (shape.size() < 2)
-      throw InputError(*source, "shape", shape_text(shape) + " has " + std::to_string(shape.size()) + " dimension" +
-                                             (shape.size() == 1 ? "" : "s") + ": " + what +
-                                             " needs 2 or more");
-    if (std::any_of(shape.begin(), shape.end(), [](std::int64_t d) { return d < 0; }))
-      throw InputError(*source, "shape", shape_text(shape) + " has a negative dimension");
-  }
-  const std::size_t rank = a.size();
-  if (bt.size() != rank || !std::equal(a.begin(), a.end() - 2, bt.begin()) || bt.back() != a.back())
-    throw InputError(bt_source, "shape", shape_text(bt) + " does not fit A " + shape_text(a) +
-                                             ": expected [..., N, K] with A's leading dimensions and K = " +
-                                             std::to_string(a.back()));
-  MmaShape s;
-  s.rows = static_cast<std::size_t>(a[rank - 2]);
-  s.depth = static_cast<std::size_t>(a[rank - 1]);
-  s.cols = static_cast<std::size_t>(bt[rank - 2]);
-  s.d.assign(a.begin(), a.end() - 2);
-  s.d.push_back(a[rank - 2]);
-  s.d.push_back(bt[rank - 2]);
-  const std::string both = "A " + shape_text(a) + " and Bt " + shape_text(bt) + " give D " + shape_text(s.d);
-  const std::string bound = "the bound of " + std::to_string(kMmaMaxOutputBytes) + " bytes (1 GiB, docs/mma.md)";
-  const std::optional<std::size_t> outputs = element_count(s.d);
-  std::size_t bytes = 0;
-  if (!outputs || __builtin_mul_overflow(*outputs, sizeof(float), &bytes))
-    throw InputError(a_source, "shape", both + ": more than 2^64 bytes of float32 outputs, beyond " + bound);
-  if (bytes > kMmaMaxOutputBytes)
-    throw InputError(a_source, "shape", both + ": " + std::to_string(bytes) + " bytes of float32 outputs, beyond " +
-                                            bound);
-  if (!element_count(a) || !element_count(bt))  // a file or an array holding them could not exist
-    throw InputError(!element_count(a) ? a_source : bt_source, "shape",
-                     both + ": the element count of " + (!element_count(a) ? "A" : "Bt") + " overflows");
-  for (const auto& [shape, source, name] : {std::tuple{a, &a_source, "A"}, std::tuple{bt, &bt_source, "Bt"}})
-    if (const std::size_t n = *element_count(shape); n > kMmaMaxOperandElements)
-      throw InputError(*source, "shape", both + ": " + name + " holds " + std::to_string(n) +
-                                             " elements, beyond the bound of " +
-                                             std::to_string(kMmaMaxOperandElements) + " (2^30, docs/mma.md)");
-  s.outputs = *outputs;
-  const std::optional<std::size_t> batch = element_count(a.first(rank - 2));
-  s.batch = batch ? *batch : 0;  // overflows only when M or N is 0: D is empty and nothing is computed
-  return s;
-}
-
-std::vector<float> mma_accumulator(const MmaModel& m, const MmaShape& s, std::string_view dtype,
-                                   std::span<const std::int64_t> shape, const void* data, const std::string& source) {
-  const bool f16_acc = m.accumulator == MmaAccumulator::f16;
-  if (dtype != "float32" && dtype != "float16")
-    throw InputError(source, "dtype", std::string(dtype) + ": expected float32 or float16" +
-                                          (f16_acc ? " (float16 values: " + m.name + " has an f16 accumulator)" : ""));
-  if (!std::equal(shape.begin(), shape.end(), s.d.begin(), s.d.end()))
-    throw InputError(source, "shape", shape_text(shape) + ": expected [..., M, N] = " + shape_text(s.d));
-  std::vector<float> c(s.outputs);
-  if (dtype == "float16") {
-    for (std::size_t i = 0; i < c.size(); ++i) {
-      std::uint16_t h;
-      std::memcpy(&h, static_cast<const std::byte*>(data) + 2 * i, 2);
-      c[i] = f16_bits_to_f32(h);
-    }
-    return c;
-  }
-  if (!c.empty()) std::memcpy(c.data(), data, 4 * c.size());
-  if (f16_acc)
-    for (std::size_t i = 0; i < c.size(); ++i)
-      if (std::isfinite(c[i]) &&
-          lowp_round(c[i], fp16_binary16(), LowpRounding::rne, LowpOverflow::non_saturating) != c[i]) {
-        std::ostringstream why;
-        why << std::setprecision(9) << c[i] << " is not a float16 value, and " << m.name
-            << " has an f16 accumulator (round C to float16 first)";
-        throw InputError(source, "element " + std::to_string(i), why.str());
-      }
-  return c;
-}
-
-void mma_batched(const MmaModel& m, const MmaShape& s, std::span<const std::uint16_t> a,
-                 std::span<const std::uint16_t> bt, std::span<const float> c, std::span<float> d,
-                 std::span<const std::uint8_t> sa, std::span<const std::uint8_t> sbt) {
-  if (s.outputs == 0) return;
-  const std::size_t blocks = m.scale_block > 0 ? s.depth / static_cast<std::size_t>(m.scale_block) : 0;
-  const std::size_t mk = s.rows * s.depth, nk = s.cols * s.depth, mn = s.rows * s.cols, ms = s.rows * blocks,
-                    ns = s.cols * blocks;
-  if (a.size() != s.batch * mk || bt.size() != s.batch * nk || d.size() != s.outputs ||
-      (!c.empty() && c.size() != s.outputs) || sa.size() != s.batch * ms || sbt.size() != s.batch * ns)
-    throw std::invalid_argument("mma_batched: the sizes of A, Bt, C, D and the scales do not match the shape");
-  for (std::size_t t = 0; t < s.batch; ++t)
-    mma_matmul(m, a.subspan(t * mk, mk), bt.subspan(t * nk, nk), c.empty() ? c : c.subspan(t * mn, mn),
-               d.subspan(t * mn, mn), s.rows, s.cols, s.depth, sa.subspan(t * ms, ms), sbt.subspan(t * ns, ns));
 }
 
 }  // namespace qattn::ref

@@ -12,6 +12,14 @@
 
 #include "qattn/float_format.h"
 
+// Every step below uses integer and exact float operations only, so every instruction set gives the same bits; on
+// x86-64 GCC builds AVX-512, AVX2 and baseline copies of each and the loader picks one (the loops over c vectorise).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define QATTN_STEP_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define QATTN_STEP_CLONES
+#endif
+
 namespace qattn::ref {
 
 namespace {
@@ -203,11 +211,8 @@ template <bool kTcgen05>
 
 }  // namespace
 
-// Integer and exact float operations only, so every instruction set gives the same bits; on x86-64 the compiler
-// builds AVX-512, AVX2 and baseline copies and the loader picks one (the loops over c vectorise).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
+// Integer and exact float operations only, so every instruction set gives the same bits (QATTN_STEP_CLONES).
+QATTN_STEP_CLONES
 void wgmma_e4m3_step(float* acc, const float* p, std::size_t n, const float* v, const std::int8_t* v_exponent,
                      std::size_t stride, std::size_t cols) {
   fp8_step<false>(acc, p, n, v, v_exponent, stride, cols);
@@ -215,9 +220,7 @@ void wgmma_e4m3_step(float* acc, const float* p, std::size_t n, const float* v, 
 
 // The B200 tcgen05 FP8 step: exact terms in units of 2^(E - 25), summed exactly, the sum rounded toward zero to 24
 // significant bits and onto float32 toward zero.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
+QATTN_STEP_CLONES
 void tcgen05_e4m3_step(float* acc, const float* p, std::size_t n, const float* v, const std::int8_t* v_exponent,
                        std::size_t stride, std::size_t cols) {
   fp8_step<true>(acc, p, n, v, v_exponent, stride, cols);
@@ -251,9 +254,7 @@ template <bool kF16>
 }  // namespace
 
 // Ada's FP8 step: integer and exact float operations, so every instruction set gives the same bits.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
+QATTN_STEP_CLONES
 void ada_e4m3_step(float* acc, const float* p, std::size_t n, const float* v, const std::int8_t* v_exponent,
                    std::size_t stride, std::size_t cols, bool f16_accumulator) {
   if (f16_accumulator) ada_step<true>(acc, p, n, v, v_exponent, stride, cols);
@@ -294,9 +295,7 @@ template <std::size_t W>
 
 // The block-scaled FP4 step (b200-mxf4, b200-nvf4): exact terms in units of 2^(E - 35), summed exactly, the sum
 // rounded toward zero to 24 significant bits.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
+QATTN_STEP_CLONES
 void scaled_group_step(float* acc, const double* term, const std::int32_t* term_exponent, std::size_t groups,
                        std::size_t stride, std::size_t cols) {
   constexpr std::size_t kChunk = 32;
@@ -368,9 +367,7 @@ inline void hmma_f16_acc16_chunk(float* a, const float* p, const std::int32_t* e
 }  // namespace
 
 // The HMMA.16816.F16 step: exact terms in units of 2^(E - 25), summed exactly, the sum rounded once to binary16.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
+QATTN_STEP_CLONES
 void hmma_f16_acc16_step(float* acc, const float* p, std::size_t n, const float* v, const std::int8_t* v_exponent,
                          std::size_t stride, std::size_t cols) {
   constexpr std::size_t kChunk = 32;
@@ -383,3 +380,5 @@ void hmma_f16_acc16_step(float* acc, const float* p, std::size_t n, const float*
 }
 
 }  // namespace qattn::ref
+
+#undef QATTN_STEP_CLONES

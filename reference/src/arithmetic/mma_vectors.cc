@@ -109,18 +109,14 @@ bool same_bits(float model, float gpu, bool f16) {
   return std::bit_cast<std::uint32_t>(model) == std::bit_cast<std::uint32_t>(gpu);
 }
 
-}  // namespace
+// The sets of a file in member order: each set's _A member, and its outputs (S_D, S_<variant>_D) in member order.
+struct SetMembers {
+  std::vector<const NamedTensor*> a;
+  std::vector<std::vector<const NamedTensor*>> outputs;
+};
 
-std::vector<MmaVectorSet> mma_vector_sets(const std::vector<NamedTensor>& members, const std::string& source) {
-  std::size_t total = 0;
-  for (const NamedTensor& t : members) total += t.tensor.bytes.size();
-  if (total > kMmaMaxVectorBytes)
-    throw InputError(source, "members", "hold " + std::to_string(total) + " bytes, beyond the bound of " +
-                                            std::to_string(kMmaMaxVectorBytes) + " bytes (256 MiB, docs/mma.md)");
-  std::map<std::string, const Tensor*> by;
-  for (const NamedTensor& t : members) by[t.name] = &t.tensor;
-  // The sets in member order, and each set's outputs in member order.
-  std::vector<const NamedTensor*> set_a;
+SetMembers find_sets(const std::vector<NamedTensor>& members, const std::string& source) {
+  SetMembers sets;
   SetNames names;
   for (const NamedTensor& member : members) {
     if (!ends_with(member.name, "_A")) continue;
@@ -129,95 +125,121 @@ std::vector<MmaVectorSet> mma_vector_sets(const std::vector<NamedTensor>& member
       throw InputError(source, member.name, "a set needs a name: S_A, S_Bt and S_D for a set S (docs/mma.md)");
     if (!names.add(std::string_view(member.name).substr(0, name.size())))
       throw InputError(source, member.name, "set '" + name + "' is given twice");
-    set_a.push_back(&member);
+    sets.a.push_back(&member);
   }
-  std::vector<std::vector<const NamedTensor*>> outputs(set_a.size());
+  sets.outputs.resize(sets.a.size());
   for (const NamedTensor& out : members)
     if (ends_with(out.name, "_D"))
-      if (const std::size_t set = names.owner(out.name); set != SetNames::kNone) outputs[set].push_back(&out);
-  std::vector<MmaVectorSet> sets;
-  for (std::size_t i = 0; i < set_a.size(); ++i) {
-    const NamedTensor& member = *set_a[i];
-    const std::string name = member.name.substr(0, member.name.size() - 2);
-    const auto bt_it = by.find(name + "_Bt");
-    if (bt_it == by.end()) throw InputError(source, name + "_Bt", "missing: set '" + name + "' has an _A member");
-    if (outputs[i].empty())
-      throw InputError(source, name + "_D", "missing: set '" + name + "' has no output (_D or _<variant>_D)");
-    const Tensor& a = member.tensor;
-    const Tensor& bt = *bt_it->second;
-    const Shape3 sa = shape3(a, source, member.name), sb = shape3(bt, source, name + "_Bt");
-    if (sa.lead != sb.lead || sa.y != sb.y)
-      throw InputError(source, name + "_Bt", "shape " + bt.shape_string() + " does not fit " + name + "_A " +
-                                                 a.shape_string() + " (expected [..., N, K] with the same ... and K)");
-    if (a.dtype != bt.dtype)
-      throw InputError(source, name + "_Bt", "dtype " + std::string(dtype_name(bt.dtype)) + " differs from " + name +
-                                                 "_A's " + std::string(dtype_name(a.dtype)));
-    auto check_out = [&](const Tensor& t, const std::string& key) {
-      const Shape3 s = shape3(t, source, key);
-      if (s.lead != sa.lead || s.x != sa.x || s.y != sb.x)
-        throw InputError(source, key, "shape " + t.shape_string() + ": expected [..., M, N] = [..., " +
-                                          std::to_string(sa.x) + ", " + std::to_string(sb.x) + "]");
-      if (sa.batch == 0 || sa.x == 0 || sb.x == 0)
-        throw InputError(source, key, "shape " + t.shape_string() + ": no output to check (a set needs tests, M and "
-                                                                    "N of 1 or more)");
-    };
-    for (const NamedTensor* out : outputs[i]) {
-      check_out(out->tensor, out->name);
-      if (out->name.size() == name.size() + 3)  // S__D
-        throw InputError(source, out->name, "an output S_<variant>_D needs a variant name (S_D has none)");
-    }
-    auto operands = std::make_shared<MmaSetOperands>();
-    operands->a = codes_of(a, source, member.name);
-    operands->bt = codes_of(bt, source, name + "_Bt");
-    if (const auto c = by.find(name + "_C"); c != by.end()) {
-      check_out(*c->second, c->first);
-      operands->c = floats_of(*c->second, source, c->first);
-    }
-    const auto sa_it = by.find(name + "_SA"), sbt_it = by.find(name + "_SBt");
-    if ((sa_it == by.end()) != (sbt_it == by.end()))
-      throw InputError(source, sa_it == by.end() ? name + "_SA" : name + "_SBt",
-                       "missing: set '" + name + "' has block scales for one operand only (S_SA and S_SBt go together)");
-    std::size_t blocks = 0;
-    if (sa_it != by.end()) {
-      const Shape3 ssa = shape3(*sa_it->second, source, sa_it->first), ssb = shape3(*sbt_it->second, source, sbt_it->first);
-      for (const auto& [it, shape, x] : {std::tuple{sa_it, ssa, sa.x}, std::tuple{sbt_it, ssb, sb.x}}) {
-        if (it->second->dtype != DType::u8)
-          throw InputError(source, it->first, "dtype " + std::string(dtype_name(it->second->dtype)) +
-                                                  ": block scale codes are uint8");
-        if (shape.lead != sa.lead || shape.x != x || shape.y != ssa.y || shape.y == 0 || sa.y % shape.y != 0)
-          throw InputError(source, it->first, "shape " + it->second->shape_string() + ": expected [..., " +
-                                                  std::to_string(x) + ", K/block] with the same blocks for both "
-                                                  "operands and K = " + std::to_string(sa.y) + " a multiple of them");
-      }
-      blocks = ssa.y;
-      for (const auto& [it, dst] : {std::pair{sa_it, &operands->sa}, std::pair{sbt_it, &operands->sbt}}) {
-        const auto* p = reinterpret_cast<const std::uint8_t*>(it->second->bytes.data());
-        dst->assign(p, p + it->second->bytes.size());
-      }
-    }
-    MmaVectorSet base;
-    base.name = name;
-    base.scale_blocks = blocks;
-    base.batch = sa.batch;
-    base.rows = sa.x;
-    base.cols = sb.x;
-    base.depth = sa.y;
-    base.input_bits = a.dtype == DType::u8 ? 8 : 16;
-    base.a = operands->a;
-    base.bt = operands->bt;
-    base.c = operands->c;
-    base.sa = operands->sa;
-    base.sbt = operands->sbt;
-    base.operands = std::move(operands);
-    for (const NamedTensor* out : outputs[i]) {
-      const std::string& key = out->name;
-      MmaVectorSet s = base;
-      s.variant = key == name + "_D" ? "" : key.substr(name.size() + 1, key.size() - name.size() - 3);
-      s.d = floats_of(out->tensor, source, key);
-      s.f16_output = out->tensor.dtype == DType::f16;
-      sets.push_back(std::move(s));
-    }
+      if (const std::size_t set = names.owner(out.name); set != SetNames::kNone) sets.outputs[set].push_back(&out);
+  return sets;
+}
+
+// A member shaped like D [..., M, N] for A's shape sa and Bt's sb (an output or C), with at least one output.
+void check_output_shape(const Tensor& t, const std::string& key, const std::string& source, const Shape3& sa,
+                        const Shape3& sb) {
+  const Shape3 s = shape3(t, source, key);
+  if (s.lead != sa.lead || s.x != sa.x || s.y != sb.x)
+    throw InputError(source, key, "shape " + t.shape_string() + ": expected [..., M, N] = [..., " +
+                                      std::to_string(sa.x) + ", " + std::to_string(sb.x) + "]");
+  if (sa.batch == 0 || sa.x == 0 || sb.x == 0)
+    throw InputError(source, key, "shape " + t.shape_string() + ": no output to check (a set needs tests, M and "
+                                                                "N of 1 or more)");
+}
+
+using MembersByName = std::map<std::string, const Tensor*>;
+
+// Set `name`'s block scales S_SA and S_SBt into `operands`, checked against A's shape sa and Bt's sb: both or
+// neither, uint8, the same block count for both, dividing K. Returns the block count (0: no scales).
+std::size_t read_block_scales(const MembersByName& by, const std::string& name, const Shape3& sa, const Shape3& sb,
+                              const std::string& source, MmaSetOperands& operands) {
+  const auto sa_it = by.find(name + "_SA"), sbt_it = by.find(name + "_SBt");
+  if ((sa_it == by.end()) != (sbt_it == by.end()))
+    throw InputError(source, sa_it == by.end() ? name + "_SA" : name + "_SBt",
+                     "missing: set '" + name + "' has block scales for one operand only (S_SA and S_SBt go together)");
+  if (sa_it == by.end()) return 0;
+  const Shape3 ssa = shape3(*sa_it->second, source, sa_it->first), ssb = shape3(*sbt_it->second, source, sbt_it->first);
+  for (const auto& [it, shape, x] : {std::tuple{sa_it, ssa, sa.x}, std::tuple{sbt_it, ssb, sb.x}}) {
+    if (it->second->dtype != DType::u8)
+      throw InputError(source, it->first, "dtype " + std::string(dtype_name(it->second->dtype)) +
+                                              ": block scale codes are uint8");
+    if (shape.lead != sa.lead || shape.x != x || shape.y != ssa.y || shape.y == 0 || sa.y % shape.y != 0)
+      throw InputError(source, it->first, "shape " + it->second->shape_string() + ": expected [..., " +
+                                              std::to_string(x) + ", K/block] with the same blocks for both "
+                                              "operands and K = " + std::to_string(sa.y) + " a multiple of them");
   }
+  for (const auto& [it, dst] : {std::pair{sa_it, &operands.sa}, std::pair{sbt_it, &operands.sbt}}) {
+    const auto* p = reinterpret_cast<const std::uint8_t*>(it->second->bytes.data());
+    dst->assign(p, p + it->second->bytes.size());
+  }
+  return ssa.y;
+}
+
+// One set's variants (one per output), sharing the set's operands: its members checked, its codes, C and scales read.
+void add_set(const MembersByName& by, const NamedTensor& member, const std::vector<const NamedTensor*>& outputs,
+             const std::string& source, std::vector<MmaVectorSet>& sets) {
+  const std::string name = member.name.substr(0, member.name.size() - 2);
+  const auto bt_it = by.find(name + "_Bt");
+  if (bt_it == by.end()) throw InputError(source, name + "_Bt", "missing: set '" + name + "' has an _A member");
+  if (outputs.empty())
+    throw InputError(source, name + "_D", "missing: set '" + name + "' has no output (_D or _<variant>_D)");
+  const Tensor& a = member.tensor;
+  const Tensor& bt = *bt_it->second;
+  const Shape3 sa = shape3(a, source, member.name), sb = shape3(bt, source, name + "_Bt");
+  if (sa.lead != sb.lead || sa.y != sb.y)
+    throw InputError(source, name + "_Bt", "shape " + bt.shape_string() + " does not fit " + name + "_A " +
+                                               a.shape_string() + " (expected [..., N, K] with the same ... and K)");
+  if (a.dtype != bt.dtype)
+    throw InputError(source, name + "_Bt", "dtype " + std::string(dtype_name(bt.dtype)) + " differs from " + name +
+                                               "_A's " + std::string(dtype_name(a.dtype)));
+  for (const NamedTensor* out : outputs) {
+    check_output_shape(out->tensor, out->name, source, sa, sb);
+    if (out->name.size() == name.size() + 3)  // S__D
+      throw InputError(source, out->name, "an output S_<variant>_D needs a variant name (S_D has none)");
+  }
+  auto operands = std::make_shared<MmaSetOperands>();
+  operands->a = codes_of(a, source, member.name);
+  operands->bt = codes_of(bt, source, name + "_Bt");
+  if (const auto c = by.find(name + "_C"); c != by.end()) {
+    check_output_shape(*c->second, c->first, source, sa, sb);
+    operands->c = floats_of(*c->second, source, c->first);
+  }
+  MmaVectorSet base;
+  base.name = name;
+  base.scale_blocks = read_block_scales(by, name, sa, sb, source, *operands);
+  base.batch = sa.batch;
+  base.rows = sa.x;
+  base.cols = sb.x;
+  base.depth = sa.y;
+  base.input_bits = a.dtype == DType::u8 ? 8 : 16;
+  base.a = operands->a;
+  base.bt = operands->bt;
+  base.c = operands->c;
+  base.sa = operands->sa;
+  base.sbt = operands->sbt;
+  base.operands = std::move(operands);
+  for (const NamedTensor* out : outputs) {
+    const std::string& key = out->name;
+    MmaVectorSet s = base;
+    s.variant = key == name + "_D" ? "" : key.substr(name.size() + 1, key.size() - name.size() - 3);
+    s.d = floats_of(out->tensor, source, key);
+    s.f16_output = out->tensor.dtype == DType::f16;
+    sets.push_back(std::move(s));
+  }
+}
+
+}  // namespace
+
+std::vector<MmaVectorSet> mma_vector_sets(const std::vector<NamedTensor>& members, const std::string& source) {
+  std::size_t total = 0;
+  for (const NamedTensor& t : members) total += t.tensor.bytes.size();
+  if (total > kMmaMaxVectorBytes)
+    throw InputError(source, "members", "hold " + std::to_string(total) + " bytes, beyond the bound of " +
+                                            std::to_string(kMmaMaxVectorBytes) + " bytes (256 MiB, docs/mma.md)");
+  MembersByName by;
+  for (const NamedTensor& t : members) by[t.name] = &t.tensor;
+  const SetMembers found = find_sets(members, source);
+  std::vector<MmaVectorSet> sets;
+  for (std::size_t i = 0; i < found.a.size(); ++i) add_set(by, *found.a[i], found.outputs[i], source, sets);
   if (sets.empty()) throw InputError(source, "members", "no set: no member named <set>_A (docs/mma.md \"Vector files\")");
   return sets;
 }
