@@ -82,6 +82,33 @@ def blocks_of(qattn, command, cache):
     return cache[command]
 
 
+def qattn_blocks(qattn, rel, text, cache):
+    """`text` with each qattn block replaced by what its command prints; exits naming `rel` when it holds no block,
+    or a block its command does not print."""
+    found = list(BLOCK.finditer(text))
+    if not found:
+        sys.exit(f"doc_blocks: {rel}: no '<!-- begin: qattn COMMAND, NAME -->' block")
+    for m in found:
+        printed = blocks_of(qattn, m.group("command"), cache)
+        if m.group("name") not in printed:
+            sys.exit(f"doc_blocks: {rel}: block '{m.group('name')}' is not one `qattn {m.group('command')}` prints "
+                     f"({', '.join(sorted(printed))})")
+    return BLOCK.sub(lambda m: blocks_of(qattn, m.group("command"), cache)[m.group("name")], text)
+
+
+def renew(path, blocks, write):
+    """Whether blocks(text) differs from the text of `path`; with `write`, the file is replaced by it. One file at a
+    time: README.md is in both passes, and its second reads what the first wrote."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    new = blocks(text)
+    if new != text and write:
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.write(new)
+        os.replace(path + ".tmp", path)
+    return new != text
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--qattn", required=True, help="the qattn binary")
@@ -91,35 +118,12 @@ def main():
     cache = {}
     stale = []
     for rel in FILES:
-        path = os.path.join(a.root, rel)
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        found = list(BLOCK.finditer(text))
-        if not found:
-            sys.exit(f"doc_blocks: {rel}: no '<!-- begin: qattn COMMAND, NAME -->' block")
-        for m in found:
-            printed = blocks_of(a.qattn, m.group("command"), cache)
-            if m.group("name") not in printed:
-                sys.exit(f"doc_blocks: {rel}: block '{m.group('name')}' is not one `qattn {m.group('command')}` prints "
-                         f"({', '.join(sorted(printed))})")
-        new = BLOCK.sub(lambda m: blocks_of(a.qattn, m.group("command"), cache)[m.group("name")], text)
-        if new != text:
+        if renew(os.path.join(a.root, rel), lambda text: qattn_blocks(a.qattn, rel, text, cache), a.write):
             stale.append(rel)
-            if a.write:
-                with open(path + ".tmp", "w", encoding="utf-8") as f:
-                    f.write(new)
-                os.replace(path + ".tmp", path)
     for rel in markdown_files(a.root):
-        path = os.path.join(a.root, rel)
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        new = EXPECTED.sub(lambda m: expected_block(a.root, rel, m), text)
-        if new != text:
+        if renew(os.path.join(a.root, rel), lambda text: EXPECTED.sub(lambda m: expected_block(a.root, rel, m), text),
+                 a.write):
             stale.append(rel)
-            if a.write:
-                with open(path + ".tmp", "w", encoding="utf-8") as f:
-                    f.write(new)
-                os.replace(path + ".tmp", path)
     if stale and not a.write:
         print("doc_blocks: out of date with what qattn prints or an experiment's expected.txt holds: " + ", ".join(stale) +
               " (run /usr/bin/python3 scripts/doc_blocks.py --qattn BUILD/qattn --write)", file=sys.stderr)

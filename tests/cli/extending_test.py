@@ -102,19 +102,33 @@ for k in kernels:
             p.endswith("_%s.cc" % s) for s in suffixes if s != "scalar"))),
               "kernel %s: defined in %s, whose name does not carry its ISA suffix %s" % (k, p, isa))
 
-# Experiments: the listed ones and the experiment.cc folders are the same set, each with its files and its row.
+# Experiments: the listed ones and the folders whose experiment.cmake sets a claim are the same set, each with its
+# files, its code (experiment.cc's run function, or the program experiment.cmake builds) and its row.
 listed = {line.split("|")[1].strip() for line in run("reproduce", "--list").splitlines()[2:] if line.startswith("|")}
-folders = {os.path.basename(os.path.dirname(p)) for p in glob.glob(os.path.join(root, "experiments/*/experiment.cc"))}
-folders.discard("common")
-check(listed == folders, "experiments listed %s, folders with experiment.cc %s" % (sorted(listed - folders),
-                                                                                sorted(folders - listed)))
+settings = {os.path.basename(os.path.dirname(p)): read(os.path.relpath(p, root))
+            for p in glob.glob(os.path.join(root, "experiments/*/experiment.cmake"))}
+declared = {name for name, text in settings.items() if re.search(r"^set\(experiment_claim ", text, re.M)}
+check(listed == declared, "experiments listed %s, folders whose experiment.cmake sets experiment_claim %s" %
+      (sorted(listed - declared), sorted(declared - listed)))
+coded = {os.path.basename(os.path.dirname(p)) for p in glob.glob(os.path.join(root, "experiments/*/experiment.cc"))}
+coded.discard("common")
+check(coded <= declared, "folders with experiment.cc but no experiment_claim: %s" % sorted(coded - declared))
 experiments_doc = read("docs/experiments.md")
-for name in sorted(listed & folders):
-    for f in ("experiment.cmake", "README.md", "expected.txt"):
+for name in sorted(listed & declared):
+    for f in ("README.md", "expected.txt"):
         check(os.path.isfile(os.path.join(root, "experiments", name, f)), "experiment %s: no %s" % (name, f))
-    ident = name.replace("-", "_")
-    check("register_experiment_%s(" % ident in read("experiments/%s/experiment.cc" % name),
-          "experiment %s: experiment.cc defines no register_experiment_%s" % (name, ident))
+    check(re.search(r"^set\(experiment_source ", settings[name], re.M) is not None,
+          "experiment %s: experiment.cmake sets no experiment_source" % name)
+    program = re.search(r"^set\(experiment_executable (\w+)\)", settings[name], re.M)
+    if program:
+        check(name not in coded and "add_executable(%s " % program.group(1) in settings[name],
+              "experiment %s: the program %s, but experiment.cmake does not build it or experiment.cc exists" %
+              (name, program.group(1)))
+    else:
+        ident = name.replace("-", "_")
+        check(name in coded and re.search(r"^std::string run_%s\(const ExperimentContext&" % ident,
+                                          read("experiments/%s/experiment.cc" % name), re.M) is not None,
+              "experiment %s: no experiment.cc defining run_%s(const ExperimentContext&)" % (name, ident))
     check(re.search(r"experiments/%s(?![\w-])" % re.escape(name), experiments_doc) is not None,
           "experiment %s: no row in docs/experiments.md" % name)
 
@@ -131,8 +145,85 @@ for line in presets:
         check('"%s"' % name in exact_tests,
               "MMA preset %s: named by neither tests/exact/h100_mma_test.cc nor mma_models_test.cc" % name)
 
+# Size: no source file over 700 lines; functions over 80 lines outside tests/, fuzz/ and bench/ are exactly the ones
+# docs/extending.md's "Size" table lists (at most 6), each with its length to within 10 lines.
+MAX_FILE_LINES, MAX_FUNCTION_LINES, MAX_LONG_FUNCTIONS = 700, 80, 6
+SOURCE_SUFFIXES = (".cc", ".h", ".py", ".sh", ".cmake")
+SKIPPED_DIRS = {"data", "fixtures", "__pycache__"}
+
+
+def source_files():
+    for top, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "build")) and d not in SKIPPED_DIRS)
+        for f in sorted(files):
+            if f.endswith(SOURCE_SUFFIXES) or f == "CMakeLists.txt":
+                yield os.path.relpath(os.path.join(top, f), root)
+
+
+FUNCTION_HEAD = re.compile(r"\)\s*(const\s*)?(override\s*)?(noexcept\s*)?(->\s*[\w:<>&*, ]+)?\{")
+NOT_FUNCTION = re.compile(r"\s*(namespace|struct|class|enum|union|extern)\b")
+
+
+def long_functions(path, text):
+    """(first line, lines, head) of each outermost function body over MAX_FUNCTION_LINES lines, braces matched on
+    code with comments and literals blanked: a function starts on a line whose code ends a parameter list with '{'."""
+    found, depth, start = [], 0, None
+    in_block_comment = False
+    for number, line in enumerate(text.split("\n"), 1):
+        code = line
+        if in_block_comment:
+            if "*/" not in code:
+                continue
+            code, in_block_comment = code.split("*/", 1)[1], False
+        code = re.sub(r"/\*.*?\*/", "", code)
+        if "/*" in code:
+            code, in_block_comment = code.split("/*", 1)[0], True
+        code = re.sub(r"//.*", "", code)
+        code = re.sub(r'"(\\.|[^"\\])*"', '""', code)
+        code = re.sub(r"'(\\.|[^'\\])*'", "''", code)
+        for ch in code:
+            if ch == "{":
+                if start is None and FUNCTION_HEAD.search(code) and not NOT_FUNCTION.match(code):
+                    start, start_depth, head = number, depth, code.strip()
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+                if start is not None and depth == start_depth:
+                    if number - start + 1 > MAX_FUNCTION_LINES:
+                        found.append((start, number - start + 1, head))
+                    start = None
+    return found
+
+
+size_doc = read("docs/extending.md").split("\n## Size", 1)
+check(len(size_doc) == 2, "docs/extending.md: no '## Size' section")
+listed_long = {}
+for row in (size_doc[1] if len(size_doc) == 2 else "").splitlines():
+    m = re.match(r"\| `([^`]+)` \| `([^`]+)` \| (\d+) \|", row)
+    if m:
+        listed_long[(m.group(1), m.group(2))] = int(m.group(3))
+check(len(listed_long) <= MAX_LONG_FUNCTIONS, "docs/extending.md lists %d long functions, more than %d" %
+      (len(listed_long), MAX_LONG_FUNCTIONS))
+measured_long = {}
+for path in source_files():
+    text = read(path)
+    lines = text.count("\n")
+    check(lines <= MAX_FILE_LINES, "%s: %d lines, over %d" % (path, lines, MAX_FILE_LINES))
+    if path.endswith((".cc", ".h")) and not path.startswith(("tests/", "fuzz/", "bench/")):
+        for first, length, head in long_functions(path, text):
+            name = re.search(r"([\w:~]+)\s*\(", head)
+            measured_long[(path, name.group(1) if name else head)] = (first, length)
+for key, (first, length) in sorted(measured_long.items()):
+    check(key in listed_long and abs(listed_long[key] - length) <= 10,
+          "%s:%d: %s, %d lines, is over %d and not in docs/extending.md's Size table with that length" %
+          (key[0], first, key[1], length, MAX_FUNCTION_LINES))
+for key in sorted(set(listed_long) - set(measured_long)):
+    check(False, "docs/extending.md's Size table lists %s in %s, which is no longer over %d lines" %
+          (key[1], key[0], MAX_FUNCTION_LINES))
+
 for f in failures:
     print("FAIL: " + f)
-print("extending: %d methods, %d KV and %d weight quantizers, %d kernels, %d experiments, %d MMA presets; %d failures"
-      % (len(methods), len(kv), len(weights), len(kernels), len(listed), len(presets), len(failures)))
+print("extending: %d methods, %d KV and %d weight quantizers, %d kernels, %d experiments, %d MMA presets, %d long "
+      "functions; %d failures" % (len(methods), len(kv), len(weights), len(kernels), len(listed), len(presets),
+                                  len(measured_long), len(failures)))
 sys.exit(1 if failures else 0)

@@ -81,6 +81,19 @@ def check_tile_loops(text, mac="vpdpbusd"):
     return checked, failures
 
 
+def gemm_member(text, isa, failures):
+    """The disassembly of archive member gemm_ISA*.o (objdump heads each member with "NAME.o:     file format ...")
+    where the library has the peak loop mac_loop__ISA; None without that loop, or, noted in `failures`, without the
+    member."""
+    if "mac_loop__" + isa not in text:
+        return None
+    member = re.search(r"^\S*gemm_" + isa + r"\S*\.o:\s+file format.*?(?=^\S+\.o:\s+file format|\Z)", text, re.S | re.M)
+    if not member:
+        failures.append(f"mac_loop__{isa} found but no gemm_{isa} object")
+        return None
+    return member.group(0)
+
+
 def main():
     objdump, library = sys.argv[1], sys.argv[2]
     text = subprocess.run([objdump, "-d", "--no-show-raw-insn", "-C", library], check=True, capture_output=True,
@@ -117,31 +130,25 @@ def main():
         failures += tile_failures
         if tiles < 3:  # the 4 x 48, 4 x 32 and 4 x 16 tiles
             failures.append(f"only {tiles} AVX-512 GEMM tile loops found")
-    # The archive member of the AVX-VNNI file: objdump heads each member with "NAME.o:     file format ...".
-    member = re.search(r"^\S*gemm_avxvnni\S*\.o:\s+file format.*?(?=^\S+\.o:\s+file format|\Z)", text, re.S | re.M)
-    if "mac_loop__avxvnni" in text:
-        if not member:
-            failures.append("mac_loop__avxvnni found but no gemm_avxvnni object")
-        else:
-            evex = [line.strip() for line in member.group(0).splitlines() if "vpdpbusd" in line and "{vex}" not in line]
-            if evex:
-                failures.append(f"gemm_avxvnni: vpdpbusd without the VEX encoding: {evex[:2]}")
-            vnni_tiles = sum(1 for name, body in functions(member.group(0)) if "mac_loop__" not in name
-                             for loop in innermost_loops(body) if sum(1 for _, x in loop if x.startswith("vpdpbusd")) >= 4)
-            print(f"gemm_avxvnni: {vnni_tiles} tile loops of at least 4 vpdpbusd, {len(evex)} vpdpbusd not VEX-encoded")
-            if vnni_tiles < 3:  # at least the 6-, 4- and 2-row tiles
-                failures.append(f"only {vnni_tiles} AVX-VNNI GEMM tile loops found")
+    # The AVX-VNNI tiles, in their own archive member: every vpdpbusd there VEX-encoded.
+    member = gemm_member(text, "avxvnni", failures)
+    if member:
+        evex = [line.strip() for line in member.splitlines() if "vpdpbusd" in line and "{vex}" not in line]
+        if evex:
+            failures.append(f"gemm_avxvnni: vpdpbusd without the VEX encoding: {evex[:2]}")
+        vnni_tiles = sum(1 for name, body in functions(member) if "mac_loop__" not in name
+                         for loop in innermost_loops(body) if sum(1 for _, x in loop if x.startswith("vpdpbusd")) >= 4)
+        print(f"gemm_avxvnni: {vnni_tiles} tile loops of at least 4 vpdpbusd, {len(evex)} vpdpbusd not VEX-encoded")
+        if vnni_tiles < 3:  # at least the 6-, 4- and 2-row tiles
+            failures.append(f"only {vnni_tiles} AVX-VNNI GEMM tile loops found")
     # The AVX2 tiles (vpmaddwd), in their own archive member: the AVX-512 row kernels use no vpmaddwd loops, but
     # other files may.
-    member = re.search(r"^\S*gemm_avx2\S*\.o:\s+file format.*?(?=^\S+\.o:\s+file format|\Z)", text, re.S | re.M)
-    if "mac_loop__avx2" in text:
-        if not member:
-            failures.append("mac_loop__avx2 found but no gemm_avx2 object")
-        else:
-            tiles, tile_failures = check_tile_loops(member.group(0), "vpmaddwd")
-            failures += tile_failures
-            if tiles < 4:  # tile<6>, tile<4> and each GEMM's inlined 2-row tile (the 1-row one has 2 vpmaddwd)
-                failures.append(f"only {tiles} AVX2 GEMM tile loops found")
+    member = gemm_member(text, "avx2", failures)
+    if member:
+        tiles, tile_failures = check_tile_loops(member, "vpmaddwd")
+        failures += tile_failures
+        if tiles < 4:  # tile<6>, tile<4> and each GEMM's inlined 2-row tile (the 1-row one has 2 vpmaddwd)
+            failures.append(f"only {tiles} AVX2 GEMM tile loops found")
     for f in failures:
         print("FAIL: " + f)
     print(f"peak_loop_codegen: {checked} loops checked, {len(failures)} failures")

@@ -1,5 +1,5 @@
-// Fixtures of the dump reader's tests: a scratch directory removed with the object, and small head tensors told
-// apart by their offset.
+// Fixtures of the dump reader's tests: a scratch directory removed with the object, small head tensors told apart
+// by their offset, and the refusal of a dump as text.
 #pragma once
 
 #include <unistd.h>
@@ -10,7 +10,9 @@
 #include <system_error>
 #include <vector>
 
+#include "qattn/eval/evaluate.h"
 #include "qattn/tensor.h"
+#include "support/input_error.h"
 
 namespace qattn::test {
 
@@ -35,6 +37,11 @@ inline Tensor head_tensor(double offset) {
   std::vector<double> v(2 * 4 * 8);
   for (std::size_t i = 0; i < v.size(); ++i) v[i] = offset + 0.01 * static_cast<double>(i % 13) - 0.05;
   return Tensor::from_double(DType::f32, {2, 4, 8}, v);
+}
+
+// The InputError eval::load_dump throws on `source`, as "file: field: reason"; "" when it throws none.
+inline std::string load_error(const std::filesystem::path& source) {
+  return input_error_text([&] { eval::load_dump(source); });
 }
 
 }  // namespace qattn::test

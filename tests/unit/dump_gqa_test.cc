@@ -9,10 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
-#include "qattn/error.h"
 #include "qattn/eval/evaluate.h"
 #include "qattn/tensor_io.h"
 #include "support/dump_files.h"
@@ -27,6 +25,7 @@ struct Scratch : test::ScratchDir {
   explicit Scratch(const std::string& name) : ScratchDir("qattn-dump-gqa-", name) {}
 };
 using test::head_tensor;
+using test::load_error;
 
 std::string name(int layer, int head, const char* kind) {
   return "layer" + std::to_string(layer) + "_head" + std::to_string(head) + "_" + kind;
@@ -37,15 +36,6 @@ void write_layer(const fs::path& dir, int layer, int nq, int nk, int nv) {
   for (int h = 0; h < nq; ++h) write_npy(dir / (name(layer, h, "q") + ".npy"), head_tensor(0.5 + h));
   for (int h = 0; h < nk; ++h) write_npy(dir / (name(layer, h, "k") + ".npy"), head_tensor(h));
   for (int h = 0; h < nv; ++h) write_npy(dir / (name(layer, h, "v") + ".npy"), head_tensor(10 + h));
-}
-
-std::string load_error(const fs::path& source) {
-  try {
-    eval::load_dump(source);
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST_CASE("GQA dump: K/V heads read once, each query head mapped to its contiguous group", "[dump][gqa]") {
@@ -186,13 +176,8 @@ TEST_CASE("group_kv_heads: the K/V matrix each Q matrix reads, and the shapes re
   for (std::int64_t e = 0; e < 12; ++e) CHECK(g.kv_entry(e) == want[static_cast<std::size_t>(e)]);
   const eval::KvGrouping three = eval::group_kv_heads({4, 16, 8}, {1, 32, 8}, {1, 32, 8}, "q", "k", "v");
   for (std::int64_t e = 0; e < 4; ++e) CHECK(three.kv_entry(e) == 0);
-  const auto error = [](const Shape& q, const Shape& k, const Shape& v) -> std::string {
-    try {
-      eval::group_kv_heads(q, k, v, "q.npy", "k.npy", "v.npy");
-    } catch (const InputError& e) {
-      return e.what();
-    }
-    return "";
+  const auto error = [](const Shape& q, const Shape& k, const Shape& v) {
+    return test::input_error_text([&] { eval::group_kv_heads(q, k, v, "q.npy", "k.npy", "v.npy"); });
   };
   CHECK(error({2, 4, 16, 8}, {2, 3, 16, 8}, {2, 3, 16, 8}) ==
         "k.npy: shape: k and v have 3 heads (axis -3 of (2, 3, 16, 8)), q has 4 (q.npy, (2, 4, 16, 8)): grouped-query "

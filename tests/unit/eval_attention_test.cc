@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "qattn/engine.h"
-#include "qattn/error.h"
 #include "qattn/eval/attention.h"
+#include "support/input_error.h"
 
 using namespace qattn;
 
@@ -34,12 +34,7 @@ eval::TensorRef tensor(const char* name, std::vector<std::int64_t> shape, const 
 std::vector<float> narrow(const std::vector<double>& x) { return {x.begin(), x.end()}; }
 
 std::string error_of(const eval::AttentionRequest& r) {
-  try {
-    eval::attention(r);
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
+  return test::input_error_text([&] { eval::attention(r); });
 }
 
 }  // namespace eval_attention_test

@@ -13,12 +13,12 @@
 #include <vector>
 
 #include "qattn/float_format.h"
-#include "qattn/metrics.h"
 #include "qattn/reference/fa4_fp8.h"
 #include "qattn/reference/flash_kernel.h"
 #include "qattn/reference/float_attention.h"
 #include "qattn/reference/lowp_float.h"
 #include "qattn/reference/mma.h"
+#include "support/matrix_stats.h"
 #include "support/random_matrix.h"
 
 using namespace qattn;
@@ -149,7 +149,7 @@ TEST_CASE("fa4-fp8: the bf16 store, the H100 units and the emulation each change
   CHECK(exact != o32);
   // The polynomial's error (below 2^-13) is far inside E4M3's rounding of P: O moves by little
   const RowMatrixXd ref = float_attention(q, k, v, 0.088, FloatPrecision::fp64).o;
-  auto cossim = [&](const RowMatrixXd& o) { return compare(std::span(o.data(), o.size()), std::span(ref.data(), ref.size())).cossim; };
+  auto cossim = [&](const RowMatrixXd& o) { return test::matrix_stats(o, ref).cossim; };
   CHECK(std::fabs(cossim(exact) - cossim(o32)) < 1e-4);
   // The kept max lets P~ reach 2^(8 + 4) against E4M3's 448 (experiment fa4-p-saturation): without the threshold
   // O is FP8-accurate, with it O loses to the saturation

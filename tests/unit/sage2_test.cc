@@ -8,7 +8,7 @@
 #include <random>
 #include <string>
 
-#include "qattn/metrics.h"
+#include "support/matrix_stats.h"
 #include "support/random_matrix.h"
 #include "support/test_scale.h"
 #include "qattn/reference/flash_kernel.h"
@@ -20,16 +20,8 @@
 
 using namespace qattn;
 using namespace qattn::ref;
+using qattn::test::matrix_rel_l1;
 using qattn::test::random_matrix;
-
-namespace {
-
-
-double sage2_rel_l1(const RowMatrixXd& o, const RowMatrixXd& ref) {
-  return compare(std::span(o.data(), o.size()), std::span(ref.data(), ref.size())).rel_l1;
-}
-
-}  // namespace
 
 TEST_CASE("sage2 acc=two-level equals a loop formulation of its documented steps", "[sage2]") {
   std::mt19937_64 g(1);
@@ -86,8 +78,8 @@ TEST_CASE("K smoothing removes a per-channel K bias (SageAttention2's motivation
     RowMatrixXd k = k0;
     for (int c = 0; c < 64; ++c) k.col(c).array() += bias * std::sin(c);  // channel-wise offsets, as in real K
     const RowMatrixXd ref = float_attention(q, k, v, 0.125, FloatPrecision::fp64).o;
-    e_on[i] = sage2_rel_l1(sage2_attention(q, k, v, 0.125, {}, on).o, ref);
-    e_off[i++] = sage2_rel_l1(sage2_attention(q, k, v, 0.125, {}, off).o, ref);
+    e_on[i] = matrix_rel_l1(sage2_attention(q, k, v, 0.125, {}, on).o, ref);
+    e_off[i++] = matrix_rel_l1(sage2_attention(q, k, v, 0.125, {}, off).o, ref);
   }
   INFO("rel L1 with smoothing " << e_on[0] << " / " << e_on[1] << ", without " << e_off[0] << " / " << e_off[1]);
   CHECK(e_on[1] == Approx(e_on[0]).epsilon(0.02));  // smoothing removes the bias: the error does not depend on it
@@ -104,7 +96,7 @@ TEST_CASE("two-level FP22 accumulation beats one FP22 accumulator on long rows",
   int i = 0;
   for (SageAccumulation a : {SageAccumulation::fp32, SageAccumulation::two_level_fp22, SageAccumulation::fp22}) {
     p.accumulation = a;
-    err[i++] = sage2_rel_l1(sage2_attention(q, k, v, 0.125, {}, p).o, ref);
+    err[i++] = matrix_rel_l1(sage2_attention(q, k, v, 0.125, {}, p).o, ref);
   }
   INFO("rel L1: fp32 " << err[0] << ", two-level FP22 " << err[1] << ", single FP22 " << err[2]);
   CHECK(err[0] <= err[1]);
@@ -116,9 +108,10 @@ TEST_CASE("INT4 Q/K costs more than INT8, E5M2 P~ more than E4M3, every variant 
   const RowMatrixXd q = random_matrix(64, 64, 0, 1, g), k = random_matrix(128, 64, 0, 1, g), v = random_matrix(128, 32, 0, 1, g);
   const RowMatrixXd ref = float_attention(q, k, v, 0.125, FloatPrecision::fp64).o;
   const auto m8 = reference_registry().create("sage2@paper-8b"), m4 = reference_registry().create("sage2@paper-4b");
-  CHECK(sage2_rel_l1(m8->attention(q, k, v, 0.125, {}).o, ref) * 3 < sage2_rel_l1(m4->attention(q, k, v, 0.125, {}).o, ref));
-  CHECK(sage2_rel_l1(m8->attention(q, k, v, 0.125, {}).o, ref) <
-        sage2_rel_l1(reference_registry().create("sage2:p=e5m2")->attention(q, k, v, 0.125, {}).o, ref));
+  CHECK(matrix_rel_l1(m8->attention(q, k, v, 0.125, {}).o, ref) * 3 <
+        matrix_rel_l1(m4->attention(q, k, v, 0.125, {}).o, ref));
+  CHECK(matrix_rel_l1(m8->attention(q, k, v, 0.125, {}).o, ref) <
+        matrix_rel_l1(reference_registry().create("sage2:p=e5m2")->attention(q, k, v, 0.125, {}).o, ref));
   for (const char* spec : {"sage2@paper-8b", "sage2@paper-4b", "sage2:p=e5m2", "sage2:p=int8,acc=fp32", "sage2:p=fp16,smooth-v=true"}) {
     const auto m = reference_registry().create(spec);
     CHECK(m->attention(q, k, v, 0.125, {}).o == m->attention(q, k, v, 0.125, {}).o);
@@ -330,7 +323,7 @@ TEST_CASE("the H100 wgmma accumulator per 128-key block beats one wgmma accumula
                              SageAccumulation::two_level_fp22}) {
     Sage2Params p;
     p.accumulation = a;
-    err[i++] = sage2_rel_l1(sage2_attention(q, k, v, 0.125, {}, p).o, ref);
+    err[i++] = matrix_rel_l1(sage2_attention(q, k, v, 0.125, {}, p).o, ref);
   }
   INFO("rel L1: fp32 " << err[0] << ", wgmma per block " << err[1] << ", one wgmma accumulator " << err[2]
                        << ", per-product FP22 per block " << err[3]);

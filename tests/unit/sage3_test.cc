@@ -12,12 +12,12 @@
 #include <vector>
 
 #include "qattn/float_format.h"
-#include "qattn/metrics.h"
 #include "qattn/reference/float_attention.h"
 #include "qattn/reference/lowp_convert.h"
 #include "qattn/reference/mma.h"
 #include "qattn/reference/registry.h"
 #include "qattn/reference/sage3.h"
+#include "support/matrix_stats.h"
 #include "support/random_matrix.h"
 #include "support/test_scale.h"
 
@@ -236,7 +236,7 @@ TEST_CASE("sage3 with a causal mask: fully masked blocks of 16 enter with scale 
                     v = random_matrix(256, 64, 0, 1, g);
   const double scale = 0.125;
   const RowMatrixXd ref = float_attention(q, k, v, scale, FloatPrecision::fp64).o;
-  auto cossim = [&](const RowMatrixXd& o) { return compare(std::span(o.data(), o.size()), std::span(ref.data(), ref.size())).cossim; };
+  auto cossim = [&](const RowMatrixXd& o) { return test::matrix_stats(o, ref).cossim; };
   const auto sage3 = reference_registry().create("sage3:out=fp32");
   const auto fa3 = reference_registry().create("fa3-fp8:out=fp32");
   const double c3 = cossim(sage3->attention(q, k, v, scale, {}).o), c8 = cossim(fa3->attention(q, k, v, scale, {}).o);

@@ -12,7 +12,6 @@
 
 #include "qattn/error.h"
 #include "qattn/float_format.h"
-#include "qattn/metrics.h"
 #include "qattn/reference/fa3_fp8.h"
 #include "qattn/reference/float_attention.h"
 #include "qattn/reference/lowp_float.h"
@@ -20,17 +19,15 @@
 #include "qattn/reference/registry.h"
 #include "qattn/reference/sage1.h"
 #include "qattn/reference/sage2.h"
+#include "support/matrix_stats.h"
 #include "support/random_matrix.h"
 
 using namespace qattn;
 using namespace qattn::ref;
+using qattn::test::matrix_rel_l1;
 using qattn::test::random_matrix;
 
 namespace {
-
-double rel_l1(const RowMatrixXd& o, const RowMatrixXd& ref) {
-  return compare(std::span(o.data(), o.size()), std::span(ref.data(), ref.size())).rel_l1;
-}
 
 std::uint16_t f16_code(double x) { return static_cast<std::uint16_t>(lowp_encode(x, fp16_binary16())); }
 std::uint16_t e4m3_code(double x) { return static_cast<std::uint16_t>(lowp_encode(x, fp8_e4m3fn())); }
@@ -239,11 +236,11 @@ TEST_CASE("sage1: pad=upstream is pad=masked where L_k is a multiple of 64, and 
   const AttentionResult a = sage1_attention(q, k2, v2, 0.125, {}, masked), b = sage1_attention(q, k2, v2, 0.125, {}, upstream);
   // 28 phantom keys with logit 0 take their share of every row's sum: P no longer sums to 1, O shrinks toward 0.
   const double pa = a.p.rowwise().sum().minCoeff(), pb = b.p.rowwise().sum().maxCoeff();
-  INFO("row sums of P: masked >= " << pa << ", upstream <= " << pb << "; rel L1 " << rel_l1(a.o, ref) << " vs "
-                                  << rel_l1(b.o, ref));
+  INFO("row sums of P: masked >= " << pa << ", upstream <= " << pb << "; rel L1 " << matrix_rel_l1(a.o, ref) << " vs "
+                                  << matrix_rel_l1(b.o, ref));
   CHECK(pa > 0.99);
   CHECK(pb < 0.95);
-  CHECK(rel_l1(b.o, ref) > 10 * rel_l1(a.o, ref));
+  CHECK(matrix_rel_l1(b.o, ref) > 10 * matrix_rel_l1(a.o, ref));
 }
 
 TEST_CASE("sage1: the FP16 accumulator costs little next to float32 adds (SageAttention's Sec. 4.4 claim)", "[sage1]") {
@@ -255,10 +252,10 @@ TEST_CASE("sage1: the FP16 accumulator costs little next to float32 adds (SageAt
   f32.accumulation = Sage1Accumulation::fp32;
   f16.output_fp16 = f32.output_fp16 = false;
   const RowMatrixXd o16 = sage1_attention(q, k, v, 0.125, {}, f16).o, o32 = sage1_attention(q, k, v, 0.125, {}, f32).o;
-  const double e16 = rel_l1(o16, ref), e32 = rel_l1(o32, ref);
-  INFO("rel L1: f16 accumulator " << e16 << ", fp32 " << e32 << "; f16 vs fp32 " << rel_l1(o16, o32));
+  const double e16 = matrix_rel_l1(o16, ref), e32 = matrix_rel_l1(o32, ref);
+  INFO("rel L1: f16 accumulator " << e16 << ", fp32 " << e32 << "; f16 vs fp32 " << matrix_rel_l1(o16, o32));
   CHECK(o16 != o32);                                // the FP16 accumulator does round
-  CHECK(rel_l1(o16, o32) > 1e-5);
+  CHECK(matrix_rel_l1(o16, o32) > 1e-5);
   CHECK(std::fabs(e16 - e32) < 0.02 * e32);         // but INT8 Q/K and FP16 P, V dominate the error
 }
 
@@ -338,8 +335,8 @@ TEST_CASE("fa3-fp8 against sage2: per-tensor FP8 Q/K without smoothing, one accu
     RowMatrixXd k = random_matrix(256, 64, 0, 1, g);
     for (int c = 0; c < 64; ++c) k.col(c).array() += 20 * std::sin(c);
     const RowMatrixXd ref = float_attention(q, k, v, 0.125, FloatPrecision::fp64).o;
-    const double fa3 = rel_l1(fa3_fp8_attention(q, k, v, 0.125, {}, {}).o, ref);
-    const double sage2 = rel_l1(sage2_attention(q, k, v, 0.125, {}, {}).o, ref);
+    const double fa3 = matrix_rel_l1(fa3_fp8_attention(q, k, v, 0.125, {}, {}).o, ref);
+    const double sage2 = matrix_rel_l1(sage2_attention(q, k, v, 0.125, {}, {}).o, ref);
     INFO("rel L1: fa3-fp8 " << fa3 << ", sage2 " << sage2);
     CHECK(fa3 > 3 * sage2);
   }
@@ -350,8 +347,8 @@ TEST_CASE("fa3-fp8 against sage2: per-tensor FP8 Q/K without smoothing, one accu
     const RowMatrixXd ref = float_attention(q, k, v, 0.125, FloatPrecision::fp64).o;
     Fa3Fp8Params fp32_out;
     fp32_out.output_bf16 = false;
-    const double fa3 = rel_l1(fa3_fp8_attention(q, k, v, 0.125, {}, fp32_out).o, ref);
-    const double sage2 = rel_l1(sage2_attention(q, k, v, 0.125, {}, {}).o, ref);
+    const double fa3 = matrix_rel_l1(fa3_fp8_attention(q, k, v, 0.125, {}, fp32_out).o, ref);
+    const double sage2 = matrix_rel_l1(sage2_attention(q, k, v, 0.125, {}, {}).o, ref);
     INFO("rel L1: fa3-fp8 " << fa3 << ", sage2 " << sage2);
     CHECK(fa3 > 10 * sage2);
   }

@@ -6,7 +6,6 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "qattn/error.h"
@@ -24,6 +23,7 @@ struct Scratch : test::ScratchDir {
   explicit Scratch(const std::string& name) : ScratchDir("qattn-dump-reader-", name) {}
 };
 using test::head_tensor;
+using test::load_error;
 
 // layer{L}_head{H}_{q,k,v}.npy for each (L, H).
 void write_heads(const fs::path& dir, std::initializer_list<std::pair<int, int>> heads) {
@@ -33,17 +33,6 @@ void write_heads(const fs::path& dir, std::initializer_list<std::pair<int, int>>
 }
 
 void write_text(const fs::path& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
-
-// The InputError load_dump throws on `source`, as "file: field: reason"; "" when it throws none.
-std::string load_error(const fs::path& source) {
-  try {
-    eval::load_dump(source);
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
-}
-
 
 TEST_CASE("dump names: two spellings of one (layer, head, kind) are refused, naming both", "[dump]") {
   Scratch s("spellings");

@@ -5,6 +5,9 @@ import numpy as np
 import numpy.typing as npt
 
 _F32 = npt.NDArray[np.float32]
+# attention(q, k, v, scale, layer) -> O, as fp32_attention; layer_hook(layer, q, k, v, scale) sees each layer's heads.
+_Attention = Callable[[_F32, _F32, _F32, float, int], _F32]
+_LayerHook = Callable[[int, _F32, _F32, _F32, float], None]
 
 PACKAGE: str
 VERSION: str
@@ -26,14 +29,8 @@ class Model:
     l2_eps: float
     def __init__(self, directory: Optional[str] = ...) -> None: ...
     def attention_inputs(
-        self,
-        ids: npt.ArrayLike,
-        attention: Callable[[_F32, _F32, _F32, float, int], _F32] = ...,
-        layer_hook: Optional[Callable[[int, _F32, _F32, _F32, float], None]] = ...,
+        self, ids: npt.ArrayLike, attention: _Attention = ..., layer_hook: Optional[_LayerHook] = ...
     ) -> _F32: ...
     def embed(
-        self,
-        ids: npt.ArrayLike,
-        attention: Callable[[_F32, _F32, _F32, float, int], _F32] = ...,
-        layer_hook: Optional[Callable[[int, _F32, _F32, _F32, float], None]] = ...,
+        self, ids: npt.ArrayLike, attention: _Attention = ..., layer_hook: Optional[_LayerHook] = ...
     ) -> _F32: ...
