@@ -68,7 +68,8 @@ inline constexpr Choice<bool> kBf16Outputs[] = {{"bf16", true}, {"fp32", false}}
 
 // The entry of an attention pipeline that is a description for the one flash loop (flash_kernel.h): `kernel` builds
 // the description from the resolved parameters (SpecError where they do not fit together); the method runs it
-// (make_flash_method), its traits are the description's (flash_kernel_traits), and inputs or S beyond their formats
+// (make_flash_method), its traits are the description's (flash_kernel_traits; so asking for the traits of parameters
+// that do not fit together raises the same SpecError as building the method), and inputs or S beyond their formats
 // are refused. The caller adds the name, summary, parameters, presets, overflow_note and doc. Defined in
 // kernel_file_method.cc, beside the method of a description read from a file.
 struct FlashKernel;
