@@ -353,3 +353,22 @@ TEST_CASE("fa3-fp8 against sage2: per-tensor FP8 Q/K without smoothing, one accu
     CHECK(fa3 > 10 * sage2);
   }
 }
+
+TEST_CASE("flash pipelines' traits are the built description's: parameters create refuses are refused by traits too",
+          "[sage2][fa3-fp8][registry]") {
+  const Registry& r = reference_registry();
+  // kv-block not a multiple of the wgmma's k (32); sm90 with a P format its kernel does not take
+  for (const char* spec : {"fa3-fp8:kv-block=48", "sage2@sm90:p=fp16,acc=fp32"}) {
+    INFO(spec);
+    CHECK_THROWS_AS(r.create(spec), SpecError);
+    CHECK_THROWS_AS(r.traits(parse_method_spec(spec)), SpecError);
+  }
+  // The same parameters where they fit: both build, and the traits are the description's (8-bit K and V for both)
+  for (const char* spec : {"fa3-fp8:kv-block=64", "sage2@sm90"}) {
+    INFO(spec);
+    CHECK(r.create(spec) != nullptr);
+    const MethodTraits t = r.traits(parse_method_spec(spec));
+    CHECK(t.kv_bits == 8);
+    CHECK(t.query_block_rows == 64);
+  }
+}
