@@ -257,6 +257,54 @@ TEST_CASE("qk and pv GEMM variants equal the triple loop around their tiles", "[
   }
 }
 
+TEST_CASE("packing in key ranges writes the bytes and sums of packing whole", "[kernels]") {
+  // The fused driver packs K^T and V in ranges on its workers (pipeline.cc): ranges of 4, 8 and 64 keys (the last
+  // one with a partial group of 4 keys where keys % 4 != 0), d with and without a tail of d % 4 bytes, into buffers
+  // full of garbage; whole and in ranges, each against the layout written from its definition.
+  std::mt19937 g(21);
+  std::uniform_int_distribution<int> s8(-128, 127);
+  for (const Eigen::Index keys : {1, 5, 8, 67, 130})
+    for (const Eigen::Index d : {1, 3, 16, 37}) {
+      const Eigen::Index d4 = (d + 3) / 4 * 4, keys16 = (keys + 15) / 16 * 16 + 16, d16 = (d + 15) / 16 * 16;
+      std::vector<std::int8_t> src(static_cast<std::size_t>(keys * d));
+      for (auto& x : src) x = static_cast<std::int8_t>(s8(g));
+      // The layout of kernels.h from its definition: byte t % 4 of group t / 4 of key j, zeros everywhere else.
+      std::vector<std::int8_t> expect_k(d4 * keys16, 0), expect_v(keys16 * d16, 0);
+      std::vector<std::int32_t> expect_ks(keys16, 0), expect_vs(d16, 0);
+      for (Eigen::Index j = 0; j < keys; ++j)
+        for (Eigen::Index t = 0; t < d; ++t) {
+          const std::int8_t x = src[j * d + t];
+          expect_k[((t / 4) * keys16 + j) * 4 + t % 4] = x;  // K [keys, d]: K^T's groups along d
+          expect_v[((j / 4) * d16 + t) * 4 + j % 4] = x;     // V [keys, d]: groups along the keys
+          expect_ks[j] += x, expect_vs[t] += x;
+        }
+      for (const Eigen::Index step : {4, 8, 64}) {
+        INFO("keys " << keys << " d " << d << " ranges of " << step);
+        std::vector<std::int8_t> whole_k(d4 * keys16, 0x55), parts_k(whole_k), whole_v(keys16 * d16, 0x55), parts_v(whole_v);
+        std::vector<std::int32_t> whole_ks(keys16, 7), parts_ks(whole_ks), whole_vs(d16, 7), parts_vs(d16, 0);
+        kernels::pack_k_transposed(src.data(), keys, d, d4, keys16, whole_k.data(), whole_ks.data());
+        kernels::pack_v(src.data(), keys, d, keys16, d16, whole_v.data(), whole_vs.data());
+        kernels::pack_k_padding(keys, d4, keys16, parts_k.data(), parts_ks.data());
+        kernels::pack_v_padding(keys, keys16, d16, parts_v.data());
+        for (Eigen::Index b = (keys - 1) / step * step; b >= 0; b -= step) {  // last range first
+          const Eigen::Index e = std::min(keys, b + step);
+          kernels::pack_k_keys(src.data(), b, e, d, keys16, parts_k.data(), parts_ks.data());
+          std::vector<std::int32_t> part(static_cast<std::size_t>(d16), 0);
+          kernels::pack_v_keys(src.data(), b, e, d, d16, parts_v.data(), part.data());
+          for (Eigen::Index c = 0; c < d16; ++c) parts_vs[c] += part[c];
+        }
+        CHECK(whole_k == expect_k);
+        CHECK(whole_ks == expect_ks);
+        CHECK(whole_v == expect_v);
+        CHECK(whole_vs == expect_vs);
+        CHECK(parts_k == expect_k);
+        CHECK(parts_ks == expect_ks);
+        CHECK(parts_v == expect_v);
+        CHECK(parts_vs == expect_vs);
+      }
+    }
+}
+
 TEST_CASE("IndexSoftmax row variants equal the scalar spec for every rule, length and clip", "[kernels]") {
   for (const Eigen::Index keys : {1, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 100, 128, 129, 200})
     SoftmaxRowTester().keys(keys).limit(keys).Test();
