@@ -254,7 +254,8 @@ FusedCall::FusedCall(const Int8View& q_, const Int8View& k, const Int8View& v, d
 // K^T and V packed once per call. Each stage packs only its own operand, so a one-stage timing holds that stage's
 // packing and no other. The keys are split into ranges of at least 512 (multiples of 64), one per worker, so that
 // packing is not a serial part of a call on several threads (at L = 4096, d = 128 it is about 0.2 ms, 5 % of a
-// 2-thread call on an AMX Xeon, family 6 model 207): the same bytes and sums as one range, V's column sums added range by range in int32.
+// 2-thread call on an AMX Xeon, family 6 model 207): the same bytes and sums as one range, V's column sums added
+// range by range in int32.
 void FusedCall::pack(const Int8View& k, const Int8View& v) {
   k_packed = aligned_array<std::int8_t>(run_qk ? static_cast<std::size_t>(d4 * lk_stride) : 0);
   v_packed = aligned_array<std::int8_t>(run_pv ? static_cast<std::size_t>(lk_stride * dv16) : 0);
