@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "qattn/choice.h"
 #include "qattn/error.h"
 #include "qattn/parallel.h"
 #include "qattn/reference/random.h"
@@ -24,20 +25,13 @@
 namespace qattn::cli {
 namespace fs = std::filesystem;
 
-const char* family_name(SearchFamily f) {
-  switch (f) {
-    case SearchFamily::max_jump: return "max-jump";
-    case SearchFamily::diffuse: return "diffuse";
-    case SearchFamily::first_causal: return "first-causal";
-    case SearchFamily::needle: return "needle";
-  }
-  return "?";
-}
-
 namespace {
 
-constexpr SearchFamily kFamilies[] = {SearchFamily::max_jump, SearchFamily::diffuse, SearchFamily::first_causal,
-                                      SearchFamily::needle};
+// The families in the order a search without --family draws them, under the names --family takes.
+constexpr Choice<SearchFamily> kFamilies[] = {{"max-jump", SearchFamily::max_jump},
+                                              {"diffuse", SearchFamily::diffuse},
+                                              {"first-causal", SearchFamily::first_causal},
+                                              {"needle", SearchFamily::needle}};
 constexpr Eigen::Index kQueries = 64;    // L_q of the families without a causal mask
 constexpr int kPerturbations = 4;        // inputs per round of the refinement, whatever the thread count
 constexpr double kNoise = 0.5;           // the other channels of Q and K: N(0, 1/4) each
@@ -81,6 +75,16 @@ Eigen::Index jump_keys(ref::Normals& g, const SearchOptions& o) {
   return std::clamp(lk, std::min(b + 1, o.max_keys), o.max_keys);
 }
 
+// diffuse's and needle's shape: one key `margin` above keys of logit spread `spread` (search_input), drawn in this
+// order: L_k log-uniform in [lo, hi], the spread uniform in [0, max_spread], the margin log L_k + uniform in
+// [below, above], at least 0 (at log L_k, the one key weighs as much as L_k keys at logit 0).
+void draw_one_above(ref::Normals& g, Eigen::Index lo, Eigen::Index hi, double max_spread, double below, double above,
+                    SearchInput& in) {
+  in.lk = log_uniform(g, lo, hi);
+  in.spread = uniform(g, 0, max_spread);
+  in.margin = std::max(0.0, std::log(static_cast<double>(in.lk)) + uniform(g, below, above));
+}
+
 SearchInput draw(SearchFamily f, std::uint64_t seed, const SearchOptions& o) {
   ref::Normals g(seed ^ 0x5eedc0ffee123457ULL);
   SearchInput in;
@@ -96,9 +100,7 @@ SearchInput draw(SearchFamily f, std::uint64_t seed, const SearchOptions& o) {
       in.descending = g.uniform() < 0.5;
       break;
     case SearchFamily::diffuse:
-      in.lk = log_uniform(g, lo, hi);
-      in.spread = uniform(g, 0, 1);
-      in.margin = std::max(0.0, std::log(static_cast<double>(in.lk)) + uniform(g, -4, 4));
+      draw_one_above(g, lo, hi, 1, -4, 4, in);
       break;
     case SearchFamily::first_causal:
       in.lk = log_uniform(g, lo, hi);
@@ -106,9 +108,7 @@ SearchInput draw(SearchFamily f, std::uint64_t seed, const SearchOptions& o) {
       in.causal = true;
       break;
     case SearchFamily::needle:
-      in.lk = log_uniform(g, lo, hi);
-      in.spread = uniform(g, 0, 1.5);
-      in.margin = std::max(0.0, std::log(static_cast<double>(in.lk)) + uniform(g, -6, 2));
+      draw_one_above(g, lo, hi, 1.5, -6, 2, in);
       break;
   }
   in.lq = in.causal ? in.lk : kQueries;
@@ -135,11 +135,9 @@ SearchInput perturb(const SearchInput& in, std::uint64_t seed, const SearchOptio
 
 }  // namespace
 
-std::optional<SearchFamily> family_named(const std::string& name) {
-  for (SearchFamily f : kFamilies)
-    if (name == family_name(f)) return f;
-  return std::nullopt;
-}
+const char* family_name(SearchFamily f) { return name_of(kFamilies, f); }
+
+std::optional<SearchFamily> family_named(const std::string& name) { return value_named(kFamilies, name); }
 
 std::string SearchInput::describe() const {
   switch (family) {
@@ -240,7 +238,8 @@ SearchResult search_worst_inputs(const std::function<std::unique_ptr<Method>()>&
   const int random = std::max(1, o.budget - o.budget / 3);
   std::vector<SearchInput> inputs;
   std::vector<SearchFamily> families = o.families;
-  if (families.empty()) families.assign(std::begin(kFamilies), std::end(kFamilies));
+  if (families.empty())
+    for (const Choice<SearchFamily>& f : kFamilies) families.push_back(f.value);
   for (int i = 0; i < random; ++i) inputs.push_back(draw(families[static_cast<std::size_t>(i) % families.size()], seed_of(i), o));
   for (const SearchCase& c : evaluate(inputs)) keep(c);
   const auto worst = [&] {

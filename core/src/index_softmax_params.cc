@@ -22,33 +22,10 @@ void validate(const IndexSoftmaxParams& params, std::int64_t c_int) {
     throw std::invalid_argument("IndexSoftmax: c_int must be in [1, 2^30], got " + std::to_string(c_int));
 }
 
-std::string_view to_string(CintRounding r) {
-  switch (r) {
-    case CintRounding::round: return "round";
-    case CintRounding::trunc: return "trunc";
-    case CintRounding::floor: return "floor";
-  }
-  return "?";
-}
-std::string_view to_string(LutRounding r) { return r == LutRounding::floor ? "floor" : "round"; }
-std::string_view to_string(IndexRule r) {
-  switch (r) {
-    case IndexRule::floor: return "floor";
-    case IndexRule::round: return "round";
-    case IndexRule::floor_f32: return "floor-f32";
-    case IndexRule::q26_round: return "q26-round";
-    case IndexRule::q26_floor: return "q26-floor";
-  }
-  return "?";
-}
-std::string_view to_string(Normalization r) {
-  switch (r) {
-    case Normalization::floor: return "floor";
-    case Normalization::f32_rne: return "f32-rne";
-    case Normalization::q8_reciprocal: return "q8-reciprocal";
-  }
-  return "?";
-}
+std::string_view to_string(CintRounding r) { return name_of(kCintRoundings, r); }
+std::string_view to_string(LutRounding r) { return name_of(kLutRoundings, r); }
+std::string_view to_string(IndexRule r) { return name_of(kIndexRules, r); }
+std::string_view to_string(Normalization r) { return name_of(kNormalizations, r); }
 
 std::int64_t cint_from_alpha(double c, double alpha, CintRounding rounding) {
   if (!(c > 0) || !std::isfinite(c)) throw std::invalid_argument("c_int: c must be finite and > 0");

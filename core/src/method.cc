@@ -387,12 +387,10 @@ IntegerSoftmaxResult Method::softmax_integer_impl(const IntegerLogits&) const {
 }
 
 std::string_view method_kind_name(MethodKind kind) {
-  switch (kind) {
-    case MethodKind::float_format: return "float format";
-    case MethodKind::softmax_model: return "softmax model";
-    case MethodKind::attention_pipeline: return "attention pipeline";
-  }
-  return "";
+  static constexpr Choice<MethodKind> kKinds[] = {{"float format", MethodKind::float_format},
+                                                  {"softmax model", MethodKind::softmax_model},
+                                                  {"attention pipeline", MethodKind::attention_pipeline}};
+  return name_of(kKinds, kind, "");
 }
 
 namespace {

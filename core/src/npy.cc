@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "qattn/choice.h"
 #include "qattn/error.h"
 #include "qattn/tensor_io.h"
 
@@ -99,6 +100,12 @@ struct Descr {
   bool big_endian;
 };
 
+// numpy's type codes (a descr less its byte-order character) of the dtypes read and written here.
+constexpr Choice<DType> kTypeCodes[] = {
+    {"f8", DType::f64}, {"f4", DType::f32}, {"f2", DType::f16}, {"V2", DType::bf16}, {"i1", DType::i8},
+    {"u1", DType::u8},  {"i2", DType::i16}, {"i4", DType::i32}, {"i8", DType::i64}, {"u2", DType::u16},
+    {"u4", DType::u32}};
+
 Descr parse_descr(const std::string& d, const std::string& source) {
   auto bad = [&](const std::string& why) -> Descr { throw InputError(source, "descr", "'" + d + "': " + why); };
   if (d.size() < 2) return bad("too short");
@@ -109,33 +116,14 @@ Descr parse_descr(const std::string& d, const std::string& source) {
     k = 1;
   }
   const std::string code = d.substr(k);
-  static const std::pair<std::string_view, DType> table[] = {
-      {"f8", DType::f64}, {"f4", DType::f32}, {"f2", DType::f16}, {"V2", DType::bf16}, {"i1", DType::i8},
-      {"u1", DType::u8},  {"i2", DType::i16}, {"i4", DType::i32}, {"i8", DType::i64}, {"u2", DType::u16},
-      {"u4", DType::u32}};
-  for (const auto& [c, t] : table)
-    if (code == c) return {t, big && dtype_size(t) > 1};
+  if (const std::optional<DType> t = value_named(kTypeCodes, code)) return {*t, big && dtype_size(*t) > 1};
   if (code == "b1") return bad("bool arrays are not supported; convert to uint8 first");
   if (code[0] == 'V') return bad("only V2 (read as bfloat16) is supported among void types");
   return bad("unsupported dtype (supported: f8 f4 f2 V2(bfloat16) i1 u1 i2 u2 i4 u4 i8, any byte order)");
 }
 
-std::string descr_of(DType t) {
-  switch (t) {
-    case DType::f64: return "<f8";
-    case DType::f32: return "<f4";
-    case DType::f16: return "<f2";
-    case DType::bf16: return "<V2";
-    case DType::i8: return "|i1";
-    case DType::u8: return "|u1";
-    case DType::i16: return "<i2";
-    case DType::i32: return "<i4";
-    case DType::i64: return "<i8";
-    case DType::u16: return "<u2";
-    case DType::u32: return "<u4";
-  }
-  return "";
-}
+// Written little-endian, as this host stores them; a single byte has no order ('|').
+std::string descr_of(DType t) { return (dtype_size(t) == 1 ? "|" : "<") + std::string(name_of(kTypeCodes, t)); }
 
 std::uint32_t read_le(const std::byte* p, int n) {
   std::uint32_t v = 0;

@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "qattn/choice.h"
 #include "qattn/error.h"
 #include "qattn/parallel.h"
 #include "qattn/quantize.h"
@@ -269,20 +270,15 @@ class FusedMethod final : public Method {
   bool o_float32_;
 };
 
+constexpr Choice<Engine> kEngines[] = {
+    {"auto", Engine::automatic}, {"fast", Engine::fast}, {"reference", Engine::reference}};
+
 }  // namespace
 
-std::string_view engine_name(Engine engine) {
-  switch (engine) {
-    case Engine::automatic: return "auto";
-    case Engine::fast: return "fast";
-    case Engine::reference: return "reference";
-  }
-  return "?";
-}
+std::string_view engine_name(Engine engine) { return name_of(kEngines, engine); }
 
 Engine parse_engine(std::string_view name) {
-  for (Engine e : {Engine::automatic, Engine::fast, Engine::reference})
-    if (engine_name(e) == name) return e;
+  if (const std::optional<Engine> engine = value_named(kEngines, name)) return *engine;
   throw SpecError("unknown engine '" + std::string(name) + "' (valid: auto, fast, reference)");
 }
 

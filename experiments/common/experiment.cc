@@ -99,6 +99,13 @@ Table grid_table(const std::string& label_header, const std::vector<GridRow>& ro
   return grid_table({label_header, "spec"}, lead, sources, grid);
 }
 
+AccuracyGrid accuracy_grid(std::ostream& report, const std::vector<GridRow>& rows, const ExperimentContext& ctx,
+                           int full_L, int fast_L, int d, const std::string& label_header) {
+  AccuracyGrid g = accuracy_grid(rows, ctx, full_L, fast_L, d);
+  report << g.src.line() << grid_table(label_header, rows, g.src.sources, g.grid).markdown() << "\n";
+  return g;
+}
+
 std::vector<Summary> summaries(const std::vector<DumpLayer>& dump, const std::vector<std::string>& specs,
                                const EngineSetting& engine) {
   std::vector<Summary> out;

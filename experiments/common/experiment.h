@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <ostream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -148,6 +149,10 @@ AccuracyGrid accuracy_grid(const std::vector<Row>& rows, const ExperimentContext
   Grid grid = run_grid(rows, src.sources, ctx);
   return {std::move(src), std::move(grid)};
 }
+// The same for the accuracy tables whose report states the claim first: after what `report` holds, the sources' line
+// (AccuracySources::line), then the grid's table (grid_table, first column `label_header`) and a blank line.
+AccuracyGrid accuracy_grid(std::ostream& report, const std::vector<GridRow>& rows, const ExperimentContext& ctx,
+                           int full_L, int fast_L, int d, const std::string& label_header);
 
 // The grid as a table: the columns `head`, then per source "<name> O CosSim" and "<name> O rel L1"; row i the cells
 // lead[i], then spec i's mean O CosSim (fmt_sim) and relative L1 (fmt_err) on each source.

@@ -11,8 +11,7 @@
 namespace qattn::experiments {
 
 std::string run_fp4_attention(const ExperimentContext& ctx) {
-  using Row = GridRow;
-  const std::vector<Row> rows = {
+  const std::vector<GridRow> rows = {
       {"SageAttention2, sm90 (INT8 Q/K, FP8 P V)", "sage2@sm90"},    // 0
       {"FlashAttention-3 FP8", "fa3-fp8"},                           // 1
       {"FlashAttention-4 FP8", "fa4-fp8"},                           // 2

@@ -11,8 +11,7 @@
 namespace qattn::experiments {
 
 std::string run_intattn_accuracy(const ExperimentContext& ctx) {
-  using Row = GridRow;
-  const std::vector<Row> rows = {
+  const std::vector<GridRow> rows = {
       {"FP16", "fp16"},                                                       // 0
       {"Quant-Only INT8", "quant-only"},                                      // 1
       {"IntAttention, printed rules", "intattention@paper"},                  // 2
@@ -24,8 +23,6 @@ std::string run_intattn_accuracy(const ExperimentContext& ctx) {
       {"IndexSoftmax, 8 entries (b = 3)", "index@upstream-neon:b=3"},         // 8: EXAQ INT3's table size
       {"EXAQ INT3 (8 entries), official grid", "exaq@upstream:bits=3"},       // 9
   };
-  const auto [src, grid] = accuracy_grid(rows, ctx, 2048, 256, 64);
-  const std::vector<Source>& sources = src.sources;
   std::ostringstream r;
   r << "intattn-accuracy: IntAttention against Quant-Only and FP16, the share of its error its softmax accounts for, "
        "and its 32-entry table against 8 entries; mean O CosSim and relative L1 vs the fp64 reference\n"
@@ -34,10 +31,9 @@ std::string run_intattn_accuracy(const ExperimentContext& ctx) {
        "from the softmax; Sec. 3.3 / Fig. 5: 32 entries in 32 bytes, 4x EXAQ's INT3 resolution, improve fidelity\n"
     << "measurable claims (ours), per source: (a) every IntAttention preset's error 1 - O CosSim at most Quant-Only's; "
        "(b) the softmax alone (the preset's IndexSoftmax in fp64 attention) under half of its pipeline's error; (c) "
-       "32 entries below both 8-entry tables (IndexSoftmax b = 3 and EXAQ INT3)\n"
-    << src.line();
-  const Table t = grid_table("method", rows, sources, grid);
-  r << t.markdown() << "\n";
+       "32 entries below both 8-entry tables (IndexSoftmax b = 3 and EXAQ INT3)\n";
+  const auto [src, grid] = accuracy_grid(r, rows, ctx, 2048, 256, 64, "method");
+  const std::vector<Source>& sources = src.sources;
   std::size_t a_held = 0, b_held = 0, c_held = 0;
   for (std::size_t s = 0; s < sources.size(); ++s) {
     const std::string& n = sources[s].name;

@@ -11,9 +11,8 @@
 namespace qattn::experiments {
 
 std::string run_intattn_tables4_6(const ExperimentContext& ctx) {
-  using Row = GridRow;
   // The claim's rows first: IndexSoftmax (paper rules), EXAQ INT3 and INT2 under both EXAQ presets.
-  const std::vector<Row> rows = {
+  const std::vector<GridRow> rows = {
       {"IndexSoftmax (b = 5, c = 6.6, paper rules)", "index@paper"},
       {"EXAQ INT3, official grid (per-call sigma)", "exaq@upstream:bits=3"},
       {"EXAQ INT3, as printed", "exaq@paper:bits=3"},
@@ -24,8 +23,6 @@ std::string run_intattn_tables4_6(const ExperimentContext& ctx) {
       {"Quant-Only INT8 pipeline", "quant-only"},
       {"IntAttention pipeline (paper rules)", "intattention@paper"},
   };
-  const auto [src, grid] = accuracy_grid(rows, ctx, 2048, 256, 64);
-  const std::vector<Source>& sources = src.sources;
   std::ostringstream r;
   r << "intattn-tables4-6: the softmax replaced alone inside fp64 attention (the pipelines for reference), mean O "
        "CosSim and relative L1 vs the fp64 reference\n"
@@ -33,10 +30,9 @@ std::string run_intattn_tables4_6(const ExperimentContext& ctx) {
        "59.76 %), above EXAQ INT3 (58.33 %) and INT2 (54.21 %); on long context and reasoning (Table 6) EXAQ INT2 "
        "collapses (GSM8K 5.99 vs 35.02)\n"
     << "measurable claim (ours), on every source: IndexSoftmax > EXAQ INT3 > EXAQ INT2 in mean O CosSim, under both "
-       "EXAQ presets\n"
-    << src.line();
-  const Table t = grid_table("softmax / pipeline", rows, sources, grid);
-  r << t.markdown() << "\n";
+       "EXAQ presets\n";
+  const auto [src, grid] = accuracy_grid(r, rows, ctx, 2048, 256, 64, "softmax / pipeline");
+  const std::vector<Source>& sources = src.sources;
   std::size_t holds = 0;
   for (std::size_t s = 0; s < sources.size(); ++s) {
     // rows 1, 2: INT3 (official, printed); rows 3, 4: INT2 (official, printed)

@@ -11,12 +11,12 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cstring>
 #include <limits>
 
 #include "qattn/exp_f32.h"
 #include "qattn/exp_poly_lanes.h"
 #include "qattn/kernels.h"
+#include "qattn/softmax_row_entry.h"
 
 namespace qattn::kernels {
 namespace {
@@ -40,12 +40,7 @@ inline __m256i lanes_below(Index j, Index limit) {
 
 void softmax_s32_f32_u8__avx2(const std::int32_t* s, const bool* valid, Index limit, Index keys, float alpha,
                               float* scratch, std::uint8_t* p) {
-  if (valid) {
-    softmax_s32_f32_u8__scalar(s, valid, limit, keys, alpha, scratch, p);
-    return;
-  }
-  limit = limit < 0 ? 0 : (limit > keys ? keys : limit);
-  std::memset(p, 0, static_cast<std::size_t>(keys));
+  limit = vector_f32_row_limit(s, valid, limit, keys, alpha, scratch, p);
   if (limit == 0) return;
   const __m256 va = _mm256_set1_ps(alpha), ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   const auto logits = [&](Index j, __m256i k) { return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_maskload_epi32(s + j, k)), va); };

@@ -9,12 +9,12 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cstring>
 #include <limits>
 
 #include "qattn/exp_f32.h"
 #include "qattn/exp_poly_lanes.h"
 #include "qattn/kernels.h"
+#include "qattn/softmax_row_entry.h"
 
 namespace qattn::kernels {
 namespace {
@@ -35,12 +35,7 @@ inline __m512 exp_poly(__m512 x) {
 
 void softmax_s32_f32_u8__avx512(const std::int32_t* s, const bool* valid, Index limit, Index keys, float alpha,
                                 float* scratch, std::uint8_t* p) {
-  if (valid) {
-    softmax_s32_f32_u8__scalar(s, valid, limit, keys, alpha, scratch, p);
-    return;
-  }
-  limit = std::clamp<Index>(limit, 0, keys);
-  std::memset(p, 0, static_cast<std::size_t>(keys));
+  limit = vector_f32_row_limit(s, valid, limit, keys, alpha, scratch, p);
   if (limit == 0) return;
   const __m512 va = _mm512_set1_ps(alpha), ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   __m512 vmax = ninf;

@@ -15,6 +15,7 @@ import tempfile
 
 qattn, root = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(root, "cli"))
+sys.path.insert(0, os.path.join(root, "tests", "cli"))
 if os.path.realpath(os.path.join(root, "cli", "dump_torch.py")) != \
         os.path.realpath(os.path.join(root, "python", "qattn", "dump_torch.py")):
     sys.exit("FAIL: cli/dump_torch.py is not a link to python/qattn/dump_torch.py (one source)")
@@ -26,6 +27,7 @@ except ImportError as e:
         sys.exit(f"FAIL: {e} (scripts/install-deps.sh installs python3-torch)")
     print(f"skipped: {e}")
     sys.exit(0)
+from checks import Checks
 from dump_torch import AttentionDumper
 
 torch.manual_seed(0)
@@ -52,15 +54,7 @@ class Fused(torch.nn.Module):  # GPT-2-style fused qkv
         return self.c_attn(x)
 
 
-failures = 0
-
-
-def check(cond, what):
-    global failures
-    if not cond:
-        print("FAIL:", what)
-        failures += 1
-
+check = Checks("dump_torch_test")
 
 with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "dump")
@@ -170,5 +164,4 @@ with tempfile.TemporaryDirectory() as tmp:
     except FileExistsError:
         check(os.path.exists(os.path.join(other, "keep.txt")), "the foreign directory was touched")
 
-print(f"dump_torch_test: {'FAILED' if failures else 'passed'} ({failures} failures)")
-sys.exit(1 if failures else 0)
+check.exit()

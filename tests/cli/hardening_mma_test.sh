@@ -18,9 +18,9 @@ q() { (if [ -n "$vlimit" ]; then ulimit -v "$vlimit"; fi; exec "${emu[@]}" "$bin
 has_npz=0
 q info "$root/tests/fixtures/deflated.npz" >/dev/null 2>&1 && has_npz=1
 
-$py - <<'PY'
-import json
+PYTHONPATH="$root/tests/cli" $py - <<'PY'
 import numpy as np
+from safetensors_file import write_safetensors
 # K = 0: the files hold no data, whatever M and N say
 for name, shape in [("wide", (1 << 22, 1 << 21, 0)), ("tall", ((1 << 60) + 1, 0)), ("col16", (16, 0)),
                     ("big", (200000, 0))]:
@@ -41,31 +41,19 @@ np.save("a14.npy", np.zeros((1, 4), np.float32))
 np.save("ct.npy", np.full((1, 1), 0.1, np.float32))
 np.save("a16.npy", np.zeros((1, 16), np.uint16))
 
-
-def safetensors(path, members):
-    """members: (name, dtype code, shape, bytes)"""
-    header, data = {}, b""
-    for name, code, shape, payload in members:
-        header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [len(data), len(data) + len(payload)]}
-        data += payload
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    open(path, "wb").write(len(text).to_bytes(8, "little") + text + data)
-
-
 # 40,000 variants of a 1 x 1 x 4 set (the scan was quadratic in the members)
-safetensors("many.safetensors", [("s_A", "U8", (1, 1, 4), bytes(4)), ("s_Bt", "U8", (1, 1, 4), bytes(4))] +
-            [(f"s_v{i}_D", "F32", (1, 1, 1), bytes(4)) for i in range(40000)])
+write_safetensors("many.safetensors", [("s_A", "U8", (1, 1, 4), bytes(4)), ("s_Bt", "U8", (1, 1, 4), bytes(4))] +
+                  [(f"s_v{i}_D", "F32", (1, 1, 1), bytes(4)) for i in range(40000)])
 # an unnamed set, and an empty one
-safetensors("unnamed.safetensors", [("_A", "U8", (1, 2, 4), bytes(8)), ("_Bt", "U8", (1, 2, 4), bytes(8)),
-                                    ("_D", "F32", (1, 2, 2), bytes(16))])
-safetensors("empty.safetensors", [("e_A", "U8", (0, 2, 4), b""), ("e_Bt", "U8", (0, 2, 4), b""),
-                                  ("e_D", "F32", (0, 2, 2), b"")])
+write_safetensors("unnamed.safetensors", [("_A", "U8", (1, 2, 4), bytes(8)), ("_Bt", "U8", (1, 2, 4), bytes(8)),
+                                          ("_D", "F32", (1, 2, 2), bytes(16))])
+write_safetensors("empty.safetensors", [("e_A", "U8", (0, 2, 4), b""), ("e_Bt", "U8", (0, 2, 4), b""),
+                                        ("e_D", "F32", (0, 2, 2), b"")])
 # every model output NaN (an E4M3 NaN in each row of A) where the GPU's are finite
 a = np.zeros((1, 2, 4), np.uint8)
 a[0, :, 0] = 0x7F
-safetensors("nan.safetensors", [("n_A", "U8", (1, 2, 4), a.tobytes()), ("n_Bt", "U8", (1, 2, 4), bytes(8)),
-                                ("n_D", "F32", (1, 2, 2), np.ones((1, 2, 2), np.float32).tobytes())])
+write_safetensors("nan.safetensors", [("n_A", "U8", (1, 2, 4), a.tobytes()), ("n_Bt", "U8", (1, 2, 4), bytes(8)),
+                                      ("n_D", "F32", (1, 2, 2), np.ones((1, 2, 2), np.float32).tobytes())])
 # 300 output variants of A, Bt [1, 1, 2^23] of zeros: 74 KB deflated, once 3.94 GB of copies
 members = {"z_A": np.zeros((1, 1, 1 << 23), np.uint8), "z_Bt": np.zeros((1, 1, 1 << 23), np.uint8)}
 members.update({f"z_v{i}_D": np.zeros((1, 1, 1), np.float32) for i in range(300)})
@@ -128,17 +116,12 @@ expect 0 '"max_rel_error": null' "JSON: no relative error is null, not 0" -- \
 # A set whose D is h100-wgmma-e4m3's own output: a fit from that preset finds nothing better, one from the
 # per-product bound does.
 q mma --model h100-wgmma-e4m3 --a fa.npy --bt fbt.npy --out fd.npy
-$py - <<'PY'
-import json
+PYTHONPATH="$root/tests/cli" $py - <<'PY'
 import numpy as np
-header, data = {}, b""
-for name, path in (("f_A", "fa.npy"), ("f_Bt", "fbt.npy"), ("f_D", "fd.npy")):
-    x = np.load(path)
-    header[name] = {"dtype": "U8" if x.dtype == np.uint8 else "F32", "shape": list(x.shape),
-                    "data_offsets": [len(data), len(data) + x.nbytes]}
-    data += x.tobytes()
-text = json.dumps(header).encode()
-open("fit.safetensors", "wb").write(len(text).to_bytes(8, "little") + text + data)
+from safetensors_file import write_safetensors
+operands = [(name, np.load(path)) for name, path in (("f_A", "fa.npy"), ("f_Bt", "fbt.npy"), ("f_D", "fd.npy"))]
+write_safetensors("fit.safetensors",
+                  [(name, "U8" if x.dtype == np.uint8 else "F32", x.shape, x.tobytes()) for name, x in operands])
 PY
 expect 0 "# fit.safetensors against h100-wgmma-e4m3$" "--fit that changes nothing keeps the preset's name" -- \
   mma-check fit.safetensors --model h100-wgmma-e4m3 --fit --fit-tests 1
@@ -149,9 +132,10 @@ expect 0 "against per-product-fp22-fit" "--fit that improves renames the model" 
 
 # ---- block scales (MXFP4, NVFP4) and sets named after their preset (../shared/data/mmasim's layout) ----------------
 subset=$root/tests/fixtures/mmasim/mmasim_subset.safetensors
-$py - "$subset" <<'PY'
+PYTHONPATH="$root/tests/cli" $py - "$subset" <<'PY'
 import json, struct, sys
 import numpy as np
+from safetensors_file import write_safetensors
 b = open(sys.argv[1], "rb").read()
 n = struct.unpack("<Q", b[:8])[0]
 h = json.loads(b[8:8 + n])
@@ -168,14 +152,8 @@ np.save("nv_A_k24.npy", np.load("nv_A.npy")[..., :24].copy()); np.save("nv_Bt_k2
 
 def forged(path, members):
     """members: (name, dtype code, shape); zero bytes of the right size"""
-    header, off = {}, 0
-    for name, code, shape in members:
-        n = int(np.prod(shape)) * {"U8": 1, "F32": 4}[code]
-        header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [off, off + n]}
-        off += n
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    open(path, "wb").write(len(text).to_bytes(8, "little") + text + bytes(off))
+    write_safetensors(path, [(name, code, shape, bytes(int(np.prod(shape)) * {"U8": 1, "F32": 4}[code]))
+                             for name, code, shape in members])
 
 
 base = [("s_A", "U8", (1, 2, 32)), ("s_Bt", "U8", (1, 2, 32)), ("s_D", "F32", (1, 2, 2))]

@@ -17,16 +17,11 @@ import tempfile
 
 qattn, root = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(root, "cli", "plots"))
+sys.path.insert(0, os.path.join(root, "tests", "cli"))
 import qattn_plot  # noqa: E402
+from checks import Checks  # noqa: E402
 
-failures = 0
-
-
-def check(cond, what):
-    global failures
-    if not cond:
-        print("FAIL:", what)
-        failures += 1
+check = Checks("plot_test")
 
 
 def overlapping(texts):
@@ -142,5 +137,4 @@ with tempfile.TemporaryDirectory() as tmp:
     rc, err, _ = plot(tmp, "pareto", crowd, "-o", out)
     check(rc == 3 and "crowd.csv: 150 points too crowded" in err and not os.path.exists(out), f"crowded: {rc} {err}")
 
-print(f"plot_test: {'FAILED' if failures else 'passed'} ({failures} failures)")
-sys.exit(1 if failures else 0)
+check.exit()

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <source_location>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -16,11 +17,14 @@
 
 namespace qattn::test {
 
-// A fresh directory under the system's temporary one, named by `prefix`, `name` and the process id.
+// A fresh directory under the system's temporary one, "qattn-<stem>-<name>-<pid>", <stem> the name of the test file
+// that makes it (the caller's by default): test files that share a program (the unity build) and a `name` get two.
 struct ScratchDir {
   std::filesystem::path dir;
-  ScratchDir(const std::string& prefix, const std::string& name)
-      : dir(std::filesystem::temp_directory_path() / (prefix + name + "-" + std::to_string(::getpid()))) {
+  explicit ScratchDir(const std::string& name, std::source_location where = std::source_location::current())
+      : dir(std::filesystem::temp_directory_path() /
+            ("qattn-" + std::filesystem::path(where.file_name()).stem().string() + "-" + name + "-" +
+             std::to_string(::getpid()))) {
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
   }

@@ -20,10 +20,6 @@ namespace fs = std::filesystem;
 
 namespace dump_gqa_test {
 
-// A fresh scratch directory, removed with the object.
-struct Scratch : test::ScratchDir {
-  explicit Scratch(const std::string& name) : ScratchDir("qattn-dump-gqa-", name) {}
-};
 using test::head_tensor;
 using test::load_error;
 
@@ -39,7 +35,7 @@ void write_layer(const fs::path& dir, int layer, int nq, int nk, int nv) {
 }
 
 TEST_CASE("GQA dump: K/V heads read once, each query head mapped to its contiguous group", "[dump][gqa]") {
-  Scratch s("read");
+  test::ScratchDir s("read");
   write_layer(s.dir, 0, 6, 2, 2);  // 3 query heads per K/V head
   write_layer(s.dir, 1, 2, 2, 2);  // one K/V head per query head, as before
   const eval::DumpListing listing = eval::list_dump(s.dir, eval::DumpTarget::attention);
@@ -70,7 +66,7 @@ TEST_CASE("GQA dump: K/V heads read once, each query head mapped to its contiguo
 }
 
 TEST_CASE("GQA dump: an archive's members are grouped as a directory's files", "[dump][gqa]") {
-  Scratch s("archive");
+  test::ScratchDir s("archive");
   std::vector<NamedTensor> members;
   for (int h = 0; h < 4; ++h) members.push_back({name(0, h, "q"), head_tensor(h)});
   for (const char* kind : {"k", "v"}) members.push_back({name(0, 0, kind), head_tensor(7)});
@@ -84,7 +80,7 @@ TEST_CASE("GQA dump: an archive's members are grouped as a directory's files", "
 }
 
 TEST_CASE("GQA dump: a shard reads its query heads and only the K/V heads of their groups", "[dump][gqa]") {
-  Scratch s("shard");
+  test::ScratchDir s("shard");
   write_layer(s.dir, 0, 4, 2, 2);
   const eval::DumpListing listing = eval::list_dump(s.dir, eval::DumpTarget::attention);
   std::vector<std::string> read;
@@ -116,7 +112,7 @@ TEST_CASE("GQA dump: a shard reads its query heads and only the K/V heads of the
 
 TEST_CASE("GQA dump: counts that do not divide, k and v counts that differ are refused naming both", "[dump][gqa]") {
   SECTION("3 K/V heads for 4 query heads") {
-    Scratch s("nodiv");
+    test::ScratchDir s("nodiv");
     write_layer(s.dir, 0, 4, 3, 3);
     const std::string e = s.dir.string() + ": --tensors: layer 0 has 4 q heads, 3 k and v heads: grouped-query "
                           "attention needs the K/V head count to divide the query head count";
@@ -125,18 +121,18 @@ TEST_CASE("GQA dump: counts that do not divide, k and v counts that differ are r
     CHECK_THROWS_WITH(eval::list_dump(s.dir, eval::DumpTarget::attention), e);
   }
   SECTION("2 k heads, 1 v head") {
-    Scratch s("kv");
+    test::ScratchDir s("kv");
     write_layer(s.dir, 0, 4, 2, 1);
     CHECK(load_error(s.dir) == s.dir.string() + ": --tensors: layer 0 has 4 q heads, 2 k heads and 1 v heads: "
                                "grouped-query attention needs as many k heads as v heads (layer0_head1_v.npy is missing)");
   }
   SECTION("a k file missing from a dump with one K/V head per query head") {
-    Scratch s("missing");
+    test::ScratchDir s("missing");
     write_layer(s.dir, 0, 4, 3, 4);
     CHECK_THAT(load_error(s.dir), Catch::Contains("3 k heads and 4 v heads") && Catch::Contains("layer0_head3_k.npy is missing"));
   }
   SECTION("head numbers that are not 0 .. H - 1 keep the per-head rule") {
-    Scratch s("sparse");
+    test::ScratchDir s("sparse");
     write_layer(s.dir, 0, 2, 2, 2);
     write_npy(s.dir / "layer0_head5_q.npy", head_tensor(0));
     CHECK_THAT(load_error(s.dir), Catch::Contains("layer0_head5_k.npy is missing (q, k and v are all needed)"));
@@ -144,7 +140,7 @@ TEST_CASE("GQA dump: counts that do not divide, k and v counts that differ are r
 }
 
 TEST_CASE("GQA dump: manifest.json's num_kv_heads is read and checked against the files", "[dump][gqa][manifest]") {
-  Scratch s("manifest");
+  test::ScratchDir s("manifest");
   write_layer(s.dir, 0, 4, 2, 2);
   const fs::path m = s.dir / "manifest.json";
   std::ofstream(m) << R"({"layers": [{"layer": 0, "num_heads": 4, "num_kv_heads": 2}]})";
@@ -155,7 +151,7 @@ TEST_CASE("GQA dump: manifest.json's num_kv_heads is read and checked against th
   std::ofstream(m) << R"({"layers": [{"layer": 0, "num_kv_heads": 0}]})";
   CHECK(load_error(s.dir) == m.string() + ": layers[0].num_kv_heads: expected an integer in [1, 2147483647]");
   // a dump with K/V per query head: num_kv_heads must be its head count
-  Scratch r("manifest-mha");
+  test::ScratchDir r("manifest-mha");
   write_layer(r.dir, 0, 4, 4, 4);
   std::ofstream(r.dir / "manifest.json") << R"({"layers": [{"layer": 0, "num_kv_heads": 2}]})";
   CHECK(load_error(r.dir) == (r.dir / "manifest.json").string() +

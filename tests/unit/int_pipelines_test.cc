@@ -7,6 +7,7 @@
 #include <random>
 
 #include "support/random_matrix.h"
+#include "support/symmetric_goldens.h"
 #include "qattn/reference/float_attention.h"
 #include "qattn/reference/int_pipelines.h"
 #include "qattn/reference/method_entries.h"
@@ -56,14 +57,7 @@ RowMatrixXd quant_only_loops(const RowMatrixXd& q, const RowMatrixXd& k, const R
 }  // namespace
 
 TEST_CASE("symmetric INT8: the primer's golden values, zero tensor, clamp", "[pipelines]") {
-  RowMatrixXd x(1, 4);
-  x << -1, 0, 1, 3;
-  const Int8Matrix q = quantize_symmetric_int8(x);
-  CHECK(q.scale == 3.0 / 127);
-  CHECK(q.values == (RowMatrixXi32(1, 4) << -42, 0, 42, 127).finished());
-  const Int8Matrix z = quantize_symmetric_int8(RowMatrixXd::Zero(2, 2));
-  CHECK(z.scale == 1.0);
-  CHECK(z.values.isZero());
+  test::check_symmetric_goldens([](const RowMatrixXd& x) { return quantize_symmetric_int8(x); }, 127, {-42, 0, 42, 127});
 }
 
 TEST_CASE("quant-only equals its loop formulation bit for bit", "[pipelines]") {

@@ -18,10 +18,6 @@ namespace fs = std::filesystem;
 
 namespace dump_reader_test {
 
-// A fresh scratch directory, removed with the object.
-struct Scratch : test::ScratchDir {
-  explicit Scratch(const std::string& name) : ScratchDir("qattn-dump-reader-", name) {}
-};
 using test::head_tensor;
 using test::load_error;
 
@@ -35,7 +31,7 @@ void write_heads(const fs::path& dir, std::initializer_list<std::pair<int, int>>
 void write_text(const fs::path& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
 
 TEST_CASE("dump names: two spellings of one (layer, head, kind) are refused, naming both", "[dump]") {
-  Scratch s("spellings");
+  test::ScratchDir s("spellings");
   write_heads(s.dir, {{0, 0}});
   write_npy(s.dir / "layer0_head00_k.npy", head_tensor(5));
   const std::string e = load_error(s.dir);
@@ -51,7 +47,7 @@ TEST_CASE("dump names: two spellings of one (layer, head, kind) are refused, nam
 }
 
 TEST_CASE("dump names: a head or layer number that does not parse, or is out of range, is refused", "[dump]") {
-  Scratch s("numbers");
+  test::ScratchDir s("numbers");
   write_heads(s.dir, {{0, 0}});
   for (const std::string bad : {"layer0_head+1_q.npy", "layer0_head-1_v.npy", "layer0_head9876543210_k.npy",
                                  "layer99999999999_head0_q.npy", "layer0_head2147483648_q.npy", "layerx_head0_logits.npy"}) {
@@ -70,7 +66,7 @@ TEST_CASE("dump names: a head or layer number that does not parse, or is out of 
 }
 
 TEST_CASE("dump names: archive members follow the directory's rules", "[dump]") {
-  Scratch s("archive");
+  test::ScratchDir s("archive");
   const fs::path st = s.dir / "dump.safetensors";
   std::vector<NamedTensor> members;
   for (const char* kind : {"q", "k", "v"}) members.push_back({std::string("layer0_head0_") + kind, head_tensor(0)});
@@ -93,7 +89,7 @@ TEST_CASE("dump names: archive members follow the directory's rules", "[dump]") 
 }
 
 TEST_CASE("manifest.json: keys given twice in one object are refused, naming the key", "[dump][manifest]") {
-  Scratch s("manifest-dup");
+  test::ScratchDir s("manifest-dup");
   write_heads(s.dir, {{0, 0}});
   const fs::path m = s.dir / "manifest.json";
   write_text(m, R"({"layers": [{"layer": 0, "scale": 0.5, "scale": 0.25}]})");
@@ -108,7 +104,7 @@ TEST_CASE("manifest.json: keys given twice in one object are refused, naming the
 }
 
 TEST_CASE("manifest.json: unknown keys are refused at every level qattn reads, naming the known ones", "[dump][manifest]") {
-  Scratch s("manifest-keys");
+  test::ScratchDir s("manifest-keys");
   write_heads(s.dir, {{0, 0}});
   const fs::path m = s.dir / "manifest.json";
   write_text(m, R"({"layers": [{"layer": 0, "scael": 0.5}]})");
@@ -130,7 +126,7 @@ TEST_CASE("manifest.json: unknown keys are refused at every level qattn reads, n
 }
 
 TEST_CASE("manifest.json: every key the repository's writers put there is known", "[dump][manifest]") {
-  Scratch s("manifest-writers");
+  test::ScratchDir s("manifest-writers");
   write_heads(s.dir, {{0, 0}, {1, 0}});
   // cli/dump_torch.py (record, hook_projections), experiments/data/use-lite/make_subset.py, and the tools that
   // wrote the full USE-Lite dump (../shared/data/use-lite)

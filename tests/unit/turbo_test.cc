@@ -4,11 +4,13 @@
 // pipeline, the reported P against O, and head-wise precision.
 #include <catch2/catch.hpp>
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <random>
 
 #include "support/random_matrix.h"
+#include "support/symmetric_goldens.h"
 #include "qattn/reference/flashq.h"
 #include "qattn/reference/kv_quant.h"
 #include "qattn/reference/registry.h"
@@ -103,17 +105,8 @@ RowMatrixXi32 compressed(const RowMatrixXi32& q8, int bits) {
 }  // namespace
 
 TEST_CASE("FlashQ INT8 block: s = max|x|/119, half-even, all-zero block", "[turbo]") {
-  RowMatrixXd x(1, 4);
-  x << -1, 0, 1, 3;
-  const FlashQBlock b = flashq_quantize_block(x);
-  CHECK(b.scale == 3.0 / 119);
-  CHECK(b.values(0, 0) == -40);  // -39.67
-  CHECK(b.values(0, 1) == 0);
-  CHECK(b.values(0, 2) == 40);
-  CHECK(b.values(0, 3) == 119);
-  const FlashQBlock z = flashq_quantize_block(RowMatrixXd::Zero(2, 3));
-  CHECK(z.scale == 1.0);
-  CHECK(z.values.isZero());
+  // -1 / s = -39.67 rounds to -40
+  test::check_symmetric_goldens([](const RowMatrixXd& x) { return flashq_quantize_block(x); }, 119, {-40, 0, 40, 119});
   RowMatrixXd h(1, 3);
   h << 0.5, 1.5, 2.5;  // exact ties under scale 1
   CHECK(flashq_quantize_with_scale(h, 1.0) == (RowMatrixXi32(1, 3) << 0, 2, 2).finished());
@@ -124,9 +117,8 @@ TEST_CASE("FlashQ INT8 block: s = max|x|/119, half-even, all-zero block", "[turb
   CHECK(clamped == 2);
   CHECK_THROWS_AS(flashq_quantize_block((RowMatrixXd(1, 1) << NAN).finished()), std::invalid_argument);
   // R = 126, the scale equation after Eq. 3: s = 3/126, -1/s = -42 exactly, 1/s = 42.
-  const FlashQBlock e = flashq_quantize_block(x, kFlashQRangeEq);
-  CHECK(e.scale == 3.0 / 126);
-  CHECK(e.values == (RowMatrixXi32(1, 4) << -42, 0, 42, 126).finished());
+  test::check_symmetric_goldens([](const RowMatrixXd& x) { return flashq_quantize_block(x, kFlashQRangeEq); }, 126,
+                                {-42, 0, 42, 126});
   CHECK(flashq_quantize_with_scale(big, 1.0, &clamped, kFlashQRangeEq) == (RowMatrixXi32(1, 3) << 126, -126, 5).finished());
   // Through the registry: turbo and the flashq KV quantizer take int8-max; 126 changes the output.
   std::mt19937_64 g(5);
@@ -141,26 +133,36 @@ TEST_CASE("FlashQ INT8 block: s = max|x|/119, half-even, all-zero block", "[turb
 TEST_CASE("FlashQ progressive INT4/INT2: integer scale and zero point, saturation back to INT8", "[turbo]") {
   RowMatrixXi32 q8(5, 1);
   q8 << -119, -40, 0, 40, 119;
-  // INT4, round: s = round(238/15 = 15.87) = 16, z = round(119/16 = 7.44) = 7
-  const ProgressiveBlock b4 = flashq_compress(q8, 4, IntScaleRounding::round);
-  CHECK(b4.scale[0] == 16);
-  CHECK(b4.zero[0] == 7);
-  CHECK(b4.codes == (RowMatrixXi32(5, 1) << 0, 5, 7, 9, 14).finished());  // -2.5 and 2.5 round half to even
-  Eigen::Index sat = -1;
-  CHECK(flashq_decompress(b4, &sat) == (RowMatrixXi32(5, 1) << -112, -32, 0, 32, 112).finished());
-  CHECK(sat == 0);
-  // INT2, round: s = round(79.33) = 79, z = round(1.506) = 2; code 4 clamps to 3; (0 - 2) 79 = -158 saturates
-  const ProgressiveBlock b2 = flashq_compress(q8, 2, IntScaleRounding::round);
-  CHECK(b2.scale[0] == 79);
-  CHECK(b2.zero[0] == 2);
-  CHECK(b2.codes == (RowMatrixXi32(5, 1) << 0, 1, 2, 3, 3).finished());
-  CHECK(flashq_decompress(b2, &sat) == (RowMatrixXi32(5, 1) << -128, -79, 0, 79, 79).finished());
-  CHECK(sat == 1);
-  // INT2, ceil: s = 80, z = round(1.49) = 1, no code clamps
-  const ProgressiveBlock c2 = flashq_compress(q8, 2, IntScaleRounding::ceil);
-  CHECK(c2.scale[0] == 80);
-  CHECK(c2.zero[0] == 1);
-  CHECK(c2.codes == (RowMatrixXi32(5, 1) << 0, 1, 1, 1, 2).finished());
+  const auto column = [](const std::array<int, 5>& v) {
+    return (RowMatrixXi32(5, 1) << v[0], v[1], v[2], v[3], v[4]).finished();
+  };
+  // The block q8 compressed to `bits` under `rounding`: the integer scale s and zero point z, the codes, the INT8
+  // values decompressed from them ((code - z) s) and how many of those saturated to [-128, 127].
+  struct Golden {
+    int bits;
+    IntScaleRounding rounding;
+    int scale, zero;
+    std::array<int, 5> codes, decompressed;
+    Eigen::Index saturated;
+  };
+  const Golden goldens[] = {
+      // INT4, round: s = round(238/15 = 15.87) = 16, z = round(119/16 = 7.44) = 7; -2.5 and 2.5 round half to even
+      {4, IntScaleRounding::round, 16, 7, {0, 5, 7, 9, 14}, {-112, -32, 0, 32, 112}, 0},
+      // INT2, round: s = round(79.33) = 79, z = round(1.506) = 2; code 4 clamps to 3; (0 - 2) 79 = -158 saturates
+      {2, IntScaleRounding::round, 79, 2, {0, 1, 2, 3, 3}, {-128, -79, 0, 79, 79}, 1},
+      // INT2, ceil: s = 80, z = round(1.49) = 1, no code clamps
+      {2, IntScaleRounding::ceil, 80, 1, {0, 1, 1, 1, 2}, {-80, 0, 0, 0, 80}, 0},
+  };
+  for (const Golden& e : goldens) {
+    INFO("INT" << e.bits << (e.rounding == IntScaleRounding::ceil ? ", ceil" : ", round"));
+    const ProgressiveBlock b = flashq_compress(q8, e.bits, e.rounding);
+    CHECK(b.scale[0] == e.scale);
+    CHECK(b.zero[0] == e.zero);
+    CHECK(b.codes == column(e.codes));
+    Eigen::Index sat = -1;
+    CHECK(flashq_decompress(b, &sat) == column(e.decompressed));
+    CHECK(sat == e.saturated);
+  }
   // A constant channel: scale 1, the value exactly recovered.
   const RowMatrixXi32 flat = RowMatrixXi32::Constant(3, 1, -7);
   CHECK(flashq_decompress(flashq_compress(flat, 2, IntScaleRounding::round)) == flat);

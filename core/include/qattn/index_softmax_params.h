@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "qattn/choice.h"
+
 namespace qattn {
 
 // Rounding of c / α to the integer clip threshold.
@@ -64,6 +66,18 @@ inline constexpr std::int64_t kCintMax = std::int64_t{1} << 30;
 // [1, kCintMax]. Throws std::invalid_argument naming the parameter and the value.
 void validate(const IndexSoftmaxParams& params);
 void validate(const IndexSoftmaxParams& params, std::int64_t c_int);
+
+// The names of the rules, as the registry's parameters cint, lut, index and norm take them and to_string prints them:
+// one table per enum, so that every value the registry offers is one to_string names, and the other way round.
+inline constexpr Choice<CintRounding> kCintRoundings[] = {
+    {"round", CintRounding::round}, {"trunc", CintRounding::trunc}, {"floor", CintRounding::floor}};
+inline constexpr Choice<LutRounding> kLutRoundings[] = {{"floor", LutRounding::floor}, {"round", LutRounding::round}};
+inline constexpr Choice<IndexRule> kIndexRules[] = {
+    {"floor", IndexRule::floor}, {"round", IndexRule::round}, {"floor-f32", IndexRule::floor_f32},
+    {"q26-round", IndexRule::q26_round}, {"q26-floor", IndexRule::q26_floor}};
+inline constexpr Choice<Normalization> kNormalizations[] = {
+    {"floor", Normalization::floor}, {"f32-rne", Normalization::f32_rne},
+    {"q8-reciprocal", Normalization::q8_reciprocal}};
 
 std::string_view to_string(CintRounding r);
 std::string_view to_string(LutRounding r);

@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "qattn/choice.h"
 #include "qattn/tensor.h"
 
 namespace qattn {
@@ -81,15 +82,10 @@ class ParamMap {
   std::map<std::string, std::string> values_;
 };
 
-// A choice parameter that selects an enum value: one name table per mode, listing the names in the order
-// `qattn methods` shows them. ParamInfo::choices is built from the table (choice_names), so the registry validates
-// the text against it; choice_value then maps the validated text back (a name missing from the table would be a
-// programming error: std::logic_error).
-template <class Enum>
-struct Choice {
-  const char* name;
-  Enum value;
-};
+// A choice parameter that selects an enum value: one name table per mode (qattn/choice.h), listing the names in the
+// order `qattn methods` shows them. ParamInfo::choices is built from the table (choice_names), so the registry
+// validates the text against it; choice_value then maps the validated text back (a name missing from the table would
+// be a programming error: std::logic_error).
 template <class Enum, std::size_t N>
 std::vector<std::string> choice_names(const Choice<Enum> (&table)[N]) {
   std::vector<std::string> names;
@@ -99,8 +95,7 @@ std::vector<std::string> choice_names(const Choice<Enum> (&table)[N]) {
 template <class Enum, std::size_t N>
 Enum choice_value(const ParamMap& params, const std::string& key, const Choice<Enum> (&table)[N]) {
   const std::string& text = params.choice(key);
-  for (const Choice<Enum>& c : table)
-    if (text == c.name) return c.value;
+  if (const std::optional<Enum> value = value_named(table, text)) return *value;
   throw std::logic_error("choice '" + key + "=" + text + "' is not in its name table");
 }
 

@@ -1,5 +1,6 @@
 // The entry every vector IndexSoftmax row kernel (index_softmax_s32_u8__avx2, __avx512, __neon and the AVX-512 row
-// given its maximum) shares before step (1). Of internal linkage in every file that includes it (qattn/thread_buffer.h
+// given its maximum) shares before step (1), and the one of the vector float softmax rows (softmax_s32_f32_u8__avx2,
+// __avx512). Of internal linkage in every file that includes it (qattn/thread_buffer.h
 // says why), and written without std:: algorithms for the same reason.
 #pragma once
 
@@ -21,6 +22,19 @@ inline Index vector_row_limit(const std::int32_t* s, const bool* valid, Index li
   }
   limit = limit < 0 ? 0 : (limit > keys ? keys : limit);
   std::memset(p + limit, 0, static_cast<std::size_t>(keys - limit));
+  return limit;
+}
+
+// The float softmax row's entry: a row with a padding mask runs the scalar spec whole; any other row has its limit
+// clamped to [0, keys] and P zeroed over all keys. Returns the clamped limit: 0 where the row is complete already.
+inline Index vector_f32_row_limit(const std::int32_t* s, const bool* valid, Index limit, Index keys, float alpha,
+                                  float* scratch, std::uint8_t* p) {
+  if (valid) {
+    softmax_s32_f32_u8__scalar(s, valid, limit, keys, alpha, scratch, p);
+    return 0;
+  }
+  limit = limit < 0 ? 0 : (limit > keys ? keys : limit);
+  std::memset(p, 0, static_cast<std::size_t>(keys));
   return limit;
 }
 

@@ -37,38 +37,23 @@ double LowpFormat::max_finite() const {
 double LowpFormat::min_normal() const { return scale_pow2(1.0, emin()); }
 double LowpFormat::min_subnormal() const { return scale_pow2(1.0, emin() - mantissa_bits); }
 
-const LowpFormat& fp8_e4m3fn() {
-  static const LowpFormat f{"e4m3fn", 4, 3, 7, true, LowpSpecials::fn};
-  return f;
-}
-const LowpFormat& fp8_e5m2() {
-  static const LowpFormat f{"e5m2", 5, 2, 15, true, LowpSpecials::ieee};
-  return f;
-}
-const LowpFormat& fp8_e4m3fnuz() {
-  static const LowpFormat f{"e4m3fnuz", 4, 3, 8, true, LowpSpecials::fnuz};
-  return f;
-}
-const LowpFormat& fp8_e5m2fnuz() {
-  static const LowpFormat f{"e5m2fnuz", 5, 2, 16, true, LowpSpecials::fnuz};
-  return f;
-}
-const LowpFormat& fp4_e2m1() {
-  static const LowpFormat f{"e2m1", 2, 1, 1, true, LowpSpecials::none};
-  return f;
-}
-const LowpFormat& fp16_binary16() {
-  static const LowpFormat f{"binary16", 5, 10, 15, true, LowpSpecials::ieee};
-  return f;
-}
-const LowpFormat& bf16_bfloat16() {
-  static const LowpFormat f{"bfloat16", 8, 7, 127, true, LowpSpecials::ieee};
-  return f;
-}
-const LowpFormat& fp22_accumulator() {
-  static const LowpFormat f{"fp22", 8, 13, 127, true, LowpSpecials::ieee};
-  return f;
-}
+// Each format is one object, built on the first call (a function-local static, so that another file's static
+// initialiser may ask for a format before this file's globals would exist): name, exponent bits, mantissa bits,
+// bias, subnormals, specials.
+#define QATTN_LOWP_FORMAT(function, ...)    \
+  const LowpFormat& function() {            \
+    static const LowpFormat f{__VA_ARGS__}; \
+    return f;                               \
+  }
+QATTN_LOWP_FORMAT(fp8_e4m3fn, "e4m3fn", 4, 3, 7, true, LowpSpecials::fn)
+QATTN_LOWP_FORMAT(fp8_e5m2, "e5m2", 5, 2, 15, true, LowpSpecials::ieee)
+QATTN_LOWP_FORMAT(fp8_e4m3fnuz, "e4m3fnuz", 4, 3, 8, true, LowpSpecials::fnuz)
+QATTN_LOWP_FORMAT(fp8_e5m2fnuz, "e5m2fnuz", 5, 2, 16, true, LowpSpecials::fnuz)
+QATTN_LOWP_FORMAT(fp4_e2m1, "e2m1", 2, 1, 1, true, LowpSpecials::none)
+QATTN_LOWP_FORMAT(fp16_binary16, "binary16", 5, 10, 15, true, LowpSpecials::ieee)
+QATTN_LOWP_FORMAT(bf16_bfloat16, "bfloat16", 8, 7, 127, true, LowpSpecials::ieee)
+QATTN_LOWP_FORMAT(fp22_accumulator, "fp22", 8, 13, 127, true, LowpSpecials::ieee)
+#undef QATTN_LOWP_FORMAT
 
 double lowp_round(double x, const LowpFormat& f, LowpRounding mode, LowpOverflow overflow, std::mt19937_64* rng) {
   const double nan = std::numeric_limits<double>::quiet_NaN();

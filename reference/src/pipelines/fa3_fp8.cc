@@ -30,18 +30,14 @@ FlashKernel fa3_fp8_kernel(const Fa3Fp8Params& p) {
     k.qk.transform = QkTransform::hadamard;
     k.qk.hadamard_seed = p.hadamard_seed;
   }
-  k.softmax.scale_at = ScaleAt::exp;
-  k.softmax.base = SoftmaxBase::two;
-  k.softmax.exp = ExpImpl::f64_rounded;
+  exp2_softmax(k, ScaleAt::exp);
   k.softmax.row_sum_threads = 4;
   k.softmax.row_sum_update = RowSumUpdate::block;
   k.p.offset = 8;  // Max_offset: P~ in (0, 2^8]
   k.p.format = KernelFormat::e4m3;
   k.pv = {PvUnit::h100_wgmma_e4m3, 0};
   k.keys.block = p.key_block;  // 0: the kernel's tile for the head dimension
-  k.keys.order = KeyOrder::reverse;
-  k.output.finalize = Finalize::reciprocal;
-  k.output.format = p.output_bf16 ? KernelFormat::bf16 : KernelFormat::fp32;
+  fa3_epilogue(k, p.output_bf16);
   return k;
 }
 

@@ -6,12 +6,10 @@
 namespace qattn::ref {
 namespace {
 
-constexpr Choice<Fa3Scaling> kScalings[] = {{"amax", Fa3Scaling::amax}, {"none", Fa3Scaling::none}};
-
 FlashKernel kernel_from_params(const ParamMap& m) {
   Fa3Fp8Params p;
-  p.scaling = choice_value(m, "scale", kScalings);
-  p.output_bf16 = choice_value(m, "out", kBf16Outputs);
+  p.scaling = e4m3_amax_scaling(m) ? Fa3Scaling::amax : Fa3Scaling::none;
+  p.output_bf16 = output_rounded(m, kBf16Outputs);
   p.key_block = static_cast<int>(m.integer("kv-block"));
   p.block_quant = m.boolean("block-quant");
   p.incoherent = m.boolean("incoherent");
@@ -32,12 +30,9 @@ void register_fa3_fp8_method(Registry& registry) {
   e.summary = "FlashAttention-3 FP8 forward: E4M3 Q/K/V with descale factors, S and P V on the H100's FP8 wgmma, "
               "FP8 P in (0, 256], one accumulator over the key loop (last key block first)";
   e.params = {
-      {"scale", ParamType::choice, "amax",
-       "how Q, K, V become E4M3: amax = per tensor, descale amax/448 (round to nearest even); none = cast as is "
-       "(descale 1; |x| >= 464 refused)",
-       choice_names(kScalings)},
-      {"out", ParamType::choice, "bf16", "O as stored: bf16 (the kernel's output dtype) or fp32 (before the store)",
-       choice_names(kBf16Outputs)},
+      e4m3_scale_param("how Q, K, V become E4M3: amax = per tensor, descale amax/448 (round to nearest even); none = "
+                       "cast as is (descale 1; |x| >= 464 refused)"),
+      output_dtype_param(kBf16Outputs, "O as stored: bf16 (the kernel's output dtype) or fp32 (before the store)"),
       {"kv-block", ParamType::integer, "0", "keys per block (kBlockN); 0: the kernel's tile for the head dim", {}, 0, 4096},
       {"block-quant", ParamType::boolean, "false",
        "the paper's block quantisation (FlashAttention-3 Sec. 3.3): a descale per 128 queries of Q and per 128 keys of "
@@ -52,7 +47,7 @@ void register_fa3_fp8_method(Registry& registry) {
        "official kernel's other parts; not validated by measured vectors: the official kernel takes per-tensor "
        "descales"},
   };
-  e.overflow_note = "Q, K, V read as float32 and E4M3 (scale=none refuses |x| >= 464); S s2 beyond float32 is refused";
+  e.overflow_note = kE4m3InputsOverflowNote;
   e.doc = "docs/pipelines/fa3-fp8.md";
   registry.add(std::move(e));
 }

@@ -9,9 +9,7 @@ FlashKernel fa4_fp8_kernel(const Fa4Fp8Params& p) {
   k.name = "fa4-fp8";
   fp8_tensor_inputs(k, p.scale_amax ? ScaleRule::amax : ScaleRule::one);  // step (1), as fa3-fp8
   k.qk.unit = p.units == Fa4Units::b200 ? SUnit::b200_tcgen05_e4m3 : SUnit::h100_wgmma_e4m3;
-  k.softmax.scale_at = ScaleAt::exp;
-  k.softmax.base = SoftmaxBase::two;
-  k.softmax.exp = ExpImpl::f64_rounded;
+  exp2_softmax(k, ScaleAt::exp);
   k.softmax.scale_log2 = ScaleArith::f32;  // softmax_scale * LOG2_E inside the jitted call, float32
   k.softmax.rescale_threshold = p.rescale_threshold;
   k.softmax.ex2_emu_freq = p.ex2_emu_freq;
@@ -23,9 +21,7 @@ FlashKernel fa4_fp8_kernel(const Fa4Fp8Params& p) {
   k.p.format = KernelFormat::e4m3;
   k.pv = {p.units == Fa4Units::b200 ? PvUnit::b200_tcgen05_e4m3 : PvUnit::h100_wgmma_e4m3, 0};
   k.keys.block = 128;
-  k.keys.order = KeyOrder::reverse;
-  k.output.finalize = Finalize::reciprocal;
-  k.output.format = p.output_bf16 ? KernelFormat::bf16 : KernelFormat::fp32;
+  fa3_epilogue(k, p.output_bf16);
   return k;
 }
 

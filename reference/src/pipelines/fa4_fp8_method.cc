@@ -5,13 +5,12 @@
 namespace qattn::ref {
 namespace {
 
-constexpr Choice<bool> kScalings[] = {{"amax", true}, {"none", false}};
 constexpr Choice<Fa4Units> kUnits[] = {{"b200", Fa4Units::b200}, {"h100", Fa4Units::h100}};
 
 FlashKernel kernel_from_params(const ParamMap& m) {
   Fa4Fp8Params p;
-  p.scale_amax = choice_value(m, "scale", kScalings);
-  p.output_bf16 = choice_value(m, "out", kBf16Outputs);
+  p.scale_amax = e4m3_amax_scaling(m);
+  p.output_bf16 = output_rounded(m, kBf16Outputs);
   p.rescale_threshold = m.real("rescale-threshold");
   p.ex2_emu_freq = static_cast<int>(m.integer("ex2-emu-freq"));
   p.units = choice_value(m, "units", kUnits);
@@ -28,12 +27,9 @@ void register_fa4_fp8_method(Registry& registry) {
               "(MMA-Sim's model, not measured here), max_offset 8, the max kept while it grows by <= 4, part of the "
               "exp2 by FA4's degree-3 polynomial";
   e.params = {
-      {"scale", ParamType::choice, "amax",
-       "how Q, K, V become E4M3: amax = per tensor, descale amax/448; none = cast as is (descale 1; |x| >= 464 "
-       "refused)",
-       choice_names(kScalings)},
-      {"out", ParamType::choice, "bf16", "O as stored: bf16 (the kernel's output dtype) or fp32",
-       choice_names(kBf16Outputs)},
+      e4m3_scale_param("how Q, K, V become E4M3: amax = per tensor, descale amax/448; none = cast as is (descale 1; "
+                       "|x| >= 464 refused)"),
+      output_dtype_param(kBf16Outputs, "O as stored: bf16 (the kernel's output dtype) or fp32"),
       {"rescale-threshold", ParamType::real, "4",
        "the running max is kept while a block's max exceeds it by at most this many exponent units (4: the FP8 "
        "setting of flash_fwd_sm100.py; 0: every growth rescales)", {}, 0, 64},
@@ -50,7 +46,7 @@ void register_fa4_fp8_method(Registry& registry) {
       {"no-threshold", {{"rescale-threshold", "0"}},
        "the max follows every growth: P~ stays within 2^8 (the copy of the kernel that sets 0.0 for FP8)"},
   };
-  e.overflow_note = "Q, K, V read as float32 and E4M3 (scale=none refuses |x| >= 464); S s2 beyond float32 is refused";
+  e.overflow_note = kE4m3InputsOverflowNote;
   e.doc = "docs/pipelines/fa4-fp8.md";
   registry.add(std::move(e));
 }

@@ -501,6 +501,18 @@ int fa3_fp8_key_block(Eigen::Index head_dim) {
 
 int fa3_fp8_query_tile(Eigen::Index head_dim) { return head_dim <= 96 ? 192 : 128; }
 
+void exp2_softmax(FlashKernel& k, ScaleAt at) {
+  k.softmax.scale_at = at;
+  k.softmax.base = SoftmaxBase::two;
+  k.softmax.exp = ExpImpl::f64_rounded;
+}
+
+void fa3_epilogue(FlashKernel& k, bool output_bf16) {
+  k.keys.order = KeyOrder::reverse;
+  k.output.finalize = Finalize::reciprocal;
+  k.output.format = output_bf16 ? KernelFormat::bf16 : KernelFormat::fp32;
+}
+
 std::unique_ptr<PreparedCall> prepare_flash(const MatrixView& q, const MatrixView& k, const MatrixView& v, double scale,
                                             const AttentionMask& mask, const FlashKernel& kernel) {
   return prepare_flash(q, k, v, scale, mask, kernel, nullptr);

@@ -15,9 +15,7 @@ FlashKernel sage1_kernel(const Sage1Params& p) {
   k.qk.smooth_k = p.smooth_k;
   k.v.format = KernelFormat::fp16;
   k.v.scale = VScale::none;
-  k.softmax.scale_at = ScaleAt::q;
-  k.softmax.base = SoftmaxBase::two;
-  k.softmax.exp = ExpImpl::f64_rounded;
+  exp2_softmax(k, ScaleAt::q);
   k.softmax.row_sum_update = RowSumUpdate::block;
   k.p.format = KernelFormat::fp16;
   const bool f16 = p.accumulation == Sage1Accumulation::f16;

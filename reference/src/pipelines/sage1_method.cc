@@ -7,14 +7,13 @@ namespace {
 
 constexpr Choice<Sage1Accumulation> kAccumulations[] = {{"f16", Sage1Accumulation::f16},
                                                         {"fp32", Sage1Accumulation::fp32}};
-constexpr Choice<bool> kOutputs[] = {{"fp16", true}, {"fp32", false}};
 constexpr Choice<bool> kPads[] = {{"masked", false}, {"upstream", true}};
 
 FlashKernel kernel_from_params(const ParamMap& m) {
   Sage1Params p;
   p.smooth_k = m.boolean("smooth-k");
   p.accumulation = choice_value(m, "acc", kAccumulations);
-  p.output_fp16 = choice_value(m, "out", kOutputs);
+  p.output_fp16 = output_rounded(m, kFp16Outputs);
   p.pad_upstream = choice_value(m, "pad", kPads);
   return sage1_kernel(p);
 }
@@ -34,8 +33,7 @@ void register_sage1_method(Registry& registry) {
        "P V per 64-key block: f16 = HMMA.16816.F16, an FP16 accumulator (h100-hmma-f16-acc16) added to fp32; fp32 = "
        "float32 adds",
        choice_names(kAccumulations)},
-      {"out", ParamType::choice, "fp16", "O as stored: fp16 (the kernel's output dtype) or fp32 (before the store)",
-       choice_names(kOutputs)},
+      output_dtype_param(kFp16Outputs, "O as stored: fp16 (the kernel's output dtype) or fp32 (before the store)"),
       {"pad", ParamType::choice, "masked",
        "keys past the last multiple of 64: masked (the paper) or upstream (zeros with logit 0 in the row max and sum, "
        "as the official non-causal kernel)",

@@ -25,9 +25,7 @@ FlashKernel sage2_official_kernel(const Sage2Params& p) {
   k.v.scale = VScale::channel;
   k.v.arith = ScaleArith::f32;  // v_scale = amax / max, v * (max / amax) (fused.cu MeanScaleKernel)
   k.v.max = p.accumulation == SageAccumulation::ada_f16 ? 2.25 : 0;  // core.py: quant_v_scale_max 2.25 for fp32+fp16
-  k.softmax.scale_at = ScaleAt::exp;
-  k.softmax.base = SoftmaxBase::two;
-  k.softmax.exp = ExpImpl::f64_rounded;  // ex2.approx is not modelled
+  exp2_softmax(k, ScaleAt::exp);
   k.softmax.max_rule = MaxRule::scaled;  // m = fmaf(max S, sm_scale, -8.807)
   k.softmax.scale_log2 = ScaleArith::f32;
   k.softmax.row_sum_threads = 4;

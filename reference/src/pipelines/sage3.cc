@@ -17,9 +17,7 @@ FlashKernel sage3_kernel(const Sage3Params& p) {
   k.v.format = KernelFormat::nvfp4;
   k.v.scale = VScale::block16;
   k.v.arith = ScaleArith::f32;
-  k.softmax.scale_at = ScaleAt::exp;
-  k.softmax.base = SoftmaxBase::two;
-  k.softmax.exp = ExpImpl::f64_rounded;
+  exp2_softmax(k, ScaleAt::exp);
   k.softmax.max_rule = MaxRule::raw;
   k.softmax.scale_log2 = ScaleArith::f64;  // api.cu: softmax_scale * M_LOG2E, a float times a double
   k.softmax.ref_rule = RefRule::fma;       // row_max * softmax_scale_log2 + fp8_scalexfp4_scale_log2, contracted
@@ -31,9 +29,7 @@ FlashKernel sage3_kernel(const Sage3Params& p) {
   k.p.format = KernelFormat::nvfp4;
   k.pv = {PvUnit::b200_nvf4, 128, true};  // a fresh accumulator per block, then rescale_o: O r + acc
   k.keys.block = 128;
-  k.keys.order = KeyOrder::reverse;
-  k.output.finalize = Finalize::reciprocal;
-  k.output.format = p.output_bf16 ? KernelFormat::bf16 : KernelFormat::fp32;
+  fa3_epilogue(k, p.output_bf16);
   return k;
 }
 

@@ -10,7 +10,7 @@ constexpr Choice<bool> kQk[] = {{"nvfp4", false}, {"mxfp4", true}};
 FlashKernel kernel_from_params(const ParamMap& m) {
   Sage3Params p;
   p.per_block_mean = m.boolean("per-block-mean");
-  p.output_bf16 = choice_value(m, "out", kBf16Outputs);
+  p.output_bf16 = output_rounded(m, kBf16Outputs);
   p.qk_mxfp4 = choice_value(m, "qk", kQk);
   return sage3_kernel(p);
 }
@@ -26,8 +26,7 @@ void register_sage3_method(Registry& registry) {
   e.params = {
       {"per-block-mean", ParamType::boolean, "true",
        "Q smoothing: the mean of each block of 128 queries (api.py's default) or one mean over every query"},
-      {"out", ParamType::choice, "bf16", "O as stored: bf16 (the kernel's output for bf16 inputs) or fp32",
-       choice_names(kBf16Outputs)},
+      output_dtype_param(kBf16Outputs, "O as stored: bf16 (the kernel's output for bf16 inputs) or fp32"),
       {"qk", ParamType::choice, "nvfp4",
        "Q and K: nvfp4 (E4M3 scale per 16 channels, the kernel's) or mxfp4 (OCP MX: UE8M0 scale 2^(floor(log2 amax) "
        "- 2) per 32 channels, S on b200-mxf4; AMD's MXFP4 scaling, for comparison)",

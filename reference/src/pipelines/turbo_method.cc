@@ -77,9 +77,7 @@ void register_turbo_method(Registry& registry) {
     TurboParams p;
     p.block_r = m.integer("br");
     p.block_c = m.integer("bc");
-    p.sas.n_r = m.real("nr");
-    p.sas.poly = sas_poly(m);
-    p.sas.half = m.boolean("half");
+    p.sas = sas_params(m);
     p.exact_exp = choice_value(m, "exp", kExactExp);
     p.mode = choice_value(m, "mode", kModes);
     p.kv_bits = static_cast<int>(m.integer("kv"));

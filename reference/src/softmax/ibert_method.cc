@@ -205,14 +205,8 @@ void register_ibert_method(Registry& registry) {
                     "(small max |x| / 2^in-bits) is refused, as are logits beyond float64";
   e.kind = MethodKind::softmax_model;
   e.doc = "docs/methods/ibert.md";
-  // The grid S = max|x| / (2^(in-bits-1) - 1) depends on the values; scope=tensor ties rows together; -inf logits
-  // stay out of max |x|. P is integer per entry, O = P V in fp64.
-  // scope=tensor: max |x| in prepare()'s first pass.
-  e.traits = [](const ParamMap& m) {
-    return MethodTraits{.rows_independent = choice_value(m, "scope", kScopes) == IbertScope::row,
-                        .key_order_tolerance = 1e-12,
-                        .query_block_rows = 64};
-  };
+  // The grid S = max|x| / (2^(in-bits-1) - 1) depends on the values: max |x| of the call (scope=tensor) or the row.
+  e.traits = [](const ParamMap& m) { return value_grid_traits(choice_value(m, "scope", kScopes) == IbertScope::row); };
   registry.add(std::move(e));
 }
 

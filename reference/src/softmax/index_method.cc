@@ -9,26 +9,7 @@
 namespace qattn::ref {
 namespace {
 
-template <class Enum, std::size_t N>
-Enum parse_enum(const std::string& text, const Enum (&all)[N]) {
-  for (Enum e : all)
-    if (to_string(e) == text) return e;
-  throw std::logic_error("unvalidated enum value " + text);  // the registry validated the choice already
-}
-
-constexpr CintRounding kCint[] = {CintRounding::round, CintRounding::trunc, CintRounding::floor};
-constexpr LutRounding kLut[] = {LutRounding::floor, LutRounding::round};
-constexpr IndexRule kIndex[] = {IndexRule::floor, IndexRule::round, IndexRule::floor_f32, IndexRule::q26_round,
-                                IndexRule::q26_floor};
-constexpr Normalization kNorm[] = {Normalization::floor, Normalization::f32_rne, Normalization::q8_reciprocal};
 constexpr Choice<PFormat> kPFormats[] = {{"u8", PFormat::u8}, {"s8", PFormat::s8}};
-
-template <class Enum, std::size_t N>
-std::vector<std::string> names(const Enum (&all)[N]) {
-  std::vector<std::string> v;
-  for (Enum e : all) v.emplace_back(to_string(e));
-  return v;
-}
 
 class IndexMethod final : public SoftmaxModelMethod {
  public:
@@ -69,10 +50,10 @@ std::vector<ParamInfo> index_softmax_param_infos() {
   return {
       {"b", ParamType::integer, "5", "table bits: 2^b entries", {}, 1, 8},
       {"c", ParamType::real, "6.6", "clip threshold in logit units", {}, 1e-6, 1e6},
-      {"cint", ParamType::choice, "round", "c_int = rounding(c / alpha) (Eq. 8 round; upstream sim trunc)", names(kCint)},
-      {"lut", ParamType::choice, "floor", "table entries floor|round(255 exp(-c i / (2^b-1))) (Eq. 13 floor)", names(kLut)},
-      {"index", ParamType::choice, "floor", "index of the clipped distance (Eq. 11 floor)", names(kIndex)},
-      {"norm", ParamType::choice, "floor", "normalisation of E to P (Eq. 15 floor)", names(kNorm)},
+      {"cint", ParamType::choice, "round", "c_int = rounding(c / alpha) (Eq. 8 round; upstream sim trunc)", choice_names(kCintRoundings)},
+      {"lut", ParamType::choice, "floor", "table entries floor|round(255 exp(-c i / (2^b-1))) (Eq. 13 floor)", choice_names(kLutRoundings)},
+      {"index", ParamType::choice, "floor", "index of the clipped distance (Eq. 11 floor)", choice_names(kIndexRules)},
+      {"norm", ParamType::choice, "floor", "normalisation of E to P (Eq. 15 floor)", choice_names(kNormalizations)},
       {"p", ParamType::choice, "u8", "P format: u8 (x255) or s8 (x127)", choice_names(kPFormats)},
   };
 }
@@ -94,10 +75,10 @@ IndexSoftmaxParams index_softmax_params(const ParamMap& m) {
     IndexSoftmaxParams p;
     p.bits = static_cast<int>(m.integer("b"));
     p.c = m.real("c");
-    p.cint_rounding = parse_enum(m.choice("cint"), kCint);
-    p.lut_rounding = parse_enum(m.choice("lut"), kLut);
-    p.index_rule = parse_enum(m.choice("index"), kIndex);
-    p.normalization = parse_enum(m.choice("norm"), kNorm);
+    p.cint_rounding = choice_value(m, "cint", kCintRoundings);
+    p.lut_rounding = choice_value(m, "lut", kLutRoundings);
+    p.index_rule = choice_value(m, "index", kIndexRules);
+    p.normalization = choice_value(m, "norm", kNormalizations);
     p.p_format = choice_value(m, "p", kPFormats);
     try {
       validate(p);

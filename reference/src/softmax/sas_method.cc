@@ -21,8 +21,12 @@ constexpr Choice<SasPoly> kPolys[] = {{"paper", SasPoly::paper}, {"lsq", SasPoly
 
 std::vector<std::string> sas_poly_names() { return choice_names(kPolys); }
 
-std::array<double, 4> sas_poly(const ParamMap& m) {
-  return choice_value(m, "poly", kPolys) == SasPoly::paper ? kSasPaperPoly : sas_lsq_poly();
+SasParams sas_params(const ParamMap& m) {
+  SasParams p;
+  p.n_r = m.real("nr");
+  p.poly = choice_value(m, "poly", kPolys) == SasPoly::paper ? kSasPaperPoly : sas_lsq_poly();
+  p.half = m.boolean("half");
+  return p;
 }
 
 void register_sas_method(Registry& registry) {
@@ -37,13 +41,7 @@ void register_sas_method(Registry& registry) {
   };
   e.presets = {{"paper", {{"nr", "-6"}, {"poly", "paper"}, {"half", "true"}},
                 "as the paper runs it: n_r = -6, Eq. 15 cubic, FP16 LUT and POLY (no official code exists)"}};
-  e.make = [](const ParamMap& m) -> std::unique_ptr<Method> {
-    SasParams p;
-    p.n_r = m.real("nr");
-    p.poly = sas_poly(m);
-    p.half = m.boolean("half");
-    return std::make_unique<SasMethod>(p);
-  };
+  e.make = [](const ParamMap& m) -> std::unique_ptr<Method> { return std::make_unique<SasMethod>(sas_params(m)); };
   e.overflow = OverflowRule::refuse;
   e.overflow_note = "logits scale * q k^T in float64; logits beyond its range (+inf) are refused";
   e.kind = MethodKind::softmax_model;

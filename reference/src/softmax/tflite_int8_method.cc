@@ -325,13 +325,11 @@ void register_tflite_int8_method(Registry& registry) {
                     "accumulator, is refused";
   e.kind = MethodKind::softmax_model;
   e.doc = "docs/methods/tflite-int8.md";
-  // The int8 grid depends on the values (a shift moves them across it); a tensor-wide range ties rows together and
-  // masked entries (-inf) stay out of it. P is integer per entry, O = P V in fp64.
-  // scope=tensor: the range in prepare()'s first pass.
+  // The int8 grid depends on the values (a shift moves them across it): the range of the call (scope=tensor) or the
+  // row; calib=fixed takes none.
   e.traits = [](const ParamMap& m) {
-    const bool per_row = choice_value(m, "scope", kScopes) == tflite::CalibrationScope::row ||
-                         choice_value(m, "calib", kCalibrations) == tflite::Calibration::fixed;
-    return MethodTraits{.rows_independent = per_row, .key_order_tolerance = 1e-12, .query_block_rows = 64};
+    return value_grid_traits(choice_value(m, "scope", kScopes) == tflite::CalibrationScope::row ||
+                             choice_value(m, "calib", kCalibrations) == tflite::Calibration::fixed);
   };
   registry.add(std::move(e));
 }

@@ -211,4 +211,12 @@ float fa4_ex2_emulation(float x);
 int fa3_fp8_key_block(Eigen::Index head_dim);
 int fa3_fp8_query_tile(Eigen::Index head_dim);
 
+// Step (4)'s exponent as the CUDA kernels take it (sage1, sage2's official kernels, sage3, fa3-fp8, fa4-fp8): base 2
+// with log2 e folded into the scale, which enters at `at`, and every exp2 in float64 rounded once to float32 (the
+// kernels' ex2.approx is not modelled). Sets softmax.scale_at, base and exp; the other softmax fields are left.
+void exp2_softmax(FlashKernel& k, ScaleAt at);
+// FlashAttention-3's key order and step (6), which fa4-fp8 and sage3 (built on its code) keep: key blocks last first,
+// O times fl32(1 / l), stored as bfloat16 (`output_bf16`) or float32.
+void fa3_epilogue(FlashKernel& k, bool output_bf16);
+
 }  // namespace qattn::ref

@@ -1,13 +1,16 @@
 // What the method files (reference/src/*/*_method.cc) share: the attention wrapper of a softmax model, the entry of
-// a pipeline that runs on the one flash loop, fixed traits, and the parameters IndexSoftmax and SAS bring to more than
-// one method. Each method file registers its entries with `void register_<file stem>(Registry&)`, which the build
-// collects (reference/src/registry.cc).
+// a pipeline that runs on the one flash loop, fixed traits, and the parameters that more than one method takes
+// (IndexSoftmax's, SAS's, the flash pipelines' output dtype and FP8 scaling). Each method file registers its entries
+// with `void register_<file stem>(Registry&)`, which the build collects (reference/src/registry.cc).
 #pragma once
 
 #include <array>
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "qattn/method.h"
 #include "qattn/reference/index_softmax.h"
@@ -52,10 +55,12 @@ std::vector<ParamInfo> index_softmax_param_infos();
 std::vector<PresetInfo> index_softmax_presets();
 IndexSoftmaxParams index_softmax_params(const ParamMap& m);
 
-// SAS's cubic, the choice `poly` of "sas" and "turbo": paper (Eq. 15's coefficients, kSasPaperPoly) or lsq (the
-// continuous least-squares refit, sas_lsq_poly). Defined in sas_method.cc.
+// SAS's parameters as "sas" and "turbo" both take them: nr (n_r), poly (the cubic: paper, Eq. 15's coefficients
+// kSasPaperPoly, or lsq, the continuous least-squares refit sas_lsq_poly) and half. sas_poly_names lists poly's
+// choices. Defined in sas_method.cc.
+struct SasParams;
 std::vector<std::string> sas_poly_names();
-std::array<double, 4> sas_poly(const ParamMap& m);
+SasParams sas_params(const ParamMap& m);
 
 // Traits that do not depend on the parameters, written with designated initialisers so that each names what it
 // declares: fixed_traits({.rows_independent = false, .kv_bits = 8}).
@@ -63,8 +68,34 @@ inline std::function<MethodTraits(const ParamMap&)> fixed_traits(MethodTraits t)
   return [t](const ParamMap&) { return t; };
 }
 
-// out= of the kernels whose output dtype is bfloat16: O rounded to it (true), or kept in float32 (false).
+// Traits of a softmax model whose input grid follows the values (I-BERT's S, TFLite's int8 range), taken over the
+// whole call or over each row (`per_row`): rows depend on each other unless per row, the tensor-wide range in
+// prepare()'s first pass; masked logits (-inf) stay out of the range; P is integer per entry and O = P V in fp64.
+inline MethodTraits value_grid_traits(bool per_row) {
+  return {.rows_independent = per_row, .key_order_tolerance = 1e-12, .query_block_rows = 64};
+}
+
+// out= of the kernels whose output dtype is 16 bits: O rounded to it (true), or kept in float32 (false). bfloat16
+// for fa3-fp8, fa4-fp8 and sage3, binary16 for sage1.
 inline constexpr Choice<bool> kBf16Outputs[] = {{"bf16", true}, {"fp32", false}};
+inline constexpr Choice<bool> kFp16Outputs[] = {{"fp16", true}, {"fp32", false}};
+// The parameter out= over one of those tables, the kernel's dtype (the table's first name) its default.
+inline ParamInfo output_dtype_param(const Choice<bool> (&outputs)[2], std::string doc) {
+  return {"out", ParamType::choice, outputs[0].name, std::move(doc), choice_names(outputs)};
+}
+inline bool output_rounded(const ParamMap& m, const Choice<bool> (&outputs)[2]) {
+  return choice_value(m, "out", outputs);
+}
+
+// scale= of the FP8 flash pipelines (fa3-fp8, fa4-fp8): Q, K, V to E4M3 with a descale amax/448 per tensor (amax,
+// true), or cast as they are with descale 1 (none, false); and the overflow note that follows from it.
+inline constexpr Choice<bool> kE4m3Scalings[] = {{"amax", true}, {"none", false}};
+inline ParamInfo e4m3_scale_param(std::string doc) {
+  return {"scale", ParamType::choice, "amax", std::move(doc), choice_names(kE4m3Scalings)};
+}
+inline bool e4m3_amax_scaling(const ParamMap& m) { return choice_value(m, "scale", kE4m3Scalings); }
+inline constexpr char kE4m3InputsOverflowNote[] =
+    "Q, K, V read as float32 and E4M3 (scale=none refuses |x| >= 464); S s2 beyond float32 is refused";
 
 // The entry of an attention pipeline that is a description for the one flash loop (flash_kernel.h): `kernel` builds
 // the description from the resolved parameters (SpecError where they do not fit together); the method runs it
