@@ -56,7 +56,7 @@ RowMatrixXd quant_only_loops(const RowMatrixXd& q, const RowMatrixXd& k, const R
 
 }  // namespace
 
-TEST_CASE("symmetric INT8: the primer's golden values, zero tensor, clamp", "[pipelines]") {
+TEST_CASE("symmetric INT8: the primer's goldens (largest magnitude at code 127) and the zero tensor", "[pipelines]") {
   test::check_symmetric_goldens([](const RowMatrixXd& x) { return quantize_symmetric_int8(x); }, 127, {-42, 0, 42, 127});
 }
 
