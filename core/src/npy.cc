@@ -122,6 +122,14 @@ Descr parse_descr(const std::string& d, const std::string& source) {
   return bad("unsupported dtype (supported: f8 f4 f2 V2(bfloat16) i1 u1 i2 u2 i4 u4 i8, any byte order)");
 }
 
+// Every dtype has its code (the table is the one place the codes live, so nothing else would notice a missing one).
+constexpr bool every_dtype_has_a_code() {
+  for (DType t : kAllDTypes)
+    if (!value_named(kTypeCodes, name_of(kTypeCodes, t, ""))) return false;
+  return true;
+}
+static_assert(every_dtype_has_a_code(), "kTypeCodes lacks a DType of kAllDTypes");
+
 // Written little-endian, as this host stores them; a single byte has no order ('|').
 std::string descr_of(DType t) { return (dtype_size(t) == 1 ? "|" : "<") + std::string(name_of(kTypeCodes, t)); }
 

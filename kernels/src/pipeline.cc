@@ -252,10 +252,10 @@ FusedCall::FusedCall(const Int8View& q_, const Int8View& k, const Int8View& v, d
 }
 
 // K^T and V packed once per call. Each stage packs only its own operand, so a one-stage timing holds that stage's
-// packing and no other. The keys are split into ranges of at least 512 (multiples of 64), one per worker, so that
-// packing is not a serial part of a call on several threads (at L = 4096, d = 128 it is about 0.2 ms, 5 % of a
-// 2-thread call on an AMX Xeon, family 6 model 207): the same bytes and sums as one range, V's column sums added
-// range by range in int32.
+// packing and no other. On several threads the keys are split into ranges, one per worker and at most one per 512
+// keys, each a multiple of 64 keys (the last one shorter, or empty), so that packing is not a serial part of the
+// call (at L = 4096, d = 128 it is about 0.2 ms, 5 % of a 2-thread call on an AMX Xeon, family 6 model 207): the
+// same bytes and sums as one range, V's column sums added range by range in int32.
 void FusedCall::pack(const Int8View& k, const Int8View& v) {
   k_packed = aligned_array<std::int8_t>(run_qk ? static_cast<std::size_t>(d4 * lk_stride) : 0);
   v_packed = aligned_array<std::int8_t>(run_pv ? static_cast<std::size_t>(lk_stride * dv16) : 0);
@@ -263,6 +263,11 @@ void FusedCall::pack(const Int8View& k, const Int8View& v) {
   if (run_qk) kernels::pack_k_padding(lk, d4, lk_stride, k_packed.get(), k_sum.data());
   if (run_pv) kernels::pack_v_padding(lk, lk_stride, dv16, v_packed.get());
   const Eigen::Index ranges = parallel_workers(static_cast<std::size_t>(lk / 512 + 1), cfg.threads);
+  if (ranges == 1) {  // one range: on this thread (waking a helper for a pack of microseconds costs more)
+    if (run_qk) kernels::pack_k_keys(k.values, 0, lk, d, lk_stride, k_packed.get(), k_sum.data());
+    if (run_pv) kernels::pack_v_keys(v.values, 0, lk, dv, dv16, v_packed.get(), v_sum.data());
+    return;
+  }
   const Eigen::Index step = round_up((lk + ranges - 1) / ranges, 64);
   std::vector<std::vector<std::int32_t>> v_parts(static_cast<std::size_t>(ranges),
                                                  std::vector<std::int32_t>(v_sum.size(), 0));

@@ -278,31 +278,71 @@ TEST_CASE("packing in key ranges writes the bytes and sums of packing whole", "[
           expect_v[((j / 4) * d16 + t) * 4 + j % 4] = x;     // V [keys, d]: groups along the keys
           expect_ks[j] += x, expect_vs[t] += x;
         }
-      for (const Eigen::Index step : {4, 8, 64}) {
-        INFO("keys " << keys << " d " << d << " ranges of " << step);
-        std::vector<std::int8_t> whole_k(d4 * keys16, 0x55), parts_k(whole_k), whole_v(keys16 * d16, 0x55), parts_v(whole_v);
-        std::vector<std::int32_t> whole_ks(keys16, 7), parts_ks(whole_ks), whole_vs(d16, 7), parts_vs(d16, 0);
-        kernels::pack_k_transposed(src.data(), keys, d, d4, keys16, whole_k.data(), whole_ks.data());
-        kernels::pack_v(src.data(), keys, d, keys16, d16, whole_v.data(), whole_vs.data());
-        kernels::pack_k_padding(keys, d4, keys16, parts_k.data(), parts_ks.data());
-        kernels::pack_v_padding(keys, keys16, d16, parts_v.data());
-        for (Eigen::Index b = (keys - 1) / step * step; b >= 0; b -= step) {  // last range first
-          const Eigen::Index e = std::min(keys, b + step);
-          kernels::pack_k_keys(src.data(), b, e, d, keys16, parts_k.data(), parts_ks.data());
-          std::vector<std::int32_t> part(static_cast<std::size_t>(d16), 0);
-          kernels::pack_v_keys(src.data(), b, e, d, d16, parts_v.data(), part.data());
-          for (Eigen::Index c = 0; c < d16; ++c) parts_vs[c] += part[c];
+      std::vector<std::int8_t> whole_k(d4 * keys16, 0x55), whole_v(keys16 * d16, 0x55);
+      std::vector<std::int32_t> whole_ks(keys16, 7), whole_vs(d16, 7);
+      kernels::pack_k_transposed(src.data(), keys, d, d4, keys16, whole_k.data(), whole_ks.data());
+      kernels::pack_v(src.data(), keys, d, keys16, d16, whole_v.data(), whole_vs.data());
+      INFO("keys " << keys << " d " << d);
+      CHECK(whole_k == expect_k);
+      CHECK(whole_ks == expect_ks);
+      CHECK(whole_v == expect_v);
+      CHECK(whole_vs == expect_vs);
+      // Ranges first to last and last to first: a range that writes into another's bytes is caught in one order.
+      for (const Eigen::Index step : {4, 8, 64})
+        for (const bool forward : {true, false}) {
+          INFO("ranges of " << step << (forward ? ", first to last" : ", last to first"));
+          std::vector<std::int8_t> parts_k(d4 * keys16, 0x55), parts_v(keys16 * d16, 0x55);
+          std::vector<std::int32_t> parts_ks(keys16, 7), parts_vs(d16, 0);
+          kernels::pack_k_padding(keys, d4, keys16, parts_k.data(), parts_ks.data());
+          kernels::pack_v_padding(keys, keys16, d16, parts_v.data());
+          const Eigen::Index count = (keys + step - 1) / step;
+          for (Eigen::Index r = 0; r < count; ++r) {
+            const Eigen::Index b = (forward ? r : count - 1 - r) * step, e = std::min(keys, b + step);
+            kernels::pack_k_keys(src.data(), b, e, d, keys16, parts_k.data(), parts_ks.data());
+            std::vector<std::int32_t> part(static_cast<std::size_t>(d16), 0);
+            kernels::pack_v_keys(src.data(), b, e, d, d16, parts_v.data(), part.data());
+            for (Eigen::Index c = 0; c < d16; ++c) parts_vs[c] += part[c];
+          }
+          CHECK(parts_k == expect_k);
+          CHECK(parts_ks == expect_ks);
+          CHECK(parts_v == expect_v);
+          CHECK(parts_vs == expect_vs);
         }
-        CHECK(whole_k == expect_k);
-        CHECK(whole_ks == expect_ks);
-        CHECK(whole_v == expect_v);
-        CHECK(whole_vs == expect_vs);
-        CHECK(parts_k == expect_k);
-        CHECK(parts_ks == expect_ks);
-        CHECK(parts_v == expect_v);
-        CHECK(parts_vs == expect_vs);
-      }
     }
+}
+
+TEST_CASE("fused IntAttention packs its key ranges on any number of threads with the bits of one", "[kernels]") {
+  // 10241 keys: on 3 threads ranges of 3456, 3456 and 3329 keys, on 20 threads 17 ranges of 576 and a last of 449,
+  // then two empty ones; a partial last group of 4 keys, d and d_v with tails. 9 queries are one block, so only
+  // the packing runs on several threads.
+  std::mt19937 g(5);
+  std::uniform_int_distribution<int> s8(-127, 127);
+  const Eigen::Index lq = 9, lk = 10241, d = 37, dv = 33;
+  std::vector<std::int8_t> q(lq * d), k(lk * d), v(lk * dv);
+  for (std::vector<std::int8_t>* x : {&q, &k, &v})
+    for (std::int8_t& e : *x) e = static_cast<std::int8_t>(s8(g));
+  // Each query meets its own copy among the keys, so that its row of P is peaked there: keys at the edges of the
+  // ranges (575 | 576, 3455 | 3456, 6911 | 6912) and the last one, in the partial group.
+  const Eigen::Index peaks[lq] = {0, 575, 576, 3455, 3456, 6911, 6912, 10239, 10240};
+  for (Eigen::Index i = 0; i < lq; ++i) std::copy_n(q.data() + i * d, d, k.data() + peaks[i] * d);
+  for (const Isa isa : available_isas()) {
+    IntAttentionConfig cfg;
+    cfg.isa = isa;
+    std::vector<std::uint8_t> p(lq * lk);
+    cfg.p_out = p.data();
+    const auto run = [&](int threads) {
+      cfg.threads = threads;
+      std::vector<float> o(lq * dv);
+      int_attention_fused({q.data(), lq, d, 0.02}, {k.data(), lk, d, 0.02}, {v.data(), lk, dv, 0.01}, 0.16, cfg, o.data());
+      return std::make_pair(o, p);
+    };
+    const auto one = run(1);
+    for (Eigen::Index i = 0; i < lq; ++i) CHECK(one.second[i * lk + peaks[i]] > 128);  // the peaks hold the rows
+    for (const int threads : {3, 20}) {
+      INFO(isa_name(isa) << " threads " << threads);
+      CHECK(run(threads) == one);
+    }
+  }
 }
 
 TEST_CASE("IndexSoftmax row variants equal the scalar spec for every rule, length and clip", "[kernels]") {
@@ -532,6 +572,9 @@ TEST_CASE("fused IntAttention equals the reference model on every ISA, thread co
   // Block rows chosen from L_k: 16500 keys (16512 rounded up to 16) give 24 rows (S within 2 MiB), so 50 queries are blocks of
   // 24, 24 and 2.
   for (const bool causal : {false, true}) IntAttentionTester().lq(50).lk(16500).d(16).dv(16).causal(causal).Test();
+  // K^T and V packed in two key ranges on 2 threads (pipeline.cc): 576 and 451 keys, the last group of 4 keys
+  // partial, d and d_v with tails.
+  IntAttentionTester().lq(9).lk(1027).d(37).dv(33).Test();
   IntAttentionTester().lq(5).lk(9).d(1).dv(3).sigma(30).Test();  // c_int from large scales: small
   IntAttentionTester().lq(5).lk(9).d(8).dv(3).sigma(1e-9).Test();  // tiny scales: c_int saturates at 2^30
 }

@@ -101,7 +101,8 @@ void pack_v(const std::int8_t* v, Index keys, Index dv, Index keys4, Index dv16,
 // The same in parts that may run on different threads, each writing only its own bytes and sums: the padding
 // (keys past `keys`, groups past the last key) once, and any ranges [begin, end) of keys that together cover
 // [0, keys). pack_k_keys sets sum[begin, end); pack_v_keys needs begin a multiple of 4 (and end too, unless it is
-// `keys`) and adds its keys' column sums to sum[0, dv16), which the caller zeroes, so ranges sum into their own.
+// `keys`) and adds its keys' column sums to sum[0, dv) (the caller zeroes sum[0, dv16)), so that ranges on
+// different threads sum into buffers of their own.
 void pack_k_padding(Index keys, Index d4, Index keys16, std::int8_t* packed, std::int32_t* sum);
 void pack_k_keys(const std::int8_t* k, Index begin, Index end, Index d, Index keys16, std::int8_t* packed,
                  std::int32_t* sum);
