@@ -435,10 +435,12 @@ std::vector<Row> measure_cell(const BenchOptions& o, const BenchInputs& in, Isa 
     // The 2-thread speedup from 1- and 2-thread calls in turns, so that both medians come from the same minutes: the
     // cells of two thread counts run minutes apart, and on a VM the second vCPU is not always a second core.
     const std::function<void()> all = int_form(Stages::all);
-    const std::vector<double> t = interleaved_medians_ms(o.reps, {[&] { cfg.threads = 1, all(); }, [&] { cfg.threads = 2, all(); }});
+    const std::vector<double> t =
+        interleaved_medians_ms(o.reps, {[&] { cfg.threads = 1, all(); }, [&] { cfg.threads = 2, all(); }});
     cfg.threads = threads;
     c.t_int_turns1 = t[0], c.t_int_turns2 = t[1], c.speedup = t[0] / t[1];
-    j["speedup_in_turns"].push_back({{"L", l}, {"one_thread_ms", t[0]}, {"two_threads_ms", t[1]}, {"speedup", c.speedup}});
+    j["speedup_in_turns"].push_back(
+        {{"L", l}, {"one_thread_ms", t[0]}, {"two_threads_ms", t[1]}, {"speedup", c.speedup}});
   }
   if (wants(o, "materialised")) {
     std::vector<double> rss;
